@@ -1,0 +1,140 @@
+// The one declarative table of R2CCL_* parameters (name, type, default, range, help, NCCL
+// fallback). Parsed once per process at net init; invalid values fail init with a message
+// naming the variable and the accepted form; unknown R2CCL_* variables are warned about.
+// docs/PARAMETERS.md is generated from this table (r2ccl_perf --params --markdown).
+//
+// Units: kDuration values are stored in microseconds and accept "N" (milliseconds), "Nus",
+// "Nms" or "Ns". kSize values are bytes and accept a K, M or G suffix (powers of 1024).
+// Thread-safety: load_config() is pure; the process-wide config is set once under a lock.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace r2ccl {
+
+enum class ParamType { kInt, kBool, kSize, kDuration, kDouble, kString };
+
+struct ParamDef {
+  const char* name;          // full variable name, R2CCL_...
+  ParamType type;
+  const char* def;           // default, in the variable's own syntax
+  double min;                // inclusive range for numeric types (after unit conversion)
+  double max;
+  const char* nccl_fallback; // NCCL variable read when ours is unset, or nullptr
+  const char* help;
+  bool test_only;            // hidden hooks for the test suite; listed separately
+};
+
+// X(field, NAME, type, default, min, max, fallback, help)
+#define R2CCL_PARAM_TABLE(X)                                                                    \
+  X(socket_ifname, "R2CCL_SOCKET_IFNAME", kString, "", 0, 0, "NCCL_SOCKET_IFNAME",              \
+    "Rails to use, NCCL syntax: comma list of interface-name prefixes, '^' excludes, '=' "      \
+    "matches exactly; IFNAME@ADDR binds a rail to a source address (lo@127.0.0.1,lo@127.0.0.2 " \
+    "gives two rails on lo). Empty: every interface that is up with an address, except lo, "   \
+    "docker* and virbr*.")                                                                     \
+  X(backup_paths, "R2CCL_BACKUP_PATHS", kInt, "2", 0, 3, nullptr,                              \
+    "Preheated backup paths per connection, on other rails than the primary.")                \
+  X(nsocks_per_path, "R2CCL_NSOCKS_PER_PATH", kInt, "1", 1, 8, nullptr,                        \
+    "TCP streams per path; more streams fill fast links.")                                     \
+  X(stripe, "R2CCL_STRIPE", kBool, "0", 0, 1, nullptr,                                         \
+    "1: stripe chunks over every healthy path (bandwidth-weighted); 0: primary path only, "    \
+    "backups stay idle and probed.")                                                           \
+  X(chunk_size, "R2CCL_CHUNK_SIZE", kSize, "512K", 4096, 64.0 * 1024 * 1024, nullptr,          \
+    "Bytes per chunk, the unit of scheduling, acknowledgement and replay. 512 KiB keeps a "   \
+    "replay cheap while headers cost under 0.01 %.")                                           \
+  X(path_window, "R2CCL_PATH_WINDOW", kSize, "4M", 64 * 1024, 1024.0 * 1024 * 1024, nullptr,   \
+    "Unacknowledged bytes allowed on one path; bounds what a failure must replay.")           \
+  X(heartbeat_interval, "R2CCL_HEARTBEAT_INTERVAL", kDuration, "100ms", 1000, 10e6, nullptr,   \
+    "Probe period on idle and backup paths. A path silent for 3 periods has failed.")         \
+  X(ack_timeout, "R2CCL_ACK_TIMEOUT", kDuration, "100ms", 1000, 60e6, nullptr,                 \
+    "Acknowledgement watchdog: a busy path whose chunks see no acknowledgement progress for "  \
+    "this long has failed (silent black hole with the link up).")                              \
+  X(tcp_user_timeout, "R2CCL_TCP_USER_TIMEOUT", kDuration, "200ms", 0, 600e6, nullptr,         \
+    "TCP_USER_TIMEOUT on every path socket, so the kernel reports a dead rail in ~0.2-0.4 s "  \
+    "instead of ~15 min. 0 keeps the kernel default.")                                         \
+  X(failover_timeout, "R2CCL_FAILOVER_TIMEOUT", kDuration, "10s", 100e3, 3600e6, nullptr,      \
+    "With no usable path left, pending requests fail after this long (ncclSystemError, or "    \
+    "ncclRemoteError when the peer is gone).")                                                 \
+  X(connect_timeout, "R2CCL_CONNECT_TIMEOUT", kDuration, "120s", 100e3, 86400e6, nullptr,      \
+    "connect/accept return NULL (call again) at most this long, then fail with "              \
+    "ncclRemoteError. NCCL itself retries forever.")                                           \
+  X(probe_count, "R2CCL_PROBE_COUNT", kInt, "3", 1, 100, nullptr,                              \
+    "Consecutive probe round trips a reconnected path must pass before it carries data.")     \
+  X(reconnect_min, "R2CCL_RECONNECT_MIN", kDuration, "50ms", 1000, 60e6, nullptr,              \
+    "First reconnect delay after a path failure; doubles per failed attempt.")                \
+  X(reconnect_max, "R2CCL_RECONNECT_MAX", kDuration, "2s", 1000, 600e6, nullptr,               \
+    "Longest delay between reconnect attempts; a long outage is probed forever at this rate.") \
+  X(holddown_flaps, "R2CCL_HOLDDOWN_FLAPS", kInt, "3", 1, 1000, nullptr,                       \
+    "Down-up cycles within R2CCL_HOLDDOWN_WINDOW that start a hold-down.")                    \
+  X(holddown_window, "R2CCL_HOLDDOWN_WINDOW", kDuration, "10s", 1000, 3600e6, nullptr,         \
+    "Window in which flaps are counted.")                                                      \
+  X(holddown_min, "R2CCL_HOLDDOWN_MIN", kDuration, "1s", 1000, 3600e6, nullptr,                \
+    "First hold-down; doubles on each further flap.")                                         \
+  X(holddown_max, "R2CCL_HOLDDOWN_MAX", kDuration, "60s", 1000, 3600e6, nullptr,               \
+    "Longest hold-down.")                                                                      \
+  X(holddown_reset, "R2CCL_HOLDDOWN_RESET", kDuration, "60s", 1000, 3600e6, nullptr,           \
+    "Stable time after which the hold-down returns to R2CCL_HOLDDOWN_MIN.")                   \
+  X(latency_sigma, "R2CCL_LATENCY_SIGMA", kDouble, "3", 0, 100, nullptr,                       \
+    "Shadow routing: a path whose probe RTT exceeds its baseline mean + this many standard "   \
+    "deviations drains (stays connected, carries no new chunks). 0 disables.")                \
+  X(speed_mbps, "R2CCL_SPEED_MBPS", kInt, "0", 0, 1e8, nullptr,                                \
+    "Reported rail speed in Mbps; 0 reads it from the link (sysfs), 10000 when unknown.")     \
+  X(link_events, "R2CCL_LINK_EVENTS", kBool, "1", 0, 1, nullptr,                               \
+    "Watch netlink link notifications (libnl-3, loaded at run time) to detect a downed rail "  \
+    "in milliseconds.")                                                                        \
+  X(log_file, "R2CCL_LOG_FILE", kString, "stderr", 0, 0, nullptr,                              \
+    "Where switchover, failback and give-up lines go besides NCCL's logger: stderr, a file "   \
+    "path (appended), or none.")                                                               \
+  X(fault_inject, "R2CCL_FAULT_INJECT", kString, "", 0, 0, nullptr,                            \
+    "In-process fault schedule, ';'-separated: rank=R,rail=N,at=MS,kind=reset|blackhole|"     \
+    "delay:MS[,for=MS]. Acts on this process's sockets of that rail, 'at' counts from the "   \
+    "first isend. rank matches R2CCL_RANK (or RANK).")                                         \
+  X(rank, "R2CCL_RANK", kInt, "-1", -1, 1e9, "RANK",                                           \
+    "This process's rank, only used to match R2CCL_FAULT_INJECT entries.")                    \
+  X(test_hooks, "R2CCL_TEST_HOOKS", kString, "", 0, 0, nullptr,                                \
+    "Test only. Comma list of protections to switch off: no_replay, no_dedup, "               \
+    "no_stale_guard. Used by tests to prove each protection matters.")
+
+template <ParamType> struct ParamCType;
+template <> struct ParamCType<ParamType::kInt> { using T = int64_t; };
+template <> struct ParamCType<ParamType::kBool> { using T = bool; };
+template <> struct ParamCType<ParamType::kSize> { using T = int64_t; };      // bytes
+template <> struct ParamCType<ParamType::kDuration> { using T = int64_t; };  // microseconds
+template <> struct ParamCType<ParamType::kDouble> { using T = double; };
+template <> struct ParamCType<ParamType::kString> { using T = std::string; };
+
+struct Config {
+#define R2CCL_PARAM_FIELD(field, name, type, def, min, max, fb, help) \
+  typename ::r2ccl::ParamCType<::r2ccl::ParamType::type>::T field{};
+  R2CCL_PARAM_TABLE(R2CCL_PARAM_FIELD)
+#undef R2CCL_PARAM_FIELD
+  // Which source won for each parameter with an NCCL fallback, for the INFO log.
+  std::vector<std::string> sources;
+};
+
+// Variable lookup, injectable for tests. Returns nullptr when unset.
+using EnvLookup = std::function<const char*(const char*)>;
+EnvLookup process_env();
+
+// Parses every parameter. On error returns false and sets *err to a message naming the
+// variable, the value and the accepted form. Unknown R2CCL_* variables (from `env_names`)
+// are appended to *warnings.
+bool load_config(const EnvLookup& env, const std::vector<std::string>& env_names, Config* out,
+                 std::string* err, std::vector<std::string>* warnings);
+
+// The process-wide configuration, parsed at first use from the real environment.
+// Returns false with *err on an invalid variable (then every init fails the same way).
+bool process_config(const Config** out, std::string* err);
+
+const std::vector<ParamDef>& param_table();
+// Writes the table as plain text, or as the Markdown of docs/PARAMETERS.md.
+std::string format_param_table(bool markdown);
+
+// Helpers shared by tools and tests.
+bool parse_duration_us(const std::string& s, int64_t* out);
+bool parse_size_bytes(const std::string& s, int64_t* out);
+
+}  // namespace r2ccl
