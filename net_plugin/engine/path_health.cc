@@ -1,0 +1,137 @@
+#include "path_health.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace r2ccl::net {
+
+const char* path_state_name(PathState s) {
+  switch (s) {
+    case PathState::kHealthy: return "healthy";
+    case PathState::kDraining: return "draining";
+    case PathState::kFailed: return "failed";
+    case PathState::kProbing: return "probing";
+  }
+  return "?";
+}
+
+const char* fail_cause_name(FailCause c) {
+  switch (c) {
+    case FailCause::kNone: return "none";
+    case FailCause::kLinkDown: return "link down";
+    case FailCause::kSocketError: return "socket error";
+    case FailCause::kPeerClosed: return "peer closed the connection";
+    case FailCause::kAckTimeout: return "acknowledgement timeout";
+    case FailCause::kHeartbeatMiss: return "heartbeat miss";
+    case FailCause::kPeerNotice: return "failure notice from peer";
+    case FailCause::kProtocol: return "protocol error";
+    case FailCause::kSetup: return "not connected at setup";
+  }
+  return "?";
+}
+
+bool cause_means_peer_gone(FailCause c) { return c == FailCause::kPeerClosed; }
+
+PathHealth::PathHealth(const HealthParams& p, PathState initial, TimeUs now)
+    : p_(p), state_(initial), healthy_since_(now), backoff_(p.reconnect_min) {}
+
+bool PathHealth::on_failure(FailCause cause, TimeUs now) {
+  if (state_ == PathState::kFailed) return false;
+  const bool was_up = state_ == PathState::kHealthy || state_ == PathState::kDraining;
+  state_ = PathState::kFailed;
+  cause_ = cause;
+  probes_ = 0;
+  outliers_ = normals_ = 0;
+  backoff_ = p_.reconnect_min;
+  next_attempt_ = now + backoff_;
+  if (!was_up) return true;
+  // A stable stretch resets the hold-down ladder.
+  if (now - healthy_since_ >= p_.holddown_reset) {
+    holddown_len_ = 0;
+    failures_.clear();
+  }
+  failures_.push_back(now);
+  while (!failures_.empty() && now - failures_.front() > p_.holddown_window) failures_.pop_front();
+  if (static_cast<int>(failures_.size()) >= p_.holddown_flaps) {
+    holddown_len_ = holddown_len_ == 0 ? p_.holddown_min : std::min(holddown_len_ * 2, p_.holddown_max);
+    holddown_until_ = now + holddown_len_;
+    next_attempt_ = std::max(next_attempt_, holddown_until_);
+    holddown_started_ = true;
+  }
+  return true;
+}
+
+void PathHealth::on_reconnected(TimeUs now) {
+  (void)now;
+  state_ = PathState::kProbing;
+  probes_ = 0;
+}
+
+void PathHealth::on_reconnect_failed(TimeUs now) {
+  if (state_ == PathState::kProbing) state_ = PathState::kFailed;
+  backoff_ = std::min(backoff_ * 2, p_.reconnect_max);
+  next_attempt_ = std::max(now + backoff_, holddown_until_);
+}
+
+bool PathHealth::on_probe_pass(TimeUs now) {
+  if (state_ != PathState::kProbing) return false;
+  if (++probes_ < p_.probe_count) return false;
+  state_ = PathState::kHealthy;
+  healthy_since_ = now;
+  backoff_ = p_.reconnect_min;
+  return true;
+}
+
+void PathHealth::on_link_up(TimeUs now) {
+  if (state_ != PathState::kFailed) return;
+  backoff_ = p_.reconnect_min;
+  next_attempt_ = std::max(now, holddown_until_);
+}
+
+bool PathHealth::should_reconnect(TimeUs now) const {
+  return state_ == PathState::kFailed && now >= next_attempt_ && now >= holddown_until_;
+}
+
+double PathHealth::rtt_std_us() const {
+  return rtt_n_ > 1 ? std::sqrt(rtt_m2_ / (rtt_n_ - 1)) : 0.0;
+}
+
+int PathHealth::on_rtt_sample(TimeUs rtt, TimeUs now) {
+  (void)now;
+  if (p_.latency_sigma <= 0 || (state_ != PathState::kHealthy && state_ != PathState::kDraining))
+    return 0;
+  const double x = static_cast<double>(rtt);
+  if (rtt_n_ < p_.rtt_baseline_samples) {
+    ++rtt_n_;
+    const double d = x - rtt_mean_;
+    rtt_mean_ += d / rtt_n_;
+    rtt_m2_ += d * (x - rtt_mean_);
+    return 0;
+  }
+  const double limit =
+      rtt_mean_ + std::max(p_.latency_sigma * rtt_std_us(), static_cast<double>(p_.rtt_floor));
+  if (x > limit) {
+    normals_ = 0;
+    if (++outliers_ >= p_.rtt_outlier_run && state_ == PathState::kHealthy) {
+      state_ = PathState::kDraining;
+      return +1;
+    }
+    return 0;
+  }
+  outliers_ = 0;
+  // Normal samples keep refining the baseline slowly (bounded weight), so drift is followed.
+  if (rtt_n_ < 64) {
+    ++rtt_n_;
+    const double d = x - rtt_mean_;
+    rtt_mean_ += d / rtt_n_;
+    rtt_m2_ += d * (x - rtt_mean_);
+  }
+  if (state_ == PathState::kDraining && ++normals_ >= p_.rtt_outlier_run) {
+    state_ = PathState::kHealthy;
+    normals_ = 0;
+    return -1;
+  }
+  return 0;
+}
+
+}  // namespace r2ccl::net

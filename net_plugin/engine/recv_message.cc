@@ -1,0 +1,75 @@
+#include "recv_message.h"
+
+namespace r2ccl::net {
+
+// The smallest chunk a sender may use (R2CCL_CHUNK_SIZE's minimum): bounds the chunk count
+// a header may announce for a given buffer, so a lying header cannot make us allocate much.
+static constexpr uint64_t kMinChunk = 4096;
+
+void RecvMessage::reset(uint64_t seq, char* buf, uint64_t capacity) {
+  seq_ = seq;
+  buf_ = buf;
+  cap_ = capacity;
+  total_ = 0;
+  nchunks_ = 0;
+  landed_count_ = 0;
+  prefix_ = 0;
+  landed_.clear();
+}
+
+ChunkVerdict RecvMessage::check(uint64_t total, uint32_t nchunks, uint32_t idx, uint64_t offset,
+                                uint32_t len, const GuardOptions& opt, const char** why) {
+  if (nchunks_ == 0) {
+    if (opt.stale_guard) {
+      if (total > cap_) {
+        *why = "message larger than the posted receive";
+        return ChunkVerdict::kProtocolError;
+      }
+      const uint64_t max_chunks = total / kMinChunk + 1;
+      if (nchunks == 0 || nchunks > max_chunks) {
+        *why = "chunk count does not fit the message size";
+        return ChunkVerdict::kProtocolError;
+      }
+    } else if (nchunks == 0) {
+      nchunks = 1;
+    }
+    total_ = total;
+    nchunks_ = nchunks;
+    landed_.assign(nchunks_, 0);
+  } else if (opt.stale_guard && (total != total_ || nchunks != nchunks_)) {
+    *why = "chunk header disagrees with earlier chunks of the message";
+    return ChunkVerdict::kProtocolError;
+  }
+  if (opt.stale_guard) {
+    if (idx >= nchunks_) {
+      *why = "chunk index out of range";
+      return ChunkVerdict::kProtocolError;
+    }
+    if (offset > total_ || len > total_ - offset) {
+      *why = "chunk offset/length outside the message";
+      return ChunkVerdict::kProtocolError;
+    }
+  }
+  if (idx < nchunks_ && landed_[idx] && opt.dedup) return ChunkVerdict::kDuplicate;
+  return ChunkVerdict::kWrite;
+}
+
+void RecvMessage::mark_landed(uint32_t idx, const GuardOptions& opt) {
+  if (idx >= nchunks_) return;
+  if (landed_[idx] && opt.dedup) return;
+  landed_[idx] = 1;
+  ++landed_count_;
+  while (prefix_ < nchunks_ && landed_[prefix_]) ++prefix_;
+}
+
+uint64_t RecvMessage::window_bitmap(uint32_t base) const {
+  uint64_t bm = 0;
+  for (uint32_t b = 0; b < 64; ++b) {
+    uint64_t i = static_cast<uint64_t>(base) + b;
+    if (i >= nchunks_) break;
+    if (landed_[i]) bm |= 1ull << b;
+  }
+  return bm;
+}
+
+}  // namespace r2ccl::net

@@ -1,0 +1,25 @@
+// Chunk scheduler: which path carries the next chunk. Pure logic.
+//  - stripe off: the first path that carries data, in path order (primary, then backups in
+//    preference order). Backups stay idle and probed until the primary fails.
+//  - stripe on: among every path that carries data and has window room, the one with the
+//    least in-flight bytes per unit of bandwidth (bandwidth-weighted least-loaded).
+// A path with a full window gets nothing; the chunk waits (returns -1).
+// Thread-safety: stateless.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+namespace r2ccl::net {
+
+struct PathLoad {
+  bool carries_data;        // HEALTHY
+  uint64_t inflight_bytes;  // sent or queued, not yet acknowledged
+  uint64_t window_bytes;    // R2CCL_PATH_WINDOW
+  double weight;            // relative bandwidth (rail speed), > 0
+};
+
+int pick_path(const std::vector<PathLoad>& paths, bool stripe, uint32_t next_len);
+
+}  // namespace r2ccl::net

@@ -1,0 +1,317 @@
+#include "net_api.h"
+
+#include <cstring>
+#include <mutex>
+#include <string>
+
+#include "../tcp/conn.h"
+#include "../tcp/runtime.h"
+#include "r2ccl/log.h"
+#include "r2ccl/version.h"
+
+namespace r2ccl::net {
+namespace {
+
+constexpr uint64_t kConnectStateMagic = 0x52324343434f4e4eull;  // "R2CCCONN"
+// connect() is called again and again with the same handle buffer until it returns a comm;
+// the connection being built is remembered in the handle's spare bytes (after WireHandle),
+// which NCCL keeps per connection and which the peer's listen() left zeroed.
+struct ConnectState {
+  uint64_t magic;
+  Conn* conn;
+};
+constexpr size_t kConnectStateOffset = NCCL_NET_HANDLE_MAXSIZE - sizeof(ConnectState);
+static_assert(sizeof(WireHandle) <= kConnectStateOffset, "handle has no room for connect state");
+
+struct Mr {
+  void* data;
+  size_t size;
+};
+
+void banner(Runtime* rt, int api_version) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    std::string rails;
+    for (const auto& r : rt->rails())
+      rails += (rails.empty() ? "" : ", ") + r.name + " (" + std::to_string(r.speed_mbps) + " Mbps)";
+    const Config& c = rt->cfg();
+    R2CCL_INFO(NCCL_INIT | NCCL_NET,
+               "r2ccl %s (git %s), NCCL net API v%d, transport TCP, %zu rails: %s; %lld backup "
+               "paths, chunk %lld KiB, %lld streams per path, stripe %s",
+               R2CCL_VERSION_STRING, R2CCL_GIT_HASH, api_version, rt->rails().size(), rails.c_str(),
+               static_cast<long long>(c.backup_paths), static_cast<long long>(c.chunk_size / 1024),
+               static_cast<long long>(c.nsocks_per_path), c.stripe ? "on" : "off");
+    for (const auto& s : c.sources) R2CCL_INFO(NCCL_ENV, "%s", s.c_str());
+    if (rt->rails().size() < 2)
+      R2CCL_WARN("only one rail (%s): connections have no backup path",
+                 rt->rails()[0].name.c_str());
+  });
+}
+
+Status runtime(Runtime** rt) {
+  std::string err;
+  Status s = Runtime::get(rt, &err);
+  if (s != Status::kOk) {
+    static std::once_flag once;
+    std::call_once(once, [&] { R2CCL_WARN("init failed: %s", err.c_str()); });
+  }
+  return s;
+}
+
+// Runs fn with the connection's progress token, or reports "busy" (the caller retries).
+template <typename F>
+Status with_token(Conn* c, bool* busy, F&& fn) {
+  if (!c->try_enter()) {
+    *busy = true;
+    return Status::kOk;
+  }
+  *busy = false;
+  Status s = fn();
+  c->leave();
+  return s;
+}
+
+}  // namespace
+
+Status api_init(NetContext** ctx, uint64_t comm_id, int traffic_class, ncclDebugLogger_t logger,
+                int api_version) {
+  if (logger) set_nccl_logger(logger);
+  Runtime* rt = nullptr;
+  R2CCL_CHECK(runtime(&rt));
+  banner(rt, api_version);
+  if (ctx) {
+    auto* c = new NetContext();
+    c->comm_id = comm_id;
+    c->traffic_class = traffic_class;
+    *ctx = c;
+  }
+  return Status::kOk;
+}
+
+Status api_finalize(NetContext* ctx) {
+  delete ctx;  // NULL (a failed init) is fine
+  return Status::kOk;
+}
+
+Status api_devices(int* ndev) {
+  Runtime* rt = nullptr;
+  R2CCL_CHECK(runtime(&rt));
+  *ndev = static_cast<int>(rt->rails().size());
+  return Status::kOk;
+}
+
+Status api_get_properties(int dev, DeviceProps* p) {
+  Runtime* rt = nullptr;
+  R2CCL_CHECK(runtime(&rt));
+  if (dev < 0 || dev >= static_cast<int>(rt->rails().size())) {
+    R2CCL_WARN("getProperties: device %d does not exist (%zu devices)", dev, rt->rails().size());
+    return Status::kInternal;
+  }
+  const Rail& r = rt->rails()[dev];
+  p->name = r.name.c_str();
+  p->pci_path = r.pci_path.empty() ? nullptr : r.pci_path.c_str();
+  p->guid = static_cast<uint64_t>(dev);
+  p->speed_mbps = r.speed_mbps;
+  p->max_comms = 65536;
+  // One buffer per irecv: our receiver-driven CTS flow matches one send to one receive.
+  // maxRecvs > 1 would also turn on NCCL's shared comms and multiply the send-side request
+  // budget (reference §4.6) for no gain on a host-memory TCP transport.
+  p->max_recvs = 1;
+  // NCCL (2.28) never posts more than 1 GiB in one call; the test() sizes are ints.
+  p->max_p2p_bytes = 1ull << 30;
+  p->max_coll_bytes = 1ull << 30;
+  return Status::kOk;
+}
+
+Status api_listen(NetContext* ctx, int dev, void* handle, void** listen_comm) {
+  (void)ctx;
+  *listen_comm = nullptr;
+  Runtime* rt = nullptr;
+  R2CCL_CHECK(runtime(&rt));
+  const int n = static_cast<int>(rt->rails().size());
+  if (dev < 0 || dev >= n) {
+    R2CCL_WARN("listen: device %d does not exist (%d devices)", dev, n);
+    return Status::kInternal;
+  }
+  auto* l = new ListenComm(rt, dev);
+  WireHandle h{};
+  h.magic = kHandleMagic;
+  h.version = kWireVersion;
+  memcpy(h.secret, l->secret, 16);
+  h.listen_id = l->listen_id;
+  for (int k = 0; k < n && h.n_endpoints < kMaxHandleEndpoints; ++k) {
+    int r = (dev + k) % n;
+    const Rail& rail = rt->rails()[r];
+    WireEndpoint& e = h.endpoints[h.n_endpoints++];
+    e.family = static_cast<uint8_t>(rail.family);
+    e.rail = static_cast<uint8_t>(r);
+    e.port = rt->listener_port(r);
+    memcpy(e.addr, addr_bytes(rail.addr), rail.family == AF_INET ? 4 : 16);
+  }
+  memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
+  memcpy(handle, &h, sizeof(h));
+  *listen_comm = l;
+  return Status::kOk;
+}
+
+Status api_connect(NetContext* ctx, int dev, void* handle, void** send_comm) {
+  (void)ctx;
+  *send_comm = nullptr;
+  Runtime* rt = nullptr;
+  R2CCL_CHECK(runtime(&rt));
+  if (dev < 0 || dev >= static_cast<int>(rt->rails().size())) {
+    R2CCL_WARN("connect: device %d does not exist", dev);
+    return Status::kInternal;
+  }
+  auto* bytes = static_cast<char*>(handle);
+  ConnectState st;
+  memcpy(&st, bytes + kConnectStateOffset, sizeof(st));
+  if (st.magic != kConnectStateMagic) {
+    WireHandle h;
+    memcpy(&h, handle, sizeof(h));
+    if (h.magic != kHandleMagic || h.version != kWireVersion || h.n_endpoints == 0 ||
+        h.n_endpoints > kMaxHandleEndpoints) {
+      R2CCL_WARN("connect: the handle is not an r2ccl v%u handle (magic %08x, version %u, %u "
+                 "endpoints); was it made by another net plugin?",
+                 kWireVersion, h.magic, h.version, h.n_endpoints);
+      return Status::kInternal;
+    }
+    for (int i = 0; i < h.n_endpoints; ++i)
+      if (h.endpoints[i].family != AF_INET && h.endpoints[i].family != AF_INET6) {
+        R2CCL_WARN("connect: handle endpoint %d has address family %u", i, h.endpoints[i].family);
+        return Status::kInternal;
+      }
+    st.magic = kConnectStateMagic;
+    st.conn = new Conn(rt, Role::kSend, dev);
+    memcpy(bytes + kConnectStateOffset, &st, sizeof(st));
+  }
+  WireHandle h;
+  memcpy(&h, handle, sizeof(h));
+  bool done = false;
+  Status s = st.conn->connect_step(h, &done);
+  if (s != Status::kOk || done) {
+    memset(bytes + kConnectStateOffset, 0, sizeof(st));
+    if (s != Status::kOk) {
+      delete st.conn;
+      return s;
+    }
+    *send_comm = st.conn;
+  }
+  return Status::kOk;
+}
+
+Status api_accept(void* listen_comm, void** recv_comm) {
+  *recv_comm = nullptr;
+  auto* l = static_cast<ListenComm*>(listen_comm);
+  if (!l->building) l->building.reset(new Conn(l->rt, Role::kRecv, l->dev));
+  bool done = false;
+  Status s = l->building->accept_step(l, &done);
+  if (s != Status::kOk) {
+    l->building.reset();
+    return s;
+  }
+  if (done) *recv_comm = l->building.release();
+  return Status::kOk;
+}
+
+Status api_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
+  (void)comm;
+  *mhandle = nullptr;
+  if (type != NCCL_PTR_HOST) {
+    R2CCL_WARN("regMr: buffer type %d is not supported; r2ccl's TCP transport advertises host "
+               "memory only (NCCL_PTR_HOST)", type);
+    return Status::kInternal;
+  }
+  *mhandle = new Mr{data, size};
+  return Status::kOk;
+}
+
+Status api_dereg_mr(void* comm, void* mhandle) {
+  (void)comm;
+  delete static_cast<Mr*>(mhandle);
+  return Status::kOk;
+}
+
+Status api_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void** request) {
+  (void)tag;
+  (void)mhandle;
+  *request = nullptr;
+  auto* c = static_cast<Conn*>(send_comm);
+  bool busy = false;
+  Request* r = nullptr;
+  Status s = with_token(c, &busy, [&] { return c->isend(data, size, &r); });
+  *request = r;
+  return s;
+}
+
+Status api_irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags,
+                 void** mhandles, void** request) {
+  (void)tags;
+  (void)mhandles;
+  *request = nullptr;  // also clears NCCL's 0x1 optional-completion sentinel (v9+)
+  if (n != 1) {
+    R2CCL_WARN("irecv with %d buffers: r2ccl advertises maxRecvs=1", n);
+    return Status::kInternal;
+  }
+  auto* c = static_cast<Conn*>(recv_comm);
+  bool busy = false;
+  Request* r = nullptr;
+  Status s = with_token(c, &busy, [&] { return c->irecv(data[0], sizes[0], &r); });
+  *request = r;
+  return s;
+}
+
+Status api_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles, void** request) {
+  (void)recv_comm;
+  (void)n;
+  (void)data;
+  (void)sizes;
+  (void)mhandles;
+  *request = nullptr;  // host memory: nothing to flush; NCCL treats NULL as done
+  return Status::kOk;
+}
+
+Status api_test(void* request, int* done, int* sizes) {
+  *done = 0;
+  auto* r = static_cast<Request*>(request);
+  if (!r || !r->used) {
+    R2CCL_WARN("test: request %p is not a live r2ccl request", request);
+    return Status::kInternal;
+  }
+  Conn* c = r->conn;
+  bool busy = false;
+  return with_token(c, &busy, [&] { return c->test(r, done, sizes); });
+}
+
+static Status close_conn(Conn* c) {
+  if (!c) return Status::kOk;
+  Runtime* rt = Runtime::peek();
+  if (rt) rt->unregister_conn(c);
+  // After unregistering, the background thread can no longer pick the connection; NCCL has
+  // stopped its proxy thread before closing. The token is free or freed within one pass.
+  while (!c->try_enter()) {
+  }
+  delete c;
+  return Status::kOk;
+}
+
+Status api_close_send(void* send_comm) { return close_conn(static_cast<Conn*>(send_comm)); }
+Status api_close_recv(void* recv_comm) { return close_conn(static_cast<Conn*>(recv_comm)); }
+
+Status api_close_listen(void* listen_comm) {
+  delete static_cast<ListenComm*>(listen_comm);
+  return Status::kOk;
+}
+
+size_t api_get_stats(char* buf, size_t len) {
+  Runtime* rt = Runtime::peek();
+  std::string s = rt ? rt->stats_json() : std::string("{\"rails\":[],\"switchovers\":0,\"replays\":0}");
+  if (buf && len > 0) {
+    size_t n = std::min(len - 1, s.size());
+    memcpy(buf, s.data(), n);
+    buf[n] = '\0';
+  }
+  return s.size();
+}
+
+}  // namespace r2ccl::net

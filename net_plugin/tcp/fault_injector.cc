@@ -1,0 +1,121 @@
+#include "fault_injector.h"
+
+#include <cstdlib>
+
+namespace r2ccl::net {
+namespace {
+
+bool parse_num(const std::string& v, long long* out) {
+  if (v.empty()) return false;
+  char* end = nullptr;
+  long long x = strtoll(v.c_str(), &end, 10);
+  if (*end) return false;
+  *out = x;
+  return true;
+}
+
+}  // namespace
+
+bool parse_fault_specs(const std::string& s, std::vector<FaultSpec>* out, std::string* err) {
+  const std::string form =
+      "accepted: entries 'rank=R,rail=N,at=MS,kind=reset|blackhole|delay:MS[,for=MS]' separated by ';'";
+  out->clear();
+  size_t start = 0;
+  while (start < s.size()) {
+    size_t semi = s.find(';', start);
+    std::string entry = s.substr(start, semi == std::string::npos ? std::string::npos : semi - start);
+    start = semi == std::string::npos ? s.size() : semi + 1;
+    if (entry.empty()) continue;
+    FaultSpec f;
+    bool have_kind = false, have_rail = false, have_at = false;
+    size_t p = 0;
+    while (p <= entry.size()) {
+      size_t comma = entry.find(',', p);
+      std::string kv = entry.substr(p, comma == std::string::npos ? std::string::npos : comma - p);
+      p = comma == std::string::npos ? entry.size() + 1 : comma + 1;
+      size_t eq = kv.find('=');
+      if (eq == std::string::npos) {
+        *err = "R2CCL_FAULT_INJECT: '" + kv + "' is not key=value; " + form;
+        return false;
+      }
+      std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+      long long n = 0;
+      if (k == "rank" && parse_num(v, &n) && n >= -1) {
+        f.rank = static_cast<int>(n);
+      } else if (k == "rail" && parse_num(v, &n) && n >= 0 && n < 16) {
+        f.rail = static_cast<int>(n);
+        have_rail = true;
+      } else if (k == "at" && parse_num(v, &n) && n >= 0) {
+        f.at = n * kUsPerMs;
+        have_at = true;
+      } else if (k == "for" && parse_num(v, &n) && n > 0) {
+        f.duration = n * kUsPerMs;
+      } else if (k == "kind" && (v == "reset" || v == "blackhole")) {
+        f.kind = v == "reset" ? FaultSpec::Kind::kReset : FaultSpec::Kind::kBlackhole;
+        have_kind = true;
+      } else if (k == "kind" && v.rfind("delay:", 0) == 0 && parse_num(v.substr(6), &n) && n > 0) {
+        f.kind = FaultSpec::Kind::kDelay;
+        f.delay = n * kUsPerMs;
+        have_kind = true;
+      } else {
+        *err = "R2CCL_FAULT_INJECT: bad '" + kv + "'; " + form;
+        return false;
+      }
+    }
+    if (!have_kind || !have_rail || !have_at) {
+      *err = "R2CCL_FAULT_INJECT: entry '" + entry + "' needs rail, at and kind; " + form;
+      return false;
+    }
+    out->push_back(f);
+  }
+  return true;
+}
+
+FaultInjector& FaultInjector::instance() {
+  static FaultInjector* inj = new FaultInjector();  // never destroyed: used by the bg thread
+  return *inj;
+}
+
+void FaultInjector::configure(const std::vector<FaultSpec>& specs, int my_rank) {
+  specs_.clear();
+  for (const auto& s : specs)
+    if (s.rank < 0 || s.rank == my_rank) specs_.push_back(s);
+}
+
+void FaultInjector::arm() {
+  if (specs_.empty() || t0_.load(std::memory_order_relaxed) != 0) return;
+  TimeUs expected = 0;
+  t0_.compare_exchange_strong(expected, now_us());
+}
+
+FaultInjector::RailFault FaultInjector::query(int rail, TimeUs now) const {
+  RailFault r;
+  TimeUs t0 = t0_.load(std::memory_order_relaxed);
+  if (t0 == 0) return r;
+  for (const auto& s : specs_) {
+    if (s.rail != rail) continue;
+    TimeUs start = t0 + s.at;
+    if (now < start) continue;
+    bool active = s.duration == 0 || now < start + s.duration;
+    if (s.kind == FaultSpec::Kind::kReset) {
+      r.reset_epoch++;
+      r.down |= active;
+    } else if (active && s.kind == FaultSpec::Kind::kBlackhole) {
+      r.blackhole = true;
+    } else if (active && s.kind == FaultSpec::Kind::kDelay) {
+      r.delay += s.delay;
+    }
+  }
+  return r;
+}
+
+TimeUs FaultInjector::last_start(int rail, TimeUs now) const {
+  TimeUs t0 = t0_.load(std::memory_order_relaxed);
+  TimeUs best = 0;
+  if (t0 == 0) return 0;
+  for (const auto& s : specs_)
+    if (s.rail == rail && t0 + s.at <= now && t0 + s.at > best) best = t0 + s.at;
+  return best;
+}
+
+}  // namespace r2ccl::net

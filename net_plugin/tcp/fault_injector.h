@@ -1,0 +1,55 @@
+// In-process fault injector (R2CCL_FAULT_INJECT), for machines without network namespaces.
+// It acts at the socket layer only (shutdown of the rail's sockets, silent discard, added
+// send delay), never by calling the engine, so the log names the detector that really fired.
+//
+// Syntax: entries separated by ';', each "rank=R,rail=N,at=MS,kind=K[,for=MS]" with
+//   K = reset | blackhole | delay:MS.  `at` counts from this process's first isend;
+//   `for` (default: forever) ends the fault. rank=-1 or a missing rank matches every process.
+// Thread-safety: configure() once at init; the queries are lock-free (atomics) from any thread.
+#pragma once
+
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "r2ccl/clock.h"
+
+namespace r2ccl::net {
+
+struct FaultSpec {
+  enum class Kind { kReset, kBlackhole, kDelay };
+  int rank = -1;
+  int rail = 0;
+  TimeUs at = 0;
+  Kind kind = Kind::kReset;
+  TimeUs delay = 0;     // kDelay: added to every send on the rail
+  TimeUs duration = 0;  // 0: until the process ends
+};
+
+bool parse_fault_specs(const std::string& s, std::vector<FaultSpec>* out, std::string* err);
+
+class FaultInjector {
+ public:
+  static FaultInjector& instance();
+
+  void configure(const std::vector<FaultSpec>& specs, int my_rank);
+  bool enabled() const { return !specs_.empty(); }
+  // Starts the schedule at the first call (first isend of the process).
+  void arm();
+
+  struct RailFault {
+    bool blackhole = false;
+    bool down = false;   // reset in effect: connects on the rail fail
+    TimeUs delay = 0;
+    uint32_t reset_epoch = 0;  // number of reset faults started so far on the rail
+  };
+  RailFault query(int rail, TimeUs now) const;
+  // Time the most recent fault on the rail started (0 if none), for "detected after" logs.
+  TimeUs last_start(int rail, TimeUs now) const;
+
+ private:
+  std::vector<FaultSpec> specs_;
+  std::atomic<TimeUs> t0_{0};
+};
+
+}  // namespace r2ccl::net

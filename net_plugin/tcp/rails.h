@@ -1,0 +1,65 @@
+// Rails: the NICs r2ccl uses, one NCCL device each. Chosen by R2CCL_SOCKET_IFNAME (else
+// NCCL_SOCKET_IFNAME, else auto-detection) with NCCL's syntax plus IFNAME@ADDR.
+// Thread-safety: parse_rail_spec/discover_rails are pure apart from reading the system's
+// interfaces; call them from init.
+#pragma once
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace r2ccl::net {
+
+struct Rail {
+  int index = 0;
+  std::string ifname;     // kernel interface name
+  std::string name;       // unique display name: "eth0", or "lo@127.0.0.2" for an address rail
+  int ifindex = 0;
+  int family = AF_INET;
+  sockaddr_storage addr{};  // source address the rail's sockets bind to (port 0)
+  socklen_t addrlen = 0;
+  int prefix_len = 32;
+  int speed_mbps = 10000;
+  std::string pci_path;   // sysfs PCI path, empty for virtual NICs
+};
+
+// One entry of an interface spec: NCCL syntax. The whole list may start with '^' (exclude
+// the listed prefixes) or '=' (exact names). An entry may carry "@ADDR" (IPv4 or IPv6).
+struct RailSpec {
+  bool exclude = false;
+  bool exact = false;
+  struct Entry {
+    std::string name;
+    std::string addr;  // empty: the interface's first address
+  };
+  std::vector<Entry> entries;
+};
+bool parse_rail_spec(const std::string& spec, RailSpec* out, std::string* err);
+
+// An interface as the system reports it (for tests, the list can be made up).
+struct IfAddr {
+  std::string ifname;
+  int ifindex;
+  bool up;
+  int family;
+  sockaddr_storage addr;
+  int prefix_len;
+};
+std::vector<IfAddr> system_interfaces();
+
+// Chooses rails from `ifs` by `spec` (empty = auto). `spec_var` names the variable the spec
+// came from, for messages. speed_override_mbps > 0 replaces the link speed.
+bool select_rails(const std::string& spec, const std::string& spec_var,
+                  const std::vector<IfAddr>& ifs, int speed_override_mbps,
+                  std::vector<Rail>* out, std::string* err);
+
+std::string addr_to_string(const sockaddr_storage& a);
+// Same subnet under the shorter of the two prefixes.
+bool same_subnet(int fam_a, const uint8_t* a, int plen_a, int fam_b, const uint8_t* b, int plen_b);
+// Raw address bytes (4 or 16) of a sockaddr_storage.
+const uint8_t* addr_bytes(const sockaddr_storage& a);
+
+}  // namespace r2ccl::net

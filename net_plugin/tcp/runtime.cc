@@ -1,0 +1,382 @@
+#include "runtime.h"
+
+#include <poll.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <sstream>
+
+#include "conn.h"
+#include "link_monitor.h"
+#include "r2ccl/log.h"
+#include "socket_util.h"
+
+namespace r2ccl::net {
+namespace {
+
+constexpr TimeUs kIncomingHelloTimeout = 2 * kUsPerSec;
+constexpr int kBgPollMs = 2;              // background loop period
+constexpr TimeUs kIdleProgressAfter = 2 * kUsPerMs;
+
+std::mutex g_rt_mu;
+Runtime* g_rt = nullptr;        // never destroyed: the background thread may outlive main()
+Status g_rt_status = Status::kOk;
+std::string g_rt_error;
+bool g_rt_tried = false;
+
+bool parse_test_hooks(const std::string& s, GuardOptions* g, bool* replay, std::string* err) {
+  std::stringstream ss(s);
+  std::string tok;
+  while (std::getline(ss, tok, ',')) {
+    if (tok.empty()) continue;
+    if (tok == "no_replay") *replay = false;
+    else if (tok == "no_dedup") g->dedup = false;
+    else if (tok == "no_stale_guard") g->stale_guard = false;
+    else {
+      *err = "R2CCL_TEST_HOOKS: unknown hook '" + tok +
+             "'; accepted: comma list of no_replay, no_dedup, no_stale_guard";
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+Runtime* Runtime::peek() {
+  std::lock_guard<std::mutex> lk(g_rt_mu);
+  return g_rt;
+}
+
+Status Runtime::get(Runtime** out, std::string* err) {
+  std::lock_guard<std::mutex> lk(g_rt_mu);
+  if (!g_rt_tried) {
+    g_rt_tried = true;
+    auto* rt = new Runtime();
+    g_rt_status = rt->init(&g_rt_error);
+    if (g_rt_status == Status::kOk) g_rt = rt;
+    // On failure the half-built runtime is leaked on purpose: its listeners are closed by
+    // init, and nothing else refers to it.
+  }
+  if (g_rt_status != Status::kOk) {
+    if (err) *err = g_rt_error;
+    return g_rt_status;
+  }
+  *out = g_rt;
+  return Status::kOk;
+}
+
+Status Runtime::init(std::string* err) {
+  if (!process_config(&cfg_, err)) return Status::kInvalidUsage;
+  std::string sink_err;
+  if (!set_event_sink(cfg_->log_file, &sink_err)) {
+    *err = sink_err;
+    return Status::kInvalidUsage;
+  }
+  std::string var = getenv("R2CCL_SOCKET_IFNAME")  ? "R2CCL_SOCKET_IFNAME"
+                    : getenv("NCCL_SOCKET_IFNAME") ? "NCCL_SOCKET_IFNAME"
+                                                   : "auto-detection";
+  if (!select_rails(cfg_->socket_ifname, var, system_interfaces(),
+                    static_cast<int>(cfg_->speed_mbps), &rails_, err))
+    return Status::kInvalidUsage;
+  if (!parse_test_hooks(cfg_->test_hooks, &guard_, &replay_, err)) return Status::kInvalidUsage;
+  if (!replay_ || !guard_.dedup || !guard_.stale_guard)
+    R2CCL_WARN("R2CCL_TEST_HOOKS=%s: protections are switched off; this is for tests only",
+               cfg_->test_hooks.c_str());
+  std::vector<FaultSpec> faults;
+  if (!parse_fault_specs(cfg_->fault_inject, &faults, err)) return Status::kInvalidUsage;
+  rank_ = static_cast<int>(cfg_->rank);
+  for (const auto& f : faults)
+    if (f.rail >= static_cast<int>(rails_.size())) {
+      *err = "R2CCL_FAULT_INJECT names rail " + std::to_string(f.rail) + " but there are only " +
+             std::to_string(rails_.size()) + " rails";
+      return Status::kInvalidUsage;
+    }
+  FaultInjector::instance().configure(faults, rank_);
+  if (FaultInjector::instance().enabled())
+    R2CCL_WARN("fault injection armed for rank %d: %s", rank_, cfg_->fault_inject.c_str());
+
+  health_.probe_count = static_cast<int>(cfg_->probe_count);
+  health_.reconnect_min = cfg_->reconnect_min;
+  health_.reconnect_max = cfg_->reconnect_max;
+  health_.holddown_flaps = static_cast<int>(cfg_->holddown_flaps);
+  health_.holddown_window = cfg_->holddown_window;
+  health_.holddown_min = cfg_->holddown_min;
+  health_.holddown_max = cfg_->holddown_max;
+  health_.holddown_reset = cfg_->holddown_reset;
+  health_.latency_sigma = cfg_->latency_sigma;
+
+  live_.reset(new RailLive[rails_.size()]);
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    live_[i].link_up = link_is_up(rails_[i].ifname);
+    int fd = open_rail_listener(rails_[i], err);
+    if (fd < 0) {
+      for (int f : listen_fds_) ::close(f);
+      listen_fds_.clear();
+      return Status::kSystem;
+    }
+    listen_fds_.push_back(fd);
+    listen_ports_.push_back(local_port(fd));
+  }
+  if (getrandom(rng_state_, sizeof(rng_state_), 0) != sizeof(rng_state_)) {
+    rng_state_[0] = static_cast<uint64_t>(now_us()) ^ (static_cast<uint64_t>(getpid()) << 32);
+    rng_state_[1] = 0x9e3779b97f4a7c15ull;
+  }
+  bg_ = std::thread([this] { bg_loop(); });
+  bg_.detach();
+  return Status::kOk;
+}
+
+void Runtime::fill_wire_rails(HelloBody* h) const {
+  h->n_rails = static_cast<uint32_t>(std::min<size_t>(rails_.size(), kMaxRails));
+  for (uint32_t i = 0; i < h->n_rails; ++i) {
+    WireRail& w = h->rails[i];
+    memset(&w, 0, sizeof(w));
+    w.family = static_cast<uint8_t>(rails_[i].family);
+    w.prefix_len = static_cast<uint8_t>(rails_[i].prefix_len);
+    w.port = listen_ports_[i];
+    memcpy(w.addr, addr_bytes(rails_[i].addr), rails_[i].family == AF_INET ? 4 : 16);
+    snprintf(w.name, sizeof(w.name), "%s", rails_[i].name.c_str());
+  }
+}
+
+void Runtime::register_listen(ListenComm* l) {
+  std::lock_guard<std::mutex> lk(registry_mu_);
+  listens_.push_back(l);
+}
+void Runtime::unregister_listen(ListenComm* l) {
+  std::lock_guard<std::mutex> lk(registry_mu_);
+  listens_.erase(std::remove(listens_.begin(), listens_.end(), l), listens_.end());
+}
+void Runtime::register_conn(Conn* c) {
+  std::lock_guard<std::mutex> lk(registry_mu_);
+  conns_.push_back(c);
+}
+void Runtime::unregister_conn(Conn* c) {
+  // Taking the registry lock also waits out a background progress pass over `c`.
+  std::lock_guard<std::mutex> lk(registry_mu_);
+  conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
+}
+
+uint64_t Runtime::random_u64() {
+  std::lock_guard<std::mutex> lk(rng_mu_);
+  // xorshift128+, seeded from getrandom(): ids and secrets need to be unpredictable to other
+  // hosts, not cryptographically strong against this one.
+  uint64_t s1 = rng_state_[0];
+  const uint64_t s0 = rng_state_[1];
+  rng_state_[0] = s0;
+  s1 ^= s1 << 23;
+  rng_state_[1] = s1 ^ s0 ^ (s1 >> 17) ^ (s0 >> 26);
+  return rng_state_[1] + s0;
+}
+
+void Runtime::random_bytes(void* out, size_t n) {
+  if (getrandom(out, n, 0) == static_cast<ssize_t>(n)) return;
+  auto* p = static_cast<uint8_t*>(out);
+  for (size_t i = 0; i < n; i += 8) {
+    uint64_t v = random_u64();
+    memcpy(p + i, &v, std::min<size_t>(8, n - i));
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Background thread.
+
+void Runtime::accept_new(int rail) {
+  for (int k = 0; k < 16; ++k) {
+    sockaddr_storage from;
+    socklen_t fl = sizeof(from);
+    int fd = ::accept4(listen_fds_[rail], reinterpret_cast<sockaddr*>(&from), &fl,
+                       SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    set_socket_options(fd, cfg_->tcp_user_timeout);
+    Pending p;
+    p.fd = fd;
+    p.rail = rail;
+    p.deadline = now_us() + kIncomingHelloTimeout;
+    p.got = 0;
+    pending_.push_back(p);
+  }
+}
+
+void Runtime::service_handshakes() {
+  TimeUs now = now_us();
+  for (size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    bool drop = false, complete = false;
+    const char* why = nullptr;
+    while (!drop && p.got < sizeof(p.buf)) {
+      ssize_t n = ::recv(p.fd, p.buf + p.got, sizeof(p.buf) - p.got, MSG_DONTWAIT);
+      if (n == 0) {
+        drop = true;
+        why = "closed before its hello";
+      } else if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          drop = true;
+          why = strerror(errno);
+        }
+        break;
+      } else {
+        p.got += static_cast<size_t>(n);
+        if (p.got >= sizeof(FrameHeader)) {
+          FrameHeader h;
+          memcpy(&h, p.buf, sizeof(h));
+          if (h.magic != kFrameMagic || h.type != static_cast<uint8_t>(FrameType::kHello) ||
+              h.len != sizeof(HelloBody)) {
+            drop = true;
+            why = "not an r2ccl hello";
+          }
+        }
+      }
+    }
+    if (!drop && p.got == sizeof(p.buf)) complete = true;
+    if (!drop && !complete && now > p.deadline) {
+      drop = true;
+      why = "no hello within 2 s";
+    }
+    if (complete) {
+      Incoming in;
+      in.fd = p.fd;
+      in.local_rail = p.rail;
+      memcpy(&in.hello, p.buf + sizeof(FrameHeader), sizeof(HelloBody));
+      std::lock_guard<std::mutex> lk(registry_mu_);
+      Conn* target_conn = nullptr;
+      ListenComm* target_listen = nullptr;
+      bool bad_secret = false;
+      if (in.hello.flags & kHelloReconnect) {
+        for (Conn* c : conns_)
+          if (c->id() == in.hello.conn_id && c->role() == Role::kRecv) {
+            if (memcmp(c->secret(), in.hello.secret, 16) == 0) target_conn = c;
+            else bad_secret = true;
+          }
+      } else {
+        for (ListenComm* l : listens_)
+          if (l->listen_id == in.hello.listen_id) {
+            if (memcmp(l->secret, in.hello.secret, 16) == 0) target_listen = l;
+            else bad_secret = true;
+          }
+      }
+      if (!target_conn && !target_listen) {
+        drop = true;
+        why = bad_secret ? "wrong secret" : "unknown connection or listen id";
+      } else {
+        // HELLO_ACK: our rails, and the secret echoed back (the connector checks it).
+        char out[sizeof(FrameHeader) + sizeof(HelloBody)];
+        FrameHeader h{};
+        h.magic = kFrameMagic;
+        h.type = static_cast<uint8_t>(FrameType::kHelloAck);
+        h.len = sizeof(HelloBody);
+        HelloBody b{};
+        memcpy(b.secret, in.hello.secret, 16);
+        b.conn_id = in.hello.conn_id;
+        fill_wire_rails(&b);
+        memcpy(out, &h, sizeof(h));
+        memcpy(out + sizeof(h), &b, sizeof(b));
+        ssize_t n = ::send(p.fd, out, sizeof(out), MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (n != static_cast<ssize_t>(sizeof(out))) {
+          drop = true;
+          why = "could not answer the hello";
+        } else if (in.hello.flags & kHelloQuery) {
+          ::close(p.fd);  // answered: the connector now knows our rails
+        } else if (target_conn) {
+          target_conn->push_incoming(in);
+        } else {
+          std::lock_guard<std::mutex> il(target_listen->inbox_mu);
+          target_listen->inbox.push_back(in);
+        }
+      }
+    }
+    if (drop) {
+      sockaddr_storage peer;
+      socklen_t pl = sizeof(peer);
+      std::string from = getpeername(p.fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0
+                             ? addr_to_string(peer)
+                             : std::string("?");
+      R2CCL_WARN("refused a connection on rail %s from %s: %s", rails_[p.rail].name.c_str(),
+                 from.c_str(), why ? why : "?");
+      ::close(p.fd);
+    }
+    if (drop || complete) {
+      pending_[i] = pending_.back();
+      pending_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+void Runtime::progress_idle_conns() {
+  TimeUs now = now_us();
+  std::lock_guard<std::mutex> lk(registry_mu_);
+  for (Conn* c : conns_) {
+    if (now - c->last_progress() < kIdleProgressAfter) continue;
+    if (!c->try_enter()) continue;
+    c->progress(now);
+    c->leave();
+  }
+}
+
+void Runtime::bg_loop() {
+  LinkMonitor monitor;
+  if (cfg_->link_events && monitor.open()) {
+    link_events_active_ = true;
+    for (size_t i = 0; i < rails_.size(); ++i) live_[i].link_up = link_is_up(rails_[i].ifname);
+  } else if (!cfg_->link_events) {
+    R2CCL_INFO(NCCL_NET | NCCL_INIT, "link notifications off (R2CCL_LINK_EVENTS=0)");
+  }
+  std::vector<pollfd> fds;
+  std::vector<LinkMonitor::Event> events;
+  for (;;) {
+    fds.clear();
+    for (int fd : listen_fds_) fds.push_back({fd, POLLIN, 0});
+    if (monitor.fd() >= 0) fds.push_back({monitor.fd(), POLLIN, 0});
+    for (const auto& p : pending_) fds.push_back({p.fd, POLLIN, 0});
+    ::poll(fds.data(), fds.size(), kBgPollMs);
+    for (size_t r = 0; r < listen_fds_.size(); ++r)
+      if (fds[r].revents & POLLIN) accept_new(static_cast<int>(r));
+    if (!pending_.empty()) service_handshakes();
+    if (monitor.fd() >= 0) {
+      events.clear();
+      monitor.drain(&events);
+      for (const auto& e : events) {
+        for (size_t i = 0; i < rails_.size(); ++i) {
+          if (rails_[i].ifname != e.ifname) continue;
+          bool was = live_[i].link_up.exchange(e.up);
+          if (was == e.up) continue;
+          if (e.up) live_[i].up_events++;
+          else live_[i].down_events++;
+          R2CCL_INFO(NCCL_NET, "rail %s: link %s (netlink)", rails_[i].name.c_str(),
+                     e.up ? "up" : (e.removed ? "removed" : "down"));
+        }
+      }
+    }
+    progress_idle_conns();
+  }
+}
+
+std::string Runtime::stats_json() {
+  std::ostringstream o;
+  uint64_t sw = 0, rp = 0;
+  o << "{\"rails\":[";
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    RailLive& l = live_[i];
+    const char* state = !l.link_up.load() ? "down" : l.failed_paths.load() > 0 ? "failed" : "up";
+    if (i) o << ",";
+    o << "{\"name\":\"" << rails_[i].name << "\",\"state\":\"" << state
+      << "\",\"chunks_sent\":" << l.chunks_sent.load()
+      << ",\"chunks_replayed\":" << l.chunks_replayed.load()
+      << ",\"bytes_sent\":" << l.bytes_sent.load() << ",\"switchovers\":" << l.switchovers.load()
+      << ",\"failbacks\":" << l.failbacks.load() << ",\"paths_failed\":" << l.paths_failed.load()
+      << ",\"discarded_chunks\":" << l.discarded_chunks.load() << "}";
+    sw += l.switchovers.load();
+    rp += l.chunks_replayed.load();
+  }
+  o << "],\"switchovers\":" << sw << ",\"replays\":" << rp << "}";
+  return o.str();
+}
+
+}  // namespace r2ccl::net

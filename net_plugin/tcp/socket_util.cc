@@ -1,0 +1,107 @@
+#include "socket_util.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+
+#include "r2ccl/log.h"
+
+namespace r2ccl::net {
+namespace {
+
+bool bind_to_device(int fd, const Rail& rail) {
+  if (setsockopt(fd, SOL_SOCKET, SO_BINDTODEVICE, rail.ifname.c_str(),
+                 static_cast<socklen_t>(rail.ifname.size())) == 0)
+    return true;
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true))
+    R2CCL_WARN("SO_BINDTODEVICE(%s) failed: %s; sockets are bound to the rail's source address "
+               "only, so a dead rail may be rerouted by the kernel (needs CAP_NET_RAW)",
+               rail.ifname.c_str(), strerror(errno));
+  return false;
+}
+
+}  // namespace
+
+void set_socket_options(int fd, TimeUs user_timeout) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  if (user_timeout > 0) {
+    unsigned int ms = static_cast<unsigned int>(user_timeout / kUsPerMs);
+    if (ms == 0) ms = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
+  }
+}
+
+int open_rail_socket(const Rail& rail, TimeUs user_timeout, std::string* err) {
+  int fd = socket(rail.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *err = std::string("socket(): ") + strerror(errno);
+    return -1;
+  }
+  bind_to_device(fd, rail);
+  sockaddr_storage a = rail.addr;
+  if (a.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&a)->sin_port = 0;
+  else reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), rail.addrlen) != 0) {
+    *err = "bind(" + addr_to_string(a) + ") on rail " + rail.name + ": " + strerror(errno);
+    close(fd);
+    return -1;
+  }
+  set_socket_options(fd, user_timeout);
+  return fd;
+}
+
+int start_connect(int fd, const sockaddr_storage& peer) {
+  socklen_t len = peer.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+  if (connect(fd, reinterpret_cast<const sockaddr*>(&peer), len) == 0) return 0;
+  if (errno == EINPROGRESS) return 0;
+  return -errno;
+}
+
+int finish_connect(int fd) {
+  int e = 0;
+  socklen_t l = sizeof(e);
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &l) != 0) return -errno;
+  if (e != 0) return -e;
+  sockaddr_storage peer;
+  socklen_t pl = sizeof(peer);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0)
+    return errno == ENOTCONN ? -EINPROGRESS : -errno;
+  return 0;
+}
+
+int open_rail_listener(const Rail& rail, std::string* err) {
+  int fd = socket(rail.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *err = std::string("socket(): ") + strerror(errno);
+    return -1;
+  }
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  bind_to_device(fd, rail);
+  sockaddr_storage a = rail.addr;
+  if (a.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&a)->sin_port = 0;
+  else reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), rail.addrlen) != 0 || listen(fd, 256) != 0) {
+    *err = "listen on " + addr_to_string(a) + " (rail " + rail.name + "): " + strerror(errno);
+    close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+uint16_t local_port(int fd) {
+  sockaddr_storage a;
+  socklen_t l = sizeof(a);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&a), &l) != 0) return 0;
+  if (a.ss_family == AF_INET) return reinterpret_cast<sockaddr_in*>(&a)->sin_port;
+  return reinterpret_cast<sockaddr_in6*>(&a)->sin6_port;
+}
+
+}  // namespace r2ccl::net

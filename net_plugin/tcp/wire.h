@@ -1,0 +1,116 @@
+// r2ccl TCP wire formats: the 128-byte NCCL handle, the frame header, and the hello that
+// opens every path connection. All integers little-endian (x86-64/aarch64 native); a
+// big-endian host is rejected at compile time. Thread-safety: plain data.
+//
+// Frame = 40-byte header, then `len` payload bytes (DATA: chunk payload; HELLO/HELLO_ACK:
+// a HelloBody). Field use per type:
+//   DATA       seq=message, a=chunk index, b=chunk count, off=offset, total=message bytes
+//   CTS        seq=message, total=posted receive capacity, a=tag
+//   ACK        seq=message, a=prefix (every chunk below landed), b=window base,
+//              total=bitmap of landed chunks [base, base+64)
+//   FAIL       a=path index declared failed, seq=notice id        (answered by FAIL_ACK)
+//   FAIL_ACK   a=path index, seq=notice id
+//   PING/PONG  seq=probe id, off=sender timestamp (us, echoed)
+//   SETUP_DONE total=bitmap of paths the connector got up, a=number of paths
+//              (first frame on the first path that is up)
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "r2ccl/nccl_abi.h"
+
+#if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "r2ccl wire formats assume a little-endian host"
+#endif
+
+namespace r2ccl::net {
+
+constexpr uint32_t kHandleMagic = 0x4c433252;  // "R2CL"
+constexpr uint16_t kWireVersion = 1;
+constexpr int kMaxHandleEndpoints = 4;
+constexpr int kMaxRails = 16;
+constexpr int kMaxPaths = 4;     // primary + up to 3 backups
+constexpr int kMaxStreams = 8;   // R2CCL_NSOCKS_PER_PATH maximum
+
+struct WireEndpoint {
+  uint8_t family;  // AF_INET or AF_INET6
+  uint8_t rail;    // rail index on the listening process
+  uint16_t port;   // network byte order
+  uint8_t addr[16];
+};
+static_assert(sizeof(WireEndpoint) == 20, "endpoint layout");
+
+// The handle NCCL's listen() gets, self-contained so another process can use it (PXN).
+struct WireHandle {
+  uint32_t magic;
+  uint16_t version;
+  uint8_t n_endpoints;
+  uint8_t reserved;
+  uint8_t secret[16];     // random; a peer that does not present it is refused
+  uint64_t listen_id;
+  WireEndpoint endpoints[kMaxHandleEndpoints];  // listener addresses on different rails
+};
+static_assert(sizeof(WireHandle) <= NCCL_NET_HANDLE_MAXSIZE, "handle must fit NCCL's 128 bytes");
+
+enum class FrameType : uint8_t {
+  kData = 1,
+  kCts = 2,
+  kAck = 3,
+  kFail = 4,
+  kFailAck = 5,
+  kPing = 6,
+  kPong = 7,
+  kHello = 8,
+  kHelloAck = 9,
+  kSetupDone = 10,
+};
+constexpr uint16_t kFrameMagic = 0x5232;  // "2R"
+
+struct FrameHeader {
+  uint16_t magic;
+  uint8_t type;
+  uint8_t flags;
+  uint32_t len;  // payload bytes following the header
+  uint64_t seq;
+  uint64_t off;
+  uint64_t total;
+  uint32_t a;
+  uint32_t b;
+};
+static_assert(sizeof(FrameHeader) == 40, "frame header layout");
+
+struct WireRail {
+  uint8_t family;
+  uint8_t prefix_len;
+  uint16_t port;   // this process's listener port on the rail, network order
+  uint8_t addr[16];
+  char name[28];   // display name, NUL-terminated
+};
+static_assert(sizeof(WireRail) == 48, "rail layout");
+
+// Payload of HELLO (connector -> listener) and HELLO_ACK (listener -> connector).
+struct HelloBody {
+  uint8_t secret[16];
+  uint64_t listen_id;   // which NCCL listen comm (new connection)
+  uint64_t conn_id;     // which connection (chosen by the connector)
+  uint32_t path;        // path index inside the connection
+  uint32_t stream;      // stream index inside the path
+  uint32_t n_paths;
+  uint32_t n_streams;
+  uint32_t flags;       // kHelloReconnect
+  uint32_t n_rails;
+  uint32_t generation;  // incremented on every reconnect of the path
+  uint32_t rail;        // connector's rail index for this path
+  WireRail rails[kMaxRails];
+};
+constexpr uint32_t kHelloReconnect = 1;
+// Rail query: the listener answers HELLO_ACK (its rails) and closes; the connector plans its
+// paths from the answer before opening them.
+constexpr uint32_t kHelloQuery = 2;
+static_assert(sizeof(HelloBody) == 64 + 48 * kMaxRails, "hello layout");
+
+// Largest payload a frame may announce: the largest chunk (R2CCL_CHUNK_SIZE max, 64 MiB).
+constexpr uint32_t kMaxFramePayload = 64u * 1024 * 1024;
+
+}  // namespace r2ccl::net
