@@ -139,6 +139,11 @@ void Conn::start_handshake(Handshake* hs, int local_rail, int peer_rail, uint32_
   hs->err = 0;
   hs->deadline = now + kPathHandshakeTimeout;
   hs->what = rail_name(local_rail) + " -> " + addr_to_string(peer);
+  if (FaultInjector::instance().query(local_rail, now).down) {
+    hs->stage = -1;
+    hs->err = ENETUNREACH;
+    return;
+  }
   std::string err;
   hs->fd = open_rail_socket(rt_->rails()[local_rail], cfg_.tcp_user_timeout, &err);
   if (hs->fd < 0) {
@@ -812,8 +817,10 @@ bool Conn::handle_frame(Path& p, Stream& s, TimeUs now, const char** why) {
       a.off = h.off;
       queue_ctrl(p, a);
       if (role_ == Role::kRecv && p.health->state() == PathState::kProbing &&
-          p.health->on_probe_pass(now))
+          p.health->on_probe_pass(now)) {
+        mark_recovered(p);
         R2CCL_INFO(NCCL_NET, "path %d (%s) is back after reconnect", p.index, p.label.c_str());
+      }
       return true;
     }
     case FrameType::kPong: {
@@ -822,12 +829,8 @@ bool Conn::handle_frame(Path& p, Stream& s, TimeUs now, const char** why) {
       TimeUs rtt = now - static_cast<TimeUs>(h.off);
       if (role_ == Role::kSend && p.health->state() == PathState::kProbing) {
         if (p.health->on_probe_pass(now)) {
-          RailLive& rl = rt_->live(p.local_rail);
-          rl.failbacks++;
-          if (p.counted_failed) {
-            rl.failed_paths--;
-            p.counted_failed = false;
-          }
+          rt_->live(p.local_rail).failbacks++;
+          mark_recovered(p);
           log_event("failback: rail %s is back (path %d of conn %016llx reconnected and passed %d "
                     "probes); it carries traffic again",
                     rail_name(p.local_rail).c_str(), p.index,
@@ -1005,6 +1008,12 @@ void Conn::fail_path(Path& p, FailCause cause, TimeUs now, const char* detail, b
     f.b = n.gen;
     send_ctrl_any(f, -1);
   }
+}
+
+void Conn::mark_recovered(Path& p) {
+  if (!p.counted_failed) return;
+  rt_->live(p.local_rail).failed_paths--;
+  p.counted_failed = false;
 }
 
 void Conn::resend_recv_state(int prefer) {

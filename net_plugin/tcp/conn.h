@@ -193,6 +193,7 @@ class Conn {
   void on_ack(uint64_t seq, uint32_t prefix, uint32_t base, uint64_t bitmap, TimeUs now);
   void on_cts(uint64_t seq, uint64_t cap);
   void resend_recv_state(int prefer);
+  void mark_recovered(Path& p);
   void check_recoveries(TimeUs now);
   void give_up(Status st, const char* why);
   void drain_inbox(TimeUs now);

@@ -209,6 +209,19 @@ void Runtime::service_handshakes() {
     Pending& p = pending_[i];
     bool drop = false, complete = false;
     const char* why = nullptr;
+    // The in-process injector acts on the listener's sockets too: a black-holed or reset
+    // rail answers no hello (it times out or is dropped).
+    auto fault = FaultInjector::instance().query(p.rail, now);
+    if (fault.down || fault.blackhole) {
+      if (now > p.deadline || fault.down) {
+        ::close(p.fd);
+        pending_[i] = pending_.back();
+        pending_.pop_back();
+      } else {
+        ++i;
+      }
+      continue;
+    }
     while (!drop && p.got < sizeof(p.buf)) {
       ssize_t n = ::recv(p.fd, p.buf + p.got, sizeof(p.buf) - p.got, MSG_DONTWAIT);
       if (n == 0) {
@@ -296,8 +309,13 @@ void Runtime::service_handshakes() {
       std::string from = getpeername(p.fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0
                              ? addr_to_string(peer)
                              : std::string("?");
-      R2CCL_WARN("refused a connection on rail %s from %s: %s", rails_[p.rail].name.c_str(),
-                 from.c_str(), why ? why : "?");
+      // An aborted reconnect (closed before its hello) is routine; anything else is not.
+      if (why && strcmp(why, "closed before its hello") == 0)
+        R2CCL_INFO(NCCL_NET, "connection on rail %s from %s closed before its hello",
+                   rails_[p.rail].name.c_str(), from.c_str());
+      else
+        R2CCL_WARN("refused a connection on rail %s from %s: %s", rails_[p.rail].name.c_str(),
+                   from.c_str(), why ? why : "?");
       ::close(p.fd);
     }
     if (drop || complete) {

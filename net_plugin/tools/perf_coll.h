@@ -35,8 +35,8 @@ double busbw_factor(Op op, int nranks);
 // What one benchmark point moves, as nccl-tests reports it. `bytes` is the requested size
 // rounded down to whole elements (and, for AllGather, to a multiple of nranks elements).
 struct Geometry {
-  size_t bytes = 0;     // size column: AllGather: the whole output
-  size_t count = 0;     // count column, elements of `bytes`
+  size_t bytes = 0;  // size column: AllGather: the whole output
+  size_t count = 0;  // count column, elements of `bytes`
   size_t send_count = 0;
   size_t recv_count = 0;
 };
@@ -91,8 +91,8 @@ class Engine {
     char* ptr;  // nullptr: into a scratch slot, then reduced
     size_t bytes;
     void* mh;
-    int dep;             // index of the send that must be complete before posting, or -1
-    float* red_dst;      // reduce: red_dst[i] = red_src[i] + scratch[i]
+    int dep;         // index of the send that must be complete before posting, or -1
+    float* red_dst;  // reduce: red_dst[i] = red_src[i] + scratch[i]
     const float* red_src;
   };
   struct ChanPlan {

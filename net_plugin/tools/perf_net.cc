@@ -41,10 +41,14 @@ int g_log_rank = -1;
 int debug_threshold() {
   static const int level = [] {
     const char* v = getenv("NCCL_DEBUG");
-    if (!v) return static_cast<int>(NCCL_LOG_WARN);
-    if (strcasecmp(v, "NONE") == 0) return static_cast<int>(NCCL_LOG_NONE);
-    if (strcasecmp(v, "INFO") == 0) return static_cast<int>(NCCL_LOG_INFO);
-    if (strcasecmp(v, "TRACE") == 0) return static_cast<int>(NCCL_LOG_TRACE);
+    if (!v)
+      return static_cast<int>(NCCL_LOG_WARN);
+    if (strcasecmp(v, "NONE") == 0)
+      return static_cast<int>(NCCL_LOG_NONE);
+    if (strcasecmp(v, "INFO") == 0)
+      return static_cast<int>(NCCL_LOG_INFO);
+    if (strcasecmp(v, "TRACE") == 0)
+      return static_cast<int>(NCCL_LOG_TRACE);
     return static_cast<int>(NCCL_LOG_WARN);
   }();
   return level;
@@ -53,16 +57,20 @@ int debug_threshold() {
 const char* host_name() {
   static char host[256] = "";
   if (!host[0]) {
-    if (gethostname(host, sizeof(host) - 1) != 0) snprintf(host, sizeof(host), "unknown");
+    if (gethostname(host, sizeof(host) - 1) != 0)
+      snprintf(host, sizeof(host), "unknown");
     char* dot = strchr(host, '.');
-    if (dot) *dot = 0;
+    if (dot)
+      *dot = 0;
   }
   return host;
 }
 
 }  // namespace
 
-void set_log_rank(int rank) { g_log_rank = rank; }
+void set_log_rank(int rank) {
+  g_log_rank = rank;
+}
 
 void perf_logger(ncclDebugLogLevel level, unsigned long /*flags*/, const char* /*file*/,
                  int /*line*/, const char* fmt, ...) {
@@ -70,23 +78,36 @@ void perf_logger(ncclDebugLogLevel level, unsigned long /*flags*/, const char* /
   int need;
   switch (level) {
     case NCCL_LOG_WARN:
-    case NCCL_LOG_ABORT: tag = "WARN"; need = NCCL_LOG_WARN; break;
-    case NCCL_LOG_INFO: tag = "INFO"; need = NCCL_LOG_INFO; break;
-    case NCCL_LOG_TRACE: tag = "TRACE"; need = NCCL_LOG_TRACE; break;
+    case NCCL_LOG_ABORT:
+      tag = "WARN";
+      need = NCCL_LOG_WARN;
+      break;
+    case NCCL_LOG_INFO:
+      tag = "INFO";
+      need = NCCL_LOG_INFO;
+      break;
+    case NCCL_LOG_TRACE:
+      tag = "TRACE";
+      need = NCCL_LOG_TRACE;
+      break;
     default: return;  // NONE, VERSION: nothing to say
   }
-  if (debug_threshold() < need) return;
+  if (debug_threshold() < need)
+    return;
   char line[2048];
   int n = snprintf(line, sizeof(line), "%s:%d:%d [%d] NCCL %s ", host_name(),
                    static_cast<int>(getpid()), static_cast<int>(gettid()), g_log_rank, tag);
-  if (n < 0) return;
+  if (n < 0)
+    return;
   va_list ap;
   va_start(ap, fmt);
   int m = vsnprintf(line + n, sizeof(line) - static_cast<size_t>(n) - 1, fmt, ap);
   va_end(ap);
   size_t len = static_cast<size_t>(n) + (m < 0 ? 0 : static_cast<size_t>(m));
-  if (len > sizeof(line) - 2) len = sizeof(line) - 2;
-  if (len == 0 || line[len - 1] != '\n') line[len++] = '\n';
+  if (len > sizeof(line) - 2)
+    len = sizeof(line) - 2;
+  if (len == 0 || line[len - 1] != '\n')
+    line[len++] = '\n';
   // One write so that lines of concurrent ranks do not interleave.
   ssize_t w = write(STDERR_FILENO, line, len);
   (void)w;
@@ -96,7 +117,9 @@ void perf_logger(ncclDebugLogLevel level, unsigned long /*flags*/, const char* /
 
 namespace {
 
-bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
+bool starts_with(const std::string& s, const char* p) {
+  return s.rfind(p, 0) == 0;
+}
 bool ends_with(const std::string& s, const char* p) {
   size_t n = strlen(p);
   return s.size() >= n && s.compare(s.size() - n, n, p) == 0;
@@ -105,7 +128,8 @@ bool ends_with(const std::string& s, const char* p) {
 std::string exe_dir() {
   char buf[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0) return "";
+  if (n <= 0)
+    return "";
   buf[n] = 0;
   std::string p(buf);
   size_t slash = p.rfind('/');
@@ -118,10 +142,12 @@ std::string normalize(const std::string& path) {
   size_t i = 0;
   while (i <= path.size()) {
     size_t j = path.find('/', i);
-    if (j == std::string::npos) j = path.size();
+    if (j == std::string::npos)
+      j = path.size();
     std::string part = path.substr(i, j - i);
     if (part == "..") {
-      if (!parts.empty()) parts.pop_back();
+      if (!parts.empty())
+        parts.pop_back();
     } else if (!part.empty() && part != ".") {
       parts.push_back(part);
     }
@@ -141,7 +167,8 @@ std::vector<std::string> candidates(const std::string& spec) {
   bool has_slash = spec.find('/') != std::string::npos;
   bool lib_so = starts_with(spec, "lib") && ends_with(spec, ".so");
   std::string file = lib_so ? spec : "libnccl-net-" + spec + ".so";
-  if (!has_slash && !lib_so) out.push_back(file);
+  if (!has_slash && !lib_so)
+    out.push_back(file);
   if (!has_slash) {
     std::string dir = exe_dir();
     if (!dir.empty()) {
@@ -149,7 +176,8 @@ std::vector<std::string> candidates(const std::string& spec) {
         std::string p = normalize(dir + "/" + rel + "/" + file);
         bool dup = false;
         for (const std::string& q : out) dup = dup || q == p;
-        if (!dup) out.push_back(p);
+        if (!dup)
+          out.push_back(p);
       }
     }
   }
@@ -170,7 +198,8 @@ void Net::load(const std::string& spec, int force_api) {
     const char* e = dlerror();  // names the file already
     errors += "\n  " + (e ? std::string(e) : c + ": dlopen failed");
   }
-  if (!dl_) throw PerfError("cannot load net plugin '" + spec + "':" + errors);
+  if (!dl_)
+    throw PerfError("cannot load net plugin '" + spec + "':" + errors);
 
   path_ = opened;
   struct link_map* lm = nullptr;
@@ -180,16 +209,30 @@ void Net::load(const std::string& spec, int force_api) {
   }
 
   for (int v : {11, 10, 9, 8}) {
-    if (force_api && v != force_api) continue;
+    if (force_api && v != force_api)
+      continue;
     std::string sym = "ncclNetPlugin_v" + std::to_string(v);
     void* p = dlsym(dl_, sym.c_str());
-    if (!p) continue;
+    if (!p)
+      continue;
     api_ = v;
     switch (v) {
-      case 11: v11_ = static_cast<const ncclNet_v11_t*>(p); name_ = v11_->name ? v11_->name : ""; break;
-      case 10: v10_ = static_cast<const ncclNet_v10_t*>(p); name_ = v10_->name ? v10_->name : ""; break;
-      case 9: v9_ = static_cast<const ncclNet_v9_t*>(p); name_ = v9_->name ? v9_->name : ""; break;
-      default: v8_ = static_cast<const ncclNet_v8_t*>(p); name_ = v8_->name ? v8_->name : ""; break;
+      case 11:
+        v11_ = static_cast<const ncclNet_v11_t*>(p);
+        name_ = v11_->name ? v11_->name : "";
+        break;
+      case 10:
+        v10_ = static_cast<const ncclNet_v10_t*>(p);
+        name_ = v10_->name ? v10_->name : "";
+        break;
+      case 9:
+        v9_ = static_cast<const ncclNet_v9_t*>(p);
+        name_ = v9_->name ? v9_->name : "";
+        break;
+      default:
+        v8_ = static_cast<const ncclNet_v8_t*>(p);
+        name_ = v8_->name ? v8_->name : "";
+        break;
     }
     return;
   }
@@ -198,7 +241,9 @@ void Net::load(const std::string& spec, int force_api) {
   throw PerfError(path_ + " exports none of ncclNetPlugin_v11, _v10, _v9, _v8");
 }
 
-void* Net::symbol(const char* name) const { return dl_ ? dlsym(dl_, name) : nullptr; }
+void* Net::symbol(const char* name) const {
+  return dl_ ? dlsym(dl_, name) : nullptr;
+}
 
 #define R2PERF_DISPATCH(call11, call10, call9, call8) \
   switch (api_) {                                     \
@@ -221,7 +266,8 @@ void Net::init_process() {
 }
 
 void* Net::init_comm(uint64_t comm_id) {
-  if (api_ != 11) return nullptr;
+  if (api_ != 11)
+    return nullptr;
   void* ctx = nullptr;
   ncclNetCommConfig_v11_t config{NCCL_NET_TRAFFIC_CLASS_UNDEF};  // NCCL's stack copy
   ncclResult_t r = v11_->init(&ctx, comm_id, &config, perf_logger, nullptr);
@@ -233,9 +279,11 @@ void* Net::init_comm(uint64_t comm_id) {
 }
 
 void Net::finalize_comm(void* ctx) {
-  if (api_ != 11) return;
+  if (api_ != 11)
+    return;
   ncclResult_t r = v11_->finalize(ctx);
-  if (r != ncclSuccess) throw PerfError(std::string("finalize failed: ") + nccl_result_name(r));
+  if (r != ncclSuccess)
+    throw PerfError(std::string("finalize failed: ") + nccl_result_name(r));
 }
 
 int Net::devices() {
@@ -247,8 +295,10 @@ int Net::devices() {
     case 9: r = v9_->devices(&n); break;
     default: r = v8_->devices(&n); break;
   }
-  if (r != ncclSuccess) throw PerfError(std::string("devices failed: ") + nccl_result_name(r));
-  if (n <= 0) throw PerfError("devices reported " + std::to_string(n) + " devices");
+  if (r != ncclSuccess)
+    throw PerfError(std::string("devices failed: ") + nccl_result_name(r));
+  if (n <= 0)
+    throw PerfError("devices reported " + std::to_string(n) + " devices");
   return n;
 }
 
@@ -264,19 +314,26 @@ DevInfo Net::properties(int dev) {
   if (api_ == 11) {
     ncclNetProperties_v11_t p{};
     r = v11_->getProperties(dev, &p);
-    if (r == ncclSuccess) { take(p); d.max_p2p_bytes = p.maxP2pBytes; }
+    if (r == ncclSuccess) {
+      take(p);
+      d.max_p2p_bytes = p.maxP2pBytes;
+    }
   } else if (api_ == 10 || api_ == 9) {
     ncclNetProperties_v9_t p{};
     r = api_ == 10 ? v10_->getProperties(dev, &p) : v9_->getProperties(dev, &p);
-    if (r == ncclSuccess) { take(p); d.max_p2p_bytes = p.maxP2pBytes; }
+    if (r == ncclSuccess) {
+      take(p);
+      d.max_p2p_bytes = p.maxP2pBytes;
+    }
   } else {
     ncclNetProperties_v8_t p{};
     r = v8_->getProperties(dev, &p);
-    if (r == ncclSuccess) take(p);
+    if (r == ncclSuccess)
+      take(p);
   }
   if (r != ncclSuccess)
-    throw PerfError("getProperties(dev " + std::to_string(dev) + ") failed: " +
-                    nccl_result_name(r));
+    throw PerfError("getProperties(dev " + std::to_string(dev) +
+                    ") failed: " + nccl_result_name(r));
   return d;
 }
 
@@ -299,10 +356,9 @@ ncclResult_t Net::accept(void* lc, void** rc) {
 }
 
 ncclResult_t Net::reg_mr(void* comm, void* data, size_t size, void** mh) {
-  R2PERF_DISPATCH(regMr(comm, data, size, NCCL_PTR_HOST, mh),
-                  regMr(comm, data, size, NCCL_PTR_HOST, mh),
-                  regMr(comm, data, size, NCCL_PTR_HOST, mh),
-                  regMr(comm, data, size, NCCL_PTR_HOST, mh));
+  R2PERF_DISPATCH(
+      regMr(comm, data, size, NCCL_PTR_HOST, mh), regMr(comm, data, size, NCCL_PTR_HOST, mh),
+      regMr(comm, data, size, NCCL_PTR_HOST, mh), regMr(comm, data, size, NCCL_PTR_HOST, mh));
 }
 
 ncclResult_t Net::dereg_mr(void* comm, void* mh) {
@@ -316,16 +372,19 @@ ncclResult_t Net::isend(void* sc, void* data, size_t size, int tag, void* mh, vo
       throw PerfError("isend of " + std::to_string(size) + " bytes does not fit net API v8's int");
     return v8_->isend(sc, data, static_cast<int>(size), tag, mh, req);
   }
-  R2PERF_DISPATCH(isend(sc, data, size, tag, mh, nullptr, req),
-                  isend(sc, data, size, tag, mh, nullptr, req), isend(sc, data, size, tag, mh, req),
-                  isend(sc, data, static_cast<int>(size), tag, mh, req));
+  switch (api_) {
+    case 11: return v11_->isend(sc, data, size, tag, mh, nullptr, req);
+    case 10: return v10_->isend(sc, data, size, tag, mh, nullptr, req);
+    default: return v9_->isend(sc, data, size, tag, mh, req);
+  }
 }
 
 ncclResult_t Net::irecv(void* rc, void* data, size_t size, int tag, void* mh, void** req) {
   void* bufs[1] = {data};
   int tags[1] = {tag};
   void* mhs[1] = {mh};
-  void* sentinel = reinterpret_cast<void*>(static_cast<uintptr_t>(NCCL_NET_OPTIONAL_RECV_COMPLETION));
+  void* sentinel =
+      reinterpret_cast<void*>(static_cast<uintptr_t>(NCCL_NET_OPTIONAL_RECV_COMPLETION));
   ncclResult_t r;
   if (api_ == 8) {
     if (size > static_cast<size_t>(INT_MAX))
@@ -343,9 +402,11 @@ ncclResult_t Net::irecv(void* rc, void* data, size_t size, int tag, void* mh, vo
     default: r = v9_->irecv(rc, 1, bufs, sizes, tags, mhs, req); break;
   }
   if (r == ncclSuccess && *req == sentinel)
-    throw PerfError("irecv returned success but left NCCL_NET_OPTIONAL_RECV_COMPLETION (0x1) in "
-                    "*request; it must store a request or NULL");
-  if (r != ncclSuccess) *req = nullptr;
+    throw PerfError(
+        "irecv returned success but left NCCL_NET_OPTIONAL_RECV_COMPLETION (0x1) in "
+        "*request; it must store a request or NULL");
+  if (r != ncclSuccess)
+    *req = nullptr;
   return r;
 }
 

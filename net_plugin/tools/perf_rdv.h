@@ -11,7 +11,10 @@
 // Thread-safety: a server runs on its own thread; a client is used by one thread.
 #pragma once
 
+#include <atomic>
+#include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace r2perf {
@@ -24,14 +27,18 @@ class RdvServer {
   void listen(const std::string& host, int port);
   int port() const { return port_; }
   int fd() const { return fd_; }
-  // Serves nranks clients until the end (see above). Runs on a detached thread.
+  // Serves nranks clients until the end (see above), on a thread of its own.
   void start(int nranks);
+  // Waits up to timeout_s for the server to finish (every client gone). A process that hosts
+  // the server must not exit before, or the last answers may never be written.
+  bool wait(double timeout_s);
   void close_listen();
 
  private:
-  void serve(int nranks);
   int fd_ = -1;
   int port_ = 0;
+  std::thread thread_;  // detached by the destructor if still running
+  std::shared_ptr<std::atomic<bool>> done_;
 };
 
 class RdvClient {

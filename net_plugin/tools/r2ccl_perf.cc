@@ -160,8 +160,10 @@ Options parse_args(int argc, char** argv) {
       has_eq = true;
     }
     auto value = [&]() -> std::string {
-      if (has_eq) return v;
-      if (i + 1 >= argc) usage_error(a + " needs a value");
+      if (has_eq)
+        return v;
+      if (i + 1 >= argc)
+        usage_error(a + " needs a value");
       return argv[++i];
     };
     if (a == "-h" || a == "--help") {
@@ -186,11 +188,16 @@ Options parse_args(int argc, char** argv) {
       o.dev = static_cast<int>(parse_long(a, value(), 0, 1 << 20));
     } else if (a == "--op") {
       std::string op = value();
-      if (op == "allreduce") o.op = Op::kAllReduce;
-      else if (op == "allgather") o.op = Op::kAllGather;
-      else if (op == "broadcast") o.op = Op::kBroadcast;
-      else if (op == "sendrecv") o.op = Op::kSendRecv;
-      else usage_error("--op: '" + op + "' is not allreduce, allgather, broadcast or sendrecv");
+      if (op == "allreduce")
+        o.op = Op::kAllReduce;
+      else if (op == "allgather")
+        o.op = Op::kAllGather;
+      else if (op == "broadcast")
+        o.op = Op::kBroadcast;
+      else if (op == "sendrecv")
+        o.op = Op::kSendRecv;
+      else
+        usage_error("--op: '" + op + "' is not allreduce, allgather, broadcast or sendrecv");
     } else if (a == "-b" || a == "--minbytes") {
       o.min_bytes = parse_size(a, value());
     } else if (a == "-e" || a == "--maxbytes") {
@@ -200,7 +207,8 @@ Options parse_args(int argc, char** argv) {
       o.step = 0;
     } else if (a == "-i" || a == "--stepbytes") {
       o.step = parse_size(a, value());
-      if (o.step == 0) usage_error(a + " must be > 0");
+      if (o.step == 0)
+        usage_error(a + " must be > 0");
     } else if (a == "-n" || a == "--iters") {
       o.iters = static_cast<int>(parse_long(a, value(), 1, INT_MAX));
     } else if (a == "-w" || a == "--warmup_iters") {
@@ -209,17 +217,20 @@ Options parse_args(int argc, char** argv) {
       o.repeat = static_cast<int>(parse_long(a, value(), 1, INT_MAX));
     } else if (a == "--slice") {
       o.slice = parse_size(a, value());
-      if (o.slice < sizeof(float) || o.slice > kMaxSlice) usage_error("--slice must be in [4, 1G]");
+      if (o.slice < sizeof(float) || o.slice > kMaxSlice)
+        usage_error("--slice must be in [4, 1G]");
     } else if (a == "--inflight") {
       o.inflight = static_cast<int>(parse_long(a, value(), 1, 8));
     } else if (a == "--no-flush") {
       o.flush = false;
     } else if (a == "-c" || a == "--check") {
       // Optional 0|1 argument, as nccl-tests' -c.
-      if (has_eq) o.check = parse_long(a, v, 0, 1) != 0;
+      if (has_eq)
+        o.check = parse_long(a, v, 0, 1) != 0;
       else if (i + 1 < argc && (strcmp(argv[i + 1], "0") == 0 || strcmp(argv[i + 1], "1") == 0))
         o.check = argv[++i][0] == '1';
-      else o.check = true;
+      else
+        o.check = true;
     } else if (a == "--stats") {
       o.stats = true;
     } else if (a == "--expect-replay") {
@@ -235,12 +246,17 @@ Options parse_args(int argc, char** argv) {
       usage_error("unknown option '" + a + "'");
     }
   }
-  if (o.params) return o;
-  if (o.min_bytes > o.max_bytes) usage_error("-b is larger than -e");
+  if (o.params)
+    return o;
+  if (o.min_bytes > o.max_bytes)
+    usage_error("-b is larger than -e");
   if (!o.rendezvous.empty()) {
-    if (o.ranks_set) usage_error("--ranks is for one host; with --rendezvous use --rank/--nranks");
-    if (o.rank < 0 || o.nranks < 1) usage_error("--rendezvous needs --rank R and --nranks N");
-    if (o.rank >= o.nranks) usage_error("--rank must be < --nranks");
+    if (o.ranks_set)
+      usage_error("--ranks is for one host; with --rendezvous use --rank/--nranks");
+    if (o.rank < 0 || o.nranks < 1)
+      usage_error("--rendezvous needs --rank R and --nranks N");
+    if (o.rank >= o.nranks)
+      usage_error("--rank must be < --nranks");
   } else if (o.rank >= 0 || o.nranks > 0) {
     usage_error("--rank/--nranks need --rendezvous HOST:PORT");
   }
@@ -256,9 +272,11 @@ std::vector<Geometry> sweep_sizes(const Options& o, int nranks) {
   size_t size = o.min_bytes;
   for (;;) {
     Geometry g = geometry(o.op, size, nranks);
-    if (out.empty() || out.back().bytes != g.bytes) out.push_back(g);
+    if (out.empty() || out.back().bytes != g.bytes)
+      out.push_back(g);
     size_t next = o.step ? size + o.step : (size == 0 ? 1 : size * static_cast<size_t>(o.factor));
-    if (next <= size || next > o.max_bytes) break;
+    if (next <= size || next > o.max_bytes)
+      break;
     size = next;
   }
   return out;
@@ -268,10 +286,11 @@ std::vector<Geometry> sweep_sizes(const Options& o, int nranks) {
 // started by hand (--rendezvous) must agree on them.
 std::string protocol_options(const Options& o) {
   char b[256];
-  snprintf(b, sizeof(b), "--op %s --channels %d -b %zu -e %zu -f %d -i %zu -n %d -w %d "
-           "--repeat %d --check %d --stats %d", op_name(o.op), o.channels, o.min_bytes,
-           o.max_bytes, o.factor, o.step, o.iters, o.warmup, o.repeat, o.check ? 1 : 0,
-           o.stats ? 1 : 0);
+  snprintf(b, sizeof(b),
+           "--op %s --channels %d -b %zu -e %zu -f %d -i %zu -n %d -w %d "
+           "--repeat %d --check %d --stats %d",
+           op_name(o.op), o.channels, o.min_bytes, o.max_bytes, o.factor, o.step, o.iters, o.warmup,
+           o.repeat, o.check ? 1 : 0, o.stats ? 1 : 0);
   return b;
 }
 
@@ -291,8 +310,10 @@ void set_phase(const char* fmt, ...) {
 
 void on_alarm(int) {
   char buf[512];
-  int n = snprintf(buf, sizeof(buf), "r2ccl_perf: rank %d: timeout: still running after %d s "
-                   "(--timeout) while %s\n", g_rank, g_timeout, g_phase);
+  int n = snprintf(buf, sizeof(buf),
+                   "r2ccl_perf: rank %d: timeout: still running after %d s "
+                   "(--timeout) while %s\n",
+                   g_rank, g_timeout, g_phase);
   if (n > 0) {
     ssize_t w = write(STDERR_FILENO, buf, std::min(static_cast<size_t>(n), sizeof(buf) - 1));
     (void)w;
@@ -313,8 +334,10 @@ class Watchdog {
         int n = poll(&p, 1, 100);
         if (n > 0 && !stop_.load()) {
           char buf[512];
-          int m = snprintf(buf, sizeof(buf), "r2ccl_perf: rank %d: another rank failed "
-                           "(rendezvous closed) while %s; exiting\n", g_rank, g_phase);
+          int m = snprintf(buf, sizeof(buf),
+                           "r2ccl_perf: rank %d: another rank failed "
+                           "(rendezvous closed) while %s; exiting\n",
+                           g_rank, g_phase);
           ssize_t w = write(STDERR_FILENO, buf, std::min(static_cast<size_t>(m), sizeof(buf) - 1));
           (void)w;
           _exit(1);
@@ -324,7 +347,8 @@ class Watchdog {
   }
   void stop() {
     stop_ = true;
-    if (th_.joinable()) th_.join();
+    if (th_.joinable())
+      th_.join();
   }
 
  private:
@@ -353,14 +377,16 @@ std::string to_blob(const T& t) {
 }
 template <typename T>
 T from_blob(const std::string& s) {
-  if (s.size() < sizeof(T)) throw PerfError("rendezvous: short message from a peer");
+  if (s.size() < sizeof(T))
+    throw PerfError("rendezvous: short message from a peer");
   T t;
   memcpy(&t, s.data(), sizeof(T));
   return t;
 }
 
 void check_call(ncclResult_t r, const char* call, int ch) {
-  if (r == ncclSuccess) return;
+  if (r == ncclSuccess)
+    return;
   char buf[200];
   snprintf(buf, sizeof(buf), "%s(channel %d) failed: %s (%d)", call, ch, nccl_result_name(r),
            static_cast<int>(r));
@@ -369,9 +395,12 @@ void check_call(ncclResult_t r, const char* call, int ch) {
 
 std::string format_time(double us) {
   char b[32];
-  if (us < 1e4) snprintf(b, sizeof(b), "%7.2f", us);
-  else if (us < 1e5) snprintf(b, sizeof(b), "%7.1f", us);
-  else snprintf(b, sizeof(b), "%7.0f", us);
+  if (us < 1e4)
+    snprintf(b, sizeof(b), "%7.2f", us);
+  else if (us < 1e5)
+    snprintf(b, sizeof(b), "%7.1f", us);
+  else
+    snprintf(b, sizeof(b), "%7.0f", us);
   return b;
 }
 
@@ -391,7 +420,8 @@ struct Buffers {
 
 void* alloc_buf(size_t bytes) {
   void* p = nullptr;
-  if (posix_memalign(&p, 4096, bytes) != 0) throw PerfError("out of memory");
+  if (posix_memalign(&p, 4096, bytes) != 0)
+    throw PerfError("out of memory");
   memset(p, 0, bytes);
   return p;
 }
@@ -426,8 +456,9 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
     Hello me{};
     if (root) {
       std::random_device rd;
-      me.comm_id = (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
-                   static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
+      me.comm_id =
+          (static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+          static_cast<uint64_t>(std::chrono::steady_clock::now().time_since_epoch().count());
     }
     me.pid = static_cast<int32_t>(getpid());
     me.api = net.api();
@@ -476,10 +507,11 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
           throw PerfError("device " + std::to_string(d) + " reports maxRecvs < 1");
         if (net.api() >= 9 && props[d].max_p2p_bytes == 0)
           throw PerfError("device " + std::to_string(d) + " reports maxP2pBytes 0");
-        if (props[d].max_p2p_bytes) slice = std::min(slice, props[d].max_p2p_bytes);
+        if (props[d].max_p2p_bytes)
+          slice = std::min(slice, props[d].max_p2p_bytes);
       }
-      dev_names += (c ? "  " : "") + std::string("dev ") + std::to_string(d) + " [" +
-                   props[d].name + "]";
+      dev_names +=
+          (c ? "  " : "") + std::string("dev ") + std::to_string(d) + " [" + props[d].name + "]";
     }
     slice = std::max<size_t>(sizeof(float), slice / sizeof(float) * sizeof(float));
 
@@ -491,7 +523,8 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
     for (int c = 0; c < C; c++) {
       char* h = &blob[sizeof(uint64_t) + static_cast<size_t>(c) * NCCL_NET_HANDLE_MAXSIZE];
       check_call(net.listen(ctx, chans[c].dev, h, &chans[c].listen_comm), "listen", c);
-      if (!chans[c].listen_comm) throw PerfError("listen returned a NULL listenComm");
+      if (!chans[c].listen_comm)
+        throw PerfError("listen returned a NULL listenComm");
     }
     blob += dev_names;
     std::vector<std::string> all = rdv.allgather(blob);
@@ -509,8 +542,10 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
     // turn. The handle buffer stays the same across connect retries, as in NCCL.
     std::vector<std::vector<char>> peer(static_cast<size_t>(C));
     for (int c = 0; c < C; c++)
-      peer[c].assign(all[next].begin() + static_cast<long>(sizeof(uint64_t) + c * NCCL_NET_HANDLE_MAXSIZE),
-                     all[next].begin() + static_cast<long>(sizeof(uint64_t) + (c + 1) * NCCL_NET_HANDLE_MAXSIZE));
+      peer[c].assign(
+          all[next].begin() + static_cast<long>(sizeof(uint64_t) + c * NCCL_NET_HANDLE_MAXSIZE),
+          all[next].begin() +
+              static_cast<long>(sizeof(uint64_t) + (c + 1) * NCCL_NET_HANDLE_MAXSIZE));
     set_phase("connect/accept");
     for (int pending = 2 * C; pending > 0;) {
       bool progress = false;
@@ -518,7 +553,8 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
         Channel& ch = chans[c];
         if (!ch.send_comm) {
           check_call(net.connect(ctx, ch.dev, peer[c].data(), &ch.send_comm), "connect", c);
-          if (ch.send_comm) pending--, progress = true;
+          if (ch.send_comm)
+            pending--, progress = true;
         }
         if (!ch.recv_comm) {
           check_call(net.accept(ch.listen_comm, &ch.recv_comm), "accept", c);
@@ -529,7 +565,8 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
           }
         }
       }
-      if (!progress) usleep(100);
+      if (!progress)
+        usleep(100);
     }
 
     // Buffers, registered on the comms that use them.
@@ -540,7 +577,8 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
     Buffers bufs;
     bufs.mem[0] = alloc_buf(buf_bytes);
     bufs.mem[1] = alloc_buf(buf_bytes);
-    if (reduce) bufs.mem[2] = alloc_buf(slot_bytes * static_cast<size_t>(o.inflight) * C);
+    if (reduce)
+      bufs.mem[2] = alloc_buf(slot_bytes * static_cast<size_t>(o.inflight) * C);
     float* sendbuf = static_cast<float*>(bufs.mem[0]);
     float* recvbuf = static_cast<float*>(bufs.mem[1]);
     for (int c = 0; c < C; c++) {
@@ -549,9 +587,11 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
       check_call(net.reg_mr(ch.send_comm, recvbuf, buf_bytes, &ch.mh_send_recvbuf), "regMr", c);
       check_call(net.reg_mr(ch.recv_comm, recvbuf, buf_bytes, &ch.mh_recv_recvbuf), "regMr", c);
       if (reduce) {
-        ch.scratch = static_cast<char*>(bufs.mem[2]) + slot_bytes * static_cast<size_t>(o.inflight) * c;
-        check_call(net.reg_mr(ch.recv_comm, ch.scratch, slot_bytes * static_cast<size_t>(o.inflight),
-                              &ch.mh_recv_scratch), "regMr", c);
+        ch.scratch =
+            static_cast<char*>(bufs.mem[2]) + slot_bytes * static_cast<size_t>(o.inflight) * c;
+        check_call(net.reg_mr(ch.recv_comm, ch.scratch,
+                              slot_bytes * static_cast<size_t>(o.inflight), &ch.mh_recv_scratch),
+                   "regMr", c);
       }
     }
 
@@ -568,12 +608,16 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
     if (root) {
       printf("# r2ccl_perf  op: %s  ranks: %d  channels: %d  minBytes: %zu  maxBytes: %zu  ",
              op_name(o.op), nranks, C, o.min_bytes, o.max_bytes);
-      if (o.step) printf("step: %zu(bytes)", o.step);
-      else printf("step: %d(factor)", o.factor);
-      printf("  warmup iters: %d  iters: %d  slice: %zu  inflight: %d  flush: %d  validation: %d"
-             "  repeat: %d\n", o.warmup, o.iters, slice, o.inflight, o.flush ? 1 : 0,
-             o.check ? 1 : 0, o.repeat);
-      printf("# plugin: %s  api: v%d  name: %s\n", net.path().c_str(), net.api(), net.name().c_str());
+      if (o.step)
+        printf("step: %zu(bytes)", o.step);
+      else
+        printf("step: %d(factor)", o.factor);
+      printf(
+          "  warmup iters: %d  iters: %d  slice: %zu  inflight: %d  flush: %d  validation: %d"
+          "  repeat: %d\n",
+          o.warmup, o.iters, slice, o.inflight, o.flush ? 1 : 0, o.check ? 1 : 0, o.repeat);
+      printf("# plugin: %s  api: v%d  name: %s\n", net.path().c_str(), net.api(),
+             net.name().c_str());
       printf("#\n# Using devices\n");
       for (int r = 0; r < nranks; r++)
         printf("#  Rank %2d Pid %7d on %10s  %s\n", r, hellos[r].pid, hellos[r].host,
@@ -603,10 +647,11 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
         using clk = std::chrono::steady_clock;
         if (o.check) {
           for (int it = 0; it < o.iters; it++) {
-            uint32_t seed = static_cast<uint32_t>(pass * 1000003u + si * 1009u + static_cast<uint32_t>(it) + 1);
+            uint32_t seed =
+                static_cast<uint32_t>(pass * 1000003u + si * 1009u + static_cast<uint32_t>(it) + 1);
             eng.fill(seed);
-            set_phase("pass %d, %s of %zu bytes, barrier before iteration %d", pass,
-                      op_name(o.op), g.bytes, it);
+            set_phase("pass %d, %s of %zu bytes, barrier before iteration %d", pass, op_name(o.op),
+                      g.bytes, it);
             rdv.barrier();
             set_phase("pass %d, %s of %zu bytes, iteration %d", pass, op_name(o.op), g.bytes, it);
             auto t0 = clk::now();
@@ -638,8 +683,8 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
         rows++;
         pass_rows++;
         if (root) {
-          printf("%12zu  %12zu  %8s  %6s  %6d  %7s  %6.2f  %6.2f  %6s\n", g.bytes, g.count,
-                 "float", redop_name(o.op), op_root(o.op), format_time(us).c_str(), algbw, busbw,
+          printf("%12zu  %12zu  %8s  %6s  %6d  %7s  %6.2f  %6.2f  %6s\n", g.bytes, g.count, "float",
+                 redop_name(o.op), op_root(o.op), format_time(us).c_str(), algbw, busbw,
                  o.check ? std::to_string(w).c_str() : "N/A");
           fflush(stdout);
         }
@@ -651,26 +696,33 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
       }
     }
     if (root) {
-      if (o.check) printf("# Out of bounds values : %" PRIu64 " %s\n", wrong_total, wrong_total ? "FAILED" : "OK");
-      else printf("# Out of bounds values : not checked (use --check)\n");
+      if (o.check)
+        printf("# Out of bounds values : %" PRIu64 " %s\n", wrong_total,
+               wrong_total ? "FAILED" : "OK");
+      else
+        printf("# Out of bounds values : not checked (use --check)\n");
       printf("# Avg bus bandwidth    : %g\n", rows ? busbw_sum / rows : 0.0);
       printf("# wrong total: %" PRIu64 "%s\n#\n", wrong_total, o.check ? "" : " (not checked)");
       fflush(stdout);
     }
-    if (wrong_total) rc = 1;
+    if (wrong_total)
+      rc = 1;
 
     if (o.stats) {
       set_phase("stats");
       std::vector<std::string> blobs = rdv.allgather(read_plugin_stats(net));
       StatsSummary sum = summarize_stats(blobs, root ? stdout : nullptr);
-      if (sum.bad) rc = 1;
+      if (sum.bad)
+        rc = 1;
       if (o.expect_replay) {
         if (root)
-          printf("# expect-replay: %" PRIu64 " replayed chunk(s) over all ranks: %s\n",
-                 sum.replays, sum.replays > 0 ? "OK" : "FAILED");
-        if (sum.replays == 0) rc = 1;
+          printf("# expect-replay: %" PRIu64 " replayed chunk(s) over all ranks: %s\n", sum.replays,
+                 sum.replays > 0 ? "OK" : "FAILED");
+        if (sum.replays == 0)
+          rc = 1;
       }
-      if (root) fflush(stdout);
+      if (root)
+        fflush(stdout);
     }
 
     set_phase("teardown");
@@ -691,6 +743,9 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
     watchdog.stop();
     rdv.barrier();
     rdv.close();
+    // The rank that hosts the rendezvous stays until every rank has its last answer.
+    if (server && !server->wait(10))
+      fprintf(stderr, "r2ccl_perf: rank %d: the rendezvous did not finish within 10 s\n", rank);
   } catch (const PerfError& e) {
     watchdog.stop();
     fflush(stdout);
@@ -715,7 +770,8 @@ int run_local(const Options& o) {
     if (pid < 0) {
       perror("r2ccl_perf: fork");
       for (pid_t p : pids)
-        if (p > 0) kill(p, SIGKILL);
+        if (p > 0)
+          kill(p, SIGKILL);
       return 1;
     }
     if (pid == 0) {
@@ -740,7 +796,8 @@ int run_local(const Options& o) {
     pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
       auto it = std::find(pids.begin(), pids.end(), pid);
-      if (it == pids.end()) continue;
+      if (it == pids.end())
+        continue;
       int r = static_cast<int>(it - pids.begin());
       *it = -1;
       left--;
@@ -750,14 +807,16 @@ int run_local(const Options& o) {
         if (WIFEXITED(status))
           fprintf(stderr, "r2ccl_perf: rank %d exited with status %d\n", r, WEXITSTATUS(status));
         else if (WIFSIGNALED(status))
-          fprintf(stderr, "r2ccl_perf: rank %d was killed by signal %d (%s)\n", r,
-                  WTERMSIG(status), strsignal(WTERMSIG(status)));
-        if (!failed) first_failure = clk::now();
+          fprintf(stderr, "r2ccl_perf: rank %d was killed by signal %d (%s)\n", r, WTERMSIG(status),
+                  strsignal(WTERMSIG(status)));
+        if (!failed)
+          first_failure = clk::now();
         failed = true;
       }
       continue;
     }
-    if (pid < 0 && errno != EINTR) break;
+    if (pid < 0 && errno != EINTR)
+      break;
     usleep(20000);
     bool timeout = clk::now() > deadline;
     bool stuck = failed && clk::now() > first_failure + grace;
@@ -766,10 +825,13 @@ int run_local(const Options& o) {
         fprintf(stderr, "r2ccl_perf: timeout: the run took longer than %d s; killing the ranks\n",
                 o.timeout);
       else
-        fprintf(stderr, "r2ccl_perf: a rank failed and others are still running %d s later; "
-                "killing them\n", static_cast<int>(grace.count()));
+        fprintf(stderr,
+                "r2ccl_perf: a rank failed and others are still running %d s later; "
+                "killing them\n",
+                static_cast<int>(grace.count()));
       for (pid_t p : pids)
-        if (p > 0) kill(p, SIGKILL);
+        if (p > 0)
+          kill(p, SIGKILL);
       killed = true;
       rc = 1;
     }
@@ -784,7 +846,8 @@ int main_impl(int argc, char** argv) {
     return 0;
   }
   try {
-    if (o.rendezvous.empty()) return run_local(o);
+    if (o.rendezvous.empty())
+      return run_local(o);
     std::string host;
     int port = 0;
     if (!parse_host_port(o.rendezvous, &host, &port))
@@ -799,4 +862,6 @@ int main_impl(int argc, char** argv) {
 }  // namespace
 }  // namespace r2perf
 
-int main(int argc, char** argv) { return r2perf::main_impl(argc, argv); }
+int main(int argc, char** argv) {
+  return r2perf::main_impl(argc, argv);
+}

@@ -1,0 +1,84 @@
+// Test harness: loads an NCCL net plugin exactly as NCCL does (dlopen RTLD_NOW|RTLD_LOCAL,
+// dlsym of ncclNetPlugin_v11) and runs the two ends of one connection in two forked
+// processes, so each test case gets fresh processes with its own environment (the plugin
+// parses its R2CCL_* variables once per process).
+//
+// Typical use inside a Catch2 TEST_CASE:
+//   PairOptions o; o.env = {{"R2CCL_SOCKET_IFNAME", "lo@127.0.0.1,lo@127.0.0.2"}};
+//   PairResult r = run_pair(o,
+//       [](Endpoint& s) { ... return 0; },   // sender process: exit code
+//       [](Endpoint& r) { ... return 0; });  // receiver process
+//   REQUIRE(r.sender_status == 0); REQUIRE(r.receiver_status == 0);
+// Endpoint functions print what went wrong to stderr and return non-zero; they must not use
+// Catch assertions (they run in child processes).
+#pragma once
+
+#include <functional>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "r2ccl/nccl_abi.h"
+
+namespace r2ccl::test {
+
+struct Plugin {
+  void* dl = nullptr;
+  const ncclNet_v11_t* net = nullptr;
+};
+// Loads the .so at `path` (default: $R2CCL_TEST_PLUGIN). Returns false with *err.
+bool load_plugin(Plugin* p, std::string* err, const char* path = nullptr);
+
+struct Endpoint {
+  Plugin plugin;
+  void* ctx = nullptr;
+  void* comm = nullptr;  // send comm (sender) or recv comm (receiver)
+  int dev = 0;
+  int peer_pid = 0;
+  // Posts one isend/irecv (retrying NULL requests) and waits for it. Returns the first
+  // non-success result, or ncclSuccess; *size gets the reported size. timeout in ms.
+  ncclResult_t send(void* buf, size_t size, int timeout_ms, int* size_out = nullptr);
+  ncclResult_t recv(void* buf, size_t size, int timeout_ms, int* size_out = nullptr);
+  // Non-blocking building blocks.
+  ncclResult_t post_send(void* buf, size_t size, void** req, int timeout_ms);
+  ncclResult_t post_recv(void* buf, size_t size, void** req, int timeout_ms);
+  ncclResult_t wait(void* req, int timeout_ms, int* size_out = nullptr);
+  void* mhandle_for(void* buf, size_t size);
+  std::vector<std::pair<void*, void*>> mrs;  // (buffer, mhandle)
+};
+
+struct PairOptions {
+  std::map<std::string, std::string> env;           // both processes
+  std::map<std::string, std::string> sender_env;    // sender only
+  std::map<std::string, std::string> receiver_env;  // receiver only
+  int dev = 0;
+  int connect_timeout_ms = 20000;
+  int timeout_s = 300;  // both children are killed after this long
+  // Runs in the receiver process after connect (or instead of it when skip_connect).
+  bool skip_connect = false;
+};
+
+struct PairResult {
+  int sender_status = -1;    // exit code, or 128+signal
+  int receiver_status = -1;
+  double seconds = 0;
+};
+
+using EndpointFn = std::function<int(Endpoint&)>;
+PairResult run_pair(const PairOptions& o, const EndpointFn& sender, const EndpointFn& receiver);
+
+// Fills `n` bytes with a pattern derived from `seed`; check_pattern returns the first bad
+// offset or -1.
+void fill_pattern(void* buf, size_t n, uint64_t seed);
+long long check_pattern(const void* buf, size_t n, uint64_t seed);
+
+// Temporary file path unique to this process and tag (under $TMPDIR or /tmp).
+std::string temp_path(const std::string& tag);
+std::string read_file(const std::string& path);
+int count_lines_containing(const std::string& text, const std::string& needle);
+
+// Runs a shell command, returns its exit status and (optionally) its output.
+int run_command(const std::string& cmd, std::string* output = nullptr);
+std::string env_or(const char* name, const char* fallback);
+
+}  // namespace r2ccl::test
