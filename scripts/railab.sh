@@ -50,26 +50,35 @@ FAULT KINDS  (RAIL is the rail index; --side defaults to a)
                             loses carrier, the other side keeps carrier (bridge in between)
   far-down  | far-up        down/up the bridge's leg towards the OTHER side (side a: the br<->b
                             leg); the side's own carrier stays up, traffic stops
-  blackhole | unblackhole   nft (netdev ingress+egress on rail<RAIL> in the side's namespace)
-                            drops every frame, both directions; link and carrier stay up
-  loss PERMILLE | noloss    nft random drop, both directions: numgen random mod 1000 < PERMILLE
+  blackhole [--local] | unblackhole
+                            silent black hole, both directions, link and carrier stay up:
+                            nft drops every frame (ARP too) arriving at the side's rail<RAIL>
+                            (netdev ingress hook) and every frame the side sends, on the wire
+                            (bridge ingress), so no TCP stack sees a local error. --local drops
+                            the side's outgoing frames on its own egress hook instead (its TCP
+                            then sees local drops and retries every ~0.5 s without backoff)
+  loss PERMILLE | noloss    random drop of single segments on the wire (bridge ingress):
+                            numgen random mod 1000 < PERMILLE (10 = 1 %); both directions
+                            unless --side X is given (then only frames sent by X)
   rate RATE | rate restore  rate collapse: tbf rate on rail<RAIL> becomes RATE (both directions
                             unless --side is given); `restore` (alias kind: rate-restore) puts
                             back the lab's --rate, or removes shaping on an unshaped lab
   queue-start [--streams N] | queue-stop
-                            queueing delay: N (default 4) competing iperf3 TCP streams saturate
-                            the rail from the side towards the other side (pids kept under
-                            /run/r2ccl-railab-P/); queue-stop ends them
+                            queueing delay: N (default 4) competing iperf3 TCP (cubic) streams
+                            saturate the rail from the side towards the other side (pids kept
+                            under /run/r2ccl-railab-P/); queue-stop ends them (SIGKILL). Delay
+                            measured at 2gbit: 1 stream 2.5 ms, 4: 3.5, 16: 8.7, 64: ~20 (the
+                            --latency bound)
   flap [--for SEC] [--seed S] [--min-ms A] [--max-ms B] [--far]
                             toggle the link down/up for SEC seconds (default 10), each state held
                             a random A..B ms (default 50..500) drawn from seed S (default:
                             random, always printed); starts with down, always ends up.
                             --far flaps the far leg instead of the side's own device.
 
-  Every action prints one line:  [SEC.USEC] [railab] P fault KIND rail=R side=S ...
-  SEC.USEC is CLOCK_MONOTONIC (same clock and format as the plugin's log lines), read right
-  after the kernel accepted the change, so a test can subtract it from the plugin's
-  switchover time.
+  Every action prints one line:  [SEC.USEC] [railab] P fault KIND rail=R side=S ... took_us=N
+  SEC.USEC is CLOCK_MONOTONIC (same clock and format as the plugin's log lines), read just
+  BEFORE the kernel command, so the fault never looks later than it was; took_us is how long
+  the command took. A test subtracts it from the plugin's switchover time.
 
 OTHER
   status   per rail and side: admin state, carrier, tbf rate, nft faults (with drop counters),
@@ -239,52 +248,45 @@ tbf_rate_of() { # prints the tbf rate on ns/dev, or "unshaped"
 # the egress hook: table inet r2ccl_railab on input/output (IP only).
 NFT_TABLE=r2ccl_railab
 nft_in() { ip netns exec "$1" nft "${@:2}"; }
-nft_family() { # ns -> netdev|inet
-  if nft_in "$1" list table netdev $NFT_TABLE >/dev/null 2>&1; then echo netdev; else echo inet; fi
-}
+# Side namespaces: table netdev r2ccl_railab, per rail a base chain on the ingress hook of
+# rail<i> (jumps to rail<i>_bh_in) and one on the egress hook (jumps to rail<i>_bh_out; only
+# used by `blackhole --local`; kernels without the netdev egress hook (< 5.16) get no egress
+# chain and refuse --local).
 nft_setup() { # ns rails
-  local ns=$1 n=$2 i rules
-  rules="table netdev $NFT_TABLE {"
-  for ((i = 0; i < n; i++)); do
+  local ns=$1 n=$2 i rules egress=1
+  while :; do
+    rules="table netdev $NFT_TABLE {"
+    for ((i = 0; i < n; i++)); do
+      rules+="
+  chain rail${i}_bh_in { }
+  chain rail${i}_bh_out { }
+  chain rail${i}_in { type filter hook ingress device \"rail$i\" priority -500; jump rail${i}_bh_in; }"
+      ((egress)) && rules+="
+  chain rail${i}_out { type filter hook egress device \"rail$i\" priority -500; jump rail${i}_bh_out; }"
+    done
     rules+="
-  chain rail${i}_bh { }
-  chain rail${i}_in { type filter hook ingress device \"rail$i\" priority -500; jump rail${i}_bh; }
-  chain rail${i}_out { type filter hook egress device \"rail$i\" priority -500; jump rail${i}_bh; }"
-  done
-  rules+="
 }"
-  if nft_in "$ns" -f - <<<"$rules" 2>/dev/null; then return 0; fi
-  rules="table inet $NFT_TABLE {"
-  local jin="" jout=""
-  for ((i = 0; i < n; i++)); do
-    rules+="
-  chain rail${i}_bh { }"
-    jin+="
-    iifname \"rail$i\" jump rail${i}_bh"
-    jout+="
-    oifname \"rail$i\" jump rail${i}_bh"
+    if nft_in "$ns" -f - <<<"$rules" 2>/dev/null; then break; fi
+    ((egress)) || die "nft setup (netdev ingress) failed in $ns"
+    nft_in "$ns" delete table netdev $NFT_TABLE 2>/dev/null || true
+    egress=0
+    warn "$ns: no nft netdev egress hook here: 'blackhole --local' unavailable"
   done
-  rules+="
-  chain in { type filter hook input priority -300; $jin
-  }
-  chain out { type filter hook output priority -300; $jout
-  }
-}"
-  nft_in "$ns" -f - <<<"$rules" || die "nft setup failed in $ns"
-  warn "$ns: nft netdev egress hook unavailable; faults use inet input/output (IP packets only)"
 }
-# Loss lives on the wire: in the bridge namespace, on the ingress of each bridge leg, where
-# every frame is one MTU-sized segment (the sending veth has already segmented it; on a sender's
-# own egress hook TCP's GSO packets of up to 64 KB would still be whole). Chain a<i>_loss sees
-# the frames sent by side a on rail i, b<i>_loss those sent by side b.
+nft_has_egress() { nft_in "$1" list chain netdev $NFT_TABLE rail0_out >/dev/null 2>&1; }
+# Bridge namespace: the wire. On the ingress of each bridge leg (a<i>: frames sent by side a on
+# rail i; b<i>: frames sent by side b), chain <leg>_bh (blackhole) then <leg>_loss (loss).
+# Every frame there is one MTU-sized segment: the sending veth has already segmented TCP's GSO
+# packets (on a sender's own egress hook they would still be up to 64 KB).
 nft_setup_wire() { # ns rails
   local ns=$1 n=$2 i s rules
   rules="table netdev $NFT_TABLE {"
   for ((i = 0; i < n; i++)); do
     for s in a b; do
       rules+="
+  chain $s${i}_bh { }
   chain $s${i}_loss { }
-  chain $s${i}_in { type filter hook ingress device \"$s$i\" priority -500; jump $s${i}_loss; }"
+  chain $s${i}_in { type filter hook ingress device \"$s$i\" priority -500; jump $s${i}_bh; jump $s${i}_loss; }"
     done
   done
   rules+="
@@ -294,7 +296,7 @@ nft_setup_wire() { # ns rails
 nft_chain_set() { # ns "rule"|"" chain...  (one atomic transaction: flush the chains, add the rule)
   local ns=$1 rule=$2 fam cmds="" c
   shift 2
-  fam=$(nft_family "$ns")
+  fam=netdev
   for c in "$@"; do
     cmds+="flush chain $fam $NFT_TABLE $c"$'\n'
     [[ -n $rule ]] && cmds+="add rule $fam $NFT_TABLE $c $rule"$'\n'
@@ -303,9 +305,7 @@ nft_chain_set() { # ns "rule"|"" chain...  (one atomic transaction: flush the ch
   nft_in "$ns" -f - <<<"$cmds"
 }
 nft_chain_desc() { # ns chain -> rule text (without handles) or empty
-  local fam
-  fam=$(nft_family "$1")
-  nft_in "$1" list chain "$fam" $NFT_TABLE "$2" 2>/dev/null |
+  nft_in "$1" list chain netdev $NFT_TABLE "$2" 2>/dev/null |
     sed -n '/^[[:space:]]*chain /,/^[[:space:]]*}/p' | sed '1d;$d' | sed 's/^[[:space:]]*//' | grep -v '^$' | paste -sd';' - || true
 }
 
@@ -485,15 +485,34 @@ fault_far() { # side rail up|down   (the bridge leg towards the other side)
   event_t "fault far-$3 rail=$2 side=$1 ns=$(ns_br) dev=$leg (leg to side $other; side $1 carrier stays up)"
 }
 
-fault_blackhole() { # side rail on|off
-  local ns
-  ns=$(side_ns "$1")
+# Default: a network black hole. Frames arriving at the side's rail<i> are dropped on its
+# ingress hook, frames the side sends are dropped on the wire (bridge leg ingress), so neither
+# TCP stack sees a local error. --local drops the side's outgoing frames on its own egress hook
+# instead: the sending stack then gets NET_XMIT_DROP and TCP treats it as local congestion
+# (it retries every ~0.5 s without backing off), like a NIC that stops transmitting.
+fault_blackhole() { # side rail on|off local(0/1)
+  local side=$1 r=$2 ns cs cb
+  ns=$(side_ns "$side")
+  cs="flush chain netdev $NFT_TABLE rail${r}_bh_in"$'\n'"flush chain netdev $NFT_TABLE rail${r}_bh_out"$'\n'
+  cb="flush chain netdev $NFT_TABLE $side${r}_bh"$'\n'
   if [[ $3 == on ]]; then
-    nft_chain_set "$ns" "counter drop" "rail$2_bh"
-    event_t "fault blackhole rail=$2 side=$1 ns=$ns dev=rail$2 (nft drop all, both directions)"
+    cs+="add rule netdev $NFT_TABLE rail${r}_bh_in counter drop"$'\n'
+    if (($4)); then
+      nft_has_egress "$ns" || die "blackhole --local needs the nft netdev egress hook (kernel >= 5.16)"
+      cs+="add rule netdev $NFT_TABLE rail${r}_bh_out counter drop"$'\n'
+    else
+      cb+="add rule netdev $NFT_TABLE $side${r}_bh counter drop"$'\n'
+    fi
+  fi
+  stamp
+  nft_in "$(ns_br)" -f - <<<"$cb"
+  nft_in "$ns" -f - <<<"$cs"
+  if [[ $3 == off ]]; then
+    event_t "fault unblackhole rail=$r side=$side ns=$ns dev=rail$r"
+  elif (($4)); then
+    event_t "fault blackhole rail=$r side=$side ns=$ns dev=rail$r mode=local (ingress+egress of rail$r)"
   else
-    nft_chain_set "$ns" "" "rail$2_bh"
-    event_t "fault unblackhole rail=$2 side=$1 ns=$ns dev=rail$2"
+    event_t "fault blackhole rail=$r side=$side ns=$ns dev=rail$r mode=wire (ingress of rail$r + frames it sends, at $(ns_br):$side$r)"
   fi
 }
 
@@ -654,8 +673,8 @@ cmd_fault() { # kind rail [arg]
     link-up) fault_link "$side" "$rail" up ;;
     far-down) fault_far "$side" "$rail" down ;;
     far-up) fault_far "$side" "$rail" up ;;
-    blackhole) fault_blackhole "$side" "$rail" on ;;
-    unblackhole) fault_blackhole "$side" "$rail" off ;;
+    blackhole) fault_blackhole "$side" "$rail" on "${OPT_LOCAL:-0}" ;;
+    unblackhole) fault_blackhole "$side" "$rail" off 0 ;;
     loss)
       [[ -n $arg ]] || die "loss needs PERMILLE (e.g. 10 for 1 %)"
       fault_loss "${OPT_SIDE:-}" "$rail" "$arg"
@@ -692,15 +711,19 @@ cmd_status() {
   echo "rail lab '$PREFIX': rails=$n rate=$(
     b=$(state_get rate_bps 0)
     ((b > 0)) && human_rate "$b" || echo unshaped
-  ) nft=$(nft_family "$(ns_a)") state=$(state_dir)"
+  ) state=$(state_dir)"
   printf '%-6s %-5s %-22s %-12s %-26s %s\n' RAIL SIDE LINK TBF-RATE BRIDGE-LEG NFT
   for ((i = 0; i < n; i++)); do
     for s in a b; do
       ns=$(side_ns "$s")
-      bh=$(nft_chain_desc "$ns" "rail${i}_bh")
-      loss=$(nft_chain_desc "$(ns_br)" "$s${i}_loss")
       f=""
-      [[ -n $bh ]] && f+="blackhole[$bh] "
+      bh=$(nft_chain_desc "$ns" "rail${i}_bh_in")
+      [[ -n $bh ]] && f+="bh-in[$bh] "
+      bh=$(nft_chain_desc "$ns" "rail${i}_bh_out")
+      [[ -n $bh ]] && f+="bh-out-local[$bh] "
+      bh=$(nft_chain_desc "$(ns_br)" "$s${i}_bh")
+      [[ -n $bh ]] && f+="bh-sent[$bh] "
+      loss=$(nft_chain_desc "$(ns_br)" "$s${i}_loss")
       [[ -n $loss ]] && f+="loss-sent[$loss]"
       printf '%-6s %-5s %-22s %-12s %-26s %s\n' "rail$i" "$s" "$(link_desc "$ns" "rail$i")" \
         "$(tbf_rate_of "$ns" "rail$i")" "br:$s$i $(link_desc "$(ns_br)" "$s$i")" "${f:--}"
@@ -769,7 +792,7 @@ cmd_exec() {
 # ---- argument parsing ----------------------------------------------------------------------
 main() {
   local cmd="" pos=() rails=2 rate="" lat=20 burst=0 mtu=1500
-  OPT_SIDE="" OPT_STREAMS="" OPT_FOR="" OPT_SEED="" OPT_MINMS="" OPT_MAXMS="" OPT_FAR=0
+  OPT_SIDE="" OPT_STREAMS="" OPT_FOR="" OPT_SEED="" OPT_MINMS="" OPT_MAXMS="" OPT_FAR=0 OPT_LOCAL=0
   need_val() { [[ $# -ge 2 && -n $2 ]] || die "option $1 needs a value"; }
   while (($#)); do
     case $1 in
@@ -792,6 +815,7 @@ main() {
       --min-ms) need_val "$@"; OPT_MINMS=$2; shift 2 ;;
       --max-ms) need_val "$@"; OPT_MAXMS=$2; shift 2 ;;
       --far) OPT_FAR=1; shift ;;
+      --local) OPT_LOCAL=1; shift ;;
       --) shift; pos+=("$@"); break ;;
       -*) die "unknown option '$1' (see --help)" ;;
       *)

@@ -30,7 +30,9 @@ const char* fail_cause_name(FailCause c) {
   return "?";
 }
 
-bool cause_means_peer_gone(FailCause c) { return c == FailCause::kPeerClosed; }
+bool cause_means_peer_gone(FailCause c) {
+  return c == FailCause::kPeerClosed || c == FailCause::kProtocol;
+}
 
 PathHealth::PathHealth(const HealthParams& p, PathState initial, TimeUs now)
     : p_(p), state_(initial), healthy_since_(now), backoff_(p.reconnect_min) {}

@@ -33,7 +33,8 @@ enum class FailCause : uint8_t {
   kSetup,          // the path could not be connected at setup
 };
 const char* fail_cause_name(FailCause c);
-// True for causes that say the peer process is gone rather than a local rail problem.
+// True for causes that say the peer process is gone (or broke the protocol) rather than a
+// local rail problem: with no path left they fail requests with ncclRemoteError at once.
 bool cause_means_peer_gone(FailCause c);
 
 struct HealthParams {

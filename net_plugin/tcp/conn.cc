@@ -1,10 +1,13 @@
 #include "conn.h"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
@@ -1177,6 +1180,19 @@ void Conn::step_reconnect(Path& p, TimeUs now) {
              p.label.c_str(), p.generation);
 }
 
+// Smallest time since any stream of the path received a TCP ACK (TCP_INFO), microseconds.
+TimeUs Conn::kernel_heard_within(const Path& p) const {
+  TimeUs best = INT64_MAX;
+  for (const auto& s : p.streams) {
+    if (s.fd < 0) continue;
+    tcp_info ti{};
+    socklen_t len = sizeof(ti);
+    if (getsockopt(s.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) continue;
+    best = std::min<TimeUs>(best, static_cast<TimeUs>(ti.tcpi_last_ack_recv) * kUsPerMs);
+  }
+  return best;
+}
+
 void Conn::check_paths(TimeUs now) {
   const TimeUs hb = cfg_.heartbeat_interval;
   for (auto& p : paths_) {
@@ -1221,8 +1237,17 @@ void Conn::check_paths(TimeUs now) {
       continue;
     }
     if (role_ == Role::kSend && p.inflight_bytes > 0 && now - p.ack_progress > cfg_.ack_timeout) {
-      fail_path(p, FailCause::kAckTimeout, now, nullptr, true);
-      continue;
+      // No acknowledgement progress. A black hole also silences the kernel's TCP ACKs; a
+      // congested or lossy-but-alive rail (TCP recovering a drop) still gets them. So the
+      // watchdog fires when the kernel has heard nothing either, or after 10x the timeout.
+      const TimeUs heard = kernel_heard_within(p);
+      if (heard > cfg_.ack_timeout || now - p.ack_progress > 10 * cfg_.ack_timeout) {
+        char detail[96];
+        snprintf(detail, sizeof(detail), "none for %.0f ms, last TCP ACK %.0f ms ago",
+                 (now - p.ack_progress) / 1e3, heard / 1e3);
+        fail_path(p, FailCause::kAckTimeout, now, detail, true);
+        continue;
+      }
     }
   }
 }

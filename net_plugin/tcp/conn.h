@@ -188,6 +188,7 @@ class Conn {
   int control_path(int prefer) const;
   bool any_usable() const;
   void check_paths(TimeUs now);
+  TimeUs kernel_heard_within(const Path& p) const;
   void schedule_chunks(TimeUs now);
   void send_acks();
   void on_ack(uint64_t seq, uint32_t prefix, uint32_t base, uint64_t bitmap, TimeUs now);

@@ -174,6 +174,7 @@ std::vector<IfAddr> system_interfaces() {
     a.ifname = i->ifa_name;
     a.ifindex = static_cast<int>(if_nametoindex(i->ifa_name));
     a.up = (i->ifa_flags & IFF_UP) != 0;
+    a.running = (i->ifa_flags & IFF_RUNNING) != 0;
     a.family = fam;
     memset(&a.addr, 0, sizeof(a.addr));
     memcpy(&a.addr, i->ifa_addr, fam == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6));
@@ -191,6 +192,16 @@ std::vector<IfAddr> system_interfaces() {
     return x.family == AF_INET && y.family != AF_INET;
   });
   return v;
+}
+
+bool interface_running(const std::string& ifname) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return true;  // cannot tell: assume up, detection still works
+  bool up = false;
+  for (ifaddrs* i = list; i; i = i->ifa_next)
+    if (ifname == i->ifa_name && (i->ifa_flags & IFF_UP) && (i->ifa_flags & IFF_RUNNING)) up = true;
+  freeifaddrs(list);
+  return up;
 }
 
 bool select_rails(const std::string& spec_str, const std::string& spec_var,

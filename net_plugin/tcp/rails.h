@@ -44,11 +44,15 @@ struct IfAddr {
   std::string ifname;
   int ifindex;
   bool up;
+  bool running;  // IFF_RUNNING: operational (carrier), as the kernel reports it
   int family;
   sockaddr_storage addr;
   int prefix_len;
 };
 std::vector<IfAddr> system_interfaces();
+// Link state of an interface from getifaddrs (IFF_UP && IFF_RUNNING). Unlike sysfs, this is
+// always the calling thread's network namespace. Unknown interfaces are reported down.
+bool interface_running(const std::string& ifname);
 
 // Chooses rails from `ifs` by `spec` (empty = auto). `spec_var` names the variable the spec
 // came from, for messages. speed_override_mbps > 0 replaces the link speed.

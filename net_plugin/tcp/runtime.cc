@@ -109,10 +109,11 @@ Status Runtime::init(std::string* err) {
   health_.holddown_max = cfg_->holddown_max;
   health_.holddown_reset = cfg_->holddown_reset;
   health_.latency_sigma = cfg_->latency_sigma;
+  health_.rtt_floor = cfg_->latency_min_excess;
 
   live_.reset(new RailLive[rails_.size()]);
   for (size_t i = 0; i < rails_.size(); ++i) {
-    live_[i].link_up = link_is_up(rails_[i].ifname);
+    live_[i].link_up = interface_running(rails_[i].ifname);
     int fd = open_rail_listener(rails_[i], err);
     if (fd < 0) {
       for (int f : listen_fds_) ::close(f);
@@ -342,7 +343,11 @@ void Runtime::bg_loop() {
   LinkMonitor monitor;
   if (cfg_->link_events && monitor.open()) {
     link_events_active_ = true;
-    for (size_t i = 0; i < rails_.size(); ++i) live_[i].link_up = link_is_up(rails_[i].ifname);
+    // Re-read after subscribing, so no transition between init and now is missed.
+    for (size_t i = 0; i < rails_.size(); ++i) {
+      bool up = interface_running(rails_[i].ifname);
+      if (live_[i].link_up.exchange(up) != up) (up ? live_[i].up_events : live_[i].down_events)++;
+    }
   } else if (!cfg_->link_events) {
     R2CCL_INFO(NCCL_NET | NCCL_INIT, "link notifications off (R2CCL_LINK_EVENTS=0)");
   }

@@ -193,6 +193,7 @@ bool parse_host_port(const std::string& s, std::string* host, int* port) {
 
 RdvServer::~RdvServer() {
   close_listen();
+  if (thread_.joinable()) thread_.detach();  // it owns everything it touches
 }
 
 void RdvServer::close_listen() {

@@ -1,6 +1,9 @@
 #include "net_harness.h"
 
 #include <dlfcn.h>
+#include <fcntl.h>
+#include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -63,6 +66,15 @@ int status_code(int st) {
 }
 
 }  // namespace
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) {
+    if (c == '\'') q += "'\\''";
+    else q += c;
+  }
+  return q + "'";
+}
 
 std::string env_or(const char* name, const char* fallback) {
   const char* v = getenv(name);
@@ -132,6 +144,34 @@ ncclResult_t Endpoint::wait(void* req, int timeout_ms, int* size_out) {
   }
 }
 
+ncclResult_t wait_all(Endpoint& ep, std::vector<void*>& reqs, int timeout_ms,
+                      std::vector<int>* sizes_out) {
+  if (sizes_out) sizes_out->assign(reqs.size(), -1);
+  std::vector<char> pending(reqs.size(), 0);
+  size_t left = 0;
+  for (size_t i = 0; i < reqs.size(); ++i)
+    if (reqs[i]) {
+      pending[i] = 1;
+      ++left;
+    }
+  double end = now_s() + timeout_ms / 1e3;
+  while (left) {
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      if (!pending[i]) continue;
+      int done = 0, size = 0;
+      ncclResult_t r = ep.plugin.net->test(reqs[i], &done, &size);
+      if (r != ncclSuccess) return r;
+      if (done) {
+        pending[i] = 0;
+        --left;
+        if (sizes_out) (*sizes_out)[i] = size;
+      }
+    }
+    if (left && now_s() > end) return ncclInProgress;
+  }
+  return ncclSuccess;
+}
+
 ncclResult_t Endpoint::send(void* buf, size_t size, int timeout_ms, int* size_out) {
   void* req = nullptr;
   ncclResult_t r = post_send(buf, size, &req, timeout_ms);
@@ -146,8 +186,22 @@ ncclResult_t Endpoint::recv(void* buf, size_t size, int timeout_ms, int* size_ou
   return wait(req, timeout_ms, size_out);
 }
 
+static bool enter_netns(const std::string& name) {
+  if (name.empty()) return true;
+  std::string path = "/var/run/netns/" + name;
+  int fd = open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0 || setns(fd, CLONE_NEWNET) != 0) {
+    fprintf(stderr, "cannot enter network namespace %s: %s\n", name.c_str(), strerror(errno));
+    if (fd >= 0) close(fd);
+    return false;
+  }
+  close(fd);
+  return true;
+}
+
 static int child_main(const PairOptions& o, bool is_sender, int handle_fd, int peer_pid,
                       const EndpointFn& fn) {
+  if (!enter_netns(is_sender ? o.sender_netns : o.receiver_netns)) return 89;
   for (const auto& kv : o.env) setenv(kv.first.c_str(), kv.second.c_str(), 1);
   for (const auto& kv : (is_sender ? o.sender_env : o.receiver_env))
     setenv(kv.first.c_str(), kv.second.c_str(), 1);
@@ -166,23 +220,71 @@ static int child_main(const PairOptions& o, bool is_sender, int handle_fd, int p
     return 91;
   }
   if (!o.skip_connect) {
-    char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+    const std::vector<int> devs = o.devs.empty() ? std::vector<int>{o.dev} : o.devs;
+    const size_t n = devs.size();
+    // One handle buffer per connection: connect() keeps its state in the handle it is given.
+    std::vector<std::vector<char>> handles(n, std::vector<char>(NCCL_NET_HANDLE_MAXSIZE, 0));
+    std::vector<void*> comms(n, nullptr);
     double end = now_s() + o.connect_timeout_ms / 1e3;
     if (!is_sender) {
-      void* listen = nullptr;
-      if (ep.plugin.net->listen(ep.ctx, o.dev, handle, &listen) != ncclSuccess) return 92;
-      if (!write_all(handle_fd, handle, sizeof(handle))) return 93;
-      while (!ep.comm) {
-        if (ep.plugin.net->accept(listen, &ep.comm, nullptr) != ncclSuccess) return 94;
-        if (now_s() > end) return 95;
+      std::vector<void*> listens(n, nullptr);
+      for (size_t i = 0; i < n; ++i) {
+        if (ep.plugin.net->listen(ep.ctx, devs[i], handles[i].data(), &listens[i]) != ncclSuccess) {
+          fprintf(stderr, "listen on device %d (connection %zu) failed\n", devs[i], i);
+          return 92;
+        }
       }
-      ep.plugin.net->closeListen(listen);
+      for (size_t i = 0; i < n; ++i)
+        if (!write_all(handle_fd, handles[i].data(), NCCL_NET_HANDLE_MAXSIZE)) return 93;
+      // Accept every connection, round-robin (accept never blocks).
+      for (size_t done = 0; done < n;) {
+        for (size_t i = 0; i < n; ++i) {
+          if (comms[i]) continue;
+          if (ep.plugin.net->accept(listens[i], &comms[i], nullptr) != ncclSuccess) {
+            fprintf(stderr, "accept of connection %zu failed\n", i);
+            return 94;
+          }
+          if (comms[i]) {
+            ++done;
+            ep.plugin.net->closeListen(listens[i]);
+          }
+        }
+        if (done < n && now_s() > end) {
+          fprintf(stderr, "accept: %zu of %zu connections after %d ms\n", done, n,
+                  o.connect_timeout_ms);
+          return 95;
+        }
+      }
     } else {
-      if (!read_all(handle_fd, handle, sizeof(handle))) return 93;
-      while (!ep.comm) {
-        if (ep.plugin.net->connect(ep.ctx, o.dev, handle, &ep.comm, nullptr) != ncclSuccess) return 94;
-        if (now_s() > end) return 95;
+      for (size_t i = 0; i < n; ++i)
+        if (!read_all(handle_fd, handles[i].data(), NCCL_NET_HANDLE_MAXSIZE)) return 93;
+      for (size_t done = 0; done < n;) {
+        for (size_t i = 0; i < n; ++i) {
+          if (comms[i]) continue;
+          if (ep.plugin.net->connect(ep.ctx, devs[i], handles[i].data(), &comms[i], nullptr) !=
+              ncclSuccess) {
+            fprintf(stderr, "connect of connection %zu (device %d) failed\n", i, devs[i]);
+            return 94;
+          }
+          if (comms[i]) ++done;
+        }
+        if (done < n && now_s() > end) {
+          fprintf(stderr, "connect: %zu of %zu connections after %d ms\n", done, n,
+                  o.connect_timeout_ms);
+          return 95;
+        }
       }
+    }
+    ep.comm = comms[0];
+    ep.dev = devs[0];
+    for (size_t i = 0; i < n; ++i) {
+      Endpoint c;
+      c.plugin = ep.plugin;
+      c.ctx = ep.ctx;
+      c.comm = comms[i];
+      c.dev = devs[i];
+      c.peer_pid = ep.peer_pid;
+      ep.conns.push_back(std::move(c));
     }
   }
   int rc = fn(ep);
@@ -195,6 +297,8 @@ PairResult run_pair(const PairOptions& o, const EndpointFn& sender, const Endpoi
   PairResult res;
   int fds[2];
   if (pipe(fds) != 0) return res;
+  fflush(stdout);  // or the children flush the parent's buffered output a second time
+  fflush(stderr);
   double t0 = now_s();
   pid_t rpid = fork();
   if (rpid == 0) {
@@ -229,6 +333,52 @@ PairResult run_pair(const PairOptions& o, const EndpointFn& sender, const Endpoi
   res.sender_status = sst;
   res.receiver_status = rst;
   res.seconds = now_s() - t0;
+  return res;
+}
+
+ChildResult run_child(const std::map<std::string, std::string>& env, const std::function<int()>& fn,
+                      int timeout_s) {
+  ChildResult res;
+  std::string out_path = temp_path("child-output");
+  int out_fd = ::open(out_path.c_str(), O_CREAT | O_TRUNC | O_WRONLY | O_CLOEXEC, 0600);
+  if (out_fd < 0) {
+    res.output = "cannot create " + out_path;
+    return res;
+  }
+  fflush(stdout);
+  fflush(stderr);
+  double t0 = now_s();
+  pid_t pid = fork();
+  if (pid == 0) {
+    dup2(out_fd, 1);
+    dup2(out_fd, 2);
+    for (const auto& kv : env) setenv(kv.first.c_str(), kv.second.c_str(), 1);
+    int rc = fn();
+    fflush(stdout);
+    fflush(stderr);
+    _exit(rc);
+  }
+  ::close(out_fd);
+  if (pid < 0) {
+    res.output = "fork failed";
+    return res;
+  }
+  int st = 0;
+  bool killed = false;
+  for (;;) {
+    pid_t w = waitpid(pid, &st, WNOHANG);
+    if (w == pid) break;
+    if (!killed && now_s() - t0 > timeout_s) {
+      kill(pid, SIGKILL);
+      killed = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  res.status = status_code(st);
+  res.seconds = now_s() - t0;
+  res.output = read_file(out_path);
+  if (killed) res.output += "\n[harness: killed after " + std::to_string(timeout_s) + " s]\n";
+  unlink(out_path.c_str());
   return res;
 }
 

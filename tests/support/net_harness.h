@@ -45,17 +45,34 @@ struct Endpoint {
   ncclResult_t wait(void* req, int timeout_ms, int* size_out = nullptr);
   void* mhandle_for(void* buf, size_t size);
   std::vector<std::pair<void*, void*>> mrs;  // (buffer, mhandle)
+  // Every connection of the pair, in PairOptions::devs order (one entry, on `dev`, when devs
+  // is empty). conns[0] has the same comm and dev as this Endpoint; each entry keeps its own
+  // registrations, so use one or the other for a given buffer.
+  std::vector<Endpoint> conns;
 };
+
+// Waits for every request in `reqs` (skipping NULL entries), testing them round-robin so no
+// request is tested again once it reported done. sizes_out (optional) gets each reported
+// size. Returns the first non-success result, or ncclInProgress when timeout_ms passed.
+ncclResult_t wait_all(Endpoint& ep, std::vector<void*>& reqs, int timeout_ms,
+                      std::vector<int>* sizes_out = nullptr);
 
 struct PairOptions {
   std::map<std::string, std::string> env;           // both processes
   std::map<std::string, std::string> sender_env;    // sender only
   std::map<std::string, std::string> receiver_env;  // receiver only
   int dev = 0;
+  // Network namespaces (names under /var/run/netns) the two processes enter before loading
+  // the plugin; empty: stay in the current one. Used by the rail-lab tests.
+  std::string sender_netns;
+  std::string receiver_netns;
   int connect_timeout_ms = 20000;
   int timeout_s = 300;  // both children are killed after this long
   // Runs in the receiver process after connect (or instead of it when skip_connect).
   bool skip_connect = false;
+  // Connections to open between the two processes, one per entry, on that device (the same
+  // device index on both sides). Empty: one connection on `dev`. See Endpoint::conns.
+  std::vector<int> devs;
 };
 
 struct PairResult {
@@ -66,6 +83,17 @@ struct PairResult {
 
 using EndpointFn = std::function<int(Endpoint&)>;
 PairResult run_pair(const PairOptions& o, const EndpointFn& sender, const EndpointFn& receiver);
+
+// Runs `fn` in one forked child (fresh process: set env, then fn, exit code = fn's result)
+// with its stdout and stderr captured, killed after timeout_s. For tests that load the plugin
+// themselves (init failures, properties, symbols) and must assert on what it printed.
+struct ChildResult {
+  int status = -1;  // exit code, or 128+signal
+  std::string output;  // stdout and stderr, interleaved
+  double seconds = 0;
+};
+ChildResult run_child(const std::map<std::string, std::string>& env, const std::function<int()>& fn,
+                      int timeout_s = 120);
 
 // Fills `n` bytes with a pattern derived from `seed`; check_pattern returns the first bad
 // offset or -1.
@@ -79,6 +107,8 @@ int count_lines_containing(const std::string& text, const std::string& needle);
 
 // Runs a shell command, returns its exit status and (optionally) its output.
 int run_command(const std::string& cmd, std::string* output = nullptr);
+// Single-quotes `s` for /bin/sh.
+std::string shell_quote(const std::string& s);
 std::string env_or(const char* name, const char* fallback);
 
 }  // namespace r2ccl::test

@@ -20,8 +20,10 @@
 //     "rails": [                     one entry per rail (local NIC/address), in device order
 //       {
 //         "name":            string  rail name, "IFNAME@ADDR", e.g. "lo@127.0.0.1"
-//         "state":           string  "up", "down", "holddown" (flapping, kept out) or
-//                                    "draining" (connected, carries no new chunks)
+//         "state":           string  "up"; "down" (the link is down); "failed" (link up,
+//                                    but paths on this rail failed); "holddown" (flapping,
+//                                    kept out); "draining" (connected, carries no new
+//                                    chunks). Readers print unknown states as they are.
 //         "chunks_sent":     integer chunks first sent on this rail (replays not counted)
 //         "chunks_replayed": integer chunks re-sent on this rail after the path they were
 //                                    first sent on failed

@@ -80,6 +80,9 @@ struct ParamDef {
   X(latency_sigma, "R2CCL_LATENCY_SIGMA", kDouble, "3", 0, 100, nullptr,                       \
     "Shadow routing: a path whose probe RTT exceeds its baseline mean + this many standard "   \
     "deviations drains (stays connected, carries no new chunks). 0 disables.")                \
+  X(latency_min_excess, "R2CCL_LATENCY_MIN_EXCESS", kDuration, "20ms", 0, 10e6, nullptr,         \
+    "Shadow routing ignores RTT excursions smaller than this above the baseline, however many " \
+    "sigma they are: queueing behind a burst on a shared, shaped link is not a sick rail.")    \
   X(speed_mbps, "R2CCL_SPEED_MBPS", kInt, "0", 0, 1e8, nullptr,                                \
     "Reported rail speed in Mbps; 0 reads it from the link (sysfs), 10000 when unknown.")     \
   X(link_events, "R2CCL_LINK_EVENTS", kBool, "1", 0, 1, nullptr,                               \

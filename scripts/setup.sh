@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Installs every Debian package r2ccl needs to build, test, run the demo and the benchmarks.
+# Idempotent and quiet when everything is installed. Without root and with packages missing
+# it prints the apt-get command to run and exits 2.
+set -euo pipefail
+
+PKGS=(
+  g++ cmake make binutils git python3      # build; nm for the ABI test
+  catch2                                   # tests (Catch2 v2)
+  nlohmann-json3-dev                       # r2ccl_perf --stats
+  libnl-3-200 libnl-route-3-200            # link notifications (dlopen'ed at run time)
+  iproute2 nftables ethtool iperf3         # rail lab, fault injection, benchmarks
+  procps                                   # pgrep/pkill in scripts
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+[ ${#missing[@]} -eq 0 ] && exit 0
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "r2ccl setup: missing packages: ${missing[*]}" >&2
+  echo "run as root: apt-get update && apt-get install -y --no-install-recommends ${missing[*]}" >&2
+  exit 2
+fi
+echo "r2ccl setup: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The test command (README command 2, and what .ci/run runs).
+#   scripts/test.sh            everything but the long, rdma and gpu labels
+#   scripts/test.sh --long     also the long tests
+# Phases: setup, build, unit+abi, loopback, lab (root + namespaces), AddressSanitizer build
+# with the bad-input tests, benchmark smoke run. Prints the time of each phase. When CI=true
+# and running as root, a skipped lab test is a failure (the lab must really run in CI).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+JOBS=${JOBS:-$(nproc)}
+LONG=0
+[ "${1:-}" = "--long" ] && LONG=1
+
+t_start=$(date +%s)
+declare -a SUMMARY
+fail=0
+phase() {  # phase NAME CMD...
+  local name=$1; shift
+  local t0=$(date +%s)
+  echo "=== phase: $name"
+  "$@"
+  local rc=$?
+  local dt=$(( $(date +%s) - t0 ))
+  SUMMARY+=("$(printf '%-28s %5ss  %s' "$name" "$dt" "$([ $rc -eq 0 ] && echo ok || echo "FAILED (rc $rc)")")")
+  [ $rc -ne 0 ] && fail=1
+  return $rc
+}
+
+LOGDIR=$ROOT/build/test-logs
+run_ctest() {  # run_ctest BUILD_DIR LOGNAME ARGS...
+  local dir=$1 log=$2; shift 2
+  mkdir -p "$LOGDIR"
+  (cd "$dir" && ctest --output-on-failure "$@") 2>&1 | tee "$LOGDIR/$log.log"
+  return "${PIPESTATUS[0]}"
+}
+
+check_lab_not_skipped() {
+  if [ "${CI:-}" = "true" ] && [ "$(id -u)" -eq 0 ]; then
+    if grep -E 'lab_.*(Skipped|Not Run)' "$LOGDIR/lab.log" >/dev/null 2>&1; then
+      echo "lab tests were skipped although CI=true and running as root:" >&2
+      grep -E 'lab_.*(Skipped|Not Run)' "$LOGDIR/lab.log" >&2
+      return 1
+    fi
+  fi
+  return 0
+}
+
+phase "setup" bash scripts/setup.sh || exit 1
+phase "build" bash -c "cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null && cmake --build build -j $JOBS" || {
+  printf '%s\n' "${SUMMARY[@]}"; exit 1; }
+phase "unit + abi" run_ctest build unit_abi -j "$JOBS" -L 'unit|abi'
+phase "loopback" run_ctest build loopback -L loopback
+phase "lab" run_ctest build lab -L lab
+phase "lab tests really ran" check_lab_not_skipped
+if [ $LONG -eq 1 ]; then
+  phase "long" run_ctest build long -L long
+fi
+phase "asan build" bash -c "cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSANITIZE=address,undefined >/dev/null && cmake --build build-asan -j $JOBS"
+phase "bad input under asan" run_ctest build-asan asan -R 'bad_input|unit_'
+phase "benchmark smoke" bash scripts/bench_net.sh --smoke --build build
+
+echo
+echo "=== summary ($(( $(date +%s) - t_start ))s total)"
+printf '%s\n' "${SUMMARY[@]}"
+exit $fail

@@ -1,0 +1,449 @@
+// PathHealth: the per-path state machine (failure, backoff, probing, hold-down, RTT shadow
+// routing). Pure logic driven with explicit timestamps; no sleeps.
+#include <catch2/catch.hpp>
+#include <vector>
+
+#include "engine/path_health.h"
+#include "r2ccl/clock.h"
+
+using r2ccl::kUsPerMs;
+using r2ccl::kUsPerSec;
+using r2ccl::TimeUs;
+using r2ccl::net::FailCause;
+using r2ccl::net::HealthParams;
+using r2ccl::net::PathHealth;
+using r2ccl::net::PathState;
+
+namespace {
+
+constexpr TimeUs kT0 = 1000 * kUsPerSec;
+
+// Reconnects a failed path at `now` (which must be allowed) and passes every probe.
+void recover(PathHealth& h, const HealthParams& p, TimeUs now) {
+  REQUIRE(h.should_reconnect(now));
+  h.on_reconnected(now);
+  for (int i = 0; i < p.probe_count; ++i) h.on_probe_pass(now);
+  REQUIRE(h.state() == PathState::kHealthy);
+}
+
+// Earliest time >= from at which a failed path may reconnect (searched in 1 ms steps).
+TimeUs first_reconnect_time(const PathHealth& h, TimeUs from, TimeUs limit) {
+  for (TimeUs t = from; t <= limit; t += kUsPerMs)
+    if (h.should_reconnect(t)) return t;
+  return -1;
+}
+
+// Feeds the baseline: 8 samples around 100 us (mean exactly 100 us).
+void feed_baseline(PathHealth& h, TimeUs now) {
+  const TimeUs s[] = {100, 110, 90, 100, 105, 95, 100, 100};
+  for (TimeUs x : s) REQUIRE(h.on_rtt_sample(x, now) == 0);
+}
+
+}  // namespace
+
+TEST_CASE("failure, reconnect and probe_count passing probes restore a path", "[path_health]") {
+  HealthParams p;
+  p.probe_count = 3;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  REQUIRE(h.state() == PathState::kHealthy);
+  REQUIRE(h.carries_data());
+  REQUIRE(h.connected());
+  REQUIRE(h.last_cause() == FailCause::kNone);
+
+  REQUIRE(h.on_failure(FailCause::kLinkDown, kT0 + kUsPerSec));
+  CHECK(h.state() == PathState::kFailed);
+  CHECK_FALSE(h.carries_data());
+  CHECK_FALSE(h.connected());
+  CHECK(h.last_cause() == FailCause::kLinkDown);
+
+  h.on_reconnected(kT0 + 2 * kUsPerSec);
+  CHECK(h.state() == PathState::kProbing);
+  CHECK(h.connected());
+  CHECK_FALSE(h.carries_data());
+
+  // Not healthy before the probe_count-th pass.
+  CHECK_FALSE(h.on_probe_pass(kT0 + 2 * kUsPerSec));
+  CHECK(h.state() == PathState::kProbing);
+  CHECK_FALSE(h.on_probe_pass(kT0 + 2 * kUsPerSec));
+  CHECK(h.state() == PathState::kProbing);
+  CHECK_FALSE(h.carries_data());
+  CHECK(h.on_probe_pass(kT0 + 2 * kUsPerSec));
+  CHECK(h.state() == PathState::kHealthy);
+  CHECK(h.carries_data());
+  // A further probe pass on a healthy path is not another failback.
+  CHECK_FALSE(h.on_probe_pass(kT0 + 3 * kUsPerSec));
+}
+
+TEST_CASE("probe passes while failed do not count towards failback", "[path_health]") {
+  HealthParams p;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  h.on_failure(FailCause::kSocketError, kT0);
+  for (int i = 0; i < 5; ++i) CHECK_FALSE(h.on_probe_pass(kT0));
+  h.on_reconnected(kT0 + kUsPerSec);
+  CHECK_FALSE(h.on_probe_pass(kT0 + kUsPerSec));
+  CHECK(h.state() == PathState::kProbing);
+}
+
+TEST_CASE("a failure on an already failed path is not a new failure", "[path_health]") {
+  HealthParams p;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  REQUIRE(h.on_failure(FailCause::kAckTimeout, kT0));
+  CHECK_FALSE(h.on_failure(FailCause::kLinkDown, kT0 + 1));
+  CHECK_FALSE(h.on_failure(FailCause::kHeartbeatMiss, kT0 + 2));
+  // The first cause is kept.
+  CHECK(h.last_cause() == FailCause::kAckTimeout);
+}
+
+TEST_CASE("a path created failed (setup) may be reconnected and probed", "[path_health]") {
+  HealthParams p;
+  PathHealth h(p, PathState::kFailed, kT0);
+  CHECK_FALSE(h.carries_data());
+  CHECK_FALSE(h.connected());
+  CHECK(h.should_reconnect(kT0));
+  h.on_reconnected(kT0);
+  for (int i = 0; i < p.probe_count - 1; ++i) CHECK_FALSE(h.on_probe_pass(kT0));
+  CHECK(h.on_probe_pass(kT0));
+  CHECK(h.carries_data());
+}
+
+TEST_CASE("reconnect backoff doubles from reconnect_min up to reconnect_max", "[path_health]") {
+  HealthParams p;
+  p.reconnect_min = 50 * kUsPerMs;
+  p.reconnect_max = 2 * kUsPerSec;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  TimeUs now = kT0 + kUsPerSec;
+  REQUIRE(h.on_failure(FailCause::kSocketError, now));
+
+  // First attempt after reconnect_min.
+  CHECK_FALSE(h.should_reconnect(now));
+  CHECK_FALSE(h.should_reconnect(now + p.reconnect_min - 1));
+  CHECK(h.should_reconnect(now + p.reconnect_min));
+  now += p.reconnect_min;
+
+  const std::vector<TimeUs> expected = {100 * kUsPerMs,  200 * kUsPerMs,  400 * kUsPerMs,
+                                        800 * kUsPerMs,  1600 * kUsPerMs, 2000 * kUsPerMs,
+                                        2000 * kUsPerMs, 2000 * kUsPerMs};
+  for (TimeUs delay : expected) {
+    INFO("expected delay " << delay << " us");
+    h.on_reconnect_failed(now);
+    CHECK(h.state() == PathState::kFailed);
+    CHECK_FALSE(h.should_reconnect(now));
+    CHECK_FALSE(h.should_reconnect(now + delay - 1));
+    CHECK(h.should_reconnect(now + delay));
+    now += delay;
+  }
+}
+
+TEST_CASE("a reconnect that fails while probing goes back to failed and backs off",
+          "[path_health]") {
+  HealthParams p;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  h.on_failure(FailCause::kSocketError, kT0);
+  h.on_reconnected(kT0 + p.reconnect_min);
+  REQUIRE(h.state() == PathState::kProbing);
+  CHECK_FALSE(h.should_reconnect(kT0 + 10 * kUsPerSec));  // only FAILED paths reconnect
+  const TimeUs now = kT0 + p.reconnect_min;
+  h.on_reconnect_failed(now);
+  CHECK(h.state() == PathState::kFailed);
+  CHECK_FALSE(h.should_reconnect(now + 2 * p.reconnect_min - 1));
+  CHECK(h.should_reconnect(now + 2 * p.reconnect_min));
+}
+
+TEST_CASE("link up allows an immediate reconnect attempt and resets the backoff",
+          "[path_health]") {
+  HealthParams p;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  TimeUs now = kT0;
+  h.on_failure(FailCause::kLinkDown, now);
+  for (int i = 0; i < 5; ++i) {  // backoff grows to 1.6 s
+    now += kUsPerMs;
+    h.on_reconnect_failed(now);
+  }
+  REQUIRE_FALSE(h.should_reconnect(now + kUsPerSec));
+
+  now += 10 * kUsPerMs;
+  h.on_link_up(now);
+  CHECK(h.should_reconnect(now));
+
+  // The ladder starts over: the next failed attempt waits 2 * reconnect_min, not 3.2 s.
+  h.on_reconnect_failed(now);
+  CHECK_FALSE(h.should_reconnect(now + 2 * p.reconnect_min - 1));
+  CHECK(h.should_reconnect(now + 2 * p.reconnect_min));
+}
+
+TEST_CASE("link up on a healthy path changes nothing", "[path_health]") {
+  HealthParams p;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  h.on_link_up(kT0);
+  CHECK(h.state() == PathState::kHealthy);
+  CHECK_FALSE(h.should_reconnect(kT0));
+}
+
+TEST_CASE("the third down-up within the window starts a hold-down of holddown_min",
+          "[path_health]") {
+  HealthParams p;  // 3 flaps in 10 s, 1 s .. 60 s
+  PathHealth h(p, PathState::kHealthy, kT0);
+  TimeUs now = kT0 + 100 * kUsPerSec;
+
+  // Flaps 1 and 2: plain backoff, no hold-down.
+  for (int flap = 1; flap <= 2; ++flap) {
+    REQUIRE(h.on_failure(FailCause::kLinkDown, now));
+    CHECK_FALSE(h.take_holddown_started());
+    CHECK_FALSE(h.held_down(now));
+    now += p.reconnect_min;
+    recover(h, p, now);
+    now += kUsPerSec;
+  }
+  // Flap 3 (inside 10 s): hold-down of exactly holddown_min.
+  const TimeUs third = now;
+  REQUIRE(h.on_failure(FailCause::kLinkDown, third));
+  CHECK(h.take_holddown_started());
+  CHECK_FALSE(h.take_holddown_started());  // fires exactly once
+  CHECK(h.current_holddown() == p.holddown_min);
+  CHECK(h.holddown_until() == third + p.holddown_min);
+  CHECK(h.held_down(third));
+  CHECK(h.held_down(third + p.holddown_min - 1));
+  CHECK_FALSE(h.held_down(third + p.holddown_min));
+
+  // No reconnect during the hold-down, although the backoff (50 ms) has long passed...
+  CHECK_FALSE(h.should_reconnect(third + p.reconnect_min));
+  CHECK_FALSE(h.should_reconnect(third + p.holddown_min - 1));
+  // ...not even when the link comes back or an attempt fails.
+  h.on_link_up(third + 100 * kUsPerMs);
+  CHECK_FALSE(h.should_reconnect(third + 100 * kUsPerMs));
+  h.on_reconnect_failed(third + 200 * kUsPerMs);
+  CHECK_FALSE(h.should_reconnect(third + p.holddown_min - 1));
+  CHECK(h.should_reconnect(third + p.holddown_min));
+}
+
+TEST_CASE("flaps spread wider than the window do not start a hold-down", "[path_health]") {
+  HealthParams p;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  TimeUs now = kT0;
+  for (int flap = 0; flap < 6; ++flap) {
+    REQUIRE(h.on_failure(FailCause::kLinkDown, now));
+    CHECK_FALSE(h.take_holddown_started());
+    now += p.reconnect_min;
+    recover(h, p, now);
+    now += 6 * kUsPerSec;  // 3 failures span > 10 s
+  }
+  CHECK(h.current_holddown() == 0);
+}
+
+TEST_CASE("further flaps double the hold-down up to holddown_max", "[path_health]") {
+  HealthParams p;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  TimeUs now = kT0;
+  std::vector<TimeUs> holddowns;
+  // Flap quickly: every failure 10 ms after the path became healthy again.
+  for (int i = 0; i < 40 && holddowns.size() < 9; ++i) {
+    REQUIRE(h.on_failure(FailCause::kPeerClosed, now));
+    if (h.take_holddown_started()) {
+      holddowns.push_back(h.current_holddown());
+      CHECK(h.holddown_until() == now + h.current_holddown());
+    }
+    now = first_reconnect_time(h, now, now + 120 * kUsPerSec);
+    REQUIRE(now > 0);
+    recover(h, p, now);
+    now += 10 * kUsPerMs;
+  }
+  const std::vector<TimeUs> expected = {1 * kUsPerSec,  2 * kUsPerSec,  4 * kUsPerSec,
+                                        8 * kUsPerSec,  16 * kUsPerSec, 32 * kUsPerSec,
+                                        60 * kUsPerSec, 60 * kUsPerSec, 60 * kUsPerSec};
+  CHECK(holddowns == expected);
+}
+
+TEST_CASE("hold-down returns to the minimum after holddown_reset of stable health",
+          "[path_health]") {
+  HealthParams p;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  TimeUs now = kT0;
+  // Three quick flaps then two more: hold-downs of 1 s and 2 s (4 s next).
+  auto flap_until_holddown = [&](TimeUs* len) {
+    for (int i = 0; i < 10; ++i) {
+      REQUIRE(h.on_failure(FailCause::kLinkDown, now));
+      const bool started = h.take_holddown_started();
+      now = first_reconnect_time(h, now, now + 120 * kUsPerSec);
+      REQUIRE(now > 0);
+      recover(h, p, now);
+      if (started) {
+        *len = h.current_holddown();
+        return;
+      }
+      now += 10 * kUsPerMs;
+    }
+    FAIL("no hold-down started");
+  };
+  TimeUs len = 0;
+  flap_until_holddown(&len);
+  CHECK(len == 1 * kUsPerSec);
+  now += 10 * kUsPerMs;
+  flap_until_holddown(&len);
+  CHECK(len == 2 * kUsPerSec);
+
+  SECTION("just under holddown_reset of health: the ladder continues") {
+    now += p.holddown_reset - 1;
+    flap_until_holddown(&len);
+    CHECK(len == 4 * kUsPerSec);
+  }
+  SECTION("holddown_reset of health: back to holddown_min") {
+    now += p.holddown_reset;
+    flap_until_holddown(&len);
+    CHECK(len == p.holddown_min);
+  }
+}
+
+TEST_CASE("failures while probing do not count as flaps", "[path_health]") {
+  HealthParams p;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  TimeUs now = kT0;
+  REQUIRE(h.on_failure(FailCause::kLinkDown, now));  // flap 1 (from HEALTHY)
+  // Many reconnects that fail during probing: the path never came up.
+  for (int i = 0; i < 10; ++i) {
+    now += 100 * kUsPerMs;
+    REQUIRE(h.should_reconnect(now));
+    h.on_reconnected(now);
+    REQUIRE(h.on_failure(FailCause::kPeerClosed, now + kUsPerMs));  // new failure, not a flap
+    CHECK_FALSE(h.take_holddown_started());
+    CHECK_FALSE(h.held_down(now + kUsPerMs));
+  }
+  now += 100 * kUsPerMs;
+  recover(h, p, now);
+  // Flap 2 does not start a hold-down either (only two down-ups from HEALTHY so far).
+  now += 100 * kUsPerMs;
+  REQUIRE(h.on_failure(FailCause::kLinkDown, now));
+  CHECK_FALSE(h.take_holddown_started());
+  now += p.reconnect_min;
+  recover(h, p, now);
+  // Flap 3 does.
+  now += 100 * kUsPerMs;
+  REQUIRE(h.on_failure(FailCause::kLinkDown, now));
+  CHECK(h.take_holddown_started());
+}
+
+TEST_CASE("RTT outliers drain a path and normal samples bring it back", "[path_health]") {
+  HealthParams p;  // sigma 3, 8 baseline samples, run of 3, floor 5 ms
+  PathHealth h(p, PathState::kHealthy, kT0);
+  feed_baseline(h, kT0);
+  CHECK(h.rtt_mean_us() == Approx(100.0));
+  CHECK(h.rtt_std_us() > 0.0);
+  // limit = 100 us + max(3 * ~6 us, 5 ms) = 5.1 ms.
+  const TimeUs outlier = 20 * kUsPerMs;
+  const TimeUs normal = 120;
+
+  CHECK(h.on_rtt_sample(outlier, kT0) == 0);
+  CHECK(h.on_rtt_sample(outlier, kT0) == 0);
+  CHECK(h.state() == PathState::kHealthy);
+  CHECK(h.on_rtt_sample(outlier, kT0) == +1);
+  CHECK(h.state() == PathState::kDraining);
+  CHECK_FALSE(h.carries_data());
+  CHECK(h.connected());
+  // Still an outlier: stays draining, no second +1.
+  CHECK(h.on_rtt_sample(outlier, kT0) == 0);
+  CHECK(h.state() == PathState::kDraining);
+
+  CHECK(h.on_rtt_sample(normal, kT0) == 0);
+  CHECK(h.on_rtt_sample(normal, kT0) == 0);
+  CHECK(h.state() == PathState::kDraining);
+  CHECK(h.on_rtt_sample(normal, kT0) == -1);
+  CHECK(h.state() == PathState::kHealthy);
+  CHECK(h.carries_data());
+}
+
+TEST_CASE("the RTT baseline absorbs the first samples whatever they are", "[path_health]") {
+  HealthParams p;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  // Huge samples inside the baseline never drain.
+  for (int i = 0; i < p.rtt_baseline_samples; ++i)
+    CHECK(h.on_rtt_sample(50 * kUsPerMs, kT0) == 0);
+  CHECK(h.state() == PathState::kHealthy);
+  CHECK(h.rtt_mean_us() == Approx(50.0 * kUsPerMs));
+}
+
+TEST_CASE("an RTT within the floor is never an outlier", "[path_health]") {
+  HealthParams p;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  feed_baseline(h, kT0);
+  // 4.9 ms above a 100 us mean with a tiny std: inside the 5 ms floor.
+  for (int i = 0; i < 10; ++i) CHECK(h.on_rtt_sample(100 + 4900, kT0) == 0);
+  CHECK(h.state() == PathState::kHealthy);
+}
+
+TEST_CASE("the RTT limit uses sigma * std when that exceeds the floor", "[path_health]") {
+  HealthParams p;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  // Mean 20 ms, sample std ~10.7 ms: limit ~52 ms.
+  for (int i = 0; i < 4; ++i) {
+    h.on_rtt_sample(10 * kUsPerMs, kT0);
+    h.on_rtt_sample(30 * kUsPerMs, kT0);
+  }
+  REQUIRE(h.rtt_mean_us() == Approx(20.0 * kUsPerMs));
+  REQUIRE(h.rtt_std_us() == Approx(10690.0).epsilon(0.01));
+  // 40 ms is above mean + floor (25 ms) but within mean + 3 sigma.
+  for (int i = 0; i < 5; ++i) CHECK(h.on_rtt_sample(40 * kUsPerMs, kT0) == 0);
+  CHECK(h.state() == PathState::kHealthy);
+  // 100 ms is an outlier.
+  CHECK(h.on_rtt_sample(100 * kUsPerMs, kT0) == 0);
+  CHECK(h.on_rtt_sample(100 * kUsPerMs, kT0) == 0);
+  CHECK(h.on_rtt_sample(100 * kUsPerMs, kT0) == +1);
+}
+
+TEST_CASE("outliers must be consecutive to drain, normals consecutive to return",
+          "[path_health]") {
+  HealthParams p;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  feed_baseline(h, kT0);
+  const TimeUs bad = 20 * kUsPerMs, good = 100;
+  for (int i = 0; i < 5; ++i) {
+    CHECK(h.on_rtt_sample(bad, kT0) == 0);
+    CHECK(h.on_rtt_sample(bad, kT0) == 0);
+    CHECK(h.on_rtt_sample(good, kT0) == 0);  // breaks the run
+  }
+  CHECK(h.state() == PathState::kHealthy);
+  for (int i = 0; i < 2; ++i) CHECK(h.on_rtt_sample(bad, kT0) == 0);
+  REQUIRE(h.on_rtt_sample(bad, kT0) == +1);
+  for (int i = 0; i < 5; ++i) {
+    CHECK(h.on_rtt_sample(good, kT0) == 0);
+    CHECK(h.on_rtt_sample(good, kT0) == 0);
+    CHECK(h.on_rtt_sample(bad, kT0) == 0);  // breaks the run
+  }
+  CHECK(h.state() == PathState::kDraining);
+  CHECK(h.on_rtt_sample(good, kT0) == 0);
+  CHECK(h.on_rtt_sample(good, kT0) == 0);
+  CHECK(h.on_rtt_sample(good, kT0) == -1);
+}
+
+TEST_CASE("latency_sigma = 0 disables shadow routing", "[path_health]") {
+  HealthParams p;
+  p.latency_sigma = 0;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  for (int i = 0; i < 8; ++i) h.on_rtt_sample(100, kT0);
+  for (int i = 0; i < 20; ++i) CHECK(h.on_rtt_sample(500 * kUsPerMs, kT0) == 0);
+  CHECK(h.state() == PathState::kHealthy);
+  CHECK(h.carries_data());
+}
+
+TEST_CASE("RTT samples on a failed or probing path are ignored", "[path_health]") {
+  HealthParams p;
+  PathHealth h(p, PathState::kHealthy, kT0);
+  feed_baseline(h, kT0);
+  h.on_failure(FailCause::kLinkDown, kT0);
+  for (int i = 0; i < 5; ++i) CHECK(h.on_rtt_sample(20 * kUsPerMs, kT0) == 0);
+  CHECK(h.state() == PathState::kFailed);
+  h.on_reconnected(kT0 + kUsPerSec);
+  for (int i = 0; i < 5; ++i) CHECK(h.on_rtt_sample(20 * kUsPerMs, kT0) == 0);
+  CHECK(h.state() == PathState::kProbing);
+}
+
+TEST_CASE("a draining path that fails is failed, and its failure counts as a flap",
+          "[path_health]") {
+  HealthParams p;
+  p.holddown_flaps = 1;  // every down-up from an up state starts a hold-down
+  PathHealth h(p, PathState::kHealthy, kT0);
+  feed_baseline(h, kT0);
+  for (int i = 0; i < 3; ++i) h.on_rtt_sample(20 * kUsPerMs, kT0);
+  REQUIRE(h.state() == PathState::kDraining);
+  CHECK(h.on_failure(FailCause::kAckTimeout, kT0));
+  CHECK(h.state() == PathState::kFailed);
+  CHECK(h.take_holddown_started());
+}
