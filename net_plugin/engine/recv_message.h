@@ -39,7 +39,10 @@ class RecvMessage {
                      uint32_t len, const GuardOptions& opt, const char** why);
   // True while the chunk may still be written (re-checked before every partial read, so a
   // chunk that lands on another path meanwhile sends the rest of this one to discard).
-  bool wants(uint32_t idx) const { return nchunks_ != 0 && idx < nchunks_ && !landed_[idx]; }
+  // dedup=false (test hook no_dedup): a landed chunk is written, and counted, again.
+  bool wants(uint32_t idx, bool dedup = true) const {
+    return nchunks_ != 0 && idx < nchunks_ && (!dedup || !landed_[idx]);
+  }
   // The whole payload of chunk idx is in the buffer.
   void mark_landed(uint32_t idx, const GuardOptions& opt);
 

@@ -669,7 +669,7 @@ bool Conn::read_stream(Path& p, Stream& s, TimeUs now, FailCause* cause, const c
       uint64_t seq = s.rh.seq;
       Request* r = s.p_req;
       bool write = r && r->used && !r->done && r->seq == seq &&
-                   (!g.stale_guard || r->rmsg.wants(s.p_idx));
+                   (!g.stale_guard || r->rmsg.wants(s.p_idx, g.dedup));
       char* dst;
       size_t want;
       if (write) {

@@ -193,7 +193,8 @@ bool parse_host_port(const std::string& s, std::string* host, int* port) {
 
 RdvServer::~RdvServer() {
   close_listen();
-  if (thread_.joinable()) thread_.detach();  // it owns everything it touches
+  if (thread_.joinable())
+    thread_.detach();  // it owns everything it touches
 }
 
 void RdvServer::close_listen() {
@@ -249,10 +250,12 @@ void RdvServer::start(int nranks) {
 }
 
 bool RdvServer::wait(double timeout_s) {
-  if (!thread_.joinable()) return true;
+  if (!thread_.joinable())
+    return true;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while (!done_->load()) {
-    if (std::chrono::steady_clock::now() > deadline) return false;
+    if (std::chrono::steady_clock::now() > deadline)
+      return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   thread_.join();

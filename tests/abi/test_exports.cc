@@ -171,33 +171,6 @@ int props_child(int version) {
   return 2;
 }
 
-// One row of r2ccl_perf's table: size and #wrong (the last column).
-struct PerfRow {
-  long long size;
-  std::string wrong;
-};
-
-std::vector<PerfRow> perf_rows(const std::string& out) {
-  std::vector<PerfRow> rows;
-  std::istringstream in(out);
-  std::string line;
-  bool in_table = false;
-  while (std::getline(in, line)) {
-    if (line.find("#wrong") != std::string::npos) {
-      in_table = true;
-      continue;
-    }
-    if (!in_table || line.empty() || line[0] == '#') continue;
-    std::istringstream ls(line);
-    std::vector<std::string> tok;
-    std::string t;
-    while (ls >> t) tok.push_back(t);
-    if (tok.size() != 9 || tok[0].find_first_not_of("0123456789") != std::string::npos) continue;
-    rows.push_back({std::stoll(tok[0]), tok.back()});
-  }
-  return rows;
-}
-
 }  // namespace
 
 TEST_CASE("exported dynamic symbols are exactly the four net tables and r2cclExt_v1", "[abi]") {
@@ -434,10 +407,9 @@ TEST_CASE("checked AllReduce through each net API version (r2ccl_perf)", "[abi]"
   REQUIRE_FALSE(perf.empty());
   for (int v : {8, 9, 10, 11}) {
     std::string out;
-    std::string cmd = std::string("env R2CCL_SOCKET_IFNAME=") + kTwoRails +
-                      " R2CCL_LOG_FILE=none NCCL_DEBUG=WARN " + shell_quote(perf) + " --plugin " +
-                      shell_quote(plugin_path()) + " --timeout 120 --ranks 2 --net-api " +
-                      std::to_string(v) + " -b 8 -e 4M -f 8 --check";
+    std::string cmd = perf_command({{"R2CCL_SOCKET_IFNAME", kTwoRails}, {"R2CCL_LOG_FILE", "none"}},
+                                   "--ranks 2 --net-api " + std::to_string(v) +
+                                       " -b 8 -e 4M -f 8 --check");
     int rc = run_command(cmd, &out);
     INFO("net API v" << v << ": " << cmd << "\n" << out);
     CHECK(rc == 0);

@@ -76,13 +76,53 @@ std::string shell_quote(const std::string& s) {
   return q + "'";
 }
 
+std::string perf_command(const std::map<std::string, std::string>& env, const std::string& args,
+                         int timeout_s) {
+  std::string cmd = "env";
+  for (const auto& kv : env) cmd += " " + shell_quote(kv.first + "=" + kv.second);
+  cmd += " " + shell_quote(env_or("R2CCL_TEST_PERF", "r2ccl_perf"));
+  cmd += " --plugin " + shell_quote(env_or("R2CCL_TEST_PLUGIN", "r2ccl"));
+  cmd += " --timeout " + std::to_string(timeout_s) + " " + args;
+  return cmd;
+}
+
+std::vector<PerfRow> perf_rows(const std::string& output) {
+  std::vector<PerfRow> rows;
+  std::istringstream in(output);
+  std::string line;
+  bool in_table = false;
+  while (std::getline(in, line)) {
+    if (line.find("#wrong") != std::string::npos) {
+      in_table = true;
+      continue;
+    }
+    if (!in_table || line.empty() || line[0] == '#') continue;
+    std::istringstream ls(line);
+    std::vector<std::string> tok;
+    std::string t;
+    while (ls >> t) tok.push_back(t);
+    // size count type redop root time algbw busbw #wrong
+    if (tok.size() != 9 || tok[0].find_first_not_of("0123456789") != std::string::npos) continue;
+    PerfRow r;
+    r.size = std::stoll(tok[0]);
+    r.wrong = tok.back();
+    rows.push_back(r);
+  }
+  return rows;
+}
+
 std::string env_or(const char* name, const char* fallback) {
   const char* v = getenv(name);
   return v && *v ? v : fallback;
 }
 
 bool load_plugin(Plugin* p, std::string* err, const char* path) {
-  std::string so = path ? path : env_or("R2CCL_TEST_PLUGIN", "libnccl-net-r2ccl.so");
+#ifdef R2CCL_BINARY_DIR
+  const char* fallback = R2CCL_BINARY_DIR "/lib/libnccl-net-r2ccl.so";
+#else
+  const char* fallback = "libnccl-net-r2ccl.so";
+#endif
+  std::string so = path ? path : env_or("R2CCL_TEST_PLUGIN", fallback);
   p->dl = dlopen(so.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!p->dl) {
     *err = std::string("dlopen ") + so + ": " + dlerror();
@@ -202,6 +242,9 @@ static bool enter_netns(const std::string& name) {
 static int child_main(const PairOptions& o, bool is_sender, int handle_fd, int peer_pid,
                       const EndpointFn& fn) {
   if (!enter_netns(is_sender ? o.sender_netns : o.receiver_netns)) return 89;
+  const std::string& errfile = is_sender ? o.sender_stderr : o.receiver_stderr;
+  if (!errfile.empty() && !freopen(errfile.c_str(), "w", stderr)) return 88;
+  if (!errfile.empty()) setvbuf(stderr, nullptr, _IOLBF, 0);
   for (const auto& kv : o.env) setenv(kv.first.c_str(), kv.second.c_str(), 1);
   for (const auto& kv : (is_sender ? o.sender_env : o.receiver_env))
     setenv(kv.first.c_str(), kv.second.c_str(), 1);
@@ -430,6 +473,26 @@ int count_lines_containing(const std::string& text, const std::string& needle) {
   while (std::getline(in, line))
     if (line.find(needle) != std::string::npos) ++n;
   return n;
+}
+
+long long mono_us() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<long long>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
+std::vector<double> stamps_of(const std::string& text, const std::string& needle) {
+  std::vector<double> v;
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.find(needle) == std::string::npos) continue;
+    size_t a = line.find('[');
+    size_t b = line.find(']');
+    if (a == std::string::npos || b == std::string::npos || b < a) continue;
+    v.push_back(strtod(line.c_str() + a + 1, nullptr));
+  }
+  return v;
 }
 
 int run_command(const std::string& cmd, std::string* output) {

@@ -66,6 +66,9 @@ struct PairOptions {
   // the plugin; empty: stay in the current one. Used by the rail-lab tests.
   std::string sender_netns;
   std::string receiver_netns;
+  // When set, the process's stderr (the plugin's WARN/INFO lines) goes to this file.
+  std::string sender_stderr;
+  std::string receiver_stderr;
   int connect_timeout_ms = 20000;
   int timeout_s = 300;  // both children are killed after this long
   // Runs in the receiver process after connect (or instead of it when skip_connect).
@@ -105,10 +108,26 @@ std::string temp_path(const std::string& tag);
 std::string read_file(const std::string& path);
 int count_lines_containing(const std::string& text, const std::string& needle);
 
+// CLOCK_MONOTONIC in microseconds (the clock of the plugin's and railab.sh's timestamps).
+long long mono_us();
+// Timestamps ("[SEC.USEC]" at the start of a line) of every line containing `needle`.
+std::vector<double> stamps_of(const std::string& text, const std::string& needle);
+
 // Runs a shell command, returns its exit status and (optionally) its output.
 int run_command(const std::string& cmd, std::string* output = nullptr);
 // Single-quotes `s` for /bin/sh.
 std::string shell_quote(const std::string& s);
+
+// r2ccl_perf ($R2CCL_TEST_PERF) with the plugin under test ($R2CCL_TEST_PLUGIN), `env` set
+// for it (and so for every rank), a bounded run (--timeout) and `args` appended verbatim.
+std::string perf_command(const std::map<std::string, std::string>& env, const std::string& args,
+                         int timeout_s = 120);
+// The data rows of r2ccl_perf's tables (every pass): size in bytes and the #wrong column.
+struct PerfRow {
+  long long size = 0;
+  std::string wrong;
+};
+std::vector<PerfRow> perf_rows(const std::string& output);
 std::string env_or(const char* name, const char* fallback);
 
 }  // namespace r2ccl::test

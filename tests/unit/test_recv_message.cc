@@ -42,7 +42,7 @@ struct Posted {
   }
 };
 
-// Checks one header on a fresh receive (or `p` if given) and expects a protocol error.
+// Checks one header and expects a protocol error with a reason; returns the reason.
 std::string expect_protocol_error(RecvMessage& m, uint64_t total, uint32_t nchunks, uint32_t idx,
                                   uint64_t off, uint32_t len) {
   const char* why = nullptr;

@@ -1,0 +1,409 @@
+// Wire layout facts, rail selection (parse_rail_spec, select_rails on made-up interface
+// lists, same_subnet) and the fault-injection schedule (parse_fault_specs, FaultInjector).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "r2ccl/clock.h"
+#include "tcp/fault_injector.h"
+#include "tcp/rails.h"
+#include "tcp/wire.h"
+
+using Catch::Matchers::Contains;
+using r2ccl::kUsPerMs;
+using r2ccl::kUsPerSec;
+using r2ccl::TimeUs;
+using namespace r2ccl::net;
+
+namespace {
+
+sockaddr_storage make_addr(const char* text) {
+  sockaddr_storage ss;
+  std::memset(&ss, 0, sizeof(ss));
+  auto* a4 = reinterpret_cast<sockaddr_in*>(&ss);
+  auto* a6 = reinterpret_cast<sockaddr_in6*>(&ss);
+  if (inet_pton(AF_INET, text, &a4->sin_addr) == 1) {
+    a4->sin_family = AF_INET;
+  } else {
+    REQUIRE(inet_pton(AF_INET6, text, &a6->sin6_addr) == 1);
+    a6->sin6_family = AF_INET6;
+  }
+  return ss;
+}
+
+IfAddr iface(const char* name, int index, bool up, const char* addr, int prefix) {
+  IfAddr a;
+  a.ifname = name;
+  a.ifindex = index;
+  a.up = up;
+  a.addr = make_addr(addr);
+  a.family = a.addr.ss_family;
+  a.prefix_len = prefix;
+  return a;
+}
+
+// A host as system_interfaces() would report it (sorted by name, IPv4 first).
+std::vector<IfAddr> host() {
+  return {
+      iface("docker0", 5, true, "172.17.0.1", 16),
+      iface("eth0", 2, true, "10.0.0.1", 24),
+      iface("eth01", 9, true, "10.9.0.1", 24),
+      iface("eth1", 3, false, "10.0.1.1", 24),  // down
+      iface("eth2", 4, true, "10.0.2.1", 24),
+      iface("eth2", 4, true, "fd00::2", 64),
+      iface("ib0", 6, true, "192.168.0.1", 16),
+      iface("lo", 1, true, "127.0.0.1", 8),
+      iface("virbr0", 7, true, "192.168.122.1", 24),
+  };
+}
+
+std::vector<std::string> names(const std::vector<Rail>& rails) {
+  std::vector<std::string> v;
+  for (const auto& r : rails) v.push_back(r.name);
+  return v;
+}
+
+constexpr int kSpeed = 25000;  // override: keeps the tests independent of this host's sysfs
+
+std::vector<Rail> select_ok(const std::string& spec) {
+  std::vector<Rail> rails;
+  std::string err;
+  INFO("spec '" << spec << "'");
+  REQUIRE(select_rails(spec, "R2CCL_SOCKET_IFNAME", host(), kSpeed, &rails, &err));
+  for (size_t i = 0; i < rails.size(); ++i) {
+    CHECK(rails[i].index == static_cast<int>(i));
+    CHECK(rails[i].speed_mbps == kSpeed);
+  }
+  return rails;
+}
+
+RailSpec parse_ok(const std::string& spec) {
+  RailSpec s;
+  std::string err;
+  INFO("spec '" << spec << "'");
+  REQUIRE(parse_rail_spec(spec, &s, &err));
+  return s;
+}
+
+bool subnet(const char* a, int pa, const char* b, int pb) {
+  sockaddr_storage x = make_addr(a), y = make_addr(b);
+  return same_subnet(x.ss_family, addr_bytes(x), pa, y.ss_family, addr_bytes(y), pb);
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------
+// Wire layout.
+
+TEST_CASE("wire structures have their fixed layout", "[wire]") {
+  STATIC_REQUIRE(sizeof(WireHandle) <= 128);
+  STATIC_REQUIRE(sizeof(WireHandle) <= NCCL_NET_HANDLE_MAXSIZE);
+  STATIC_REQUIRE(sizeof(FrameHeader) == 40);
+  STATIC_REQUIRE(sizeof(WireEndpoint) == 20);
+  STATIC_REQUIRE(sizeof(WireRail) == 48);
+  STATIC_REQUIRE(sizeof(HelloBody) == 64 + 48 * kMaxRails);
+  STATIC_REQUIRE(offsetof(FrameHeader, len) == 4);
+  STATIC_REQUIRE(offsetof(FrameHeader, seq) == 8);
+  STATIC_REQUIRE(offsetof(FrameHeader, b) == 36);
+  STATIC_REQUIRE(kMaxPaths == 4);
+  // The largest chunk (R2CCL_CHUNK_SIZE max) fits a frame.
+  STATIC_REQUIRE(kMaxFramePayload == 64u * 1024 * 1024);
+}
+
+// ---------------------------------------------------------------------------------------
+// parse_rail_spec.
+
+TEST_CASE("rail specs in NCCL syntax parse", "[rails]") {
+  RailSpec s = parse_ok("eth");
+  CHECK_FALSE(s.exclude);
+  CHECK_FALSE(s.exact);
+  REQUIRE(s.entries.size() == 1);
+  CHECK(s.entries[0].name == "eth");
+  CHECK(s.entries[0].addr.empty());
+
+  s = parse_ok("^docker,lo");
+  CHECK(s.exclude);
+  CHECK_FALSE(s.exact);
+  REQUIRE(s.entries.size() == 2);
+  CHECK(s.entries[0].name == "docker");
+  CHECK(s.entries[1].name == "lo");
+
+  s = parse_ok("=eth0");
+  CHECK(s.exact);
+  CHECK_FALSE(s.exclude);
+  REQUIRE(s.entries.size() == 1);
+  CHECK(s.entries[0].name == "eth0");
+
+  s = parse_ok("lo@127.0.0.1,lo@127.0.0.2");
+  REQUIRE(s.entries.size() == 2);
+  CHECK(s.entries[0].name == "lo");
+  CHECK(s.entries[0].addr == "127.0.0.1");
+  CHECK(s.entries[1].addr == "127.0.0.2");
+
+  s = parse_ok("eth0@fe80::1");
+  REQUIRE(s.entries.size() == 1);
+  CHECK(s.entries[0].name == "eth0");
+  CHECK(s.entries[0].addr == "fe80::1");
+
+  CHECK(parse_ok("").entries.empty());
+  CHECK(parse_ok("eth,,ib").entries.size() == 2);  // empty entries are skipped
+}
+
+TEST_CASE("bad rail specs fail with a message", "[rails]") {
+  for (const char* bad : {"@1.2.3.4", "lo@", "lo@notanip", "^lo@1.2.3.4", "eth0@1.2.3.4.5",
+                          "averyveryverylongifname"}) {
+    INFO("spec '" << bad << "'");
+    RailSpec s;
+    std::string err;
+    CHECK_FALSE(parse_rail_spec(bad, &s, &err));
+    CHECK_FALSE(err.empty());
+  }
+  RailSpec s;
+  std::string err;
+  REQUIRE_FALSE(parse_rail_spec("lo@", &s, &err));
+  CHECK_THAT(err, Contains("accepted"));
+  REQUIRE_FALSE(parse_rail_spec("lo@notanip", &s, &err));
+  CHECK_THAT(err, Contains("notanip"));
+}
+
+// ---------------------------------------------------------------------------------------
+// select_rails.
+
+TEST_CASE("auto-detection skips lo, docker*, virbr* and down interfaces", "[rails]") {
+  auto rails = select_ok("");
+  CHECK(names(rails) == std::vector<std::string>{"eth0", "eth01", "eth2", "ib0"});
+  // One rail per interface: eth2's first (IPv4) address.
+  const Rail& eth2 = rails[2];
+  CHECK(eth2.ifname == "eth2");
+  CHECK(eth2.ifindex == 4);
+  CHECK(eth2.family == AF_INET);
+  CHECK(addr_to_string(eth2.addr) == "10.0.2.1");
+  CHECK(eth2.addrlen == sizeof(sockaddr_in));
+  CHECK(eth2.prefix_len == 24);
+}
+
+TEST_CASE("a prefix spec selects matching interfaces that are up, in spec order", "[rails]") {
+  CHECK(names(select_ok("eth")) == std::vector<std::string>{"eth0", "eth01", "eth2"});
+  CHECK(names(select_ok("ib,eth2")) == std::vector<std::string>{"ib0", "eth2"});
+  // A prefix spec may select lo and docker explicitly.
+  CHECK(names(select_ok("lo,docker")) == std::vector<std::string>{"lo", "docker0"});
+  // Naming an interface twice gives it once.
+  CHECK(names(select_ok("eth0,eth0")) == std::vector<std::string>{"eth0", "eth01"});
+}
+
+TEST_CASE("a '^' spec excludes prefixes from the auto-detected set", "[rails]") {
+  CHECK(names(select_ok("^eth")) == std::vector<std::string>{"ib0"});
+  CHECK(names(select_ok("^ib,eth0")) == std::vector<std::string>{"eth2"});
+}
+
+TEST_CASE("a '=' spec matches names exactly", "[rails]") {
+  CHECK(names(select_ok("=eth0")) == std::vector<std::string>{"eth0"});
+  CHECK(names(select_ok("=eth2,ib0")) == std::vector<std::string>{"eth2", "ib0"});
+  std::vector<Rail> rails;
+  std::string err;
+  CHECK_FALSE(select_rails("=eth", "R2CCL_SOCKET_IFNAME", host(), kSpeed, &rails, &err));
+}
+
+TEST_CASE("IFNAME@ADDR rails bind to the given address", "[rails]") {
+  auto rails = select_ok("lo@127.0.0.1,lo@127.0.0.2");
+  REQUIRE(names(rails) == std::vector<std::string>{"lo@127.0.0.1", "lo@127.0.0.2"});
+  for (const Rail& r : rails) {
+    CHECK(r.ifname == "lo");
+    CHECK(r.ifindex == 1);
+    CHECK(r.family == AF_INET);
+    CHECK(r.prefix_len == 8);  // inside lo's 127.0.0.0/8
+  }
+  CHECK(addr_to_string(rails[1].addr) == "127.0.0.2");
+
+  SECTION("an address outside the interface's subnets gets a host prefix") {
+    auto r = select_ok("eth0@192.168.77.5");
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].name == "eth0@192.168.77.5");
+    CHECK(r[0].prefix_len == 32);
+  }
+  SECTION("IPv6 address rail") {
+    auto r = select_ok("eth2@fd00::77");
+    REQUIRE(r.size() == 1);
+    CHECK(r[0].family == AF_INET6);
+    CHECK(r[0].addrlen == sizeof(sockaddr_in6));
+    CHECK(r[0].prefix_len == 64);
+    CHECK(addr_to_string(r[0].addr) == "fd00::77");
+  }
+}
+
+TEST_CASE("a spec that matches nothing fails naming the variable and the interfaces",
+          "[rails]") {
+  std::vector<Rail> rails;
+  std::string err;
+  CHECK_FALSE(select_rails("mlx", "NCCL_SOCKET_IFNAME", host(), kSpeed, &rails, &err));
+  CHECK(rails.empty());
+  CHECK_THAT(err, Contains("NCCL_SOCKET_IFNAME='mlx'"));
+  CHECK_THAT(err, Contains("eth0"));
+  CHECK_THAT(err, Contains("eth1 (down)"));
+  CHECK_THAT(err, Contains("virbr0"));
+
+  // Only a down interface matches.
+  err.clear();
+  CHECK_FALSE(select_rails("eth1", "R2CCL_SOCKET_IFNAME", host(), kSpeed, &rails, &err));
+  CHECK_THAT(err, Contains("R2CCL_SOCKET_IFNAME"));
+
+  // Auto-detection on a host with only lo and docker.
+  std::vector<IfAddr> bare = {iface("docker0", 2, true, "172.17.0.1", 16),
+                              iface("lo", 1, true, "127.0.0.1", 8)};
+  err.clear();
+  CHECK_FALSE(select_rails("", "R2CCL_SOCKET_IFNAME", bare, kSpeed, &rails, &err));
+  CHECK_THAT(err, Contains("R2CCL_SOCKET_IFNAME"));
+  CHECK_THAT(err, Contains("docker0"));
+  CHECK_THAT(err, Contains("lo"));
+
+  // A malformed spec is reported with the variable too.
+  err.clear();
+  CHECK_FALSE(select_rails("lo@bad", "R2CCL_SOCKET_IFNAME", host(), kSpeed, &rails, &err));
+  CHECK_THAT(err, Contains("R2CCL_SOCKET_IFNAME='lo@bad'"));
+}
+
+TEST_CASE("same_subnet compares under the shorter prefix", "[rails]") {
+  CHECK(subnet("10.0.0.1", 24, "10.0.0.200", 24));
+  CHECK_FALSE(subnet("10.0.0.1", 24, "10.0.1.1", 24));
+  CHECK(subnet("10.0.0.1", 24, "10.0.1.1", 16));   // /16 decides
+  CHECK(subnet("10.0.1.1", 16, "10.0.0.1", 24));   // symmetric
+  CHECK(subnet("10.0.0.1", 23, "10.0.1.1", 24));   // bit-level prefix
+  CHECK_FALSE(subnet("10.0.0.1", 25, "10.0.0.129", 25));
+  CHECK(subnet("1.2.3.4", 0, "200.1.1.1", 0));
+  CHECK_FALSE(subnet("10.0.0.1", 32, "10.0.0.2", 32));
+
+  CHECK(subnet("2001:db8::1", 64, "2001:db8::ffff", 64));
+  CHECK_FALSE(subnet("2001:db8::1", 64, "2001:db8:0:1::1", 64));
+  CHECK(subnet("2001:db8::1", 48, "2001:db8:0:1::1", 64));
+  CHECK_FALSE(subnet("2001:db8::1", 128, "2001:db8::2", 128));
+
+  CHECK_FALSE(subnet("10.0.0.1", 0, "::1", 0));  // families differ
+}
+
+// ---------------------------------------------------------------------------------------
+// Fault injection.
+
+TEST_CASE("fault specs parse", "[fault]") {
+  std::vector<FaultSpec> v;
+  std::string err;
+  REQUIRE(parse_fault_specs("rail=0,at=100,kind=reset", &v, &err));
+  REQUIRE(v.size() == 1);
+  CHECK(v[0].rank == -1);
+  CHECK(v[0].rail == 0);
+  CHECK(v[0].at == 100 * kUsPerMs);
+  CHECK(v[0].kind == FaultSpec::Kind::kReset);
+  CHECK(v[0].duration == 0);
+
+  REQUIRE(parse_fault_specs(
+      "rank=1,rail=2,at=0,kind=delay:5,for=300;rail=15,at=7,kind=blackhole;", &v, &err));
+  REQUIRE(v.size() == 2);
+  CHECK(v[0].rank == 1);
+  CHECK(v[0].rail == 2);
+  CHECK(v[0].at == 0);
+  CHECK(v[0].kind == FaultSpec::Kind::kDelay);
+  CHECK(v[0].delay == 5 * kUsPerMs);
+  CHECK(v[0].duration == 300 * kUsPerMs);
+  CHECK(v[1].rail == 15);
+  CHECK(v[1].kind == FaultSpec::Kind::kBlackhole);
+
+  REQUIRE(parse_fault_specs("", &v, &err));
+  CHECK(v.empty());
+}
+
+TEST_CASE("bad fault specs fail with the accepted form", "[fault]") {
+  const char* bad[] = {
+      "at=0,kind=reset",                     // no rail
+      "rail=0,kind=reset",                   // no at
+      "rail=0,at=0",                         // no kind
+      "rail=0,at=0,kind=explode",            // unknown kind
+      "rail=0,at=0,kind=delay:",             // delay without value
+      "rail=0,at=0,kind=delay:0",            // zero delay
+      "rail=0,at=-5,kind=reset",             // negative time
+      "rail=-1,at=0,kind=reset",             // negative rail
+      "rail=16,at=0,kind=reset",             // beyond the rail limit
+      "rank=-2,rail=0,at=0,kind=reset",      // bad rank
+      "rail=0,at=0,kind=reset,for=0",        // zero duration
+      "rail=0,at=0,kind=reset,for=-10",      // negative duration
+      "rail=0,at=10ms,kind=reset",           // units are not accepted
+      "rail=0,at=0,kind=reset,color=blue",   // unknown key
+      "rail=0 at=0 kind=reset",              // not key=value pairs
+      "rail=0,at=0,kind=reset;rail=1",       // second entry incomplete
+  };
+  for (const char* s : bad) {
+    INFO("spec '" << s << "'");
+    std::vector<FaultSpec> v;
+    std::string err;
+    CHECK_FALSE(parse_fault_specs(s, &v, &err));
+    CHECK_THAT(err, Contains("accepted"));
+    CHECK_THAT(err, Contains("R2CCL_FAULT_INJECT"));
+  }
+}
+
+// FaultInjector is a process singleton whose schedule starts once (arm() is one-shot), so the
+// whole story is one test case. Times are bracketed around the real arm() instead of waited.
+TEST_CASE("the fault injector is inactive before arm and follows its schedule after",
+          "[fault]") {
+  FaultInjector& inj = FaultInjector::instance();
+  std::vector<FaultSpec> specs;
+  std::string err;
+  REQUIRE(parse_fault_specs("rank=0,rail=0,at=0,kind=reset;"
+                            "rank=1,rail=1,at=0,kind=blackhole;"          // another rank
+                            "rail=2,at=0,kind=blackhole,for=3600000;"
+                            "rail=3,at=0,kind=delay:5;rail=3,at=0,kind=delay:7;"
+                            "rail=4,at=1000,kind=reset,for=500",
+                            &specs, &err));
+  inj.configure(specs, /*my_rank=*/0);
+  REQUIRE(inj.enabled());
+
+  // Before arm(): nothing is in effect, whatever the time.
+  const TimeUs far = r2ccl::now_us() + 3600 * kUsPerSec;
+  for (int rail = 0; rail < 5; ++rail) {
+    auto f = inj.query(rail, far);
+    CHECK_FALSE(f.down);
+    CHECK_FALSE(f.blackhole);
+    CHECK(f.delay == 0);
+    CHECK(f.reset_epoch == 0);
+    CHECK(inj.last_start(rail, far) == 0);
+  }
+
+  const TimeUs before = r2ccl::now_us();
+  inj.arm();
+  const TimeUs after = r2ccl::now_us();
+  inj.arm();  // a second arm does not restart the schedule
+  REQUIRE(after - before < 400 * kUsPerMs);
+
+  auto f0 = inj.query(0, after);
+  CHECK(f0.down);
+  CHECK(f0.reset_epoch == 1);
+  CHECK_FALSE(f0.blackhole);
+  CHECK(inj.last_start(0, after) >= before);
+  CHECK(inj.last_start(0, after) <= after);
+
+  CHECK_FALSE(inj.query(1, after).blackhole);  // rank 1's entry was filtered out
+
+  CHECK(inj.query(2, after).blackhole);
+  CHECK_FALSE(inj.query(2, after).down);
+  CHECK(inj.query(3, after).delay == 12 * kUsPerMs);  // delays add up
+  CHECK_FALSE(inj.query(5, after).down);
+
+  // Rail 4: reset from t0 + 1 s to t0 + 1.5 s, with t0 in [before, after].
+  CHECK_FALSE(inj.query(4, before + kUsPerSec - 1).down);
+  CHECK(inj.query(4, before + kUsPerSec - 1).reset_epoch == 0);
+  CHECK(inj.query(4, after + kUsPerSec).down);
+  CHECK(inj.query(4, after + kUsPerSec).reset_epoch == 1);
+  CHECK_FALSE(inj.query(4, after + 1500 * kUsPerMs).down);    // over...
+  CHECK(inj.query(4, after + 1500 * kUsPerMs).reset_epoch == 1);  // ...but it happened
+
+  // A configuration for another rank only: disabled.
+  std::vector<FaultSpec> other;
+  REQUIRE(parse_fault_specs("rank=3,rail=0,at=0,kind=reset", &other, &err));
+  inj.configure(other, 0);
+  CHECK_FALSE(inj.enabled());
+  CHECK_FALSE(inj.query(0, after).down);
+  inj.configure({}, 0);
+}
