@@ -1195,6 +1195,16 @@ TimeUs Conn::kernel_heard_within(const Path& p) const {
 
 void Conn::check_paths(TimeUs now) {
   const TimeUs hb = cfg_.heartbeat_interval;
+  // If this process itself was not scheduled for a while (an overloaded host), the silence
+  // it sees is its own: shift the liveness clocks by the gap instead of blaming the paths.
+  if (last_check_ != 0 && now - last_check_ > hb / 2) {
+    const TimeUs gap = now - last_check_;
+    for (auto& p : paths_) {
+      p.last_rx += gap;
+      p.ack_progress += gap;
+    }
+  }
+  last_check_ = now;
   for (auto& p : paths_) {
     RailLive& rl = rt_->live(p.local_rail);
     uint32_t down = rl.down_events.load(std::memory_order_relaxed);
@@ -1233,8 +1243,16 @@ void Conn::check_paths(TimeUs now) {
       queue_ctrl(p, f);
     }
     if (now - p.last_rx > 3 * hb) {
-      fail_path(p, FailCause::kHeartbeatMiss, now, nullptr, true);
-      continue;
+      // The peer's process answered nothing for 3 periods. If its kernel still acknowledges
+      // our probes at the TCP level, the rail works and the peer process is merely slow.
+      const TimeUs heard = kernel_heard_within(p);
+      if (heard > 3 * hb) {
+        char detail[96];
+        snprintf(detail, sizeof(detail), "silent for %.0f ms, last TCP ACK %.0f ms ago",
+                 (now - p.last_rx) / 1e3, heard == INT64_MAX ? -1.0 : heard / 1e3);
+        fail_path(p, FailCause::kHeartbeatMiss, now, detail, true);
+        continue;
+      }
     }
     if (role_ == Role::kSend && p.inflight_bytes > 0 && now - p.ack_progress > cfg_.ack_timeout) {
       // No acknowledgement progress. A black hole also silences the kernel's TCP ACKs; a

@@ -261,6 +261,7 @@ class Conn {
   };
   std::vector<Recovery> recoveries_;
   TimeUs no_path_since_ = 0;
+  TimeUs last_check_ = 0;
   bool gave_up_ = false;
   // setup
   int setup_stage_ = 0;

@@ -400,6 +400,8 @@ class Child {
   std::string log() const {
     return rt::read_file(err_path_) + "--- R2CCL_LOG_FILE ---\n" + rt::read_file(log_path_);
   }
+  // Only the child's stderr.
+  std::string err_log() const { return rt::read_file(err_path_); }
   const std::string& last_error() const { return last_error_; }
 
  private:
@@ -979,13 +981,13 @@ TEST_CASE("bad input: garbage handles make connect fail with a WARN about the ha
 
   for (const auto& v : variants) {
     INFO("handle: " << v.name);
-    const size_t before = child.log().size();
+    const size_t before = child.err_log().size();
     child.tell("try", {}, v.bytes.data(), v.bytes.size());
     Msg m;
     const bool ok = child.expect("tried", &m, 6000);
     INFO(child.last_error());
     REQUIRE(ok);
-    const std::string log = child.log().substr(before);
+    const std::string log = child.err_log().substr(before);
     INFO("new log:\n" << log);
     CHECK(m.v[0] != ncclSuccess);  // an error, not a pending connect
     CHECK(m.v[1] == 0);            // no comm
@@ -1004,10 +1006,10 @@ TEST_CASE("bad input: garbage handles make connect fail with a WARN about the ha
     REQUIRE(child.expect("handle", &m, 5000));
     REQUIRE(m.v[0] == ncclSuccess);
     m.data[offsetof(WireHandle, secret)] ^= 0xff;
-    const size_t before = child.log().size();
+    const size_t before = child.err_log().size();
     child.tell("try", {}, m.data, sizeof(m.data));
     REQUIRE(child.expect("tried", &m, 8000));
-    const std::string log = child.log().substr(before);
+    const std::string log = child.err_log().substr(before);
     INFO("new log:\n" << log.substr(0, 4000));
     CHECK(m.v[0] == ncclRemoteError);
     CHECK(m.v[1] == 0);
@@ -1027,15 +1029,20 @@ TEST_CASE("bad input: garbage handles make connect fail with a WARN about the ha
 // ==========================================================================================
 // 2. Wrong secret on the listener.
 
+namespace {
+// listen, accept ("handle", "accepted"), then wait for "bye".
+int child_accept_only(ChildCtx& c) {
+  if (!c.listen_and_accept(15000)) return 10;
+  Msg m;
+  c.hear(&m, 10000);
+  c.close_all();
+  return 0;
+}
+}  // namespace
+
 TEST_CASE("bad input: a hello with a wrong secret is refused and the listener survives",
           "[bad_input]") {
-  Child child({}, [](ChildCtx& c) {
-    if (!c.listen_and_accept(15000)) return 10;
-    Msg m;
-    c.hear(&m, 10000);
-    c.close_all();
-    return 0;
-  });
+  Child child({}, child_accept_only);
   REQUIRE(child.started());
   Msg m;
   REQUIRE(child.expect("handle", &m, 10000));
@@ -1484,4 +1491,47 @@ TEST_CASE("bad input: data for a message without a CTS is a protocol error", "[b
     CHECK(has(log, "protocol error: data for a message that has no clear-to-send"));
     CHECK(s.child->finish() == 0);
   }
+}
+
+// ==========================================================================================
+// 9. Path hellos that disagree with the first one.
+
+TEST_CASE("bad input: a later path hello that disagrees with the first is handled safely",
+          "[bad_input]") {
+  // The first hello of a connection declares 2 paths and 1 rail; the second (path 1) claims
+  // 16 rails and rail 10. The acceptor must not index its 1-entry peer rail table with 10.
+  Child child({}, child_accept_only);
+  REQUIRE(child.started());
+  Msg m;
+  REQUIRE(child.expect("handle", &m, 10000));
+  WireHandle h;
+  memcpy(&h, m.data, sizeof(h));
+  const uint64_t conn_id = 0x9a9a9a9a12345678ull;
+  FakePeer p0, p1;
+  for (int path = 0; path < 2; ++path) {
+    FakePeer& f = path ? p1 : p0;
+    REQUIRE(f.dial(h));
+    HelloBody b = FakePeer::hello_body(h, 0, conn_id);
+    b.n_paths = 2;
+    b.path = static_cast<uint32_t>(path);
+    if (path == 1) {
+      b.n_rails = kMaxRails;
+      b.rail = 10;
+      for (uint32_t r = 1; r < kMaxRails; ++r) b.rails[r] = b.rails[0];
+    }
+    REQUIRE(f.send_hello(b));
+    FrameHeader a;
+    std::vector<char> body;
+    REQUIRE(f.read_frame(&a, &body, 3000) == FakePeer::Read::kFrame);
+    CHECK(a.type == static_cast<uint8_t>(FrameType::kHelloAck));
+  }
+  FrameHeader sd = FakePeer::frame(FrameType::kSetupDone);
+  sd.a = 2;
+  sd.total = 3;
+  REQUIRE(p0.send_frame(sd));
+  const bool accepted = child.expect("accepted", &m, 5000, &p0);
+  const int st = child.finish();
+  INFO(child.last_error() << "\nchild log:\n" << child.log());
+  CHECK(accepted);
+  CHECK(st == 0);
 }

@@ -352,12 +352,14 @@ TEST_CASE("RTT outliers drain a path and normal samples bring it back", "[path_h
 
 TEST_CASE("the RTT baseline absorbs the first samples whatever they are", "[path_health]") {
   HealthParams p;
+  REQUIRE(p.rtt_baseline_samples == 8);
   PathHealth h(p, PathState::kHealthy, kT0);
-  // Huge samples inside the baseline never drain.
-  for (int i = 0; i < p.rtt_baseline_samples; ++i)
-    CHECK(h.on_rtt_sample(50 * kUsPerMs, kT0) == 0);
+  // Two fast samples, then six slow ones: all eight form the baseline, none is an outlier.
+  CHECK(h.on_rtt_sample(100, kT0) == 0);
+  CHECK(h.on_rtt_sample(100, kT0) == 0);
+  for (int i = 0; i < 6; ++i) CHECK(h.on_rtt_sample(20 * kUsPerMs, kT0) == 0);
   CHECK(h.state() == PathState::kHealthy);
-  CHECK(h.rtt_mean_us() == Approx(50.0 * kUsPerMs));
+  CHECK(h.rtt_mean_us() == Approx((2 * 100 + 6 * 20000) / 8.0));
 }
 
 TEST_CASE("an RTT within the floor is never an outlier", "[path_health]") {
