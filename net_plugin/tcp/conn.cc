@@ -339,10 +339,11 @@ Status Conn::connect_step(const WireHandle& h, bool* done) {
     control_hs_.err = 0;
   }
   if (now - setup_start_ > cfg_.connect_timeout) {
+    const int err = control_hs_.err ? control_hs_.err : control_last_err_;
     R2CCL_WARN("connect on device %d (%s) gave up after %.1f s: no endpoint of the peer answered "
                "(last: %s: %s)",
                dev_, rails[dev_].name.c_str(), cfg_.connect_timeout / 1e6, control_hs_.what.c_str(),
-               strerror(control_hs_.err));
+               err ? strerror(err) : "no answer");
     return Status::kRemote;
   }
   if (setup_stage_ == 1) {
@@ -373,6 +374,7 @@ Status Conn::connect_step(const WireHandle& h, bool* done) {
       if (control_hs_.fd >= 0) ::close(control_hs_.fd);
       control_hs_.fd = -1;
       control_hs_.stage = -1;
+      control_last_err_ = control_hs_.err;
       control_hs_.err = 0;  // next call starts the next candidate
       control_candidate_++;
       return Status::kOk;
@@ -505,7 +507,8 @@ Status Conn::accept_step(ListenComm* l, bool* done) {
     }
     Path& p = paths_[b.path];
     p.local_rail = inc.local_rail;
-    p.peer_rail = b.rail < b.n_rails ? static_cast<int>(b.rail) : 0;
+    // Index the rail table the first hello filled: a later hello may claim other rail counts.
+    p.peer_rail = b.rail < peer_rails_.size() ? static_cast<int>(b.rail) : 0;
     char name[sizeof(peer_rails_[0].name) + 1] = {};
     memcpy(name, peer_rails_[p.peer_rail].name, sizeof(peer_rails_[0].name));
     p.label = rail_name(p.local_rail) + " <- " + name;

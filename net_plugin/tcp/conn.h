@@ -269,6 +269,7 @@ class Conn {
   WireHandle handle_{};
   int control_candidate_ = 0;
   Handshake control_hs_;
+  int control_last_err_ = 0;  // errno of the latest failed control handshake (timeout WARN)
   int control_rail_ = -1;
   std::vector<Handshake> setup_hs_;
   uint64_t setup_done_bitmap_ = 0;

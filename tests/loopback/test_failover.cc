@@ -7,6 +7,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <memory>
@@ -24,7 +25,7 @@ namespace {
 
 const char* kTwoRails = "lo@127.0.0.1,lo@127.0.0.2";
 constexpr size_t kMsg = 4 * 1024 * 1024;
-constexpr int kDepth = 4;          // messages in flight, as NCCL's proxy keeps several
+constexpr int kDepth = 8;          // messages in flight (NCCL keeps up to 8 per connection)
 constexpr int kMinMessages = 64;   // at least 64 x 4 MiB
 constexpr double kMinSeconds = 1.5;  // and long enough that a fault at 150 ms is mid-stream
 constexpr int kFaultAtMs = 150;
@@ -44,31 +45,36 @@ double mono_s() {
 
 int result_code(ncclResult_t r) { return r == ncclInProgress ? kStalled : kTestFailed; }
 
-// Sender: message k (seed k) of kMsg bytes, kDepth in flight, until kMinMessages were sent and
-// kMinSeconds passed; then a 0-byte message marks the end. Any wait is bounded by stall_ms.
+// Sender: a stream of kMsg-byte messages, kDepth in flight, until kMinMessages were sent and
+// kMinSeconds passed; then an 8-byte end marker holding the message count. The kDepth
+// buffers are filled once (message k carries pattern k % kDepth), so the sender does nothing
+// but drive the plugin and rail 0 always has chunks in flight. Every wait is bounded by
+// stall_ms.
 int stream_send(Endpoint& ep, int stall_ms) {
   std::vector<std::unique_ptr<char[]>> bufs;
-  for (int i = 0; i < kDepth; ++i) bufs.emplace_back(new char[kMsg]);
+  for (int i = 0; i < kDepth; ++i) {
+    bufs.emplace_back(new char[kMsg]);
+    fill_pattern(bufs[i].get(), kMsg, static_cast<uint64_t>(i));
+  }
   std::vector<void*> inflight;  // oldest first
   double t0 = mono_s();
-  long k = 0;
+  int64_t k = 0;
   bool ended = false;
-  char end_marker = 0;
+  int64_t end_marker = 0;
   while (!ended || !inflight.empty()) {
     while (!ended && static_cast<int>(inflight.size()) < kDepth) {
       void* req = nullptr;
       ncclResult_t res;
       if (k >= kMinMessages && mono_s() - t0 >= kMinSeconds) {
-        res = ep.post_send(&end_marker, 0, &req, stall_ms);
+        end_marker = k;
+        res = ep.post_send(&end_marker, sizeof(end_marker), &req, stall_ms);
         ended = true;
       } else {
-        char* b = bufs[k % kDepth].get();
-        fill_pattern(b, kMsg, static_cast<uint64_t>(k));
-        res = ep.post_send(b, kMsg, &req, stall_ms);
+        res = ep.post_send(bufs[k % kDepth].get(), kMsg, &req, stall_ms);
         ++k;
       }
       if (res != ncclSuccess) {
-        fprintf(stderr, "sender: isend of message %ld: result %d\n", k, res);
+        fprintf(stderr, "sender: isend of message %lld: result %d\n", static_cast<long long>(k), res);
         return res == ncclInProgress ? kStalled : kPostFailed;
       }
       inflight.push_back(req);
@@ -76,29 +82,31 @@ int stream_send(Endpoint& ep, int stall_ms) {
     int size = -1;
     ncclResult_t res = ep.wait(inflight.front(), stall_ms, &size);
     if (res != ncclSuccess) {
-      fprintf(stderr, "sender: waiting for message %ld: result %d (%s)\n",
-              k - static_cast<long>(inflight.size()), res,
+      fprintf(stderr, "sender: waiting for message %lld: result %d (%s)\n",
+              static_cast<long long>(k - static_cast<int64_t>(inflight.size())), res,
               res == ncclInProgress ? "no completion in time" : "error");
       return result_code(res);
     }
     inflight.erase(inflight.begin());
   }
-  fprintf(stderr, "sender: %ld messages of %zu bytes in %.2f s\n", k, kMsg, mono_s() - t0);
+  fprintf(stderr, "sender: %lld messages of %zu bytes in %.2f s\n", static_cast<long long>(k),
+          kMsg, mono_s() - t0);
   return kOk;
 }
 
-// Receiver: kDepth receives posted ahead; message k must be kMsg bytes of pattern k; a 0-byte
-// message ends the stream.
+// Receiver: kDepth receives posted ahead; message k must be kMsg bytes of pattern k % kDepth;
+// the 8-byte end marker must carry the number of messages received.
 int stream_recv(Endpoint& ep, int stall_ms) {
   std::vector<std::unique_ptr<char[]>> bufs;
   for (int i = 0; i < kDepth; ++i) bufs.emplace_back(new char[kMsg]);
   std::vector<void*> reqs(kDepth, nullptr);
-  long posted = 0, k = 0;
+  int64_t posted = 0, k = 0;
   auto post = [&]() -> int {
     int slot = static_cast<int>(posted % kDepth);
+    memset(bufs[slot].get(), 0, kMsg);
     ncclResult_t res = ep.post_recv(bufs[slot].get(), kMsg, &reqs[slot], stall_ms);
     if (res != ncclSuccess) {
-      fprintf(stderr, "receiver: irecv %ld: result %d\n", posted, res);
+      fprintf(stderr, "receiver: irecv %lld: result %d\n", static_cast<long long>(posted), res);
       return res == ncclInProgress ? kStalled : kPostFailed;
     }
     ++posted;
@@ -111,24 +119,35 @@ int stream_recv(Endpoint& ep, int stall_ms) {
     int size = -1;
     ncclResult_t res = ep.wait(reqs[slot], stall_ms, &size);
     if (res != ncclSuccess) {
-      fprintf(stderr, "receiver: waiting for message %ld: result %d\n", k, res);
+      fprintf(stderr, "receiver: waiting for message %lld: result %d\n", static_cast<long long>(k), res);
       return result_code(res);
     }
-    if (size == 0) break;  // end of stream
+    if (size == static_cast<int>(sizeof(int64_t))) {  // end of stream
+      int64_t count = 0;
+      memcpy(&count, bufs[slot].get(), sizeof(count));
+      if (count != k) {
+        fprintf(stderr, "receiver: the sender sent %lld messages, %lld arrived\n",
+                static_cast<long long>(count), static_cast<long long>(k));
+        return kBadData;
+      }
+      break;
+    }
     if (size != static_cast<int>(kMsg)) {
-      fprintf(stderr, "receiver: message %ld reported %d bytes, expected %zu\n", k, size, kMsg);
+      fprintf(stderr, "receiver: message %lld reported %d bytes, expected %zu\n",
+              static_cast<long long>(k), size, kMsg);
       return kBadData;
     }
-    long long bad = check_pattern(bufs[slot].get(), kMsg, static_cast<uint64_t>(k));
+    long long bad = check_pattern(bufs[slot].get(), kMsg, static_cast<uint64_t>(k % kDepth));
     if (bad >= 0) {
-      fprintf(stderr, "receiver: message %ld: first wrong byte at offset %lld\n", k, bad);
+      fprintf(stderr, "receiver: message %lld: first wrong byte at offset %lld\n",
+              static_cast<long long>(k), bad);
       return kBadData;
     }
     if (int rc = post()) return rc;
   }
-  fprintf(stderr, "receiver: %ld messages intact\n", k);
+  fprintf(stderr, "receiver: %lld messages intact\n", static_cast<long long>(k));
   if (k < kMinMessages) {
-    fprintf(stderr, "receiver: only %ld messages before the end marker\n", k);
+    fprintf(stderr, "receiver: only %lld messages before the end marker\n", static_cast<long long>(k));
     return kBadData;
   }
   return kOk;

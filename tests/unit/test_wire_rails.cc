@@ -199,6 +199,8 @@ TEST_CASE("a prefix spec selects matching interfaces that are up, in spec order"
 TEST_CASE("a '^' spec excludes prefixes from the auto-detected set", "[rails]") {
   CHECK(names(select_ok("^eth")) == std::vector<std::string>{"ib0"});
   CHECK(names(select_ok("^ib,eth0")) == std::vector<std::string>{"eth2"});
+  // "^=" excludes exact names only: eth01 stays.
+  CHECK(names(select_ok("^=eth0,ib")) == std::vector<std::string>{"eth01", "eth2", "ib0"});
 }
 
 TEST_CASE("a '=' spec matches names exactly", "[rails]") {
