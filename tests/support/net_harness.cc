@@ -2,13 +2,16 @@
 
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <fcntl.h>
+#include <poll.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
@@ -239,8 +242,22 @@ static bool enter_netns(const std::string& name) {
   return true;
 }
 
+// Tells the peer "done" on done_out, then waits for the peer's "done" on done_in (EOF, a
+// dead peer, counts as done too) for at most timeout_s.
+static void finish_barrier(int done_out, int done_in, int timeout_s) {
+  char b = 1;
+  if (::write(done_out, &b, 1) != 1) return;
+  pollfd p{done_in, POLLIN, 0};
+  double end = now_s() + timeout_s;
+  while (now_s() < end) {
+    int r = ::poll(&p, 1, 100);
+    if (r > 0) return;
+    if (r < 0 && errno != EINTR) return;
+  }
+}
+
 static int child_main(const PairOptions& o, bool is_sender, int handle_fd, int peer_pid,
-                      const EndpointFn& fn) {
+                      const EndpointFn& fn, int done_out, int done_in) {
   if (!enter_netns(is_sender ? o.sender_netns : o.receiver_netns)) return 89;
   const std::string& errfile = is_sender ? o.sender_stderr : o.receiver_stderr;
   if (!errfile.empty() && !freopen(errfile.c_str(), "w", stderr)) return 88;
@@ -333,6 +350,7 @@ static int child_main(const PairOptions& o, bool is_sender, int handle_fd, int p
   int rc = fn(ep);
   fflush(stdout);
   fflush(stderr);
+  if (o.finish_together) finish_barrier(done_out, done_in, o.timeout_s);
   return rc;
 }
 
@@ -340,21 +358,39 @@ PairResult run_pair(const PairOptions& o, const EndpointFn& sender, const Endpoi
   PairResult res;
   int fds[2];
   if (pipe(fds) != 0) return res;
+  // finish_together: one pipe per direction, each child writes "done" into its own and
+  // polls the other's.
+  int s2r[2] = {-1, -1}, r2s[2] = {-1, -1};
+  if (o.finish_together && (pipe(s2r) != 0 || pipe(r2s) != 0)) {
+    close(fds[0]);
+    close(fds[1]);
+    return res;
+  }
   fflush(stdout);  // or the children flush the parent's buffered output a second time
   fflush(stderr);
   double t0 = now_s();
   pid_t rpid = fork();
   if (rpid == 0) {
     close(fds[0]);
-    _exit(child_main(o, false, fds[1], 0, receiver));
+    if (o.finish_together) {
+      close(r2s[0]);
+      close(s2r[1]);
+    }
+    _exit(child_main(o, false, fds[1], 0, receiver, r2s[1], s2r[0]));
   }
   pid_t spid = fork();
   if (spid == 0) {
     close(fds[1]);
-    _exit(child_main(o, true, fds[0], rpid, sender));
+    if (o.finish_together) {
+      close(s2r[0]);
+      close(r2s[1]);
+    }
+    _exit(child_main(o, true, fds[0], rpid, sender, s2r[1], r2s[0]));
   }
   close(fds[0]);
   close(fds[1]);
+  for (int fd : {s2r[0], s2r[1], r2s[0], r2s[1]})
+    if (fd >= 0) close(fd);
   int sst = -1, rst = -1;
   bool s_done = false, r_done = false;
   while (!(s_done && r_done)) {
