@@ -76,7 +76,8 @@ bool check_range(const ParamDef& d, double v, const std::string& value, std::str
 
 bool bad_form(const ParamDef& d, const std::string& value, std::string* err) {
   *err = std::string(d.name) + "='" + value + "' is not valid; accepted: " + type_form(d.type) +
-         (d.type == ParamType::kString ? std::string() : " in " + range_text(d));
+         (d.type == ParamType::kString || d.type == ParamType::kBool ? std::string()
+                                                                   : " in " + range_text(d));
   return false;
 }
 

@@ -44,9 +44,15 @@ bool PathHealth::on_failure(FailCause cause, TimeUs now) {
   cause_ = cause;
   probes_ = 0;
   outliers_ = normals_ = 0;
+  if (!was_up) {
+    // Failed again while probing: keep backing off, so a rail that accepts connections but
+    // never passes its probes is retried ever more slowly (up to reconnect_max).
+    backoff_ = std::min(backoff_ * 2, p_.reconnect_max);
+    next_attempt_ = std::max(now + backoff_, holddown_until_);
+    return true;
+  }
   backoff_ = p_.reconnect_min;
   next_attempt_ = now + backoff_;
-  if (!was_up) return true;
   // A stable stretch resets the hold-down ladder.
   if (now - healthy_since_ >= p_.holddown_reset) {
     holddown_len_ = 0;

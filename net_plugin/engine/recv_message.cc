@@ -19,7 +19,11 @@ void RecvMessage::reset(uint64_t seq, char* buf, uint64_t capacity) {
 
 ChunkVerdict RecvMessage::check(uint64_t total, uint32_t nchunks, uint32_t idx, uint64_t offset,
                                 uint32_t len, const GuardOptions& opt, const char** why) {
-  if (nchunks_ == 0) {
+  // The first header fixes the message's total and chunk count, but only once the whole
+  // header has passed the checks: a refused header must not decide the size the genuine
+  // chunks (replayed on another path) are then held to.
+  const bool first = nchunks_ == 0;
+  if (first) {
     if (opt.stale_guard) {
       if (total > cap_) {
         *why = "message larger than the posted receive";
@@ -33,22 +37,26 @@ ChunkVerdict RecvMessage::check(uint64_t total, uint32_t nchunks, uint32_t idx, 
     } else if (nchunks == 0) {
       nchunks = 1;
     }
-    total_ = total;
-    nchunks_ = nchunks;
-    landed_.assign(nchunks_, 0);
   } else if (opt.stale_guard && (total != total_ || nchunks != nchunks_)) {
     *why = "chunk header disagrees with earlier chunks of the message";
     return ChunkVerdict::kProtocolError;
   }
+  const uint64_t msg_total = first ? total : total_;
+  const uint32_t msg_chunks = first ? nchunks : nchunks_;
   if (opt.stale_guard) {
-    if (idx >= nchunks_) {
+    if (idx >= msg_chunks) {
       *why = "chunk index out of range";
       return ChunkVerdict::kProtocolError;
     }
-    if (offset > total_ || len > total_ - offset) {
+    if (offset > msg_total || len > msg_total - offset) {
       *why = "chunk offset/length outside the message";
       return ChunkVerdict::kProtocolError;
     }
+  }
+  if (first) {
+    total_ = total;
+    nchunks_ = nchunks;
+    landed_.assign(nchunks_, 0);
   }
   if (idx < nchunks_ && landed_[idx] && opt.dedup) return ChunkVerdict::kDuplicate;
   return ChunkVerdict::kWrite;

@@ -349,6 +349,9 @@ Status Conn::connect_step(const WireHandle& h, bool* done) {
   if (setup_stage_ == 1) {
     // The control connection: try the handle's endpoints in turn from the matching local rail.
     if (control_hs_.fd < 0 && control_hs_.stage == -1 && control_hs_.err == 0) {
+      // Failed attempts back off (10 ms doubling to 1 s), so a peer that refuses us (a stale
+      // handle, a wrong secret) is not flooded with connections until the connect timeout.
+      if (now < control_retry_at_) return Status::kOk;
       const WireEndpoint& e = handle_.endpoints[control_candidate_ % handle_.n_endpoints];
       int local = dev_;
       auto on = [&](int l) {
@@ -377,6 +380,9 @@ Status Conn::connect_step(const WireHandle& h, bool* done) {
       control_last_err_ = control_hs_.err;
       control_hs_.err = 0;  // next call starts the next candidate
       control_candidate_++;
+      control_backoff_ = std::min<TimeUs>(control_backoff_ == 0 ? 10 * kUsPerMs : control_backoff_ * 2,
+                                          kUsPerSec);
+      control_retry_at_ = now + control_backoff_;
       return Status::kOk;
     }
     if (r == 0) return Status::kOk;
@@ -1183,6 +1189,13 @@ void Conn::step_reconnect(Path& p, TimeUs now) {
              p.label.c_str(), p.generation);
 }
 
+bool Conn::message_in_flight(const Path& p) const {
+  if (role_ == Role::kSend) return p.inflight_bytes > 0;
+  for (const Request* r : active_)
+    if (r->rmsg.nchunks() != 0 && !r->rmsg.complete()) return true;
+  return false;
+}
+
 // Smallest time since any stream of the path received a TCP ACK (TCP_INFO), microseconds.
 TimeUs Conn::kernel_heard_within(const Path& p) const {
   TimeUs best = INT64_MAX;
@@ -1222,7 +1235,9 @@ void Conn::check_paths(TimeUs now) {
       p.health->on_link_up(now);
     }
     auto fault = FaultInjector::instance().query(p.local_rail, now);
-    if (fault.reset_epoch != p.reset_seen) {
+    // An injected reset waits until this connection has a message in flight on the rail, so
+    // the fault always hits traffic (R2CCL_FAULT_INJECT's contract; see fault_injector.h).
+    if (fault.reset_epoch != p.reset_seen && (!p.health->connected() || message_in_flight(p))) {
       p.reset_seen = fault.reset_epoch;
       for (auto& s : p.streams)
         if (s.fd >= 0) ::shutdown(s.fd, SHUT_RDWR);

@@ -189,6 +189,7 @@ class Conn {
   bool any_usable() const;
   void check_paths(TimeUs now);
   TimeUs kernel_heard_within(const Path& p) const;
+  bool message_in_flight(const Path& p) const;
   void schedule_chunks(TimeUs now);
   void send_acks();
   void on_ack(uint64_t seq, uint32_t prefix, uint32_t base, uint64_t bitmap, TimeUs now);
@@ -269,6 +270,8 @@ class Conn {
   WireHandle handle_{};
   int control_candidate_ = 0;
   Handshake control_hs_;
+  TimeUs control_retry_at_ = 0;
+  TimeUs control_backoff_ = 0;
   int control_last_err_ = 0;  // errno of the latest failed control handshake (timeout WARN)
   int control_rail_ = -1;
   std::vector<Handshake> setup_hs_;

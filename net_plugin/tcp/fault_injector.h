@@ -5,6 +5,12 @@
 // Syntax: entries separated by ';', each "rank=R,rail=N,at=MS,kind=K[,for=MS]" with
 //   K = reset | blackhole | delay:MS.  `at` counts from this process's first isend;
 //   `for` (default: forever) ends the fault. rank=-1 or a missing rank matches every process.
+//   reset: each connection shuts its sockets on the rail down at the first moment at or after
+//   `at` when it has a message in flight (so the fault always hits traffic), and no new
+//   connection on the rail succeeds until `for` has passed. blackhole: every byte written is
+//   dropped and nothing is read, while the kernel's TCP connection stays up (so detection
+//   takes the heartbeat/watchdog's slow path, ~1 s). delay: every frame is held MS before it
+//   is written.
 // Thread-safety: configure() once at init; the queries are lock-free (atomics) from any thread.
 #pragma once
 

@@ -314,9 +314,22 @@ void Runtime::service_handshakes() {
       if (why && strcmp(why, "closed before its hello") == 0)
         R2CCL_INFO(NCCL_NET, "connection on rail %s from %s closed before its hello",
                    rails_[p.rail].name.c_str(), from.c_str());
-      else
-        R2CCL_WARN("refused a connection on rail %s from %s: %s", rails_[p.rail].name.c_str(),
-                   from.c_str(), why ? why : "?");
+      else {
+        // At most one WARN a second per reason: a misconfigured or hostile peer must not flood
+        // the log, and a new kind of refusal is always shown.
+        Refusals& rf = refusals_[why ? why : "?"];
+        if (now - rf.last_warn >= kUsPerSec) {
+          R2CCL_WARN("refused a connection on rail %s from %s: %s%s", rails_[p.rail].name.c_str(),
+                     from.c_str(), why ? why : "?",
+                     rf.suppressed ? (" (" + std::to_string(rf.suppressed) +
+                                      " more like it in the last second)").c_str()
+                                   : "");
+          rf.last_warn = now;
+          rf.suppressed = 0;
+        } else {
+          ++rf.suppressed;
+        }
+      }
       ::close(p.fd);
     }
     if (drop || complete) {

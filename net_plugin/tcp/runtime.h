@@ -19,6 +19,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -124,6 +125,11 @@ class Runtime {
     char buf[sizeof(FrameHeader) + sizeof(HelloBody)];
   };
   std::vector<Pending> pending_;  // background thread only
+  struct Refusals {
+    TimeUs last_warn = 0;
+    uint64_t suppressed = 0;
+  };
+  std::map<std::string, Refusals> refusals_;  // background thread only
 
   std::mutex rng_mu_;
   uint64_t rng_state_[2] = {0, 0};

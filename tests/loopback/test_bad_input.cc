@@ -14,8 +14,13 @@
 // stale-guard case therefore also uses the readable canary page (the stray bytes land there)
 // and, under AddressSanitizer, a heap buffer (ASan's recv interceptor aborts the child).
 //
+// Cases: 1 garbage handles, 2 wrong secret / junk on the listener, 3 truncated and garbage
+// frames, 4 lying chunk headers, 5 the stale guard matters (R2CCL_TEST_HOOKS=no_stale_guard),
+// 6 dedup matters (no_dedup), 7 stale chunks of a completed message, 8 data without a CTS,
+// 9 a later path hello that disagrees with the first.
+//
 // Child <-> parent: fixed-size Msg records over two pipes (tags "handle", "accepted",
-// "posted", "result", ...).
+// "posted", "result", ...). R2CCL_TEST_KEEP_LOGS=1 keeps the children's log files.
 #include <catch2/catch.hpp>
 
 #include <arpa/inet.h>
@@ -26,7 +31,6 @@
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -212,8 +216,8 @@ class ChildCtx {
     int size = -1;
     double ms = 0;
   };
-  // test() until done, an error, or timeout_ms. `on_poll` runs after every not-done test().
-  TestResult wait(void* req, int timeout_ms, const std::function<void()>& on_poll = {}) {
+  // test() until done, an error, or timeout_ms.
+  TestResult wait(void* req, int timeout_ms) {
     TestResult t;
     const double start = now_ms();
     for (;;) {
@@ -226,7 +230,6 @@ class ChildCtx {
         t.size = size;
         return t;
       }
-      if (on_poll) on_poll();
       if (t.ms > timeout_ms) return t;
       usleep(100);
     }
@@ -274,13 +277,11 @@ class GuardedBuffer {
 
   bool ok() const { return map_ != nullptr; }
   char* data() const { return data_; }
-  size_t size() const { return size_; }
   // Changed canary bytes before / after the buffer.
   size_t pre_changed() const { return count_not(map_, static_cast<size_t>(data_ - map_), kCanary); }
   size_t post_changed() const { return count_not(post_, post_len_, kCanary); }
   // Buffer bytes that are no longer the poison value.
   size_t written() const { return count_not(data_, size_, kPoison); }
-  const char* post() const { return post_; }
 
   static size_t count_not(const char* p, size_t n, uint8_t v) {
     size_t c = 0;
@@ -757,7 +758,9 @@ FrameHeader data_header(uint64_t seq, uint32_t idx, uint32_t nchunks, uint64_t o
 }
 
 auto is_frame(FrameType t, uint64_t seq) {
-  return [t, seq](const FrameHeader& h) { return h.type == static_cast<uint8_t>(t) && h.seq == seq; };
+  return [t, seq](const FrameHeader& h) {
+    return h.type == static_cast<uint8_t>(t) && h.seq == seq;
+  };
 }
 
 // ------------------------------------------------------------------------------------------
@@ -792,7 +795,8 @@ int child_receive_one(ChildCtx& c, const RecvPlan& plan) {
   c.say("posted");
   ChildCtx::TestResult t = c.wait(req, plan.wait_ms);
   const size_t pre = gb.pre_changed(), post = gb.post_changed();
-  const size_t written = plan.heap ? GuardedBuffer::count_not(buf, plan.cap, kPoison) : gb.written();
+  const size_t written =
+      plan.heap ? GuardedBuffer::count_not(buf, plan.cap, kPoison) : gb.written();
   c.say("result", {t.rc, t.done, static_cast<int64_t>(t.ms), static_cast<int64_t>(pre),
                    static_cast<int64_t>(post), static_cast<int64_t>(written)});
   Msg m;
@@ -1091,7 +1095,9 @@ TEST_CASE("bad input: a hello with a wrong secret is refused and the listener su
   }
   const std::string log = child.log();
   INFO("child log:\n" << log);
-  CHECK(rt::count_lines_containing(log, "wrong secret") == 2);
+  // Two wrong-secret hellos within a second: the listener logs the first and counts the
+  // second (at most one WARN a second per reason, so a hostile peer cannot flood the log).
+  CHECK(rt::count_lines_containing(log, "wrong secret") == 1);
   CHECK(has(log, "WARN"));
   // accept() kept returning NULL: nothing from the child.
   CHECK_FALSE(child.next(&m, 300));
@@ -1124,8 +1130,9 @@ TEST_CASE("bad input: truncated and garbage frames fail the receive with ncclRem
     return b;
   };
   std::vector<FrameCase> cases;
-  cases.push_back({"20 bytes of a header, then close", raw(data_header(0, 0, 16, 0, kCap, 4096), 20),
-                   true, "peer closed the connection: end of file"});
+  cases.push_back({"20 bytes of a header, then close",
+                   raw(data_header(0, 0, 16, 0, kCap, 4096), 20), true,
+                   "peer closed the connection: end of file"});
   {
     FrameHeader h = data_header(0, 0, 16, 0, kCap, 4096);
     h.magic = 0xbeef;
@@ -1141,7 +1148,8 @@ TEST_CASE("bad input: truncated and garbage frames fail the receive with ncclRem
   {
     FrameHeader h = FakePeer::frame(FrameType::kPing);
     h.type = 0x77;
-    cases.push_back({"unknown frame type 0x77", raw(h), false, "protocol error: unknown frame type"});
+    cases.push_back(
+        {"unknown frame type 0x77", raw(h), false, "protocol error: unknown frame type"});
   }
   {
     FrameHeader h = data_header(0, 0, 16, 0, kCap, kMaxFramePayload + 1);
@@ -1362,7 +1370,8 @@ TEST_CASE("bad input: a duplicate chunk does not complete the receive early", "[
     f.pump(300);
     bool complete_before_chunk1 = false;
     for (const auto& fr : f.frames())
-      complete_before_chunk1 |= fr.type == static_cast<uint8_t>(FrameType::kAck) && fr.seq == 0 && fr.a == 2;
+      complete_before_chunk1 |=
+          fr.type == static_cast<uint8_t>(FrameType::kAck) && fr.seq == 0 && fr.a == 2;
     s.child->tell("chunk1");
     f.send_data(0, 1, 2, 4096, 8192, msg.data() + 4096, 4096);  // may fail when already done
     Msg m;

@@ -298,16 +298,19 @@ TEST_CASE("failures while probing do not count as flaps", "[path_health]") {
   PathHealth h(p, PathState::kHealthy, kT0);
   TimeUs now = kT0;
   REQUIRE(h.on_failure(FailCause::kLinkDown, now));  // flap 1 (from HEALTHY)
-  // Many reconnects that fail during probing: the path never came up.
-  for (int i = 0; i < 10; ++i) {
-    now += 100 * kUsPerMs;
+  // Reconnects that fail during probing (the path never came up), all inside the 10 s window
+  // (the backoff grows 50, 100, ... 800 ms).
+  for (int i = 0; i < 5; ++i) {
+    // The backoff grows with each failed probe; the next attempt comes within reconnect_max.
+    const TimeUs limit = now + p.reconnect_max + kUsPerMs;
+    while (!h.should_reconnect(now) && now < limit) now += kUsPerMs;
     REQUIRE(h.should_reconnect(now));
     h.on_reconnected(now);
     REQUIRE(h.on_failure(FailCause::kPeerClosed, now + kUsPerMs));  // new failure, not a flap
     CHECK_FALSE(h.take_holddown_started());
     CHECK_FALSE(h.held_down(now + kUsPerMs));
   }
-  now += 100 * kUsPerMs;
+  now = first_reconnect_time(h, now, now + p.reconnect_max + kUsPerMs);
   recover(h, p, now);
   // Flap 2 does not start a hold-down either (only two down-ups from HEALTHY so far).
   now += 100 * kUsPerMs;
@@ -448,4 +451,31 @@ TEST_CASE("a draining path that fails is failed, and its failure counts as a fla
   CHECK(h.on_failure(FailCause::kAckTimeout, kT0));
   CHECK(h.state() == PathState::kFailed);
   CHECK(h.take_holddown_started());
+}
+
+TEST_CASE("a path that keeps failing its probes backs off towards reconnect_max",
+          "[unit][path_health]") {
+  using namespace r2ccl;
+  using namespace r2ccl::net;
+  HealthParams hp;
+  hp.reconnect_min = 50 * kUsPerMs;
+  hp.reconnect_max = 2 * kUsPerSec;
+  TimeUs t = 1000 * kUsPerSec;
+  PathHealth h(hp, PathState::kHealthy, t);
+  REQUIRE(h.on_failure(FailCause::kLinkDown, t));
+  TimeUs delay = hp.reconnect_min;
+  for (int i = 0; i < 8; ++i) {
+    // Reconnect as soon as allowed, then fail while probing.
+    TimeUs at = t;
+    while (!h.should_reconnect(at)) at += kUsPerMs;
+    CHECK(at - t >= delay - kUsPerMs);
+    t = at;
+    h.on_reconnected(t);
+    REQUIRE(h.state() == PathState::kProbing);
+    REQUIRE(h.on_failure(FailCause::kHeartbeatMiss, t));
+    delay = std::min(delay * 2, hp.reconnect_max);
+  }
+  TimeUs at = t;
+  while (!h.should_reconnect(at)) at += kUsPerMs;
+  CHECK(at - t >= hp.reconnect_max - kUsPerMs);
 }

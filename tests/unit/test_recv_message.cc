@@ -110,6 +110,23 @@ TEST_CASE("a header disagreeing with earlier chunks is a protocol error", "[recv
   CHECK(p.m.nchunks() == kN);
 }
 
+TEST_CASE("a rejected first header does not decide the message's size", "[recv_message]") {
+  // The first header to arrive lies about its chunk (index or offset); it is refused, and the
+  // genuine chunks that follow (replayed on another path) must still be accepted.
+  Posted p;
+  SECTION("bad index") {
+    expect_protocol_error(p.m, kTotal / 2, kN / 2, kN, 0, kChunk);
+  }
+  SECTION("bad offset") {
+    expect_protocol_error(p.m, kTotal / 2, kN / 2, 0, kTotal, kChunk);
+  }
+  CHECK(p.m.nchunks() == 0);
+  CHECK(p.m.total() == 0);
+  CHECK_FALSE(p.m.wants(0));
+  for (uint32_t i = 0; i < kN; ++i) REQUIRE(p.land(i) == ChunkVerdict::kWrite);
+  CHECK(p.m.complete());
+}
+
 TEST_CASE("a message larger than the posted receive is a protocol error", "[recv_message]") {
   Posted p;
   auto why = expect_protocol_error(p.m, kTotal + 1, kN + 1, 0, 0, kChunk);
