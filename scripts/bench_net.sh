@@ -141,6 +141,7 @@ COMMIT=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo unknown)
 if [ "$COMMIT" != unknown ] && ! git -C "$ROOT" diff --quiet HEAD -- 2>/dev/null; then
   COMMIT="$COMMIT-dirty"
   git -C "$ROOT" diff --stat HEAD >"$OUT/git-diff-stat.txt" 2>&1
+  git -C "$ROOT" diff HEAD >"$OUT/git-diff.patch" 2>&1
 fi
 HELPER=$OUT/bench_helper.py
 ROWS=$OUT/results.tsv
@@ -223,12 +224,15 @@ def cmd_tsfilter(_):
         out.flush()
 
 def cmd_iperf(args):
-    """iperf FILE...: receiver Gbit/s of each iperf3 -J file, then the sum (one per line)."""
+    """iperf FILE...: receiver Gbit/s of each iperf3 -J file, then the sum (one per line).
+    --bidir runs: the mean of the two directions (a per-direction rate)."""
     tot = 0.0
     for f in args:
         try:
             j = json.load(open(f))
             g = j['end']['sum_received']['bits_per_second'] / 1e9
+            if 'sum_received_bidir_reverse' in j['end']:
+                g = (g + j['end']['sum_received_bidir_reverse']['bits_per_second'] / 1e9) / 2
         except Exception:
             print('nan')
             return
@@ -786,9 +790,9 @@ iperf_run() {
     sleep 0.5
     local cpids=()
     for r in "$@"; do
-      echo "ip netns exec $NA iperf3 -c 10.210.$r.2 -B 10.210.$r.1 -p $((5300 + r)) -t $secs -O $IPERF_OMIT -J" >>"$dir/cmd.txt"
+      echo "ip netns exec $NA iperf3 -c 10.210.$r.2 -B 10.210.$r.1 -p $((5300 + r)) -t $secs -O $IPERF_OMIT -J ${IPERF_BIDIR:+--bidir}" >>"$dir/cmd.txt"
       ip netns exec "$NA" iperf3 -c "10.210.$r.2" -B "10.210.$r.1" -p $((5300 + r)) -t "$secs" \
-        -O "$IPERF_OMIT" -J >"$dir/iperf-rail$r-$tag.json" 2>"$dir/iperf-rail$r-$tag.err" &
+        -O "$IPERF_OMIT" -J ${IPERF_BIDIR:+--bidir} >"$dir/iperf-rail$r-$tag.json" 2>"$dir/iperf-rail$r-$tag.err" &
       cpids+=($!)
       files+=("$dir/iperf-rail$r-$tag.json")
     done
@@ -852,7 +856,7 @@ traffic_loop() {
     echo "$R" >"$dir/run$n/repeat"
     echo "$n" >"$dir/current"
     t0=$EPOCHREALTIME
-    PLUGIN_LOG_DIR=$dir PERF_TIMEOUT=$((runsecs * 3 + 120)) run_pair "$dir/run$n" "${envs[@]}" -- "$@" --repeat "$R"
+    PLUGIN_LOG_DIR=$dir PERF_TIMEOUT=$((runsecs * 2 + 60)) run_pair "$dir/run$n" "${envs[@]}" -- "$@" --repeat "$R"
     rc=$?
     echo "$rc" >"$dir/run$n/rc"
     R=$(python3 -c "import sys; t=float(sys.argv[1]); r=int(sys.argv[2]); print(max(4, int(float(sys.argv[3]) / max(t / r, 0.01))))" \
@@ -881,9 +885,10 @@ traffic_check() {
   TRAFFIC_SUMMARY="$jobs jobs, $passes passes, $wrong wrong, $failed failed"
 }
 # wait_flowing DIR NEED_S: the current job has printed a row and, at its pace, runs NEED_S more
-# seconds (so the fault and the recovery happen inside one job)
+# seconds (so the fault and the recovery happen inside one job). Gives up after WAIT_S (a
+# hung job ends at its --timeout, then the loop starts the next one).
 wait_flowing() {
-  local dir=$1 need=$2 end=$((SECONDS + 120))
+  local dir=$1 need=$2 end=$((SECONDS + ${3:-240}))
   while [ $SECONDS -lt $end ]; do
     [ "$(H flowing "$dir" "$need")" = 1 ] && return 0
     sleep 0.2
@@ -905,6 +910,8 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   local args=(--op sendrecv -b "$size" -e "$size" -n "$iters" -w 2 --check)
   log "throughput, one rail ($tag): iperf3, r2ccl, iperf3"
   before=$(iperf_run "$d" $secs 0 | awk '{print $NF}')
+  local bidir=nan bq=n/a
+  [ $twice = 1 ] && [ $MODE = lab ] && bidir=$(IPERF_BIDIR=1 iperf_run "$d" $secs 0 | awk '{print $NF}')
   run_pair "$d" "${env1[@]}" -- "${args[@]}"
   check_run "$d" $? "1-rail throughput ($tag)"
   after=nan
@@ -913,17 +920,20 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   g=$(awk '{print $4}' <<<"$r")
   ref=$(python3 -c "import sys; v=[float(x) for x in sys.argv[1:] if x!='nan']; print('%.3f'%(sum(v)/len(v)) if v else 'nan')" "$before" "$after")
   q=$(ratio "$g" "$ref")
-  cmd="$(short_cmd "${env1[@]}" -- "${args[@]}"); iperf3 -t $secs -O $IPERF_OMIT on rail0 before+after"
+  [ "$bidir" != nan ] && bq=$(ratio "$g" "$bidir")
+  cmd="$(short_cmd "${env1[@]}" -- "${args[@]}"); iperf3 -t $secs -O $IPERF_OMIT on rail0 before+after (and --bidir)"
   if [ "$targeted" = 1 ] && [ $MODE = lab ]; then t1=">= 0.99x iperf3"; r=$(verdict_ge "$q" 0.99); else t1="(info: CPU limits)"; r=info; fi
   [ $MODE = lo ] && t1="(loopback: info only)"
   add_row "SendRecv $size, one rail ($tag): r2ccl vs iperf3" "$t1" \
-    "${q}x: r2ccl $g Gbit/s, iperf3 $ref Gbit/s (before $before, after $after)" "$r" "$cmd" "${d}/"
+    "${q}x: r2ccl $g Gbit/s, iperf3 $ref Gbit/s (before $before, after $after); iperf3 --bidir $bidir Gbit/s per direction (r2ccl ${bq}x)" "$r" "$cmd" "${d}/"
   # stripe over 2 rails
   d=$OUT/tput-stripe-$tag
   local env2=(R2CCL_SOCKET_IFNAME=rail R2CCL_STRIPE=1)
   [ $MODE = lo ] && env2=(R2CCL_SOCKET_IFNAME=lo@127.0.0.1,lo@127.0.0.2 R2CCL_STRIPE=1)
   log "throughput, stripe over 2 rails ($tag)"
   if [ $MODE = lab ]; then before=$(iperf_run "$d" $secs 0 1); else before="n/a n/a nan"; fi
+  bidir="n/a n/a nan"; bq=n/a
+  [ $twice = 1 ] && [ $MODE = lab ] && bidir=$(IPERF_BIDIR=1 iperf_run "$d" $secs 0 1)
   run_pair "$d" "${env2[@]}" -- "${args[@]}"
   check_run "$d" $? "stripe throughput ($tag)"
   after="n/a n/a nan"
@@ -932,11 +942,12 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   g=$(awk '{print $4}' <<<"$r")
   ref=$(python3 -c "import sys; v=[float(x) for x in sys.argv[1:] if x!='nan']; print('%.3f'%(sum(v)/len(v)) if v else 'nan')" "$(awk '{print $NF}' <<<"$before")" "$(awk '{print $NF}' <<<"$after")")
   q=$(ratio "$g" "$ref")
-  cmd="$(short_cmd "${env2[@]}" -- "${args[@]}"); iperf3 on rail0 and rail1 at once, before+after"
+  [ "${bidir##* }" != nan ] && bq=$(ratio "$g" "${bidir##* }")
+  cmd="$(short_cmd "${env2[@]}" -- "${args[@]}"); iperf3 on rail0 and rail1 at once, before+after (and --bidir)"
   if [ "$targeted" = 1 ] && [ $MODE = lab ]; then t2=">= 0.9x iperf3 sum"; r=$(verdict_ge "$q" 0.9); else t2="(info: CPU limits)"; r=info; fi
   [ $MODE = lo ] && { t2="(loopback: info only)"; q=n/a; }
   add_row "SendRecv $size, stripe 2 rails ($tag): r2ccl vs iperf3 on both" "$t2" \
-    "${q}x: r2ccl $g Gbit/s, iperf3 sum $ref Gbit/s (per rail before: ${before% *}; after: ${after% *})" "$r" "$cmd" "${d}/"
+    "${q}x: r2ccl $g Gbit/s, iperf3 sum $ref Gbit/s (per rail before: ${before% *}; after: ${after% *}); iperf3 --bidir sum ${bidir##* } Gbit/s per direction (r2ccl ${bq}x)" "$r" "$cmd" "${d}/"
 }
 
 small_rows() {
@@ -1023,7 +1034,7 @@ fault_rows_lab() {
     for ((i = 0; i < FAULTS; i++)); do
       rail=$((i % 2))
       if ! wait_flowing "$d" $need; then
-        broke "fault series: no traffic job running for 120 s (faults/run*/)"
+        broke "fault series: no traffic job running for 240 s (faults/run*/)"
         break 2
       fi
       sleep_until "$(python3 -c "import sys; print(float(sys.argv[1]) + $spacing)" "$last")"
@@ -1093,8 +1104,8 @@ fault_rows_lo() {
 degraded_row() {
   local tag=$1 name=$2 down=$3 surv=$4 targeted=$5; shift 5
   local envs=("$@") d=$OUT/degraded-$name-$tag
-  local size=64M rep=12 secs=6
-  [ $SMOKE -eq 1 ] && { size=16M; rep=9; secs=1; }
+  local size=64M rep=12 secs=6 settle=1.5
+  [ $SMOKE -eq 1 ] && { size=16M; rep=12; secs=1; settle=0.5; }
   local args=(--op sendrecv -b "$size" -e "$size" -n 3 -w 1 --check --repeat "$rep")
   mkdir -p "$d"
   log "degraded throughput ($name, $tag): rail$down down mid-run"
@@ -1110,7 +1121,7 @@ degraded_row() {
   fault link-up "$down" >/dev/null
   check_run "$d" $rc "degraded throughput ($name, $tag)"
   local r g
-  r=$(H degraded "$d/rank0.out" "${ts:-0}" 1.5)
+  r=$(H degraded "$d/rank0.out" "${ts:-0}" "$settle")
   g=$(awk '{print $4}' <<<"$r")
   local q t res
   q=$(ratio "$g" "$ref")

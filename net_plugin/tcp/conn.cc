@@ -1329,9 +1329,8 @@ void Conn::schedule_chunks(TimeUs now) {
       loads[pi].inflight_bytes += len;
       p.chunks_sent++;
       RailLive& rl = rt_->live(p.local_rail);
-      rl.chunks_sent++;
+      (replay ? rl.chunks_replayed : rl.chunks_sent)++;
       rl.bytes_sent += len;
-      if (replay) rl.chunks_replayed++;
     }
   }
 }

@@ -230,43 +230,83 @@ std::string fault_spec(const std::string& kind) {
 
 }  // namespace
 
-TEST_CASE("rail 0 reset mid-stream: every byte arrives, one switchover, chunks replayed",
+// Failure detection is not the subject of the reset tests: a reset is seen at once (the
+// socket closes). Generous heartbeat/ack timeouts keep a CPU-starved moment on a busy CI
+// machine from failing rail 1 as well, which would add switchovers the test does not expect.
+// R2CCL_PATH_WINDOW=64M: the injector's reset is a shutdown(SHUT_RDWR), which still delivers
+// whatever the kernel had queued (see the report), so only chunks not yet handed to the
+// socket are really lost. A window larger than the socket buffers keeps such a backlog in
+// the sender while the stream runs, so the reset always destroys data.
+const std::map<std::string, std::string> kPatientDetectors = {
+    {"R2CCL_HEARTBEAT_INTERVAL", "500ms"}, {"R2CCL_ACK_TIMEOUT", "3s"},
+    {"R2CCL_TCP_USER_TIMEOUT", "5s"}, {"R2CCL_PATH_WINDOW", "64M"}};
+
+// A reset replays only the chunks that were unacknowledged when it was detected; the stream
+// keeps rail 0 busy, but once in a while every chunk in flight happens to be acknowledged at
+// that instant (the injector's reset is a shutdown(SHUT_RDWR), which still delivers what the
+// kernel had queued: see the report). Such a run proves nothing about replay, so it is
+// repeated (at most kAttempts runs); every run must still be correct in every other respect.
+constexpr int kAttempts = 3;
+
+TEST_CASE("rail 0 reset mid-stream: every byte arrives; one switchover; chunks replayed",
           "[loopback][failover]") {
-  FaultRun r = run_stream(fault_spec("reset"), {}, 30000);
-  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
-  CHECK(r.pair.sender_status == kOk);
-  CHECK(r.pair.receiver_status == kOk);
-  CHECK(count_lines_containing(r.sender_log, "switchover:") == 1);
-  CHECK(count_lines_containing(r.sender_log, "switchover: rail lo@127.0.0.1 failed") == 1);
-  CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
-  std::vector<int> rec = replayed_counts(r.sender_log);
-  REQUIRE(rec.size() == 1);
-  CHECK(rec[0] >= 1);
+  bool replayed = false;
+  for (int attempt = 1; attempt <= kAttempts && !replayed; ++attempt) {
+    FaultRun r = run_stream(fault_spec("reset"), kPatientDetectors, 30000);
+    INFO("attempt " << attempt << "\nsender log:\n" << r.sender_log << "receiver log:\n"
+                    << r.receiver_log);
+    REQUIRE(r.pair.sender_status == kOk);
+    REQUIRE(r.pair.receiver_status == kOk);
+    CHECK(count_lines_containing(r.sender_log, "switchover:") == 1);
+    CHECK(count_lines_containing(r.sender_log, "switchover: rail lo@127.0.0.1 failed") == 1);
+    CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
+    std::vector<int> lost = to_replay_counts(r.sender_log);
+    std::vector<int> rec = replayed_counts(r.sender_log);
+    REQUIRE(lost.size() == 1);
+    REQUIRE(rec.size() == 1);
+    CHECK(rec[0] == lost[0]);  // the recovery replayed what the switchover had to replay
+    replayed = rec[0] >= 1;
+    if (!replayed) WARN("attempt " << attempt << ": the reset found no chunk in flight; again");
+  }
+  CHECK(replayed);
 }
 
 TEST_CASE("rail 0 reset mid-stream without replay (R2CCL_TEST_HOOKS=no_replay) fails",
           "[loopback][failover]") {
   // The same fault; with replay off the chunks in flight on rail 0 are lost, so the stream
-  // must stall (or error) instead of completing. A short stall limit keeps this bounded.
-  FaultRun r = run_stream(fault_spec("reset"), {{"R2CCL_TEST_HOOKS", "no_replay"}}, 8000);
-  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
-  // The fault hit data in flight (otherwise the run proves nothing)...
-  std::vector<int> lost = to_replay_counts(r.sender_log);
-  REQUIRE(lost.size() >= 1);
-  CHECK(lost[0] >= 1);
-  // ...and without replay the sender cannot complete: it times out or gets an error.
-  CHECK((r.pair.sender_status == kStalled || r.pair.sender_status == kTestFailed ||
-         r.pair.sender_status == kPostFailed));
-  CHECK(r.pair.receiver_status != kOk);
+  // must stall or error instead of completing. A run where the reset found nothing in flight
+  // is inconclusive (nothing was lost) and is repeated.
+  bool conclusive = false;
+  for (int attempt = 1; attempt <= kAttempts && !conclusive; ++attempt) {
+    std::map<std::string, std::string> env = kPatientDetectors;
+    env["R2CCL_TEST_HOOKS"] = "no_replay";
+    FaultRun r = run_stream(fault_spec("reset"), env, 5000);
+    INFO("attempt " << attempt << "\nsender log:\n" << r.sender_log << "receiver log:\n"
+                    << r.receiver_log);
+    std::vector<int> lost = to_replay_counts(r.sender_log);
+    REQUIRE(lost.size() >= 1);  // the fault happened
+    conclusive = lost[0] >= 1;
+    if (!conclusive) {
+      WARN("attempt " << attempt << ": the reset found no chunk in flight; again");
+      continue;
+    }
+    // Without replay the sender cannot complete: it times out or gets an error.
+    CHECK((r.pair.sender_status == kStalled || r.pair.sender_status == kTestFailed ||
+           r.pair.sender_status == kPostFailed));
+    CHECK(r.pair.receiver_status != kOk);
+  }
+  CHECK(conclusive);
 }
 
 TEST_CASE("rail 0 black hole mid-stream: every byte arrives", "[loopback][failover]") {
+  // Default detectors: the acknowledgement watchdog (R2CCL_ACK_TIMEOUT) finds the black hole.
   FaultRun r = run_stream(fault_spec("blackhole"), {}, 30000);
   INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
   CHECK(r.pair.sender_status == kOk);
   CHECK(r.pair.receiver_status == kOk);
   CHECK(count_lines_containing(r.sender_log, "switchover: rail lo@127.0.0.1 failed") >= 1);
   CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
+  // What went into the black hole was lost and had to be replayed.
   std::vector<int> rec = replayed_counts(r.sender_log);
   REQUIRE(rec.size() >= 1);
   CHECK(rec[0] >= 1);
@@ -281,27 +321,49 @@ TEST_CASE("rail 0 delayed by 60 ms per frame (R2CCL_STRIPE=0): no data lost",
   CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
 }
 
-TEST_CASE("r2ccl_perf demo: fault on rail 0, --repeat 2 --check --expect-replay",
+TEST_CASE("rail 0 dead, then rail 1 black-holed for 500 ms: the connection waits for rail 1",
+          "[loopback][failover][!mayfail]") {
+  // No usable path for ~0.5 s, far below R2CCL_FAILOVER_TIMEOUT (10 s): pending requests must
+  // wait and complete once rail 1 is back. KNOWN BUG (reported): the sender's own close of
+  // the failed rail-1 path reaches the receiver as "peer closed", every path of the receiver
+  // then reads "peer closed", and it gives up at once ("the peer closed every path (process
+  // gone?)", ncclRemoteError) although the peer is alive and reconnecting.
+  FaultRun r = run_stream(
+      "rank=-1,rail=0,at=150,kind=reset;rank=-1,rail=1,at=400,kind=blackhole,for=500",
+      {{"R2CCL_FAILOVER_TIMEOUT", "3s"}}, 30000);
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  CHECK(count_lines_containing(r.receiver_log, "give-up:") == 0);
+  CHECK(r.pair.sender_status == kOk);
+  CHECK(r.pair.receiver_status == kOk);
+}
+
+TEST_CASE("r2ccl_perf demo: rail 0 resets, --repeat 2 --check --expect-replay exits 0",
           "[loopback][failover][perf]") {
+  // The demo's in-process path: rank 0's rail 0 is reset (three short resets, so the replay
+  // does not hinge on one instant landing inside a transfer rather than in r2ccl_perf's
+  // untimed fill/verify phases) and comes back each time (failback). Hold-down is raised so
+  // the third flap does not keep rail 0 out.
   std::string out;
-  std::string cmd = perf_command({{"R2CCL_SOCKET_IFNAME", kTwoRails},
-                                  {"R2CCL_FAULT_INJECT", "rank=0,rail=0,at=200,kind=reset"}},
-                                 "--ranks 2 --repeat 2 --check --expect-replay -b 1M -e 64M");
+  std::string cmd = perf_command(
+      {{"R2CCL_SOCKET_IFNAME", kTwoRails},
+       {"R2CCL_HOLDDOWN_FLAPS", "100"},
+       {"R2CCL_FAULT_INJECT",
+        "rank=0,rail=0,at=300,kind=reset,for=300;rank=0,rail=0,at=1100,kind=reset,for=300;"
+        "rank=0,rail=0,at=1900,kind=reset,for=300"}},
+      "--ranks 2 --repeat 2 --check --expect-replay -b 64M -e 64M -n 8 -w 1");
   int rc = run_command(cmd, &out);
   INFO(cmd << "\n" << out);
   CHECK(rc == 0);
   CHECK(out.find("# wrong total: 0") != std::string::npos);
-  for (const auto& row : perf_rows(out)) {
+  std::vector<PerfRow> rows = perf_rows(out);
+  CHECK(rows.size() == 2);  // 64M, two passes
+  for (const auto& row : rows) {
     INFO("size " << row.size);
     CHECK(row.wrong == "0");
   }
-  CHECK(perf_rows(out).size() == 14);  // 1M..64M, two passes
-  CHECK(count_lines_containing(out, "switchover:") >= 1);
-}
-
-TEST_CASE("DRAFT both rails", "[draft]") {
-  FaultRun r = run_stream("rank=-1,rail=0,at=150,kind=reset;rank=-1,rail=1,at=400,kind=blackhole,for=500", {}, 30000);
-  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
-  CHECK(r.pair.sender_status == kOk);
-  CHECK(r.pair.receiver_status == kOk);
+  std::smatch m;
+  REQUIRE(std::regex_search(out, m, std::regex("# expect-replay: ([0-9]+) replayed chunk\\(s\\) over all ranks: OK")));
+  CHECK(std::stoi(m[1]) >= 1);
+  CHECK(count_lines_containing(out, "[R2CCL] switchover: rail lo@127.0.0.1 failed") >= 1);
+  CHECK(count_lines_containing(out, "[R2CCL] failback: rail lo@127.0.0.1 is back") >= 1);
 }

@@ -350,7 +350,7 @@ static int child_main(const PairOptions& o, bool is_sender, int handle_fd, int p
   int rc = fn(ep);
   fflush(stdout);
   fflush(stderr);
-  if (o.finish_together) finish_barrier(done_out, done_in, o.timeout_s);
+  if (o.finish_together && rc == 0) finish_barrier(done_out, done_in, o.timeout_s);
   return rc;
 }
 

@@ -75,8 +75,8 @@ struct PairOptions {
   bool skip_connect = false;
   // When true, a process whose function returned waits (at most timeout_s) until the other
   // one's function returned too, before it exits: a peer that exits early closes its sockets,
-  // which the other side would see (and log) as a rail failure. A peer that dies or fails
-  // ends the wait at once.
+  // which the other side would see (and log) as a rail failure. A process whose function
+  // failed does not wait; a peer that exits (fails, dies) ends the wait at once.
   bool finish_together = false;
   // Connections to open between the two processes, one per entry, on that device (the same
   // device index on both sides). Empty: one connection on `dev`. See Endpoint::conns.

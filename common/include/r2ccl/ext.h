@@ -21,9 +21,9 @@
 //       {
 //         "name":            string  rail name, "IFNAME@ADDR", e.g. "lo@127.0.0.1"
 //         "state":           string  "up"; "down" (the link is down); "failed" (link up,
-//                                    but paths on this rail failed); "holddown" (flapping,
-//                                    kept out); "draining" (connected, carries no new
-//                                    chunks). Readers print unknown states as they are.
+//                                    but paths on this rail failed and have not recovered).
+//                                    Later versions may add states ("holddown",
+//                                    "draining"); readers print unknown states as they are.
 //         "chunks_sent":     integer chunks first sent on this rail (replays not counted)
 //         "chunks_replayed": integer chunks re-sent on this rail after the path they were
 //                                    first sent on failed
