@@ -65,7 +65,9 @@ TEST_CASE("lab: a flapping rail carries no chunk between link-up and its probe p
   o.env["R2CCL_STRIPE"] = "1";
   o.env["R2CCL_BACKUP_PATHS"] = "3";
   const std::string samples = temp_path("flap-samples");
-  Stream s{8u << 20, 120, 60000, temp_path("flap-started")};
+  // 4.8 GB over 4 rails shaped to 1 Gbit/s: at least ~10 s of traffic, so the stream outlasts
+  // the 4 s of flaps and rail 2 is seen carrying chunks again after its last probe pass.
+  Stream s{8u << 20, 600, 60000, temp_path("flap-started")};
   std::string flap_out;
   PairResult r;
   {
