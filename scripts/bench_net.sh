@@ -298,6 +298,16 @@ def job_windows(d):
         w.append((ts[0], end[0] if end else 1e18))   # a failed job: everything after counts
     return w
 
+def cmd_pace(args):
+    """pace FILE: seconds per data row of a finished job (first line to last row), or 0."""
+    try:
+        lines = open(args[0], errors='replace').read().splitlines()
+        rows = perf_rows(args[0])
+        t0 = float(re.match(TS, lines[0]).group(1))
+        print('%.3f' % ((rows[-1]['ts'] - t0) / len(rows)) if rows else 0)
+    except (OSError, AttributeError, IndexError):
+        print(0)
+
 def cmd_rows(args):
     """rows FILE: number of data rows so far."""
     try:
@@ -847,7 +857,7 @@ traffic_loop() {
   local envs=()
   while [ "$1" != -- ]; do envs+=("$1"); shift; done
   shift
-  local n=0 R=4 t0 rc
+  local n=0 R=4 rc pace=0 to
   while [ ! -e "$dir/stop" ]; do
     while [ -e "$dir/hold" ] && [ ! -e "$dir/stop" ]; do sleep 0.1; done   # no new job mid-fault
     [ -e "$dir/stop" ] && break
@@ -855,13 +865,18 @@ traffic_loop() {
     mkdir -p "$dir/run$n"
     echo "$R" >"$dir/run$n/repeat"
     echo "$n" >"$dir/current"
-    t0=$EPOCHREALTIME
-    PLUGIN_LOG_DIR=$dir PERF_TIMEOUT=$((runsecs * 2 + 60)) run_pair "$dir/run$n" "${envs[@]}" -- "$@" --repeat "$R"
+    # --timeout: 3x the expected length (from the last good job's pace) + 2 min: only a hang hits it
+    to=$(python3 -c "import sys; p=float(sys.argv[1]); print(int(3 * int(sys.argv[2]) * p + 120) if p > 0 else int(sys.argv[3]) * 3 + 120)" "$pace" "$R" "$runsecs")
+    echo "$to" >"$dir/run$n/timeout"
+    PLUGIN_LOG_DIR=$dir PERF_TIMEOUT=$to run_pair "$dir/run$n" "${envs[@]}" -- "$@" --repeat "$R"
     rc=$?
     echo "$rc" >"$dir/run$n/rc"
-    R=$(python3 -c "import sys; t=float(sys.argv[1]); r=int(sys.argv[2]); print(max(4, int(float(sys.argv[3]) / max(t / r, 0.01))))" \
-      "$(python3 -c "import sys; print(float(sys.argv[2]) - float(sys.argv[1]))" "$t0" "$EPOCHREALTIME")" "$R" "$runsecs")
-    [ "$rc" -ne 0 ] && sleep 1   # a failed job: do not spin
+    if [ "$rc" -eq 0 ]; then   # size the next job from this one's pace (a failed job says nothing)
+      pace=$(H pace "$dir/run$n/rank0.out")
+      R=$(python3 -c "import sys; p=float(sys.argv[1]); print(max(4, int(float(sys.argv[2]) / p)) if p > 0 else int(sys.argv[3]))" "$pace" "$runsecs" "$R")
+    else
+      sleep 1   # a failed job: do not spin
+    fi
   done
 }
 # traffic_check DIR WHAT: every job of a traffic loop: exit status and wrong elements.
@@ -931,13 +946,13 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   local env2=(R2CCL_SOCKET_IFNAME=rail R2CCL_STRIPE=1)
   [ $MODE = lo ] && env2=(R2CCL_SOCKET_IFNAME=lo@127.0.0.1,lo@127.0.0.2 R2CCL_STRIPE=1)
   log "throughput, stripe over 2 rails ($tag)"
-  if [ $MODE = lab ]; then before=$(iperf_run "$d" $secs 0 1); else before="n/a n/a nan"; fi
+  if [ $MODE = lab ]; then before=$(iperf_run "$d" $secs 0 1 | sed 's/ *$//'); else before="n/a n/a nan"; fi
   bidir="n/a n/a nan"; bq=n/a
-  [ $twice = 1 ] && [ $MODE = lab ] && bidir=$(IPERF_BIDIR=1 iperf_run "$d" $secs 0 1)
+  [ $twice = 1 ] && [ $MODE = lab ] && bidir=$(IPERF_BIDIR=1 iperf_run "$d" $secs 0 1 | sed 's/ *$//')
   run_pair "$d" "${env2[@]}" -- "${args[@]}"
   check_run "$d" $? "stripe throughput ($tag)"
   after="n/a n/a nan"
-  if [ $MODE = lab ] && [ $twice = 1 ]; then after=$(iperf_run "$d" $secs 0 1); fi
+  if [ $MODE = lab ] && [ $twice = 1 ]; then after=$(iperf_run "$d" $secs 0 1 | sed 's/ *$//'); fi
   r=$(H perf "$d/rank0.out")
   g=$(awk '{print $4}' <<<"$r")
   ref=$(python3 -c "import sys; v=[float(x) for x in sys.argv[1:] if x!='nan']; print('%.3f'%(sum(v)/len(v)) if v else 'nan')" "$(awk '{print $NF}' <<<"$before")" "$(awk '{print $NF}' <<<"$after")")

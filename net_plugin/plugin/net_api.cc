@@ -291,6 +291,7 @@ static Status close_conn(Conn* c) {
   // stopped its proxy thread before closing. The token is free or freed within one pass.
   while (!c->try_enter()) {
   }
+  c->say_goodbye();
   delete c;
   return Status::kOk;
 }

@@ -843,6 +843,7 @@ bool Conn::handle_frame(Path& p, Stream& s, TimeUs now, const char** why) {
         if (p.health->on_probe_pass(now)) {
           rt_->live(p.local_rail).failbacks++;
           mark_recovered(p);
+          resend_notices();
           log_event("failback: rail %s is back (path %d of conn %016llx reconnected and passed %d "
                     "probes); it carries traffic again",
                     rail_name(p.local_rail).c_str(), p.index,
@@ -863,6 +864,12 @@ bool Conn::handle_frame(Path& p, Stream& s, TimeUs now, const char** why) {
       }
       return true;
     }
+    case FrameType::kBye:
+      // NCCL closed the comm at the other end: not a failure. Stop quietly; anything still
+      // pending here can never complete.
+      peer_closed_ = true;
+      error_ = Status::kRemote;
+      return true;
     case FrameType::kSetupDone:
       setup_done_seen_ = true;
       setup_done_bitmap_ = h.total;
@@ -1013,12 +1020,25 @@ void Conn::fail_path(Path& p, FailCause cause, TimeUs now, const char* detail, b
               rail.c_str(), static_cast<int>(cfg_.holddown_flaps), cfg_.holddown_window / 1e6,
               p.health->current_holddown() / 1e6);
   if (notify) notices_.push_back(Notice{next_notice_++, p.index, p.generation});
+  resend_notices();
+}
+
+void Conn::resend_notices() {
   for (const auto& n : notices_) {
     FrameHeader f = frame(FrameType::kFail);
     f.seq = n.id;
     f.a = static_cast<uint32_t>(n.path);
     f.b = n.gen;
     send_ctrl_any(f, -1);
+  }
+}
+
+void Conn::say_goodbye() {
+  TimeUs now = now_us();
+  for (auto& p : paths_) {
+    if (!p.health->connected() || !p.attached_ok()) continue;
+    queue_ctrl(p, frame(FrameType::kBye));
+    flush_stream(p, p.streams[0], now);  // best effort, never waits
   }
 }
 
@@ -1059,9 +1079,12 @@ void Conn::resend_recv_state(int prefer) {
   }
 }
 
+// A path that carries (or could carry, when draining) data. A path that is only probing does
+// not count: a rail that reconnects but never passes its probes must not hold off give-up.
 bool Conn::any_usable() const {
   for (const auto& p : paths_)
-    if (p.health->connected()) return true;
+    if (p.health->state() == PathState::kHealthy || p.health->state() == PathState::kDraining)
+      return true;
   return false;
 }
 
@@ -1136,6 +1159,10 @@ void Conn::attach_stream(int path, int stream, uint32_t gen, int fd, TimeUs now)
   if (p.attached == n_streams_) {
     p.last_rx = p.last_tx = now;
     p.health->on_reconnected(now);
+    // Control frames may have been dropped while no path was up: send the receive state and
+    // any unacknowledged failure notices again on the path that came back.
+    resend_recv_state(p.index);
+    resend_notices();
     R2CCL_INFO(NCCL_NET, "path %d (%s) reconnected by the peer (generation %u); probing", p.index,
                p.label.c_str(), gen);
   }
@@ -1168,6 +1195,7 @@ void Conn::step_reconnect(Path& p, TimeUs now) {
     for (auto& hs : p.reconnect)
       if (hs.fd >= 0) ::close(hs.fd);
     p.reconnect.clear();
+    if (err == ECONNREFUSED) p.refused = true;
     p.health->on_reconnect_failed(now);
     R2CCL_INFO(NCCL_NET, "reconnect of path %d (%s) failed: %s", p.index, p.label.c_str(),
                strerror(err));
@@ -1181,6 +1209,7 @@ void Conn::step_reconnect(Path& p, TimeUs now) {
     p.reconnect[s].fd = -1;
   }
   p.reconnect.clear();
+  p.refused = false;
   p.attached = n_streams_;
   p.generation++;
   p.last_rx = p.last_tx = now;
@@ -1337,6 +1366,10 @@ void Conn::schedule_chunks(TimeUs now) {
 
 void Conn::progress(TimeUs now) {
   if (setup_stage_ != 3 || gave_up_) return;
+  if (peer_closed_) {
+    for (auto& p : paths_) close_streams(p);
+    return;
+  }
   if (role_ == Role::kRecv) drain_inbox(now);
   check_paths(now);
   for (auto& p : paths_) {
@@ -1369,11 +1402,22 @@ void Conn::progress(TimeUs now) {
     return;
   }
   if (no_path_since_ == 0) no_path_since_ = now;
-  bool all_gone = true;
-  for (const auto& p : paths_) all_gone &= cause_means_peer_gone(p.health->last_cause());
-  if (all_gone) give_up(Status::kRemote, "the peer closed every path (process gone?)");
+  // The peer is gone when every path ended with its end-of-file, reset or a protocol error.
+  // (A live peer also closes a path it has declared failed, so that alone is not enough.)
+  // The connecting side knows for sure once every reconnect was refused: nothing listens on
+  // the peer's rails any more (its process exited), so it fails at once.
+  bool all_gone = true, all_refused = role_ == Role::kSend;
+  for (const auto& p : paths_) {
+    all_gone &= cause_means_peer_gone(p.health->last_cause());
+    all_refused &= p.refused;
+  }
+  if (all_refused)
+    give_up(Status::kRemote, "every reconnect was refused: the peer process is gone");
   else if (now - no_path_since_ >= cfg_.failover_timeout)
-    give_up(Status::kSystem, "no local rail reaches the peer within R2CCL_FAILOVER_TIMEOUT");
+    give_up(all_gone ? Status::kRemote : Status::kSystem,
+            all_gone ? "the peer closed every path and did not come back within "
+                       "R2CCL_FAILOVER_TIMEOUT"
+                     : "no local rail reaches the peer within R2CCL_FAILOVER_TIMEOUT");
 }
 
 // ------------------------------------------------------------------------------------------

@@ -111,6 +111,7 @@ struct Path {
   uint32_t up_seen = 0;
   uint32_t reset_seen = 0;
   bool counted_failed = false;
+  bool refused = false;  // connector: the latest reconnect was refused (nothing listens)
   std::vector<Handshake> reconnect;  // connector side
   int attached = 0;                  // acceptor side: streams attached in this generation
   uint64_t chunks_sent = 0;
@@ -173,6 +174,8 @@ class Conn {
   const uint8_t* secret() const { return secret_; }
   Role role() const { return role_; }
   void close_all();
+  // Tells the peer, best effort and without waiting, that this end closes on purpose.
+  void say_goodbye();
 
  private:
   // frames
@@ -196,6 +199,7 @@ class Conn {
   void on_cts(uint64_t seq, uint64_t cap);
   void resend_recv_state(int prefer);
   void mark_recovered(Path& p);
+  void resend_notices();
   void check_recoveries(TimeUs now);
   void give_up(Status st, const char* why);
   void drain_inbox(TimeUs now);
@@ -264,6 +268,7 @@ class Conn {
   TimeUs no_path_since_ = 0;
   TimeUs last_check_ = 0;
   bool gave_up_ = false;
+  bool peer_closed_ = false;  // the peer sent BYE
   // setup
   int setup_stage_ = 0;
   TimeUs setup_start_ = 0;

@@ -11,6 +11,8 @@
 //   FAIL       a=path index declared failed, seq=notice id        (answered by FAIL_ACK)
 //   FAIL_ACK   a=path index, seq=notice id
 //   PING/PONG  seq=probe id, off=sender timestamp (us, echoed)
+//   BYE        the sender of it closed the connection on purpose (NCCL closed the comm):
+//              not a failure, nothing is logged; pending requests fail with a remote error
 //   SETUP_DONE total=bitmap of paths the connector got up, a=number of paths
 //              (first frame on the first path that is up)
 #pragma once
@@ -64,6 +66,7 @@ enum class FrameType : uint8_t {
   kHello = 8,
   kHelloAck = 9,
   kSetupDone = 10,
+  kBye = 11,
 };
 constexpr uint16_t kFrameMagic = 0x5232;  // "2R"
 
