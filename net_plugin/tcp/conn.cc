@@ -1318,7 +1318,8 @@ void Conn::check_paths(TimeUs now) {
 }
 
 void Conn::schedule_chunks(TimeUs now) {
-  std::vector<PathLoad> loads(paths_.size());
+  std::vector<PathLoad>& loads = loads_;  // reused: no allocation on the data path
+  loads.resize(paths_.size());
   bool any_healthy = false;
   for (size_t i = 0; i < paths_.size(); ++i) {
     const Path& p = paths_[i];

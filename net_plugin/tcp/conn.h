@@ -25,6 +25,7 @@
 
 #include "../engine/path_health.h"
 #include "../engine/recv_message.h"
+#include "../engine/scheduler.h"
 #include "../engine/send_message.h"
 #include "r2ccl/nccl_abi.h"
 #include "r2ccl/status.h"
@@ -228,6 +229,7 @@ class Conn {
   std::atomic<TimeUs> last_progress_{0};
   Status error_ = Status::kOk;
   std::vector<char> discard_;
+  std::vector<PathLoad> loads_;  // schedule_chunks scratch
 
   Request reqs_[NCCL_NET_MAX_REQUESTS];
   std::deque<Request*> active_;  // posted, not completed, in sequence order
