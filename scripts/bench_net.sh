@@ -164,6 +164,7 @@ add_row() {
   log "row: ${f[0]} | target ${f[1]} | ${f[2]} | ${f[3]}"
 }
 loadavg() { cut -d' ' -f1-3 /proc/loadavg; }
+slug() { local s=${1// /-}; s=${s//[()]/}; echo "$s"; }   # a directory name without blanks
 
 cleanup() {
   # Background processes this script started (pids in OUT/.pids); a pid is only signalled if
@@ -262,8 +263,8 @@ def cmd_sizes(args):
             print(r['size'], r['us'])
 
 def cmd_flowing(args):
-    """flowing DIR NEED_S: 1 if the current job of a traffic loop is running, has printed a
-    row, and its remaining passes (at its pace so far) last at least NEED_S seconds; else 0."""
+    """flowing DIR NEED_S: 1 if the current job of a traffic loop is running, has printed two
+    rows, and its remaining passes (at its pace so far) last at least NEED_S seconds; else 0."""
     d, need = args[0], float(args[1])
     try:
         cur = open(os.path.join(d, 'current')).read().strip()
@@ -275,11 +276,11 @@ def cmd_flowing(args):
     except (OSError, ValueError):
         print(0); return
     rows = perf_rows(os.path.join(rd, 'rank0.out'))
-    if not rows or not lines:
+    if len(rows) < 2:
         print(0); return
-    t0 = float(re.match(TS, lines[0]).group(1))
-    pace = (rows[-1]['ts'] - t0) / len(rows)
-    left = (rep - len(rows)) * pace - (time.monotonic() - rows[-1]['ts'])
+    # pace from the first row to now (rows can arrive in bursts; 'now' keeps it honest)
+    pace = (time.monotonic() - rows[0]['ts']) / (len(rows) - 1)
+    left = (rep - len(rows)) * pace
     print(1 if left >= need else 0)
 
 def job_windows(d):
@@ -857,7 +858,7 @@ traffic_loop() {
   local envs=()
   while [ "$1" != -- ]; do envs+=("$1"); shift; done
   shift
-  local n=0 R=4 rc pace=0 to
+  local n=0 R=${TRAFFIC_R0:-4} rc pace=0 to
   while [ ! -e "$dir/stop" ]; do
     while [ -e "$dir/hold" ] && [ ! -e "$dir/stop" ]; do sleep 0.1; done   # no new job mid-fault
     [ -e "$dir/stop" ] && break
@@ -899,7 +900,7 @@ traffic_check() {
   done
   TRAFFIC_SUMMARY="$jobs jobs, $passes passes, $wrong wrong, $failed failed"
 }
-# wait_flowing DIR NEED_S: the current job has printed a row and, at its pace, runs NEED_S more
+# wait_flowing DIR NEED_S: the current job has printed 2 rows and, at its pace, runs NEED_S more
 # seconds (so the fault and the recovery happen inside one job). Gives up after WAIT_S (a
 # hung job ends at its --timeout, then the loop starts the next one).
 wait_flowing() {
@@ -919,7 +920,7 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   local size=64M iters=20 secs=8 twice=1
   if [ $SMOKE -eq 1 ]; then size=16M; iters=3; secs=1; twice=0; fi
   # one rail
-  d=$OUT/tput-1rail-$tag
+  d=$OUT/tput-1rail-$(slug "$tag")
   local env1=(R2CCL_SOCKET_IFNAME=rail0)
   [ $MODE = lo ] && env1=(R2CCL_SOCKET_IFNAME=lo@127.0.0.1)
   local args=(--op sendrecv -b "$size" -e "$size" -n "$iters" -w 2 --check)
@@ -942,7 +943,7 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   add_row "SendRecv $size, one rail ($tag): r2ccl vs iperf3" "$t1" \
     "${q}x: r2ccl $g Gbit/s, iperf3 $ref Gbit/s (before $before, after $after); iperf3 --bidir $bidir Gbit/s per direction (r2ccl ${bq}x)" "$r" "$cmd" "${d}/"
   # stripe over 2 rails
-  d=$OUT/tput-stripe-$tag
+  d=$OUT/tput-stripe-$(slug "$tag")
   local env2=(R2CCL_SOCKET_IFNAME=rail R2CCL_STRIPE=1)
   [ $MODE = lo ] && env2=(R2CCL_SOCKET_IFNAME=lo@127.0.0.1,lo@127.0.0.2 R2CCL_STRIPE=1)
   log "throughput, stripe over 2 rails ($tag)"
@@ -967,7 +968,7 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
 
 small_rows() {
   local d=$OUT/small iters=500 warm=50 ppiters=1000 passes=3
-  [ $SMOKE -eq 1 ] && { iters=50; warm=5; ppiters=100; passes=2; }
+  [ $SMOKE -eq 1 ] && { iters=20; warm=2; ppiters=50; passes=1; }
   local sizes
   sizes=$(python3 -c "print(','.join(str(8<<i) for i in range(14)))")   # 8 B .. 64 KiB
   local args=(--op sendrecv -b 8 -e 64K -f 2 -n "$iters" -w "$warm" --repeat "$passes")
@@ -1041,7 +1042,7 @@ fault_rows_lab() {
   mkdir -p "$d"
   : >"$d/faults.tsv"
   log "fault series: $FAULTS x (link-down far-down blackhole), rails alternating, side a, hold ${hold}s, >= ${spacing}s apart, each after the previous rail is back"
-  traffic_loop "$d" $runsecs "${TRAFFIC_ENV[@]}" -- "${TRAFFIC_ARGS[@]}" &
+  TRAFFIC_R0=$([ $SMOKE -eq 1 ] && echo 25 || echo 4) traffic_loop "$d" $runsecs "${TRAFFIC_ENV[@]}" -- "${TRAFFIC_ARGS[@]}" &
   local lp=$!
   echo $lp >>"$OUT/.pids"
   local last=0 kind i rail ts took uts end p
@@ -1118,9 +1119,10 @@ fault_rows_lo() {
 # against iperf3 alone on the surviving rail.
 degraded_row() {
   local tag=$1 name=$2 down=$3 surv=$4 targeted=$5; shift 5
-  local envs=("$@") d=$OUT/degraded-$name-$tag
+  local envs=("$@") d
+  d=$OUT/degraded-$(slug "$name-$tag")
   local size=64M rep=12 secs=6 settle=1.5
-  [ $SMOKE -eq 1 ] && { size=16M; rep=12; secs=1; settle=0.5; }
+  [ $SMOKE -eq 1 ] && { size=16M; rep=9; secs=1; settle=0.5; }
   local args=(--op sendrecv -b "$size" -e "$size" -n 3 -w 1 --check --repeat "$rep")
   mkdir -p "$d"
   log "degraded throughput ($name, $tag): rail$down down mid-run"
@@ -1165,7 +1167,7 @@ degraded_lo() {
 
 faultfree_row() {
   local d=$OUT/fault-free runsecs=120
-  [ "$FF_SECS" -lt $runsecs ] && runsecs=$FF_SECS
+  [ "$FF_SECS" -lt $runsecs ] && runsecs=$((FF_SECS / 2 > 2 ? FF_SECS / 2 : 2))
   mkdir -p "$d"
   log "fault-free traffic for $FF_SECS s: counting switchover / shadow-routing lines"
   local t0=$SECONDS

@@ -18,6 +18,9 @@ echo "[demo] building (cmake, build/)..."
 cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build build -j "$(nproc)" --target r2ccl_perf nccl-net-r2ccl >/dev/null
 PERF=$PWD/build/bin/r2ccl_perf
+# Like NCCL, show no NCCL-logger output unless NCCL_DEBUG is set: the switchover, failback and
+# recovery lines still appear once each, as r2ccl's own "[R2CCL]" lines on stderr.
+export NCCL_DEBUG=${NCCL_DEBUG:-NONE}
 SWEEP=(--op allreduce -b 1M -e 32M -f 2 -n 8 -w 1 --check --repeat 3 --expect-replay)
 
 if [ $MODE = auto ] && bash scripts/railab.sh check >/dev/null 2>&1; then
@@ -36,8 +39,10 @@ if [ $MODE = auto ] && bash scripts/railab.sh check >/dev/null 2>&1; then
   (
     for _ in $(seq 1 1200); do grep -q "# pass 2/3" "$OUT/rank0.log" 2>/dev/null && break; sleep 0.1; done
     sleep 0.6
+    echo "[demo] >>> taking rail0 down now (ip link set rail0 down in ${P}a)"
     bash scripts/railab.sh fault link-down 0 --prefix $P | sed 's/^/[demo] /'
     sleep 3
+    echo "[demo] >>> bringing rail0 back up"
     bash scripts/railab.sh fault link-up 0 --prefix $P | sed 's/^/[demo] /'
   ) &
   set +e
@@ -51,11 +56,12 @@ if [ $MODE = auto ] && bash scripts/railab.sh check >/dev/null 2>&1; then
   rc=$(( rc0 != 0 ? rc0 : rc1 ))
 else
   echo "[demo] no network namespaces here: two rails on lo (lo@127.0.0.1, lo@127.0.0.2) and the"
-  echo "[demo] in-process fault injector resetting rail 0 of rank 0, 4 s after its first send"
+  echo "[demo] in-process fault injector resetting rail 0 of rank 0 as pass 2 starts (the reset"
+  echo "[demo] fires at the first moment a message is in flight on it)"
   export R2CCL_SOCKET_IFNAME=lo@127.0.0.1,lo@127.0.0.2
-  export R2CCL_FAULT_INJECT="rank=0,rail=0,at=4000,kind=reset,for=3000"
+  unset R2CCL_FAULT_INJECT
   set +e
-  "$PERF" --ranks 2 "${SWEEP[@]}"
+  "$PERF" --ranks 2 "${SWEEP[@]}" --inject "rank=0,rail=0,at=50,kind=reset,for=1000" --inject-pass 2
   rc=$?
   set -e
 fi

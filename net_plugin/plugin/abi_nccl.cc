@@ -197,6 +197,14 @@ size_t ext_get_stats(char* buf, size_t len) {
   }
 }
 
+int ext_arm_faults(const char* spec) {
+  try {
+    return api_arm_faults(spec);
+  } catch (...) {
+    return -1;
+  }
+}
+
 }  // namespace
 
 R2CCL_EXPORT const ncclNet_v8_t ncclNetPlugin_v8 = {
@@ -221,4 +229,4 @@ R2CCL_EXPORT const ncclNet_v11_t ncclNetPlugin_v11 = {
     e_iflush, e_test, e_close_send, e_close_recv, e_close_listen, nullptr, nullptr, nullptr,
     v11_finalize, nullptr /* setNetAttr: hints unused */};
 
-R2CCL_EXPORT const r2cclExt_v1_t r2cclExt_v1 = {1, ext_get_stats};
+R2CCL_EXPORT const r2cclExt_v1_t r2cclExt_v1 = {1, ext_get_stats, ext_arm_faults};

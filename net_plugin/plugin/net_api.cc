@@ -304,6 +304,28 @@ Status api_close_listen(void* listen_comm) {
   return Status::kOk;
 }
 
+int api_arm_faults(const char* spec) {
+  Runtime* rt = Runtime::peek();
+  if (!rt || !spec) {
+    R2CCL_WARN("armFaults: the plugin is not initialised");
+    return -1;
+  }
+  std::vector<FaultSpec> specs;
+  std::string err;
+  if (!parse_fault_specs(spec, &specs, &err)) {
+    R2CCL_WARN("armFaults: %s", err.c_str());
+    return -1;
+  }
+  for (const auto& f : specs)
+    if (f.rail >= static_cast<int>(rt->rails().size())) {
+      R2CCL_WARN("armFaults: rail %d does not exist (%zu rails)", f.rail, rt->rails().size());
+      return -1;
+    }
+  FaultInjector::instance().arm_now(specs, rt->rank());
+  R2CCL_WARN("fault injection armed for rank %d: %s", rt->rank(), spec);
+  return 0;
+}
+
 size_t api_get_stats(char* buf, size_t len) {
   Runtime* rt = Runtime::peek();
   std::string s = rt ? rt->stats_json() : std::string("{\"rails\":[],\"switchovers\":0,\"replays\":0}");

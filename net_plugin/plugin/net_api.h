@@ -55,5 +55,7 @@ Status api_close_recv(void* recv_comm);
 Status api_close_listen(void* listen_comm);
 // r2cclExt_v1.getStats (common/include/r2ccl/ext.h).
 size_t api_get_stats(char* buf, size_t len);
+// r2cclExt_v1.armFaults: 0, or -1 with a WARN.
+int api_arm_faults(const char* spec);
 
 }  // namespace r2ccl::net

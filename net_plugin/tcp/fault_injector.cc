@@ -88,9 +88,15 @@ void FaultInjector::arm() {
   t0_.compare_exchange_strong(expected, now_us());
 }
 
+void FaultInjector::arm_now(const std::vector<FaultSpec>& specs, int my_rank) {
+  if (t0_.load(std::memory_order_acquire) != 0) return;  // one schedule per process
+  configure(specs, my_rank);
+  if (!specs_.empty()) t0_.store(now_us(), std::memory_order_release);
+}
+
 FaultInjector::RailFault FaultInjector::query(int rail, TimeUs now) const {
   RailFault r;
-  TimeUs t0 = t0_.load(std::memory_order_relaxed);
+  TimeUs t0 = t0_.load(std::memory_order_acquire);
   if (t0 == 0) return r;
   for (const auto& s : specs_) {
     if (s.rail != rail) continue;

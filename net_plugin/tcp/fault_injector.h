@@ -42,6 +42,8 @@ class FaultInjector {
   bool enabled() const { return !specs_.empty(); }
   // Starts the schedule at the first call (first isend of the process).
   void arm();
+  // Replaces the schedule with `specs` (filtered by rank) and starts it now.
+  void arm_now(const std::vector<FaultSpec>& specs, int my_rank);
 
   struct RailFault {
     bool blackhole = false;
@@ -54,6 +56,8 @@ class FaultInjector {
   TimeUs last_start(int rail, TimeUs now) const;
 
  private:
+  // Written only by configure/arm_now; arm_now publishes through t0_ (release), and readers
+  // load t0_ (acquire) before reading specs_. A schedule is armed once per process.
   std::vector<FaultSpec> specs_;
   std::atomic<TimeUs> t0_{0};
 };

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "perf_coll.h"
+#include "r2ccl/ext.h"
 #include "perf_net.h"
 #include "perf_rdv.h"
 #include "perf_stats.h"
@@ -63,6 +64,8 @@ struct Options {
   int repeat = 1;
   bool stats = false;
   bool expect_replay = false;
+  std::string inject;    // --inject SPEC (armed through r2cclExt_v1.armFaults)
+  int inject_pass = 1;   // --inject-pass K
   bool params = false;
   bool markdown = false;
   int timeout = 600;
@@ -117,6 +120,12 @@ const char kUsage[] =
     "  -c, --check [0|1] verify every element of every timed iteration bit for bit (data setup\n"
     "                    and verification are not timed); mismatches are the #wrong column\n"
     "  --stats           after the run print the plugin's r2cclExt_v1 statistics per rank\n"
+    "                    (chunks = first sends on the rail; replayed = chunks re-sent on it\n"
+    "                    after another rail failed; switchovers = times traffic left it)\n"
+    "  --inject SPEC     arm in-process faults (R2CCL_FAULT_INJECT syntax, 'at' counting from\n"
+    "                    the start of the pass given by --inject-pass) through the plugin's\n"
+    "                    r2cclExt_v1.armFaults; each rank arms the entries for its rank\n"
+    "  --inject-pass K   the pass at whose start --inject is armed (default 1)\n"
     "  --expect-replay   exit non-zero unless the stats (summed over ranks) show at least one\n"
     "                    replayed chunk; implies --stats\n"
     "  --params [--markdown]  print the R2CCL_* parameter table and exit\n"
@@ -233,6 +242,10 @@ Options parse_args(int argc, char** argv) {
         o.check = true;
     } else if (a == "--stats") {
       o.stats = true;
+    } else if (a == "--inject") {
+      o.inject = value();
+    } else if (a == "--inject-pass") {
+      o.inject_pass = static_cast<int>(parse_long(a, value(), 1, 1000000));
     } else if (a == "--expect-replay") {
       o.expect_replay = true;
       o.stats = true;
@@ -632,6 +645,14 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
     for (int pass = 1; pass <= o.repeat; pass++) {
       double pass_busbw = 0;
       int pass_rows = 0;
+      if (!o.inject.empty() && pass == o.inject_pass) {
+        auto* ext = static_cast<const r2cclExt_v1_t*>(net.symbol(R2CCL_EXT_SYMBOL_V1));
+        if (!ext || !ext->armFaults || ext->armFaults(o.inject.c_str()) != 0) {
+          fprintf(stderr, "r2ccl_perf: rank %d: --inject: the plugin has no r2cclExt_v1.armFaults "
+                          "or refused '%s'\n", rank, o.inject.c_str());
+          return 1;
+        }
+      }
       if (root) {
         printf("#\n# pass %d/%d\n", pass, o.repeat);
         print_columns();

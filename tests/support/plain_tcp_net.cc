@@ -524,4 +524,4 @@ PT_EXPORT const ncclNet_v11_t ncclNetPlugin_v11 = {
     pt_close,     pt_closeListen, nullptr,    nullptr,           nullptr,
     v11_finalize, nullptr};
 
-PT_EXPORT const r2cclExt_v1_t r2cclExt_v1 = {1, pt_getStats};
+PT_EXPORT const r2cclExt_v1_t r2cclExt_v1 = {1, pt_getStats, nullptr};

@@ -51,6 +51,11 @@ extern "C" {
 typedef struct {
   int version;  // 1
   size_t (*getStats)(char* buf, size_t len);
+  // Arms in-process faults now, in R2CCL_FAULT_INJECT's syntax (entries for other ranks are
+  // ignored); their `at` counts from this call instead of from the first isend. Returns 0, or
+  // -1 when the spec is invalid (a WARN says why) or the plugin is not initialised. Lets a
+  // driver aim a fault at a phase of its run (r2ccl_perf --inject-pass). May be NULL.
+  int (*armFaults)(const char* spec);
 } r2cclExt_v1_t;
 
 #ifdef __cplusplus
