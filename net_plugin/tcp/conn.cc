@@ -865,10 +865,13 @@ bool Conn::handle_frame(Path& p, Stream& s, TimeUs now, const char** why) {
       return true;
     }
     case FrameType::kBye:
-      // NCCL closed the comm at the other end: not a failure. Stop quietly; anything still
-      // pending here can never complete.
-      peer_closed_ = true;
-      error_ = Status::kRemote;
+      // NCCL closed the comm at the other end: not a failure. From here on paths end quietly;
+      // acknowledgements the peer sent before its BYE on other paths are still read, and
+      // whatever is still pending after a grace period can never complete.
+      if (!peer_closed_) {
+        peer_closed_ = true;
+        bye_at_ = now;
+      }
       return true;
     case FrameType::kSetupDone:
       setup_done_seen_ = true;
@@ -1218,6 +1221,22 @@ void Conn::step_reconnect(Path& p, TimeUs now) {
              p.label.c_str(), p.generation);
 }
 
+// An abortive reset, as a dying NIC or a reset from the network would cause: the connection
+// ends with RST and whatever the kernel still had queued is lost. The descriptor number stays
+// valid (a fresh, unconnected socket takes its place), so the next read or write on it fails
+// and the ordinary socket-error detector reports the path, as it would a real reset.
+void Conn::abort_socket(int fd) {
+  linger l{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+  int fresh = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fresh >= 0) {
+    ::dup2(fresh, fd);  // closes the connected socket (RST) and keeps the number
+    ::close(fresh);
+  } else {
+    ::shutdown(fd, SHUT_RDWR);
+  }
+}
+
 bool Conn::message_in_flight(const Path& p) const {
   if (role_ == Role::kSend) return p.inflight_bytes > 0;
   for (const Request* r : active_)
@@ -1269,7 +1288,7 @@ void Conn::check_paths(TimeUs now) {
     if (fault.reset_epoch != p.reset_seen && (!p.health->connected() || message_in_flight(p))) {
       p.reset_seen = fault.reset_epoch;
       for (auto& s : p.streams)
-        if (s.fd >= 0) ::shutdown(s.fd, SHUT_RDWR);
+        if (s.fd >= 0) abort_socket(s.fd);
     }
     if (!p.health->connected()) {
       if (role_ == Role::kSend) {
@@ -1368,7 +1387,17 @@ void Conn::schedule_chunks(TimeUs now) {
 void Conn::progress(TimeUs now) {
   if (setup_stage_ != 3 || gave_up_) return;
   if (peer_closed_) {
-    for (auto& p : paths_) close_streams(p);
+    for (auto& p : paths_) {
+      for (auto& st : p.streams) {
+        FailCause cause = FailCause::kNone;
+        const char* why = nullptr;
+        if (st.fd >= 0 && !read_stream(p, st, now, &cause, &why)) {
+          ::close(st.fd);
+          st = Stream{};
+        }
+      }
+    }
+    if (!active_.empty() && now - bye_at_ > kUsPerSec) error_ = Status::kRemote;
     return;
   }
   if (role_ == Role::kRecv) drain_inbox(now);
@@ -1426,6 +1455,7 @@ void Conn::progress(TimeUs now) {
 
 Status Conn::isend(void* data, uint64_t size, Request** req) {
   *req = nullptr;
+  if (peer_closed_) return Status::kRemote;
   if (error_ != Status::kOk) return error_;
   TimeUs now = now_us();
   progress(now);
@@ -1461,6 +1491,7 @@ Status Conn::isend(void* data, uint64_t size, Request** req) {
 
 Status Conn::irecv(void* data, uint64_t size, Request** req) {
   *req = nullptr;
+  if (peer_closed_) return Status::kRemote;
   if (error_ != Status::kOk) return error_;
   Request* r = nullptr;
   for (auto& q : reqs_)
@@ -1469,6 +1500,7 @@ Status Conn::irecv(void* data, uint64_t size, Request** req) {
       break;
     }
   if (!r) return Status::kOk;
+  FaultInjector::instance().arm();
   TimeUs now = now_us();
   r->used = true;
   r->send = false;

@@ -194,6 +194,7 @@ class Conn {
   void check_paths(TimeUs now);
   TimeUs kernel_heard_within(const Path& p) const;
   bool message_in_flight(const Path& p) const;
+  static void abort_socket(int fd);
   void schedule_chunks(TimeUs now);
   void send_acks();
   void on_ack(uint64_t seq, uint32_t prefix, uint32_t base, uint64_t bitmap, TimeUs now);
@@ -271,6 +272,7 @@ class Conn {
   TimeUs last_check_ = 0;
   bool gave_up_ = false;
   bool peer_closed_ = false;  // the peer sent BYE
+  TimeUs bye_at_ = 0;
   // setup
   int setup_stage_ = 0;
   TimeUs setup_start_ = 0;

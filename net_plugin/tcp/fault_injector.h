@@ -3,7 +3,7 @@
 // send delay), never by calling the engine, so the log names the detector that really fired.
 //
 // Syntax: entries separated by ';', each "rank=R,rail=N,at=MS,kind=K[,for=MS]" with
-//   K = reset | blackhole | delay:MS.  `at` counts from this process's first isend;
+//   K = reset | blackhole | delay:MS.  `at` counts from this process's first isend or irecv;
 //   `for` (default: forever) ends the fault. rank=-1 or a missing rank matches every process.
 //   reset: each connection shuts its sockets on the rail down at the first moment at or after
 //   `at` when it has a message in flight (so the fault always hits traffic), and no new
@@ -40,7 +40,7 @@ class FaultInjector {
 
   void configure(const std::vector<FaultSpec>& specs, int my_rank);
   bool enabled() const { return !specs_.empty(); }
-  // Starts the schedule at the first call (first isend of the process).
+  // Starts the schedule at the first call (first isend or irecv of the process).
   void arm();
   // Replaces the schedule with `specs` (filtered by rank) and starts it now.
   void arm_now(const std::vector<FaultSpec>& specs, int my_rank);

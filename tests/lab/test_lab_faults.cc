@@ -227,6 +227,8 @@ TEST_CASE("lab: both rails down: pending requests fail with ncclSystemError in t
               std::ofstream(result) << mono_us() << " " << rc << "\n";
               long long c0 = mono_us();
               ep.plugin.net->closeSend(ep.comm);
+            ep.comm = nullptr;
+              ep.comm = nullptr;
               std::ofstream(result, std::ios::app) << (mono_us() - c0) << "\n";
               return 0;
             }
@@ -271,6 +273,7 @@ TEST_CASE("lab: the peer killed with SIGKILL: ncclRemoteError, and close returns
           if (rc != ncclSuccess) {
             long long c0 = mono_us();
             ep.plugin.net->closeSend(ep.comm);
+            ep.comm = nullptr;
             std::ofstream(result) << rc << " " << (mono_us() - c0) << "\n";
             return 0;
           }

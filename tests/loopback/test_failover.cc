@@ -168,8 +168,9 @@ FaultRun run_stream(const std::string& fault, const std::map<std::string, std::s
   o.env = {{"R2CCL_SOCKET_IFNAME", kTwoRails}, {"R2CCL_FAULT_INJECT", fault}};
   for (const auto& kv : extra) o.env[kv.first] = kv.second;
   std::string slog = temp_path("sender.log"), rlog = temp_path("receiver.log");
-  o.sender_env = {{"R2CCL_LOG_FILE", slog}};
-  o.receiver_env = {{"R2CCL_LOG_FILE", rlog}};
+  // Ranks for R2CCL_FAULT_INJECT entries aimed at one side: sender 0, receiver 1.
+  o.sender_env = {{"R2CCL_LOG_FILE", slog}, {"R2CCL_RANK", "0"}};
+  o.receiver_env = {{"R2CCL_LOG_FILE", rlog}, {"R2CCL_RANK", "1"}};
   o.timeout_s = 300;
   // Both sides stay until both are done, and each snapshots its log when its stream is over:
   // what comes after (a peer's exit looks like a rail failure) is not the fault's doing.
@@ -272,16 +273,19 @@ TEST_CASE("rail 0 reset mid-stream: every byte arrives; one switchover; chunks r
   CHECK(replayed);
 }
 
-TEST_CASE("rail 0 reset mid-stream without replay (R2CCL_TEST_HOOKS=no_replay) fails",
+TEST_CASE("rail 0 black hole mid-stream without replay (R2CCL_TEST_HOOKS=no_replay) fails",
           "[loopback][failover]") {
-  // The same fault; with replay off the chunks in flight on rail 0 are lost, so the stream
-  // must stall or error instead of completing. A run where the reset found nothing in flight
-  // is inconclusive (nothing was lost) and is repeated.
+  // A black hole at the receiver (rank 1): it stops reading rail 0, so every chunk in flight
+  // there never lands (on lo, a reset or a sender-side black hole often loses nothing: the
+  // chunks "in flight" have already landed and only their acknowledgements are lost, which
+  // the receiver re-sends on the survivor). With replay off those chunks are never sent
+  // again, so the stream must stall or error instead of completing. A run where nothing was
+  // in flight is inconclusive and is repeated.
   bool conclusive = false;
   for (int attempt = 1; attempt <= kAttempts && !conclusive; ++attempt) {
-    std::map<std::string, std::string> env = kPatientDetectors;
+    std::map<std::string, std::string> env;
     env["R2CCL_TEST_HOOKS"] = "no_replay";
-    FaultRun r = run_stream(fault_spec("reset"), env, 5000);
+    FaultRun r = run_stream("rank=1,rail=0,at=150,kind=blackhole", env, 5000);
     INFO("attempt " << attempt << "\nsender log:\n" << r.sender_log << "receiver log:\n"
                     << r.receiver_log);
     std::vector<int> lost = to_replay_counts(r.sender_log);

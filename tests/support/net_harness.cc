@@ -351,6 +351,17 @@ static int child_main(const PairOptions& o, bool is_sender, int handle_fd, int p
   fflush(stdout);
   fflush(stderr);
   if (o.finish_together && rc == 0) finish_barrier(done_out, done_in, o.timeout_s);
+  // Close what is still open, as NCCL does when a communicator is destroyed: the plugin tells
+  // the peer (BYE), so the peer does not log our exit as a rail failure.
+  if (rc == 0) {
+    if (ep.conns.empty()) {
+      if (ep.comm)
+        (is_sender ? ep.plugin.net->closeSend : ep.plugin.net->closeRecv)(ep.comm);
+    } else {
+      for (auto& c : ep.conns)
+        if (c.comm) (is_sender ? ep.plugin.net->closeSend : ep.plugin.net->closeRecv)(c.comm);
+    }
+  }
   return rc;
 }
 
