@@ -353,14 +353,13 @@ static int child_main(const PairOptions& o, bool is_sender, int handle_fd, int p
   if (o.finish_together && rc == 0) finish_barrier(done_out, done_in, o.timeout_s);
   // Close what is still open, as NCCL does when a communicator is destroyed: the plugin tells
   // the peer (BYE), so the peer does not log our exit as a rail failure.
+  // conns[0] is the same connection as ep.comm (a body that closes it itself sets ep.comm to
+  // nullptr); the others are only in conns.
   if (rc == 0) {
-    if (ep.conns.empty()) {
-      if (ep.comm)
-        (is_sender ? ep.plugin.net->closeSend : ep.plugin.net->closeRecv)(ep.comm);
-    } else {
-      for (auto& c : ep.conns)
-        if (c.comm) (is_sender ? ep.plugin.net->closeSend : ep.plugin.net->closeRecv)(c.comm);
-    }
+    auto close_fn = is_sender ? ep.plugin.net->closeSend : ep.plugin.net->closeRecv;
+    if (ep.comm) close_fn(ep.comm);
+    for (size_t i = 1; i < ep.conns.size(); ++i)
+      if (ep.conns[i].comm) close_fn(ep.conns[i].comm);
   }
   return rc;
 }
