@@ -1453,6 +1453,12 @@ void Conn::progress(TimeUs now) {
 // ------------------------------------------------------------------------------------------
 // Data path entry points (proxy thread, token held by the caller).
 
+Request* Conn::free_request() {
+  for (auto& q : reqs_)
+    if (!q.used) return &q;
+  return nullptr;
+}
+
 Status Conn::isend(void* data, uint64_t size, Request** req) {
   *req = nullptr;
   if (peer_closed_) return Status::kRemote;
@@ -1467,13 +1473,8 @@ Status Conn::isend(void* data, uint64_t size, Request** req) {
                static_cast<unsigned long long>(cts_.front().cap));
     return Status::kInternal;
   }
-  Request* r = nullptr;
-  for (auto& q : reqs_)
-    if (!q.used) {
-      r = &q;
-      break;
-    }
-  if (!r) return Status::kOk;
+  Request* r = free_request();
+  if (!r) return Status::kOk;  // all 32 in use: NCCL calls again
   FaultInjector::instance().arm();
   r->used = true;
   r->send = true;
@@ -1493,13 +1494,8 @@ Status Conn::irecv(void* data, uint64_t size, Request** req) {
   *req = nullptr;
   if (peer_closed_) return Status::kRemote;
   if (error_ != Status::kOk) return error_;
-  Request* r = nullptr;
-  for (auto& q : reqs_)
-    if (!q.used) {
-      r = &q;
-      break;
-    }
-  if (!r) return Status::kOk;
+  Request* r = free_request();
+  if (!r) return Status::kOk;  // all 32 in use: NCCL calls again
   FaultInjector::instance().arm();
   TimeUs now = now_us();
   r->used = true;

@@ -213,6 +213,7 @@ class Conn {
                        TimeUs now);
   int step_handshake(Handshake* hs, int local_rail, TimeUs now);
   Request* find_send(uint64_t seq);
+  Request* free_request();
   Request* find_recv(uint64_t seq);
   std::string rail_name(int r) const;
 
