@@ -35,10 +35,15 @@ if [ $MODE = auto ] && bash scripts/railab.sh check >/dev/null 2>&1; then
   RDV=(--rendezvous 10.210.250.1:$PORT --nranks 2)
   ip netns exec ${P}b "$PERF" "${RDV[@]}" --rank 1 "${SWEEP[@]}" >"$OUT/rank1.log" 2>&1 &
   R1=$!
-  # Kill rail 0 (it carries the traffic: device 0's primary path) once pass 2 is under way.
+  # Kill rail 0 (it carries the traffic: device 0's primary path) in pass 2, as the 16 MiB
+  # AllReduces start: from then on the rail is busy almost all the time, so chunks are in
+  # flight when it dies (the small sizes leave gaps between collectives).
   (
-    for _ in $(seq 1 1200); do grep -q "# pass 2/3" "$OUT/rank0.log" 2>/dev/null && break; sleep 0.1; done
-    sleep 0.6
+    for _ in $(seq 1 1800); do
+      awk '/# pass 2\/3/{p=1} p && $1=="8388608"{f=1} END{exit !f}' "$OUT/rank0.log" 2>/dev/null && break
+      sleep 0.1
+    done
+    sleep 0.2
     echo "[demo] >>> taking rail0 down now (ip link set rail0 down in ${P}a)"
     bash scripts/railab.sh fault link-down 0 --prefix $P | sed 's/^/[demo] /'
     sleep 3
