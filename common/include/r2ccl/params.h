@@ -97,9 +97,40 @@ struct ParamDef {
     "first isend or irecv. rank matches R2CCL_RANK (or RANK).")                                         \
   X(rank, "R2CCL_RANK", kInt, "-1", -1, 1e9, "RANK",                                           \
     "This process's rank, only used to match R2CCL_FAULT_INJECT entries.")                    \
+  X(transport, "R2CCL_TRANSPORT", kString, "auto", 0, 0, nullptr,                              \
+    "auto, ib or tcp. auto: the verbs transport when any HCA port (after R2CCL_IB_HCA) is "   \
+    "active, else TCP. One transport per process, so a RoCE NIC is never exposed twice.")     \
+  X(ibverbs_lib, "R2CCL_IBVERBS_LIB", kString, "libibverbs.so.1", 0, 0, nullptr,              \
+    "The verbs library the plugin dlopens (tests point it at the fake verbs provider).")     \
+  X(ib_hca, "R2CCL_IB_HCA", kString, "", 0, 0, "NCCL_IB_HCA",                                  \
+    "HCAs and ports to use, NCCL syntax: comma list of name prefixes with optional :port, "    \
+    "'^' excludes, '=' matches names exactly (mlx5_0:1,mlx5_1). Empty: every active port.")   \
+  X(ib_gid_index, "R2CCL_IB_GID_INDEX", kInt, "-1", -1, 1024, "NCCL_IB_GID_INDEX",            \
+    "RoCE GID index; -1 selects one by R2CCL_IB_ROCE_VERSION_NUM, R2CCL_IB_ADDR_FAMILY and "   \
+    "R2CCL_IB_ADDR_RANGE, again after a GID-change event.")                                   \
+  X(ib_roce_version, "R2CCL_IB_ROCE_VERSION_NUM", kInt, "2", 1, 2, "NCCL_IB_ROCE_VERSION_NUM", \
+    "RoCE version of the automatically selected GID.")                                         \
+  X(ib_addr_family, "R2CCL_IB_ADDR_FAMILY", kString, "AF_INET", 0, 0, "NCCL_IB_ADDR_FAMILY",  \
+    "AF_INET or AF_INET6: address family of the automatically selected RoCE GID.")            \
+  X(ib_addr_range, "R2CCL_IB_ADDR_RANGE", kString, "", 0, 0, "NCCL_IB_ADDR_RANGE",            \
+    "ADDR/PREFIX: the automatically selected RoCE GID must lie in this subnet.")              \
+  X(ib_timeout, "R2CCL_IB_TIMEOUT", kInt, "14", 1, 31, "NCCL_IB_TIMEOUT",                      \
+    "QP local ACK timeout, 4.096 us * 2^N per try (14 = 67 ms). The watchdog "                \
+    "(R2CCL_ACK_TIMEOUT) usually declares a dead path first.")                                 \
+  X(ib_retry_cnt, "R2CCL_IB_RETRY_CNT", kInt, "7", 0, 7, "NCCL_IB_RETRY_CNT",                  \
+    "QP transport retries before a work request completes with retry-exceeded.")              \
+  X(ib_qps_per_path, "R2CCL_IB_QPS_PER_PATH", kInt, "1", 1, 16, "NCCL_IB_QPS_PER_CONNECTION", \
+    "RC QPs per path; chunks are spread over them.")                                           \
+  X(ib_sl, "R2CCL_IB_SL", kInt, "0", 0, 15, "NCCL_IB_SL", "InfiniBand service level.")        \
+  X(ib_tc, "R2CCL_IB_TC", kInt, "0", 0, 255, "NCCL_IB_TC",                                     \
+    "Traffic class (RoCE GRH); the communicator config's traffic class wins when set.")       \
+  X(ib_ar, "R2CCL_IB_ADAPTIVE_ROUTING", kInt, "-1", -1, 1, "NCCL_IB_ADAPTIVE_ROUTING",         \
+    "1: adaptive-routing-safe writes (payload as RDMA WRITE, then a 0-byte write with "       \
+    "immediate); 0: one write with immediate per chunk; -1: 1 on InfiniBand, 0 on RoCE.")    \
   X(test_hooks, "R2CCL_TEST_HOOKS", kString, "", 0, 0, nullptr,                                \
     "Test only. Comma list of protections to switch off: no_replay, no_dedup, "               \
-    "no_stale_guard. Used by tests to prove each protection matters.")
+    "no_stale_guard, no_bilateral_err (verbs: replay without moving the peer's QPs to ERR). " \
+    "Used by tests to prove each protection matters.")
 
 template <ParamType> struct ParamCType;
 template <> struct ParamCType<ParamType::kInt> { using T = int64_t; };
