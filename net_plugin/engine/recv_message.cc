@@ -62,19 +62,55 @@ ChunkVerdict RecvMessage::check(uint64_t total, uint32_t nchunks, uint32_t idx, 
   return ChunkVerdict::kWrite;
 }
 
+ChunkVerdict RecvMessage::check_placed(uint32_t idx, uint32_t len, bool last, uint64_t chunk,
+                                       const GuardOptions& opt, const char** why) {
+  if (chunk == 0) chunk = 1;
+  const uint64_t max_chunks = cap_ / chunk + 1;
+  const uint64_t off = static_cast<uint64_t>(idx) * chunk;
+  if (opt.stale_guard) {
+    if (idx >= max_chunks || len > chunk || off + len > cap_) {
+      *why = "chunk outside the posted receive";
+      return ChunkVerdict::kProtocolError;
+    }
+    if (!last && len != chunk) {
+      *why = "a chunk other than the last is shorter than the chunk size";
+      return ChunkVerdict::kProtocolError;
+    }
+    if (last && nchunks_ == 0 && landed_count_ > 0 && prefix_ > idx + 1) {
+      *why = "last chunk index below chunks already landed";
+      return ChunkVerdict::kProtocolError;
+    }
+    if (nchunks_ != 0 && (idx >= nchunks_ || (last && idx + 1 != nchunks_))) {
+      *why = "chunk index disagrees with the message's last chunk";
+      return ChunkVerdict::kProtocolError;
+    }
+  }
+  if (idx >= max_chunks) {
+    *why = "chunk index beyond the posted receive";
+    return ChunkVerdict::kProtocolError;  // never index past what the buffer can hold
+  }
+  if (last && nchunks_ == 0) {
+    nchunks_ = idx + 1;
+    total_ = off + len;
+  }
+  if (landed_.size() <= idx) landed_.resize(static_cast<size_t>(idx) + 1, 0);
+  if (landed_[idx] && opt.dedup) return ChunkVerdict::kDuplicate;
+  return ChunkVerdict::kWrite;
+}
+
 void RecvMessage::mark_landed(uint32_t idx, const GuardOptions& opt) {
-  if (idx >= nchunks_) return;
+  if (idx >= landed_.size()) return;
   if (landed_[idx] && opt.dedup) return;
   landed_[idx] = 1;
   ++landed_count_;
-  while (prefix_ < nchunks_ && landed_[prefix_]) ++prefix_;
+  while (prefix_ < landed_.size() && landed_[prefix_]) ++prefix_;
 }
 
 uint64_t RecvMessage::window_bitmap(uint32_t base) const {
   uint64_t bm = 0;
   for (uint32_t b = 0; b < 64; ++b) {
     uint64_t i = static_cast<uint64_t>(base) + b;
-    if (i >= nchunks_) break;
+    if (i >= landed_.size()) break;
     if (landed_[i]) bm |= 1ull << b;
   }
   return bm;

@@ -37,6 +37,14 @@ class RecvMessage {
   // chunk count. Sets *why on a protocol error.
   ChunkVerdict check(uint64_t total, uint32_t nchunks, uint32_t idx, uint64_t offset,
                      uint32_t len, const GuardOptions& opt, const char** why);
+  // RDMA: the NIC has already placed chunk `idx` (len bytes at idx * chunk) into the buffer;
+  // the write-with-immediate names the chunk and whether it is the message's last. The
+  // message's size becomes known with its last chunk (total = idx * chunk + len). Checks:
+  // every chunk but the last is exactly `chunk` bytes, the last fits the posted capacity,
+  // indices stay below the last. A chunk already landed is a duplicate. Call mark_landed on
+  // kWrite. (The RDMA stale-data guard proper is the bilateral QP error transition.)
+  ChunkVerdict check_placed(uint32_t idx, uint32_t len, bool last, uint64_t chunk,
+                            const GuardOptions& opt, const char** why);
   // True while the chunk may still be written (re-checked before every partial read, so a
   // chunk that lands on another path meanwhile sends the rest of this one to discard).
   // dedup=false (test hook no_dedup): a landed chunk is written, and counted, again.
@@ -47,6 +55,9 @@ class RecvMessage {
   void mark_landed(uint32_t idx, const GuardOptions& opt);
 
   bool complete() const { return nchunks_ != 0 && landed_count_ >= nchunks_; }
+  // Chunks landed so far (for an RDMA message whose size is not known yet).
+  uint32_t landed_count() const { return landed_count_; }
+  bool landed(uint32_t idx) const { return idx < landed_.size() && landed_[idx]; }
   uint64_t total() const { return total_; }
   uint32_t nchunks() const { return nchunks_; }
   // Lowest index not landed (every chunk below has landed).

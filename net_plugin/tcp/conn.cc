@@ -15,7 +15,7 @@
 
 #include "../engine/scheduler.h"
 #include "r2ccl/log.h"
-#include "socket_util.h"
+#include "../sock/socket_util.h"
 
 namespace r2ccl::net {
 namespace {
@@ -1320,7 +1320,8 @@ void Conn::check_paths(TimeUs now) {
         continue;
       }
     }
-    if (role_ == Role::kSend && p.inflight_bytes > 0 && now - p.ack_progress > cfg_.ack_timeout) {
+    if (role_ == Role::kSend &&
+        ack_watchdog_expired(p.inflight_bytes > 0, p.ack_progress, now, cfg_.ack_timeout)) {
       // No acknowledgement progress. A black hole also silences the kernel's TCP ACKs; a
       // congested or lossy-but-alive rail (TCP recovering a drop) still gets them. So the
       // watchdog fires when the kernel has heard nothing either, or after 10x the timeout.
@@ -1427,11 +1428,8 @@ void Conn::progress(TimeUs now) {
     }
   }
   if (role_ == Role::kSend) check_recoveries(now);
-  if (any_usable()) {
-    no_path_since_ = 0;
-    return;
-  }
-  if (no_path_since_ == 0) no_path_since_ = now;
+  const bool expired = give_up_timer_.update(any_usable(), now, cfg_.failover_timeout);
+  if (!give_up_timer_.waiting()) return;
   // The peer is gone when every path ended with its end-of-file, reset or a protocol error.
   // (A live peer also closes a path it has declared failed, so that alone is not enough.)
   // The connecting side knows for sure once every reconnect was refused: nothing listens on
@@ -1443,8 +1441,8 @@ void Conn::progress(TimeUs now) {
   }
   if (all_refused)
     give_up(Status::kRemote, "every reconnect was refused: the peer process is gone");
-  else if (now - no_path_since_ >= cfg_.failover_timeout)
-    give_up(all_gone ? Status::kRemote : Status::kSystem,
+  else if (expired)
+    give_up(GiveUpTimer::status(all_gone),
             all_gone ? "the peer closed every path and did not come back within "
                        "R2CCL_FAILOVER_TIMEOUT"
                      : "no local rail reaches the peer within R2CCL_FAILOVER_TIMEOUT");

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "../engine/conn_policy.h"
 #include "../engine/path_health.h"
 #include "../engine/recv_message.h"
 #include "../engine/scheduler.h"
@@ -269,7 +270,7 @@ class Conn {
     std::string rail;
   };
   std::vector<Recovery> recoveries_;
-  TimeUs no_path_since_ = 0;
+  GiveUpTimer give_up_timer_;
   TimeUs last_check_ = 0;
   bool gave_up_ = false;
   bool peer_closed_ = false;  // the peer sent BYE

@@ -10,10 +10,11 @@
 #include <cstring>
 #include <sstream>
 
+#include "../engine/test_hooks.h"
 #include "conn.h"
 #include "link_monitor.h"
 #include "r2ccl/log.h"
-#include "socket_util.h"
+#include "../sock/socket_util.h"
 
 namespace r2ccl::net {
 namespace {
@@ -27,23 +28,6 @@ Runtime* g_rt = nullptr;        // never destroyed: the background thread may ou
 Status g_rt_status = Status::kOk;
 std::string g_rt_error;
 bool g_rt_tried = false;
-
-bool parse_test_hooks(const std::string& s, GuardOptions* g, bool* replay, std::string* err) {
-  std::stringstream ss(s);
-  std::string tok;
-  while (std::getline(ss, tok, ',')) {
-    if (tok.empty()) continue;
-    if (tok == "no_replay") *replay = false;
-    else if (tok == "no_dedup") g->dedup = false;
-    else if (tok == "no_stale_guard") g->stale_guard = false;
-    else {
-      *err = "R2CCL_TEST_HOOKS: unknown hook '" + tok +
-             "'; accepted: comma list of no_replay, no_dedup, no_stale_guard";
-      return false;
-    }
-  }
-  return true;
-}
 
 }  // namespace
 
@@ -83,7 +67,10 @@ Status Runtime::init(std::string* err) {
   if (!select_rails(cfg_->socket_ifname, var, system_interfaces(),
                     static_cast<int>(cfg_->speed_mbps), &rails_, err))
     return Status::kInvalidUsage;
-  if (!parse_test_hooks(cfg_->test_hooks, &guard_, &replay_, err)) return Status::kInvalidUsage;
+  TestHooks hooks;
+  if (!parse_test_hooks(cfg_->test_hooks, &hooks, err)) return Status::kInvalidUsage;
+  guard_ = hooks.guard;
+  replay_ = hooks.replay;
   if (!replay_ || !guard_.dedup || !guard_.stale_guard)
     R2CCL_WARN("R2CCL_TEST_HOOKS=%s: protections are switched off; this is for tests only",
                cfg_->test_hooks.c_str());

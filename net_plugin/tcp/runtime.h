@@ -31,7 +31,7 @@
 #include "fault_injector.h"
 #include "r2ccl/params.h"
 #include "r2ccl/status.h"
-#include "rails.h"
+#include "../sock/rails.h"
 #include "wire.h"
 
 namespace r2ccl::net {

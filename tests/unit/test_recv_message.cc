@@ -305,3 +305,36 @@ TEST_CASE("without the stale guard lying headers are written", "[recv_message]")
           ChunkVerdict::kWrite);
   }
 }
+
+TEST_CASE("RDMA placement: size known from the last chunk, duplicates and bad chunks refused") {
+  using namespace r2ccl::net;
+  std::vector<char> buf(10000);
+  RecvMessage m;
+  m.reset(7, buf.data(), buf.size());
+  GuardOptions opt;
+  const char* why = nullptr;
+  // chunk 4096: 10000 bytes could be 3 chunks; the sender sends 2 (4096 + 100).
+  REQUIRE(m.check_placed(1, 100, true, 4096, opt, &why) == ChunkVerdict::kWrite);
+  m.mark_landed(1, opt);
+  CHECK(m.total() == 4196);
+  CHECK(m.nchunks() == 2);
+  CHECK_FALSE(m.complete());
+  CHECK(m.check_placed(1, 100, true, 4096, opt, &why) == ChunkVerdict::kDuplicate);
+  CHECK(m.check_placed(2, 4096, false, 4096, opt, &why) == ChunkVerdict::kProtocolError);
+  CHECK(m.check_placed(0, 10, false, 4096, opt, &why) == ChunkVerdict::kProtocolError);
+  REQUIRE(m.check_placed(0, 4096, false, 4096, opt, &why) == ChunkVerdict::kWrite);
+  m.mark_landed(0, opt);
+  CHECK(m.complete());
+  CHECK(m.window_bitmap(0) == 0x3);
+
+  RecvMessage small;
+  small.reset(8, buf.data(), 5000);
+  CHECK(small.check_placed(1, 4096, true, 4096, opt, &why) == ChunkVerdict::kProtocolError);
+  CHECK(small.check_placed(9, 4096, false, 4096, opt, &why) == ChunkVerdict::kProtocolError);
+  RecvMessage empty;
+  empty.reset(9, buf.data(), 0);
+  REQUIRE(empty.check_placed(0, 0, true, 4096, opt, &why) == ChunkVerdict::kWrite);
+  empty.mark_landed(0, opt);
+  CHECK(empty.complete());
+  CHECK(empty.total() == 0);
+}

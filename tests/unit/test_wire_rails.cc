@@ -11,7 +11,7 @@
 
 #include "r2ccl/clock.h"
 #include "tcp/fault_injector.h"
-#include "tcp/rails.h"
+#include "sock/rails.h"
 #include "tcp/wire.h"
 
 using Catch::Matchers::Contains;
