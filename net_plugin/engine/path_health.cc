@@ -5,6 +5,21 @@
 
 namespace r2ccl::net {
 
+HealthParams health_params_from(const Config& c) {
+  HealthParams h;
+  h.probe_count = static_cast<int>(c.probe_count);
+  h.reconnect_min = c.reconnect_min;
+  h.reconnect_max = c.reconnect_max;
+  h.holddown_flaps = static_cast<int>(c.holddown_flaps);
+  h.holddown_window = c.holddown_window;
+  h.holddown_min = c.holddown_min;
+  h.holddown_max = c.holddown_max;
+  h.holddown_reset = c.holddown_reset;
+  h.latency_sigma = c.latency_sigma;
+  h.rtt_floor = c.latency_min_excess;
+  return h;
+}
+
 const char* path_state_name(PathState s) {
   switch (s) {
     case PathState::kHealthy: return "healthy";
@@ -26,6 +41,7 @@ const char* fail_cause_name(FailCause c) {
     case FailCause::kPeerNotice: return "failure notice from peer";
     case FailCause::kProtocol: return "protocol error";
     case FailCause::kSetup: return "not connected at setup";
+    case FailCause::kRetryExceeded: return "work request retry exceeded";
   }
   return "?";
 }

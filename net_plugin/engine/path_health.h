@@ -15,6 +15,7 @@
 #include <deque>
 
 #include "r2ccl/clock.h"
+#include "r2ccl/params.h"
 
 namespace r2ccl::net {
 
@@ -31,6 +32,7 @@ enum class FailCause : uint8_t {
   kPeerNotice,     // the other end declared the path failed
   kProtocol,       // the peer sent a frame that breaks the protocol
   kSetup,          // the path could not be connected at setup
+  kRetryExceeded,  // verbs: a work request completed with retry-exceeded or flush status
 };
 const char* fail_cause_name(FailCause c);
 // True for causes that say the peer process is gone (or broke the protocol) rather than a
@@ -51,6 +53,9 @@ struct HealthParams {
   int rtt_outlier_run = 3;     // consecutive outliers to drain, consecutive normals to return
   TimeUs rtt_floor = 5 * kUsPerMs;  // an RTT within baseline + floor is never an outlier
 };
+
+// The R2CCL_* knobs (probe count, reconnect backoff, hold-down, latency sigma) as HealthParams.
+HealthParams health_params_from(const Config& cfg);
 
 class PathHealth {
  public:

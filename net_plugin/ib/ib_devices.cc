@@ -73,7 +73,8 @@ bool pci_components(const std::string& path, std::string* root, std::vector<std:
   size_t start = 0;
   while (start <= path.size()) {
     size_t slash = path.find('/', start);
-    std::string c = path.substr(start, slash == std::string::npos ? std::string::npos : slash - start);
+    size_t n = slash == std::string::npos ? std::string::npos : slash - start;
+    std::string c = path.substr(start, n);
     if (!c.empty()) parts.push_back(c);
     if (slash == std::string::npos) break;
     start = slash + 1;
@@ -88,14 +89,16 @@ bool pci_components(const std::string& path, std::string* root, std::vector<std:
   return false;
 }
 
+bool is_digit(char c) { return c >= '0' && c <= '9'; }
+
 // Device names compared with digit runs as numbers: mlx5_2 < mlx5_10.
 bool natural_less(const std::string& a, const std::string& b) {
   size_t i = 0, j = 0;
   while (i < a.size() && j < b.size()) {
-    if (std::isdigit(static_cast<unsigned char>(a[i])) && std::isdigit(static_cast<unsigned char>(b[j]))) {
+    if (is_digit(a[i]) && is_digit(b[j])) {
       size_t ie = i, je = j;
-      while (ie < a.size() && std::isdigit(static_cast<unsigned char>(a[ie]))) ie++;
-      while (je < b.size() && std::isdigit(static_cast<unsigned char>(b[je]))) je++;
+      while (ie < a.size() && is_digit(a[ie])) ie++;
+      while (je < b.size() && is_digit(b[je])) je++;
       std::string na = a.substr(i, ie - i), nb = b.substr(j, je - j);
       na.erase(0, std::min(na.find_first_not_of('0'), na.size()));
       nb.erase(0, std::min(nb.find_first_not_of('0'), nb.size()));
@@ -146,7 +149,8 @@ bool parse_hca_spec(const std::string& s_in, HcaSpec* out, std::string* err) {
   size_t start = 0;
   while (start <= s.size()) {
     size_t comma = s.find(',', start);
-    std::string tok = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    size_t n = comma == std::string::npos ? std::string::npos : comma - start;
+    std::string tok = s.substr(start, n);
     if (!tok.empty()) {
       HcaSpec::Entry e;
       size_t colon = tok.find(':');
@@ -326,7 +330,8 @@ int pci_distance(const std::string& a, const std::string& b) {
 
 std::vector<int> backup_order(const std::vector<HcaInfo>& hcas, int primary) {
   std::vector<std::tuple<int, int, int>> keys;  // group, distance, index
-  const HcaInfo* p = (primary >= 0 && primary < static_cast<int>(hcas.size())) ? &hcas[primary] : nullptr;
+  const bool valid = primary >= 0 && primary < static_cast<int>(hcas.size());
+  const HcaInfo* p = valid ? &hcas[primary] : nullptr;
   for (int i = 0; i < static_cast<int>(hcas.size()); i++) {
     if (i == primary) continue;
     int d = p ? pci_distance(p->pci_path, hcas[i].pci_path) : 3;
@@ -487,7 +492,8 @@ bool HcaSet::discover(const VerbsApi* v, const Config& cfg, std::unique_ptr<HcaS
                    strerror(rc));
         continue;
       }
-      int ll = pa.link_layer == IBV_LINK_LAYER_UNSPECIFIED ? IBV_LINK_LAYER_INFINIBAND : pa.link_layer;
+      int ll = pa.link_layer;
+      if (ll == IBV_LINK_LAYER_UNSPECIFIED) ll = IBV_LINK_LAYER_INFINIBAND;
       if (ll != IBV_LINK_LAYER_INFINIBAND && ll != IBV_LINK_LAYER_ETHERNET) continue;
       HcaInfo h;
       h.name = name;
@@ -504,7 +510,8 @@ bool HcaSet::discover(const VerbsApi* v, const Config& cfg, std::unique_ptr<HcaS
       if (!h.pci_path.empty() && read_line(h.pci_path + "/numa_node", &numa)) {
         char* end = nullptr;
         long nv = std::strtol(numa.c_str(), &end, 10);
-        if (end != numa.c_str() && *end == '\0' && nv >= -1 && nv < 1 << 20) h.numa = static_cast<int>(nv);
+        if (end != numa.c_str() && *end == '\0' && nv >= -1 && nv < (1 << 20))
+          h.numa = static_cast<int>(nv);
       }
       h.ctx = ctx;
       ports.push_back(h);

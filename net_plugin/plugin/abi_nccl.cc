@@ -37,10 +37,10 @@ void fill_common(const DeviceProps& d, P* p) {
   p->name = const_cast<char*>(d.name);
   p->pciPath = const_cast<char*>(d.pci_path);
   p->guid = d.guid;
-  p->ptrSupport = NCCL_PTR_HOST;
+  p->ptrSupport = d.ptr_support;
   p->regIsGlobal = 0;
   p->speed = d.speed_mbps;
-  p->port = 0;
+  p->port = d.port;
   p->latency = 0;
   p->maxComms = d.max_comms;
   p->maxRecvs = d.max_recvs;
@@ -116,6 +116,15 @@ ncclResult_t e_accept(void* l, void** r, ncclNetDeviceHandle_v8_t** dev) {
   FIREWALL(api_accept(l, r));
 }
 ncclResult_t e_reg_mr(void* c, void* d, size_t s, int t, void** m) { FIREWALL(api_reg_mr(c, d, s, t, m)); }
+#ifdef R2CCL_USE_CUDA
+ncclResult_t e_reg_mr_dmabuf(void* c, void* d, size_t s, int t, uint64_t o, int fd, void** m) {
+  FIREWALL(api_reg_mr_dmabuf(c, d, s, t, o, fd, m));
+}
+#define R2CCL_REG_MR_DMABUF e_reg_mr_dmabuf
+#else
+// No DMA-BUF without CUDA support: NCCL never calls it (NCCL_PTR_DMABUF is not advertised).
+#define R2CCL_REG_MR_DMABUF nullptr
+#endif
 ncclResult_t e_dereg_mr(void* c, void* m) { FIREWALL(api_dereg_mr(c, m)); }
 ncclResult_t e_iflush(void* c, int n, void** d, int* s, void** m, void** r) {
   FIREWALL(api_iflush(c, n, d, s, m, r));
@@ -209,23 +218,23 @@ int ext_arm_faults(const char* spec) {
 
 R2CCL_EXPORT const ncclNet_v8_t ncclNetPlugin_v8 = {
     kName, v8_init, e_devices, v8_props, e_listen_noctx, v8_connect, e_accept, e_reg_mr,
-    nullptr /* regMrDmaBuf: no DMA-BUF */, e_dereg_mr, v8_isend, v8_irecv, e_iflush, e_test,
+    R2CCL_REG_MR_DMABUF, e_dereg_mr, v8_isend, v8_irecv, e_iflush, e_test,
     e_close_send, e_close_recv, e_close_listen, nullptr /* getDeviceMr */,
     nullptr /* irecvConsumed */};
 
 R2CCL_EXPORT const ncclNet_v9_t ncclNetPlugin_v9 = {
-    kName, v9_init, e_devices, v9_props, e_listen_noctx, v8_connect, e_accept, e_reg_mr, nullptr,
+    kName, v9_init, e_devices, v9_props, e_listen_noctx, v8_connect, e_accept, e_reg_mr, R2CCL_REG_MR_DMABUF,
     e_dereg_mr, e_isend_sz, e_irecv_sz, e_iflush, e_test, e_close_send, e_close_recv,
     e_close_listen, nullptr, nullptr, nullptr /* makeVDevice: no NIC fusion */};
 
 R2CCL_EXPORT const ncclNet_v10_t ncclNetPlugin_v10 = {
-    kName, v10_init, e_devices, v9_props, e_listen_noctx, v10_connect, e_accept, e_reg_mr, nullptr,
+    kName, v10_init, e_devices, v9_props, e_listen_noctx, v10_connect, e_accept, e_reg_mr, R2CCL_REG_MR_DMABUF,
     e_dereg_mr, v10_isend, v10_irecv, e_iflush, e_test, e_close_send, e_close_recv,
     e_close_listen, nullptr, nullptr, nullptr};
 
 R2CCL_EXPORT const ncclNet_v11_t ncclNetPlugin_v11 = {
     kName, v11_init, e_devices, v11_props,
-    v11_listen, v11_connect, e_accept, e_reg_mr, nullptr, e_dereg_mr, v10_isend, v10_irecv,
+    v11_listen, v11_connect, e_accept, e_reg_mr, R2CCL_REG_MR_DMABUF, e_dereg_mr, v10_isend, v10_irecv,
     e_iflush, e_test, e_close_send, e_close_recv, e_close_listen, nullptr, nullptr, nullptr,
     v11_finalize, nullptr /* setNetAttr: hints unused */};
 

@@ -1,9 +1,12 @@
 #include "net_api.h"
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <string>
 
+#include "../ib/ib_api.h"
+#include "../ib/ib_runtime.h"
 #include "../tcp/conn.h"
 #include "../tcp/runtime.h"
 #include "r2ccl/log.h"
@@ -11,6 +14,30 @@
 
 namespace r2ccl::net {
 namespace {
+
+// The transport of this process, decided once at the first init (R2CCL_TRANSPORT): the
+// data-path entry points read it without a lock.
+enum : int { kUndecided = 0, kTcp = 1, kIb = 2 };
+std::atomic<int> g_transport{kUndecided};
+std::string g_transport_why;
+
+Status decide_transport() {
+  static std::once_flag once;
+  static Status st = Status::kOk;
+  std::call_once(once, [] {
+    bool use_ib = false;
+    std::string err;
+    st = ib::IbRuntime::choose(&use_ib, &g_transport_why, &err);
+    if (st != Status::kOk) {
+      R2CCL_WARN("init failed: %s", err.c_str());
+      return;
+    }
+    g_transport.store(use_ib ? kIb : kTcp);
+  });
+  return st;
+}
+
+bool is_ib() { return g_transport.load(std::memory_order_relaxed) == kIb; }
 
 constexpr uint64_t kConnectStateMagic = 0x52324343434f4e4eull;  // "R2CCCONN"
 // connect() is called again and again with the same handle buffer until it returns a comm;
@@ -36,9 +63,10 @@ void banner(Runtime* rt, int api_version) {
       rails += (rails.empty() ? "" : ", ") + r.name + " (" + std::to_string(r.speed_mbps) + " Mbps)";
     const Config& c = rt->cfg();
     R2CCL_INFO(NCCL_INIT | NCCL_NET,
-               "r2ccl %s (git %s), NCCL net API v%d, transport TCP, %zu rails: %s; %lld backup "
+               "r2ccl %s (git %s), NCCL net API v%d, transport TCP (%s), %zu rails: %s; %lld backup "
                "paths, chunk %lld KiB, %lld streams per path, stripe %s",
-               R2CCL_VERSION_STRING, R2CCL_GIT_HASH, api_version, rt->rails().size(), rails.c_str(),
+               R2CCL_VERSION_STRING, R2CCL_GIT_HASH, api_version, g_transport_why.c_str(),
+               rt->rails().size(), rails.c_str(),
                static_cast<long long>(c.backup_paths), static_cast<long long>(c.chunk_size / 1024),
                static_cast<long long>(c.nsocks_per_path), c.stripe ? "on" : "off");
     for (const auto& s : c.sources) R2CCL_INFO(NCCL_ENV, "%s", s.c_str());
@@ -58,6 +86,7 @@ Status runtime(Runtime** rt) {
   return s;
 }
 
+
 // Runs fn with the connection's progress token, or reports "busy" (the caller retries).
 template <typename F>
 Status with_token(Conn* c, bool* busy, F&& fn) {
@@ -76,9 +105,20 @@ Status with_token(Conn* c, bool* busy, F&& fn) {
 Status api_init(NetContext** ctx, uint64_t comm_id, int traffic_class, ncclDebugLogger_t logger,
                 int api_version) {
   if (logger) set_nccl_logger(logger);
-  Runtime* rt = nullptr;
-  R2CCL_CHECK(runtime(&rt));
-  banner(rt, api_version);
+  R2CCL_CHECK(decide_transport());
+  if (is_ib()) {
+    static std::once_flag once;
+    std::call_once(once, [&] {
+      R2CCL_INFO(NCCL_INIT | NCCL_NET, "r2ccl %s (git %s), NCCL net API v%d, transport IB (verbs; %s), %d HCA ports: %s",
+                 R2CCL_VERSION_STRING, R2CCL_GIT_HASH, api_version, g_transport_why.c_str(),
+                 ib::device_count(), ib::banner_text().c_str());
+      for (const auto& s : ib::IbRuntime::peek()->cfg().sources) R2CCL_INFO(NCCL_ENV, "%s", s.c_str());
+    });
+  } else {
+    Runtime* rt = nullptr;
+    R2CCL_CHECK(runtime(&rt));
+    banner(rt, api_version);
+  }
   if (ctx) {
     auto* c = new NetContext();
     c->comm_id = comm_id;
@@ -94,6 +134,11 @@ Status api_finalize(NetContext* ctx) {
 }
 
 Status api_devices(int* ndev) {
+  R2CCL_CHECK(decide_transport());
+  if (is_ib()) {
+    *ndev = ib::device_count();
+    return Status::kOk;
+  }
   Runtime* rt = nullptr;
   R2CCL_CHECK(runtime(&rt));
   *ndev = static_cast<int>(rt->rails().size());
@@ -101,6 +146,22 @@ Status api_devices(int* ndev) {
 }
 
 Status api_get_properties(int dev, DeviceProps* p) {
+  R2CCL_CHECK(decide_transport());
+  if (is_ib()) {
+    ib::IbDeviceProps q{};
+    R2CCL_CHECK(ib::get_properties(dev, &q));
+    p->name = q.name;
+    p->pci_path = q.pci_path;
+    p->guid = q.guid;
+    p->speed_mbps = q.speed_mbps;
+    p->max_comms = 65536;
+    p->max_recvs = 1;
+    p->max_p2p_bytes = 1ull << 30;
+    p->max_coll_bytes = 1ull << 30;
+    p->ptr_support = q.ptr_support;
+    p->port = q.port;
+    return Status::kOk;
+  }
   Runtime* rt = nullptr;
   R2CCL_CHECK(runtime(&rt));
   if (dev < 0 || dev >= static_cast<int>(rt->rails().size())) {
@@ -120,12 +181,15 @@ Status api_get_properties(int dev, DeviceProps* p) {
   // NCCL (2.28) never posts more than 1 GiB in one call; the test() sizes are ints.
   p->max_p2p_bytes = 1ull << 30;
   p->max_coll_bytes = 1ull << 30;
+  p->ptr_support = NCCL_PTR_HOST;
+  p->port = 0;
   return Status::kOk;
 }
 
 Status api_listen(NetContext* ctx, int dev, void* handle, void** listen_comm) {
   (void)ctx;
   *listen_comm = nullptr;
+  if (is_ib()) return ib::listen(dev, handle, listen_comm);
   Runtime* rt = nullptr;
   R2CCL_CHECK(runtime(&rt));
   const int n = static_cast<int>(rt->rails().size());
@@ -155,8 +219,10 @@ Status api_listen(NetContext* ctx, int dev, void* handle, void** listen_comm) {
 }
 
 Status api_connect(NetContext* ctx, int dev, void* handle, void** send_comm) {
-  (void)ctx;
   *send_comm = nullptr;
+  if (is_ib())
+    return ib::connect(dev, ctx ? ctx->traffic_class : NCCL_NET_TRAFFIC_CLASS_UNDEF, handle, send_comm);
+  (void)ctx;
   Runtime* rt = nullptr;
   R2CCL_CHECK(runtime(&rt));
   if (dev < 0 || dev >= static_cast<int>(rt->rails().size())) {
@@ -202,6 +268,7 @@ Status api_connect(NetContext* ctx, int dev, void* handle, void** send_comm) {
 
 Status api_accept(void* listen_comm, void** recv_comm) {
   *recv_comm = nullptr;
+  if (is_ib()) return ib::accept(listen_comm, recv_comm);
   auto* l = static_cast<ListenComm*>(listen_comm);
   if (!l->building) l->building.reset(new Conn(l->rt, Role::kRecv, l->dev));
   bool done = false;
@@ -215,8 +282,9 @@ Status api_accept(void* listen_comm, void** recv_comm) {
 }
 
 Status api_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
-  (void)comm;
   *mhandle = nullptr;
+  if (is_ib()) return ib::reg_mr(comm, data, size, type, mhandle);
+  (void)comm;
   if (type != NCCL_PTR_HOST) {
     R2CCL_WARN("regMr: buffer type %d is not supported; r2ccl's TCP transport advertises host "
                "memory only (NCCL_PTR_HOST)", type);
@@ -226,7 +294,16 @@ Status api_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle)
   return Status::kOk;
 }
 
+Status api_reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                         void** mhandle) {
+  *mhandle = nullptr;
+  if (is_ib()) return ib::reg_mr_dmabuf(comm, data, size, type, offset, fd, mhandle);
+  R2CCL_WARN("regMrDmaBuf: the TCP transport does not advertise NCCL_PTR_DMABUF");
+  return Status::kInternal;
+}
+
 Status api_dereg_mr(void* comm, void* mhandle) {
+  if (is_ib()) return ib::dereg_mr(comm, mhandle);
   (void)comm;
   delete static_cast<Mr*>(mhandle);
   return Status::kOk;
@@ -234,8 +311,9 @@ Status api_dereg_mr(void* comm, void* mhandle) {
 
 Status api_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void** request) {
   (void)tag;
-  (void)mhandle;
   *request = nullptr;
+  if (is_ib()) return ib::isend(send_comm, data, size, mhandle, request);
+  (void)mhandle;
   auto* c = static_cast<Conn*>(send_comm);
   bool busy = false;
   Request* r = nullptr;
@@ -253,6 +331,7 @@ Status api_irecv(void* recv_comm, int n, void** data, const size_t* sizes, const
     R2CCL_WARN("irecv with %d buffers: r2ccl advertises maxRecvs=1", n);
     return Status::kInternal;
   }
+  if (is_ib()) return ib::irecv(recv_comm, data[0], sizes[0], mhandles ? mhandles[0] : nullptr, request);
   auto* c = static_cast<Conn*>(recv_comm);
   bool busy = false;
   Request* r = nullptr;
@@ -262,6 +341,7 @@ Status api_irecv(void* recv_comm, int n, void** data, const size_t* sizes, const
 }
 
 Status api_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles, void** request) {
+  if (is_ib()) return ib::iflush(recv_comm, n, data, sizes, mhandles, request);
   (void)recv_comm;
   (void)n;
   (void)data;
@@ -273,6 +353,7 @@ Status api_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandl
 
 Status api_test(void* request, int* done, int* sizes) {
   *done = 0;
+  if (is_ib()) return ib::test(request, done, sizes);
   auto* r = static_cast<Request*>(request);
   if (!r || !r->used) {
     R2CCL_WARN("test: request %p is not a live r2ccl request", request);
@@ -296,15 +377,27 @@ static Status close_conn(Conn* c) {
   return Status::kOk;
 }
 
-Status api_close_send(void* send_comm) { return close_conn(static_cast<Conn*>(send_comm)); }
-Status api_close_recv(void* recv_comm) { return close_conn(static_cast<Conn*>(recv_comm)); }
+Status api_close_send(void* send_comm) {
+  if (is_ib()) return ib::close_conn(send_comm);
+  return close_conn(static_cast<Conn*>(send_comm));
+}
+Status api_close_recv(void* recv_comm) {
+  if (is_ib()) return ib::close_conn(recv_comm);
+  return close_conn(static_cast<Conn*>(recv_comm));
+}
 
 Status api_close_listen(void* listen_comm) {
+  if (is_ib()) return ib::close_listen(listen_comm);
   delete static_cast<ListenComm*>(listen_comm);
   return Status::kOk;
 }
 
 int api_arm_faults(const char* spec) {
+  if (is_ib()) {
+    R2CCL_WARN("armFaults: the in-process injector acts on TCP sockets; the verbs transport is "
+               "tested with the fake verbs provider's faults (tests/fakeverbs)");
+    return -1;
+  }
   Runtime* rt = Runtime::peek();
   if (!rt || !spec) {
     R2CCL_WARN("armFaults: the plugin is not initialised");
@@ -328,7 +421,7 @@ int api_arm_faults(const char* spec) {
 
 size_t api_get_stats(char* buf, size_t len) {
   Runtime* rt = Runtime::peek();
-  std::string s = rt ? rt->stats_json() : std::string("{\"rails\":[],\"switchovers\":0,\"replays\":0}");
+  std::string s = is_ib() ? ib::stats_json() : rt ? rt->stats_json() : std::string("{\"rails\":[],\"switchovers\":0,\"replays\":0}");
   if (buf && len > 0) {
     size_t n = std::min(len - 1, s.size());
     memcpy(buf, s.data(), n);

@@ -32,6 +32,8 @@ struct DeviceProps {
   int max_recvs;
   size_t max_p2p_bytes;
   size_t max_coll_bytes;
+  int ptr_support;  // NCCL_PTR_* bits
+  int port;         // verbs port number, 0 for TCP rails
 };
 
 // Errors: kInvalidUsage for a bad configuration (the message names the variable).
@@ -44,6 +46,9 @@ Status api_listen(NetContext* ctx, int dev, void* handle, void** listen_comm);
 Status api_connect(NetContext* ctx, int dev, void* handle, void** send_comm);
 Status api_accept(void* listen_comm, void** recv_comm);
 Status api_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle);
+// regMrDmaBuf; only the verbs transport in a USE_CUDA build advertises NCCL_PTR_DMABUF.
+Status api_reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                         void** mhandle);
 Status api_dereg_mr(void* comm, void* mhandle);
 Status api_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void** request);
 Status api_irecv(void* recv_comm, int n, void** data, const size_t* sizes, const int* tags,

@@ -87,16 +87,7 @@ Status Runtime::init(std::string* err) {
   if (FaultInjector::instance().enabled())
     R2CCL_WARN("fault injection armed for rank %d: %s", rank_, cfg_->fault_inject.c_str());
 
-  health_.probe_count = static_cast<int>(cfg_->probe_count);
-  health_.reconnect_min = cfg_->reconnect_min;
-  health_.reconnect_max = cfg_->reconnect_max;
-  health_.holddown_flaps = static_cast<int>(cfg_->holddown_flaps);
-  health_.holddown_window = cfg_->holddown_window;
-  health_.holddown_min = cfg_->holddown_min;
-  health_.holddown_max = cfg_->holddown_max;
-  health_.holddown_reset = cfg_->holddown_reset;
-  health_.latency_sigma = cfg_->latency_sigma;
-  health_.rtt_floor = cfg_->latency_min_excess;
+  health_ = health_params_from(*cfg_);
 
   live_.reset(new RailLive[rails_.size()]);
   for (size_t i = 0; i < rails_.size(); ++i) {
