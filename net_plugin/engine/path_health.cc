@@ -41,7 +41,7 @@ const char* fail_cause_name(FailCause c) {
     case FailCause::kPeerNotice: return "failure notice from peer";
     case FailCause::kProtocol: return "protocol error";
     case FailCause::kSetup: return "not connected at setup";
-    case FailCause::kRetryExceeded: return "work request retry exceeded";
+    case FailCause::kRetryExceeded: return "completion error";
   }
   return "?";
 }

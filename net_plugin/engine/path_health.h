@@ -32,7 +32,7 @@ enum class FailCause : uint8_t {
   kPeerNotice,     // the other end declared the path failed
   kProtocol,       // the peer sent a frame that breaks the protocol
   kSetup,          // the path could not be connected at setup
-  kRetryExceeded,  // verbs: a work request completed with retry-exceeded or flush status
+  kRetryExceeded,  // verbs: a work completion with retry-exceeded or flush status
 };
 const char* fail_cause_name(FailCause c);
 // True for causes that say the peer process is gone (or broke the protocol) rather than a

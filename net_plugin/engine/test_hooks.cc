@@ -13,9 +13,10 @@ bool parse_test_hooks(const std::string& s, TestHooks* out, std::string* err) {
     else if (tok == "no_dedup") out->guard.dedup = false;
     else if (tok == "no_stale_guard") out->guard.stale_guard = false;
     else if (tok == "no_bilateral_err") out->bilateral_err = false;
+    else if (tok == "force_flush") out->force_flush = true;
     else {
       *err = "R2CCL_TEST_HOOKS: unknown hook '" + tok +
-             "'; accepted: comma list of no_replay, no_dedup, no_stale_guard, no_bilateral_err";
+             "'; accepted: comma list of no_replay, no_dedup, no_stale_guard, no_bilateral_err, force_flush";
       return false;
     }
   }

@@ -1,6 +1,7 @@
 #include "ib/ib_api.h"
 
 #include <cstring>
+#include <vector>
 
 #include "ib/ib_conn.h"
 #include "r2ccl/log.h"
@@ -157,18 +158,19 @@ Status reg_mr(void* comm, void* data, size_t size, int type, void** mhandle) {
 #endif
   }
   IbMr* m = nullptr;
-  R2CCL_CHECK(static_cast<IbConn*>(comm)->reg_mr(data, size, &m));
+  R2CCL_CHECK(static_cast<IbConn*>(comm)->reg_mr(data, size, type, &m));
   *mhandle = m;
   return Status::kOk;
 }
 
 Status reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
                      void** mhandle) {
-  (void)offset;
-  (void)fd;
-  // A DMA-BUF registration is tried first for GPU buffers; NCCL falls back to regMr when it
-  // fails (reference §4). Without CUDA support only host memory exists.
-  return reg_mr(comm, data, size, type, mhandle);
+  *mhandle = nullptr;
+  (void)type;
+  IbMr* m = nullptr;
+  R2CCL_CHECK(static_cast<IbConn*>(comm)->reg_mr_dmabuf(data, size, offset, fd, &m));
+  *mhandle = m;
+  return Status::kOk;
 }
 
 Status dereg_mr(void* comm, void* mhandle) {
@@ -195,13 +197,14 @@ Status irecv(void* recv_comm, void* data, size_t size, void* mhandle, void** req
 }
 
 Status iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles, void** request) {
-  (void)recv_comm;
-  (void)n;
-  (void)data;
-  (void)sizes;
-  (void)mhandles;
-  *request = nullptr;  // host memory: nothing to flush; NCCL treats NULL as done
-  return Status::kOk;
+  *request = nullptr;
+  auto* c = static_cast<IbConn*>(recv_comm);
+  std::vector<IbMr*> mrs(static_cast<size_t>(n > 0 ? n : 0), nullptr);
+  for (int i = 0; i < n && mhandles; ++i) mrs[i] = static_cast<IbMr*>(mhandles[i]);
+  IbRequest* r = nullptr;
+  Status s = with_token(c, [&] { return c->iflush(n, data, sizes, mrs.data(), &r); });
+  *request = r;
+  return s;
 }
 
 Status test(void* request, int* done, int* sizes) {

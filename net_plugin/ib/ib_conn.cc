@@ -86,6 +86,8 @@ IbConn::IbConn(IbRuntime* rt, IbRole role, int dev, int traffic_class)
 
 IbConn::~IbConn() {
   for (auto& p : paths_) destroy_path_qps(p);
+  if (flush_qp_) v_.destroy_qp(flush_qp_);
+  if (flush_cq_) v_.destroy_cq(flush_cq_);
   for (auto* mr : area_mr_)
     if (mr) v_.dereg_mr(mr);
   for (auto* mr : slots_mr_)
@@ -110,11 +112,12 @@ Status IbConn::register_area_on(int hca) {
   return Status::kOk;
 }
 
-Status IbConn::reg_mr(void* data, size_t size, IbMr** out) {
+Status IbConn::reg_mr(void* data, size_t size, int type, IbMr** out) {
   *out = nullptr;
   auto* m = new IbMr();
   m->data = data;
   m->size = size;
+  m->type = type;
   m->by_hca.assign(rt_->hcas().size(), nullptr);
   // The path set is fixed at setup and failback re-creates QPs on the same HCAs, so one
   // registration per HCA of the set stays valid for the connection's life.
@@ -134,10 +137,43 @@ Status IbConn::reg_mr(void* data, size_t size, IbMr** out) {
   return Status::kOk;
 }
 
+Status IbConn::reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, IbMr** out) {
+  *out = nullptr;
+  if (!v_.reg_dmabuf_mr) {
+    R2CCL_WARN("regMrDmaBuf: the verbs library has no ibv_reg_dmabuf_mr (rdma-core < 34)");
+    return Status::kInternal;
+  }
+  auto* m = new IbMr();
+  m->data = data;
+  m->size = size;
+  m->type = NCCL_PTR_DMABUF;
+  m->cached = false;
+  m->by_hca.assign(rt_->hcas().size(), nullptr);
+  for (const auto& p : paths_) {
+    if (m->by_hca[p.hca]) continue;
+    m->by_hca[p.hca] = v_.reg_dmabuf_mr(rt_->hcas()[p.hca].pd, offset, size,
+                                        reinterpret_cast<uintptr_t>(data), fd,
+                                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                            IBV_ACCESS_REMOTE_READ);
+    if (!m->by_hca[p.hca]) {
+      R2CCL_WARN("ibv_reg_dmabuf_mr of %zu bytes (fd %d, offset %llu) on %s: %s", size, fd,
+                 static_cast<unsigned long long>(offset), rt_->hcas()[p.hca].name.c_str(),
+                 strerror(errno));
+      dereg_mr(m);
+      return Status::kSystem;
+    }
+  }
+  *out = m;
+  return Status::kOk;
+}
+
 void IbConn::dereg_mr(IbMr* m) {
   if (!m) return;
-  for (size_t h = 0; h < m->by_hca.size(); ++h)
-    if (m->by_hca[h]) rt_->mr_cache(static_cast<int>(h)).release(m->by_hca[h]);
+  for (size_t h = 0; h < m->by_hca.size(); ++h) {
+    if (!m->by_hca[h]) continue;
+    if (m->cached) rt_->mr_cache(static_cast<int>(h)).release(m->by_hca[h]);
+    else v_.dereg_mr(m->by_hca[h]);
+  }
   delete m;
 }
 
@@ -765,6 +801,7 @@ void IbConn::poll_path(Path& p, TimeUs now) {
 
 void IbConn::on_send_wc(Path& p, const ibv_wc& wc, TimeUs now) {
   if (wc.wr_id >= wrs_.size() || !wrs_[wc.wr_id].used) return;
+  if (gave_up_) return;  // the requests have failed; the QPs are torn down at close
   WrRec w = wrs_[wc.wr_id];
   wrs_[wc.wr_id] = WrRec{};
   free_wrs_.push_back(static_cast<int>(wc.wr_id));
@@ -978,9 +1015,10 @@ void IbConn::fail_path(Path& p, FailCause cause, TimeUs now, const char* detail,
                   ? "; replay waits for the receiver's QP error transition"
                   : "");
   else
-    log_event("path on rail %s failed (%s: %s)%s at the receiving end; QPs in ERR, landed state "
-              "goes to the sender",
-              rail_of(p).c_str(), fail_cause_name(cause), detail, from_peer ? " [peer notice]" : "");
+    log_event("path on rail %s failed (%s: %s)%s at the receiving end; %s, landed state goes to "
+              "the sender",
+              rail_of(p).c_str(), fail_cause_name(cause), detail, from_peer ? " [peer notice]" : "",
+              bilateral || !from_peer ? "QPs in ERR" : "QPs left in RTS (test hook no_bilateral_err)");
   if (p.health->take_holddown_started())
     log_event("hold-down: rail %s flapped %d times within %.0f s; not used for %.1f s",
               rail_of(p).c_str(), static_cast<int>(cfg_.holddown_flaps), cfg_.holddown_window / 1e6,
@@ -1314,6 +1352,7 @@ void IbConn::progress(TimeUs now) {
     return;
   }
   for (auto& p : paths_) poll_path(p, now);
+  if (gave_up_) return;
   check_paths(now);
   if (role_ == IbRole::kSend) schedule_chunks(now);
   else post_ctss(now);
@@ -1420,6 +1459,25 @@ Status IbConn::irecv(void* data, uint64_t size, IbMr* mr, IbRequest** out) {
 
 Status IbConn::test(IbRequest* r, int* done, int* size) {
   *done = 0;
+  if (r->flush) {
+    ibv_wc wc[8];
+    const int n = ibv_poll_cq(flush_cq_, 8, wc);
+    for (int i = 0; i < n; ++i) {
+      IbRequest& f = reqs_[wc[i].wr_id % NCCL_NET_MAX_REQUESTS];
+      if (wc[i].status != IBV_WC_SUCCESS) {
+        R2CCL_WARN("iflush: flush read completed with %s", v_.wc_status_str(wc[i].status));
+        error_ = Status::kSystem;
+      }
+      f.done = true;
+    }
+    if (!r->done) return error_;
+    *done = 1;
+    if (size) *size = 0;
+    r->flush = false;
+    r->used = false;
+    r->done = false;
+    return error_;
+  }
   if (!r->done) {
     progress(now_us());
     if (r->send && r->smsg.complete()) r->done = true;
@@ -1434,6 +1492,104 @@ Status IbConn::test(IbRequest* r, int* done, int* size) {
   *done = 1;
   if (size) *size = static_cast<int>(r->send ? r->size : r->rmsg.total());
   finish_request(r);
+  return Status::kOk;
+}
+
+Status IbConn::make_flush_qp() {
+  const Path& p = paths_[0];
+  HcaInfo h = rt_->hca_snapshot(p.hca);
+  flush_cq_ = v_.create_cq(h.ctx, 64, nullptr, nullptr, 0);
+  if (!flush_cq_) return Status::kSystem;
+  ibv_qp_init_attr ia{};
+  ia.send_cq = flush_cq_;
+  ia.recv_cq = flush_cq_;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = 32;
+  ia.cap.max_recv_wr = 1;
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  flush_qp_ = v_.create_qp(h.pd, &ia);
+  if (!flush_qp_) return Status::kSystem;
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = static_cast<uint8_t>(h.port);
+  a.qp_access_flags = IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE;
+  if (v_.modify_qp(flush_qp_, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS))
+    return Status::kSystem;
+  IbWireHca self;
+  fill_wire_hca(p.hca, &self);
+  ibv_qp_attr r{};
+  r.qp_state = IBV_QPS_RTR;
+  r.path_mtu = static_cast<ibv_mtu>(h.active_mtu ? h.active_mtu : static_cast<int>(IBV_MTU_1024));
+  r.dest_qp_num = flush_qp_->qp_num;
+  r.max_dest_rd_atomic = 1;
+  r.min_rnr_timer = 12;
+  r.ah_attr.port_num = static_cast<uint8_t>(h.port);
+  if (h.link_layer == IBV_LINK_LAYER_ETHERNET) {
+    r.ah_attr.is_global = 1;
+    memcpy(r.ah_attr.grh.dgid.raw, self.gid, 16);
+    r.ah_attr.grh.sgid_index = static_cast<uint8_t>(h.gid_index);
+    r.ah_attr.grh.hop_limit = 255;
+  } else {
+    r.ah_attr.dlid = self.lid;
+  }
+  if (v_.modify_qp(flush_qp_, &r,
+                   IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
+    return Status::kSystem;
+  ibv_qp_attr t{};
+  t.qp_state = IBV_QPS_RTS;
+  t.timeout = static_cast<uint8_t>(cfg_.ib_timeout);
+  t.retry_cnt = static_cast<uint8_t>(cfg_.ib_retry_cnt);
+  t.rnr_retry = 7;
+  t.max_rd_atomic = 1;
+  if (v_.modify_qp(flush_qp_, &t,
+                   IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                       IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC))
+    return Status::kSystem;
+  return Status::kOk;
+}
+
+Status IbConn::iflush(int n, void** data, const int* sizes, IbMr** mrs, IbRequest** out) {
+  *out = nullptr;
+  if (error_ != Status::kOk) return error_;
+  int last = -1;
+  for (int i = 0; i < n; ++i)
+    if (sizes[i] > 0 && mrs[i] && (mrs[i]->type != NCCL_PTR_HOST || rt_->hooks().force_flush))
+      last = i;
+  if (last < 0) return Status::kOk;  // host memory: nothing to flush
+  if (!flush_qp_) {
+    Status s = make_flush_qp();
+    if (s != Status::kOk) {
+      R2CCL_WARN("iflush: cannot set up the loopback flush QP on %s: %s", rail_of(paths_[0]).c_str(),
+                 strerror(errno));
+      return s;
+    }
+  }
+  IbRequest* r = free_request();
+  if (!r) return Status::kOk;  // NCCL calls again
+  const int hca = paths_[0].hca;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(&area_->scratch[0]), 1, area_mr_[hca]->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = static_cast<uint64_t>(r - reqs_);
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(data[last]);
+  wr.wr.rdma.rkey = mrs[last]->by_hca[hca] ? mrs[last]->by_hca[hca]->rkey : 0;
+  ibv_send_wr* bad = nullptr;
+  int e = ibv_post_send(flush_qp_, &wr, &bad);
+  if (e != 0) {
+    R2CCL_WARN("iflush: ibv_post_send of the flush read: %s", strerror(e));
+    return Status::kSystem;
+  }
+  r->used = true;
+  r->send = false;
+  r->done = false;
+  r->flush = true;
+  r->size = 0;
+  *out = r;
   return Status::kOk;
 }
 

@@ -55,6 +55,8 @@ struct IbMr {
   std::vector<ibv_mr*> by_hca;  // indexed by runtime HCA index; nullptr where not registered
   void* data = nullptr;
   size_t size = 0;
+  int type = NCCL_PTR_HOST;  // NCCL_PTR_HOST, _CUDA or _DMABUF
+  bool cached = true;        // from the MR cache (released), else deregistered directly
 };
 
 struct IbRequest {
@@ -73,6 +75,8 @@ struct IbRequest {
   RecvMessage rmsg;
   int cts_path = -1;      // path whose CTS write is outstanding, -1 = not posted
   bool cts_acked = false;
+  // flush (iflush): an RDMA READ through the loopback QP, done at its completion
+  bool flush = false;
 };
 
 enum class IbRole { kSend, kRecv };
@@ -99,13 +103,20 @@ class IbConn {
   Status accept_step(IbListen* l, bool* done);
 
   // --- memory (service thread, concurrently with the data path) ---
-  Status reg_mr(void* data, size_t size, IbMr** out);
+  Status reg_mr(void* data, size_t size, int type, IbMr** out);
+  // DMA-BUF registration (ibv_reg_dmabuf_mr) on every HCA of the path set; fd is NCCL's and
+  // stays NCCL's (it closes it after the call). Not cached.
+  Status reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, IbMr** out);
   void dereg_mr(IbMr* mr);
 
   // --- data path (proxy thread, token held) ---
   Status isend(void* data, uint64_t size, IbMr* mr, IbRequest** req);
   Status irecv(void* data, uint64_t size, IbMr* mr, IbRequest** req);
   Status test(IbRequest* r, int* done, int* size);
+  // GPU receives: makes the NIC's writes visible to the GPU with a 1-byte RDMA READ of the
+  // last buffer through a QP connected to itself (the read's completion orders after the
+  // writes). *req = NULL when no buffer needs it (host memory). Receiver side only.
+  Status iflush(int n, void** data, const int* sizes, IbMr** mrs, IbRequest** req);
 
   bool try_enter() {
     int e = 0;
@@ -209,6 +220,7 @@ class IbConn {
   void on_rebuild_ack(const IbCtrlMsg& m, TimeUs now);
   void check_recoveries(TimeUs now);
   void give_up(Status st, const char* why);
+  Status make_flush_qp();
   int control_path() const;
   std::string rail_of(const Path& p) const;
   bool any_usable() const;
@@ -255,6 +267,10 @@ class IbConn {
   std::deque<Notice> notices_;
   uint64_t next_notice_ = 1;
   std::vector<Recovery> recoveries_;
+
+  // iflush: a QP on the primary HCA connected to itself (created at the first flush)
+  ibv_cq* flush_cq_ = nullptr;
+  ibv_qp* flush_qp_ = nullptr;
 
   // side channel
   int sc_fd_ = -1;

@@ -19,186 +19,36 @@
 
 #include "r2ccl/nccl_abi.h"
 #include "support/net_harness.h"
+#include "support/stream.h"
 
 using namespace r2ccl::test;
 
 namespace {
 
 const char* kTwoRails = "lo@127.0.0.1,lo@127.0.0.2";
-constexpr size_t kMsg = 4 * 1024 * 1024;
-constexpr int kDepth = 8;          // messages in flight (NCCL keeps up to 8 per connection)
-constexpr int kMinMessages = 64;   // at least 64 x 4 MiB
-constexpr double kMinSeconds = 1.5;  // and long enough that a fault at 150 ms is mid-stream
 constexpr int kFaultAtMs = 150;
+constexpr int kOk = kStreamOk;
+constexpr int kStalled = kStreamStalled;
+constexpr int kTestFailed = kStreamTestFailed;
+constexpr int kPostFailed = kStreamPostFailed;
 
-// Exit codes of the stream endpoints.
-constexpr int kOk = 0;
-constexpr int kPostFailed = 10;  // isend/irecv returned an error
-constexpr int kStalled = 11;     // no completion within the stall limit
-constexpr int kTestFailed = 12;  // test returned an error
-constexpr int kBadData = 13;     // wrong size or wrong bytes
+using FaultRun = StreamRun;
 
-double mono_s() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
-}
-
-int result_code(ncclResult_t r) { return r == ncclInProgress ? kStalled : kTestFailed; }
-
-// Sender: a stream of kMsg-byte messages, kDepth in flight, until kMinMessages were sent and
-// kMinSeconds passed; then an 8-byte end marker holding the message count. The kDepth
-// buffers are filled once (message k carries pattern k % kDepth), so the sender does nothing
-// but drive the plugin and rail 0 always has chunks in flight. Every wait is bounded by
-// stall_ms.
-int stream_send(Endpoint& ep, int stall_ms) {
-  std::vector<std::unique_ptr<char[]>> bufs;
-  for (int i = 0; i < kDepth; ++i) {
-    bufs.emplace_back(new char[kMsg]);
-    fill_pattern(bufs[i].get(), kMsg, static_cast<uint64_t>(i));
-  }
-  std::vector<void*> inflight;  // oldest first
-  double t0 = mono_s();
-  int64_t k = 0;
-  bool ended = false;
-  int64_t end_marker = 0;
-  while (!ended || !inflight.empty()) {
-    while (!ended && static_cast<int>(inflight.size()) < kDepth) {
-      void* req = nullptr;
-      ncclResult_t res;
-      if (k >= kMinMessages && mono_s() - t0 >= kMinSeconds) {
-        end_marker = k;
-        res = ep.post_send(&end_marker, sizeof(end_marker), &req, stall_ms);
-        ended = true;
-      } else {
-        res = ep.post_send(bufs[k % kDepth].get(), kMsg, &req, stall_ms);
-        ++k;
-      }
-      if (res != ncclSuccess) {
-        fprintf(stderr, "sender: isend of message %lld: result %d\n", static_cast<long long>(k), res);
-        return res == ncclInProgress ? kStalled : kPostFailed;
-      }
-      inflight.push_back(req);
-    }
-    int size = -1;
-    ncclResult_t res = ep.wait(inflight.front(), stall_ms, &size);
-    if (res != ncclSuccess) {
-      fprintf(stderr, "sender: waiting for message %lld: result %d (%s)\n",
-              static_cast<long long>(k - static_cast<int64_t>(inflight.size())), res,
-              res == ncclInProgress ? "no completion in time" : "error");
-      return result_code(res);
-    }
-    inflight.erase(inflight.begin());
-  }
-  fprintf(stderr, "sender: %lld messages of %zu bytes in %.2f s\n", static_cast<long long>(k),
-          kMsg, mono_s() - t0);
-  return kOk;
-}
-
-// Receiver: kDepth receives posted ahead; message k must be kMsg bytes of pattern k % kDepth;
-// the 8-byte end marker must carry the number of messages received.
-int stream_recv(Endpoint& ep, int stall_ms) {
-  std::vector<std::unique_ptr<char[]>> bufs;
-  for (int i = 0; i < kDepth; ++i) bufs.emplace_back(new char[kMsg]);
-  std::vector<void*> reqs(kDepth, nullptr);
-  int64_t posted = 0, k = 0;
-  auto post = [&]() -> int {
-    int slot = static_cast<int>(posted % kDepth);
-    memset(bufs[slot].get(), 0, kMsg);
-    ncclResult_t res = ep.post_recv(bufs[slot].get(), kMsg, &reqs[slot], stall_ms);
-    if (res != ncclSuccess) {
-      fprintf(stderr, "receiver: irecv %lld: result %d\n", static_cast<long long>(posted), res);
-      return res == ncclInProgress ? kStalled : kPostFailed;
-    }
-    ++posted;
-    return kOk;
-  };
-  for (int i = 0; i < kDepth; ++i)
-    if (int rc = post()) return rc;
-  for (;; ++k) {
-    int slot = static_cast<int>(k % kDepth);
-    int size = -1;
-    ncclResult_t res = ep.wait(reqs[slot], stall_ms, &size);
-    if (res != ncclSuccess) {
-      fprintf(stderr, "receiver: waiting for message %lld: result %d\n", static_cast<long long>(k), res);
-      return result_code(res);
-    }
-    if (size == static_cast<int>(sizeof(int64_t))) {  // end of stream
-      int64_t count = 0;
-      memcpy(&count, bufs[slot].get(), sizeof(count));
-      if (count != k) {
-        fprintf(stderr, "receiver: the sender sent %lld messages, %lld arrived\n",
-                static_cast<long long>(count), static_cast<long long>(k));
-        return kBadData;
-      }
-      break;
-    }
-    if (size != static_cast<int>(kMsg)) {
-      fprintf(stderr, "receiver: message %lld reported %d bytes, expected %zu\n",
-              static_cast<long long>(k), size, kMsg);
-      return kBadData;
-    }
-    long long bad = check_pattern(bufs[slot].get(), kMsg, static_cast<uint64_t>(k % kDepth));
-    if (bad >= 0) {
-      fprintf(stderr, "receiver: message %lld: first wrong byte at offset %lld\n",
-              static_cast<long long>(k), bad);
-      return kBadData;
-    }
-    if (int rc = post()) return rc;
-  }
-  fprintf(stderr, "receiver: %lld messages intact\n", static_cast<long long>(k));
-  if (k < kMinMessages) {
-    fprintf(stderr, "receiver: only %lld messages before the end marker\n", static_cast<long long>(k));
-    return kBadData;
-  }
-  return kOk;
-}
-
-struct FaultRun {
-  PairResult pair;
-  std::string sender_log;
-  std::string receiver_log;
-};
-
-// One stream with `fault` injected (in both processes; only the sender arms it, since the
-// injector's clock starts at a process's first isend) and `extra` env in both.
+// One stream of 4 MiB messages with `fault` injected (in both processes; only the sender
+// arms it, since the injector's clock starts at a process's first isend) and `extra` env in
+// both.
 FaultRun run_stream(const std::string& fault, const std::map<std::string, std::string>& extra,
                     int stall_ms) {
   PairOptions o;
   o.env = {{"R2CCL_SOCKET_IFNAME", kTwoRails}, {"R2CCL_FAULT_INJECT", fault}};
   for (const auto& kv : extra) o.env[kv.first] = kv.second;
-  std::string slog = temp_path("sender.log"), rlog = temp_path("receiver.log");
   // Ranks for R2CCL_FAULT_INJECT entries aimed at one side: sender 0, receiver 1.
-  o.sender_env = {{"R2CCL_LOG_FILE", slog}, {"R2CCL_RANK", "0"}};
-  o.receiver_env = {{"R2CCL_LOG_FILE", rlog}, {"R2CCL_RANK", "1"}};
+  o.sender_env = {{"R2CCL_RANK", "0"}};
+  o.receiver_env = {{"R2CCL_RANK", "1"}};
   o.timeout_s = 300;
-  // Both sides stay until both are done, and each snapshots its log when its stream is over:
-  // what comes after (a peer's exit looks like a rail failure) is not the fault's doing.
-  o.finish_together = true;
-  auto snapshot = [](const std::string& log) {
-    std::string text = read_file(log);
-    if (FILE* f = fopen((log + ".end").c_str(), "w")) {
-      fwrite(text.data(), 1, text.size(), f);
-      fclose(f);
-    }
-  };
-  FaultRun r;
-  r.pair = run_pair(
-      o,
-      [&](Endpoint& ep) {
-        int rc = stream_send(ep, stall_ms);
-        snapshot(slog);
-        return rc;
-      },
-      [&](Endpoint& ep) {
-        int rc = stream_recv(ep, stall_ms);
-        snapshot(rlog);
-        return rc;
-      });
-  r.sender_log = read_file(slog + ".end");
-  r.receiver_log = read_file(rlog + ".end");
-  for (const auto& f : {slog, rlog, slog + ".end", rlog + ".end"}) unlink(f.c_str());
-  return r;
+  StreamSpec s;
+  s.stall_ms = stall_ms;
+  return run_stream(o, s);
 }
 
 // "N chunks replayed" of every "Successfully recovered in" line.

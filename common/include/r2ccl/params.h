@@ -129,7 +129,8 @@ struct ParamDef {
     "immediate); 0: one write with immediate per chunk; -1: 1 on InfiniBand, 0 on RoCE.")    \
   X(test_hooks, "R2CCL_TEST_HOOKS", kString, "", 0, 0, nullptr,                                \
     "Test only. Comma list of protections to switch off: no_replay, no_dedup, "               \
-    "no_stale_guard, no_bilateral_err (verbs: replay without moving the peer's QPs to ERR). " \
+    "no_stale_guard, no_bilateral_err (verbs: replay without moving the peer's QPs to ERR), "  \
+    "force_flush (verbs: iflush reads back host buffers too). "                              \
     "Used by tests to prove each protection matters.")
 
 template <ParamType> struct ParamCType;

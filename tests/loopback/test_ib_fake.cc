@@ -1,0 +1,497 @@
+// The verbs transport end to end against the fake verbs provider (tests/fakeverbs), loaded in
+// place of libibverbs with R2CCL_IBVERBS_LIB. Each process is one "host" with two RoCE HCAs
+// (mlx5_0 on 10.210.1.0/24, mlx5_1 on 10.210.2.0/24); the TCP side channel runs on lo.
+//
+// The TCP transport's fault scenarios, mapped to verbs:
+//   link down        -> port_down on the sender: port-error event + retry-exceeded in flight
+//   far-end failure  -> port_down on the receiver: retry-exceeded with the local port active
+//   black hole       -> a QP that silently stops (the acknowledgement watchdog finds it)
+//   flaps            -> port down/up trains (failback by re-created QPs, hold-down)
+//   both HCAs down   -> bounded error, no hang, close returns
+//   peer killed      -> bounded ncclRemoteError
+// plus exactly-once failure handling, the late write (bilateral ERR transition), fatal
+// completion errors, GID change, and transport/device selection. Each protection switched off
+// through R2CCL_TEST_HOOKS makes its test fail.
+#include <catch2/catch.hpp>
+#include <dlfcn.h>
+#include <stdarg.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "r2ccl/nccl_abi.h"
+#include "support/net_harness.h"
+#include "support/stream.h"
+
+using namespace r2ccl::test;
+
+namespace {
+
+const char* kSenderHcas =
+    "mlx5_0,eth,10.210.1.1,pci=0000:00:01.0/0000:0b:00.0,numa=0;"
+    "mlx5_1,eth,10.210.2.1,pci=0000:00:01.0/0000:0c:00.0,numa=0";
+const char* kReceiverHcas =
+    "mlx5_0,eth,10.210.1.2,pci=0000:00:01.0/0000:0b:00.0,numa=0;"
+    "mlx5_1,eth,10.210.2.2,pci=0000:00:01.0/0000:0c:00.0,numa=0";
+
+std::string fake_lib() { return env_or("R2CCL_TEST_FAKEVERBS", ""); }
+
+std::string fresh_dir() {
+  std::string d = temp_path("fakeverbs");
+  mkdir(d.c_str(), 0700);
+  return d;
+}
+
+// Both processes on the fake: verbs transport, side channel on lo, a fast retry-exceeded.
+PairOptions ib_pair(const std::string& sender_faults = "", const std::string& receiver_faults = "") {
+  PairOptions o;
+  o.env = {{"R2CCL_TRANSPORT", "ib"},
+           {"R2CCL_IBVERBS_LIB", fake_lib()},
+           {"R2CCL_SOCKET_IFNAME", "lo"},
+           {"FAKEVERBS_DIR", fresh_dir()},
+           {"FAKEVERBS_RETRY_US", "20000"}};
+  o.sender_env = {{"FAKEVERBS_DEVICES", kSenderHcas}, {"FAKEVERBS_FAULTS", sender_faults}};
+  o.receiver_env = {{"FAKEVERBS_DEVICES", kReceiverHcas}, {"FAKEVERBS_FAULTS", receiver_faults}};
+  o.timeout_s = 120;
+  return o;
+}
+
+StreamSpec short_stream(double seconds = 1.0) {
+  StreamSpec s;
+  s.msg = 4 * 1024 * 1024;
+  s.min_messages = 32;
+  s.min_seconds = seconds;
+  s.stall_ms = 20000;
+  return s;
+}
+
+std::vector<int> numbers_after(const std::string& log, const std::string& pattern) {
+  std::vector<int> out;
+  std::regex re(pattern);
+  std::istringstream in(log);
+  std::string line;
+  std::smatch m;
+  while (std::getline(in, line))
+    if (std::regex_search(line, m, re)) out.push_back(std::stoi(m[1]));
+  return out;
+}
+std::vector<int> to_replay(const std::string& log) {
+  return numbers_after(log, "switchover: rail [^ ]+ failed .*; ([0-9]+) chunks to replay");
+}
+std::vector<int> replayed(const std::string& log) {
+  return numbers_after(log, "Successfully recovered in [0-9.]+ s \\(rail .*, ([0-9]+) chunks replayed\\)");
+}
+std::vector<double> recovery_seconds(const std::string& log) {
+  std::vector<double> out;
+  std::regex re("Successfully recovered in ([0-9.]+) s");
+  std::istringstream in(log);
+  std::string line;
+  std::smatch m;
+  while (std::getline(in, line))
+    if (std::regex_search(line, m, re)) out.push_back(std::stod(m[1]));
+  return out;
+}
+
+#define SKIP_WITHOUT_FAKE()                                                 \
+  do {                                                                      \
+    if (fake_lib().empty()) {                                               \
+      WARN("R2CCL_TEST_FAKEVERBS is not set (run through ctest)");          \
+      return;                                                               \
+    }                                                                       \
+  } while (0)
+
+}  // namespace
+
+TEST_CASE("verbs on the fake: messages of every size arrive exact", "[loopback][ib]") {
+  SKIP_WITHOUT_FAKE();
+  const std::vector<size_t> sizes = {0, 1, 4095, 4096, 512 * 1024, 512 * 1024 + 1, 5 * 1024 * 1024 + 7};
+  PairOptions o = ib_pair();
+  o.receiver_env["R2CCL_TEST_HOOKS"] = "force_flush";
+  PairResult r = run_pair(
+      o,
+      [&](Endpoint& ep) {
+        // Every buffer lives to the end: the harness caches registrations by address.
+        std::vector<std::vector<char>> bufs;
+        for (size_t n : sizes) bufs.emplace_back(n + 1);
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          std::vector<char>& buf = bufs[i];
+          fill_pattern(buf.data(), sizes[i], i + 1);
+          if (ep.send(buf.data(), sizes[i], 20000) != ncclSuccess) return 1;
+        }
+        return 0;
+      },
+      [&](Endpoint& ep) {
+        std::vector<std::vector<char>> bufs;
+        for (size_t n : sizes) bufs.emplace_back(n + 4096);
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          std::vector<char>& buf = bufs[i];
+          int got = -1;
+          if (ep.recv(buf.data(), buf.size(), 20000, &got) != ncclSuccess) return 1;
+          if (got != static_cast<int>(sizes[i])) {
+            fprintf(stderr, "message %zu: %d bytes, expected %zu\n", i, got, sizes[i]);
+            return 2;
+          }
+          if (check_pattern(buf.data(), sizes[i], i + 1) >= 0) {
+            fprintf(stderr, "message %zu: wrong bytes\n", i);
+            return 3;
+          }
+          // iflush: with force_flush the GPU flush path (a 1-byte RDMA READ through the
+          // loopback QP) runs on this host buffer and must complete.
+          void* data = buf.data();
+          int sz = got;
+          void* mh = ep.mhandle_for(buf.data(), buf.size());
+          void* req = nullptr;
+          if (ep.plugin.net->iflush(ep.comm, 1, &data, &sz, &mh, &req) != ncclSuccess) return 4;
+          if (sz > 0 && req == nullptr) {
+            fprintf(stderr, "message %zu: iflush returned no request under force_flush\n", i);
+            return 5;
+          }
+          if (req && ep.wait(req, 5000) != ncclSuccess) return 6;
+        }
+        return 0;
+      });
+  CHECK(r.sender_status == 0);
+  CHECK(r.receiver_status == 0);
+}
+
+TEST_CASE("r2ccl_perf over the fake verbs backend: every API version, checked", "[loopback][ib]") {
+  SKIP_WITHOUT_FAKE();
+  for (int v : {8, 9, 10, 11}) {
+    std::map<std::string, std::string> env = {
+        {"R2CCL_TRANSPORT", "ib"},  {"R2CCL_IBVERBS_LIB", fake_lib()},
+        {"R2CCL_SOCKET_IFNAME", "lo"}, {"FAKEVERBS_DIR", fresh_dir()},
+        {"FAKEVERBS_DEVICES", kSenderHcas}, {"R2CCL_LOG_FILE", "none"}};
+    std::string out;
+    int rc = run_command(perf_command(env, "--ranks 2 --check --net-api " + std::to_string(v) +
+                                               " -b 8 -e 4M -f 8 -n 3 --stats"),
+                         &out);
+    INFO("net API v" << v << "\n" << out);
+    REQUIRE(rc == 0);
+    std::vector<PerfRow> rows = perf_rows(out);
+    REQUIRE(rows.size() == 7);  // 8 B .. 4 MiB by 8
+    for (const auto& row : rows) CHECK(row.wrong == "0");
+    CHECK(out.find("rail mlx5_0:1") != std::string::npos);  // --stats: the verbs rails carried it
+  }
+}
+
+TEST_CASE("verbs: sender HCA port down mid-stream: lossless, one switchover, bounded",
+          "[loopback][ib][failover]") {
+  SKIP_WITHOUT_FAKE();
+  StreamRun r = run_stream(ib_pair("port_down,dev=mlx5_0,after_bytes=67108864"), short_stream());
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  CHECK(r.pair.sender_status == kStreamOk);
+  CHECK(r.pair.receiver_status == kStreamOk);
+  CHECK(count_lines_containing(r.sender_log, "port error event") >= 1);
+  CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") == 1);
+  CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
+  std::vector<int> lost = to_replay(r.sender_log), rec = replayed(r.sender_log);
+  REQUIRE(lost.size() == 1);
+  REQUIRE(rec.size() == 1);
+  CHECK(rec[0] == lost[0]);
+  std::vector<double> secs = recovery_seconds(r.sender_log);
+  REQUIRE(secs.size() == 1);
+  CHECK(secs[0] < 0.5);  // switchover + replay in milliseconds on the fake, well under this
+}
+
+TEST_CASE("verbs: the same port down without replay (R2CCL_TEST_HOOKS=no_replay) fails",
+          "[loopback][ib][failover]") {
+  SKIP_WITHOUT_FAKE();
+  bool conclusive = false;
+  for (int attempt = 1; attempt <= 3 && !conclusive; ++attempt) {
+    PairOptions o = ib_pair("port_down,dev=mlx5_0,after_bytes=67108864");
+    o.env["R2CCL_TEST_HOOKS"] = "no_replay";
+    StreamSpec s = short_stream();
+    s.stall_ms = 4000;
+    StreamRun r = run_stream(o, s);
+    INFO("attempt " << attempt << "\nsender log:\n" << r.sender_log);
+    std::vector<int> lost = to_replay(r.sender_log);
+    REQUIRE(lost.size() >= 1);
+    conclusive = lost[0] >= 1;
+    if (!conclusive) continue;
+    CHECK(r.pair.sender_status != kStreamOk);
+    CHECK(r.pair.receiver_status != kStreamOk);
+  }
+  CHECK(conclusive);
+}
+
+TEST_CASE("verbs: far-end port down: retry-exceeded with the local port active, exactly once",
+          "[loopback][ib][failover]") {
+  SKIP_WITHOUT_FAKE();
+  // The receiver's mlx5_0 dies: the sender's own port stays active, so it learns from its
+  // completions: one retry-exceeded, then a train of flushes. That must be one failure event
+  // and one replay of each unacknowledged chunk.
+  StreamRun r = run_stream(ib_pair("", "port_down,dev=mlx5_0,after_ms=400"), short_stream(1.5));
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  CHECK(r.pair.sender_status == kStreamOk);
+  CHECK(r.pair.receiver_status == kStreamOk);
+  CHECK(count_lines_containing(r.sender_log, "path on rail mlx5_0:1 failed") == 1);
+  CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") == 1);
+  CHECK(count_lines_containing(r.sender_log, "port error event") == 0);
+  CHECK(count_lines_containing(r.receiver_log, "port error event") >= 1);
+  std::vector<int> lost = to_replay(r.sender_log), rec = replayed(r.sender_log);
+  REQUIRE(lost.size() == 1);
+  REQUIRE(rec.size() == 1);
+  CHECK(rec[0] == lost[0]);
+}
+
+TEST_CASE("verbs: a QP that silently stops (black hole): the watchdog fails over, lossless",
+          "[loopback][ib][failover]") {
+  SKIP_WITHOUT_FAKE();
+  // Real QP timeouts (retry-exceeded after seconds): the acknowledgement watchdog of one end
+  // or the other (100 ms) must be what finds the silent QP.
+  PairOptions o = ib_pair("blackhole,dev=mlx5_0,after_bytes=67108864");
+  o.env["FAKEVERBS_RETRY_US"] = "5000000";
+  StreamRun r = run_stream(o, short_stream());
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  CHECK(r.pair.sender_status == kStreamOk);
+  CHECK(r.pair.receiver_status == kStreamOk);
+  CHECK(count_lines_containing(r.sender_log + r.receiver_log,
+                               "path on rail mlx5_0:1 failed (acknowledgement timeout") +
+            count_lines_containing(r.sender_log + r.receiver_log,
+                                   "path on rail mlx5_0:1 failed (heartbeat miss") >= 1);
+  CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") >= 1);
+  CHECK(count_lines_containing(r.sender_log + r.receiver_log, "retry counter exceeded") == 0);
+  std::vector<int> rec = replayed(r.sender_log);
+  REQUIRE(rec.size() >= 1);
+  CHECK(rec[0] >= 1);  // what went into the black hole was replayed
+}
+
+TEST_CASE("verbs: port flaps: lossless, failback by re-created QPs", "[loopback][ib][failover]") {
+  SKIP_WITHOUT_FAKE();
+  PairOptions o = ib_pair("flap,dev=mlx5_0,down_ms=150,up_ms=500,count=3,after_bytes=33554432");
+  o.env["R2CCL_PROBE_COUNT"] = "2";
+  StreamRun r = run_stream(o, short_stream(3.0));
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  CHECK(r.pair.sender_status == kStreamOk);
+  CHECK(r.pair.receiver_status == kStreamOk);
+  CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") >= 2);
+  CHECK(count_lines_containing(r.sender_log, "failback: rail mlx5_0:1 is back") >= 1);
+  CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
+}
+
+TEST_CASE("verbs: both HCAs down: bounded error, no hang, close returns", "[loopback][ib][failover]") {
+  SKIP_WITHOUT_FAKE();
+  PairOptions o = ib_pair("port_down,dev=mlx5_0,after_bytes=33554432;port_down,dev=mlx5_1,after_bytes=33554432");
+  o.env["R2CCL_FAILOVER_TIMEOUT"] = "1s";
+  StreamSpec s = short_stream(30.0);  // would run far longer than the failure allows
+  s.stall_ms = 15000;
+  long long t0 = mono_us();
+  StreamRun r = run_stream(o, s);
+  const double secs = (mono_us() - t0) / 1e6;
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  CHECK((r.pair.sender_status == kStreamTestFailed || r.pair.sender_status == kStreamPostFailed));
+  CHECK(r.pair.receiver_status != kStreamOk);
+  CHECK(r.pair.receiver_status != kStreamStalled);
+  CHECK(count_lines_containing(r.sender_log, "give-up:") >= 1);
+  CHECK(secs < 12);  // failover timeout 1 s + the peer's own give-up + teardown
+}
+
+TEST_CASE("verbs: peer killed: the sender fails with a bounded error", "[loopback][ib][failover]") {
+  SKIP_WITHOUT_FAKE();
+  PairOptions o = ib_pair();
+  o.env["R2CCL_FAILOVER_TIMEOUT"] = "30s";  // the error must come from the peer's death, not this
+  std::string slog = temp_path("sender.log");
+  o.sender_env["R2CCL_LOG_FILE"] = slog;
+  StreamSpec s = short_stream(30.0);
+  s.stall_ms = 20000;
+  long long t0 = mono_us();
+  PairResult r = run_pair(
+      o, [&](Endpoint& ep) { return stream_send(ep, s); },
+      [&](Endpoint& ep) {
+        std::vector<char> buf(s.msg);
+        for (int i = 0; i < 10; ++i)
+          if (ep.recv(buf.data(), buf.size(), 20000) != ncclSuccess) return 1;
+        _exit(42);  // killed mid-stream: no close, no BYE
+      });
+  const double secs = (mono_us() - t0) / 1e6;
+  std::string log = read_file(slog);
+  unlink(slog.c_str());
+  INFO("sender log:\n" << log);
+  CHECK(r.receiver_status == 42);
+  CHECK((r.sender_status == kStreamTestFailed || r.sender_status == kStreamPostFailed));
+  CHECK(count_lines_containing(log, "the peer process is gone") >= 1);
+  CHECK(secs < 15);
+}
+
+TEST_CASE("verbs: a late write of a failed path cannot land (bilateral ERR); without it, it does",
+          "[loopback][ib][failover]") {
+  SKIP_WITHOUT_FAKE();
+  // The fake holds one write of mlx5_0 (the sender's watchdog then fails the path) and
+  // delivers it after its chunk was replayed and the next message wrote the same buffer.
+  // The receiver waits 50 ms after each message before checking it, so a late write has
+  // landed by then.
+  StreamSpec s = short_stream(0.5);
+  s.depth = 1;  // one buffer: the next message reuses it at once
+  s.min_messages = 24;
+  s.check_delay_ms = 50;
+  s.stall_ms = 10000;
+  s.pattern_per_message = true;  // the stale write carries the previous message's bytes
+  // No failback during the stream: the failed path's QPs must still exist (in ERR, or in RTS
+  // without the protection) when the held write arrives.
+  const std::map<std::string, std::string> no_failback = {{"R2CCL_RECONNECT_MIN", "10s"},
+                                                          {"R2CCL_RECONNECT_MAX", "10s"}};
+  {
+    PairOptions o = ib_pair("hold_write,dev=mlx5_0,after_bytes=16777216,release_after=2");
+    for (const auto& kv : no_failback) o.env[kv.first] = kv.second;
+    StreamRun r = run_stream(o, s);
+    INFO("protected run\nsender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+    CHECK(r.pair.sender_status == kStreamOk);
+    CHECK(r.pair.receiver_status == kStreamOk);
+    CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") == 1);
+  }
+  {
+    PairOptions o = ib_pair("hold_write,dev=mlx5_0,after_bytes=16777216,release_after=2");
+    for (const auto& kv : no_failback) o.env[kv.first] = kv.second;
+    o.env["R2CCL_TEST_HOOKS"] = "no_bilateral_err";
+    StreamRun r = run_stream(o, s);
+    INFO("no_bilateral_err run\nsender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+    CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") == 1);
+    CHECK(r.pair.receiver_status == kStreamBadData);  // the late write corrupted a message
+  }
+}
+
+TEST_CASE("verbs: remote access and local protection errors are fatal, not failed over",
+          "[loopback][ib]") {
+  SKIP_WITHOUT_FAKE();
+  for (const char* kind : {"rkey_error", "lkey_error"}) {
+    StreamSpec s = short_stream(10.0);
+    s.stall_ms = 8000;
+    StreamRun r = run_stream(ib_pair(std::string(kind) + ",dev=mlx5_0,after_bytes=16777216"), s);
+    INFO(kind << "\nsender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+    CHECK((r.pair.sender_status == kStreamTestFailed || r.pair.sender_status == kStreamPostFailed));
+    CHECK(count_lines_containing(r.sender_log, "fatal, not failed over") == 1);
+    CHECK(count_lines_containing(r.sender_log, "switchover:") == 0);
+    CHECK(count_lines_containing(r.sender_log, kind[0] == 'r' ? "ncclRemoteError" : "ncclInternalError") == 1);
+  }
+}
+
+TEST_CASE("verbs: a GID change on the receiver: the path is rebuilt on the new GID", "[loopback][ib][failover]") {
+  SKIP_WITHOUT_FAKE();
+  PairOptions o = ib_pair("", "set_ipv4,dev=mlx5_0,addr=10.210.1.77,after_ms=400");
+  o.env["R2CCL_PROBE_COUNT"] = "2";
+  StreamRun r = run_stream(o, short_stream(2.5));
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  CHECK(r.pair.sender_status == kStreamOk);
+  CHECK(r.pair.receiver_status == kStreamOk);
+  CHECK(count_lines_containing(r.receiver_log, "GID re-selected") >= 1);
+  CHECK(count_lines_containing(r.sender_log, "failback: rail mlx5_0:1 is back") >= 1);
+}
+
+// ------------------------------------------------------------------------------------------
+// Transport and device selection (one fresh process each).
+
+namespace {
+
+void quiet_logger(ncclDebugLogLevel level, unsigned long, const char*, int, const char* fmt, ...) {
+  if (level != NCCL_LOG_WARN && level != NCCL_LOG_INFO) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vfprintf(stderr, fmt, ap);
+  va_end(ap);
+  fputc('\n', stderr);
+}
+
+// Loads the plugin, inits it and prints "ndev=N" and each device's properties.
+int probe_devices() {
+  void* dl = dlopen(env_or("R2CCL_TEST_PLUGIN", "").c_str(), RTLD_NOW | RTLD_LOCAL);
+  if (!dl) return 90;
+  auto* t = static_cast<const ncclNet_v11_t*>(dlsym(dl, "ncclNetPlugin_v11"));
+  void* ctx = nullptr;
+  if (t->init(&ctx, 1, nullptr, quiet_logger, nullptr) != ncclSuccess) return 3;
+  int n = 0;
+  if (t->devices(&n) != ncclSuccess) return 4;
+  fprintf(stderr, "ndev=%d\n", n);
+  for (int d = 0; d < n; ++d) {
+    ncclNetProperties_v11_t p;
+    if (t->getProperties(d, &p) != ncclSuccess) return 5;
+    fprintf(stderr, "dev %d name=%s port=%d speed=%d ptr=%d pci=%s\n", d, p.name, p.port, p.speed,
+            p.ptrSupport, p.pciPath ? p.pciPath : "(null)");
+  }
+  t->finalize(ctx);
+  return 0;
+}
+
+ChildResult probe(std::map<std::string, std::string> env) {
+  env.emplace("R2CCL_IBVERBS_LIB", fake_lib());
+  env.emplace("FAKEVERBS_DIR", fresh_dir());
+  env.emplace("R2CCL_SOCKET_IFNAME", "lo");
+  env.emplace("R2CCL_LOG_FILE", "none");
+  return run_child(env, probe_devices, 60);
+}
+
+}  // namespace
+
+TEST_CASE("transport selection: auto picks verbs only with an active HCA port", "[loopback][ib]") {
+  SKIP_WITHOUT_FAKE();
+  ChildResult a = probe({{"FAKEVERBS_DEVICES", kSenderHcas}});
+  INFO(a.output);
+  REQUIRE(a.status == 0);
+  CHECK(a.output.find("transport IB") != std::string::npos);
+  CHECK(a.output.find("ndev=2") != std::string::npos);
+  CHECK(a.output.find("dev 0 name=mlx5_0 port=1 speed=100000 ptr=1 pci=") != std::string::npos);
+  CHECK(a.output.find("0000:0b:00.0") != std::string::npos);
+
+  ChildResult down = probe({{"FAKEVERBS_DEVICES", "mlx5_0,eth,10.210.1.1,state=down"}});
+  INFO(down.output);
+  REQUIRE(down.status == 0);
+  CHECK(down.output.find("transport TCP") != std::string::npos);
+
+  ChildResult none = probe({{"FAKEVERBS_DEVICES", ""}});
+  REQUIRE(none.status == 0);
+  CHECK(none.output.find("transport TCP") != std::string::npos);
+
+  ChildResult nolib = probe({{"R2CCL_IBVERBS_LIB", "/nonexistent/libibverbs.so.1"}});
+  REQUIRE(nolib.status == 0);
+  CHECK(nolib.output.find("transport TCP") != std::string::npos);
+}
+
+TEST_CASE("R2CCL_IB_HCA selects HCAs with NCCL_IB_HCA's syntax", "[loopback][ib]") {
+  SKIP_WITHOUT_FAKE();
+  ChildResult one = probe({{"FAKEVERBS_DEVICES", kSenderHcas}, {"R2CCL_IB_HCA", "mlx5_1"}});
+  INFO(one.output);
+  CHECK(one.output.find("ndev=1") != std::string::npos);
+  CHECK(one.output.find("dev 0 name=mlx5_1") != std::string::npos);
+  ChildResult ex = probe({{"FAKEVERBS_DEVICES", kSenderHcas}, {"NCCL_IB_HCA", "^mlx5_0"}});
+  INFO(ex.output);
+  CHECK(ex.output.find("ndev=1") != std::string::npos);
+  CHECK(ex.output.find("dev 0 name=mlx5_1") != std::string::npos);
+  ChildResult exact = probe({{"FAKEVERBS_DEVICES", kSenderHcas}, {"R2CCL_IB_HCA", "=mlx5"},
+                             {"R2CCL_TRANSPORT", "ib"}});
+  INFO(exact.output);
+  CHECK(exact.status == 3);
+  CHECK(exact.output.find("R2CCL_TRANSPORT=ib: no active HCA port") != std::string::npos);
+}
+
+TEST_CASE("bad verbs settings fail init with a message naming the variable", "[loopback][ib]") {
+  SKIP_WITHOUT_FAKE();
+  struct Case {
+    std::map<std::string, std::string> env;
+    const char* needle;
+  };
+  const std::vector<Case> cases = {
+      {{{"R2CCL_TRANSPORT", "rdma"}}, "R2CCL_TRANSPORT='rdma': accepted values are auto, ib and tcp"},
+      {{{"R2CCL_TRANSPORT", "ib"}, {"R2CCL_IBVERBS_LIB", "/nonexistent/libibverbs.so.1"}}, "R2CCL_IBVERBS_LIB"},
+      {{{"R2CCL_IB_HCA", "mlx5_0:x"}}, "R2CCL_IB_HCA"},
+      {{{"R2CCL_IB_TIMEOUT", "40"}}, "R2CCL_IB_TIMEOUT"},
+      {{{"NCCL_IB_RETRY_CNT", "9"}}, "NCCL_IB_RETRY_CNT"},
+      {{{"R2CCL_IB_QPS_PER_PATH", "0"}}, "R2CCL_IB_QPS_PER_PATH"},
+      {{{"R2CCL_IB_ADDR_FAMILY", "AF_UNIX"}}, "R2CCL_IB_ADDR_FAMILY"},
+      {{{"R2CCL_IB_ADDR_RANGE", "10.0.0.0/99"}}, "R2CCL_IB_ADDR_RANGE"},
+  };
+  for (const auto& c : cases) {
+    std::map<std::string, std::string> env = c.env;
+    env.emplace("FAKEVERBS_DEVICES", kSenderHcas);
+    ChildResult r = probe(env);
+    INFO("expecting '" << c.needle << "'\n" << r.output);
+    CHECK(r.status == 3);
+    CHECK(r.output.find(c.needle) != std::string::npos);
+  }
+}
