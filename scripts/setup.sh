@@ -2,6 +2,8 @@
 # Installs every Debian package r2ccl needs to build, test, run the demo and the benchmarks.
 # Idempotent and quiet when everything is installed. Without root and with packages missing
 # it prints the apt-get command to run and exits 2.
+#   --rdma   also the tools of a real InfiniBand/RoCE host (scripts/ib_two_node.sh):
+#            rdma-core, ibverbs-utils (ibv_devinfo), infiniband-diags (ibportstate)
 set -euo pipefail
 
 PKGS=(
@@ -13,6 +15,9 @@ PKGS=(
   iproute2 nftables ethtool iperf3         # rail lab, fault injection, benchmarks
   procps                                   # pgrep/pkill in scripts
 )
+if [ "${1:-}" = "--rdma" ]; then
+  PKGS+=(rdma-core ibverbs-utils infiniband-diags)
+fi
 
 missing=()
 for p in "${PKGS[@]}"; do
