@@ -2,8 +2,10 @@
 # The test command (README command 2, and what .ci/run runs).
 #   scripts/test.sh            everything but the long, rdma and gpu labels
 #   scripts/test.sh --long     also the long tests
-# Phases: setup, build, unit+abi, loopback, lab (root + namespaces), AddressSanitizer build
-# with the bad-input tests, benchmark smoke run. Prints the time of each phase. When CI=true
+# Phases: setup, build, unit+abi, loopback (TCP on lo, verbs on the fake verbs provider), lab
+# (root + namespaces), rdma (real HCAs; skipped without one), AddressSanitizer build with the
+# bad-input, unit and verbs-on-the-fake tests, the USE_CUDA=ON build of the plugin (compiled
+# only, where a CUDA toolkit is installed), benchmark smoke run. Prints the time of each phase. When CI=true
 # and running as root, a skipped lab test is a failure (the lab must really run in CI).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -53,11 +55,17 @@ phase "unit + abi" run_ctest build unit_abi -j "$JOBS" -L 'unit|abi'
 phase "loopback" run_ctest build loopback -L loopback
 phase "lab" run_ctest build lab -L lab
 phase "lab tests really ran" check_lab_not_skipped
+phase "rdma (real HCAs)" run_ctest build rdma -L rdma
 if [ $LONG -eq 1 ]; then
   phase "long" run_ctest build long -L long
 fi
 phase "asan build" bash -c "cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSANITIZE=address,undefined >/dev/null && cmake --build build-asan -j $JOBS"
-phase "bad input under asan" run_ctest build-asan asan -R 'bad_input|unit_'
+phase "bad input, unit, verbs under asan" run_ctest build-asan asan -R 'bad_input|unit_|ib_fake'
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  phase "USE_CUDA build (compile only)" bash -c "cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUSE_CUDA=ON -DR2CCL_BUILD_TESTS=OFF >/dev/null && cmake --build build-cuda -j $JOBS --target nccl-net-r2ccl"
+else
+  echo "=== no CUDA toolkit: the USE_CUDA=ON build is not compiled here"
+fi
 phase "benchmark smoke" bash scripts/bench_net.sh --smoke --build build
 
 echo
