@@ -58,6 +58,8 @@ class RecvMessage {
   // Chunks landed so far (for an RDMA message whose size is not known yet).
   uint32_t landed_count() const { return landed_count_; }
   bool landed(uint32_t idx) const { return idx < landed_.size() && landed_[idx]; }
+  // One past the highest chunk index seen so far (the message's chunk count once known).
+  uint32_t span() const { return static_cast<uint32_t>(landed_.size()); }
   uint64_t total() const { return total_; }
   uint32_t nchunks() const { return nchunks_; }
   // Lowest index not landed (every chunk below has landed).

@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "ib/ib_conn.h"
+#include "r2ccl/connect_state.h"
 #include "r2ccl/log.h"
 #include "sock/socket_util.h"
 
@@ -11,15 +12,8 @@ namespace r2ccl::net::ib {
 namespace {
 
 constexpr uint64_t kConnectStateMagic = 0x52324942434f4e4eull;  // "R2IBCONN"
-// connect() is called again and again with the same handle until it returns a comm; the
-// connection being built lives in the handle's last 16 bytes (NCCL keeps the handle per
-// connection; listen() zeroed them).
-struct ConnectState {
-  uint64_t magic;
-  IbConn* conn;
-};
-constexpr size_t kConnectStateOffset = NCCL_NET_HANDLE_MAXSIZE - sizeof(ConnectState);
-static_assert(sizeof(IbWireHandle) <= kConnectStateOffset, "handle has no room for connect state");
+using ConnectState = HandleConnectState<IbConn>;
+static_assert(sizeof(IbWireHandle) <= ConnectState::kOffset, "handle has no room for connect state");
 
 IbRuntime* rt() { return IbRuntime::peek(); }
 
@@ -103,12 +97,10 @@ Status connect(int dev, int traffic_class, void* handle, void** send_comm) {
     R2CCL_WARN("connect: device %d does not exist (%d HCA ports)", dev, device_count());
     return Status::kInternal;
   }
-  auto* bytes = static_cast<char*>(handle);
-  ConnectState st;
-  memcpy(&st, bytes + kConnectStateOffset, sizeof(st));
   IbWireHandle h;
   memcpy(&h, handle, sizeof(h));
-  if (st.magic != kConnectStateMagic) {
+  IbConn* conn = ConnectState::get(handle, kConnectStateMagic);
+  if (!conn) {
     if (h.magic != kIbHandleMagic || h.version != kIbWireVersion ||
         (h.family != AF_INET && h.family != AF_INET6)) {
       R2CCL_WARN("connect: the handle is not an r2ccl verbs v%u handle (magic %08x, version %u, "
@@ -116,19 +108,18 @@ Status connect(int dev, int traffic_class, void* handle, void** send_comm) {
                  kIbWireVersion, h.magic, h.version, h.family);
       return Status::kInternal;
     }
-    st.magic = kConnectStateMagic;
-    st.conn = new IbConn(rt(), IbRole::kSend, dev, traffic_class);
-    memcpy(bytes + kConnectStateOffset, &st, sizeof(st));
+    conn = new IbConn(rt(), IbRole::kSend, dev, traffic_class);
+    ConnectState::set(handle, kConnectStateMagic, conn);
   }
   bool done = false;
-  Status s = st.conn->connect_step(h, &done);
+  Status s = conn->connect_step(h, &done);
   if (s != Status::kOk || done) {
-    memset(bytes + kConnectStateOffset, 0, sizeof(st));
+    ConnectState::clear(handle);
     if (s != Status::kOk) {
-      delete st.conn;
+      delete conn;
       return s;
     }
-    *send_comm = st.conn;
+    *send_comm = conn;
   }
   return Status::kOk;
 }

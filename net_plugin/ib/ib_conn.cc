@@ -351,6 +351,20 @@ int IbConn::sc_read_exact(void* buf, size_t len, size_t* got) {
 // ------------------------------------------------------------------------------------------
 // Setup
 
+IbSetupMsg IbConn::setup_msg(SetupType t) const {
+  IbSetupMsg m{};
+  m.magic = kIbHandleMagic;
+  m.version = kIbWireVersion;
+  m.type = static_cast<uint16_t>(t);
+  memcpy(m.secret, secret_, 16);
+  return m;
+}
+
+bool IbConn::is_setup(const IbSetupMsg& m, SetupType t, const uint8_t* secret) {
+  return m.magic == kIbHandleMagic && m.version == kIbWireVersion &&
+         m.type == static_cast<uint16_t>(t) && memcmp(m.secret, secret, 16) == 0;
+}
+
 Status IbConn::connect_step(const IbWireHandle& h, bool* done) {
   *done = false;
   const TimeUs now = now_us();
@@ -398,11 +412,7 @@ Status IbConn::connect_step(const IbWireHandle& h, bool* done) {
       return Status::kOk;
     }
     candidates_ = rt_->path_set(rt_->devices()[dev_]);
-    IbSetupMsg m{};
-    m.magic = kIbHandleMagic;
-    m.version = kIbWireVersion;
-    m.type = static_cast<uint16_t>(SetupType::kHello);
-    memcpy(m.secret, secret_, 16);
+    IbSetupMsg m = setup_msg(SetupType::kHello);
     m.listen_id = listen_id_;
     m.chunk_size = static_cast<uint64_t>(cfg_.chunk_size);
     m.area_addr = reinterpret_cast<uintptr_t>(area_);
@@ -423,9 +433,7 @@ Status IbConn::connect_step(const IbWireHandle& h, bool* done) {
     if (r == 0) return Status::kOk;
     IbSetupMsg m;
     memcpy(&m, sc_in_, sizeof(m));
-    if (r < 0 || m.magic != kIbHandleMagic || m.version != kIbWireVersion ||
-        m.type != static_cast<uint16_t>(SetupType::kReply) || memcmp(m.secret, secret_, 16) != 0 ||
-        m.npaths == 0 || m.npaths > kMaxIbPaths || m.qps_per_path != static_cast<uint32_t>(nqps_)) {
+    if (r < 0 || !is_setup(m, SetupType::kReply, secret_) || m.npaths == 0 || m.npaths > kMaxIbPaths || m.qps_per_path != static_cast<uint32_t>(nqps_)) {
       R2CCL_WARN("connect: the peer's setup reply is missing or invalid (%s)",
                  r < 0 ? "side channel closed" : "bad magic, version, secret, path count or QP count");
       return Status::kRemote;
@@ -453,11 +461,7 @@ Status IbConn::connect_step(const IbWireHandle& h, bool* done) {
       R2CCL_CHECK(create_path_qps(p));
       R2CCL_CHECK(connect_path_qps(p, m.qpn[p.index], m.hca[p.index]));
     }
-    IbSetupMsg ready{};
-    ready.magic = kIbHandleMagic;
-    ready.version = kIbWireVersion;
-    ready.type = static_cast<uint16_t>(SetupType::kReady);
-    memcpy(ready.secret, secret_, 16);
+    IbSetupMsg ready = setup_msg(SetupType::kReady);
     ready.npaths = m.npaths;
     ready.qps_per_path = static_cast<uint32_t>(nqps_);
     for (auto& p : paths_)
@@ -471,8 +475,7 @@ Status IbConn::connect_step(const IbWireHandle& h, bool* done) {
     if (r == 0) return Status::kOk;
     IbSetupMsg m;
     memcpy(&m, sc_in_, sizeof(m));
-    if (r < 0 || m.magic != kIbHandleMagic || m.type != static_cast<uint16_t>(SetupType::kDone) ||
-        memcmp(m.secret, secret_, 16) != 0) {
+    if (r < 0 || !is_setup(m, SetupType::kDone, secret_)) {
       R2CCL_WARN("connect: the peer did not confirm the connection");
       return Status::kRemote;
     }
@@ -506,9 +509,7 @@ Status IbConn::accept_step(IbListen* l, bool* done) {
     if (r == 0) return Status::kOk;
     IbSetupMsg m;
     memcpy(&m, sc_in_, sizeof(m));
-    if (r < 0 || m.magic != kIbHandleMagic || m.version != kIbWireVersion ||
-        m.type != static_cast<uint16_t>(SetupType::kHello) || memcmp(m.secret, l->secret, 16) != 0 ||
-        m.listen_id != l->listen_id || m.npaths == 0 || m.npaths > kMaxIbPaths ||
+    if (r < 0 || !is_setup(m, SetupType::kHello, l->secret) || m.listen_id != l->listen_id || m.npaths == 0 || m.npaths > kMaxIbPaths ||
         m.qps_per_path != static_cast<uint32_t>(nqps_) || m.chunk_size < 4096 ||
         m.chunk_size > (64ull << 20)) {
       R2CCL_WARN("accept: refused a side-channel connection: %s",
@@ -529,7 +530,7 @@ Status IbConn::accept_step(IbListen* l, bool* done) {
     // routes rail k only to rail k), else the next one in their order.
     std::vector<int> mine = rt_->path_set(rt_->devices()[dev_]);
     std::vector<bool> used(m.npaths, false);
-    IbSetupMsg reply{};
+    IbSetupMsg reply = setup_msg(SetupType::kReply);
     for (size_t i = 0; i < mine.size() && paths_.size() < m.npaths; ++i) {
       const HcaInfo& h = rt_->hcas()[mine[i]];
       int pick = -1;
@@ -573,10 +574,6 @@ Status IbConn::accept_step(IbListen* l, bool* done) {
       reply.hca[p.index].pair = pair;
       for (int q = 0; q < nqps_; ++q) reply.qpn[p.index][q] = p.qps[q]->qp_num;
     }
-    reply.magic = kIbHandleMagic;
-    reply.version = kIbWireVersion;
-    reply.type = static_cast<uint16_t>(SetupType::kReply);
-    memcpy(reply.secret, secret_, 16);
     reply.npaths = static_cast<uint32_t>(paths_.size());
     reply.qps_per_path = static_cast<uint32_t>(nqps_);
     reply.area_addr = reinterpret_cast<uintptr_t>(area_);
@@ -590,17 +587,12 @@ Status IbConn::accept_step(IbListen* l, bool* done) {
     if (r == 0) return Status::kOk;
     IbSetupMsg m;
     memcpy(&m, sc_in_, sizeof(m));
-    if (r < 0 || m.magic != kIbHandleMagic || m.type != static_cast<uint16_t>(SetupType::kReady) ||
-        memcmp(m.secret, secret_, 16) != 0 || m.npaths != paths_.size()) {
+    if (r < 0 || !is_setup(m, SetupType::kReady, secret_) || m.npaths != paths_.size()) {
       R2CCL_WARN("accept: the peer's READY is missing or invalid");
       return Status::kRemote;
     }
     for (auto& p : paths_) R2CCL_CHECK(connect_path_qps(p, m.qpn[p.index], p.peer));
-    IbSetupMsg d{};
-    d.magic = kIbHandleMagic;
-    d.version = kIbWireVersion;
-    d.type = static_cast<uint16_t>(SetupType::kDone);
-    memcpy(d.secret, secret_, 16);
+    IbSetupMsg d = setup_msg(SetupType::kDone);
     if (!sc_write(&d, sizeof(d))) return Status::kRemote;
     sc_got_ = 0;
     setup_complete(now);
@@ -644,9 +636,9 @@ int IbConn::alloc_wr() {
   return i;
 }
 
-bool IbConn::post_write(Path& p, int q, uint8_t kind, const void* local, uint32_t len, uint32_t lkey,
-                        uint64_t raddr, uint32_t rkey, bool imm, uint32_t immv, IbRequest* req,
-                        uint64_t seq, uint32_t idx, TimeUs now) {
+int IbConn::post_write(Path& p, int q, uint8_t kind, const void* local, uint32_t len, uint32_t lkey,
+                       uint64_t raddr, uint32_t rkey, bool imm, uint32_t immv, IbRequest* req,
+                       uint64_t seq, uint32_t idx, TimeUs now) {
   const int wi = alloc_wr();
   WrRec& w = wrs_[wi];
   w = WrRec{};
@@ -678,10 +670,10 @@ bool IbConn::post_write(Path& p, int q, uint8_t kind, const void* local, uint32_
     char d[64];
     snprintf(d, sizeof(d), "ibv_post_send: %s", strerror(e));
     fail_path(p, FailCause::kRetryExceeded, now, d, false);
-    return false;
+    return -1;
   }
   if (p.outstanding++ == 0) p.ack_progress = now;
-  return true;
+  return wi;
 }
 
 std::string IbConn::rail_of(const Path& p) const {
@@ -706,8 +698,9 @@ void IbConn::queue_state_then(const IbCtrlMsg& last) {
   // the sender replays only what is not in this state.
   for (IbRequest* r : active_) {
     if (r->send || r->done || r->rmsg.landed_count() == 0) continue;
+    // prefix + one 64-chunk bitmap per window up to the highest chunk seen
     const uint32_t pre = r->rmsg.prefix();
-    for (uint32_t base = pre;; base += 64) {
+    for (uint32_t base = pre; base == pre || base < r->rmsg.span(); base += 64) {
       IbCtrlMsg m{};
       m.magic = kIbHandleMagic;
       m.type = static_cast<uint16_t>(CtrlType::kAckState);
@@ -715,9 +708,6 @@ void IbConn::queue_state_then(const IbCtrlMsg& last) {
       m.b = pre | (static_cast<uint64_t>(base) << 32);
       m.c = r->rmsg.window_bitmap(base);
       queue_ctrl(m);
-      if (r->rmsg.nchunks() != 0 ? base + 64 >= r->rmsg.nchunks() : !r->rmsg.landed(base + 64) && base + 64 > pre + 4096)
-        break;
-      if (r->rmsg.nchunks() == 0 && base + 64 >= r->rmsg.capacity() / std::max<uint64_t>(chunk_, 1) + 1) break;
     }
   }
   for (const auto& h : history_) {
@@ -808,7 +798,7 @@ void IbConn::on_send_wc(Path& p, const ibv_wc& wc, TimeUs now) {
   if (w.kind == kWrCtrl && w.ctrl_slot >= 0) ctrl_slot_busy_[w.ctrl_slot] = false;
   if (w.gen != p.gen || w.path != p.index) return;  // an earlier generation of the path
   p.outstanding--;
-  if (w.kind == kWrData || w.kind == kWrDataPart) p.inflight_bytes -= std::min<uint64_t>(p.inflight_bytes, w.kind == kWrData ? w.len : 0);
+  if (w.kind == kWrData) p.inflight_bytes -= std::min<uint64_t>(p.inflight_bytes, w.len);
   if (wc.status == IBV_WC_SUCCESS) {
     p.ack_progress = now;
     switch (w.kind) {
@@ -895,7 +885,7 @@ void IbConn::on_recv_wc(Path& p, const ibv_wc& wc, TimeUs now) {
 void IbConn::on_chunk(Path& p, uint32_t imm, uint32_t len, TimeUs now) {
   IbRequest* r = find_recv_seq7(imm_seq7(imm));
   if (!r) {
-    rt_->live(p.hca).stale_chunks++;
+    rt_->live(p.hca).discarded_chunks++;
     return;
   }
   const uint32_t idx = imm_idx(imm);
@@ -920,7 +910,7 @@ void IbConn::on_chunk(Path& p, uint32_t imm, uint32_t len, TimeUs now) {
       }
       break;
     case ChunkVerdict::kDuplicate:
-      rt_->live(p.hca).stale_chunks++;
+      rt_->live(p.hca).discarded_chunks++;
       break;
     case ChunkVerdict::kProtocolError:
       fail_path(p, FailCause::kProtocol, now, why, false);
@@ -1281,37 +1271,29 @@ void IbConn::schedule_chunks(TimeUs now) {
       const uint32_t rkey = r->cts.rkey[p.index];
       const uint32_t immv = imm_encode(r->seq, last, idx);
       const bool replay = r->smsg.take_next(pi);
-      bool ok = true;
+      int wi = 0;
       if (ar_) {
         // Adaptive routing may reorder a write's packets: payload first, then (last chunk)
         // the message size, then a 0-byte write with immediate; RC completes them in order.
         if (len > 0)
-          ok = post_write(p, q, kWrDataPart, r->data + off, len, lkey, raddr, rkey, false, 0, r,
+          wi = post_write(p, q, kWrDataPart, r->data + off, len, lkey, raddr, rkey, false, 0, r,
                           r->seq, idx, now);
-        if (ok && last) {
+        if (wi >= 0 && last) {
           area_->sizes[r->seq % kFifoDepth] = r->size;
-          ok = post_write(p, q, kWrDataPart, &area_->sizes[r->seq % kFifoDepth], 8,
+          wi = post_write(p, q, kWrDataPart, &area_->sizes[r->seq % kFifoDepth], 8,
                           area_mr_[p.hca]->lkey,
                           peer_area_ + offsetof(IbArea, sizes) + (r->seq % kFifoDepth) * 8,
                           p.peer.area_rkey, false, 0, r, r->seq, idx, now);
         }
-        if (ok)
-          ok = post_write(p, q, kWrData, nullptr, 0, 0, raddr, rkey, true, immv, r, r->seq, idx, now);
+        if (wi >= 0)
+          wi = post_write(p, q, kWrData, nullptr, 0, 0, raddr, rkey, true, immv, r, r->seq, idx, now);
       } else {
-        ok = post_write(p, q, kWrData, r->data + off, len, lkey, raddr, rkey, true, immv, r, r->seq,
+        wi = post_write(p, q, kWrData, r->data + off, len, lkey, raddr, rkey, true, immv, r, r->seq,
                         idx, now);
       }
-      if (!ok) return;  // the path failed; its chunks replay once the gate opens
-      // The data WR record carries the chunk length for in-flight accounting.
+      if (wi < 0) return;  // the path failed; its chunks replay once the gate opens
+      wrs_[wi].len = len;  // the chunk record carries the payload length for in-flight bytes
       p.inflight_bytes += len;
-      if (ar_) {
-        // kWrData carries len 0 in AR mode; account the payload there.
-        for (auto it = wrs_.rbegin(); it != wrs_.rend(); ++it)
-          if (it->used && it->kind == kWrData && it->req == r && it->idx == idx) {
-            it->len = len;
-            break;
-          }
-      }
       loads[pi].inflight_bytes += len;
       p.chunks_sent++;
       HcaLive& l = rt_->live(p.hca);
@@ -1336,9 +1318,9 @@ void IbConn::post_ctss(TimeUs now) {
       c.rkey[i] = r->mr && r->mr->by_hca[paths_[i].hca] ? r->mr->by_hca[paths_[i].hca]->rkey : 0;
     c.tag = 0;
     c.seq1 = r->seq + 1;
-    if (!post_write(p, 0, kWrCts, &c, sizeof(c), area_mr_[p.hca]->lkey,
-                    peer_area_ + offsetof(IbArea, fifo) + slot * sizeof(CtsRecord), p.peer.area_rkey,
-                    false, 0, r, r->seq, 0, now))
+    if (post_write(p, 0, kWrCts, &c, sizeof(c), area_mr_[p.hca]->lkey,
+                   peer_area_ + offsetof(IbArea, fifo) + slot * sizeof(CtsRecord), p.peer.area_rkey,
+                   false, 0, r, r->seq, 0, now) < 0)
       return;
     r->cts_path = cp;
   }

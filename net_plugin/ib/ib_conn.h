@@ -186,6 +186,8 @@ class IbConn {
   };
 
   // setup helpers
+  IbSetupMsg setup_msg(SetupType t) const;  // header with this connection's secret
+  static bool is_setup(const IbSetupMsg& m, SetupType t, const uint8_t* secret);
   Status register_area_on(int hca);
   Status create_path_qps(Path& p);
   Status connect_path_qps(Path& p, const uint32_t* peer_qpn, const IbWireHca& peer);
@@ -202,7 +204,9 @@ class IbConn {
   void on_recv_wc(Path& p, const ibv_wc& wc, TimeUs now);
   void on_chunk(Path& p, uint32_t imm, uint32_t len, TimeUs now);
   void on_ctrl(Path* via, const IbCtrlMsg& m, TimeUs now);
-  bool post_write(Path& p, int q, uint8_t kind, const void* local, uint32_t len, uint32_t lkey,
+  // Posts one signaled RDMA WRITE (with immediate when `imm`); returns its work-request
+  // record index, or -1 (the path was failed).
+  int post_write(Path& p, int q, uint8_t kind, const void* local, uint32_t len, uint32_t lkey,
                   uint64_t raddr, uint32_t rkey, bool imm, uint32_t immv, IbRequest* req,
                   uint64_t seq, uint32_t idx, TimeUs now);
   void schedule_chunks(TimeUs now);

@@ -151,10 +151,6 @@ Status IbRuntime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<Hca
     int fl = fcntl(x.ctx->async_fd, F_GETFL);
     if (fl >= 0) fcntl(x.ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
   }
-  if (getrandom(rng_state_, sizeof(rng_state_), 0) != sizeof(rng_state_)) {
-    rng_state_[0] = static_cast<uint64_t>(now_us()) ^ (static_cast<uint64_t>(getpid()) << 32);
-    rng_state_[1] = 0x9e3779b97f4a7c15ull;
-  }
   bg_ = std::thread([this] { bg_loop(); });
   bg_.detach();
   return Status::kOk;
@@ -187,25 +183,9 @@ void IbRuntime::unregister_conn(IbConn* c) {
   conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
 }
 
-uint64_t IbRuntime::random_u64() {
-  std::lock_guard<std::mutex> lk(rng_mu_);
-  // xorshift128+ seeded from getrandom(): secrets must be unpredictable to other hosts.
-  uint64_t s1 = rng_state_[0];
-  const uint64_t s0 = rng_state_[1];
-  rng_state_[0] = s0;
-  s1 ^= s1 << 23;
-  rng_state_[1] = s1 ^ s0 ^ (s1 >> 17) ^ (s0 >> 26);
-  return rng_state_[1] + s0;
-}
+uint64_t IbRuntime::random_u64() { return rng_.next(); }
 
-void IbRuntime::random_bytes(void* out, size_t n) {
-  if (getrandom(out, n, 0) == static_cast<ssize_t>(n)) return;
-  auto* p = static_cast<uint8_t*>(out);
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t x = random_u64();
-    memcpy(p + i, &x, std::min<size_t>(8, n - i));
-  }
-}
+void IbRuntime::random_bytes(void* out, size_t n) { rng_.bytes(out, n); }
 
 void IbRuntime::handle_async(int i) {
   const auto& h = hcas();
@@ -293,12 +273,7 @@ std::string IbRuntime::stats_json() {
     HcaLive& l = live_[i];
     const char* state = !l.port_active.load() ? "down" : l.failed_paths.load() > 0 ? "failed" : "up";
     if (i) o << ",";
-    o << "{\"name\":\"" << h[i].name << ":" << h[i].port << "\",\"state\":\"" << state
-      << "\",\"chunks_sent\":" << l.chunks_sent.load()
-      << ",\"chunks_replayed\":" << l.chunks_replayed.load()
-      << ",\"bytes_sent\":" << l.bytes_sent.load() << ",\"switchovers\":" << l.switchovers.load()
-      << ",\"failbacks\":" << l.failbacks.load() << ",\"paths_failed\":" << l.paths_failed.load()
-      << ",\"discarded_chunks\":" << l.stale_chunks.load() << "}";
+    append_rail_json(o, h[i].name + ":" + std::to_string(h[i].port), state, l);
     sw += l.switchovers.load();
     rp += l.chunks_replayed.load();
   }

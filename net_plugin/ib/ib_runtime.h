@@ -27,6 +27,8 @@
 #include "ib/mr_cache.h"
 #include "ib/verbs_api.h"
 #include "r2ccl/params.h"
+#include "r2ccl/rail_stats.h"
+#include "r2ccl/random.h"
 #include "r2ccl/status.h"
 #include "sock/rails.h"
 
@@ -34,19 +36,13 @@ namespace r2ccl::net::ib {
 
 class IbConn;
 
-struct HcaLive {
+// Live state of one HCA port; discarded_chunks counts chunk immediates for no posted receive
+// and duplicates.
+struct HcaLive : RailCounters {
   std::atomic<bool> port_active{false};
   std::atomic<uint32_t> port_err_events{0};     // IBV_EVENT_PORT_ERR seen
   std::atomic<uint32_t> port_active_events{0};  // IBV_EVENT_PORT_ACTIVE seen
   std::atomic<uint32_t> gid_changes{0};         // the selected GID changed
-  std::atomic<int> failed_paths{0};
-  std::atomic<uint64_t> chunks_sent{0};
-  std::atomic<uint64_t> chunks_replayed{0};
-  std::atomic<uint64_t> bytes_sent{0};
-  std::atomic<uint64_t> switchovers{0};
-  std::atomic<uint64_t> failbacks{0};
-  std::atomic<uint64_t> paths_failed{0};
-  std::atomic<uint64_t> stale_chunks{0};  // write-with-immediate for no posted receive
 };
 
 class IbRuntime {
@@ -101,8 +97,7 @@ class IbRuntime {
   std::mutex hca_mu_;
   std::mutex registry_mu_;
   std::vector<IbConn*> conns_;  // guarded by registry_mu_
-  std::mutex rng_mu_;
-  uint64_t rng_state_[2] = {0, 0};
+  Rng rng_;
   std::thread bg_;
 };
 

@@ -9,6 +9,7 @@
 #include "../ib/ib_runtime.h"
 #include "../tcp/conn.h"
 #include "../tcp/runtime.h"
+#include "r2ccl/connect_state.h"
 #include "r2ccl/log.h"
 #include "r2ccl/version.h"
 
@@ -40,15 +41,8 @@ Status decide_transport() {
 bool is_ib() { return g_transport.load(std::memory_order_relaxed) == kIb; }
 
 constexpr uint64_t kConnectStateMagic = 0x52324343434f4e4eull;  // "R2CCCONN"
-// connect() is called again and again with the same handle buffer until it returns a comm;
-// the connection being built is remembered in the handle's spare bytes (after WireHandle),
-// which NCCL keeps per connection and which the peer's listen() left zeroed.
-struct ConnectState {
-  uint64_t magic;
-  Conn* conn;
-};
-constexpr size_t kConnectStateOffset = NCCL_NET_HANDLE_MAXSIZE - sizeof(ConnectState);
-static_assert(sizeof(WireHandle) <= kConnectStateOffset, "handle has no room for connect state");
+using ConnectState = HandleConnectState<Conn>;
+static_assert(sizeof(WireHandle) <= ConnectState::kOffset, "handle has no room for connect state");
 
 struct Mr {
   void* data;
@@ -229,10 +223,8 @@ Status api_connect(NetContext* ctx, int dev, void* handle, void** send_comm) {
     R2CCL_WARN("connect: device %d does not exist", dev);
     return Status::kInternal;
   }
-  auto* bytes = static_cast<char*>(handle);
-  ConnectState st;
-  memcpy(&st, bytes + kConnectStateOffset, sizeof(st));
-  if (st.magic != kConnectStateMagic) {
+  Conn* conn = ConnectState::get(handle, kConnectStateMagic);
+  if (!conn) {
     WireHandle h;
     memcpy(&h, handle, sizeof(h));
     if (h.magic != kHandleMagic || h.version != kWireVersion || h.n_endpoints == 0 ||
@@ -247,21 +239,20 @@ Status api_connect(NetContext* ctx, int dev, void* handle, void** send_comm) {
         R2CCL_WARN("connect: handle endpoint %d has address family %u", i, h.endpoints[i].family);
         return Status::kInternal;
       }
-    st.magic = kConnectStateMagic;
-    st.conn = new Conn(rt, Role::kSend, dev);
-    memcpy(bytes + kConnectStateOffset, &st, sizeof(st));
+    conn = new Conn(rt, Role::kSend, dev);
+    ConnectState::set(handle, kConnectStateMagic, conn);
   }
   WireHandle h;
   memcpy(&h, handle, sizeof(h));
   bool done = false;
-  Status s = st.conn->connect_step(h, &done);
+  Status s = conn->connect_step(h, &done);
   if (s != Status::kOk || done) {
-    memset(bytes + kConnectStateOffset, 0, sizeof(st));
+    ConnectState::clear(handle);
     if (s != Status::kOk) {
-      delete st.conn;
+      delete conn;
       return s;
     }
-    *send_comm = st.conn;
+    *send_comm = conn;
   }
   return Status::kOk;
 }

@@ -101,10 +101,6 @@ Status Runtime::init(std::string* err) {
     listen_fds_.push_back(fd);
     listen_ports_.push_back(local_port(fd));
   }
-  if (getrandom(rng_state_, sizeof(rng_state_), 0) != sizeof(rng_state_)) {
-    rng_state_[0] = static_cast<uint64_t>(now_us()) ^ (static_cast<uint64_t>(getpid()) << 32);
-    rng_state_[1] = 0x9e3779b97f4a7c15ull;
-  }
   bg_ = std::thread([this] { bg_loop(); });
   bg_.detach();
   return Status::kOk;
@@ -141,26 +137,9 @@ void Runtime::unregister_conn(Conn* c) {
   conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
 }
 
-uint64_t Runtime::random_u64() {
-  std::lock_guard<std::mutex> lk(rng_mu_);
-  // xorshift128+, seeded from getrandom(): ids and secrets need to be unpredictable to other
-  // hosts, not cryptographically strong against this one.
-  uint64_t s1 = rng_state_[0];
-  const uint64_t s0 = rng_state_[1];
-  rng_state_[0] = s0;
-  s1 ^= s1 << 23;
-  rng_state_[1] = s1 ^ s0 ^ (s1 >> 17) ^ (s0 >> 26);
-  return rng_state_[1] + s0;
-}
+uint64_t Runtime::random_u64() { return rng_.next(); }
 
-void Runtime::random_bytes(void* out, size_t n) {
-  if (getrandom(out, n, 0) == static_cast<ssize_t>(n)) return;
-  auto* p = static_cast<uint8_t*>(out);
-  for (size_t i = 0; i < n; i += 8) {
-    uint64_t v = random_u64();
-    memcpy(p + i, &v, std::min<size_t>(8, n - i));
-  }
-}
+void Runtime::random_bytes(void* out, size_t n) { rng_.bytes(out, n); }
 
 // ------------------------------------------------------------------------------------------
 // Background thread.
@@ -380,12 +359,7 @@ std::string Runtime::stats_json() {
     RailLive& l = live_[i];
     const char* state = !l.link_up.load() ? "down" : l.failed_paths.load() > 0 ? "failed" : "up";
     if (i) o << ",";
-    o << "{\"name\":\"" << rails_[i].name << "\",\"state\":\"" << state
-      << "\",\"chunks_sent\":" << l.chunks_sent.load()
-      << ",\"chunks_replayed\":" << l.chunks_replayed.load()
-      << ",\"bytes_sent\":" << l.bytes_sent.load() << ",\"switchovers\":" << l.switchovers.load()
-      << ",\"failbacks\":" << l.failbacks.load() << ",\"paths_failed\":" << l.paths_failed.load()
-      << ",\"discarded_chunks\":" << l.discarded_chunks.load() << "}";
+    append_rail_json(o, rails_[i].name, state, l);
     sw += l.switchovers.load();
     rp += l.chunks_replayed.load();
   }

@@ -30,6 +30,8 @@
 #include "../engine/recv_message.h"
 #include "fault_injector.h"
 #include "r2ccl/params.h"
+#include "r2ccl/rail_stats.h"
+#include "r2ccl/random.h"
 #include "r2ccl/status.h"
 #include "../sock/rails.h"
 #include "wire.h"
@@ -39,19 +41,10 @@ namespace r2ccl::net {
 class Conn;
 class ListenComm;
 
-struct RailLive {
+struct RailLive : RailCounters {
   std::atomic<bool> link_up{true};
   std::atomic<uint32_t> down_events{0};  // link-down notifications seen
   std::atomic<uint32_t> up_events{0};
-  std::atomic<int> failed_paths{0};
-  // statistics
-  std::atomic<uint64_t> chunks_sent{0};
-  std::atomic<uint64_t> chunks_replayed{0};
-  std::atomic<uint64_t> bytes_sent{0};
-  std::atomic<uint64_t> switchovers{0};
-  std::atomic<uint64_t> failbacks{0};
-  std::atomic<uint64_t> paths_failed{0};
-  std::atomic<uint64_t> discarded_chunks{0};
 };
 
 // An authenticated incoming connection, handed from the background thread to its owner.
@@ -131,8 +124,7 @@ class Runtime {
   };
   std::map<std::string, Refusals> refusals_;  // background thread only
 
-  std::mutex rng_mu_;
-  uint64_t rng_state_[2] = {0, 0};
+  Rng rng_;
   std::thread bg_;
 };
 

@@ -51,31 +51,6 @@ FaultRun run_stream(const std::string& fault, const std::map<std::string, std::s
   return run_stream(o, s);
 }
 
-// "N chunks replayed" of every "Successfully recovered in" line.
-std::vector<int> replayed_counts(const std::string& log) {
-  std::vector<int> out;
-  std::regex re("Successfully recovered in [0-9.]+ s \\(rail [^ ]+: .*, detected after [0-9]+ ms, "
-                "([0-9]+) chunks replayed\\)");
-  std::istringstream in(log);
-  std::string line;
-  std::smatch m;
-  while (std::getline(in, line))
-    if (std::regex_search(line, m, re)) out.push_back(std::stoi(m[1]));
-  return out;
-}
-
-// "N chunks to replay" of every "switchover:" line.
-std::vector<int> to_replay_counts(const std::string& log) {
-  std::vector<int> out;
-  std::regex re("switchover: rail [^ ]+ failed .*; ([0-9]+) chunks to replay");
-  std::istringstream in(log);
-  std::string line;
-  std::smatch m;
-  while (std::getline(in, line))
-    if (std::regex_search(line, m, re)) out.push_back(std::stoi(m[1]));
-  return out;
-}
-
 std::string fault_spec(const std::string& kind) {
   return "rank=-1,rail=0,at=" + std::to_string(kFaultAtMs) + ",kind=" + kind;
 }

@@ -73,31 +73,10 @@ StreamSpec short_stream(double seconds = 1.0) {
   return s;
 }
 
-std::vector<int> numbers_after(const std::string& log, const std::string& pattern) {
-  std::vector<int> out;
-  std::regex re(pattern);
-  std::istringstream in(log);
-  std::string line;
-  std::smatch m;
-  while (std::getline(in, line))
-    if (std::regex_search(line, m, re)) out.push_back(std::stoi(m[1]));
-  return out;
-}
-std::vector<int> to_replay(const std::string& log) {
-  return numbers_after(log, "switchover: rail [^ ]+ failed .*; ([0-9]+) chunks to replay");
-}
-std::vector<int> replayed(const std::string& log) {
-  return numbers_after(log, "Successfully recovered in [0-9.]+ s \\(rail .*, ([0-9]+) chunks replayed\\)");
-}
+std::vector<int> to_replay(const std::string& log) { return to_replay_counts(log); }
+std::vector<int> replayed(const std::string& log) { return replayed_counts(log); }
 std::vector<double> recovery_seconds(const std::string& log) {
-  std::vector<double> out;
-  std::regex re("Successfully recovered in ([0-9.]+) s");
-  std::istringstream in(log);
-  std::string line;
-  std::smatch m;
-  while (std::getline(in, line))
-    if (std::regex_search(line, m, re)) out.push_back(std::stod(m[1]));
-  return out;
+  return log_numbers(log, "Successfully recovered in ([0-9.]+) s");
 }
 
 #define SKIP_WITHOUT_FAKE()                                                 \
@@ -259,9 +238,11 @@ TEST_CASE("verbs: a QP that silently stops (black hole): the watchdog fails over
                                    "path on rail mlx5_0:1 failed (heartbeat miss") >= 1);
   CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") >= 1);
   CHECK(count_lines_containing(r.sender_log + r.receiver_log, "retry counter exceeded") == 0);
-  std::vector<int> rec = replayed(r.sender_log);
-  REQUIRE(rec.size() >= 1);
-  CHECK(rec[0] >= 1);  // what went into the black hole was replayed
+  // Chunks whose writes landed before the QP stopped (only their acknowledgements were lost)
+  // are in the receiver's landed state and are not replayed; the rest are. Either way the
+  // recovery completes.
+  CHECK(replayed(r.sender_log).size() >= 1);
+  CHECK(to_replay(r.sender_log) == replayed(r.sender_log));
 }
 
 TEST_CASE("verbs: port flaps: lossless, failback by re-created QPs", "[loopback][ib][failover]") {

@@ -7,16 +7,14 @@
 #include <cstdio>
 #include <cstring>
 #include <memory>
+#include <regex>
+#include <sstream>
 #include <vector>
 
 namespace r2ccl::test {
 namespace {
 
-double mono_s() {
-  timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return ts.tv_sec + ts.tv_nsec / 1e9;
-}
+double mono_s() { return mono_us() / 1e6; }
 
 int result_code(ncclResult_t r) { return r == ncclInProgress ? kStreamStalled : kStreamTestFailed; }
 
@@ -171,6 +169,32 @@ StreamRun run_stream(PairOptions o, const StreamSpec& s) {
   r.receiver_log = read_file(rlog + ".end");
   for (const auto& f : {slog, rlog, slog + ".end", rlog + ".end"}) unlink(f.c_str());
   return r;
+}
+
+std::vector<double> log_numbers(const std::string& log, const std::string& pattern) {
+  std::vector<double> out;
+  std::regex re(pattern);
+  std::istringstream in(log);
+  std::string line;
+  std::smatch m;
+  while (std::getline(in, line))
+    if (std::regex_search(line, m, re)) out.push_back(std::stod(m[1]));
+  return out;
+}
+
+std::vector<int> to_replay_counts(const std::string& log) {
+  std::vector<int> out;
+  for (double v : log_numbers(log, "switchover: rail [^ ]+ failed .*; ([0-9]+) chunks to replay"))
+    out.push_back(static_cast<int>(v));
+  return out;
+}
+
+std::vector<int> replayed_counts(const std::string& log) {
+  std::vector<int> out;
+  for (double v : log_numbers(log, "Successfully recovered in [0-9.]+ s \\(rail [^ ]+: .*, detected "
+                                   "after [0-9]+ ms, ([0-9]+) chunks replayed\\)"))
+    out.push_back(static_cast<int>(v));
+  return out;
 }
 
 }  // namespace r2ccl::test

@@ -7,6 +7,7 @@
 
 #include <map>
 #include <string>
+#include <vector>
 
 #include "net_harness.h"
 
@@ -45,5 +46,13 @@ struct StreamRun {
 // run_pair with stream_send/stream_recv, each side's R2CCL_LOG_FILE captured, and
 // finish_together (a peer's exit after the stream is not the fault's doing).
 StreamRun run_stream(PairOptions o, const StreamSpec& s);
+
+// The plugin's event lines (either transport), parsed:
+// capture group 1 of `pattern` (a std::regex) as a number, for every line that matches.
+std::vector<double> log_numbers(const std::string& log, const std::string& pattern);
+// "N chunks to replay" of every "switchover:" line.
+std::vector<int> to_replay_counts(const std::string& log);
+// "N chunks replayed" of every "Successfully recovered in" line.
+std::vector<int> replayed_counts(const std::string& log);
 
 }  // namespace r2ccl::test
