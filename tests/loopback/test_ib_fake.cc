@@ -44,9 +44,22 @@ const char* kReceiverHcas =
 
 std::string fake_lib() { return env_or("R2CCL_TEST_FAKEVERBS", ""); }
 
+// FAKEVERBS_DIR of each run, removed when the test binary exits (only by the process that
+// made them: forked children exit through the same static destructors).
+struct TempDirs {
+  pid_t owner = getpid();
+  std::vector<std::string> dirs;
+  ~TempDirs() {
+    if (getpid() != owner) return;
+    for (const auto& d : dirs) run_command("rm -rf " + shell_quote(d));
+  }
+};
+TempDirs g_dirs;
+
 std::string fresh_dir() {
-  std::string d = temp_path("fakeverbs");
+  std::string d = temp_path("fakeverbs-" + std::to_string(g_dirs.dirs.size()));
   mkdir(d.c_str(), 0700);
+  g_dirs.dirs.push_back(d);
   return d;
 }
 
@@ -57,7 +70,8 @@ PairOptions ib_pair(const std::string& sender_faults = "", const std::string& re
            {"R2CCL_IBVERBS_LIB", fake_lib()},
            {"R2CCL_SOCKET_IFNAME", "lo"},
            {"FAKEVERBS_DIR", fresh_dir()},
-           {"FAKEVERBS_RETRY_US", "20000"}};
+           // retry-exceeded 50 ms after a packet is lost (real QPs: R2CCL_IB_TIMEOUT x retries)
+           {"FAKEVERBS_RETRY_US", "50000"}};
   o.sender_env = {{"FAKEVERBS_DEVICES", kSenderHcas}, {"FAKEVERBS_FAULTS", sender_faults}};
   o.receiver_env = {{"FAKEVERBS_DEVICES", kReceiverHcas}, {"FAKEVERBS_FAULTS", receiver_faults}};
   o.timeout_s = 120;

@@ -1,0 +1,331 @@
+// Internal state of the fake verbs provider (libr2ccl-fakeverbs.so). Not a public header.
+//
+// Emulation model (details in README.md):
+//  - One process-wide State, guarded by one mutex (State::mu). Every ibv_* call and the NIC
+//    thread take it, so post_send / post_recv / poll_cq are thread-safe against each other and
+//    against the NIC thread. Nothing blocks while holding it (sockets are non-blocking).
+//  - Each process is one "host": it owns the devices named in FAKEVERBS_DEVICES, listens on a
+//    pathname Unix socket $FAKEVERBS_DIR/nic-<pid>.sock, and runs one NIC thread (started at
+//    the first ibv_open_device) that accepts connections, reads packets, executes them against
+//    local memory, sends ACKs and runs the timers (retry, RNR, scheduled faults).
+//  - A QP number is allocated from $FAKEVERBS_DIR/qpn (a counter under flock) and published as
+//    the symlink $FAKEVERBS_DIR/qp-<qpn> -> "<pid>", so a requester finds the process that owns
+//    dest_qp_num. One packet per work request (a REQ carrying the whole payload), one ACK per
+//    REQ, sent back on the connection the REQ came in on. Packets of one QP travel on one
+//    stream, so they execute at the target in posting order.
+//  - Lost packets are never retransmitted: a requester whose oldest outstanding WR sees no ACK
+//    within the retry delay completes it with IBV_WC_RETRY_EXC_ERR and moves the QP to ERR.
+//    That one rule covers a dead peer, a down port (either end), a wrong address and a target
+//    QP that is not in RTR/RTS.
+#pragma once
+
+#include <infiniband/verbs.h>
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#define FV_API extern "C" __attribute__((visibility("default")))
+
+namespace fv {
+
+using Clock = std::chrono::steady_clock;
+using TimePoint = Clock::time_point;
+constexpr TimePoint kNever = TimePoint::max();
+
+constexpr int kGidTableLen = 16;
+constexpr uint32_t kMaxMsg = 1u << 30;  // port max_msg_sz
+constexpr int kMaxSge = 30;
+constexpr int kMaxWr = 16384;
+constexpr int kMaxCqe = 1 << 20;
+constexpr uint32_t kMaxInline = 256;
+
+struct Device;
+struct Context;
+struct Pd;
+struct Mr;
+struct Cq;
+struct Qp;
+struct Conn;
+
+// Standard-layout boxes: the public verbs struct first, then a back pointer. A pointer to the
+// public struct handed to the user converts back to the box (and so to the object).
+struct DevBox {
+  ibv_device pub;
+  Device* impl;
+};
+struct CtxBox {
+  verbs_context vctx;  // ibv_context is its last member, as verbs.h requires
+  Context* impl;
+};
+struct PdBox {
+  ibv_pd pub;
+  Pd* impl;
+};
+struct MrBox {
+  ibv_mr pub;
+  Mr* impl;
+};
+struct CqBox {
+  ibv_cq pub;
+  Cq* impl;
+};
+struct QpBox {
+  ibv_qp pub;
+  Qp* impl;
+};
+
+struct GidEntry {
+  ibv_gid gid;
+  uint32_t type;  // enum ibv_gid_type
+  bool valid;
+};
+
+struct Device {
+  DevBox box;
+  std::string name;
+  bool eth = false;      // RoCE (else InfiniBand)
+  uint16_t lid = 0;      // ib
+  uint32_t ipv4 = 0;     // eth, network byte order
+  uint64_t guid = 0;     // host order
+  int speed_mbps = 100000;
+  uint8_t active_speed = 32, active_width = 2;
+  std::string pci;  // "" = virtual NIC
+  int numa = -1;
+  bool active = true;
+  GidEntry gids[kGidTableLen];
+  uint64_t bytes_posted = 0;  // RDMA WRITE / SEND payload posted on this device
+  // Armed one-shot faults.
+  int arm_hold = 0;
+  int hold_k = 2;
+  int arm_rkey = 0;
+  int arm_lkey = 0;
+  std::vector<Context*> contexts;
+};
+
+struct Context {
+  CtxBox box;
+  Device* dev = nullptr;
+  int async_wr = -1;  // write end of the async pipe; the read end is box.vctx.context.async_fd
+  std::deque<ibv_async_event> events;
+};
+
+struct Pd {
+  PdBox box;
+  Context* ctx = nullptr;
+  int users = 0;  // MRs + QPs
+};
+
+struct Mr {
+  MrBox box;
+  Pd* pd = nullptr;
+  char* addr = nullptr;
+  uint64_t len = 0;
+  uint64_t iova = 0;
+  int access = 0;
+  uint32_t key = 0;  // lkey == rkey; bit 31 always clear (a corrupted rkey sets it)
+};
+
+struct Cq {
+  CqBox box;
+  Context* ctx = nullptr;
+  int capacity = 0;
+  int users = 0;
+  std::deque<ibv_wc> wcs;
+};
+
+// Wire format (host byte order: both ends are on this machine).
+enum : uint8_t { kReq = 1, kAck = 2 };
+enum : uint8_t { kAckOk = 0, kAckRemAccess, kAckRemInv, kAckRemOp, kAckRnrWait, kAckRnrFail };
+constexpr uint32_t kMagic = 0x46564231;  // "FVB1"
+
+struct Hdr {
+  uint32_t magic;
+  uint8_t type;
+  uint8_t op;      // ibv_wr_opcode for REQ, echoed in ACK
+  uint8_t status;  // ACK status
+  uint8_t is_eth;
+  uint32_t src_pid;
+  uint32_t src_qpn;
+  uint32_t dst_qpn;
+  uint32_t imm;  // network order, passed through
+  uint32_t rkey;
+  uint32_t len;     // payload bytes following the header
+  uint32_t rd_len;  // RDMA READ: bytes requested
+  uint32_t rnr_limit_us;
+  uint64_t seq;
+  uint64_t raddr;
+  uint8_t dgid[16];
+  uint16_t dlid;
+  uint16_t slid;
+  uint32_t pad;
+};
+
+struct SendWr {
+  enum St { kQueued, kHeld, kSent, kRnr, kDone };
+  uint64_t wr_id = 0;
+  uint64_t seq = 0;
+  uint64_t ordinal = 0;  // process-wide posting order
+  ibv_wr_opcode op = IBV_WR_SEND;
+  bool signaled = false;
+  uint32_t len = 0;
+  uint64_t raddr = 0;
+  St st = kQueued;
+  ibv_wc_status status = IBV_WC_SUCCESS;
+  TimePoint sent_at{};
+  TimePoint rnr_deadline{};
+  std::vector<ibv_sge> read_sges;  // RDMA READ destination
+  std::vector<char> pkt;           // kQueued: the packet to transmit
+};
+
+struct RecvWr {
+  uint64_t wr_id = 0;
+  std::vector<ibv_sge> sges;
+};
+
+struct Inbound {
+  Hdr h;
+  std::vector<char> payload;
+  std::shared_ptr<Conn> conn;  // where the ACK goes
+  bool rnr_notified = false;
+  TimePoint rnr_deadline{};
+};
+
+struct Qp {
+  QpBox box;
+  Context* ctx = nullptr;
+  Device* dev = nullptr;
+  Pd* pd = nullptr;
+  Cq* scq = nullptr;
+  Cq* rcq = nullptr;
+  uint32_t qpn = 0;
+  ibv_qp_state state = IBV_QPS_RESET;
+  ibv_qp_attr attr{};  // the attributes set so far
+  ibv_qp_cap cap{};
+  bool sig_all = false;
+  std::deque<SendWr> sq;
+  std::deque<RecvWr> rq;
+  std::deque<Inbound> inq;
+  uint64_t next_seq = 1;
+  TimePoint last_progress{};
+  int peer_pid = 0;         // owner of attr.dest_qp_num (0 = not resolved)
+  bool blackholed = false;  // fault: silently stopped
+  bool held_block = false;  // a held write blocks transmission of later WRs
+  bool err_pending = false; // a WR that failed locally waits to complete: transmit nothing
+};
+
+struct Conn {
+  int fd = -1;
+  int peer_pid = 0;  // outbound: the pid we connected to
+  bool dead = false;
+  // Input, touched by the NIC thread only.
+  Hdr in_hdr{};
+  size_t in_hgot = 0;
+  std::vector<char> in_pay;
+  size_t in_pgot = 0;
+  // Output, under State::mu.
+  std::deque<std::vector<char>> out;
+  size_t out_off = 0;
+};
+
+struct HeldWrite {
+  std::vector<char> pkt;
+  uint64_t raddr = 0;
+  uint32_t len = 0;
+  uint64_t ordinal = 0;
+  int k = 2;
+  int acked = 0;
+  uint32_t src_qpn = 0;
+  uint64_t seq = 0;
+  uint32_t dst_qpn = 0;
+  int dst_pid = 0;
+};
+
+// A parsed fault entry (see faults.cc).
+struct Fault {
+  std::string text;  // the entry as written, for messages
+  std::string kind;
+  Device* dev = nullptr;
+  long long for_ms = -1, down_ms = 0, up_ms = 0, count = 1, release_after = 2;
+  uint32_t addr = 0;
+  long long after_bytes = -1, after_ms = -1;
+};
+
+struct Scheduled {
+  TimePoint at;
+  Device* dev;
+  bool up;
+};
+
+struct State {
+  std::mutex mu;
+  bool inited = false;
+  int init_errno = 0;  // non-zero: the environment was bad, every get_device_list fails
+  std::string dir;
+  long long retry_us_env = -1;
+  std::vector<Device*> devices;
+  std::unordered_map<uint32_t, Qp*> qps;  // local QPs by number
+  std::unordered_map<uint32_t, Mr*> mrs;  // by key
+  uint64_t key_rng = 0;
+  uint64_t ordinal = 0;
+  // Transport.
+  bool nic_started = false;
+  int listen_fd = -1;
+  int wake_fd = -1;
+  std::string sock_path;
+  std::map<int, std::shared_ptr<Conn>> conns;  // by fd
+  std::map<int, std::shared_ptr<Conn>> outbound;  // by peer pid
+  TimePoint nic_wake_at = kNever;
+  std::vector<int> owned_fds;  // closed in a fork child
+  // Faults.
+  std::vector<Fault> pending;  // faults waiting for their trigger
+  std::vector<Scheduled> scheduled;
+  std::deque<HeldWrite> held;
+  bool posted_any = false;
+  TimePoint first_post{};
+};
+
+extern State* g;
+
+// --- fake_verbs.cc ---
+// Reads the environment once (devices, faults, dir). Returns 0 or an errno value. Locked.
+int ensure_init_locked();
+Device* find_device(const std::string& name);
+void push_event(Context* c, ibv_event_type t, Cq* cq, int port);
+void push_cqe(Cq* cq, const ibv_wc& wc);
+void set_port_locked(Device* d, bool up);
+void set_ipv4_locked(Device* d, uint32_t addr_be);
+void qp_to_error_locked(Qp* qp);
+void advance_sq_locked(Qp* qp);
+Mr* find_mr(uint32_t key);
+// Microseconds before a QP's oldest unacknowledged WR gives up (-1 = never).
+long long retry_us(const Qp* qp);
+Context* ctx_of(ibv_context* c);
+
+// --- nic.cc ---
+void start_nic_locked();
+void wake_nic();
+// Sends a queued WR's packet (or loses it). Locked.
+void transmit_locked(Qp* qp, SendWr* w);
+// Runs what a packet newly at the head of a QP's inbound queue allows. Locked.
+void process_inbound_locked(Qp* qp);
+void on_write_acked_locked(const SendWr& w);
+int lookup_qp_owner(uint32_t qpn);
+bool send_packet_locked(int pid, std::vector<char> pkt);
+
+// --- faults.cc ---
+// Parses `spec` (';'-separated entries). On error returns false with *err set.
+bool parse_faults_locked(const std::string& spec, std::vector<Fault>* out, std::string* err);
+void arm_or_fire_locked(const Fault& f);
+void fire_fault_locked(const Fault& f);
+// Runs due time-triggered faults and scheduled port changes; returns the next deadline.
+TimePoint run_fault_timers_locked(TimePoint now);
+void check_byte_triggers_locked(Device* d);
+
+}  // namespace fv

@@ -1,0 +1,241 @@
+// Fault injection: FAKEVERBS_FAULTS (read with the devices) and fakeverbs_inject().
+//
+// Syntax: ';'-separated entries `kind,dev=NAME[,key=value...]`, with an optional trigger
+// `after_bytes=N` (this process has posted N bytes of RDMA WRITE / SEND payload in total on
+// that device, counted from process start) or `after_ms=N` (N ms after the process's first
+// post_send). Without a trigger the fault fires at once. Kinds and their keys are listed in
+// kForm below and explained in README.md.
+//
+// All functions run under State::mu.
+
+#include <arpa/inet.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <set>
+
+#include "fake_internal.h"
+
+namespace fv {
+
+namespace {
+
+const char* const kForm =
+    "accepted: kind,dev=NAME[,after_bytes=N|after_ms=N] with kind one of "
+    "port_down[,for_ms=N] | port_up | flap,down_ms=A,up_ms=B[,count=N] | blackhole | "
+    "hold_write[,release_after=K] | rkey_error | lkey_error | set_ipv4,addr=A.B.C.D";
+
+std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  for (;;) {
+    size_t e = s.find(sep, b);
+    out.push_back(s.substr(b, e == std::string::npos ? std::string::npos : e - b));
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  return out;
+}
+
+std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\n") - b + 1);
+}
+
+bool num(const std::string& v, long long* out) {
+  if (v.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  long long x = strtoll(v.c_str(), &end, 10);
+  if (errno || *end || x < 0) return false;
+  *out = x;
+  return true;
+}
+
+bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
+  auto fields = split(entry, ',');
+  f->text = entry;
+  f->kind = trim(fields[0]);
+  static const std::set<std::string> kinds = {"port_down", "port_up",    "flap",
+                                              "blackhole", "hold_write", "rkey_error",
+                                              "lkey_error", "set_ipv4"};
+  if (!kinds.count(f->kind)) {
+    *why = "unknown kind '" + f->kind + "'";
+    return false;
+  }
+  std::set<std::string> allowed = {"dev", "after_bytes", "after_ms"};
+  if (f->kind == "port_down") allowed.insert("for_ms");
+  if (f->kind == "flap") allowed.insert({"down_ms", "up_ms", "count"});
+  if (f->kind == "hold_write") allowed.insert("release_after");
+  if (f->kind == "set_ipv4") allowed.insert("addr");
+  std::set<std::string> seen;
+  for (size_t i = 1; i < fields.size(); ++i) {
+    std::string kv = trim(fields[i]);
+    size_t eq = kv.find('=');
+    std::string k = kv.substr(0, eq), v = eq == std::string::npos ? "" : kv.substr(eq + 1);
+    if (eq == std::string::npos || !allowed.count(k)) {
+      *why = "unexpected '" + kv + "' for " + f->kind;
+      return false;
+    }
+    if (!seen.insert(k).second) {
+      *why = "'" + k + "' given twice";
+      return false;
+    }
+    bool ok = true;
+    if (k == "dev") {
+      f->dev = find_device(v);
+      if (!f->dev) {
+        *why = "no device named '" + v + "'";
+        return false;
+      }
+    } else if (k == "addr") {
+      in_addr a;
+      ok = inet_pton(AF_INET, v.c_str(), &a) == 1;
+      f->addr = a.s_addr;
+    } else if (k == "after_bytes") {
+      ok = num(v, &f->after_bytes);
+    } else if (k == "after_ms") {
+      ok = num(v, &f->after_ms);
+    } else if (k == "for_ms") {
+      ok = num(v, &f->for_ms);
+    } else if (k == "down_ms") {
+      ok = num(v, &f->down_ms) && f->down_ms > 0;
+    } else if (k == "up_ms") {
+      ok = num(v, &f->up_ms) && f->up_ms > 0;
+    } else if (k == "count") {
+      ok = num(v, &f->count) && f->count > 0 && f->count <= 100000;
+    } else if (k == "release_after") {
+      ok = num(v, &f->release_after) && f->release_after > 0;
+    }
+    if (!ok) {
+      *why = "bad value in '" + kv + "'";
+      return false;
+    }
+  }
+  if (!f->dev) {
+    *why = "missing dev=NAME";
+    return false;
+  }
+  if (f->after_bytes >= 0 && f->after_ms >= 0) {
+    *why = "give at most one of after_bytes and after_ms";
+    return false;
+  }
+  if (f->kind == "flap" && (!seen.count("down_ms") || !seen.count("up_ms"))) {
+    *why = "flap needs down_ms and up_ms";
+    return false;
+  }
+  if (f->kind == "set_ipv4" && (!seen.count("addr") || !f->dev->eth)) {
+    *why = "set_ipv4 needs addr=A.B.C.D and an eth device";
+    return false;
+  }
+  return true;
+}
+
+void schedule(Device* d, TimePoint at, bool up) { g->scheduled.push_back(Scheduled{at, d, up}); }
+
+}  // namespace
+
+bool parse_faults_locked(const std::string& spec, std::vector<Fault>* out, std::string* err) {
+  for (const auto& raw : split(spec, ';')) {
+    std::string e = trim(raw);
+    if (e.empty()) continue;
+    Fault f;
+    std::string why;
+    if (!parse_entry(e, &f, &why)) {
+      *err = "fakeverbs: bad fault entry '" + e + "': " + why + " (" + kForm + ")";
+      return false;
+    }
+    out->push_back(f);
+  }
+  if (out->empty()) {
+    *err = std::string("fakeverbs: empty fault spec (") + kForm + ")";
+    return false;
+  }
+  return true;
+}
+
+void fire_fault_locked(const Fault& f) {
+  Device* d = f.dev;
+  TimePoint now = Clock::now();
+  if (f.kind == "port_down") {
+    set_port_locked(d, false);
+    if (f.for_ms >= 0) schedule(d, now + std::chrono::milliseconds(f.for_ms), true);
+  } else if (f.kind == "port_up") {
+    set_port_locked(d, true);
+  } else if (f.kind == "flap") {
+    set_port_locked(d, false);
+    auto period = std::chrono::milliseconds(f.down_ms + f.up_ms);
+    for (long long i = 0; i < f.count; ++i) {
+      if (i > 0) schedule(d, now + period * i, false);
+      schedule(d, now + period * i + std::chrono::milliseconds(f.down_ms), true);
+    }
+  } else if (f.kind == "blackhole") {
+    for (auto& kv : g->qps)
+      if (kv.second->dev == d) kv.second->blackholed = true;
+  } else if (f.kind == "hold_write") {
+    d->arm_hold++;
+    d->hold_k = static_cast<int>(f.release_after);
+  } else if (f.kind == "rkey_error") {
+    d->arm_rkey++;
+  } else if (f.kind == "lkey_error") {
+    d->arm_lkey++;
+  } else if (f.kind == "set_ipv4") {
+    set_ipv4_locked(d, f.addr);
+  }
+  wake_nic();  // new timers
+}
+
+void arm_or_fire_locked(const Fault& f) {
+  if (f.after_bytes < 0 && f.after_ms < 0) {
+    fire_fault_locked(f);
+    return;
+  }
+  g->pending.push_back(f);
+  if (f.after_bytes >= 0) check_byte_triggers_locked(f.dev);
+}
+
+void check_byte_triggers_locked(Device* d) {
+  for (size_t i = 0; i < g->pending.size();) {
+    const Fault& f = g->pending[i];
+    if (f.after_bytes >= 0 && f.dev == d &&
+        d->bytes_posted >= static_cast<uint64_t>(f.after_bytes)) {
+      Fault x = f;
+      g->pending.erase(g->pending.begin() + static_cast<long>(i));
+      fire_fault_locked(x);
+    } else {
+      ++i;
+    }
+  }
+}
+
+TimePoint run_fault_timers_locked(TimePoint now) {
+  TimePoint next = kNever;
+  // Scheduled port changes, in time order.
+  std::stable_sort(g->scheduled.begin(), g->scheduled.end(),
+                   [](const Scheduled& a, const Scheduled& b) { return a.at < b.at; });
+  while (!g->scheduled.empty() && g->scheduled.front().at <= now) {
+    Scheduled s = g->scheduled.front();
+    g->scheduled.erase(g->scheduled.begin());
+    set_port_locked(s.dev, s.up);
+  }
+  if (!g->scheduled.empty()) next = g->scheduled.front().at;
+  for (size_t i = 0; i < g->pending.size();) {
+    const Fault& f = g->pending[i];
+    if (f.after_ms >= 0 && g->posted_any) {
+      TimePoint at = g->first_post + std::chrono::milliseconds(f.after_ms);
+      if (at <= now) {
+        Fault x = f;
+        g->pending.erase(g->pending.begin() + static_cast<long>(i));
+        fire_fault_locked(x);
+        continue;
+      }
+      next = std::min(next, at);
+    }
+    ++i;
+  }
+  return next;
+}
+
+}  // namespace fv
