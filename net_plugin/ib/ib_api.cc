@@ -178,11 +178,11 @@ Status isend(void* send_comm, void* data, size_t size, void* mhandle, void** req
   return s;
 }
 
-Status irecv(void* recv_comm, void* data, size_t size, void* mhandle, void** request) {
+Status irecv(void* recv_comm, void* data, size_t size, int tag, void* mhandle, void** request) {
   *request = nullptr;
   auto* c = static_cast<IbConn*>(recv_comm);
   IbRequest* r = nullptr;
-  Status s = with_token(c, [&] { return c->irecv(data, size, static_cast<IbMr*>(mhandle), &r); });
+  Status s = with_token(c, [&] { return c->irecv(data, size, tag, static_cast<IbMr*>(mhandle), &r); });
   *request = r;
   return s;
 }

@@ -34,7 +34,7 @@ Status reg_mr_dmabuf(void* comm, void* data, size_t size, int type, uint64_t off
                      void** mhandle);
 Status dereg_mr(void* comm, void* mhandle);
 Status isend(void* send_comm, void* data, size_t size, void* mhandle, void** request);
-Status irecv(void* recv_comm, void* data, size_t size, void* mhandle, void** request);
+Status irecv(void* recv_comm, void* data, size_t size, int tag, void* mhandle, void** request);
 Status iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles, void** request);
 Status test(void* request, int* done, int* sizes);
 Status close_conn(void* comm);

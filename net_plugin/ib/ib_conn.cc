@@ -1316,7 +1316,7 @@ void IbConn::post_ctss(TimeUs now) {
     c.size = r->size;
     for (size_t i = 0; i < paths_.size(); ++i)
       c.rkey[i] = r->mr && r->mr->by_hca[paths_[i].hca] ? r->mr->by_hca[paths_[i].hca]->rkey : 0;
-    c.tag = 0;
+    c.tag = r->tag;
     c.seq1 = r->seq + 1;
     if (post_write(p, 0, kWrCts, &c, sizeof(c), area_mr_[p.hca]->lkey,
                    peer_area_ + offsetof(IbArea, fifo) + slot * sizeof(CtsRecord), p.peer.area_rkey,
@@ -1413,7 +1413,7 @@ Status IbConn::isend(void* data, uint64_t size, IbMr* mr, IbRequest** out) {
   return Status::kOk;
 }
 
-Status IbConn::irecv(void* data, uint64_t size, IbMr* mr, IbRequest** out) {
+Status IbConn::irecv(void* data, uint64_t size, int tag, IbMr* mr, IbRequest** out) {
   *out = nullptr;
   const TimeUs now = now_us();
   if (error_ != Status::kOk) return error_;
@@ -1431,6 +1431,7 @@ Status IbConn::irecv(void* data, uint64_t size, IbMr* mr, IbRequest** out) {
   r->size = size;
   r->mr = mr;
   r->rmsg.reset(r->seq, static_cast<char*>(data), size);
+  r->tag = tag;
   r->cts_path = -1;
   r->cts_acked = false;
   active_.push_back(r);

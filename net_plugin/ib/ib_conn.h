@@ -73,6 +73,7 @@ struct IbRequest {
   CtsRecord cts{};
   // receiver
   RecvMessage rmsg;
+  int tag = 0;            // NCCL's tag, carried in the CTS record
   int cts_path = -1;      // path whose CTS write is outstanding, -1 = not posted
   bool cts_acked = false;
   // flush (iflush): an RDMA READ through the loopback QP, done at its completion
@@ -111,7 +112,7 @@ class IbConn {
 
   // --- data path (proxy thread, token held) ---
   Status isend(void* data, uint64_t size, IbMr* mr, IbRequest** req);
-  Status irecv(void* data, uint64_t size, IbMr* mr, IbRequest** req);
+  Status irecv(void* data, uint64_t size, int tag, IbMr* mr, IbRequest** req);
   Status test(IbRequest* r, int* done, int* size);
   // GPU receives: makes the NIC's writes visible to the GPU with a 1-byte RDMA READ of the
   // last buffer through a QP connected to itself (the read's completion orders after the

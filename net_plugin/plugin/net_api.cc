@@ -322,7 +322,9 @@ Status api_irecv(void* recv_comm, int n, void** data, const size_t* sizes, const
     R2CCL_WARN("irecv with %d buffers: r2ccl advertises maxRecvs=1", n);
     return Status::kInternal;
   }
-  if (is_ib()) return ib::irecv(recv_comm, data[0], sizes[0], mhandles ? mhandles[0] : nullptr, request);
+  if (is_ib())
+    return ib::irecv(recv_comm, data[0], sizes[0], tags ? tags[0] : 0, mhandles ? mhandles[0] : nullptr,
+                     request);
   auto* c = static_cast<Conn*>(recv_comm);
   bool busy = false;
   Request* r = nullptr;

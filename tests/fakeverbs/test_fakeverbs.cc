@@ -566,6 +566,7 @@ TEST_CASE("fakeverbs: QP state machine") {
             EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 2, &buf, 0, 8, buf.addr(), buf.mr->rkey), 0);
             EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 3, &buf, 0, 8, buf.addr(), buf.mr->rkey),
                       ENOMEM);
+            const uint32_t c_qpn = c.qp->qp_num;  // c.qp is freed by the destroy below
             EXPECT_EQ(ibv_destroy_qp(c.qp), 0);
             EXPECT_EQ(ibv_destroy_qp(d.qp), 0);
             EXPECT(quiet(c.cq, 3 * kRetryMs));  // a destroyed QP completes nothing
@@ -584,7 +585,7 @@ TEST_CASE("fakeverbs: QP state machine") {
             read_all(p[0], &other, 4);
             int st;
             waitpid(pid, &st, 0);
-            EXPECT(other != a.qp->qp_num && other != b.qp->qp_num && other != c.qp->qp_num);
+            EXPECT(other != a.qp->qp_num && other != b.qp->qp_num && other != c_qpn);
           }));
 }
 
