@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# bench_ib_fake.sh - the verbs transport on the fake verbs provider (tests/fakeverbs): how long
+# a switchover takes, and what the fake carries. These numbers describe the plugin's protocol
+# plus the fake's emulation (Unix sockets, one memcpy per write), NOT InfiniBand hardware:
+# there the same run needs scripts/ib_two_node.sh.
+#
+# USAGE
+#   bench_ib_fake.sh [--build DIR] [--faults N] [--out DIR]
+#     --build DIR   build tree (default build; configured and built when missing)
+#     --faults N    port-down runs of each kind (default 10)
+#     --out DIR     raw logs (default BUILD/bench-ib-fake/<timestamp>)
+# Rows:
+#   1. r2ccl_perf AllReduce 8 B .. 64 MiB over the fake, checked (busbw per size).
+#   2. "Successfully recovered in X s" of N runs where both ranks' mlx5_0 port goes down
+#      after 256 MiB (port-error event + retry-exceeded), p50 and max, and #wrong.
+#   3. The same when only rank 1's mlx5_0 goes down (far end: rank 0 learns from completions).
+# Exit status: 0 when every run completed with 0 wrong elements.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=$ROOT/build FAULTS=10 OUT=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --build) BUILD=$2; shift 2 ;;
+    --faults) FAULTS=$2; shift 2 ;;
+    --out) OUT=$2; shift 2 ;;
+    -h|--help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) echo "bench_ib_fake.sh: unknown option '$1'" >&2; exit 2 ;;
+  esac
+done
+if [ ! -x "$BUILD/bin/r2ccl_perf" ] || [ ! -f "$BUILD/lib/libr2ccl-fakeverbs.so" ]; then
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+    cmake --build "$BUILD" -j"$(nproc)" --target nccl-net-r2ccl r2ccl_perf r2ccl_fakeverbs >/dev/null || exit 1
+fi
+OUT=${OUT:-$BUILD/bench-ib-fake/$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT"
+hcas() {  # hcas RANK: two RoCE HCAs per "host", on 10.210.1.0/24 and 10.210.2.0/24
+  echo "mlx5_0,eth,10.210.1.$(($1 + 1)),pci=0000:00:01.0/0000:0b:00.0,numa=0;mlx5_1,eth,10.210.2.$(($1 + 1)),pci=0000:00:01.0/0000:0c:00.0,numa=0"
+}
+fail=0
+port=$((20000 + RANDOM % 20000))
+
+perf() {  # perf LOG RANK0_FAULTS RANK1_FAULTS ARGS...: two ranks, each its own "host"
+  local log=$1 f0=$2 f1=$3; shift 3
+  local dir; dir=$(mktemp -d /tmp/r2ccl-bench-fv.XXXXXX)
+  port=$((port + 1))
+  local r pids=()
+  for r in 0 1; do
+    local f=$f0; [ $r = 1 ] && f=$f1
+    R2CCL_TRANSPORT=ib R2CCL_IBVERBS_LIB="$BUILD/lib/libr2ccl-fakeverbs.so" R2CCL_SOCKET_IFNAME=lo \
+    FAKEVERBS_DIR="$dir" FAKEVERBS_DEVICES="$(hcas $r)" FAKEVERBS_FAULTS="$f" FAKEVERBS_RETRY_US=50000 \
+      "$BUILD/bin/r2ccl_perf" --rendezvous "127.0.0.1:$port" --rank $r --nranks 2 --check \
+      --timeout 300 "$@" >"$log.rank$r" 2>&1 &
+    pids+=($!)
+  done
+  wait "${pids[0]}"; local rc0=$?
+  wait "${pids[1]}"; local rc1=$?
+  cat "$log.rank0" "$log.rank1" >"$log"
+  rm -rf "$dir"
+  if [ $rc0 -ne 0 ] || [ $rc1 -ne 0 ] || awk '/^ +[0-9]/ && $NF != "0" {bad=1} END {exit !bad}' "$log"; then
+    echo "bench_ib_fake.sh: run failed or had wrong elements: $log" >&2
+    fail=1
+  fi
+}
+
+recovery_row() {  # recovery_row NAME RANK0_FAULTS RANK1_FAULTS
+  local name=$1 f0=$2 f1=$3 i
+  : >"$OUT/$name.times"
+  for i in $(seq 1 "$FAULTS"); do
+    perf "$OUT/$name-$i.log" "$f0" "$f1" -b 64M -e 64M -n 12
+    grep -o "Successfully recovered in [0-9.]* s" "$OUT/$name-$i.log" | awk '{print $4}' >>"$OUT/$name.times"
+  done
+  sort -n "$OUT/$name.times" | awk -v name="$name" -v runs="$FAULTS" '
+    {v[NR]=$1} END {
+      if (NR == 0) { printf "| %s | no recovery logged in %d runs |\n", name, runs; exit }
+      printf "| %s | %d recoveries in %d runs | p50 %.1f ms | max %.1f ms |\n", name, NR, runs,
+             v[int((NR+1)/2)]*1000, v[NR]*1000 }'
+}
+
+echo "# r2ccl verbs transport on the fake verbs provider (commit $(git -C "$ROOT" rev-parse --short HEAD))"
+echo
+perf "$OUT/allreduce.log" "" "" -b 8 -e 64M -f 8 -n 20
+echo '```'
+grep -E "^#  +size|^ +[0-9]" "$OUT/allreduce.log.rank0"
+echo '```'
+echo
+echo "| fault | runs | recovery p50 | recovery max |"
+echo "|---|---|---|---|"
+recovery_row "port-down-both-ends" "port_down,dev=mlx5_0,after_bytes=268435456" \
+  "port_down,dev=mlx5_0,after_bytes=268435456"
+recovery_row "port-down-far-end" "" "port_down,dev=mlx5_0,after_ms=1000"
+exit $fail
