@@ -111,17 +111,8 @@ Status connect(int dev, int traffic_class, void* handle, void** send_comm) {
     conn = new IbConn(rt(), IbRole::kSend, dev, traffic_class);
     ConnectState::set(handle, kConnectStateMagic, conn);
   }
-  bool done = false;
-  Status s = conn->connect_step(h, &done);
-  if (s != Status::kOk || done) {
-    ConnectState::clear(handle);
-    if (s != Status::kOk) {
-      delete conn;
-      return s;
-    }
-    *send_comm = conn;
-  }
-  return Status::kOk;
+  return ConnectState::step(handle, conn, send_comm,
+                            [&](IbConn* c, bool* done) { return c->connect_step(h, done); });
 }
 
 Status accept(void* listen_comm, void** recv_comm) {

@@ -334,6 +334,15 @@ bool IbConn::sc_write(const void* buf, size_t len) {
   return true;
 }
 
+int IbConn::read_setup(IbSetupMsg* m) {
+  const int r = sc_read_exact(sc_in_, sizeof(IbSetupMsg), &sc_got_);
+  if (r > 0) {
+    memcpy(m, sc_in_, sizeof(*m));
+    sc_got_ = 0;
+  }
+  return r;
+}
+
 // 1: `len` bytes are in buf; 0: not yet; -1: end-of-file or error.
 int IbConn::sc_read_exact(void* buf, size_t len, size_t* got) {
   while (*got < len) {
@@ -424,15 +433,13 @@ Status IbConn::connect_step(const IbWireHandle& h, bool* done) {
     }
     chunk_ = m.chunk_size;
     if (!sc_write(&m, sizeof(m))) return Status::kRemote;
-    sc_got_ = 0;
     stage_ = 2;
   }
   if (!sc_write(nullptr, 0)) return Status::kRemote;
   if (stage_ == 2) {
-    int r = sc_read_exact(sc_in_, sizeof(IbSetupMsg), &sc_got_);
-    if (r == 0) return Status::kOk;
     IbSetupMsg m;
-    memcpy(&m, sc_in_, sizeof(m));
+    const int r = read_setup(&m);
+    if (r == 0) return Status::kOk;
     if (r < 0 || !is_setup(m, SetupType::kReply, secret_) || m.npaths == 0 || m.npaths > kMaxIbPaths || m.qps_per_path != static_cast<uint32_t>(nqps_)) {
       R2CCL_WARN("connect: the peer's setup reply is missing or invalid (%s)",
                  r < 0 ? "side channel closed" : "bad magic, version, secret, path count or QP count");
@@ -467,19 +474,16 @@ Status IbConn::connect_step(const IbWireHandle& h, bool* done) {
     for (auto& p : paths_)
       for (int q = 0; q < nqps_; ++q) ready.qpn[p.index][q] = p.qps[q]->qp_num;
     if (!sc_write(&ready, sizeof(ready))) return Status::kRemote;
-    sc_got_ = 0;
     stage_ = 3;
   }
   if (stage_ == 3) {
-    int r = sc_read_exact(sc_in_, sizeof(IbSetupMsg), &sc_got_);
-    if (r == 0) return Status::kOk;
     IbSetupMsg m;
-    memcpy(&m, sc_in_, sizeof(m));
+    const int r = read_setup(&m);
+    if (r == 0) return Status::kOk;
     if (r < 0 || !is_setup(m, SetupType::kDone, secret_)) {
       R2CCL_WARN("connect: the peer did not confirm the connection");
       return Status::kRemote;
     }
-    sc_got_ = 0;
     setup_complete(now);
     *done = true;
   }
@@ -505,10 +509,9 @@ Status IbConn::accept_step(IbListen* l, bool* done) {
   }
   if (!sc_write(nullptr, 0)) return Status::kRemote;
   if (stage_ == 1) {
-    int r = sc_read_exact(sc_in_, sizeof(IbSetupMsg), &sc_got_);
-    if (r == 0) return Status::kOk;
     IbSetupMsg m;
-    memcpy(&m, sc_in_, sizeof(m));
+    const int r = read_setup(&m);
+    if (r == 0) return Status::kOk;
     if (r < 0 || !is_setup(m, SetupType::kHello, l->secret) || m.listen_id != l->listen_id || m.npaths == 0 || m.npaths > kMaxIbPaths ||
         m.qps_per_path != static_cast<uint32_t>(nqps_) || m.chunk_size < 4096 ||
         m.chunk_size > (64ull << 20)) {
@@ -579,14 +582,12 @@ Status IbConn::accept_step(IbListen* l, bool* done) {
     reply.area_addr = reinterpret_cast<uintptr_t>(area_);
     reply.chunk_size = chunk_;
     if (!sc_write(&reply, sizeof(reply))) return Status::kRemote;
-    sc_got_ = 0;
     stage_ = 2;
   }
   if (stage_ == 2) {
-    int r = sc_read_exact(sc_in_, sizeof(IbSetupMsg), &sc_got_);
-    if (r == 0) return Status::kOk;
     IbSetupMsg m;
-    memcpy(&m, sc_in_, sizeof(m));
+    const int r = read_setup(&m);
+    if (r == 0) return Status::kOk;
     if (r < 0 || !is_setup(m, SetupType::kReady, secret_) || m.npaths != paths_.size()) {
       R2CCL_WARN("accept: the peer's READY is missing or invalid");
       return Status::kRemote;
@@ -594,7 +595,6 @@ Status IbConn::accept_step(IbListen* l, bool* done) {
     for (auto& p : paths_) R2CCL_CHECK(connect_path_qps(p, m.qpn[p.index], p.peer));
     IbSetupMsg d = setup_msg(SetupType::kDone);
     if (!sc_write(&d, sizeof(d))) return Status::kRemote;
-    sc_got_ = 0;
     setup_complete(now);
     *done = true;
   }

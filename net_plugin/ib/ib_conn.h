@@ -196,6 +196,8 @@ class IbConn {
   void fill_wire_hca(int hca, IbWireHca* w);
   bool sc_write(const void* buf, size_t len);
   int sc_read_exact(void* buf, size_t len, size_t* got);
+  // The next setup message from the side channel: 1 read (into *m), 0 not yet, -1 closed.
+  int read_setup(IbSetupMsg* m);
   void setup_complete(TimeUs now);
   void post_recv_slot(Path& p, int q, int k);
   // data path

@@ -244,17 +244,8 @@ Status api_connect(NetContext* ctx, int dev, void* handle, void** send_comm) {
   }
   WireHandle h;
   memcpy(&h, handle, sizeof(h));
-  bool done = false;
-  Status s = conn->connect_step(h, &done);
-  if (s != Status::kOk || done) {
-    ConnectState::clear(handle);
-    if (s != Status::kOk) {
-      delete conn;
-      return s;
-    }
-    *send_comm = conn;
-  }
-  return Status::kOk;
+  return ConnectState::step(handle, conn, send_comm,
+                            [&](Conn* c, bool* done) { return c->connect_step(h, done); });
 }
 
 Status api_accept(void* listen_comm, void** recv_comm) {

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "r2ccl/nccl_abi.h"
+#include "r2ccl/status.h"
 
 namespace r2ccl {
 
@@ -32,6 +33,23 @@ class HandleConnectState {
     memcpy(static_cast<char*>(handle) + kOffset, &s, sizeof(s));
   }
   static void clear(void* handle) { memset(static_cast<char*>(handle) + kOffset, 0, sizeof(Slot)); }
+
+  // One connect() call: runs step_fn(obj, &done). When the connection is complete it goes to
+  // *out; on an error it is deleted. Either way the slot is cleared.
+  template <typename StepFn>
+  static Status step(void* handle, T* obj, void** out, StepFn&& step_fn) {
+    bool done = false;
+    Status s = step_fn(obj, &done);
+    if (s != Status::kOk || done) {
+      clear(handle);
+      if (s != Status::kOk) {
+        delete obj;
+        return s;
+      }
+      *out = obj;
+    }
+    return Status::kOk;
+  }
 };
 
 }  // namespace r2ccl
