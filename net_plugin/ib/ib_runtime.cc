@@ -129,7 +129,15 @@ Status IbRuntime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<Hca
     live_[i].port_active = h[i].active;
     if (h[i].active && h[i].gid_index >= 0) devices_.push_back(static_cast<int>(i));
     ibv_pd* pd = h[i].pd;
+    size_t same = i;
+    for (size_t j = 0; j < i; ++j)
+      if (h[j].pd == pd) same = j;
+    if (same != i) {  // another port of the same device: its PD, its cache
+      mr_cache_of_.push_back(mr_cache_of_[same]);
+      continue;
+    }
     const VerbsApi* vv = v_;
+    mr_cache_of_.push_back(mr_caches_.size());
     mr_caches_.emplace_back(new MrCache(
         [vv, pd](uintptr_t start, size_t len, std::string* e) -> void* {
           ibv_mr* mr = vv->reg_mr(pd, reinterpret_cast<void*>(start), len,

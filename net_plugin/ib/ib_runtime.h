@@ -65,7 +65,8 @@ class IbRuntime {
   const HealthParams& health() const { return health_; }
   const TestHooks& hooks() const { return hooks_; }
   const Rail& side_rail() const { return side_rail_; }
-  MrCache& mr_cache(int hca) { return *mr_caches_[hca]; }
+  // The MR cache of HCA port `hca`'s protection domain (ports of one device share it).
+  MrCache& mr_cache(int hca) { return *mr_caches_[mr_cache_of_[hca]]; }
   // Primary HCA then up to R2CCL_BACKUP_PATHS other ports with the same link layer, nearest
   // first (same PCIe switch, then NUMA node, then the rest).
   std::vector<int> path_set(int primary_hca) const;
@@ -90,7 +91,8 @@ class IbRuntime {
   std::unique_ptr<HcaSet> set_;
   std::vector<int> devices_;
   std::unique_ptr<HcaLive[]> live_;
-  std::vector<std::unique_ptr<MrCache>> mr_caches_;
+  std::vector<std::unique_ptr<MrCache>> mr_caches_;  // one per PD (device)
+  std::vector<size_t> mr_cache_of_;                   // HCA port index -> mr_caches_ index
   HealthParams health_;
   TestHooks hooks_;
   Rail side_rail_;
