@@ -819,6 +819,14 @@ void IbConn::on_send_wc(Path& p, const ibv_wc& wc, TimeUs now) {
               rt_->live(p.hca).failed_paths--;
             }
             rt_->live(p.hca).failbacks++;
+            if (role_ == IbRole::kSend) {
+              IbCtrlMsg d{};
+              d.magic = kIbHandleMagic;
+              d.type = static_cast<uint16_t>(CtrlType::kRebuildDone);
+              d.path = static_cast<uint16_t>(p.index);
+              d.gen = p.gen;
+              queue_ctrl(d);
+            }
             log_event("failback: rail %s is back (path %d re-created its QPs and passed %d probes); "
                       "it carries traffic again",
                       rail_of(p).c_str(), p.index, rt_->health().probe_count);
@@ -868,6 +876,7 @@ void IbConn::on_recv_wc(Path& p, const ibv_wc& wc, TimeUs now) {
   const int q = static_cast<int>((slot % per_path) / kRqDepth);
   const int k = static_cast<int>(slot % kRqDepth);
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+    peer_rebuilt(p, now);  // a chunk on this generation: the sender's QPs are connected
     on_chunk(p, ntohl(wc.imm_data), wc.byte_len, now);
   } else if (wc.opcode == IBV_WC_RECV) {
     IbCtrlMsg m;
@@ -965,6 +974,9 @@ void IbConn::on_ctrl(Path* via, const IbCtrlMsg& m, TimeUs now) {
     case CtrlType::kRebuild:
       if (role_ == IbRole::kRecv) on_rebuild(m, now);
       break;
+    case CtrlType::kRebuildDone:
+      if (role_ == IbRole::kRecv && m.gen == p.gen) peer_rebuilt(p, now);
+      break;
     case CtrlType::kRebuildAck:
     case CtrlType::kRebuildNak:
       if (role_ == IbRole::kSend) on_rebuild_ack(m, now);
@@ -999,7 +1011,7 @@ void IbConn::fail_path(Path& p, FailCause cause, TimeUs now, const char* detail,
   const int cp = control_path();
   const char* to = cp >= 0 ? paths_[cp].label.c_str() : "no usable path";
   if (role_ == IbRole::kSend)
-    log_event("path on rail %s failed (%s: %s)%s; path %d -> %s%s", rail_of(p).c_str(),
+    log_event("path on rail %s failed (%s: %s)%s; path %d's traffic now on %s%s", rail_of(p).c_str(),
               fail_cause_name(cause), detail, from_peer ? " [peer notice]" : "", p.index, to,
               bilateral && cause != FailCause::kPeerNotice
                   ? "; replay waits for the receiver's QP error transition"
@@ -1125,14 +1137,24 @@ void IbConn::on_rebuild(const IbCtrlMsg& m, TimeUs now) {
     flush_ctrl(now);
     return;
   }
-  p.health->on_reconnected(now);
-  p.ack_progress = now;
+  // Nothing is posted on the new QPs until the sender has connected its own (its probes
+  // passed, REBUILD_DONE): a write to a sender QP still in INIT would be lost and fail the
+  // path again. Receives are posted, so the sender's chunks land meanwhile.
+  p.awaiting_peer = true;
   out.type = static_cast<uint16_t>(CtrlType::kRebuildAck);
   out.n = static_cast<uint32_t>(nqps_);
   for (int q = 0; q < nqps_; ++q) out.qpn[q] = p.qps[q]->qp_num;
   fill_wire_hca(p.hca, &out.hca);
   queue_ctrl(out);
   flush_ctrl(now);
+}
+
+void IbConn::peer_rebuilt(Path& p, TimeUs now) {
+  if (!p.awaiting_peer) return;
+  p.awaiting_peer = false;
+  p.health->on_reconnected(now);
+  p.ack_progress = now;
+  p.last_probe = now;
 }
 
 void IbConn::on_rebuild_ack(const IbCtrlMsg& m, TimeUs now) {
@@ -1153,6 +1175,16 @@ void IbConn::give_up(Status st, const char* why) {
   if (gave_up_) return;
   gave_up_ = true;
   error_ = st;
+  // The connection is over at both ends: nothing more may land in NCCL's buffers (it may
+  // free them once the error is reported), and the peer learns at once (BYE) instead of
+  // after its own failover timeout.
+  for (auto& p : paths_)
+    for (auto* qp : p.qps) {
+      ibv_qp_attr a{};
+      a.qp_state = IBV_QPS_ERR;
+      v_.modify_qp(qp, &a, IBV_QP_STATE);
+    }
+  say_goodbye();
   log_event("give-up: %s connection on device %d (%s): %s; %zu pending requests "
             "fail with %s",
             role_ == IbRole::kSend ? "send" : "recv", dev_,

@@ -166,6 +166,7 @@ class IbConn {
     bool counted_failed = false;
     bool gate_pending = false;  // sender: replay waits for the receiver's FAIL/FAIL_ACK
     bool rebuilding = false;
+    bool awaiting_peer = false;  // receiver: rebuilt, waiting for the sender's REBUILD_DONE
     TimeUs rebuild_deadline = 0;
     std::vector<uint32_t> new_qpn;  // rebuild: QPs created, not yet connected
     uint64_t chunks_sent = 0;
@@ -225,6 +226,7 @@ class IbConn {
   void start_rebuild(Path& p, TimeUs now);
   void on_rebuild(const IbCtrlMsg& m, TimeUs now);
   void on_rebuild_ack(const IbCtrlMsg& m, TimeUs now);
+  void peer_rebuilt(Path& p, TimeUs now);
   void check_recoveries(TimeUs now);
   void give_up(Status st, const char* why);
   Status make_flush_qp();

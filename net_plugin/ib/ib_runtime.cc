@@ -77,6 +77,8 @@ Status IbRuntime::choose(bool* use_ib, std::string* why, std::string* err) {
       *err = "R2CCL_TRANSPORT=ib: " + e;
       return Status::kSystem;
     }
+    if (getenv("R2CCL_IBVERBS_LIB"))  // set on purpose: its failure must not pass unnoticed
+      R2CCL_WARN("R2CCL_TRANSPORT=auto: %s; using the TCP transport", e.c_str());
     *why = "no verbs library (" + e + ")";
     return Status::kOk;
   }

@@ -104,6 +104,9 @@ enum class CtrlType : uint16_t {
   kRebuildAck = 5,  // path, gen, hca, qpn[n]: the peer's re-created QPs, in RTS
   kRebuildNak = 6,  // path, gen: the peer cannot rebuild now (its port is down)
   kBye = 7,         // closing on purpose
+  kRebuildDone = 8, // path, gen: the sender's re-created QPs passed their probes; the
+                    // receiver may now post on the path (before, its QPs might still
+                    // address a sender QP that is not connected yet)
 };
 
 struct IbCtrlMsg {

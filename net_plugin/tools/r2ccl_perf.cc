@@ -19,6 +19,7 @@
 #include <climits>
 #include <cstdarg>
 #include <cstdio>
+#include <exception>
 #include <cstdlib>
 #include <cstring>
 #include <memory>
@@ -607,6 +608,23 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
                    "regMr", c);
       }
     }
+
+    // On an error (a PerfError unwinding), close every connection before the buffers are
+    // freed, as NCCL's abort closes its comms: a NIC (or the fake verbs provider's NIC thread)
+    // may still be writing into them.
+    struct CloseOnError {
+      Net& net;
+      std::vector<Channel>& chans;
+      int uncaught = std::uncaught_exceptions();
+      ~CloseOnError() {
+        if (std::uncaught_exceptions() == uncaught) return;
+        for (auto& ch : chans) {
+          if (ch.send_comm) net.close_send(ch.send_comm);
+          if (ch.recv_comm) net.close_recv(ch.recv_comm);
+          ch.send_comm = ch.recv_comm = nullptr;
+        }
+      }
+    } close_on_error{net, chans};
 
     EngineConfig ec;
     ec.rank = rank;

@@ -107,7 +107,8 @@ struct ParamDef {
     "'^' excludes, '=' matches names exactly (mlx5_0:1,mlx5_1). Empty: every active port.")   \
   X(ib_gid_index, "R2CCL_IB_GID_INDEX", kInt, "-1", -1, 1024, "NCCL_IB_GID_INDEX",            \
     "RoCE GID index; -1 selects one by R2CCL_IB_ROCE_VERSION_NUM, R2CCL_IB_ADDR_FAMILY and "   \
-    "R2CCL_IB_ADDR_RANGE, again after a GID-change event.")                                   \
+    "R2CCL_IB_ADDR_RANGE, again after a GID-change event. An index whose GID is empty on a "   \
+    "port falls back to that selection, with a WARN.")                                          \
   X(ib_roce_version, "R2CCL_IB_ROCE_VERSION_NUM", kInt, "2", 1, 2, "NCCL_IB_ROCE_VERSION_NUM", \
     "RoCE version of the automatically selected GID.")                                         \
   X(ib_addr_family, "R2CCL_IB_ADDR_FAMILY", kString, "AF_INET", 0, 0, "NCCL_IB_ADDR_FAMILY",  \
