@@ -173,6 +173,21 @@ TEST_CASE("r2ccl_perf over the fake verbs backend: every API version, checked", 
     for (const auto& row : rows) CHECK(row.wrong == "0");
     CHECK(out.find("rail mlx5_0:1") != std::string::npos);  // --stats: the verbs rails carried it
   }
+  // The other data-path shapes: adaptive-routing writes, several QPs per path, striping over
+  // both HCAs, a chunk size that is not a power of two.
+  std::map<std::string, std::string> env = {
+      {"R2CCL_TRANSPORT", "ib"},  {"R2CCL_IBVERBS_LIB", fake_lib()},
+      {"R2CCL_SOCKET_IFNAME", "lo"}, {"FAKEVERBS_DIR", fresh_dir()},
+      {"FAKEVERBS_DEVICES", kSenderHcas}, {"R2CCL_LOG_FILE", "none"},
+      {"R2CCL_IB_ADAPTIVE_ROUTING", "1"}, {"R2CCL_IB_QPS_PER_PATH", "4"},
+      {"R2CCL_STRIPE", "1"}, {"R2CCL_CHUNK_SIZE", "100000"}};
+  std::string out;
+  int rc = run_command(perf_command(env, "--ranks 2 --check --channels 2 -b 1 -e 16M -f 16 -n 3 --stats"), &out);
+  INFO("AR + 4 QPs + stripe\n" << out);
+  REQUIRE(rc == 0);
+  std::vector<PerfRow> rows = perf_rows(out);
+  REQUIRE(rows.size() == 7);  // 1 B .. 16 MiB by 16 (allreduce rounds tiny sizes up)
+  for (const auto& row : rows) CHECK(row.wrong == "0");
 }
 
 TEST_CASE("verbs: sender HCA port down mid-stream: lossless, one switchover, bounded",
