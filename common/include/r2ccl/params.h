@@ -128,6 +128,16 @@ struct ParamDef {
   X(ib_ar, "R2CCL_IB_ADAPTIVE_ROUTING", kInt, "-1", -1, 1, "NCCL_IB_ADAPTIVE_ROUTING",         \
     "1: adaptive-routing-safe writes (payload as RDMA WRITE, then a 0-byte write with "       \
     "immediate); 0: one write with immediate per chunk; -1: 1 on InfiniBand, 0 on RoCE.")    \
+  X(health_board, "R2CCL_HEALTH_BOARD", kString, "default", 0, 0, nullptr,                     \
+    "Name of this node's health board, the shared-memory segment /r2ccl-<uid>-<name> where "   \
+    "net plugins publish rail state and the tuner reads the agreed cluster record; none "      \
+    "turns publishing off.")                                                                   \
+  X(tuner_config, "R2CCL_TUNER_CONFIG", kString, "", 0, 0, nullptr,                            \
+    "Tuner rules file (r2ccl's format or the columns of NCCL's example tuner CSV). Empty: no "  \
+    "rules, NCCL's choices stand (unless the cost model is enabled).")                        \
+  X(tuner_strict, "R2CCL_TUNER_STRICT", kBool, "0", 0, 1, nullptr,                             \
+    "1: a malformed rules file fails tuner init (ncclInvalidUsage) instead of a WARN and no "  \
+    "rules.")                                                                                  \
   X(test_hooks, "R2CCL_TEST_HOOKS", kString, "", 0, 0, nullptr,                                \
     "Test only. Comma list of protections to switch off: no_replay, no_dedup, "               \
     "no_stale_guard, no_bilateral_err (verbs: replay without moving the peer's QPs to ERR), "  \
