@@ -19,6 +19,7 @@ constexpr int kBgPollMs = 5;
 // The background thread progresses a connection the proxy thread has not touched for this
 // long (an idle connection still needs probes, failure detection and failback).
 constexpr TimeUs kIdleProgressAfter = 10 * kUsPerMs;
+constexpr TimeUs kBoardPeriod = 100 * kUsPerMs;  // health board publish period
 
 std::mutex g_mu;
 IbRuntime* g_rt = nullptr;  // never destroyed: the background thread may outlive main()
@@ -161,6 +162,11 @@ Status IbRuntime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<Hca
     int fl = fcntl(x.ctx->async_fd, F_GETFL);
     if (fl >= 0) fcntl(x.ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
   }
+  if (cfg_->health_board != "none") {
+    std::string berr;
+    if (board_.open(cfg_->health_board, &berr)) board_rails_.resize(h.size());
+    else R2CCL_WARN("health board off: %s", berr.c_str());
+  }
   bg_ = std::thread([this] { bg_loop(); });
   bg_.detach();
   return Status::kOk;
@@ -271,6 +277,26 @@ void IbRuntime::bg_loop() {
     for (size_t k = 0; k < fds.size(); ++k)
       if (fds[k].revents & POLLIN) handle_async(owner[k]);
     progress_idle_conns();
+    publish_board(now_us());
+  }
+}
+
+void IbRuntime::publish_board(TimeUs now) {
+  if (board_rails_.empty() || now < board_next_) return;
+  board_next_ = now + kBoardPeriod;
+  const auto& h = hcas();
+  for (size_t i = 0; i < h.size(); ++i) {
+    HcaLive& l = live_[i];
+    const bool up = l.port_active.load();
+    board::RailFields f;
+    snprintf(f.name, sizeof(f.name), "%s:%d", h[i].name.c_str(), h[i].port);
+    f.transport = board::Transport::kIb;
+    f.state = !up ? board::RailState::kDown
+              : l.failed_paths.load() > 0 ? board::RailState::kFailed
+                                          : board::RailState::kUp;
+    f.usable_mbps = up ? static_cast<uint32_t>(h[i].speed_mbps) : 0;
+    board_rails_[i].fill(l, now, up ? "path failure" : "port error", &f);
+    board_.publish(static_cast<int>(i), f);
   }
 }
 

@@ -26,6 +26,7 @@
 #include "ib/ib_devices.h"
 #include "ib/mr_cache.h"
 #include "ib/verbs_api.h"
+#include "r2ccl/health_board.h"
 #include "r2ccl/params.h"
 #include "r2ccl/rail_stats.h"
 #include "r2ccl/random.h"
@@ -85,6 +86,7 @@ class IbRuntime {
   void bg_loop();
   void handle_async(int hca_dev_ctx_index);
   void progress_idle_conns();
+  void publish_board(TimeUs now);  // background thread, at most every 100 ms
 
   const Config* cfg_ = nullptr;
   const VerbsApi* v_ = nullptr;
@@ -99,6 +101,12 @@ class IbRuntime {
   std::mutex hca_mu_;
   std::mutex registry_mu_;
   std::vector<IbConn*> conns_;  // guarded by registry_mu_
+  // Health board (docs/HEALTH-BOARD.md): opened at init unless R2CCL_HEALTH_BOARD=none;
+  // published by the background thread.
+  board::Publisher board_;
+  std::vector<board::RailPublishState> board_rails_;  // background thread only
+  TimeUs board_next_ = 0;                             // background thread only
+
   Rng rng_;
   std::thread bg_;
 };

@@ -22,6 +22,7 @@ namespace {
 constexpr TimeUs kIncomingHelloTimeout = 2 * kUsPerSec;
 constexpr int kBgPollMs = 2;              // background loop period
 constexpr TimeUs kIdleProgressAfter = 2 * kUsPerMs;
+constexpr TimeUs kBoardPeriod = 100 * kUsPerMs;  // health board publish period
 
 std::mutex g_rt_mu;
 Runtime* g_rt = nullptr;        // never destroyed: the background thread may outlive main()
@@ -100,6 +101,11 @@ Status Runtime::init(std::string* err) {
     }
     listen_fds_.push_back(fd);
     listen_ports_.push_back(local_port(fd));
+  }
+  if (cfg_->health_board != "none") {
+    std::string berr;
+    if (board_.open(cfg_->health_board, &berr)) board_rails_.resize(rails_.size());
+    else R2CCL_WARN("health board off: %s", berr.c_str());
   }
   bg_ = std::thread([this] { bg_loop(); });
   bg_.detach();
@@ -348,6 +354,25 @@ void Runtime::bg_loop() {
       }
     }
     progress_idle_conns();
+    publish_board(now_us());
+  }
+}
+
+void Runtime::publish_board(TimeUs now) {
+  if (board_rails_.empty() || now < board_next_) return;
+  board_next_ = now + kBoardPeriod;
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    RailLive& l = live_[i];
+    const bool up = l.link_up.load();
+    board::RailFields f;
+    board::set_text(f.name, sizeof(f.name), rails_[i].name);
+    f.transport = board::Transport::kTcp;
+    f.state = !up ? board::RailState::kDown
+              : l.failed_paths.load() > 0 ? board::RailState::kFailed
+                                          : board::RailState::kUp;
+    f.usable_mbps = up ? static_cast<uint32_t>(rails_[i].speed_mbps) : 0;
+    board_rails_[i].fill(l, now, up ? "path failure" : "link down", &f);
+    board_.publish(static_cast<int>(i), f);
   }
 }
 

@@ -29,6 +29,7 @@
 #include "../engine/path_health.h"
 #include "../engine/recv_message.h"
 #include "fault_injector.h"
+#include "r2ccl/health_board.h"
 #include "r2ccl/params.h"
 #include "r2ccl/rail_stats.h"
 #include "r2ccl/random.h"
@@ -94,6 +95,7 @@ class Runtime {
   void accept_new(int rail);
   void service_handshakes();
   void progress_idle_conns();
+  void publish_board(TimeUs now);  // background thread, at most every 100 ms
 
   const Config* cfg_ = nullptr;
   std::vector<Rail> rails_;
@@ -123,6 +125,12 @@ class Runtime {
     uint64_t suppressed = 0;
   };
   std::map<std::string, Refusals> refusals_;  // background thread only
+
+  // Health board (docs/HEALTH-BOARD.md): opened at init unless R2CCL_HEALTH_BOARD=none;
+  // published by the background thread.
+  board::Publisher board_;
+  std::vector<board::RailPublishState> board_rails_;  // background thread only
+  TimeUs board_next_ = 0;                             // background thread only
 
   Rng rng_;
   std::thread bg_;

@@ -1,0 +1,687 @@
+// The health board (common/include/r2ccl/health_board.h): roundtrip, concurrent writers from
+// several processes against a reader (no torn read is ever returned), a writer killed
+// mid-write, slot reclaim, corrupt/truncated/wrong-version segments, the agreed record across
+// processes, name validation, and the r2ccl_status tool. Every test uses its own board name
+// and removes it at the end.
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstddef>
+#include <cstdio>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "r2ccl/clock.h"
+#include "r2ccl/health_board.h"
+#include "tcp/runtime.h"
+
+namespace r2ccl::board {
+// Test peer: publishes a slot but leaves its sequence odd, as a writer killed mid-write does.
+class PublisherTestPeer {
+ public:
+  static bool publish_unfinished(Publisher& p, int rail, const RailFields& f) {
+    std::lock_guard<std::mutex> g(p.mu_);
+    return p.write_locked(rail, f, false);
+  }
+};
+}  // namespace r2ccl::board
+
+namespace {
+
+using namespace r2ccl::board;
+
+// A board name unique to this process and test; removed on scope exit.
+struct TestBoard {
+  std::string name;
+  explicit TestBoard(const char* tag) : name("test-" + std::to_string(getpid()) + "-" + tag) {
+    remove_board(name);
+  }
+  ~TestBoard() { remove_board(name); }
+  std::string seg() const {
+    std::string s, e;
+    segment_name(name, &s, &e);
+    return s;
+  }
+};
+
+// Fields satisfying the invariant a reader checks: every counter derives from `k`.
+RailFields fields_for(uint64_t k, int rail) {
+  RailFields f;
+  set_text(f.name, sizeof(f.name), "rail" + std::to_string(rail) + "-" + std::to_string(k));
+  f.transport = rail % 2 ? Transport::kIb : Transport::kTcp;
+  f.state = RailState::kUp;
+  f.usable_mbps = static_cast<uint32_t>(k % 100000);
+  f.bytes_sent = k * 7;
+  f.chunks_sent = k;
+  f.chunks_replayed = k / 3;
+  f.switchovers = k + 1;
+  f.failbacks = k + 2;
+  f.paths_failed = k + 3;
+  f.last_switchover_us = static_cast<int64_t>(k) * 11;
+  set_text(f.cause, sizeof(f.cause), "cause-" + std::to_string(k));
+  f.risk = static_cast<float>(k % 1000);
+  return f;
+}
+
+bool consistent(const RailSlot& s) {
+  const RailFields& f = s.f;
+  uint64_t k = f.chunks_sent;
+  std::string want_name = "rail" + std::to_string(s.rail) + "-" + std::to_string(k);
+  return f.bytes_sent == k * 7 && f.chunks_replayed == k / 3 && f.switchovers == k + 1 &&
+         f.failbacks == k + 2 && f.paths_failed == k + 3 &&
+         f.last_switchover_us == static_cast<int64_t>(k) * 11 &&
+         f.usable_mbps == static_cast<uint32_t>(k % 100000) && want_name == f.name &&
+         std::string("cause-" + std::to_string(k)) == f.cause;
+}
+
+AgreedRecord agreed_for(uint64_t k) {
+  AgreedRecord r;
+  r.epoch = k;
+  r.n_nodes = static_cast<uint32_t>(k % kMaxNodes);
+  for (auto& w : r.members) w = k;
+  for (auto& g : r.node_usable_gbps) g = static_cast<float>(k % 4096);
+  return r;
+}
+
+bool agreed_consistent(const AgreedRecord& r) {
+  if (r.epoch == 0) return r.n_nodes == 0;
+  if (r.n_nodes != r.epoch % kMaxNodes) return false;
+  for (auto w : r.members)
+    if (w != r.epoch) return false;
+  for (auto g : r.node_usable_gbps)
+    if (g != static_cast<float>(r.epoch % 4096)) return false;
+  return true;
+}
+
+void write_at(const std::string& seg, off_t off, const void* data, size_t n) {
+  int fd = shm_open(seg.c_str(), O_RDWR, 0);
+  REQUIRE(fd >= 0);
+  REQUIRE(pwrite(fd, data, n, off) == static_cast<ssize_t>(n));
+  close(fd);
+}
+
+void truncate_to(const std::string& seg, off_t size) {
+  int fd = shm_open(seg.c_str(), O_RDWR, 0);
+  REQUIRE(fd >= 0);
+  REQUIRE(ftruncate(fd, size) == 0);
+  close(fd);
+}
+
+}  // namespace
+
+TEST_CASE("board names are validated", "[board]") {
+  std::string seg, err;
+  REQUIRE(segment_name("default", &seg, &err));
+  CHECK(seg == "/r2ccl-" + std::to_string(getuid()) + "-default");
+  CHECK(segment_name("A-z_09", &seg, &err));
+  CHECK(segment_name(std::string(64, 'x'), &seg, &err));
+  for (const char* bad : {"", "a/b", "a b", "..", "x.y", "é"}) {
+    err.clear();
+    CHECK_FALSE(segment_name(bad, &seg, &err));
+    CHECK(err.find("accepted names") != std::string::npos);
+  }
+  CHECK_FALSE(segment_name(std::string(65, 'x'), &seg, &err));
+  AgreedRecord r;
+  CHECK_FALSE(read_agreed_record("bad/name", &r, &err));
+  Publisher p;
+  CHECK_FALSE(p.open("bad/name", &err));
+  CHECK_FALSE(p.is_open());
+}
+
+TEST_CASE("publish and read back; close releases the slots", "[board]") {
+  TestBoard b("rt");
+  std::string err;
+  BoardView v;
+  BoardError kind = BoardError::kNone;
+  CHECK_FALSE(read_board(b.name, &v, &err, &kind));
+  CHECK(kind == BoardError::kAbsent);
+  CHECK(err.find("absent") != std::string::npos);
+
+  Publisher p;
+  REQUIRE(p.open(b.name, &err));
+  CHECK(p.segment() == b.seg());
+  REQUIRE(p.publish(0, fields_for(5, 0)));
+  REQUIRE(p.publish(3, fields_for(9, 3)));
+  REQUIRE(p.publish(0, fields_for(6, 0)));  // same slot again
+  CHECK_FALSE(p.publish(-1, fields_for(1, 0)));
+  CHECK_FALSE(p.publish(1 << 30, fields_for(1, 0)));
+  REQUIRE(read_board(b.name, &v, &err));
+  CHECK(v.segment == b.seg());
+  CHECK(v.slot_count == kDefaultSlots);
+  REQUIRE(v.rails.size() == 2);
+  CHECK(v.torn_slots.empty());
+  CHECK_FALSE(v.has_agreed);
+  for (const auto& r : v.rails) {
+    CHECK(r.pid == getpid());
+    CHECK(consistent(r));
+    CHECK(r.publish_us > 0);
+    CHECK(r.publish_us <= r2ccl::now_us());
+  }
+  CHECK(v.rails[0].rail == 0);
+  CHECK(v.rails[0].f.chunks_sent == 6);
+  CHECK(v.rails[1].rail == 3);
+  CHECK(v.rails[1].f.transport == Transport::kIb);
+  CHECK(std::string(transport_name(v.rails[1].f.transport)) == "ib");
+  CHECK(std::string(state_name(RailState::kDraining)) == "draining");
+
+  // An existing board without an agreed record: true, epoch 0.
+  AgreedRecord r;
+  r.epoch = 77;
+  REQUIRE(read_agreed_record(b.name, &r, &err));
+  CHECK(r.epoch == 0);
+
+  p.close();
+  CHECK_FALSE(p.publish(0, fields_for(1, 0)));
+  REQUIRE(read_board(b.name, &v, &err));
+  CHECK(v.rails.empty());
+  CHECK(v.stale_slots == 0);
+}
+
+TEST_CASE("several processes write while a reader reads: no torn read is returned", "[board]") {
+  TestBoard b("conc");
+  constexpr int kWriters = 4;
+  constexpr int kRailsPerWriter = 3;
+  constexpr int kRunMs = 400;
+  pid_t kids[kWriters + 1];
+  for (int w = 0; w <= kWriters; ++w) {
+    kids[w] = fork();
+    REQUIRE(kids[w] >= 0);
+    if (kids[w] == 0) {
+      std::string e;
+      auto until = r2ccl::now_us() + kRunMs * r2ccl::kUsPerMs;
+      if (w == kWriters) {  // the agreed-record writer
+        for (uint64_t k = 1; r2ccl::now_us() < until; ++k)
+          if (!publish_agreed_record(b.name, agreed_for(k), &e)) _exit(3);
+        _exit(0);
+      }
+      Publisher p;
+      if (!p.open(b.name, &e)) _exit(1);
+      for (uint64_t k = 1; r2ccl::now_us() < until; ++k)
+        for (int r = 0; r < kRailsPerWriter; ++r)
+          if (!p.publish(r, fields_for(k * 10 + r, r))) _exit(2);
+      _exit(0);  // no close: the slots stay, owned by a dead process (stale)
+    }
+  }
+  int reads = 0, rails_seen = 0, agreed_seen = 0, torn = 0;
+  std::string err;
+  auto until = r2ccl::now_us() + (kRunMs + 100) * r2ccl::kUsPerMs;
+  while (r2ccl::now_us() < until) {
+    BoardView v;
+    if (!read_board(b.name, &v, &err)) continue;  // not created yet
+    ++reads;
+    for (const auto& s : v.rails) {
+      ++rails_seen;
+      if (!consistent(s))
+        FAIL("torn slot " << s.slot << " returned: chunks_sent " << s.f.chunks_sent);
+    }
+    torn += static_cast<int>(v.torn_slots.size());
+    if (v.has_agreed) {
+      ++agreed_seen;
+      if (!agreed_consistent(v.agreed)) FAIL("torn agreed record returned");
+    }
+    AgreedRecord a;
+    if (read_agreed_record(b.name, &a, &err) && !agreed_consistent(a)) FAIL("torn agreed record");
+  }
+  for (pid_t k : kids) {
+    int st = 0;
+    REQUIRE(waitpid(k, &st, 0) == k);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+  }
+  INFO("reads " << reads << " rails " << rails_seen << " torn-skipped " << torn);
+  CHECK(reads > 10);
+  CHECK(rails_seen > 0);
+  CHECK(agreed_seen > 0);
+  // The writers are gone: their slots are stale, not live.
+  BoardView v;
+  REQUIRE(read_board(b.name, &v, &err));
+  CHECK(v.rails.empty());
+  CHECK(v.stale_slots == kWriters * kRailsPerWriter);
+  REQUIRE(v.has_agreed);
+  CHECK(agreed_consistent(v.agreed));
+}
+
+TEST_CASE("processes racing to create the board all open the same one", "[board]") {
+  TestBoard b("race");
+  constexpr int kKids = 8;
+  int go[2];
+  REQUIRE(pipe(go) == 0);
+  pid_t kids[kKids];
+  int done[2];
+  REQUIRE(pipe(done) == 0);
+  for (int i = 0; i < kKids; ++i) {
+    kids[i] = fork();
+    REQUIRE(kids[i] >= 0);
+    if (kids[i] == 0) {
+      close(go[1]);
+      char c;
+      if (read(go[0], &c, 1) != 0) _exit(4);  // released when the parent closes the pipe
+      Publisher p;
+      std::string e;
+      if (!p.open(b.name, &e)) _exit(1);
+      if (!p.publish(0, fields_for(i, 0))) _exit(2);
+      c = 'x';
+      if (write(done[1], &c, 1) != 1) _exit(3);
+      pause();  // stay alive (the slot stays live) until the parent has read the board
+      _exit(0);
+    }
+  }
+  close(go[0]);
+  close(go[1]);  // go
+  close(done[1]);
+  int ready = 0;
+  char c;
+  while (ready < kKids && read(done[0], &c, 1) == 1) ++ready;
+  close(done[0]);
+  CHECK(ready == kKids);
+  std::string err;
+  BoardView v;
+  bool ok = read_board(b.name, &v, &err);
+  for (pid_t k : kids) kill(k, SIGKILL);
+  for (pid_t k : kids) waitpid(k, nullptr, 0);
+  REQUIRE(ok);
+  CHECK(v.rails.size() == kKids);
+  for (const auto& s : v.rails) CHECK(consistent(s));
+}
+
+TEST_CASE("a writer killed mid-write: readers give up on its slot, a new process reclaims it",
+          "[board]") {
+  TestBoard b("kill");
+  int pfd[2];
+  REQUIRE(pipe(pfd) == 0);
+  pid_t kid = fork();
+  REQUIRE(kid >= 0);
+  if (kid == 0) {
+    std::string e;
+    Publisher p;
+    bool ok = p.open(b.name, &e) && p.publish(1, fields_for(4, 1)) &&
+              PublisherTestPeer::publish_unfinished(p, 0, fields_for(3, 0));
+    char c = ok ? 'y' : 'n';
+    if (write(pfd[1], &c, 1) != 1) _exit(1);
+    pause();
+    _exit(0);
+  }
+  close(pfd[1]);
+  char c = 0;
+  REQUIRE(read(pfd[0], &c, 1) == 1);
+  close(pfd[0]);
+  REQUIRE(c == 'y');
+  kill(kid, SIGKILL);
+  int st = 0;
+  REQUIRE(waitpid(kid, &st, 0) == kid);
+
+  std::string err;
+  BoardView v;
+  auto t0 = std::chrono::steady_clock::now();
+  REQUIRE(read_board(b.name, &v, &err));
+  auto took = std::chrono::steady_clock::now() - t0;
+  CHECK(took < std::chrono::seconds(1));  // bounded retries, no wait on the dead writer
+  CHECK(v.rails.empty());
+  REQUIRE(v.torn_slots.size() == 1);
+  CHECK(v.stale_slots == 1);  // its finished slot: owner dead
+  const int dead_torn = v.torn_slots[0];
+
+  // Free slots are taken first; once they are gone, the dead process's slots are reclaimed.
+  Publisher p;
+  REQUIRE(p.open(b.name, &err));
+  for (int r = 0; r < static_cast<int>(kDefaultSlots); ++r) REQUIRE(p.publish(r, fields_for(r, r)));
+  CHECK_FALSE(p.publish(kDefaultSlots, fields_for(1, 0)));  // board full
+  REQUIRE(read_board(b.name, &v, &err));
+  CHECK(v.torn_slots.empty());
+  CHECK(v.stale_slots == 0);
+  REQUIRE(v.rails.size() == kDefaultSlots);
+  bool reclaimed = false;
+  for (const auto& s : v.rails) {
+    CHECK(consistent(s));
+    CHECK(s.pid == getpid());
+    reclaimed |= s.slot == dead_torn;
+  }
+  CHECK(reclaimed);
+  p.close();
+}
+
+TEST_CASE("agreed record across processes; absent board", "[board]") {
+  TestBoard b("agreed");
+  AgreedRecord r;
+  std::string err;
+  CHECK_FALSE(read_agreed_record(b.name, &r, &err));
+  CHECK(err.find("absent") != std::string::npos);
+  CHECK(err.find(b.seg()) != std::string::npos);
+
+  pid_t kid = fork();
+  REQUIRE(kid >= 0);
+  if (kid == 0) {
+    AgreedRecord a;
+    a.epoch = 42;
+    a.n_nodes = 3;
+    a.members[0] = 0b1011;
+    a.node_usable_gbps[0] = 50;
+    a.node_usable_gbps[1] = 25.5f;
+    a.node_usable_gbps[3] = 50;
+    std::string e;
+    _exit(publish_agreed_record(b.name, a, &e) ? 0 : 1);
+  }
+  int st = 0;
+  REQUIRE(waitpid(kid, &st, 0) == kid);
+  REQUIRE(WEXITSTATUS(st) == 0);
+  REQUIRE(read_agreed_record(b.name, &r, &err));
+  CHECK(r.epoch == 42);
+  CHECK(r.n_nodes == 3);
+  CHECK(member_count(r) == 3);
+  CHECK(r.node_usable_gbps[1] == 25.5f);
+  BoardView v;
+  REQUIRE(read_board(b.name, &v, &err));
+  CHECK(v.has_agreed);
+  CHECK(v.agreed.epoch == 42);
+
+  // A writer that died mid-write leaves the record's sequence odd: readers report it torn,
+  // the next publisher takes over after ~100 ms.
+  uint64_t odd = 1001;
+  write_at(b.seg(), static_cast<off_t>(sizeof(SegmentHeader)), &odd, sizeof(odd));
+  CHECK_FALSE(read_agreed_record(b.name, &r, &err));
+  CHECK(err.find("torn") != std::string::npos);
+  REQUIRE(read_board(b.name, &v, &err));
+  CHECK_FALSE(v.has_agreed);
+  CHECK(v.agreed_torn == 1);
+  REQUIRE(publish_agreed_record(b.name, agreed_for(7), &err));
+  REQUIRE(read_agreed_record(b.name, &r, &err));
+  CHECK(r.epoch == 7);
+  CHECK(agreed_consistent(r));
+
+  // An insane node count is corrupt.
+  AgreedRecord bad = agreed_for(8);
+  bad.n_nodes = kMaxNodes + 1;
+  REQUIRE(publish_agreed_record(b.name, bad, &err));
+  CHECK_FALSE(read_agreed_record(b.name, &r, &err));
+  CHECK(err.find("corrupt") != std::string::npos);
+}
+
+TEST_CASE("corrupt, truncated and wrong-version segments are refused without a crash", "[board]") {
+  TestBoard b("corrupt");
+  std::string err;
+  auto fresh = [&] {
+    remove_board(b.name);
+    AgreedRecord a = agreed_for(3);
+    REQUIRE(publish_agreed_record(b.name, a, &err));
+    Publisher p;
+    REQUIRE(p.open(b.name, &err));
+    REQUIRE(p.publish(0, fields_for(1, 0)));
+  };
+  auto expect_bad = [&](BoardError want, const char* words) {
+    AgreedRecord r;
+    BoardView v;
+    BoardError kind = BoardError::kNone;
+    err.clear();
+    CHECK_FALSE(read_agreed_record(b.name, &r, &err));
+    CHECK(err.find(words) != std::string::npos);
+    CHECK(err.find(b.seg()) != std::string::npos);
+    CHECK_FALSE(read_board(b.name, &v, &err, &kind));
+    CHECK(kind == want);
+    CHECK(err.find(words) != std::string::npos);
+  };
+  SECTION("truncated below the size in the header") {
+    fresh();
+    truncate_to(b.seg(), 4096);
+    expect_bad(BoardError::kTruncated, "truncated");
+  }
+  SECTION("truncated below the header") {
+    fresh();
+    truncate_to(b.seg(), 10);
+    expect_bad(BoardError::kTruncated, "truncated");
+  }
+  SECTION("empty (a creator died before sizing it)") {
+    fresh();
+    truncate_to(b.seg(), 0);
+    expect_bad(BoardError::kCorrupt, "not initialised");
+    // A publisher waits ~1 s for a creator's magic, then gives up (the plugin WARNs once).
+    Publisher p;
+    auto t0 = std::chrono::steady_clock::now();
+    CHECK_FALSE(p.open(b.name, &err));
+    CHECK(std::chrono::steady_clock::now() - t0 >= std::chrono::milliseconds(900));
+    CHECK(err.find("not initialised") != std::string::npos);
+  }
+  SECTION("bad magic") {
+    fresh();
+    uint64_t m = 0x1234;
+    write_at(b.seg(), offsetof(SegmentHeader, magic), &m, sizeof(m));
+    expect_bad(BoardError::kCorrupt, "bad magic");
+  }
+  SECTION("wrong layout version; a publisher refuses it too") {
+    fresh();
+    uint32_t ver = kLayoutVersion + 1;
+    write_at(b.seg(), offsetof(SegmentHeader, version), &ver, sizeof(ver));
+    expect_bad(BoardError::kVersion, "version");
+    Publisher p;
+    CHECK_FALSE(p.open(b.name, &err));
+    CHECK(err.find("version") != std::string::npos);
+  }
+  SECTION("insane slot count") {
+    fresh();
+    uint32_t n = 1u << 30;
+    write_at(b.seg(), offsetof(SegmentHeader, slot_count), &n, sizeof(n));
+    expect_bad(BoardError::kCorrupt, "corrupt");
+  }
+  SECTION("huge total size") {
+    fresh();
+    uint64_t n = ~0ull;
+    write_at(b.seg(), offsetof(SegmentHeader, total_size), &n, sizeof(n));
+    expect_bad(BoardError::kCorrupt, "corrupt");
+  }
+  SECTION("garbage bytes everywhere") {
+    fresh();
+    std::vector<unsigned char> junk(64 * 1024);
+    uint64_t x = 0x9e3779b97f4a7c15ull;
+    for (auto& c : junk) {
+      x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+      c = static_cast<unsigned char>(x);
+    }
+    write_at(b.seg(), 0, junk.data(), junk.size());
+    expect_bad(BoardError::kCorrupt, "bad magic");
+  }
+  SECTION("garbage slots behind a valid header: every slot is read in bounds") {
+    fresh();
+    std::vector<unsigned char> junk(kDefaultSlots * sizeof(ShmSlot), 0xff);
+    // Even sequence numbers, owners that do not exist, unterminated strings.
+    for (uint32_t i = 0; i < kDefaultSlots; ++i) {
+      uint64_t seq = 2;
+      memcpy(&junk[i * sizeof(ShmSlot)], &seq, sizeof(seq));
+      int32_t pid = getpid();
+      memcpy(&junk[i * sizeof(ShmSlot) + offsetof(ShmSlot, p) + offsetof(SlotPayload, pid)], &pid,
+             sizeof(pid));
+    }
+    SegmentHeader h;
+    int fd = shm_open(b.seg().c_str(), O_RDONLY, 0);
+    REQUIRE(fd >= 0);
+    REQUIRE(pread(fd, &h, sizeof(h), 0) == static_cast<ssize_t>(sizeof(h)));
+    close(fd);
+    write_at(b.seg(), static_cast<off_t>(h.slots_offset), junk.data(), junk.size());
+    BoardView v;
+    REQUIRE(read_board(b.name, &v, &err));
+    REQUIRE(v.rails.size() == kDefaultSlots);
+    for (const auto& s : v.rails) {
+      CHECK(strlen(s.f.name) == kRailNameLen - 1);
+      CHECK(strlen(s.f.cause) == kCauseLen - 1);
+    }
+  }
+}
+
+// The TCP runtime publishes its rails from its background thread. Runs in a forked child (the
+// runtime is a per-process singleton with a thread that never ends).
+TEST_CASE("the TCP runtime publishes each rail; R2CCL_HEALTH_BOARD=none publishes nothing",
+          "[board]") {
+  TestBoard b("runtime");
+  for (const std::string& name : {b.name, std::string("none"), std::string("bad/name")}) {
+    int pfd[2], errp[2];
+    REQUIRE(pipe(pfd) == 0);
+    REQUIRE(pipe(errp) == 0);
+    pid_t kid = fork();
+    REQUIRE(kid >= 0);
+    if (kid == 0) {
+      dup2(errp[1], 2);  // the WARN of the bad name is checked below
+      setenv("R2CCL_HEALTH_BOARD", name.c_str(), 1);
+      setenv("R2CCL_TRANSPORT", "tcp", 1);
+      setenv("R2CCL_SOCKET_IFNAME", "lo@127.0.0.1,lo@127.0.0.2", 1);
+      setenv("R2CCL_LINK_EVENTS", "0", 1);
+      setenv("R2CCL_LOG_FILE", "none", 1);
+      r2ccl::net::Runtime* rt = nullptr;
+      std::string e;
+      char c = r2ccl::net::Runtime::get(&rt, &e) == r2ccl::Status::kOk ? 'y' : 'n';
+      if (write(pfd[1], &c, 1) != 1) _exit(1);
+      pause();
+      _exit(0);
+    }
+    close(pfd[1]);
+    char c = 0;
+    REQUIRE(read(pfd[0], &c, 1) == 1);
+    close(pfd[0]);
+    CHECK(c == 'y');  // neither "none" nor a bad name fails init
+    BoardView v;
+    std::string err;
+    bool ok = false;
+    if (name == b.name) {
+      for (int i = 0; i < 100 && !(ok = read_board(b.name, &v, &err) && v.rails.size() == 2); ++i)
+        usleep(10000);
+    }
+    kill(kid, SIGKILL);
+    waitpid(kid, nullptr, 0);
+    close(errp[1]);
+    std::string log;
+    char buf[1024];
+    ssize_t n;
+    while ((n = read(errp[0], buf, sizeof(buf))) > 0) log.append(buf, static_cast<size_t>(n));
+    close(errp[0]);
+    if (name == "bad/name") CHECK(log.find("health board off") != std::string::npos);
+    else CHECK(log.find("health board") == std::string::npos);
+    if (name != b.name) continue;
+    REQUIRE(ok);
+    for (const auto& r : v.rails) {
+      CHECK(r.pid == kid);
+      CHECK(r.f.transport == Transport::kTcp);
+      CHECK(r.f.state == RailState::kUp);
+      CHECK(r.f.usable_mbps > 0);
+      CHECK(r.f.last_switchover_us == 0);
+      CHECK(r.f.risk == -1);
+    }
+    CHECK(std::string(v.rails[0].f.name) == "lo@127.0.0.1");
+    CHECK(std::string(v.rails[1].f.name) == "lo@127.0.0.2");
+  }
+  // "none" must not have created a board named "none" (or any other).
+  std::string seg, err;
+  REQUIRE(segment_name("none", &seg, &err));
+  struct stat st;
+  CHECK(stat(("/dev/shm" + seg).c_str(), &st) != 0);
+}
+
+#ifdef R2CCL_BINARY_DIR
+namespace {
+struct Run {
+  int rc = -1;
+  std::string out;
+};
+Run run_status(const std::string& args) {
+  std::string cmd = std::string(R2CCL_BINARY_DIR) + "/bin/r2ccl_status " + args + " 2>&1";
+  Run r;
+  FILE* f = popen(cmd.c_str(), "r");
+  REQUIRE(f);
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), f)) > 0) r.out.append(buf, n);
+  int st = pclose(f);
+  r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+  return r;
+}
+}  // namespace
+
+TEST_CASE("r2ccl_status prints the board, as text and JSON; absent 1, corrupt 2", "[board]") {
+  const std::string bin = std::string(R2CCL_BINARY_DIR) + "/bin/r2ccl_status";
+  REQUIRE(access(bin.c_str(), X_OK) == 0);
+  TestBoard b("status");
+  Run r = run_status("--board " + b.name);
+  CHECK(r.rc == 1);
+  CHECK(r.out.find("absent") != std::string::npos);
+
+  std::string err;
+  Publisher p;
+  REQUIRE(p.open(b.name, &err));
+  RailFields f = fields_for(30, 0);
+  f.switchovers = 2;
+  f.last_switchover_us = r2ccl::now_us() - 5 * r2ccl::kUsPerSec;
+  set_text(f.cause, sizeof(f.cause), "link down");
+  REQUIRE(p.publish(0, f));
+  AgreedRecord a = agreed_for(5);
+  a.members[0] = 0b111;
+  for (int i = 1; i < kMaxNodes / 64; ++i) a.members[i] = 0;
+  REQUIRE(publish_agreed_record(b.name, a, &err));
+
+  r = run_status("--board " + b.name + " --sample-ms 0");
+  CHECK(r.rc == 0);
+  INFO(r.out);
+  CHECK(r.out.find("rail0-30") != std::string::npos);
+  CHECK(r.out.find("link down") != std::string::npos);
+  CHECK(r.out.find("epoch 5") != std::string::npos);
+
+  r = run_status("--board " + b.name + " --json --sample-ms 0");
+  REQUIRE(r.rc == 0);
+  auto j = nlohmann::json::parse(r.out);
+  REQUIRE(j["rails"].size() == 1);
+  CHECK(j["rails"][0]["pid"] == getpid());
+  CHECK(j["rails"][0]["name"] == "rail0-30");
+  CHECK(j["rails"][0]["transport"] == "tcp");
+  CHECK(j["rails"][0]["state"] == "up");
+  CHECK(j["rails"][0]["chunks_sent"] == 30);
+  CHECK(j["rails"][0]["retransmit_ratio"].get<double>() == Approx(10.0 / 30));
+  CHECK(j["rails"][0]["last_switchover_cause"] == "link down");
+  CHECK(j["rails"][0]["last_switchover_ago_s"].get<double>() >= 5.0);
+  CHECK(j["agreed"]["epoch"] == 5);
+  CHECK(j["agreed"]["members"] == 3);
+
+  // Throughput from two reads 200 ms apart while a thread-free publisher keeps publishing:
+  // the tool samples; this process publishes in between from a child.
+  pid_t kid = fork();
+  REQUIRE(kid >= 0);
+  if (kid == 0) {
+    Publisher q;
+    std::string e;
+    if (!q.open(b.name, &e)) _exit(1);
+    auto until = r2ccl::now_us() + 1500 * r2ccl::kUsPerMs;
+    for (uint64_t k = 1; r2ccl::now_us() < until; ++k) {
+      RailFields g = fields_for(k, 1);
+      g.bytes_sent = k * 1000000;  // 1 MB per 10 ms = 800 Mbps
+      q.publish(1, g);
+      usleep(10000);
+    }
+    _exit(0);
+  }
+  usleep(200000);
+  r = run_status("--board " + b.name + " --json");
+  int st = 0;
+  waitpid(kid, &st, 0);
+  REQUIRE(r.rc == 0);
+  j = nlohmann::json::parse(r.out);
+  bool found = false;
+  for (const auto& x : j["rails"])
+    if (x["pid"] == kid) {
+      found = true;
+      REQUIRE(x["throughput_mbps"].is_number());
+      CHECK(x["throughput_mbps"].get<double>() > 100);
+    }
+  CHECK(found);
+
+  // Corrupt: exit 2, naming the segment.
+  uint64_t m = 1;
+  write_at(b.seg(), 0, &m, sizeof(m));
+  r = run_status("--board " + b.name);
+  CHECK(r.rc == 2);
+  CHECK(r.out.find(b.seg()) != std::string::npos);
+  r = run_status("--board bad/name");
+  CHECK(r.rc == 2);
+  p.close();
+}
+#endif

@@ -1,0 +1,246 @@
+// r2ccl_status: prints this node's health board (docs/HEALTH-BOARD.md).
+//
+//   r2ccl_status [--board NAME] [--json] [--watch SEC] [--sample-ms MS] [--remove]
+//
+// Per rail: owner pid, rail, transport, state, usable bandwidth, throughput (bytes_sent delta
+// between two reads --sample-ms apart, default 200; in --watch mode between two refreshes),
+// retransmit ratio (chunks_replayed / chunks_sent), switchovers, failbacks, the last
+// switchover's age and cause; then the agreed record. Exit codes: 0 shown, 1 board absent,
+// 2 board unusable (corrupt, truncated, other layout version, bad name), 3 usage.
+// CLI11 is not installed here, so the command line is parsed by hand.
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <tuple>
+
+#include "r2ccl/clock.h"
+#include "r2ccl/health_board.h"
+
+namespace {
+
+using namespace r2ccl::board;
+using Key = std::tuple<int, int32_t, int32_t>;  // slot, pid, rail
+
+struct Options {
+  std::string board;
+  bool json = false;
+  double watch_s = 0;
+  int sample_ms = 200;
+  bool remove = false;
+};
+
+void usage(FILE* f) {
+  fprintf(f,
+          "usage: r2ccl_status [--board NAME] [--json] [--watch SEC] [--sample-ms MS] [--remove]\n"
+          "  --board NAME    health board name (default: $R2CCL_HEALTH_BOARD, else 'default')\n"
+          "  --json          one JSON object (per refresh with --watch)\n"
+          "  --watch SEC     refresh every SEC seconds until interrupted\n"
+          "  --sample-ms MS  throughput window: two reads MS apart (default 200; 0: none)\n"
+          "  --remove        unlink the board's shared-memory segment and exit\n"
+          "exit: 0 ok, 1 board absent, 2 board unusable, 3 usage\n");
+}
+
+bool parse_args(int argc, char** argv, Options* o) {
+  const char* env = getenv("R2CCL_HEALTH_BOARD");
+  o->board = env && *env ? env : "default";
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    auto value = [&](std::string* out) {
+      if (i + 1 >= argc) return false;
+      *out = argv[++i];
+      return true;
+    };
+    std::string v;
+    char* end = nullptr;
+    if (a == "--board") {
+      if (!value(&o->board)) return false;
+    } else if (a == "--json") {
+      o->json = true;
+    } else if (a == "--remove") {
+      o->remove = true;
+    } else if (a == "--watch") {
+      if (!value(&v)) return false;
+      o->watch_s = strtod(v.c_str(), &end);
+      if (*end || !(o->watch_s > 0) || o->watch_s > 86400) return false;
+    } else if (a == "--sample-ms") {
+      if (!value(&v)) return false;
+      long ms = strtol(v.c_str(), &end, 10);
+      if (*end || v.empty() || ms < 0 || ms > 60000) return false;
+      o->sample_ms = static_cast<int>(ms);
+    } else if (a == "-h" || a == "--help") {
+      usage(stdout);
+      exit(0);
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Throughput in Mbps from the previous read of the same (slot, pid, rail), or NaN.
+double throughput_mbps(const std::map<Key, RailSlot>& prev, const RailSlot& s) {
+  auto it = prev.find(Key{s.slot, s.pid, s.rail});
+  if (it == prev.end()) return NAN;
+  const RailSlot& p = it->second;
+  if (s.publish_us <= p.publish_us || s.f.bytes_sent < p.f.bytes_sent) return NAN;
+  double us = static_cast<double>(s.publish_us - p.publish_us);
+  return static_cast<double>(s.f.bytes_sent - p.f.bytes_sent) * 8.0 / us;  // bits/us = Mbps
+}
+
+double ratio(uint64_t a, uint64_t b) { return b ? static_cast<double>(a) / b : 0.0; }
+
+nlohmann::json to_json(const BoardView& v, const std::map<Key, RailSlot>& prev, int64_t now) {
+  nlohmann::json j;
+  j["segment"] = v.segment;
+  j["slot_count"] = v.slot_count;
+  j["stale_slots"] = v.stale_slots;
+  j["torn_slots"] = v.torn_slots;
+  j["rails"] = nlohmann::json::array();
+  for (const auto& s : v.rails) {
+    nlohmann::json r;
+    r["slot"] = s.slot;
+    r["pid"] = s.pid;
+    r["rail"] = s.rail;
+    r["name"] = s.f.name;
+    r["transport"] = transport_name(s.f.transport);
+    r["state"] = state_name(s.f.state);
+    r["usable_mbps"] = s.f.usable_mbps;
+    r["bytes_sent"] = s.f.bytes_sent;
+    r["chunks_sent"] = s.f.chunks_sent;
+    r["chunks_replayed"] = s.f.chunks_replayed;
+    r["retransmit_ratio"] = ratio(s.f.chunks_replayed, s.f.chunks_sent);
+    double t = throughput_mbps(prev, s);
+    r["throughput_mbps"] = std::isnan(t) ? nlohmann::json() : nlohmann::json(t);
+    r["switchovers"] = s.f.switchovers;
+    r["failbacks"] = s.f.failbacks;
+    r["paths_failed"] = s.f.paths_failed;
+    r["last_switchover_ago_s"] = s.f.last_switchover_us
+                                     ? nlohmann::json((now - s.f.last_switchover_us) / 1e6)
+                                     : nlohmann::json();
+    r["last_switchover_cause"] = s.f.cause;
+    r["risk"] = s.f.risk >= 0 ? nlohmann::json(s.f.risk) : nlohmann::json();
+    r["publish_age_s"] = (now - s.publish_us) / 1e6;
+    j["rails"].push_back(r);
+  }
+  if (v.has_agreed) {
+    nlohmann::json a;
+    a["epoch"] = v.agreed.epoch;
+    a["n_nodes"] = v.agreed.n_nodes;
+    a["members"] = member_count(v.agreed);
+    nlohmann::json g = nlohmann::json::array();
+    for (uint32_t i = 0; i < v.agreed.n_nodes; ++i) g.push_back(v.agreed.node_usable_gbps[i]);
+    a["node_usable_gbps"] = g;
+    j["agreed"] = a;
+  } else {
+    j["agreed"] = nullptr;
+  }
+  j["agreed_torn"] = v.agreed_torn != 0;
+  return j;
+}
+
+std::string fmt_rate(double mbps) {
+  char b[32];
+  if (std::isnan(mbps)) return "-";
+  if (mbps >= 1000) snprintf(b, sizeof(b), "%.2f Gb/s", mbps / 1000);
+  else snprintf(b, sizeof(b), "%.1f Mb/s", mbps);
+  return b;
+}
+
+void print_text(const BoardView& v, const std::map<Key, RailSlot>& prev, int64_t now) {
+  printf("health board %s: %u slots, %zu live, %d stale, %zu torn\n", v.segment.c_str(),
+         v.slot_count, v.rails.size(), v.stale_slots, v.torn_slots.size());
+  if (!v.rails.empty())
+    printf("%-8s %-4s %-20s %-5s %-8s %10s %12s %8s %5s %5s  %s\n", "PID", "RAIL", "NAME", "TRANS",
+           "STATE", "USABLE", "THROUGHPUT", "RETRANS", "SWOV", "FBACK", "LAST SWITCHOVER");
+  for (const auto& s : v.rails) {
+    char last[96] = "-";
+    if (s.f.last_switchover_us)
+      snprintf(last, sizeof(last), "%.1f s ago (%s)", (now - s.f.last_switchover_us) / 1e6,
+               s.f.cause[0] ? s.f.cause : "?");
+    char usable[24];
+    snprintf(usable, sizeof(usable), "%u Mb/s", s.f.usable_mbps);
+    printf("%-8d %-4d %-20s %-5s %-8s %10s %12s %7.3f%% %5llu %5llu  %s\n", s.pid, s.rail, s.f.name,
+           transport_name(s.f.transport), state_name(s.f.state), usable,
+           fmt_rate(throughput_mbps(prev, s)).c_str(),
+           100.0 * ratio(s.f.chunks_replayed, s.f.chunks_sent),
+           static_cast<unsigned long long>(s.f.switchovers),
+           static_cast<unsigned long long>(s.f.failbacks), last);
+  }
+  for (int t : v.torn_slots)
+    printf("slot %d: being written for too long (its writer died mid-write?)\n", t);
+  if (v.has_agreed)
+    printf("agreed record: epoch %llu, %u nodes, %d members\n",
+           static_cast<unsigned long long>(v.agreed.epoch), v.agreed.n_nodes,
+           member_count(v.agreed));
+  else
+    printf("agreed record: %s\n", v.agreed_torn ? "torn (its writer died mid-write?)" : "none yet");
+}
+
+std::map<Key, RailSlot> index(const BoardView& v) {
+  std::map<Key, RailSlot> m;
+  for (const auto& s : v.rails) m[Key{s.slot, s.pid, s.rail}] = s;
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  if (!parse_args(argc, argv, &o)) {
+    usage(stderr);
+    return 3;
+  }
+  std::string seg, err;
+  if (!segment_name(o.board, &seg, &err)) {
+    fprintf(stderr, "r2ccl_status: %s\n", err.c_str());
+    return 2;
+  }
+  if (o.remove) {
+    if (!remove_board(o.board)) {
+      fprintf(stderr, "r2ccl_status: could not remove %s: %s\n", seg.c_str(), strerror(errno));
+      return 1;
+    }
+    printf("removed %s\n", seg.c_str());
+    return 0;
+  }
+  std::map<Key, RailSlot> prev;
+  bool have_prev = false;
+  for (;;) {
+    BoardView v;
+    BoardError kind = BoardError::kNone;
+    if (!have_prev && o.sample_ms > 0) {
+      if (read_board(o.board, &v, &err, &kind)) {
+        prev = index(v);
+        usleep(static_cast<useconds_t>(o.sample_ms) * 1000);
+      }
+    }
+    if (!read_board(o.board, &v, &err, &kind)) {
+      int rc = kind == BoardError::kAbsent ? 1 : kind == BoardError::kSystem ? 1 : 2;
+      fprintf(stderr, "r2ccl_status: %s\n", err.c_str());
+      if (o.json) {
+        nlohmann::json j;
+        j["segment"] = seg;
+        j["error"] = err;
+        printf("%s\n", j.dump().c_str());
+      }
+      if (o.watch_s <= 0) return rc;
+      have_prev = false;
+    } else {
+      int64_t now = r2ccl::now_us();
+      if (o.json) printf("%s\n", to_json(v, prev, now).dump().c_str());
+      else print_text(v, prev, now);
+      prev = index(v);
+      have_prev = true;
+      if (o.watch_s <= 0) return 0;
+      if (!o.json) printf("\n");
+    }
+    fflush(stdout);
+    usleep(static_cast<useconds_t>(o.watch_s * 1e6));
+  }
+}
