@@ -541,6 +541,23 @@ std::vector<double> stamps_of(const std::string& text, const std::string& needle
   return v;
 }
 
+std::map<std::string, char> dynamic_symbols(const std::string& so) {
+  std::map<std::string, char> syms;
+  std::string out;
+  if (run_command("nm -D --defined-only " + shell_quote(so), &out) != 0) return syms;
+  std::istringstream in(out);
+  std::string line;
+  while (std::getline(in, line)) {
+    std::istringstream ls(line);
+    std::vector<std::string> tok;
+    std::string t;
+    while (ls >> t) tok.push_back(t);
+    if (tok.size() < 2) continue;
+    syms[tok.back()] = tok.size() == 3 && tok[1].size() == 1 ? tok[1][0] : '?';
+  }
+  return syms;
+}
+
 int run_command(const std::string& cmd, std::string* output) {
   std::string full = cmd + " 2>&1";
   FILE* p = popen(full.c_str(), "r");

@@ -118,6 +118,12 @@ long long mono_us();
 // Timestamps ("[SEC.USEC]" at the start of a line) of every line containing `needle`.
 std::vector<double> stamps_of(const std::string& text, const std::string& needle);
 
+// The defined dynamic symbols of a shared library (nm -D --defined-only): name -> nm's type
+// letter ('?' when nm printed none). Empty on failure (nm missing, not an ELF file).
+std::map<std::string, char> dynamic_symbols(const std::string& so);
+// True for nm type letters of data objects (initialised, read-only, bss, unique), not code.
+inline bool is_data_symbol(char t) { return std::string("DdRrBbVv").find(t) != std::string::npos; }
+
 // Runs a shell command, returns its exit status and (optionally) its output.
 int run_command(const std::string& cmd, std::string* output = nullptr);
 // Single-quotes `s` for /bin/sh.
