@@ -1362,7 +1362,13 @@ void IbConn::progress(TimeUs now) {
   if (stage_ != 10 || gave_up_) return;
   read_side_channel(now);
   if (peer_closed_) {
-    if (!active_.empty() && now - bye_at_ > kUsPerSec) error_ = Status::kRemote;
+    // The peer closed on purpose (BYE), or gave up: what is still pending here cannot finish.
+    if (!active_.empty() && now - bye_at_ > kUsPerSec && error_ == Status::kOk) {
+      error_ = Status::kRemote;
+      log_event("give-up: %s connection on device %d: the peer closed the connection (BYE) with "
+                "%zu requests pending; they fail with ncclRemoteError",
+                role_ == IbRole::kSend ? "send" : "recv", dev_, active_.size());
+    }
     return;
   }
   for (auto& p : paths_) poll_path(p, now);
