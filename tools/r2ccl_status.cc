@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -144,6 +145,15 @@ nlohmann::json to_json(const BoardView& v, const std::map<Key, RailSlot>& prev, 
   return j;
 }
 
+// Slot strings come from other processes' shared memory: a control character (a corrupt
+// slot, an interface name with an escape sequence) must not reach the terminal.
+std::string printable(const char* text) {
+  std::string out;
+  for (const char* c = text; *c; ++c)
+    out += (static_cast<unsigned char>(*c) < 0x20 || *c == 0x7f) ? '?' : *c;
+  return out;
+}
+
 std::string fmt_rate(double mbps) {
   char b[32];
   if (std::isnan(mbps)) return "-";
@@ -162,10 +172,11 @@ void print_text(const BoardView& v, const std::map<Key, RailSlot>& prev, int64_t
     char last[96] = "-";
     if (s.f.last_switchover_us)
       snprintf(last, sizeof(last), "%.1f s ago (%s)", (now - s.f.last_switchover_us) / 1e6,
-               s.f.cause[0] ? s.f.cause : "?");
+               s.f.cause[0] ? printable(s.f.cause).c_str() : "?");
     char usable[24];
     snprintf(usable, sizeof(usable), "%u Mb/s", s.f.usable_mbps);
-    printf("%-8d %-4d %-20s %-5s %-8s %10s %12s %7.3f%% %5llu %5llu  %s\n", s.pid, s.rail, s.f.name,
+    printf("%-8d %-4d %-20s %-5s %-8s %10s %12s %7.3f%% %5llu %5llu  %s\n", s.pid, s.rail,
+           printable(s.f.name).c_str(),
            transport_name(s.f.transport), state_name(s.f.state), usable,
            fmt_rate(throughput_mbps(prev, s)).c_str(),
            100.0 * ratio(s.f.chunks_replayed, s.f.chunks_sent),
@@ -190,7 +201,7 @@ std::map<Key, RailSlot> index(const BoardView& v) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   Options o;
   if (!parse_args(argc, argv, &o)) {
     usage(stderr);
@@ -227,13 +238,13 @@ int main(int argc, char** argv) {
         nlohmann::json j;
         j["segment"] = seg;
         j["error"] = err;
-        printf("%s\n", j.dump().c_str());
+        printf("%s\n", j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       }
       if (o.watch_s <= 0) return rc;
       have_prev = false;
     } else {
       int64_t now = r2ccl::now_us();
-      if (o.json) printf("%s\n", to_json(v, prev, now).dump().c_str());
+      if (o.json) printf("%s\n", to_json(v, prev, now).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
       else print_text(v, prev, now);
       prev = index(v);
       have_prev = true;
@@ -242,5 +253,14 @@ int main(int argc, char** argv) {
     }
     fflush(stdout);
     usleep(static_cast<useconds_t>(o.watch_s * 1e6));
+  }
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // never an abort: a bad byte in a name, a full disk...
+    fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
+    return 2;
   }
 }

@@ -305,6 +305,14 @@ void set_text(char* dst, size_t cap, const std::string& s) {
   memset(dst + n, 0, cap - n);
 }
 
+bool agreed_record_consistent(const AgreedRecord& rec) {
+  // Members are node ids below n_nodes: a bit at or beyond it means a corrupt record (readers
+  // would otherwise disagree about which nodes count).
+  for (int id = static_cast<int>(rec.n_nodes); id < kMaxNodes; ++id)
+    if (rec.members[id / 64] >> (id % 64) & 1u) return false;
+  return true;
+}
+
 bool segment_name(const std::string& board, std::string* out, std::string* err) {
   bool ok = !board.empty() && board.size() <= 64;
   for (char c : board)
@@ -342,6 +350,11 @@ bool read_agreed_record(const std::string& board, AgreedRecord* out, std::string
   if (rec.n_nodes > static_cast<uint32_t>(kMaxNodes)) {
     *err = "health board " + seg + ": corrupt agreed record (" + std::to_string(rec.n_nodes) +
            " nodes, at most " + std::to_string(kMaxNodes) + ")";
+    return false;
+  }
+  if (!agreed_record_consistent(rec)) {
+    *err = "health board " + seg + ": corrupt agreed record (a member id at or beyond its " +
+           std::to_string(rec.n_nodes) + " nodes)";
     return false;
   }
   *out = rec;
@@ -420,7 +433,8 @@ bool read_board(const std::string& board, BoardView* out, std::string* err, Boar
   }
   AgreedRecord rec;
   if (read_agreed_mapped(m, &rec)) {
-    if (rec.epoch != 0 && rec.n_nodes <= static_cast<uint32_t>(kMaxNodes)) {
+    if (rec.epoch != 0 && rec.n_nodes <= static_cast<uint32_t>(kMaxNodes) &&
+        agreed_record_consistent(rec)) {
       v.has_agreed = true;
       v.agreed = rec;
     }

@@ -19,6 +19,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
+#include <exception>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -274,7 +275,7 @@ int run_compare(const std::vector<std::string>& files, bool as_json) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+static int run(int argc, char** argv) {
   bool dump = false, cmp = false, as_json = false;
   std::string out_file;
   std::vector<std::string> files;
@@ -322,4 +323,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   return run_compare(files, as_json);
+}
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // never an abort: a bad byte in a name, a full disk...
+    fprintf(stderr, "%s: error: %s\n", argv[0], e.what());
+    return 2;
+  }
 }

@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <cstring>
@@ -35,6 +36,11 @@ nlohmann::ordered_json port_to_json(const Port& p, bool hca) {
 class Reader {
  public:
   explicit Reader(std::string* err) : err_(err) {}
+  // A field of the right type whose value cannot be.
+  bool bad_value(const std::string& path, const char* key, const std::string& why) {
+    *err_ = "field " + name(path, key) + ": " + why;
+    return false;
+  }
   bool str(const json& o, const std::string& path, const char* key, std::string* out) {
     const json* v = field(o, path, key);
     if (!v) return false;
@@ -91,6 +97,10 @@ bool port_from_json(Reader& r, const json& j, const std::string& path, bool hca,
   if (hca && (!r.str(j, path, "gid", &p->gid) || !r.str(j, path, "gid_type", &p->gid_type) ||
               !r.integer(j, path, "gid_index", &p->gid_index)))
     return false;
+  // 0 means unknown; a negative speed or MTU is not a value a dump can hold.
+  if (p->speed_mbps < 0 || p->mtu < 0)
+    return r.bad_value(path, p->mtu < 0 ? "mtu" : "speed_mbps",
+                       "negative; expected 0 (unknown) or a positive integer");
   return true;
 }
 
@@ -285,7 +295,7 @@ std::string to_json(const NodeDump& d) {
   for (const auto& p : d.rails) j["rails"].push_back(port_to_json(p, false));
   j["hcas"] = nlohmann::ordered_json::array();
   for (const auto& p : d.hcas) j["hcas"].push_back(port_to_json(p, true));
-  return j.dump(2) + "\n";
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 bool from_json(const std::string& text, const std::string& source, NodeDump* out,
@@ -330,14 +340,32 @@ bool from_json(const std::string& text, const std::string& source, NodeDump* out
 }
 
 bool load_dump_file(const std::string& path, NodeDump* out, std::string* err) {
+  // A dump is a few KiB; anything past this bound (or not a regular file: a directory,
+  // /dev/zero, a FIFO) is not one.
+  constexpr size_t kMaxDumpBytes = 16u << 20;
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    *err = path + ": cannot read: " + strerror(errno);
+    return false;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    *err = path + ": not a regular file (expected an r2ccl_topology_check --dump)";
+    return false;
+  }
   std::ifstream f(path, std::ios::binary);
   if (!f) {
     *err = path + ": cannot read: " + strerror(errno);
     return false;
   }
-  std::stringstream ss;
-  ss << f.rdbuf();
-  std::string text = ss.str();
+  std::string text;
+  char buf[65536];
+  while (f.read(buf, sizeof(buf)) || f.gcount() > 0) {
+    text.append(buf, static_cast<size_t>(f.gcount()));
+    if (text.size() > kMaxDumpBytes) {
+      *err = path + ": larger than 16 MiB: not an r2ccl_topology_check --dump";
+      return false;
+    }
+  }
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
     *err = path + ": empty file (expected an r2ccl_topology_check --dump)";
     return false;
@@ -403,7 +431,7 @@ std::string findings_to_json(const std::vector<NamedDump>& nodes,
     o["text"] = format_finding(f);
     j["findings"].push_back(o);
   }
-  return j.dump(2) + "\n";
+  return j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
 }
 
 std::string subnet_of(const std::string& addr, int prefix_len) {

@@ -84,7 +84,7 @@ bool consistent(const RailSlot& s) {
 AgreedRecord agreed_for(uint64_t k) {
   AgreedRecord r;
   r.epoch = k;
-  r.n_nodes = static_cast<uint32_t>(k % kMaxNodes);
+  r.n_nodes = kMaxNodes;  // every member bit is a valid node id
   for (auto& w : r.members) w = k;
   for (auto& g : r.node_usable_gbps) g = static_cast<float>(k % 4096);
   return r;
@@ -92,7 +92,7 @@ AgreedRecord agreed_for(uint64_t k) {
 
 bool agreed_consistent(const AgreedRecord& r) {
   if (r.epoch == 0) return r.n_nodes == 0;
-  if (r.n_nodes != r.epoch % kMaxNodes) return false;
+  if (r.n_nodes != static_cast<uint32_t>(kMaxNodes)) return false;
   for (auto w : r.members)
     if (w != r.epoch) return false;
   for (auto g : r.node_usable_gbps)
@@ -360,7 +360,7 @@ TEST_CASE("agreed record across processes; absent board", "[board]") {
   if (kid == 0) {
     AgreedRecord a;
     a.epoch = 42;
-    a.n_nodes = 3;
+    a.n_nodes = 4;
     a.members[0] = 0b1011;
     a.node_usable_gbps[0] = 50;
     a.node_usable_gbps[1] = 25.5f;
@@ -373,7 +373,7 @@ TEST_CASE("agreed record across processes; absent board", "[board]") {
   REQUIRE(WEXITSTATUS(st) == 0);
   REQUIRE(read_agreed_record(b.name, &r, &err));
   CHECK(r.epoch == 42);
-  CHECK(r.n_nodes == 3);
+  CHECK(r.n_nodes == 4);
   CHECK(member_count(r) == 3);
   CHECK(r.node_usable_gbps[1] == 25.5f);
   BoardView v;
@@ -401,6 +401,16 @@ TEST_CASE("agreed record across processes; absent board", "[board]") {
   REQUIRE(publish_agreed_record(b.name, bad, &err));
   CHECK_FALSE(read_agreed_record(b.name, &r, &err));
   CHECK(err.find("corrupt") != std::string::npos);
+
+  // So is a member id at or beyond the node count.
+  AgreedRecord beyond;
+  beyond.epoch = 9;
+  beyond.n_nodes = 2;
+  beyond.members[0] = 0b101;  // node 2 of 2
+  REQUIRE(publish_agreed_record(b.name, beyond, &err));
+  err.clear();
+  CHECK_FALSE(read_agreed_record(b.name, &r, &err));
+  CHECK(err.find("beyond") != std::string::npos);
 }
 
 TEST_CASE("corrupt, truncated and wrong-version segments are refused without a crash", "[board]") {

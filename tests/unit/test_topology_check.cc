@@ -335,3 +335,23 @@ TEST_CASE("topology: probing helpers") {
   CHECK(std::string(gid_type_name(0)) == "IB");
   CHECK(std::string(gid_type_name(7)).empty());
 }
+
+TEST_CASE("topology: negative values, directories and huge files are refused") {
+  std::string good = to_json(node("A"));
+  NodeDump d;
+  std::string err;
+  std::string bad = good;
+  const auto p = bad.find("\"mtu\": ");
+  REQUIRE(p != std::string::npos);
+  bad.replace(p, std::string("\"mtu\": ").size(), "\"mtu\": -5, \"was\": ");
+  CHECK_FALSE(from_json(bad, "neg.json", &d, &err));
+  CHECK(err.find("negative") != std::string::npos);
+  err.clear();
+  CHECK_FALSE(load_dump_file("/tmp", &d, &err));
+  CHECK(err.find("not a regular file") != std::string::npos);
+  const std::string big = write_temp("big", std::string((16u << 20) + 10, ' '));
+  err.clear();
+  CHECK_FALSE(load_dump_file(big, &d, &err));
+  CHECK(err.find("larger than 16 MiB") != std::string::npos);
+  unlink(big.c_str());
+}

@@ -1,5 +1,6 @@
 // The tuner's pure parts: the rules parser (r2ccl's format and NCCL's example CSV layout),
 // malformed files, the cost model, and the version-neutral core on flat cost tables.
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
@@ -344,4 +345,27 @@ TEST_CASE("core v2: algorithm and protocol are set together or not at all", "[un
   destroy_context(c);
   take_warns();
   unlink(path.c_str());
+}
+
+TEST_CASE("rules: repeated conditions and non-regular files are errors, never silent",
+          "[unit][tuner]") {
+  CHECK(parse_error("allreduce any nodes=2 nodes=3 -> ring/simple\n").find("given twice") !=
+        std::string::npos);
+  CHECK(parse_error("allreduce any -> ring/simple channels=4 channels=8\n").find("given twice") !=
+        std::string::npos);
+  RuleSet rs;
+  std::string err;
+  const std::string dir = (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp") + std::string("/rules-dir-") +
+                          std::to_string(getpid());
+  REQUIRE(mkdir(dir.c_str(), 0700) == 0);
+  CHECK_FALSE(load_rules_file(dir, &rs, &err));
+  CHECK(err.find("not a regular file") != std::string::npos);
+  // A FIFO must not block (NCCL's communicator creation would hang with it).
+  const std::string fifo = dir + "/fifo";
+  REQUIRE(mkfifo(fifo.c_str(), 0600) == 0);
+  err.clear();
+  CHECK_FALSE(load_rules_file(fifo, &rs, &err));
+  CHECK(err.find("not a regular file") != std::string::npos);
+  unlink(fifo.c_str());
+  rmdir(dir.c_str());
 }

@@ -1,5 +1,10 @@
 #include "rules.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -288,6 +293,7 @@ bool parse_native_line(const std::vector<Token>& t, Rule* r, Error* e) {
     if (r->coll < 0) return fail(t[0], "unknown collective '" + t[0].text + "'");
   }
   if (!parse_range(t[1].text, true, &r->bytes, &why)) return fail(t[1], "bytes: " + why);
+  std::vector<std::string> seen;  // a repeated condition is a typo, never "the last one wins"
   for (size_t i = 2; i < arrow; ++i) {
     size_t eq = t[i].text.find('=');
     if (eq == std::string::npos) return fail(t[i], "expected key=value, got '" + t[i].text + "'");
@@ -300,6 +306,9 @@ bool parse_native_line(const std::vector<Token>& t, Rule* r, Error* e) {
                                   : nullptr;
     if (!dst)
       return fail(t[i], "unknown condition '" + k + "' (nodes, ranks, pipeops, regbuff, usable)");
+    if (std::find(seen.begin(), seen.end(), k) != seen.end())
+      return fail(t[i], "condition '" + k + "' given twice");
+    seen.push_back(k);
     if (!parse_range(v, false, dst, &why)) return fail(t[i], k + ": " + why);
     if (dst == &r->reg_buff && !dst->any() && dst->hi > 1)
       return fail(t[i], "regbuff must be 0, 1 or any");
@@ -319,6 +328,7 @@ bool parse_native_line(const std::vector<Token>& t, Rule* r, Error* e) {
   for (size_t i = arrow + 2; i < t.size(); ++i) {
     if (t[i].text.rfind("channels=", 0) != 0)
       return fail(t[i], "unexpected '" + t[i].text + "' (only channels=N may follow)");
+    if (i > arrow + 2) return fail(t[i], "channels= given twice");
     if (!parse_channels(t[i].text.substr(9), &r->channels, &why)) return fail(t[i], why);
   }
   if (r->algo < 0 && r->channels < 0) return fail(ap, "'keep' without channels= does nothing");
@@ -385,17 +395,35 @@ bool parse_rules(const std::string& text, const std::string& name, RuleSet* out,
 }
 
 bool load_rules_file(const std::string& path, RuleSet* out, std::string* err) {
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
+  // A regular file only: a directory would read as empty, a FIFO would block tuner init (and
+  // so NCCL's communicator creation) forever. O_NONBLOCK keeps the open itself from blocking.
+  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  if (fd < 0) {
     if (err) *err = path + ":0:0: cannot open: " + strerror(errno);
+    return false;
+  }
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    if (err) *err = path + ":0:0: not a regular file (R2CCL_TUNER_CONFIG must name a rules file)";
     return false;
   }
   std::string text;
   char buf[65536];
-  while (f.read(buf, sizeof(buf)) || f.gcount() > 0) {
-    text.append(buf, static_cast<size_t>(f.gcount()));
+  for (;;) {
+    const ssize_t n = ::read(fd, buf, sizeof(buf));
+    if (n == 0) break;
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      ::close(fd);
+      if (err) *err = path + ":0:0: read error: " + strerror(e);  // never a partial rule set
+      return false;
+    }
+    text.append(buf, static_cast<size_t>(n));
     if (text.size() > kMaxFileBytes) break;
   }
+  ::close(fd);
   return parse_rules(text, path, out, err);
 }
 

@@ -94,6 +94,9 @@ struct BoardView {
   std::string segment;          // "/r2ccl-<uid>-<name>"
 };
 
+// False when a member bit is set at or beyond n_nodes (a corrupt record). read_* apply it.
+bool agreed_record_consistent(const AgreedRecord& rec);
+
 // Board name -> "/r2ccl-<uid>-<name>". Returns false with *err if the name is not
 // [A-Za-z0-9_-]{1,64}.
 bool segment_name(const std::string& board, std::string* out, std::string* err);
