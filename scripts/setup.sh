@@ -10,6 +10,7 @@ PKGS=(
   g++ cmake make binutils git python3      # build; nm for the ABI test
   catch2                                   # tests (Catch2 v2)
   nlohmann-json3-dev                       # r2ccl_perf --stats
+  libcli11-dev                             # tools' command lines (CLI11)
   libibverbs-dev                           # verbs.h types (libibverbs is dlopen'ed at run time)
   libnl-3-200 libnl-route-3-200            # link notifications (dlopen'ed at run time)
   iproute2 nftables ethtool iperf3         # rail lab, fault injection, benchmarks

@@ -7,8 +7,9 @@
 // retransmit ratio (chunks_replayed / chunks_sent), switchovers, failbacks, the last
 // switchover's age and cause; then the agreed record. Exit codes: 0 shown, 1 board absent,
 // 2 board unusable (corrupt, truncated, other layout version, bad name), 3 usage.
-// CLI11 is not installed here, so the command line is parsed by hand.
 #include <unistd.h>
+
+#include <CLI/CLI.hpp>
 
 #include <cmath>
 #include <cstdio>
@@ -47,41 +48,51 @@ void usage(FILE* f) {
           "exit: 0 ok, 1 board absent, 2 board unusable, 3 usage\n");
 }
 
-bool parse_args(int argc, char** argv, Options* o) {
+// Parses the command line into *o (CLI11). -1: parsed; otherwise the exit status: 0 after
+// --help, 3 for a usage error (CLI11's reason and the usage on stderr).
+int parse_args(int argc, char** argv, Options* o) {
   const char* env = getenv("R2CCL_HEALTH_BOARD");
   o->board = env && *env ? env : "default";
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&](std::string* out) {
-      if (i + 1 >= argc) return false;
-      *out = argv[++i];
-      return true;
-    };
-    std::string v;
-    char* end = nullptr;
-    if (a == "--board") {
-      if (!value(&o->board)) return false;
-    } else if (a == "--json") {
-      o->json = true;
-    } else if (a == "--remove") {
-      o->remove = true;
-    } else if (a == "--watch") {
-      if (!value(&v)) return false;
-      o->watch_s = strtod(v.c_str(), &end);
-      if (*end || !(o->watch_s > 0) || o->watch_s > 86400) return false;
-    } else if (a == "--sample-ms") {
-      if (!value(&v)) return false;
-      long ms = strtol(v.c_str(), &end, 10);
-      if (*end || v.empty() || ms < 0 || ms > 60000) return false;
-      o->sample_ms = static_cast<int>(ms);
-    } else if (a == "-h" || a == "--help") {
-      usage(stdout);
-      exit(0);
-    } else {
-      return false;
-    }
+  CLI::App app{"prints this node's health board", "r2ccl_status"};
+  app.add_option("--board", o->board, "health board name")
+      ->type_name("NAME")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_flag("--json", o->json, "one JSON object (per refresh with --watch)");
+  app.add_option_function<std::string>(
+         "--watch",
+         [o](const std::string& v) {
+           char* end = nullptr;
+           o->watch_s = strtod(v.c_str(), &end);
+           if (*end || !(o->watch_s > 0) || o->watch_s > 86400)
+             throw CLI::ValidationError("--watch", "'" + v + "' is not a number of seconds in (0, 86400]");
+         },
+         "refresh every SEC seconds until interrupted")
+      ->type_name("SEC")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option_function<std::string>(
+         "--sample-ms",
+         [o](const std::string& v) {
+           char* end = nullptr;
+           long ms = strtol(v.c_str(), &end, 10);
+           if (*end || v.empty() || ms < 0 || ms > 60000)
+             throw CLI::ValidationError("--sample-ms", "'" + v + "' is not an integer in [0, 60000]");
+           o->sample_ms = static_cast<int>(ms);
+         },
+         "throughput window: two reads MS apart")
+      ->type_name("MS")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_flag("--remove", o->remove, "unlink the board's shared-memory segment and exit");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    usage(stdout);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    fprintf(stderr, "r2ccl_status: %s\n", e.what());
+    usage(stderr);
+    return 3;
   }
-  return true;
+  return -1;
 }
 
 // Throughput in Mbps from the previous read of the same (slot, pid, rail), or NaN.
@@ -203,10 +214,7 @@ std::map<Key, RailSlot> index(const BoardView& v) {
 
 static int run(int argc, char** argv) {
   Options o;
-  if (!parse_args(argc, argv, &o)) {
-    usage(stderr);
-    return 3;
-  }
+  if (int rc = parse_args(argc, argv, &o); rc >= 0) return rc;
   std::string seg, err;
   if (!segment_name(o.board, &seg, &err)) {
     fprintf(stderr, "r2ccl_status: %s\n", err.c_str());

@@ -16,6 +16,8 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
@@ -279,33 +281,29 @@ static int run(int argc, char** argv) {
   bool dump = false, cmp = false, as_json = false;
   std::string out_file;
   std::vector<std::string> files;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    if (a == "--dump") {
-      dump = true;
-    } else if (a == "--compare") {
-      cmp = true;
-    } else if (a == "--json") {
-      as_json = true;
-    } else if (a == "--out") {
-      if (i + 1 >= argc) {
-        fprintf(stderr, "r2ccl_topology_check: --out needs a file name\n%s", kUsage);
-        return 2;
-      }
-      out_file = argv[++i];
-    } else if (a == "--help" || a == "-h") {
-      fputs(kUsage, stdout);
-      return 0;
-    } else if (a == "--version") {
-      printf("r2ccl_topology_check %s (%s), dump schema %d\n", R2CCL_VERSION_STRING,
-             R2CCL_GIT_HASH, r2ccl::topo::kSchemaVersion);
-      return 0;
-    } else if (!a.empty() && a[0] == '-') {
-      fprintf(stderr, "r2ccl_topology_check: unknown option %s\n%s", a.c_str(), kUsage);
-      return 2;
-    } else {
-      files.push_back(a);
-    }
+  CLI::App app{"dumps this node's rails and HCA ports; compares the dumps of several nodes",
+               "r2ccl_topology_check"};
+  app.add_flag("--dump", dump, "print this node's rails and HCA ports as JSON");
+  app.add_option("--out", out_file, "write the dump to FILE instead of stdout")
+      ->type_name("FILE")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_flag("--compare", cmp, "compare the dumps of two or more nodes");
+  app.add_flag("--json", as_json, "--compare prints JSON instead");
+  app.add_option("FILE", files, "dump files (--compare)");
+  app.set_version_flag("--version", std::string("r2ccl_topology_check ") + R2CCL_VERSION_STRING +
+                                        " (" + R2CCL_GIT_HASH + "), dump schema " +
+                                        std::to_string(r2ccl::topo::kSchemaVersion));
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    fputs(kUsage, stdout);
+    return 0;
+  } catch (const CLI::CallForVersion& e) {
+    printf("%s\n", e.what());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    fprintf(stderr, "r2ccl_topology_check: %s\n%s", e.what(), kUsage);
+    return 2;
   }
   if (dump == cmp) {
     fprintf(stderr, "r2ccl_topology_check: give exactly one of --dump and --compare\n%s", kUsage);

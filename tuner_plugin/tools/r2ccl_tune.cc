@@ -12,6 +12,8 @@
 // (repeated rows are averaged); consecutive sizes with the same winner become one rule whose
 // range runs from just above the previous measured size to its last size (the last rule is
 // open-ended), so the rules tile every size.
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -143,29 +145,33 @@ int main(int argc, char** argv) {
   std::string out_path, nodes, ranks_opt;
   int coll_opt = -1;
   std::vector<std::string> runs;
-  for (int i = 1; i < argc; ++i) {
-    std::string a = argv[i];
-    auto value = [&]() -> std::string {
-      if (i + 1 >= argc) die(a + " needs a value");
-      return argv[++i];
-    };
-    if (a == "-h" || a == "--help") {
-      fputs(kHelp, stdout);
-      return 0;
-    } else if (a == "-o") {
-      out_path = value();
-    } else if (a == "--nodes") {
-      nodes = value();
-    } else if (a == "--ranks") {
-      ranks_opt = value();
-    } else if (a == "--coll") {
-      coll_opt = parse_coll(value());
-      if (coll_opt < 0) die("unknown collective '" + std::string(argv[i]) + "'");
-    } else if (!a.empty() && a[0] == '-') {
-      die("unknown option " + a);
-    } else {
-      runs.push_back(a);
-    }
+  CLI::App app{"measured sweeps -> a tuner rules file", "r2ccl_tune"};
+  app.add_option("-o", out_path, "write the rules to FILE instead of stdout")
+      ->type_name("FILE")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--nodes", nodes, "node count of the rules")
+      ->type_name("N")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("--ranks", ranks_opt, "rank count of the rules")
+      ->type_name("N")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option_function<std::string>(
+         "--coll",
+         [&coll_opt](const std::string& v) {
+           coll_opt = parse_coll(v);
+           if (coll_opt < 0) throw CLI::ValidationError("--coll", "unknown collective '" + v + "'");
+         },
+         "collective of the runs")
+      ->type_name("NAME")
+      ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  app.add_option("RUN", runs, "ALGO/PROTO=FILE, or FILE with '# r2ccl_tune:' labels");
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp&) {
+    fputs(kHelp, stdout);
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    die(e.what());
   }
   if (runs.empty()) die("no runs given");
   for (const std::string& r : runs) {
