@@ -636,34 +636,19 @@ int IbConn::alloc_wr() {
   return i;
 }
 
-int IbConn::post_write(Path& p, int q, uint8_t kind, const void* local, uint32_t len, uint32_t lkey,
-                       uint64_t raddr, uint32_t rkey, bool imm, uint32_t immv, IbRequest* req,
-                       uint64_t seq, uint32_t idx, TimeUs now) {
+int IbConn::submit(Path& p, int q, const WrRec& rec, ibv_send_wr* wr, TimeUs now) {
   const int wi = alloc_wr();
+  wrs_[wi] = rec;
   WrRec& w = wrs_[wi];
-  w = WrRec{};
-  w.kind = kind;
   w.path = static_cast<int8_t>(p.index);
   w.used = true;
   w.gen = p.gen;
-  w.req = req;
-  w.seq = seq;
-  w.idx = idx;
-  w.len = len;
   w.posted = now;
   w.idle_probe = p.outstanding == 0;
-  ibv_sge sge{reinterpret_cast<uintptr_t>(local), len, lkey};
-  ibv_send_wr wr{};
-  wr.wr_id = static_cast<uint64_t>(wi);
-  wr.sg_list = len ? &sge : nullptr;
-  wr.num_sge = len ? 1 : 0;
-  wr.opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  if (imm) wr.imm_data = htonl(immv);
-  wr.wr.rdma.remote_addr = raddr;
-  wr.wr.rdma.rkey = rkey;
+  wr->wr_id = static_cast<uint64_t>(wi);
+  wr->send_flags = IBV_SEND_SIGNALED;
   ibv_send_wr* bad = nullptr;
-  int e = ibv_post_send(p.qps[q], &wr, &bad);
+  const int e = ibv_post_send(p.qps[q], wr, &bad);
   if (e != 0) {
     w = WrRec{};
     free_wrs_.push_back(wi);
@@ -674,6 +659,26 @@ int IbConn::post_write(Path& p, int q, uint8_t kind, const void* local, uint32_t
   }
   if (p.outstanding++ == 0) p.ack_progress = now;
   return wi;
+}
+
+int IbConn::post_write(Path& p, int q, uint8_t kind, const void* local, uint32_t len, uint32_t lkey,
+                       uint64_t raddr, uint32_t rkey, bool imm, uint32_t immv, IbRequest* req,
+                       uint64_t seq, uint32_t idx, TimeUs now) {
+  WrRec rec;
+  rec.kind = kind;
+  rec.req = req;
+  rec.seq = seq;
+  rec.idx = idx;
+  rec.len = len;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(local), len, lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = len ? &sge : nullptr;
+  wr.num_sge = len ? 1 : 0;
+  wr.opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+  if (imm) wr.imm_data = htonl(immv);
+  wr.wr.rdma.remote_addr = raddr;
+  wr.wr.rdma.rkey = rkey;
+  return submit(p, q, rec, &wr, now);
 }
 
 std::string IbConn::rail_of(const Path& p) const {
@@ -740,33 +745,17 @@ void IbConn::flush_ctrl(TimeUs now) {
       }
     if (slot < 0) return;
     area_->ctrl_out[slot] = ctrlq_.front();
-    const int wi = alloc_wr();
-    WrRec& w = wrs_[wi];
-    w = WrRec{};
-    w.kind = kWrCtrl;
-    w.path = static_cast<int8_t>(p.index);
-    w.used = true;
-    w.gen = p.gen;
-    w.ctrl_slot = slot;
-    w.posted = now;
+    WrRec rec;
+    rec.kind = kWrCtrl;
+    rec.ctrl_slot = slot;
     ibv_sge sge{reinterpret_cast<uintptr_t>(&area_->ctrl_out[slot]), sizeof(IbCtrlMsg),
                 area_mr_[p.hca]->lkey};
     ibv_send_wr wr{};
-    wr.wr_id = static_cast<uint64_t>(wi);
     wr.sg_list = &sge;
     wr.num_sge = 1;
     wr.opcode = IBV_WR_SEND;
-    wr.send_flags = IBV_SEND_SIGNALED;
-    ibv_send_wr* bad = nullptr;
-    int e = ibv_post_send(p.qps[0], &wr, &bad);  // QP 0: control stays in order
-    if (e != 0) {
-      w = WrRec{};
-      free_wrs_.push_back(wi);
-      fail_path(p, FailCause::kRetryExceeded, now, "ibv_post_send (control)", false);
-      continue;
-    }
+    if (submit(p, 0, rec, &wr, now) < 0) continue;  // QP 0: control stays in order
     ctrl_slot_busy_[slot] = true;
-    if (p.outstanding++ == 0) p.ack_progress = now;
     ctrlq_.pop_front();
   }
 }

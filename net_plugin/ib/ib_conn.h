@@ -208,6 +208,9 @@ class IbConn {
   void on_recv_wc(Path& p, const ibv_wc& wc, TimeUs now);
   void on_chunk(Path& p, uint32_t imm, uint32_t len, TimeUs now);
   void on_ctrl(Path* via, const IbCtrlMsg& m, TimeUs now);
+  // Posts `wr` (signaled) on QP q of path p with a work-request record built from `rec`;
+  // returns the record index, or -1 after failing the path.
+  int submit(Path& p, int q, const WrRec& rec, ibv_send_wr* wr, TimeUs now);
   // Posts one signaled RDMA WRITE (with immediate when `imm`); returns its work-request
   // record index, or -1 (the path was failed).
   int post_write(Path& p, int q, uint8_t kind, const void* local, uint32_t len, uint32_t lkey,
