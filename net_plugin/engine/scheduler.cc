@@ -8,9 +8,12 @@ static bool has_room(const PathLoad& p, uint32_t len) {
 }
 
 int pick_path(const std::vector<PathLoad>& paths, bool stripe, uint32_t next_len) {
+  bool any = false;
+  for (const auto& p : paths) any |= p.carries_data;
+  auto eligible = [any](const PathLoad& p) { return any ? p.carries_data : p.draining; };
   if (!stripe) {
     for (size_t i = 0; i < paths.size(); ++i) {
-      if (!paths[i].carries_data) continue;
+      if (!eligible(paths[i])) continue;
       return has_room(paths[i], next_len) ? static_cast<int>(i) : -1;
     }
     return -1;
@@ -19,7 +22,7 @@ int pick_path(const std::vector<PathLoad>& paths, bool stripe, uint32_t next_len
   double best_load = 0;
   for (size_t i = 0; i < paths.size(); ++i) {
     const PathLoad& p = paths[i];
-    if (!p.carries_data || !has_room(p, next_len)) continue;
+    if (!eligible(p) || !has_room(p, next_len)) continue;
     double w = p.weight > 0 ? p.weight : 1.0;
     double load = static_cast<double>(p.inflight_bytes) / w;
     if (best < 0 || load < best_load) {

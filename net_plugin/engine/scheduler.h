@@ -3,6 +3,8 @@
 //    preference order). Backups stay idle and probed until the primary fails.
 //  - stripe on: among every path that carries data and has window room, the one with the
 //    least in-flight bytes per unit of bandwidth (bandwidth-weighted least-loaded).
+// When no path carries data but some are draining (every path's RTT is an outlier), the
+// draining ones are picked by the same rules: the least bad still moves data.
 // A path with a full window gets nothing; the chunk waits (returns -1).
 // Thread-safety: stateless.
 #pragma once
@@ -18,6 +20,7 @@ struct PathLoad {
   uint64_t inflight_bytes;  // sent or queued, not yet acknowledged
   uint64_t window_bytes;    // R2CCL_PATH_WINDOW
   double weight;            // relative bandwidth (rail speed), > 0
+  bool draining = false;    // connected but DRAINING: used only when no path carries data
 };
 
 int pick_path(const std::vector<PathLoad>& paths, bool stripe, uint32_t next_len);

@@ -1019,34 +1019,30 @@ void IbConn::fail_path(Path& p, FailCause cause, TimeUs now, const char* detail,
     recoveries_.push_back(rec);
     if (!bilateral || cause == FailCause::kPeerNotice) open_gate(p, now);
     else p.gate_pending = true;
-    if (!from_peer) {
-      IbCtrlMsg m{};
-      m.magic = kIbHandleMagic;
-      m.type = static_cast<uint16_t>(CtrlType::kFail);
-      m.path = static_cast<uint16_t>(p.index);
-      m.gen = p.gen;
-      m.id = next_notice_++;
-      notices_.push_back({m.id, p.index, p.gen, now, false});
-      queue_ctrl(m);
-    }
   } else {
     // Every chunk that landed on this path before its QPs entered ERR has its completion in
     // the CQ already: take them into account before telling the sender what landed.
     poll_path(p, now);
     for (IbRequest* r : active_)
       if (!r->send && r->cts_path == p.index && !r->cts_acked) r->cts_path = -1;
-    if (!from_peer) {
-      IbCtrlMsg m{};
-      m.magic = kIbHandleMagic;
-      m.type = static_cast<uint16_t>(CtrlType::kFail);
-      m.path = static_cast<uint16_t>(p.index);
-      m.gen = p.gen;
-      m.id = next_notice_++;
-      notices_.push_back({m.id, p.index, p.gen, now, false});
-      queue_state_then(m);
-    }
+  }
+  if (!from_peer) {  // tell the other end; re-sent from check_paths until answered
+    notices_.push_back({next_notice_++, p.index, p.gen, now});
+    send_notice(notices_.back());
   }
   flush_ctrl(now);
+}
+
+void IbConn::send_notice(const Notice& n) {
+  IbCtrlMsg m{};
+  m.magic = kIbHandleMagic;
+  m.type = static_cast<uint16_t>(CtrlType::kFail);
+  m.path = static_cast<uint16_t>(n.path);
+  m.gen = n.gen;
+  m.id = n.id;
+  // The receiver's FAIL promises its landed state (and QPs in ERR): the state goes first.
+  if (role_ == IbRole::kRecv) queue_state_then(m);
+  else queue_ctrl(m);
 }
 
 void IbConn::open_gate(Path& p, TimeUs now) {
@@ -1226,14 +1222,7 @@ void IbConn::check_paths(TimeUs now) {
   for (auto& n : notices_) {
     if (now - n.sent_at < 2 * hb) continue;
     n.sent_at = now;
-    IbCtrlMsg m{};
-    m.magic = kIbHandleMagic;
-    m.type = static_cast<uint16_t>(CtrlType::kFail);
-    m.path = static_cast<uint16_t>(n.path);
-    m.gen = n.gen;
-    m.id = n.id;
-    if (role_ == IbRole::kRecv) queue_state_then(m);
-    else queue_ctrl(m);
+    send_notice(n);
   }
 }
 
@@ -1263,19 +1252,16 @@ void IbConn::read_side_channel(TimeUs now) {
 }
 
 void IbConn::schedule_chunks(TimeUs now) {
-  std::vector<PathLoad> loads(paths_.size());
-  bool any = false;
+  std::vector<PathLoad>& loads = loads_;  // reused: no allocation on the data path
+  loads.resize(paths_.size());
   for (size_t i = 0; i < paths_.size(); ++i) {
     const Path& p = paths_[i];
-    const bool room = p.outstanding < nqps_ * (kSqDepth - kSqReserve);
-    loads[i] = PathLoad{p.health->carries_data() && !p.qps.empty() && room, p.inflight_bytes,
+    const bool up = !p.qps.empty() && p.outstanding < nqps_ * (kSqDepth - kSqReserve);
+    loads[i] = PathLoad{p.health->carries_data() && up, p.inflight_bytes,
                         static_cast<uint64_t>(cfg_.path_window),
-                        static_cast<double>(std::max(1, rt_->hcas()[p.hca].speed_mbps))};
-    any |= loads[i].carries_data;
+                        static_cast<double>(std::max(1, rt_->hcas()[p.hca].speed_mbps)),
+                        p.health->state() == PathState::kDraining && up};
   }
-  if (!any)  // every path drains: the least bad still moves data
-    for (size_t i = 0; i < paths_.size(); ++i)
-      loads[i].carries_data = paths_[i].health->state() == PathState::kDraining && !paths_[i].qps.empty();
   for (IbRequest* r : active_) {
     if (!r->send) continue;
     uint32_t idx;

@@ -176,7 +176,6 @@ class IbConn {
     int path;
     uint32_t gen;
     TimeUs sent_at;
-    bool ack_kind;  // receiver answering a sender's FAIL (FAIL_ACK), else its own FAIL
   };
   struct Recovery {
     int path;
@@ -224,6 +223,7 @@ class IbConn {
   void open_gate(Path& p, TimeUs now);
   void queue_ctrl(const IbCtrlMsg& m);
   void queue_state_then(const IbCtrlMsg& last);
+  void send_notice(const Notice& n);  // FAIL for a path this end declared failed
   void flush_ctrl(TimeUs now);
   void read_side_channel(TimeUs now);
   void start_rebuild(Path& p, TimeUs now);
@@ -267,6 +267,7 @@ class IbConn {
   std::vector<bool> ctrl_slot_busy_;
   std::deque<IbCtrlMsg> ctrlq_;
 
+  std::vector<PathLoad> loads_;  // schedule_chunks scratch
   std::vector<WrRec> wrs_;
   std::vector<int> free_wrs_;
 

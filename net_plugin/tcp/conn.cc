@@ -1340,17 +1340,13 @@ void Conn::check_paths(TimeUs now) {
 void Conn::schedule_chunks(TimeUs now) {
   std::vector<PathLoad>& loads = loads_;  // reused: no allocation on the data path
   loads.resize(paths_.size());
-  bool any_healthy = false;
   for (size_t i = 0; i < paths_.size(); ++i) {
     const Path& p = paths_[i];
     loads[i] = PathLoad{p.health->carries_data() && p.attached_ok(), p.inflight_bytes,
                         static_cast<uint64_t>(cfg_.path_window),
-                        static_cast<double>(rt_->rails()[p.local_rail].speed_mbps)};
-    any_healthy |= loads[i].carries_data;
+                        static_cast<double>(rt_->rails()[p.local_rail].speed_mbps),
+                        p.health->state() == PathState::kDraining && p.attached_ok()};
   }
-  if (!any_healthy)  // every path drains: the least bad still moves data
-    for (size_t i = 0; i < paths_.size(); ++i)
-      loads[i].carries_data = paths_[i].health->state() == PathState::kDraining && paths_[i].attached_ok();
   for (Request* r : active_) {
     uint32_t idx;
     while (r->smsg.peek_next(&idx)) {

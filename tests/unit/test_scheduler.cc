@@ -92,3 +92,16 @@ TEST_CASE("an empty path accepts a chunk larger than its window", "[scheduler]")
   CHECK(pick_path({up(1)}, false, big) == -1);
   CHECK(pick_path({up(1), up()}, true, big) == 1);
 }
+
+TEST_CASE("every path draining: the draining ones carry; one healthy path wins over them",
+          "[scheduler]") {
+  PathLoad d1{false, 0, kWindow, 1.0, true};
+  PathLoad d2{false, 0, kWindow, 1.0, true};
+  CHECK(pick_path({down(), d1, d2}, false, kChunk) == 1);
+  d1.inflight_bytes = 2 * kChunk;
+  CHECK(pick_path({down(), d1, d2}, true, kChunk) == 2);  // least loaded among the draining
+  CHECK(pick_path({d1, up(), d2}, false, kChunk) == 1);   // a healthy path: drainers get nothing
+  CHECK(pick_path({d1, up(), d2}, true, kChunk) == 1);
+  d1.inflight_bytes = kWindow;                             // full window still waits
+  CHECK(pick_path({down(), d1}, false, kChunk) == -1);
+}
