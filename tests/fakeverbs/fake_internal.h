@@ -328,4 +328,23 @@ void fire_fault_locked(const Fault& f);
 TimePoint run_fault_timers_locked(TimePoint now);
 void check_byte_triggers_locked(Device* d);
 
+// Text helpers of the FAKEVERBS_* parsers: split keeps empty fields; trim drops blanks.
+inline std::vector<std::string> split(const std::string& s, char sep) {
+  std::vector<std::string> out;
+  size_t b = 0;
+  for (;;) {
+    size_t e = s.find(sep, b);
+    out.push_back(s.substr(b, e == std::string::npos ? std::string::npos : e - b));
+    if (e == std::string::npos) break;
+    b = e + 1;
+  }
+  return out;
+}
+
+inline std::string trim(const std::string& s) {
+  size_t b = s.find_first_not_of(" \t\n");
+  if (b == std::string::npos) return "";
+  return s.substr(b, s.find_last_not_of(" \t\n") - b + 1);
+}
+
 }  // namespace fv
