@@ -70,8 +70,11 @@ PairOptions ib_pair(const std::string& sender_faults = "", const std::string& re
            {"R2CCL_IBVERBS_LIB", fake_lib()},
            {"R2CCL_SOCKET_IFNAME", "lo"},
            {"FAKEVERBS_DIR", fresh_dir()},
-           // retry-exceeded 50 ms after a packet is lost (real QPs: R2CCL_IB_TIMEOUT x retries)
-           {"FAKEVERBS_RETRY_US", "50000"}};
+           // retry-exceeded 250 ms after a packet is lost (real QPs: R2CCL_IB_TIMEOUT x
+           // retries), and a 600 ms acknowledgement watchdog: a 2-core CI machine running
+           // these under AddressSanitizer must not see a slow ACK as a dead path.
+           {"FAKEVERBS_RETRY_US", "250000"},
+           {"R2CCL_ACK_TIMEOUT", "600ms"}};
   o.sender_env = {{"FAKEVERBS_DEVICES", kSenderHcas}, {"FAKEVERBS_FAULTS", sender_faults}};
   o.receiver_env = {{"FAKEVERBS_DEVICES", kReceiverHcas}, {"FAKEVERBS_FAULTS", receiver_faults}};
   o.timeout_s = 120;
@@ -256,7 +259,7 @@ TEST_CASE("verbs: a QP that silently stops (black hole): the watchdog fails over
           "[loopback][ib][failover]") {
   SKIP_WITHOUT_FAKE();
   // Real QP timeouts (retry-exceeded after seconds): the acknowledgement watchdog of one end
-  // or the other (100 ms) must be what finds the silent QP.
+  // or the other (R2CCL_ACK_TIMEOUT) must be what finds the silent QP.
   PairOptions o = ib_pair("blackhole,dev=mlx5_0,after_bytes=67108864");
   o.env["FAKEVERBS_RETRY_US"] = "5000000";
   StreamRun r = run_stream(o, short_stream());
@@ -406,7 +409,7 @@ TEST_CASE("verbs: remote access and local protection errors are fatal, not faile
     std::map<std::string, std::string> env = {
         {"R2CCL_TRANSPORT", "ib"},  {"R2CCL_IBVERBS_LIB", fake_lib()},
         {"R2CCL_SOCKET_IFNAME", "lo"}, {"FAKEVERBS_DIR", fresh_dir()},
-        {"FAKEVERBS_DEVICES", kSenderHcas}, {"FAKEVERBS_RETRY_US", "50000"},
+        {"FAKEVERBS_DEVICES", kSenderHcas}, {"FAKEVERBS_RETRY_US", "250000"},
         {"FAKEVERBS_FAULTS", "rkey_error,dev=mlx5_0,after_bytes=10000000"}};
     std::string out;
     int rc = run_command(perf_command(env, "--ranks 2 --check -b 4M -e 4M -n 50", 60), &out);
