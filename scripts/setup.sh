@@ -4,6 +4,8 @@
 # it prints the apt-get command to run and exits 2.
 #   --rdma   also the tools of a real InfiniBand/RoCE host (scripts/ib_two_node.sh):
 #            rdma-core, ibverbs-utils (ibv_devinfo), infiniband-diags (ibportstate)
+#   --train  also what retraining the failure predictor needs (scripts/predictor/run_all.sh):
+#            python3-torch, python3-numpy (not needed to build, test or run r2ccl)
 set -euo pipefail
 
 PKGS=(
@@ -12,13 +14,18 @@ PKGS=(
   nlohmann-json3-dev                       # r2ccl_perf --stats
   libcli11-dev                             # tools' command lines (CLI11)
   libibverbs-dev                           # verbs.h types (libibverbs is dlopen'ed at run time)
+  zlib1g-dev                               # CRC-32 of the predictor's weights file
   libnl-3-200 libnl-route-3-200            # link notifications (dlopen'ed at run time)
   iproute2 nftables ethtool iperf3         # rail lab, fault injection, benchmarks
   procps                                   # pgrep/pkill in scripts
 )
-if [ "${1:-}" = "--rdma" ]; then
-  PKGS+=(rdma-core ibverbs-utils infiniband-diags)
-fi
+for opt in "$@"; do
+  case "$opt" in
+    --rdma) PKGS+=(rdma-core ibverbs-utils infiniband-diags) ;;
+    --train) PKGS+=(python3-torch python3-numpy) ;;
+    *) echo "r2ccl setup: unknown option $opt (accepted: --rdma, --train)" >&2; exit 3 ;;
+  esac
+done
 
 missing=()
 for p in "${PKGS[@]}"; do

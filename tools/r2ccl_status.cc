@@ -2,11 +2,15 @@
 //
 //   r2ccl_status [--board NAME] [--json] [--watch SEC] [--sample-ms MS] [--remove]
 //
+// Header: the segment, slot counts and the predictor's sampler (pid, age of its last publish).
 // Per rail: owner pid, rail, transport, state, usable bandwidth, throughput (bytes_sent delta
 // between two reads --sample-ms apart, default 200; in --watch mode between two refreshes),
-// retransmit ratio (chunks_replayed / chunks_sent), switchovers, failbacks, the last
-// switchover's age and cause; then the agreed record. Exit codes: 0 shown, 1 board absent,
-// 2 board unusable (corrupt, truncated, other layout version, bad name), 3 usage.
+// REPLAY (chunks_replayed / chunks_sent), and from the sampler block, matched by rail name:
+// RETRANS (the predictor's ccl_retransmit_ratio over its window), RISK, its SOURCE (lstm or
+// baseline) and DRAIN when the sampler drains the rail; then switchovers, failbacks, the last
+// switchover's age and cause. After the table: a warning per rail whose retransmit ratio is
+// above 5 %, torn slots, and the agreed record. Exit codes: 0 shown, 1 board absent, 2 board
+// unusable (corrupt, truncated, other layout version, bad name), 3 usage.
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -28,6 +32,9 @@ namespace {
 
 using namespace r2ccl::board;
 using Key = std::tuple<int, int32_t, int32_t>;  // slot, pid, rail
+
+// Above this retransmit ratio a rail's physical link is suspect (a warning after the table).
+constexpr double kRetransWarn = 0.05;
 
 struct Options {
   std::string board;
@@ -107,6 +114,32 @@ double throughput_mbps(const std::map<Key, RailSlot>& prev, const RailSlot& s) {
 
 double ratio(uint64_t a, uint64_t b) { return b ? static_cast<double>(a) / b : 0.0; }
 
+// The sampler's entry for a slot's rail, or nullptr (no live sampler, or no such rail).
+const RiskEntry* risk_of(const BoardView& v, const RailSlot& s) {
+  return v.has_sampler ? find_risk(v.sampler, s.f.name) : nullptr;
+}
+
+// Seconds since the sampler's last publish; NaN when it has not published. (Doubles: the
+// times come from shared memory and may be anything.)
+double sampler_age_s(const SamplerView& sv, int64_t now) {
+  return sv.publish_us ? (static_cast<double>(now) - static_cast<double>(sv.publish_us)) / 1e6
+                       : NAN;
+}
+
+// A live owner whose last publish is too old: the readers no longer serve its risks.
+bool sampler_stale(const SamplerView& sv, int64_t now) {
+  return sv.owner != 0 && sv.publish_us != 0 &&
+         (sv.interval_us <= 0 ||
+          sampler_age_s(sv, now) > kSamplerStaleIntervals * (sv.interval_us / 1e6));
+}
+
+// A float from the board as JSON: its shortest decimal form (0.83, not 0.8299999833106995).
+nlohmann::json json_float(float x) {
+  char b[32];
+  snprintf(b, sizeof(b), "%.7g", static_cast<double>(x));
+  return nlohmann::json(strtod(b, nullptr));
+}
+
 nlohmann::json to_json(const BoardView& v, const std::map<Key, RailSlot>& prev, int64_t now) {
   nlohmann::json j;
   j["segment"] = v.segment;
@@ -126,7 +159,9 @@ nlohmann::json to_json(const BoardView& v, const std::map<Key, RailSlot>& prev, 
     r["bytes_sent"] = s.f.bytes_sent;
     r["chunks_sent"] = s.f.chunks_sent;
     r["chunks_replayed"] = s.f.chunks_replayed;
-    r["retransmit_ratio"] = ratio(s.f.chunks_replayed, s.f.chunks_sent);
+    r["replay_ratio"] = ratio(s.f.chunks_replayed, s.f.chunks_sent);
+    r["tcp_retrans"] = s.f.tcp_retrans;
+    r["tcp_segs_out"] = s.f.tcp_segs_out;
     double t = throughput_mbps(prev, s);
     r["throughput_mbps"] = std::isnan(t) ? nlohmann::json() : nlohmann::json(t);
     r["switchovers"] = s.f.switchovers;
@@ -136,10 +171,32 @@ nlohmann::json to_json(const BoardView& v, const std::map<Key, RailSlot>& prev, 
                                      ? nlohmann::json((now - s.f.last_switchover_us) / 1e6)
                                      : nlohmann::json();
     r["last_switchover_cause"] = s.f.cause;
-    r["risk"] = s.f.risk >= 0 ? nlohmann::json(s.f.risk) : nlohmann::json();
+    const RiskEntry* e = risk_of(v, s);
+    r["risk"] = e && e->risk >= 0 ? json_float(e->risk) : nlohmann::json();
+    r["risk_source"] = e && e->source != RiskSource::kNone
+                           ? nlohmann::json(risk_source_name(e->source))
+                           : nlohmann::json();
+    r["drain"] = e && e->drain;
+    r["ccl_retransmit_ratio"] =
+        e && e->retransmit_ratio >= 0 ? json_float(e->retransmit_ratio) : nlohmann::json();
+    r["top_counters"] = e && e->top[0] ? nlohmann::json(e->top) : nlohmann::json();
     r["publish_age_s"] = (now - s.publish_us) / 1e6;
     j["rails"].push_back(r);
   }
+  // The sampler: null when none is live (or its block is unreadable: sampler_error says why).
+  if (v.has_sampler && v.sampler.owner != 0) {
+    nlohmann::json sj;
+    sj["pid"] = v.sampler.owner;
+    double age = sampler_age_s(v.sampler, now);
+    sj["age_s"] = std::isnan(age) ? nlohmann::json() : nlohmann::json(age);
+    sj["interval_s"] = v.sampler.interval_us / 1e6;
+    sj["stale"] = sampler_stale(v.sampler, now);
+    sj["rails"] = v.sampler.rails.size();
+    j["sampler"] = sj;
+  } else {
+    j["sampler"] = nullptr;
+  }
+  j["sampler_error"] = v.has_sampler ? nlohmann::json() : nlohmann::json(v.sampler_error);
   if (v.has_agreed) {
     nlohmann::json a;
     a["epoch"] = v.agreed.epoch;
@@ -173,12 +230,28 @@ std::string fmt_rate(double mbps) {
   return b;
 }
 
+std::string fmt_sampler(const BoardView& v, int64_t now) {
+  if (!v.has_sampler) return "sampler unreadable (" + v.sampler_error + ")";
+  const SamplerView& sv = v.sampler;
+  if (sv.owner == 0) return "no sampler";
+  char b[128];
+  if (sv.publish_us == 0) {
+    snprintf(b, sizeof(b), "sampler pid %d, nothing published yet", sv.owner);
+  } else {
+    snprintf(b, sizeof(b), "sampler pid %d, published %.1f s ago%s", sv.owner,
+             sampler_age_s(sv, now), sampler_stale(sv, now) ? " (stale: risks not shown)" : "");
+  }
+  return b;
+}
+
 void print_text(const BoardView& v, const std::map<Key, RailSlot>& prev, int64_t now) {
-  printf("health board %s: %u slots, %zu live, %d stale, %zu torn\n", v.segment.c_str(),
-         v.slot_count, v.rails.size(), v.stale_slots, v.torn_slots.size());
+  printf("health board %s: %u slots, %zu live, %d stale, %zu torn; %s\n", v.segment.c_str(),
+         v.slot_count, v.rails.size(), v.stale_slots, v.torn_slots.size(),
+         printable(fmt_sampler(v, now).c_str()).c_str());
   if (!v.rails.empty())
-    printf("%-8s %-4s %-20s %-5s %-8s %10s %12s %8s %5s %5s  %s\n", "PID", "RAIL", "NAME", "TRANS",
-           "STATE", "USABLE", "THROUGHPUT", "RETRANS", "SWOV", "FBACK", "LAST SWITCHOVER");
+    printf("%-8s %-4s %-20s %-5s %-8s %10s %12s %8s %8s %5s %-8s %-5s %5s %5s  %s\n", "PID",
+           "RAIL", "NAME", "TRANS", "STATE", "USABLE", "THROUGHPUT", "REPLAY", "RETRANS", "RISK",
+           "SOURCE", "DRAIN", "SWOV", "FBACK", "LAST SWITCHOVER");
   for (const auto& s : v.rails) {
     char last[96] = "-";
     if (s.f.last_switchover_us)
@@ -186,13 +259,33 @@ void print_text(const BoardView& v, const std::map<Key, RailSlot>& prev, int64_t
                s.f.cause[0] ? printable(s.f.cause).c_str() : "?");
     char usable[24];
     snprintf(usable, sizeof(usable), "%u Mb/s", s.f.usable_mbps);
-    printf("%-8d %-4d %-20s %-5s %-8s %10s %12s %7.3f%% %5llu %5llu  %s\n", s.pid, s.rail,
-           printable(s.f.name).c_str(),
-           transport_name(s.f.transport), state_name(s.f.state), usable,
-           fmt_rate(throughput_mbps(prev, s)).c_str(),
-           100.0 * ratio(s.f.chunks_replayed, s.f.chunks_sent),
-           static_cast<unsigned long long>(s.f.switchovers),
+    const RiskEntry* e = risk_of(v, s);
+    char retrans[24] = "-", risk[24] = "-";
+    if (e && e->retransmit_ratio >= 0)
+      snprintf(retrans, sizeof(retrans), "%.3f%%", 100.0 * e->retransmit_ratio);
+    if (e && e->risk >= 0) snprintf(risk, sizeof(risk), "%.2f", e->risk);
+    const char* source = e && e->source != RiskSource::kNone ? risk_source_name(e->source) : "-";
+    printf("%-8d %-4d %-20s %-5s %-8s %10s %12s %7.3f%% %8s %5s %-8s %-5s %5llu %5llu  %s\n",
+           s.pid, s.rail, printable(s.f.name).c_str(), transport_name(s.f.transport),
+           state_name(s.f.state), usable, fmt_rate(throughput_mbps(prev, s)).c_str(),
+           100.0 * ratio(s.f.chunks_replayed, s.f.chunks_sent), retrans, risk, source,
+           e && e->drain ? "DRAIN" : "", static_cast<unsigned long long>(s.f.switchovers),
            static_cast<unsigned long long>(s.f.failbacks), last);
+  }
+  // One warning per rail of the sampler (a rail is shared by every process on it).
+  if (v.has_sampler) {
+    std::string unmatched;
+    for (const RiskEntry& e : v.sampler.rails) {
+      if (e.retransmit_ratio > kRetransWarn)
+        printf("rail %s: retransmit ratio %.1f %% (> %.0f %%): check the physical link (cable, "
+               "transceiver, port)\n",
+               printable(e.rail).c_str(), 100.0 * e.retransmit_ratio, 100 * kRetransWarn);
+      bool on_board = false;
+      for (const auto& s : v.rails) on_board |= strcmp(s.f.name, e.rail) == 0;
+      if (!on_board) unmatched += (unmatched.empty() ? "" : ", ") + printable(e.rail);
+    }
+    if (!unmatched.empty())
+      printf("sampler rails without a slot on the board: %s\n", unmatched.c_str());
   }
   for (int t : v.torn_slots)
     printf("slot %d: being written for too long (its writer died mid-write?)\n", t);

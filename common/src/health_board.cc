@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <type_traits>
 
@@ -20,14 +21,32 @@ namespace r2ccl::board {
 
 static_assert(std::is_trivially_copyable<RailFields>::value, "RailFields is copied into shm");
 static_assert(std::is_trivially_copyable<AgreedRecord>::value, "AgreedRecord is copied into shm");
-static_assert(sizeof(RailFields) == 168, "slot layout");
+static_assert(std::is_trivially_copyable<RiskEntry>::value, "RiskEntry is copied into shm");
+static_assert(std::is_trivially_copyable<SamplerPayload>::value, "copied into shm");
+static_assert(sizeof(RailFields) == 184, "slot layout");
 static_assert(sizeof(ShmSlot) == 256, "slot layout");
+static_assert(sizeof(RiskEntry) == 112, "sampler layout: no implicit padding");
+static_assert(sizeof(SamplerPayload) == 24 + kMaxRiskRails * sizeof(RiskEntry), "sampler layout");
+static_assert(sizeof(SamplerBlock) == 7232, "sampler layout");
+// docs/HEALTH-BOARD.md lists these offsets.
+static_assert(offsetof(SegmentHeader, total_size) == 16 &&
+                  offsetof(SegmentHeader, slot_count) == 24 &&
+                  offsetof(SegmentHeader, agreed_offset) == 32 &&
+                  offsetof(SegmentHeader, sampler_offset) == 40 &&
+                  offsetof(SegmentHeader, slots_offset) == 48 &&
+                  offsetof(SegmentHeader, creator_pid) == 52,
+              "header layout");
+static_assert(offsetof(SamplerBlock, p) == 16 && offsetof(SamplerPayload, e) == 24,
+              "sampler layout");
 
 namespace {
 
 constexpr int kReadRetries = 64;             // seqlock attempts per slot / record
 constexpr int kCreateWaitMs = 1000;          // how long an opener waits for the creator's magic
 constexpr TimeUs kAgreedTakeoverUs = 100 * kUsPerMs;  // a dead agreed writer is taken over
+// Sampling intervals above this count as this much in the hung-sampler test (no overflow, and a
+// sampler that claims a day-long interval is still replaced within 10 hours).
+constexpr int64_t kMaxSamplerIntervalUs = 3600 * kUsPerSec;
 
 // Relaxed/acquire/release accesses to plain fields in shared memory (lock-free builtins work
 // across processes; std::atomic objects cannot be placed there portably).
@@ -40,9 +59,14 @@ template <class T> bool cas(T* p, T expected, T desired) {
                                      __ATOMIC_ACQUIRE);
 }
 
-uint64_t agreed_offset() { return (sizeof(SegmentHeader) + 63) / 64 * 64; }
-uint64_t slots_offset() { return (agreed_offset() + sizeof(AgreedBlock) + 63) / 64 * 64; }
-uint64_t total_size(uint32_t slots) { return slots_offset() + uint64_t{slots} * sizeof(ShmSlot); }
+constexpr uint64_t align64(uint64_t x) { return (x + 63) / 64 * 64; }
+constexpr uint64_t agreed_offset() { return align64(sizeof(SegmentHeader)); }
+constexpr uint64_t sampler_offset() { return align64(agreed_offset() + sizeof(AgreedBlock)); }
+constexpr uint64_t slots_offset() { return align64(sampler_offset() + sizeof(SamplerBlock)); }
+constexpr uint64_t total_size(uint32_t slots) {
+  return slots_offset() + uint64_t{slots} * sizeof(ShmSlot);
+}
+static_assert(slots_offset() <= UINT32_MAX, "block offsets and sizes are u32 in the header");
 
 std::string errno_text(const char* what) { return std::string(what) + ": " + strerror(errno); }
 
@@ -64,12 +88,15 @@ bool validate(const SegmentHeader& h, uint64_t file_size, const std::string& seg
                                       "remove it with r2ccl_status --remove)");
   if (h.magic != kMagic) return fail(BoardError::kCorrupt, "corrupt (bad magic)");
   if (h.version != kLayoutVersion)
-    return fail(BoardError::kVersion, "layout version " + std::to_string(h.version) +
-                                          ", this build reads version " +
-                                          std::to_string(kLayoutVersion));
+    return fail(BoardError::kVersion,
+                "layout version " + std::to_string(h.version) + ", this build reads version " +
+                    std::to_string(kLayoutVersion) +
+                    " (a board of another r2ccl build; once no job of that build runs, remove "
+                    "it with r2ccl_status --remove)");
   if (h.header_size != sizeof(SegmentHeader) || h.slot_size != sizeof(ShmSlot) ||
-      h.agreed_size != sizeof(AgreedBlock) || h.slot_count == 0 || h.slot_count > kMaxSlots ||
-      h.agreed_offset != agreed_offset() || h.slots_offset != slots_offset() ||
+      h.agreed_size != sizeof(AgreedBlock) || h.sampler_size != sizeof(SamplerBlock) ||
+      h.slot_count == 0 || h.slot_count > kMaxSlots || h.agreed_offset != agreed_offset() ||
+      h.sampler_offset != sampler_offset() || h.slots_offset != slots_offset() ||
       h.total_size != total_size(h.slot_count))
     return fail(BoardError::kCorrupt, "corrupt (inconsistent sizes or counts in the header)");
   if (h.total_size > file_size)
@@ -87,6 +114,9 @@ struct Mapping {
   SegmentHeader* hdr() const { return static_cast<SegmentHeader*>(base); }
   AgreedBlock* agreed() const {
     return reinterpret_cast<AgreedBlock*>(static_cast<char*>(base) + hdr()->agreed_offset);
+  }
+  SamplerBlock* sampler() const {
+    return reinterpret_cast<SamplerBlock*>(static_cast<char*>(base) + hdr()->sampler_offset);
   }
   ShmSlot* slot(uint32_t i) const {
     return reinterpret_cast<ShmSlot*>(static_cast<char*>(base) + hdr()->slots_offset) + i;
@@ -198,9 +228,11 @@ bool open_for_write(const std::string& board, Mapping* m, std::string* seg, std:
       h->total_size = total;
       h->slot_count = kDefaultSlots;
       h->slot_size = sizeof(ShmSlot);
-      h->agreed_offset = agreed_offset();
-      h->slots_offset = slots_offset();
+      h->agreed_offset = static_cast<uint32_t>(agreed_offset());
       h->agreed_size = sizeof(AgreedBlock);
+      h->sampler_offset = static_cast<uint32_t>(sampler_offset());
+      h->sampler_size = sizeof(SamplerBlock);
+      h->slots_offset = static_cast<uint32_t>(slots_offset());
       h->creator_pid = static_cast<uint32_t>(::getpid());
       store_rel(&h->magic, kMagic);
       m->fd = fd;
@@ -270,6 +302,118 @@ bool read_agreed_mapped(const Mapping& m, AgreedRecord* out) {
   return seq_read(&b->seq, &b->rec, out, sizeof(*out));
 }
 
+// ---- The sampler block's seqlock word: bits 0..31 sequence, bits 32..63 the writer's pid.
+uint64_t sampler_word(uint32_t seq, int32_t pid) {
+  return uint64_t{static_cast<uint32_t>(pid)} << 32 | seq;
+}
+
+// Takes the block for writing: one CAS from an even sequence, or from an odd one whose writer
+// no longer exists (it died mid-write) or is this process (an abandoned write of its own).
+// False when another live process is writing (a displaced sampler that has not noticed yet):
+// writing now would interleave with it undetectably.
+bool sampler_begin(uint64_t* seq, int32_t me, uint64_t* odd_word) {
+  for (int attempt = 0; attempt < 4; ++attempt) {
+    const uint64_t w = load_acq(seq);
+    const uint32_t s = static_cast<uint32_t>(w);
+    const int32_t writer = static_cast<int32_t>(w >> 32);
+    uint64_t next;
+    if ((s & 1) == 0) next = sampler_word(s + 1, me);
+    else if (writer == me || !pid_alive(writer)) next = sampler_word(s + 2, me);
+    else return false;
+    if (cas(seq, w, next)) {
+      __atomic_thread_fence(__ATOMIC_RELEASE);
+      *odd_word = next;
+      return true;
+    }
+  }
+  return false;
+}
+void sampler_end(uint64_t* seq, uint64_t odd_word) {
+  // Only the holder of an odd word writes it (others CAS it only once this pid is gone).
+  store_rel(seq, sampler_word(static_cast<uint32_t>(odd_word) + 1,
+                              static_cast<int32_t>(odd_word >> 32)));
+}
+
+// Writes `p` if `me` owns the block (checked after taking the seqlock, so a process taken over
+// while waiting never overwrites its successor's payload). `finish` false: leave it odd (tests).
+bool write_sampler(SamplerBlock* b, int32_t me, const SamplerPayload& p, bool finish) {
+  uint64_t odd = 0;
+  if (!sampler_begin(&b->seq, me, &odd)) return false;
+  if (load_acq(&b->owner) != me) {
+    sampler_end(&b->seq, odd);  // nothing written
+    return false;
+  }
+  memcpy(&b->p, &p, sizeof(p));
+  if (finish) sampler_end(&b->seq, odd);
+  return true;
+}
+
+// The hung test: a publish more than kSamplerStaleIntervals intervals away from `now` (either
+// way: a time in the future is a corrupt value, not a fresh one). interval <= 0 is corrupt.
+bool sampler_expired(int64_t publish_us, int64_t interval_us, int64_t now) {
+  if (interval_us <= 0) return true;
+  const uint64_t limit =
+      static_cast<uint64_t>(kSamplerStaleIntervals) * std::min(interval_us, kMaxSamplerIntervalUs);
+  const uint64_t age = now >= publish_us
+                           ? static_cast<uint64_t>(now) - static_cast<uint64_t>(publish_us)
+                           : static_cast<uint64_t>(publish_us) - static_cast<uint64_t>(now);
+  return age > limit;
+}
+
+float unit_or_unknown(float x) { return x >= 0.0f && x <= 1.0f ? x : -1.0f; }  // NaN -> -1
+
+// The payload's leading fields (what claim_sampler reads).
+struct SamplerHead {
+  int32_t pid;
+  uint32_t n;
+  int64_t publish_us;
+  int64_t interval_us;
+};
+static_assert(sizeof(SamplerHead) == offsetof(SamplerPayload, e) &&
+                  offsetof(SamplerHead, publish_us) == offsetof(SamplerPayload, publish_us) &&
+                  offsetof(SamplerHead, interval_us) == offsetof(SamplerPayload, interval_us),
+              "SamplerHead is the payload's prefix");
+
+// read_sampler on a mapped board; *why without the segment name.
+bool read_sampler_mapped(const Mapping& m, SamplerView* out, std::string* why) {
+  SamplerBlock* b = m.sampler();
+  const int32_t owner = load_acq(&b->owner);
+  SamplerPayload p;
+  if (!seq_read(&b->seq, &b->p, &p, sizeof(p))) {
+    *why = "sampler block torn after " + std::to_string(kReadRetries) +
+           " attempts (its writer hung or died mid-write?)";
+    return false;
+  }
+  if (p.n > static_cast<uint32_t>(kMaxRiskRails)) {
+    *why = "corrupt sampler block (" + std::to_string(p.n) + " rails, at most " +
+           std::to_string(kMaxRiskRails) + ")";
+    return false;
+  }
+  SamplerView v;
+  if (owner != 0 && pid_alive(owner)) {
+    v.owner = owner;
+    if (p.pid == owner) {  // else: its predecessor's payload, or nothing published yet
+      v.publish_us = p.publish_us;
+      v.interval_us = p.interval_us;
+      if (!sampler_expired(p.publish_us, p.interval_us, now_us())) {
+        v.rails.assign(p.e, p.e + p.n);
+        for (RiskEntry& e : v.rails) {
+          e.rail[kRailNameLen - 1] = 0;  // never trust a terminator from shared memory
+          e.top[kCauseLen - 1] = 0;
+          e.risk = unit_or_unknown(e.risk);
+          e.retransmit_ratio = unit_or_unknown(e.retransmit_ratio);
+          if (e.source != RiskSource::kLstm && e.source != RiskSource::kBaseline)
+            e.source = RiskSource::kNone;
+          e.drain = e.drain ? 1 : 0;
+          memset(e.pad_, 0, sizeof(e.pad_));
+        }
+      }
+    }
+  }
+  *out = std::move(v);
+  return true;
+}
+
 }  // namespace
 
 // ------------------------------------------------------------------------------------------
@@ -286,6 +430,21 @@ const char* transport_name(Transport t) {
     case Transport::kIb: return "ib";
     default: return "unknown";
   }
+}
+
+const char* risk_source_name(RiskSource s) {
+  switch (s) {
+    case RiskSource::kLstm: return "lstm";
+    case RiskSource::kBaseline: return "baseline";
+    default: return "none";
+  }
+}
+
+const RiskEntry* find_risk(const SamplerView& v, const std::string& rail) {
+  if (rail.size() >= kRailNameLen) return nullptr;  // no entry can hold that name
+  for (const RiskEntry& e : v.rails)
+    if (strncmp(e.rail, rail.c_str(), kRailNameLen) == 0) return &e;  // e.rail may lack a NUL
+  return nullptr;
 }
 
 const char* state_name(RailState s) {
@@ -359,6 +518,17 @@ bool read_agreed_record(const std::string& board, AgreedRecord* out, std::string
   }
   *out = rec;
   return true;
+}
+
+bool read_sampler(const std::string& board, SamplerView* out, std::string* err) {
+  Mapping m;
+  std::string seg, why;
+  BoardError kind;
+  if (!open_for_read(board, &m, &seg, err, &kind)) return false;
+  bool ok = read_sampler_mapped(m, out, &why);
+  m.reset();
+  if (!ok) *err = "health board " + seg + ": " + why;
+  return ok;
 }
 
 bool publish_agreed_record(const std::string& board, const AgreedRecord& rec, std::string* err) {
@@ -441,6 +611,7 @@ bool read_board(const std::string& board, BoardView* out, std::string* err, Boar
   } else {
     v.agreed_torn = 1;
   }
+  v.has_sampler = read_sampler_mapped(m, &v.sampler, &v.sampler_error);
   m.reset();
   *out = std::move(v);
   if (kind) *kind = BoardError::kNone;
@@ -455,6 +626,8 @@ void RailPublishState::fill(const RailCounters& c, int64_t now, const char* caus
   f->switchovers = c.switchovers.load(std::memory_order_relaxed);
   f->failbacks = c.failbacks.load(std::memory_order_relaxed);
   f->paths_failed = c.paths_failed.load(std::memory_order_relaxed);
+  f->tcp_retrans = c.tcp_retrans.load(std::memory_order_relaxed);
+  f->tcp_segs_out = c.tcp_segs_out.load(std::memory_order_relaxed);
   if (f->switchovers != seen_switchovers_) {
     seen_switchovers_ = f->switchovers;
     last_us_ = now;
@@ -494,6 +667,9 @@ bool Publisher::open(const std::string& board, std::string* err) {
   segment_ = seg;
   pid_ = ::getpid();
   slot_of_rail_.clear();
+  sampler_interval_us_ = 0;
+  watch_owner_ = 0;
+  watch_since_us_ = 0;
   return true;
 }
 
@@ -537,6 +713,71 @@ bool Publisher::publish(int rail, const RailFields& f) {
   return write_locked(rail, f, true);
 }
 
+bool Publisher::write_sampler_locked(const std::vector<RiskEntry>& rails, int64_t now,
+                                     bool finish) {
+  if (!map_ || ::getpid() != pid_) return false;
+  SamplerBlock* b = map_->m.sampler();
+  const int32_t me = static_cast<int32_t>(pid_);
+  if (load_acq(&b->owner) != me) return false;
+  SamplerPayload p{};  // every byte set: RiskEntry has no implicit padding
+  p.pid = me;
+  p.n = static_cast<uint32_t>(std::min(rails.size(), static_cast<size_t>(kMaxRiskRails)));
+  p.publish_us = now;
+  p.interval_us = sampler_interval_us_;
+  for (uint32_t i = 0; i < p.n; ++i) {
+    p.e[i] = rails[i];
+    p.e[i].rail[kRailNameLen - 1] = 0;
+    p.e[i].top[kCauseLen - 1] = 0;
+    memset(p.e[i].pad_, 0, sizeof(p.e[i].pad_));
+  }
+  return write_sampler(b, me, p, finish);
+}
+
+bool Publisher::claim_sampler(int64_t interval_us) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!map_ || ::getpid() != pid_ || interval_us <= 0) return false;
+  SamplerBlock* b = map_->m.sampler();
+  const int32_t me = static_cast<int32_t>(pid_);
+  const int32_t owner = load_acq(&b->owner);
+  if (owner == me) {
+    sampler_interval_us_ = interval_us;
+    return true;
+  }
+  if (owner != 0 && pid_alive(owner)) {
+    // A live owner is replaced only when hung: judged by its own last publish, or, when the
+    // payload is not its own (it has not published since claiming, or the block is torn), by
+    // how long this publisher has seen it in that state.
+    SamplerHead h;
+    const TimeUs now = now_us();
+    bool hung;
+    if (seq_read(&b->seq, &b->p, &h, sizeof(h)) && h.pid == owner) {
+      watch_owner_ = 0;
+      hung = sampler_expired(h.publish_us, h.interval_us, now);
+    } else if (watch_owner_ != owner) {
+      watch_owner_ = owner;
+      watch_since_us_ = now;
+      hung = false;
+    } else {
+      hung = sampler_expired(watch_since_us_, interval_us, now);
+    }
+    if (!hung) return false;
+  }
+  if (!cas(&b->owner, owner, me)) return false;  // another process was faster
+  sampler_interval_us_ = interval_us;
+  watch_owner_ = 0;
+  // Clear the predecessor's risks: readers must not serve them under the new owner. If a
+  // displaced sampler is still mid-write this fails; its payload names its own pid, which
+  // readers ignore, and this process's first publish_risks replaces it.
+  write_sampler_locked({}, now_us(), true);
+  return true;
+}
+
+bool Publisher::publish_risks(const std::vector<RiskEntry>& rails, int64_t now) {
+  std::lock_guard<std::mutex> g(mu_);
+  if (!write_sampler_locked(rails, now, true)) return false;
+  return rails.size() <= static_cast<size_t>(kMaxRiskRails);
+}
+
 void Publisher::close() {
   std::lock_guard<std::mutex> g(mu_);
   if (!map_) return;
@@ -549,6 +790,13 @@ void Publisher::close() {
       memcpy(&s->p, &empty, sizeof(empty));
       seq_end(&s->seq, odd);
       store_rel(&s->owner, int32_t{0});
+    }
+    SamplerBlock* b = map_->m.sampler();
+    const int32_t me = static_cast<int32_t>(pid_);
+    if (load_acq(&b->owner) == me) {
+      const SamplerPayload empty{};  // pid 0, n 0: no sampler's risks
+      write_sampler(b, me, empty, true);  // best effort: owner 0 alone hides the risks too
+      cas(&b->owner, me, int32_t{0});
     }
   }
   map_->m.reset();

@@ -195,6 +195,14 @@ bool load_config(const EnvLookup& env, const std::vector<std::string>& env_names
     *err = "R2CCL_HOLDDOWN_MAX must be >= R2CCL_HOLDDOWN_MIN";
     return false;
   }
+  if (c.predict_window < 2 * c.predict_interval) {
+    *err = "R2CCL_PREDICT_WINDOW must be at least 2 x R2CCL_PREDICT_INTERVAL";
+    return false;
+  }
+  if (c.predict_return_threshold > c.predict_threshold) {
+    *err = "R2CCL_PREDICT_RETURN_THRESHOLD must be <= R2CCL_PREDICT_THRESHOLD";
+    return false;
+  }
   if (c.path_window < c.chunk_size) {
     *err = "R2CCL_PATH_WINDOW must be >= R2CCL_CHUNK_SIZE";
     return false;

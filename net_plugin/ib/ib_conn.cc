@@ -966,6 +966,14 @@ void IbConn::on_ctrl(Path* via, const IbCtrlMsg& m, TimeUs now) {
     case CtrlType::kRebuildDone:
       if (role_ == IbRole::kRecv && m.gen == p.gen) peer_rebuilt(p, now);
       break;
+    case CtrlType::kDrain:
+      if (role_ == IbRole::kSend && p.peer_drain != (m.a != 0)) {
+        p.peer_drain = m.a != 0;
+        log_event("r2ccl predict: the peer %s its end of path %d (%s): %s",
+                  p.peer_drain ? "drains" : "no longer drains", p.index, p.label.c_str(),
+                  p.peer_drain ? "no new chunks on it" : "it carries data again");
+      }
+      break;
     case CtrlType::kRebuildAck:
     case CtrlType::kRebuildNak:
       if (role_ == IbRole::kSend) on_rebuild_ack(m, now);
@@ -1257,10 +1265,16 @@ void IbConn::schedule_chunks(TimeUs now) {
   for (size_t i = 0; i < paths_.size(); ++i) {
     const Path& p = paths_[i];
     const bool up = !p.qps.empty() && p.outstanding < nqps_ * (kSqDepth - kSqReserve);
-    loads[i] = PathLoad{p.health->carries_data() && up, p.inflight_bytes,
+    // A port the failure predictor drains is used like a path draining for RTT outliers:
+    // only when nothing else can carry data.
+    const bool predicted =
+        p.peer_drain || rt_->live(p.hca).predict_drain.load(std::memory_order_relaxed);
+    loads[i] = PathLoad{p.health->carries_data() && up && !predicted, p.inflight_bytes,
                         static_cast<uint64_t>(cfg_.path_window),
                         static_cast<double>(std::max(1, rt_->hcas()[p.hca].speed_mbps)),
-                        p.health->state() == PathState::kDraining && up};
+                        (p.health->state() == PathState::kDraining ||
+                         (predicted && p.health->carries_data())) &&
+                            up};
   }
   for (IbRequest* r : active_) {
     if (!r->send) continue;
@@ -1310,6 +1324,23 @@ void IbConn::schedule_chunks(TimeUs now) {
   }
 }
 
+// Receiver: tells the sender when this node's failure predictor drains or returns the HCA
+// port of a path, so the sender moves new chunks off it (it decides where chunks go).
+void IbConn::tell_drains() {
+  for (auto& p : paths_) {
+    const bool d = rt_->live(p.hca).predict_drain.load(std::memory_order_relaxed);
+    if (d == p.drain_sent) continue;
+    p.drain_sent = d;
+    IbCtrlMsg m{};
+    m.magic = kIbHandleMagic;
+    m.type = static_cast<uint16_t>(CtrlType::kDrain);
+    m.path = static_cast<uint16_t>(p.index);
+    m.gen = p.gen;
+    m.a = d ? 1 : 0;
+    queue_ctrl(m);
+  }
+}
+
 void IbConn::post_ctss(TimeUs now) {
   for (IbRequest* r : active_) {
     if (r->send || r->done || r->cts_path >= 0) continue;
@@ -1350,7 +1381,10 @@ void IbConn::progress(TimeUs now) {
   if (gave_up_) return;
   check_paths(now);
   if (role_ == IbRole::kSend) schedule_chunks(now);
-  else post_ctss(now);
+  else {
+    post_ctss(now);
+    tell_drains();
+  }
   flush_ctrl(now);
   if (role_ == IbRole::kSend) check_recoveries(now);
   const bool expired = give_up_timer_.update(any_usable(), now, cfg_.failover_timeout);

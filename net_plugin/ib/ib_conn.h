@@ -170,6 +170,8 @@ class IbConn {
     TimeUs rebuild_deadline = 0;
     std::vector<uint32_t> new_qpn;  // rebuild: QPs created, not yet connected
     uint64_t chunks_sent = 0;
+    bool peer_drain = false;  // sender: the receiver's end is drained by its predictor (kDrain)
+    bool drain_sent = false;  // receiver: the drain state last told to the sender
   };
   struct Notice {
     uint64_t id;
@@ -218,6 +220,7 @@ class IbConn {
   void schedule_chunks(TimeUs now);
   void pick_up_cts();
   void post_ctss(TimeUs now);
+  void tell_drains();
   void check_paths(TimeUs now);
   void fail_path(Path& p, FailCause cause, TimeUs now, const char* detail, bool from_peer);
   void open_gate(Path& p, TimeUs now);

@@ -167,6 +167,16 @@ Status IbRuntime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<Hca
     if (board_.open(cfg_->health_board, &berr)) board_rails_.resize(h.size());
     else R2CCL_WARN("health board off: %s", berr.c_str());
   }
+  std::vector<PredictAgent::Rail> prails;
+  for (size_t i = 0; i < h.size(); ++i) {
+    predict::RailSpec ps;
+    ps.name = h[i].name + ":" + std::to_string(h[i].port);  // as on the board
+    ps.kind = predict::RailSpec::Kind::kIb;
+    ps.device = h[i].name;
+    ps.port = h[i].port;
+    prails.push_back({ps, &live_[i]});
+  }
+  predict_.init(*cfg_, std::move(prails), &board_, cfg_->health_board);
   bg_ = std::thread([this] { bg_loop(); });
   bg_.detach();
   return Status::kOk;
@@ -277,7 +287,9 @@ void IbRuntime::bg_loop() {
     for (size_t k = 0; k < fds.size(); ++k)
       if (fds[k].revents & POLLIN) handle_async(owner[k]);
     progress_idle_conns();
-    publish_board(now_us());
+    const TimeUs now = now_us();
+    predict_.tick(now);
+    publish_board(now);
   }
 }
 
@@ -293,6 +305,7 @@ void IbRuntime::publish_board(TimeUs now) {
     f.transport = board::Transport::kIb;
     f.state = !up ? board::RailState::kDown
               : l.failed_paths.load() > 0 ? board::RailState::kFailed
+              : l.predict_drain.load()    ? board::RailState::kDraining
                                           : board::RailState::kUp;
     f.usable_mbps = up ? static_cast<uint32_t>(h[i].speed_mbps) : 0;
     board_rails_[i].fill(l, now, up ? "path failure" : "port error", &f);

@@ -26,6 +26,7 @@
 #include "ib/ib_devices.h"
 #include "ib/mr_cache.h"
 #include "ib/verbs_api.h"
+#include "predict/predict_agent.h"
 #include "r2ccl/health_board.h"
 #include "r2ccl/params.h"
 #include "r2ccl/rail_stats.h"
@@ -104,6 +105,7 @@ class IbRuntime {
   // Health board (docs/HEALTH-BOARD.md): opened at init unless R2CCL_HEALTH_BOARD=none;
   // published by the background thread.
   board::Publisher board_;
+  PredictAgent predict_;  // the failure predictor (background thread)
   std::vector<board::RailPublishState> board_rails_;  // background thread only
   TimeUs board_next_ = 0;                             // background thread only
 

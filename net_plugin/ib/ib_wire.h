@@ -107,6 +107,9 @@ enum class CtrlType : uint16_t {
   kRebuildDone = 8, // path, gen: the sender's re-created QPs passed their probes; the
                     // receiver may now post on the path (before, its QPs might still
                     // address a sender QP that is not connected yet)
+  kDrain = 9,       // path, a = 1 or 0 (receiver -> sender): the receiver's node's failure
+                    // predictor drains (1) or returns (0) the receiver's HCA port of the path;
+                    // the sender moves new chunks off it. Sent on every change.
 };
 
 struct IbCtrlMsg {

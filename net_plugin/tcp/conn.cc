@@ -1,5 +1,7 @@
 #include "conn.h"
 
+#include "sock/tcp_info.h"
+
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -827,7 +829,10 @@ bool Conn::handle_frame(Path& p, Stream& s, TimeUs now, const char** why) {
       FrameHeader a = frame(FrameType::kPong);
       a.seq = h.seq;
       a.off = h.off;
+      if (rt_->live(p.local_rail).predict_drain.load(std::memory_order_relaxed))
+        a.flags |= kFlagDrained;
       queue_ctrl(p, a);
+      note_peer_drain(p, (h.flags & kFlagDrained) != 0);
       if (role_ == Role::kRecv && p.health->state() == PathState::kProbing &&
           p.health->on_probe_pass(now)) {
         mark_recovered(p);
@@ -836,6 +841,7 @@ bool Conn::handle_frame(Path& p, Stream& s, TimeUs now, const char** why) {
       return true;
     }
     case FrameType::kPong: {
+      note_peer_drain(p, (h.flags & kFlagDrained) != 0);
       if (!p.ping_outstanding || h.seq != p.ping_id) return true;
       p.ping_outstanding = false;
       TimeUs rtt = now - static_cast<TimeUs>(h.off);
@@ -962,6 +968,7 @@ void Conn::fail_path(Path& p, FailCause cause, TimeUs now, const char* detail, b
   }();
   const TimeUs last_alive = std::max(p.last_rx, p.ack_progress);
   if (!p.health->on_failure(cause, now)) return;
+  p.peer_drain = false;  // learnt again from the first probe after a reconnect
   close_streams(p);
   for (auto& hs : p.reconnect)
     if (hs.fd >= 0) ::close(hs.fd);
@@ -1301,6 +1308,7 @@ void Conn::check_paths(TimeUs now) {
     const bool probing = p.health->state() == PathState::kProbing;
     if ((!p.ping_outstanding && (probing && role_ == Role::kSend)) || now - p.ping_sent >= hb) {
       FrameHeader f = frame(FrameType::kPing);
+      if (rl.predict_drain.load(std::memory_order_relaxed)) f.flags |= kFlagDrained;
       f.seq = ++p.ping_id;
       f.off = static_cast<uint64_t>(now);
       p.ping_outstanding = true;
@@ -1337,15 +1345,52 @@ void Conn::check_paths(TimeUs now) {
   }
 }
 
+// The peer's failure predictor drains (or returns) its end of path p, as said by the flags of
+// its probes. Only the data sender acts on it.
+void Conn::note_peer_drain(Path& p, bool drained) {
+  if (role_ != Role::kSend || p.peer_drain == drained) return;
+  p.peer_drain = drained;
+  log_event("r2ccl predict: the peer %s its end of path %d (%s) of conn %016llx: %s",
+            drained ? "drains" : "no longer drains", p.index, p.label.c_str(),
+            static_cast<unsigned long long>(conn_id_),
+            drained ? "no new chunks on it" : "it carries data again");
+}
+
+// The failure predictor's retransmit signal on TCP rails: what the kernel retransmitted on
+// this connection's sockets since the last read, added to the rails' totals once a second.
+void Conn::sample_tcp_info(TimeUs now) {
+  next_tcp_info_ = now + kUsPerSec;
+  if (!cfg_.predict) return;
+  for (auto& p : paths_) {
+    RailLive& l = rt_->live(p.local_rail);
+    for (auto& st : p.streams) {
+      TcpCounters tc;
+      if (st.fd < 0 || !read_tcp_counters(st.fd, &tc)) continue;
+      l.tcp_retrans.fetch_add(static_cast<uint32_t>(tc.total_retrans - st.tcpi_retrans),
+                              std::memory_order_relaxed);
+      l.tcp_segs_out.fetch_add(static_cast<uint32_t>(tc.segs_out - st.tcpi_segs_out),
+                               std::memory_order_relaxed);
+      st.tcpi_retrans = tc.total_retrans;
+      st.tcpi_segs_out = tc.segs_out;
+    }
+  }
+}
+
 void Conn::schedule_chunks(TimeUs now) {
   std::vector<PathLoad>& loads = loads_;  // reused: no allocation on the data path
   loads.resize(paths_.size());
   for (size_t i = 0; i < paths_.size(); ++i) {
     const Path& p = paths_[i];
-    loads[i] = PathLoad{p.health->carries_data() && p.attached_ok(), p.inflight_bytes,
-                        static_cast<uint64_t>(cfg_.path_window),
+    // A rail the failure predictor drains is used like a path draining for RTT outliers:
+    // only when nothing else can carry data.
+    const bool predicted =
+        p.peer_drain || rt_->live(p.local_rail).predict_drain.load(std::memory_order_relaxed);
+    loads[i] = PathLoad{p.health->carries_data() && p.attached_ok() && !predicted,
+                        p.inflight_bytes, static_cast<uint64_t>(cfg_.path_window),
                         static_cast<double>(rt_->rails()[p.local_rail].speed_mbps),
-                        p.health->state() == PathState::kDraining && p.attached_ok()};
+                        (p.health->state() == PathState::kDraining ||
+                         (predicted && p.health->carries_data())) &&
+                            p.attached_ok()};
   }
   for (Request* r : active_) {
     uint32_t idx;
@@ -1412,6 +1457,7 @@ void Conn::progress(TimeUs now) {
   }
   if (role_ == Role::kSend) schedule_chunks(now);
   else send_acks();
+  if (now >= next_tcp_info_) sample_tcp_info(now);
   for (auto& p : paths_) {
     if (!p.health->connected() || !p.attached_ok()) continue;
     for (auto& s : p.streams) {

@@ -76,6 +76,10 @@ struct Stream {
   Request* p_req = nullptr;  // DATA being written into a posted buffer (nullptr: discard)
   uint32_t p_idx = 0;
   bool p_clean = true;       // every byte so far went into the posted buffer
+  // TCP_INFO counters already added to the rail's totals (the failure predictor's retransmit
+  // signal); a new socket starts from 0.
+  uint32_t tcpi_retrans = 0;
+  uint32_t tcpi_segs_out = 0;
 };
 
 struct Handshake {
@@ -117,6 +121,7 @@ struct Path {
   std::vector<Handshake> reconnect;  // connector side
   int attached = 0;                  // acceptor side: streams attached in this generation
   uint64_t chunks_sent = 0;
+  bool peer_drain = false;  // sender: the peer's end of this path is drained (kFlagDrained)
   // Every stream of the path has a socket.
   bool attached_ok() const {
     if (streams.empty()) return false;
@@ -197,6 +202,8 @@ class Conn {
   bool message_in_flight(const Path& p) const;
   static void abort_socket(int fd);
   void schedule_chunks(TimeUs now);
+  void sample_tcp_info(TimeUs now);
+  void note_peer_drain(Path& p, bool drained);
   void send_acks();
   void on_ack(uint64_t seq, uint32_t prefix, uint32_t base, uint64_t bitmap, TimeUs now);
   void on_cts(uint64_t seq, uint64_t cap);
@@ -243,6 +250,7 @@ class Conn {
   };
   std::deque<Cts> cts_;
   uint64_t next_send_seq_ = 0;
+  TimeUs next_tcp_info_ = 0;  // next TCP_INFO read for the failure predictor
   uint64_t next_cts_seq_ = 0;  // next CTS sequence not yet seen
   // receiver
   uint64_t next_recv_seq_ = 0;

@@ -107,6 +107,15 @@ Status Runtime::init(std::string* err) {
     if (board_.open(cfg_->health_board, &berr)) board_rails_.resize(rails_.size());
     else R2CCL_WARN("health board off: %s", berr.c_str());
   }
+  std::vector<PredictAgent::Rail> prails;
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    predict::RailSpec ps;
+    ps.name = rails_[i].name;
+    ps.kind = predict::RailSpec::Kind::kEth;
+    ps.device = rails_[i].ifname;
+    prails.push_back({ps, &live_[i]});
+  }
+  predict_.init(*cfg_, std::move(prails), &board_, cfg_->health_board);
   bg_ = std::thread([this] { bg_loop(); });
   bg_.detach();
   return Status::kOk;
@@ -354,7 +363,9 @@ void Runtime::bg_loop() {
       }
     }
     progress_idle_conns();
-    publish_board(now_us());
+    const TimeUs now = now_us();
+    predict_.tick(now);
+    publish_board(now);
   }
 }
 
@@ -369,6 +380,7 @@ void Runtime::publish_board(TimeUs now) {
     f.transport = board::Transport::kTcp;
     f.state = !up ? board::RailState::kDown
               : l.failed_paths.load() > 0 ? board::RailState::kFailed
+              : l.predict_drain.load()    ? board::RailState::kDraining
                                           : board::RailState::kUp;
     f.usable_mbps = up ? static_cast<uint32_t>(rails_[i].speed_mbps) : 0;
     board_rails_[i].fill(l, now, up ? "path failure" : "link down", &f);

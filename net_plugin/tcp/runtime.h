@@ -29,6 +29,7 @@
 #include "../engine/path_health.h"
 #include "../engine/recv_message.h"
 #include "fault_injector.h"
+#include "predict/predict_agent.h"
 #include "r2ccl/health_board.h"
 #include "r2ccl/params.h"
 #include "r2ccl/rail_stats.h"
@@ -129,6 +130,7 @@ class Runtime {
   // Health board (docs/HEALTH-BOARD.md): opened at init unless R2CCL_HEALTH_BOARD=none;
   // published by the background thread.
   board::Publisher board_;
+  PredictAgent predict_;  // the failure predictor (background thread)
   std::vector<board::RailPublishState> board_rails_;  // background thread only
   TimeUs board_next_ = 0;                             // background thread only
 

@@ -69,6 +69,10 @@ enum class FrameType : uint8_t {
   kBye = 11,
 };
 constexpr uint16_t kFrameMagic = 0x5232;  // "2R"
+// FrameHeader::flags of PING and PONG: the sending end's rail of this path is drained by its
+// node's failure predictor, so the data sender moves new chunks off the path (both ends learn
+// of a predicted failure, whichever node's counters showed it). Refreshed with every probe.
+constexpr uint8_t kFlagDrained = 0x01;
 
 struct FrameHeader {
   uint16_t magic;

@@ -138,6 +138,28 @@ struct ParamDef {
   X(tuner_strict, "R2CCL_TUNER_STRICT", kBool, "0", 0, 1, nullptr,                             \
     "1: a malformed rules file fails tuner init (ncclInvalidUsage) instead of a WARN and no "  \
     "rules.")                                                                                  \
+  X(predict, "R2CCL_PREDICT", kBool, "1", 0, 1, nullptr,                                       \
+    "Run the failure predictor: one process per node samples NIC counters, publishes each "    \
+    "rail's risk on the health board and every process drains a rail at risk.")               \
+  X(predict_interval, "R2CCL_PREDICT_INTERVAL", kDuration, "5s", 10e3, 3600e6, nullptr,         \
+    "Counter sampling period of the failure predictor.")                                      \
+  X(predict_window, "R2CCL_PREDICT_WINDOW", kDuration, "120s", 20e3, 86400e6, nullptr,          \
+    "History the predictor looks at; the model sees WINDOW / INTERVAL samples (24 by default)." \
+    " Must be at least 2 intervals.")                                                          \
+  X(predict_threshold, "R2CCL_PREDICT_THRESHOLD", kDouble, "0.7", 0.01, 1, nullptr,            \
+    "Risk (probability of a link failure within 30 s) at or above which a rail is drained: "   \
+    "no new chunks, in-flight ones finish.")                                                   \
+  X(predict_return_threshold, "R2CCL_PREDICT_RETURN_THRESHOLD", kDouble, "0.4", 0, 1, nullptr,  \
+    "A drained rail returns once its risk stays below this for R2CCL_PREDICT_RETURN_SAMPLES "  \
+    "samples (hysteresis; must not exceed R2CCL_PREDICT_THRESHOLD).")                          \
+  X(predict_return_samples, "R2CCL_PREDICT_RETURN_SAMPLES", kInt, "6", 1, 100000, nullptr,      \
+    "Consecutive low-risk samples before a drained rail carries data again.")                 \
+  X(predict_model, "R2CCL_PREDICT_MODEL", kString, "", 0, 0, nullptr,                          \
+    "LSTM weights file. Empty: r2ccl_lstm.bin shipped next to the plugin "                     \
+    "(<prefix>/share/r2ccl/). Missing or corrupt: one WARN, the threshold baseline runs.")    \
+  X(sysfs_root, "R2CCL_SYSFS_ROOT", kString, "/sys", 0, 0, nullptr,                            \
+    "Where the predictor reads NIC counters (class/infiniband, class/net); tests point it at " \
+    "a fake tree.")                                                                            \
   X(test_hooks, "R2CCL_TEST_HOOKS", kString, "", 0, 0, nullptr,                                \
     "Test only. Comma list of protections to switch off: no_replay, no_dedup, "               \
     "no_stale_guard, no_bilateral_err (verbs: replay without moving the peer's QPs to ERR), "  \

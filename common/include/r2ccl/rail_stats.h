@@ -19,6 +19,14 @@ struct RailCounters {
   std::atomic<uint64_t> failbacks{0};
   std::atomic<uint64_t> paths_failed{0};   // path failures, all time
   std::atomic<uint64_t> discarded_chunks{0};  // stale or duplicate chunks dropped
+  // The failure predictor (net_plugin/predict): set by the background thread when the node's
+  // predictor drains this rail; the schedulers send no new chunks on it while set.
+  std::atomic<bool> predict_drain{false};
+  std::atomic<uint64_t> predict_drains{0};  // times the predictor drained this rail
+  // TCP rails: TCP_INFO total_retrans and segs_out summed over this process's sockets on the
+  // rail (cumulative), the predictor's retransmit counters. 0 on verbs rails.
+  std::atomic<uint64_t> tcp_retrans{0};
+  std::atomic<uint64_t> tcp_segs_out{0};
 };
 
 // Appends one rail object: {"name":...,"state":...,"chunks_sent":...,...}.

@@ -1,0 +1,168 @@
+#include "predict/predict_agent.h"
+
+#include <unistd.h>
+
+#include <map>
+
+#include "r2ccl/log.h"
+
+namespace r2ccl::net {
+
+void PredictAgent::init(const Config& cfg, std::vector<Rail> rails, board::Publisher* board,
+                        const std::string& board_name) {
+  cfg_ = &cfg;
+  enabled_ = cfg.predict && !rails.empty();
+  if (!enabled_) {
+    if (!cfg.predict) R2CCL_INFO(NCCL_NET | NCCL_INIT, "failure predictor off (R2CCL_PREDICT=0)");
+    return;
+  }
+  pcfg_ = predict::predictor_config_from(cfg);
+  rails_ = std::move(rails);
+  board_ = board && board->is_open() ? board : nullptr;
+  board_name_ = board_name;
+  interval_ = cfg.predict_interval;
+  drained_.assign(rails_.size(), 0);
+  R2CCL_INFO(NCCL_NET | NCCL_INIT,
+             "failure predictor: %zu rails, every %.1f s over %d samples, drain at risk >= %.2f, "
+             "counters under %s%s",
+             rails_.size(), interval_ / 1e6, pcfg_.window_steps, pcfg_.threshold,
+             cfg.sysfs_root.c_str(), board_ ? "" : " (no health board: this process samples)");
+}
+
+void PredictAgent::tick(TimeUs now) {
+  if (!enabled_ || now < next_) return;
+  next_ = now + interval_;
+  const bool was = sampler_;
+  sampler_ = board_ ? board_->claim_sampler(interval_) : true;
+  if (sampler_ && !was && board_)
+    R2CCL_INFO(NCCL_NET, "failure predictor: this process (pid %d) samples for the node",
+               static_cast<int>(getpid()));
+  if (!sampler_ && was) sampler_state_.reset();  // taken over: start afresh if it comes back
+  if (sampler_) sample_and_publish(now);
+  else follow_board(now);
+}
+
+void PredictAgent::sample_and_publish(TimeUs now) {
+  if (!model_tried_) {
+    model_tried_ = true;
+    auto m = std::make_unique<predict::Model>();
+    std::string path, err;
+    if (predict::load_configured_model(*cfg_, m.get(), &path, &err)) {
+      if (m->window != static_cast<uint32_t>(pcfg_.window_steps))
+        R2CCL_WARN("failure predictor: %s was trained on %u-sample windows; "
+                   "R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL gives %d: its risks may be off",
+                   path.c_str(), m->window, pcfg_.window_steps);
+      R2CCL_INFO(NCCL_NET, "failure predictor: LSTM weights %s (%zu bytes, hidden %u)",
+                 path.c_str(), m->file_bytes, m->hidden);
+      model_ = std::move(m);
+    } else {
+      R2CCL_WARN("failure predictor: %s; the threshold baseline decides instead", err.c_str());
+    }
+  }
+  if (!sampler_state_) {
+    std::vector<predict::RailSpec> specs;
+    for (const auto& r : rails_) specs.push_back(r.spec);
+    sampler_state_ = std::make_unique<predict::NodeSampler>(
+        cfg_->sysfs_root, specs, pcfg_, model_.get(),
+        model_ ? model_->baseline : predict::default_baseline());
+  }
+  // TCP rails: the retransmits of every r2ccl process on the node, from the board's slots
+  // (this process's own counters when there is no board).
+  std::vector<predict::ExtraCounters> extra(rails_.size());
+  std::map<std::string, predict::ExtraCounters> by_name;
+  if (board_) {
+    board::BoardView v;
+    std::string err;
+    if (board::read_board(board_name_, &v, &err)) {
+      for (const auto& s : v.rails) {
+        if (s.f.transport != board::Transport::kTcp) continue;
+        auto& e = by_name[s.f.name];
+        e.present = true;
+        e.retrans += s.f.tcp_retrans;
+        e.segs_out += s.f.tcp_segs_out;
+      }
+    }
+  }
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    if (rails_[i].spec.kind != predict::RailSpec::Kind::kEth) continue;
+    auto it = by_name.find(rails_[i].spec.name);
+    if (it != by_name.end()) {
+      extra[i] = it->second;
+    } else if (!board_) {
+      extra[i].present = true;
+      extra[i].retrans = rails_[i].live->tcp_retrans.load(std::memory_order_relaxed);
+      extra[i].segs_out = rails_[i].live->tcp_segs_out.load(std::memory_order_relaxed);
+    }
+  }
+  notes_.clear();
+  sampler_state_->sample(static_cast<double>(now) / 1e6, extra, &risks_, &notes_);
+  for (const auto& n : notes_) R2CCL_INFO(NCCL_NET, "failure predictor: %s", n.c_str());
+  entries_.resize(rails_.size());
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    const predict::RailRisk& r = risks_[i];
+    board::RiskEntry& e = entries_[i];
+    e = board::RiskEntry{};
+    board::set_text(e.rail, sizeof(e.rail), r.name);
+    e.risk = r.a.risk;
+    e.retransmit_ratio = static_cast<float>(r.a.retransmit_ratio);
+    e.source = r.a.source == predict::Source::kLstm       ? board::RiskSource::kLstm
+               : r.a.source == predict::Source::kBaseline ? board::RiskSource::kBaseline
+                                                          : board::RiskSource::kNone;
+    e.drain = r.a.drain ? 1 : 0;
+    std::string top = r.a.drain ? sampler_state_->predictor(i).top_contributors(3) : "";
+    board::set_text(e.top, sizeof(e.top), top);
+    apply(i, r.a.drain, r.a.risk, predict::source_name(r.a.source), top, 0);
+  }
+  if (board_) board_->publish_risks(entries_, now);
+}
+
+void PredictAgent::follow_board(TimeUs now) {
+  board::SamplerView v;
+  std::string err;
+  if (!board::read_sampler(board_name_, &v, &err)) v = board::SamplerView{};
+  const bool live = !v.rails.empty();
+  if (!live && !warned_stale_) {
+    for (size_t i = 0; i < rails_.size(); ++i)
+      if (drained_[i]) {
+        R2CCL_WARN("failure predictor: the node's sampler (pid %d) stopped publishing; drained "
+                   "rails return", v.owner);
+        warned_stale_ = true;
+        break;
+      }
+  }
+  if (live) warned_stale_ = false;
+  (void)now;
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    const board::RiskEntry* e = live ? board::find_risk(v, rails_[i].spec.name) : nullptr;
+    if (!e) {
+      apply(i, false, -1, "none", "", v.owner);
+      continue;
+    }
+    apply(i, e->drain != 0, e->risk, board::risk_source_name(e->source), e->top, v.owner);
+  }
+}
+
+void PredictAgent::apply(size_t i, bool drain, float risk, const char* source,
+                         const std::string& top, int sampler_pid) {
+  if (static_cast<bool>(drained_[i]) == drain) return;
+  drained_[i] = drain;
+  rails_[i].live->predict_drain.store(drain, std::memory_order_relaxed);
+  const std::string& name = rails_[i].spec.name;
+  char who[48] = "";
+  if (sampler_pid > 0) snprintf(who, sizeof(who), ", node sampler pid %d", sampler_pid);
+  if (drain) {
+    rails_[i].live->predict_drains.fetch_add(1, std::memory_order_relaxed);
+    log_event("r2ccl predict: rail %s risk %.2f >= %.2f (%s%s): draining it, no new chunks, "
+              "in-flight ones finish; top counters: %s",
+              name.c_str(), risk, pcfg_.threshold, source, who, top.empty() ? "-" : top.c_str());
+  } else if (risk >= 0) {
+    log_event("r2ccl predict: rail %s risk %.2f below %.2f for %d samples (%s%s): carrying data "
+              "again",
+              name.c_str(), risk, pcfg_.return_threshold, pcfg_.return_samples, source, who);
+  } else {
+    log_event("r2ccl predict: rail %s: no live risk from the node's sampler: carrying data again",
+              name.c_str());
+  }
+}
+
+}  // namespace r2ccl::net

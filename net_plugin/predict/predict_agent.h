@@ -1,0 +1,69 @@
+// The net plugin's side of the failure predictor (docs/PREDICTOR.md "In the plugin"): run on
+// the transport runtime's one background thread, shared by the TCP and the verbs runtimes.
+//
+// Every R2CCL_PREDICT_INTERVAL: if this process is (or becomes) the node's sampler on the
+// health board, it reads every rail's NIC counters under R2CCL_SYSFS_ROOT, runs the predictor
+// (the LSTM, or the threshold baseline when the weights are missing or corrupt) and publishes
+// each rail's risk and drain decision; otherwise it reads the sampler's decisions from the
+// board. Either way it sets each rail's RailCounters::predict_drain, which the connections'
+// schedulers read: a drained rail gets no new chunks, in-flight ones finish. Every drain and
+// return is one WARN event line with the risk and the top contributing counters.
+//
+// Without a board (R2CCL_HEALTH_BOARD=none, or it cannot be opened) every process samples for
+// itself. Risks of a sampler that died or hung are never acted on (the rails return).
+// Thread-safety: init() on the init thread before the background thread starts; tick() only
+// on the background thread. The drain flags are atomics read by any thread.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "r2ccl/clock.h"
+#include "r2ccl/health_board.h"
+#include "r2ccl/params.h"
+#include "r2ccl/predict/predictor.h"
+#include "r2ccl/rail_stats.h"
+
+namespace r2ccl::net {
+
+class PredictAgent {
+ public:
+  struct Rail {
+    predict::RailSpec spec;     // name as published on the board, and where its counters are
+    RailCounters* live;         // the transport's counters of this rail (drain flag, TCP_INFO)
+  };
+
+  // `board` may be null or not open (no board). Does nothing when R2CCL_PREDICT=0.
+  void init(const Config& cfg, std::vector<Rail> rails, board::Publisher* board,
+            const std::string& board_name);
+  // Background thread, every loop iteration; works at most once per interval.
+  void tick(TimeUs now);
+  bool enabled() const { return enabled_; }
+
+ private:
+  void sample_and_publish(TimeUs now);
+  void follow_board(TimeUs now);
+  void apply(size_t i, bool drain, float risk, const char* source, const std::string& top,
+             int sampler_pid);
+
+  bool enabled_ = false;
+  const Config* cfg_ = nullptr;
+  predict::PredictorConfig pcfg_;
+  std::vector<Rail> rails_;
+  board::Publisher* board_ = nullptr;
+  std::string board_name_;
+  TimeUs interval_ = 0;
+  TimeUs next_ = 0;
+  bool sampler_ = false;
+  bool model_tried_ = false;
+  std::unique_ptr<predict::Model> model_;  // null: the baseline decides
+  std::unique_ptr<predict::NodeSampler> sampler_state_;
+  std::vector<predict::RailRisk> risks_;
+  std::vector<std::string> notes_;
+  std::vector<board::RiskEntry> entries_;
+  std::vector<char> drained_;  // last applied decision per rail
+  bool warned_stale_ = false;
+};
+
+}  // namespace r2ccl::net

@@ -1,0 +1,149 @@
+// NIC counters for the failure predictor: the eleven canonical counters, the delta of one
+// counter reading against the previous one (wraps, saturation, resets, missing values), and
+// the live reader of one rail's counter files under a sysfs root.
+//
+// Sources of the counter facts: ../shared/reference/03_ib_counter_widths.tsv (IBA
+// PortCounters error counters saturate; PortCountersExtended data/packet counters and mlx5
+// hw_counters wrap; port_xmit_data/port_rcv_data count 4-octet words); Linux
+// Documentation/ABI/testing/sysfs-class-net-statistics (Ethernet statistics, carrier_changes,
+// carrier_down_count). docs/PREDICTOR.md maps the files onto the canonical counters.
+//
+// Thread-safety: none; a SysfsRail belongs to one thread (the net plugin's background thread
+// or a tool's main thread). The free functions are pure.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace r2ccl::predict {
+
+// The canonical counters. Each is a count of events, packets or bytes.
+enum Counter : int {
+  kRetrans = 0,    // retransmission events (IB: ack timeouts + sequence errors + OOS; TCP)
+  kTxPackets,      // packets (TCP rails: segments) sent
+  kRxPackets,      // packets received
+  kTxBytes,        // bytes sent
+  kRxBytes,        // bytes received
+  kSymbolErr,      // IB symbol errors / Ethernet rx CRC errors
+  kRcvErr,         // IB port receive errors / Ethernet rx errors
+  kLinkRecovery,   // IB link error recovery / Ethernet carrier changes
+  kLinkDowned,     // IB link downed / Ethernet carrier down count
+  kIntegrity,      // IB local link integrity errors (no Ethernet equivalent)
+  kBufOverrun,     // IB excessive buffer overrun + out_of_buffer / Ethernet rx over, fifo,
+                   // missed, tx dropped
+  kNumCounters
+};
+
+// "retrans", "tx_packets", ... (the trace CSV's column names). nullptr when out of range.
+const char* counter_name(int c);
+// -1 when the name is not a canonical counter.
+int counter_by_name(const std::string& name);
+
+// How a counter behaves at its maximum.
+struct Width {
+  uint8_t bits = 64;        // 1..64
+  bool saturating = false;  // true: stops at 2^bits - 1; false: wraps to 0
+};
+// "sat16", "wrap32", "wrap64". Returns false (and leaves *out) on anything else.
+bool parse_width(const std::string& s, Width* out);
+std::string width_name(Width w);
+
+enum class DeltaKind : uint8_t {
+  kNormal,     // cur >= prev
+  kMissing,    // no previous or no current reading: the delta counts as 0
+  kWrapped,    // a wrapping counter went past 2^bits - 1
+  kReset,      // the counter went down without wrapping (perfquery -R, driver reload): the
+               // delta is the new value, the count since the reset
+  kSaturated,  // a saturating counter reads its maximum: increments from here on are lost
+};
+struct Delta {
+  uint64_t value = 0;
+  DeltaKind kind = DeltaKind::kMissing;
+};
+
+// One counter reading: `present` false for a missing file, "N/A" or a non-number.
+struct Reading {
+  bool present = false;
+  uint64_t value = 0;
+};
+
+// The delta from `prev` to `cur` for a counter of width `w`. A wrapping counter that went down
+// by more than half its range wrapped; any other decrease is a reset. Pure.
+Delta counter_delta(Reading prev, Reading cur, Width w);
+
+// Parses a counter file's text: leading/trailing whitespace allowed, decimal digits, at most
+// 2^64 - 1. "N/A", empty text, signs, overflow or trailing junk -> not present.
+Reading parse_reading(const std::string& text);
+
+// Deltas of one sampling step of one rail: what the features are computed from.
+struct Step {
+  double dt_s = 0;            // seconds since the previous reading (> 0 for a usable step)
+  bool link_up = true;        // link state at this reading
+  double speed_mbps = 0;      // link speed, Mb/s; 0 unknown
+  double d[kNumCounters] = {};  // deltas; a missing reading counts 0
+  uint32_t missing = 0;       // bit c set: counter c had no usable delta this step
+};
+
+// What a rail is, for the live reader.
+struct RailSpec {
+  enum class Kind : uint8_t { kIb, kEth };
+  std::string name;     // the rail's name as the transports publish it: "mlx5_0:1", "eth0"
+  Kind kind = Kind::kEth;
+  std::string device;   // IB device ("mlx5_0") or interface ("eth0")
+  int port = 1;         // IB port number
+};
+
+// Counters a transport keeps itself and adds to a rail's readings (TCP rails: TCP_INFO
+// total_retrans and segs_out summed over the plugin's sockets on the rail). Cumulative 64-bit.
+struct ExtraCounters {
+  bool present = false;
+  uint64_t retrans = 0;
+  uint64_t segs_out = 0;
+};
+
+// Reads one rail's counter files under `root` (R2CCL_SYSFS_ROOT) and turns consecutive
+// readings into Steps. Each file keeps its own previous value and width, so a wrap or reset
+// of one file never disturbs the others.
+class SysfsRail {
+ public:
+  SysfsRail(const std::string& root, const RailSpec& spec);
+
+  // Reads every file. The first call primes and returns false; later calls fill *out with
+  // the deltas since the previous call and return true (also while the link is down, with
+  // out->link_up false). `now_s` is a monotonic time in seconds. Notes about the counters
+  // (a saturated counter, once per file; a reset; a file that disappeared) are appended to
+  // *notes when non-null, one line each, naming the file.
+  bool read(double now_s, const ExtraCounters& extra, Step* out, std::vector<std::string>* notes);
+
+  const RailSpec& spec() const { return spec_; }
+  // The directory the files are read from (for messages).
+  const std::string& dir() const { return dir_; }
+  // Number of counter files that were readable at the last read (0: nothing to predict from).
+  int files_present() const { return present_; }
+
+ private:
+  struct File {
+    std::string rel;   // path relative to dir_
+    int counter;       // canonical counter
+    Width width;
+    uint64_t scale;    // 4 for the IB data counters (4-octet words)
+    Reading prev;
+    bool warned_saturated = false;
+    bool was_present = false;
+  };
+  void add(const char* rel, int counter, Width w, uint64_t scale = 1);
+
+  RailSpec spec_;
+  std::string dir_;
+  std::vector<File> files_;
+  Reading extra_prev_[2];
+  double prev_s_ = -1;
+  int present_ = 0;
+};
+
+// Every rail under `root`: each port of class/infiniband/*, and each class/net/* interface
+// with a statistics directory except lo. For r2ccl_predict --live.
+std::vector<RailSpec> discover_rails(const std::string& root);
+
+}  // namespace r2ccl::predict

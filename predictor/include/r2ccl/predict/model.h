@@ -1,0 +1,75 @@
+// The failure predictor's models: the LSTM read from a versioned, checksummed weights file
+// (layout in docs/PREDICTOR.md "Weights file"), and the threshold baseline, which is always
+// available (its tuned thresholds are compiled in and also carried by the weights file).
+//
+// Inference is hand-written (a 1-layer LSTM of a few thousand weights does not need a linear
+// algebra library): PyTorch's torch.nn.LSTM equations, gates in PyTorch's order i, f, g, o
+// (PyTorch 1.13 documentation of torch.nn.LSTM), float32 throughout.
+// Thread-safety: a Model is immutable after load and may be shared by threads; each thread
+// passes its own Scratch.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "r2ccl/predict/features.h"
+
+namespace r2ccl::predict {
+
+constexpr char kModelMagic[8] = {'R', '2', 'P', 'R', 'D', 'L', 'S', 'T'};
+constexpr uint32_t kModelVersion = 1;
+constexpr size_t kModelMaxBytes = 1024 * 1024;  // the budget: under 1 MB
+
+// The threshold detector: the mean of the last `steps` raw rows of features 0..3, risk =
+// min(1, 0.7 * max_i(mean_i / threshold_i)); a threshold <= 0 or not finite is unused.
+struct BaselineParams {
+  float threshold[4] = {};
+  int steps = 1;
+};
+// The compiled-in baseline, tuned by scripts/predictor/train.py (predictor/model/
+// baseline_defaults.h).
+BaselineParams default_baseline();
+
+// Risk of the baseline over a window's raw rows (oldest first). 0 with no rows.
+// If `ratio` is non-null it receives max_i(mean_i / threshold_i) per feature 0..3 (for the
+// "top counters" line).
+float baseline_risk(const FeatureRow* rows, int n, const BaselineParams& p,
+                    float ratio[4] = nullptr);
+
+struct Model {
+  uint32_t n_features = 0;   // kNumFeatures
+  uint32_t hidden = 0;       // H
+  uint32_t window = 0;       // W, the steps the model was trained on
+  uint32_t horizon_s = 0;    // failure horizon, seconds (30)
+  float interval_s = 0;      // sampling interval the model was trained at, seconds
+  std::vector<float> mean, stdev;  // [F] normalisation
+  BaselineParams baseline;
+  std::vector<float> w_ih, w_hh, b_ih, b_hh;  // [4H x F], [4H x H], [4H], [4H]
+  std::vector<float> w_out;                   // [H]
+  float b_out = 0;
+  std::string metadata;  // JSON text from the file (not interpreted)
+  size_t file_bytes = 0;
+  // The recurrent weights transposed at load ([F x 4H], [H x 4H]) with the two biases summed,
+  // so that inference runs over contiguous gate rows (vectorisable).
+  std::vector<float> w_ih_t, w_hh_t, bias;
+
+  struct Scratch {
+    std::vector<float> h, c, gates;
+  };
+  // Probability of a failure within horizon_s, from `n` already *normalised* rows (oldest
+  // first). Callers left-pad with zero rows to `window`; any n >= 1 works. Allocates only
+  // the first time a Scratch is used.
+  float infer(const float* rows, int n, Scratch* s) const;
+  // Normalises a raw row into `out` ((x - mean) / std).
+  void normalise(const FeatureRow& raw, float* out) const;
+};
+
+// Parses a weights file's bytes. On failure returns false and *err names the problem
+// ("bad magic", "version 3, this build reads 1", "checksum mismatch", "truncated: ...").
+bool parse_model(const uint8_t* data, size_t n, Model* out, std::string* err);
+// Reads and parses `path`. Files over kModelMaxBytes are refused without reading them whole.
+bool load_model(const std::string& path, Model* out, std::string* err);
+
+}  // namespace r2ccl::predict

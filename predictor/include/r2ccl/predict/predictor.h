@@ -1,0 +1,107 @@
+// Per-rail failure prediction with drain hysteresis, and the node sampler that runs it over
+// every rail of a node. docs/PREDICTOR.md describes the features, models and decisions.
+//
+// Decisions: a rail drains when its risk reaches `threshold`; a drained rail returns once
+// its risk stays below `return_threshold` for `return_samples` consecutive samples. While the
+// link is down nothing is decided (the transport's failover handles a dead link).
+// Thread-safety: none; a RailPredictor/NodeSampler belongs to one thread (the net plugin's
+// background thread, or a tool's main thread). The Model it points to must outlive it.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "r2ccl/params.h"
+#include "r2ccl/predict/counters.h"
+#include "r2ccl/predict/features.h"
+#include "r2ccl/predict/model.h"
+
+namespace r2ccl::predict {
+
+struct PredictorConfig {
+  double interval_s = 5;         // R2CCL_PREDICT_INTERVAL
+  int window_steps = 24;         // R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL
+  float threshold = 0.7f;        // R2CCL_PREDICT_THRESHOLD
+  float return_threshold = 0.4f; // R2CCL_PREDICT_RETURN_THRESHOLD
+  int return_samples = 6;        // R2CCL_PREDICT_RETURN_SAMPLES
+};
+PredictorConfig predictor_config_from(const Config& cfg);
+
+enum class Source : uint8_t { kNone = 0, kLstm = 1, kBaseline = 2 };
+const char* source_name(Source s);  // "none", "lstm", "baseline"
+
+struct Assessment {
+  float risk = -1;                // the deciding model's risk, 0..1
+  float baseline_risk = -1;       // the baseline's risk (always computed)
+  Source source = Source::kNone;  // which model decided
+  double retransmit_ratio = -1;   // ccl_retransmit_ratio over the window, 0..1; -1 unknown
+  bool drain = false;             // the decision after this sample
+  int transition = 0;             // +1: started draining at this sample; -1: returned
+};
+
+class RailPredictor {
+ public:
+  // `model` may be null: the baseline decides (with `baseline`).
+  RailPredictor(const PredictorConfig& cfg, const Model* model, const BaselineParams& baseline);
+
+  // Feeds one step. Returns true with *out filled when the step produced a feature row (link
+  // up, dt > 0); false otherwise (the decision is unchanged; *out keeps the last values).
+  bool update(const Step& s, Assessment* out);
+
+  const Assessment& last() const { return last_; }
+  // The features that push the risk up most, as "symbol_err+rcv_err (+0.42), ...": for the
+  // LSTM, the risk lost when that feature is replaced by its training mean over the whole
+  // window (occlusion); for the baseline, each feature's ratio to its threshold. At most
+  // `n` entries with a positive share; "-" when none.
+  std::string top_contributors(int n) const;
+  // Raw feature rows of the window, oldest first (for tools and tests).
+  const FeatureWindow& window() const { return window_; }
+
+ private:
+  float lstm_risk(int occlude_feature) const;
+
+  PredictorConfig cfg_;
+  const Model* model_;
+  BaselineParams baseline_;
+  FeatureExtractor fx_;
+  FeatureWindow window_;
+  Assessment last_;
+  int low_run_ = 0;
+  mutable std::vector<float> norm_;  // [window x F] scratch
+  mutable std::vector<FeatureRow> raw_;  // scratch for the baseline
+  mutable Model::Scratch scratch_;
+};
+
+// The live sampler of one node: reads every rail's counters under the sysfs root and runs a
+// RailPredictor per rail.
+struct RailRisk {
+  std::string name;
+  Assessment a;
+  std::string top;  // top contributing counters at a transition, else ""
+};
+
+class NodeSampler {
+ public:
+  NodeSampler(const std::string& sysfs_root, const std::vector<RailSpec>& rails,
+              const PredictorConfig& cfg, const Model* model, const BaselineParams& baseline);
+  // One sampling round at monotonic time `now_s`. `extra` is indexed like the rails (may be
+  // shorter: missing entries have no extra counters). Counter notes (saturation, resets) are
+  // appended to *notes. The first call only primes the counters: *out gets risk -1 entries.
+  void sample(double now_s, const std::vector<ExtraCounters>& extra, std::vector<RailRisk>* out,
+              std::vector<std::string>* notes);
+  size_t size() const { return rails_.size(); }
+  const RailPredictor& predictor(size_t i) const { return *preds_[i]; }
+
+ private:
+  std::vector<SysfsRail> rails_;
+  std::vector<std::unique_ptr<RailPredictor>> preds_;
+};
+
+// The weights file the plugin uses: R2CCL_PREDICT_MODEL when set, else r2ccl_lstm.bin in
+// ../share/r2ccl/ next to the directory of the binary this code is linked into (the plugin's
+// lib/ in an install or a build tree). Loads it; on failure returns false and *err says which
+// file and why (the caller WARNs and runs the baseline).
+bool load_configured_model(const Config& cfg, Model* out, std::string* path, std::string* err);
+
+}  // namespace r2ccl::predict

@@ -1,0 +1,172 @@
+#include "r2ccl/predict/predictor.h"
+
+#include <dlfcn.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace r2ccl::predict {
+
+PredictorConfig predictor_config_from(const Config& cfg) {
+  PredictorConfig p;
+  p.interval_s = static_cast<double>(cfg.predict_interval) / 1e6;
+  p.window_steps = static_cast<int>(std::max<int64_t>(2, cfg.predict_window / cfg.predict_interval));
+  p.threshold = static_cast<float>(cfg.predict_threshold);
+  p.return_threshold = static_cast<float>(cfg.predict_return_threshold);
+  p.return_samples = static_cast<int>(cfg.predict_return_samples);
+  return p;
+}
+
+const char* source_name(Source s) {
+  switch (s) {
+    case Source::kLstm: return "lstm";
+    case Source::kBaseline: return "baseline";
+    default: return "none";
+  }
+}
+
+RailPredictor::RailPredictor(const PredictorConfig& cfg, const Model* model,
+                             const BaselineParams& baseline)
+    : cfg_(cfg), model_(model), baseline_(baseline), window_(cfg.window_steps) {
+  norm_.assign(static_cast<size_t>(window_.capacity()) * kNumFeatures, 0.0f);
+  raw_.resize(static_cast<size_t>(window_.capacity()));
+}
+
+float RailPredictor::lstm_risk(int occlude) const {
+  // Left-pad with zero rows (the training mean) to the full window, as in training.
+  const int W = window_.capacity(), n = window_.size();
+  std::fill(norm_.begin(), norm_.end(), 0.0f);
+  for (int i = 0; i < n; ++i) {
+    float* dst = &norm_[static_cast<size_t>(W - n + i) * kNumFeatures];
+    model_->normalise(window_.row(i), dst);
+    if (occlude >= 0) dst[occlude] = 0.0f;
+  }
+  return model_->infer(norm_.data(), W, &scratch_);
+}
+
+bool RailPredictor::update(const Step& s, Assessment* out) {
+  FeatureRow row;
+  if (!fx_.push(s, &row)) {
+    if (out) *out = last_;
+    return false;
+  }
+  window_.push(row, s.d[kRetrans], s.d[kTxPackets]);
+  Assessment a;
+  const int n = window_.size();
+  for (int i = 0; i < n; ++i) raw_[static_cast<size_t>(i)] = window_.row(i);
+  a.baseline_risk = baseline_risk(raw_.data(), n, baseline_);
+  if (model_) {
+    a.risk = lstm_risk(-1);
+    a.source = Source::kLstm;
+  } else {
+    a.risk = a.baseline_risk;
+    a.source = Source::kBaseline;
+  }
+  a.retransmit_ratio = window_.retransmit_ratio();
+  a.drain = last_.drain;
+  if (!a.drain && a.risk >= cfg_.threshold) {
+    a.drain = true;
+    a.transition = +1;
+    low_run_ = 0;
+  } else if (a.drain) {
+    low_run_ = a.risk < cfg_.return_threshold ? low_run_ + 1 : 0;
+    if (low_run_ >= cfg_.return_samples) {
+      a.drain = false;
+      a.transition = -1;
+      low_run_ = 0;
+    }
+  }
+  last_ = a;
+  if (out) *out = a;
+  return true;
+}
+
+std::string RailPredictor::top_contributors(int n) const {
+  std::vector<std::pair<float, int>> share;
+  const int rows = window_.size();
+  if (rows == 0) return "-";
+  if (model_) {
+    const float base = lstm_risk(-1);
+    for (int f = 0; f < kNumFeatures; ++f) share.push_back({base - lstm_risk(f), f});
+  } else {
+    for (int i = 0; i < rows; ++i) raw_[static_cast<size_t>(i)] = window_.row(i);
+    float ratio[4];
+    baseline_risk(raw_.data(), rows, baseline_, ratio);
+    for (int f = 0; f < 4; ++f) share.push_back({ratio[f], f});
+  }
+  // Features computed from the same counters (a rate and its delta) count as one entry.
+  std::vector<std::pair<float, std::string>> groups;
+  for (const auto& [v, f] : share) {
+    const std::string name = feature_counters(f);
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const auto& g) { return g.second == name; });
+    if (it == groups.end()) groups.push_back({v, name});
+    else it->first = model_ ? it->first + v : std::max(it->first, v);
+  }
+  std::sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
+    return a.first > b.first;
+  });
+  std::string out;
+  int k = 0;
+  for (const auto& [v, name] : groups) {
+    if (k == n || !(v > 0.005f)) break;
+    char buf[128];
+    snprintf(buf, sizeof(buf), model_ ? "%s%s (+%.2f)" : "%s%s (x%.2f of threshold)",
+             k ? ", " : "", name.c_str(), v);
+    out += buf;
+    ++k;
+  }
+  return out.empty() ? "-" : out;
+}
+
+NodeSampler::NodeSampler(const std::string& sysfs_root, const std::vector<RailSpec>& rails,
+                         const PredictorConfig& cfg, const Model* model,
+                         const BaselineParams& baseline) {
+  for (const auto& r : rails) {
+    rails_.emplace_back(sysfs_root, r);
+    preds_.push_back(std::make_unique<RailPredictor>(cfg, model, baseline));
+  }
+}
+
+void NodeSampler::sample(double now_s, const std::vector<ExtraCounters>& extra,
+                         std::vector<RailRisk>* out, std::vector<std::string>* notes) {
+  out->resize(rails_.size());
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    RailRisk& rr = (*out)[i];
+    rr.name = rails_[i].spec().name;
+    rr.top.clear();
+    Step s;
+    const ExtraCounters ex = i < extra.size() ? extra[i] : ExtraCounters{};
+    if (!rails_[i].read(now_s, ex, &s, notes)) {
+      rr.a = preds_[i]->last();
+      continue;
+    }
+    preds_[i]->update(s, &rr.a);
+    if (rr.a.transition != 0) rr.top = preds_[i]->top_contributors(3);
+  }
+}
+
+bool load_configured_model(const Config& cfg, Model* out, std::string* path, std::string* err) {
+  std::string p = cfg.predict_model;
+  if (p.empty()) {
+    Dl_info info{};
+    if (dladdr(reinterpret_cast<void*>(&load_configured_model), &info) && info.dli_fname) {
+      std::string bin = info.dli_fname;
+      const size_t slash = bin.rfind('/');
+      const std::string dir = slash == std::string::npos ? "." : bin.substr(0, slash);
+      p = dir + "/../share/r2ccl/r2ccl_lstm.bin";
+    } else {
+      p = "r2ccl_lstm.bin";
+    }
+  }
+  *path = p;
+  std::string why;
+  if (!load_model(p, out, &why)) {
+    *err = "predictor weights " + p + " " + why;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace r2ccl::predict

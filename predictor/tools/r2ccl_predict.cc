@@ -1,0 +1,424 @@
+// r2ccl_predict: the failure predictor from the command line (docs/PREDICTOR.md).
+//
+//   r2ccl_predict --replay TRACE [--rail NAME] [--model FILE] [--window-steps N]
+//       the risk over time of every rail in a trace (LSTM and baseline side by side), the
+//       drain decisions, and per rail how long before each failure the drain came
+//   r2ccl_predict --live [--sysfs-root DIR] [--interval SEC] [--count N] [--model FILE]
+//       samples this node's rails and prints each rail's risk every interval
+//   r2ccl_predict --features TRACE --out DIR [--horizon SEC]
+//       the feature rows, labels and failure events of a trace as .npy files, for training
+//   r2ccl_predict --info [--model FILE]      the weights file's shape and metadata
+//   r2ccl_predict --bench [--model FILE]     inference cost per rail-sample
+//
+// Exit status: 0 ok, 1 bad input (trace, weights), 3 usage.
+#include <time.h>
+#include <sys/stat.h>
+
+#include <CLI/CLI.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "r2ccl/params.h"
+#include "r2ccl/predict/counters.h"
+#include "r2ccl/predict/features.h"
+#include "r2ccl/predict/model.h"
+#include "r2ccl/predict/predictor.h"
+#include "r2ccl/predict/trace.h"
+
+using namespace r2ccl::predict;
+
+namespace {
+
+struct Options {
+  std::string replay, features, out, model, rail, sysfs_root = "/sys";
+  bool live = false, info = false, bench = false, quiet = false;
+  double interval_s = 5, horizon_s = 30;
+  int count = 0, window_steps = 0;
+  float threshold = 0.7f, return_threshold = 0.4f;
+  int return_samples = 6;
+};
+
+double mono_s() {
+  timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+// Loads --model, else the configured/shipped one. Returns false and prints why when a model
+// was asked for explicitly and cannot be used; with no explicit model, a missing file means
+// the baseline (printed).
+bool get_model(const Options& o, Model* m, bool* have) {
+  std::string err, path;
+  *have = false;
+  if (!o.model.empty()) {
+    path = o.model;
+    if (!load_model(path, m, &err)) {
+      fprintf(stderr, "r2ccl_predict: weights %s %s\n", path.c_str(), err.c_str());
+      return false;
+    }
+  } else {
+    r2ccl::Config cfg;  // only predict_model is read: the environment's or the shipped one
+    const char* env = getenv("R2CCL_PREDICT_MODEL");
+    cfg.predict_model = env ? env : "";
+    if (!load_configured_model(cfg, m, &path, &err)) {
+      fprintf(stderr, "r2ccl_predict: %s; the threshold baseline decides\n", err.c_str());
+      return true;
+    }
+  }
+  *have = true;
+  if (!o.quiet)
+    fprintf(stderr, "r2ccl_predict: weights %s (%zu bytes, hidden %u, window %u)\n",
+            path.c_str(), m->file_bytes, m->hidden, m->window);
+  return true;
+}
+
+PredictorConfig config_of(const Options& o, const Model* m) {
+  PredictorConfig c;
+  c.interval_s = o.interval_s;
+  c.window_steps = o.window_steps > 0 ? o.window_steps : m ? static_cast<int>(m->window) : 24;
+  c.threshold = o.threshold;
+  c.return_threshold = o.return_threshold;
+  c.return_samples = o.return_samples;
+  return c;
+}
+
+// ---- --replay ------------------------------------------------------------------------------
+int run_replay(const Options& o) {
+  Model model;
+  bool have = false;
+  if (!get_model(o, &model, &have)) return 1;
+  const Model* mp = have ? &model : nullptr;
+  const BaselineParams base = have ? model.baseline : default_baseline();
+  const PredictorConfig cfg = config_of(o, mp);
+  TraceReader tr;
+  std::string err;
+  if (!tr.open(o.replay, &err)) {
+    fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
+    return 1;
+  }
+  struct RailRun {
+    std::unique_ptr<RailPredictor> p;
+    bool prev_link = true;
+    double drain_since = -1;  // drain start while it lasts
+    int failures = 0, warned = 0;
+    std::vector<double> leads;
+  };
+  std::map<int, RailRun> runs;
+  printf("%-10s %-16s %-4s %-7s %-9s %-6s %s\n", "t_s", "rail", "link", "risk", "baseline",
+         "drain", "event");
+  TraceRow row;
+  while (tr.next(&row, &err)) {
+    const std::string& name = tr.rail_names()[static_cast<size_t>(row.rail)];
+    if (!o.rail.empty() && name != o.rail) continue;
+    RailRun& rr = runs[row.rail];
+    if (!rr.p) rr.p = std::make_unique<RailPredictor>(cfg, mp, base);
+    std::string event;
+    if (rr.prev_link && !row.link_up) {
+      ++rr.failures;
+      char buf[96];
+      if (rr.drain_since >= 0) {
+        ++rr.warned;
+        rr.leads.push_back(row.t_s - rr.drain_since);
+        snprintf(buf, sizeof(buf), "LINK DOWN (drained %.1f s before)", row.t_s - rr.drain_since);
+      } else {
+        snprintf(buf, sizeof(buf), "LINK DOWN (not drained)");
+      }
+      event = buf;
+    }
+    rr.prev_link = row.link_up;
+    Assessment a;
+    const bool scored = row.has_step && rr.p->update(row.step, &a);
+    if (scored && a.transition > 0) {
+      rr.drain_since = row.t_s;
+      event = "DRAIN: " + rr.p->top_contributors(3);
+    } else if (scored && a.transition < 0) {
+      rr.drain_since = -1;
+      event = "RETURN";
+    }
+    if (!scored && event.empty()) continue;
+    if (o.quiet && event.empty()) continue;
+    if (scored)
+      printf("%-10.1f %-16s %-4d %-7.3f %-9.3f %-6s %s\n", row.t_s, name.c_str(), 1, a.risk,
+             a.baseline_risk, a.drain ? "yes" : "no", event.c_str());
+    else
+      printf("%-10.1f %-16s %-4d %-7s %-9s %-6s %s\n", row.t_s, name.c_str(),
+             row.link_up ? 1 : 0, "-", "-", "-", event.c_str());
+  }
+  if (!err.empty()) {
+    fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
+    return 1;
+  }
+  printf("\nsummary (%s decides; drain at risk >= %.2f):\n", mp ? "LSTM" : "baseline",
+         cfg.threshold);
+  for (const auto& [idx, rr] : runs) {
+    std::string leads;
+    for (double l : rr.leads) leads += (leads.empty() ? "" : ", ") + std::to_string(l).substr(0, 5) + " s";
+    printf("  %-16s failures %d, drained before %d%s%s\n",
+           tr.rail_names()[static_cast<size_t>(idx)].c_str(), rr.failures, rr.warned,
+           leads.empty() ? "" : ", lead ", leads.c_str());
+  }
+  return 0;
+}
+
+// ---- --features ----------------------------------------------------------------------------
+// Writes a NumPy .npy file (format version 1.0) of a 1-D or 2-D little-endian array.
+bool write_npy(const std::string& path, const char* descr, const void* data, size_t elem,
+               size_t rows, size_t cols) {
+  std::string shape = cols ? "(" + std::to_string(rows) + ", " + std::to_string(cols) + ")"
+                           : "(" + std::to_string(rows) + ",)";
+  std::string hdr = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " +
+                    shape + ", }";
+  const size_t base = 10;  // magic(6) + version(2) + header length(2)
+  size_t total = base + hdr.size() + 1;
+  hdr.append((64 - total % 64) % 64, ' ');
+  hdr += '\n';
+  std::ofstream f(path, std::ios::binary);
+  if (!f) return false;
+  const unsigned char magic[8] = {0x93, 'N', 'U', 'M', 'P', 'Y', 1, 0};
+  f.write(reinterpret_cast<const char*>(magic), 8);
+  const uint16_t len = static_cast<uint16_t>(hdr.size());
+  const unsigned char l2[2] = {static_cast<unsigned char>(len & 0xff),
+                               static_cast<unsigned char>(len >> 8)};
+  f.write(reinterpret_cast<const char*>(l2), 2);
+  f.write(hdr.data(), static_cast<std::streamsize>(hdr.size()));
+  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(elem * rows * (cols ? cols : 1)));
+  return static_cast<bool>(f);
+}
+
+std::string json_str(const std::string& s) {
+  std::string o = "\"";
+  for (char ch : s) {
+    if (ch == '"' || ch == '\\') o += '\\';
+    if (static_cast<unsigned char>(ch) < 0x20) continue;
+    o += ch;
+  }
+  return o + "\"";
+}
+
+int run_features(const Options& o) {
+  TraceReader tr;
+  std::string err;
+  if (!tr.open(o.features, &err)) {
+    fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
+    return 1;
+  }
+  std::vector<float> x;
+  std::vector<int32_t> rail, scen;
+  std::vector<double> t;
+  std::vector<double> ev_t;
+  std::vector<int32_t> ev_rail;
+  std::vector<FeatureExtractor> fx;
+  std::vector<char> prev_link;
+  TraceRow row;
+  while (tr.next(&row, &err)) {
+    const size_t r = static_cast<size_t>(row.rail);
+    if (r >= fx.size()) {
+      fx.resize(r + 1);
+      prev_link.resize(r + 1, 1);
+    }
+    if (prev_link[r] && !row.link_up) {
+      ev_t.push_back(row.t_s);
+      ev_rail.push_back(row.rail);
+    }
+    prev_link[r] = row.link_up;
+    FeatureRow f;
+    if (!row.has_step || !fx[r].push(row.step, &f)) continue;
+    x.insert(x.end(), f.begin(), f.end());
+    rail.push_back(row.rail);
+    t.push_back(row.t_s);
+    scen.push_back(row.scenario);
+  }
+  if (!err.empty()) {
+    fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
+    return 1;
+  }
+  // Labels: a failure of the same rail within (t, t + horizon]. Events per rail are in time
+  // order, so a binary search per row.
+  std::vector<std::vector<double>> events(tr.rail_names().size());
+  for (size_t i = 0; i < ev_t.size(); ++i) events[static_cast<size_t>(ev_rail[i])].push_back(ev_t[i]);
+  std::vector<int8_t> label(t.size(), 0);
+  for (size_t i = 0; i < t.size(); ++i) {
+    const auto& e = events[static_cast<size_t>(rail[i])];
+    auto it = std::upper_bound(e.begin(), e.end(), t[i]);
+    label[i] = it != e.end() && *it <= t[i] + o.horizon_s ? 1 : 0;
+  }
+  ::mkdir(o.out.c_str(), 0755);
+  const size_t n = t.size();
+  bool ok = write_npy(o.out + "/x.npy", "<f4", x.data(), 4, n, kNumFeatures) &&
+            write_npy(o.out + "/rail.npy", "<i4", rail.data(), 4, n, 0) &&
+            write_npy(o.out + "/t.npy", "<f8", t.data(), 8, n, 0) &&
+            write_npy(o.out + "/label.npy", "|i1", label.data(), 1, n, 0) &&
+            write_npy(o.out + "/scenario.npy", "<i4", scen.data(), 4, n, 0) &&
+            write_npy(o.out + "/event_t.npy", "<f8", ev_t.data(), 8, ev_t.size(), 0) &&
+            write_npy(o.out + "/event_rail.npy", "<i4", ev_rail.data(), 4, ev_rail.size(), 0);
+  std::ofstream meta(o.out + "/meta.json");
+  meta << "{\"trace\": " << json_str(o.features) << ", \"horizon_s\": " << o.horizon_s
+       << ", \"features\": [";
+  for (int f = 0; f < kNumFeatures; ++f) meta << (f ? ", " : "") << json_str(feature_name(f));
+  meta << "], \"rails\": [";
+  for (size_t i = 0; i < tr.rail_names().size(); ++i)
+    meta << (i ? ", " : "") << json_str(tr.rail_names()[i]);
+  meta << "], \"scenarios\": [";
+  for (size_t i = 0; i < tr.scenarios().size(); ++i)
+    meta << (i ? ", " : "") << json_str(tr.scenarios()[i]);
+  meta << "]}\n";
+  if (!ok || !meta) {
+    fprintf(stderr, "r2ccl_predict: cannot write the feature files in %s\n", o.out.c_str());
+    return 1;
+  }
+  size_t pos = 0;
+  for (int8_t l : label) pos += static_cast<size_t>(l);
+  fprintf(stderr, "r2ccl_predict: %zu rows (%zu positive), %zu rails, %zu failure events -> %s\n",
+          n, pos, tr.rail_names().size(), ev_t.size(), o.out.c_str());
+  return 0;
+}
+
+// ---- --live --------------------------------------------------------------------------------
+int run_live(const Options& o) {
+  Model model;
+  bool have = false;
+  if (!get_model(o, &model, &have)) return 1;
+  const Model* mp = have ? &model : nullptr;
+  const std::vector<RailSpec> rails = discover_rails(o.sysfs_root);
+  if (rails.empty()) {
+    fprintf(stderr, "r2ccl_predict: no rails under %s (class/infiniband/*/ports/*, class/net/*)\n",
+            o.sysfs_root.c_str());
+    return 1;
+  }
+  NodeSampler ns(o.sysfs_root, rails, config_of(o, mp), mp, mp ? model.baseline : default_baseline());
+  std::vector<RailRisk> out;
+  std::vector<std::string> notes;
+  for (int i = 0; o.count <= 0 || i <= o.count; ++i) {
+    notes.clear();
+    ns.sample(mono_s(), {}, &out, &notes);
+    for (const auto& n : notes) fprintf(stderr, "r2ccl_predict: %s\n", n.c_str());
+    if (i > 0) {
+      printf("%-16s %-7s %-9s %-8s %-6s %s\n", "rail", "risk", "baseline", "retrans", "drain",
+             "source");
+      for (const auto& r : out) {
+        char rt[16] = "-";
+        if (r.a.retransmit_ratio >= 0) snprintf(rt, sizeof(rt), "%.3f%%", 100 * r.a.retransmit_ratio);
+        if (r.a.risk < 0)
+          printf("%-16s %-7s %-9s %-8s %-6s %s\n", r.name.c_str(), "-", "-", rt, "-", "link down");
+        else
+          printf("%-16s %-7.3f %-9.3f %-8s %-6s %s%s%s\n", r.name.c_str(), r.a.risk,
+                 r.a.baseline_risk, rt, r.a.drain ? "yes" : "no", source_name(r.a.source),
+                 r.top.empty() ? "" : "  ", r.top.c_str());
+      }
+      printf("\n");
+      fflush(stdout);
+    }
+    if (o.count > 0 && i == o.count) break;
+    std::this_thread::sleep_for(std::chrono::duration<double>(o.interval_s));
+  }
+  return 0;
+}
+
+// ---- --info, --bench -----------------------------------------------------------------------
+int run_info(const Options& o) {
+  Model m;
+  bool have = false;
+  if (!get_model(o, &m, &have)) return 1;
+  if (!have) return 1;
+  printf("features %u, hidden %u, window %u steps, horizon %u s, trained at %.1f s intervals\n",
+         m.n_features, m.hidden, m.window, m.horizon_s, m.interval_s);
+  printf("size %zu bytes (limit %zu); baseline thresholds %.3g %.3g %.3g %.3g over %d steps\n",
+         m.file_bytes, kModelMaxBytes, m.baseline.threshold[0], m.baseline.threshold[1],
+         m.baseline.threshold[2], m.baseline.threshold[3], m.baseline.steps);
+  printf("metadata: %s\n", m.metadata.c_str());
+  return 0;
+}
+
+int run_bench(const Options& o) {
+  Model m;
+  bool have = false;
+  if (!get_model(o, &m, &have) || !have) return 1;
+  PredictorConfig cfg = config_of(o, &m);
+  RailPredictor p(cfg, &m, m.baseline);
+  Step s;
+  s.dt_s = cfg.interval_s;
+  s.speed_mbps = 400000;
+  s.d[kTxPackets] = 1e6;
+  s.d[kTxBytes] = 1e9;
+  const int warm = 64, iters = 20000;
+  Assessment a;
+  for (int i = 0; i < warm; ++i) {
+    s.d[kSymbolErr] = i % 7;
+    p.update(s, &a);
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  double sink = 0;
+  for (int i = 0; i < iters; ++i) {
+    s.d[kSymbolErr] = i % 7;
+    s.d[kRetrans] = i % 3;
+    p.update(s, &a);
+    sink += a.risk;
+  }
+  const double us =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+  printf("inference: %.2f us per rail-sample (window %d steps, hidden %u; %d samples; "
+         "features + LSTM + baseline + decision; checksum %.3f)\n",
+         us / iters, cfg.window_steps, m.hidden, iters, sink / iters);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Options o;
+  CLI::App app{"r2ccl failure predictor: replay traces, show live risk, extract features",
+               "r2ccl_predict"};
+  auto* modes = app.add_option_group("mode", "exactly one of these");
+  modes->add_option("--replay", o.replay, "print the risk over time of a trace (CSV)")->type_name("TRACE");
+  modes->add_flag("--live", o.live, "sample this node's rails and print their risk");
+  modes->add_option("--features", o.features, "write a trace's features and labels (.npy) to --out")
+      ->type_name("TRACE");
+  modes->add_flag("--info", o.info, "describe the weights file");
+  modes->add_flag("--bench", o.bench, "time the inference per rail-sample");
+  modes->require_option(1);
+  app.add_option("--out", o.out, "output directory for --features")->type_name("DIR");
+  app.add_option("--model", o.model, "weights file (default: $R2CCL_PREDICT_MODEL, else the shipped one)")
+      ->type_name("FILE");
+  app.add_option("--rail", o.rail, "--replay: only this rail")->type_name("NAME");
+  app.add_option("--sysfs-root", o.sysfs_root, "--live: where the counters are (default /sys)")
+      ->type_name("DIR");
+  app.add_option("--interval", o.interval_s, "--live: seconds between samples (default 5)")
+      ->check(CLI::Range(0.01, 3600.0));
+  app.add_option("--count", o.count, "--live: stop after N samples (default: run until killed)")
+      ->check(CLI::Range(0, 1000000));
+  app.add_option("--horizon", o.horizon_s, "--features: label horizon, seconds (default 30)")
+      ->check(CLI::Range(0.001, 86400.0));
+  app.add_option("--window-steps", o.window_steps, "samples the model sees (default: the model's)")
+      ->check(CLI::Range(2, 4096));
+  app.add_option("--threshold", o.threshold, "drain at risk >= this (default 0.7)")->check(CLI::Range(0.01, 1.0));
+  app.add_option("--return-threshold", o.return_threshold, "return below this (default 0.4)")
+      ->check(CLI::Range(0.0, 1.0));
+  app.add_option("--return-samples", o.return_samples, "low samples before returning (default 6)")
+      ->check(CLI::Range(1, 100000));
+  app.add_flag("--quiet", o.quiet, "--replay: print only drains, returns and failures");
+  try {
+    app.parse(argc, argv);
+    if (!o.features.empty() && o.out.empty())
+      throw CLI::ValidationError("--out", "--features needs --out DIR");
+    if (o.return_threshold > o.threshold)
+      throw CLI::ValidationError("--return-threshold", "must be <= --threshold");
+  } catch (const CLI::CallForHelp&) {
+    printf("%s", app.help().c_str());
+    return 0;
+  } catch (const CLI::ParseError& e) {
+    fprintf(stderr, "r2ccl_predict: %s\n%s", e.what(), app.help().c_str());
+    return 3;
+  }
+  if (!o.replay.empty()) return run_replay(o);
+  if (!o.features.empty()) return run_features(o);
+  if (o.live) return run_live(o);
+  if (o.info) return run_info(o);
+  return run_bench(o);
+}

@@ -1,0 +1,193 @@
+// The net plugin's failure-predictor agent (net_plugin/predict): counters from a fake sysfs
+// tree, an injected clock (tick(now)), the drain flag the schedulers read, the WARN event
+// lines, the node's one sampler on the health board and a follower process reading it.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fake_counters.h"
+#include "net_harness.h"
+#include "predict/predict_agent.h"
+#include "r2ccl/health_board.h"
+#include "r2ccl/log.h"
+#include "r2ccl/params.h"
+
+using namespace r2ccl;
+using r2ccl::test::FakeNic;
+using r2ccl::test::NicRates;
+
+namespace {
+
+Config config_with(const std::map<std::string, std::string>& env) {
+  Config cfg;
+  std::string err;
+  REQUIRE(load_config(
+      [&](const char* n) -> const char* {
+        auto it = env.find(n);
+        return it == env.end() ? nullptr : it->second.c_str();
+      },
+      {}, &cfg, &err, nullptr));
+  return cfg;
+}
+
+std::string temp_root(const char* tag) {
+  std::string d = test::temp_path(tag);
+  REQUIRE(system(("rm -rf " + d + " && mkdir -p " + d).c_str()) == 0);
+  return d;
+}
+
+struct Rig {
+  std::string root;
+  FakeNic eth0, eth1;
+  RailCounters live[2];
+  net::PredictAgent agent;
+  Rig(const std::string& r) : root(r), eth0(r, "eth0", 100000), eth1(r, "eth1", 100000) {}
+  std::vector<net::PredictAgent::Rail> rails() {
+    std::vector<net::PredictAgent::Rail> v(2);
+    v[0].spec = predict::RailSpec{"eth0", predict::RailSpec::Kind::kEth, "eth0", 1};
+    v[0].live = &live[0];
+    v[1].spec = predict::RailSpec{"eth1", predict::RailSpec::Kind::kEth, "eth1", 1};
+    v[1].live = &live[1];
+    return v;
+  }
+  // One 100 ms interval: both NICs advance, eth0 with `bad`, then the agent runs.
+  void step(TimeUs now, const NicRates& bad) {
+    eth0.advance(0.1, bad);
+    eth1.advance(0.1, NicRates{});
+    agent.tick(now);
+  }
+};
+
+const std::map<std::string, std::string> kFast = {
+    {"R2CCL_PREDICT_INTERVAL", "100ms"}, {"R2CCL_PREDICT_WINDOW", "2400ms"},
+    {"R2CCL_PREDICT_RETURN_SAMPLES", "5"}, {"R2CCL_PREDICT_MODEL", "/nonexistent/weights.bin"}};
+
+}  // namespace
+
+TEST_CASE("agent: the baseline drains a rail whose errors climb, and returns it after", "[predict]") {
+  const std::string log = test::temp_path("agent-events.log");
+  std::string err;
+  REQUIRE(set_event_sink(log, &err));
+  auto env = kFast;
+  env["R2CCL_SYSFS_ROOT"] = temp_root("agent-sysfs");
+  const Config cfg = config_with(env);
+  Rig rig(env["R2CCL_SYSFS_ROOT"]);
+  rig.agent.init(cfg, rig.rails(), nullptr, "none");  // no board: this process samples
+  REQUIRE(rig.agent.enabled());
+  TimeUs now = 1000 * kUsPerSec;
+  for (int i = 0; i < 30; ++i, now += 100 * kUsPerMs) rig.step(now, NicRates{});
+  CHECK_FALSE(rig.live[0].predict_drain.load());
+  // A tick before the interval is up does nothing (the background thread loops faster).
+  rig.agent.tick(now - 50 * kUsPerMs);
+  int drained_at = -1;
+  NicRates bad;
+  for (int i = 0; i < 40 && drained_at < 0; ++i, now += 100 * kUsPerMs) {
+    bad.crc = 5 * std::pow(1.5, i);  // CRC errors per second, growing
+    rig.step(now, bad);
+    if (rig.live[0].predict_drain.load()) drained_at = i;
+  }
+  REQUIRE(drained_at >= 0);
+  CHECK_FALSE(rig.live[1].predict_drain.load());
+  CHECK(rig.live[0].predict_drains.load() == 1);
+  // Healthy again: back after R2CCL_PREDICT_RETURN_SAMPLES low samples, not at the first.
+  int returned_at = -1;
+  for (int i = 0; i < 60 && returned_at < 0; ++i, now += 100 * kUsPerMs) {
+    rig.step(now, NicRates{});
+    if (!rig.live[0].predict_drain.load()) returned_at = i;
+  }
+  CHECK(returned_at >= 4);
+  REQUIRE(set_event_sink("stderr", &err));
+  const std::string events = test::read_file(log);
+  INFO(events);
+  CHECK(test::count_lines_containing(events, "rail eth0 risk") == 2);
+  CHECK(test::count_lines_containing(events, "draining it") == 1);
+  CHECK(test::count_lines_containing(events, "(baseline)") == 2);
+  CHECK(test::count_lines_containing(events, "top counters: symbol_err+rcv_err") == 1);
+  CHECK(test::count_lines_containing(events, "carrying data again") == 1);
+  CHECK(test::count_lines_containing(events, "eth1") == 0);
+}
+
+TEST_CASE("agent: R2CCL_PREDICT=0 never drains", "[predict]") {
+  auto env = kFast;
+  env["R2CCL_PREDICT"] = "0";
+  env["R2CCL_SYSFS_ROOT"] = temp_root("agent-off");
+  Rig rig(env["R2CCL_SYSFS_ROOT"]);
+  const Config cfg = config_with(env);
+  rig.agent.init(cfg, rig.rails(), nullptr, "none");
+  CHECK_FALSE(rig.agent.enabled());
+  TimeUs now = 1000 * kUsPerSec;
+  NicRates bad;
+  bad.crc = 1e6;
+  for (int i = 0; i < 30; ++i, now += 100 * kUsPerMs) rig.step(now, bad);
+  CHECK_FALSE(rig.live[0].predict_drain.load());
+}
+
+TEST_CASE("agent: one sampler per node on the board; another process follows its decisions",
+          "[predict]") {
+  const std::string board = "agent-test-" + std::to_string(getpid());
+  board::remove_board(board);
+  auto env = kFast;
+  env["R2CCL_SYSFS_ROOT"] = temp_root("agent-board");
+  env["R2CCL_HEALTH_BOARD"] = board;
+  const Config cfg = config_with(env);
+  Rig rig(env["R2CCL_SYSFS_ROOT"]);
+  board::Publisher pub;
+  std::string err;
+  REQUIRE(pub.open(board, &err));
+  rig.agent.init(cfg, rig.rails(), &pub, board);
+  // Real time here: other processes judge the sampler's liveness by CLOCK_MONOTONIC.
+  NicRates bad;
+  bool drained = false;
+  for (int i = 0; i < 80 && !drained; ++i) {
+    if (i >= 25) bad.crc = 5 * std::pow(1.5, i - 25);
+    rig.step(now_us(), bad);
+    drained = rig.live[0].predict_drain.load();
+    usleep(100 * 1000);
+  }
+  REQUIRE(drained);
+  board::SamplerView v;
+  REQUIRE(board::read_sampler(board, &v, &err));
+  CHECK(v.owner == getpid());
+  const board::RiskEntry* e = board::find_risk(v, "eth0");
+  REQUIRE(e != nullptr);
+  CHECK(e->drain == 1);
+  CHECK(e->risk >= 0.7f);
+  CHECK(e->source == board::RiskSource::kBaseline);
+  CHECK(std::string(e->top).find("symbol_err") != std::string::npos);
+  REQUIRE(board::find_risk(v, "eth1") != nullptr);
+  CHECK(board::find_risk(v, "eth1")->drain == 0);
+
+  // Another process of the node: it cannot become the sampler while this one lives, so it
+  // follows the board (its own counter tree says nothing is wrong).
+  const std::string other_root = temp_root("agent-board-other");
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    auto env2 = env;
+    env2["R2CCL_SYSFS_ROOT"] = other_root;
+    Config cfg2;
+    std::string e2;
+    load_config([&](const char* n) -> const char* {
+      auto it = env2.find(n);
+      return it == env2.end() ? nullptr : it->second.c_str();
+    }, {}, &cfg2, &e2, nullptr);
+    Rig r2(other_root);
+    board::Publisher p2;
+    if (!p2.open(board, &e2)) _exit(3);
+    r2.agent.init(cfg2, r2.rails(), &p2, board);
+    r2.step(now_us(), NicRates{});
+    const bool ok = r2.live[0].predict_drain.load() && !r2.live[1].predict_drain.load();
+    _exit(ok ? 0 : 1);
+  }
+  rig.step(now_us(), bad);  // keep publishing while the follower reads
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  pub.close();
+  board::remove_board(board);
+}

@@ -1,0 +1,505 @@
+// The failure predictor's pure parts: counter deltas (wraps, saturation, resets, missing
+// values), the sysfs reader on fake counter trees, features, the weights file parser, the
+// LSTM equations, the baseline and the drain hysteresis, and the trace reader.
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "r2ccl/predict/counters.h"
+#include "r2ccl/predict/features.h"
+#include "r2ccl/predict/model.h"
+#include "r2ccl/predict/predictor.h"
+#include "r2ccl/predict/trace.h"
+
+using namespace r2ccl::predict;
+
+namespace {
+
+std::string temp_dir() {
+  char tmpl[] = "/tmp/r2ccl-predict-XXXXXX";
+  REQUIRE(mkdtemp(tmpl) != nullptr);
+  return tmpl;
+}
+
+void write_file(const std::string& path, const std::string& text) {
+  // mkdir -p of the parent
+  for (size_t p = 1; (p = path.find('/', p)) != std::string::npos; ++p)
+    ::mkdir(path.substr(0, p).c_str(), 0755);
+  std::ofstream f(path);
+  f << text;
+  REQUIRE(f.good());
+}
+
+// A weights file in the documented layout, from explicit parameters.
+struct ModelSpec {
+  uint32_t F = kNumFeatures, H = 2, W = 4, horizon = 30, version = kModelVersion;
+  float interval = 5;
+  std::vector<float> mean = std::vector<float>(kNumFeatures, 0.0f);
+  std::vector<float> stdev = std::vector<float>(kNumFeatures, 1.0f);
+  float thr[4] = {1, 2, 3, 4};
+  float steps = 2;
+  std::vector<float> w_ih, w_hh, b_ih, b_hh, w_out;
+  float b_out = 0;
+  std::string meta = "{\"seed\": 7}";
+};
+
+void put_u32(std::vector<uint8_t>* b, uint32_t v) {
+  for (int i = 0; i < 4; ++i) b->push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+void put_f32(std::vector<uint8_t>* b, float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  put_u32(b, u);
+}
+std::vector<uint8_t> build_model(ModelSpec s) {
+  const size_t G = 4 * s.H;
+  auto fill = [](std::vector<float>* v, size_t n, float scale) {
+    if (v->empty())
+      for (size_t i = 0; i < n; ++i) v->push_back(scale * std::sin(static_cast<float>(i) + 1));
+  };
+  fill(&s.w_ih, G * s.F, 0.3f);
+  fill(&s.w_hh, G * s.H, 0.2f);
+  fill(&s.b_ih, G, 0.1f);
+  fill(&s.b_hh, G, -0.05f);
+  fill(&s.w_out, s.H, 0.7f);
+  std::vector<uint8_t> b(kModelMagic, kModelMagic + 8);
+  put_u32(&b, s.version);
+  put_u32(&b, s.F);
+  put_u32(&b, s.H);
+  put_u32(&b, s.W);
+  put_u32(&b, s.horizon);
+  put_f32(&b, s.interval);
+  for (float v : s.mean) put_f32(&b, v);
+  for (float v : s.stdev) put_f32(&b, v);
+  for (float v : s.thr) put_f32(&b, v);
+  put_f32(&b, s.steps);
+  for (auto* v : {&s.w_ih, &s.w_hh, &s.b_ih, &s.b_hh, &s.w_out})
+    for (float x : *v) put_f32(&b, x);
+  put_f32(&b, s.b_out);
+  put_u32(&b, static_cast<uint32_t>(s.meta.size()));
+  b.insert(b.end(), s.meta.begin(), s.meta.end());
+  put_u32(&b, static_cast<uint32_t>(crc32(0L, b.data(), static_cast<uInt>(b.size()))));
+  return b;
+}
+
+float sig(double x) { return static_cast<float>(1 / (1 + std::exp(-x))); }
+
+}  // namespace
+
+TEST_CASE("counter deltas: normal, wrap, reset, saturation, missing", "[predictor]") {
+  const Width wrap32{32, false}, wrap64{64, false}, sat4{4, true};
+  Delta d = counter_delta({true, 100}, {true, 130}, wrap32);
+  CHECK(d.kind == DeltaKind::kNormal);
+  CHECK(d.value == 30);
+  d = counter_delta({true, 4294967290ULL}, {true, 5}, wrap32);  // 2^32 - 6 -> 5
+  CHECK(d.kind == DeltaKind::kWrapped);
+  CHECK(d.value == 11);
+  d = counter_delta({true, ~0ULL}, {true, 1}, wrap64);
+  CHECK(d.kind == DeltaKind::kWrapped);
+  CHECK(d.value == 2);
+  // A small decrease is a reset, not a wrap: the delta is the count since the reset.
+  d = counter_delta({true, 1000}, {true, 3}, wrap32);
+  CHECK(d.kind == DeltaKind::kReset);
+  CHECK(d.value == 3);
+  // Saturating counters never wrap: any decrease is a reset.
+  d = counter_delta({true, 15}, {true, 2}, sat4);
+  CHECK(d.kind == DeltaKind::kReset);
+  CHECK(d.value == 2);
+  d = counter_delta({true, 12}, {true, 15}, sat4);
+  CHECK(d.kind == DeltaKind::kSaturated);
+  CHECK(d.value == 3);
+  d = counter_delta({true, 15}, {true, 15}, sat4);
+  CHECK(d.kind == DeltaKind::kSaturated);
+  CHECK(d.value == 0);
+  CHECK(counter_delta({false, 0}, {true, 5}, wrap32).kind == DeltaKind::kMissing);
+  CHECK(counter_delta({true, 5}, {false, 0}, wrap32).value == 0);
+}
+
+TEST_CASE("counter readings and widths parse strictly", "[predictor]") {
+  CHECK(parse_reading("123\n").present);
+  CHECK(parse_reading(" 18446744073709551615 ").value == ~0ULL);
+  CHECK_FALSE(parse_reading("18446744073709551616").present);  // overflow
+  CHECK_FALSE(parse_reading("N/A").present);
+  CHECK_FALSE(parse_reading("-1").present);
+  CHECK_FALSE(parse_reading("12abc").present);
+  CHECK_FALSE(parse_reading("").present);
+  Width w;
+  REQUIRE(parse_width("sat16", &w));
+  CHECK((w.saturating && w.bits == 16));
+  REQUIRE(parse_width("wrap64", &w));
+  CHECK((!w.saturating && w.bits == 64));
+  CHECK_FALSE(parse_width("wrap65", &w));
+  CHECK_FALSE(parse_width("sat0", &w));
+  CHECK_FALSE(parse_width("wrap", &w));
+  CHECK_FALSE(parse_width("16", &w));
+  CHECK(counter_by_name("symbol_err") == kSymbolErr);
+  CHECK(counter_by_name("nope") == -1);
+}
+
+TEST_CASE("SysfsRail reads an InfiniBand port's counters from a fake tree", "[predictor]") {
+  const std::string root = temp_dir();
+  const std::string port = root + "/class/infiniband/mlx5_0/ports/1";
+  auto set = [&](const char* rel, const std::string& v) { write_file(port + "/" + rel, v + "\n"); };
+  set("state", "4: ACTIVE");
+  set("rate", "400 Gb/sec (4X NDR)");
+  set("counters/symbol_error", "10");
+  set("counters/port_rcv_errors", "N/A");
+  set("counters/port_xmit_data", "1000");
+  set("counters/port_xmit_packets", "50");
+  set("counters/link_downed", "255");
+  set("counters/excessive_buffer_overrun_errors", "14");
+  set("hw_counters/local_ack_timeout_err", "4294967295");
+  set("hw_counters/packet_seq_err", "7");
+  RailSpec spec{"mlx5_0:1", RailSpec::Kind::kIb, "mlx5_0", 1};
+  SysfsRail rail(root, spec);
+  Step s;
+  std::vector<std::string> notes;
+  CHECK_FALSE(rail.read(100.0, {}, &s, &notes));  // primes
+  set("counters/symbol_error", "25");
+  set("counters/port_xmit_data", "3000");          // 2000 words = 8000 bytes
+  set("counters/port_xmit_packets", "70");
+  set("counters/excessive_buffer_overrun_errors", "15");  // saturates now
+  set("hw_counters/local_ack_timeout_err", "3");   // wrapped: 4 more
+  set("hw_counters/packet_seq_err", "9");
+  REQUIRE(rail.read(105.0, {}, &s, &notes));
+  CHECK(s.dt_s == Approx(5.0));
+  CHECK(s.link_up);
+  CHECK(s.speed_mbps == Approx(400000));
+  CHECK(s.d[kSymbolErr] == 15);
+  CHECK(s.d[kRcvErr] == 0);
+  CHECK((s.missing & (1u << kRcvErr)) != 0);  // N/A
+  CHECK(s.d[kTxBytes] == 8000);
+  CHECK(s.d[kTxPackets] == 20);
+  CHECK(s.d[kRetrans] == 6);   // 4 (wrapped) + 2
+  CHECK(s.d[kBufOverrun] == 1);
+  CHECK(s.d[kLinkDowned] == 0);
+  int saturated = 0;
+  for (const auto& n : notes) saturated += n.find("saturated") != std::string::npos;
+  CHECK(saturated == 2);  // link_downed (255) and the buffer overrun counter (15), once each
+  // Reset of one counter (perfquery -R) and a port going down.
+  notes.clear();
+  set("counters/symbol_error", "2");
+  set("state", "1: DOWN");
+  REQUIRE(rail.read(110.0, {}, &s, &notes));
+  CHECK_FALSE(s.link_up);
+  CHECK(s.d[kSymbolErr] == 2);
+  bool reset_noted = false, saturated_again = false;
+  for (const auto& n : notes) {
+    reset_noted |= n.find("symbol_error") != std::string::npos && n.find("reset") != std::string::npos;
+    saturated_again |= n.find("saturated") != std::string::npos;
+  }
+  CHECK(reset_noted);
+  CHECK_FALSE(saturated_again);  // warned once per file
+  // Every file gone: no crash, all deltas missing.
+  REQUIRE(system(("rm -rf " + root + "/class").c_str()) == 0);
+  REQUIRE(rail.read(115.0, {}, &s, &notes));
+  CHECK(s.missing == (1u << kNumCounters) - 1);
+  CHECK(rail.files_present() == 0);
+  REQUIRE(system(("rm -rf " + root).c_str()) == 0);
+}
+
+TEST_CASE("SysfsRail reads an Ethernet interface and a TCP rail's own retransmits", "[predictor]") {
+  const std::string root = temp_dir();
+  const std::string dev = root + "/class/net/eth1";
+  auto set = [&](const char* rel, const std::string& v) { write_file(dev + "/" + rel, v + "\n"); };
+  set("operstate", "up");
+  set("speed", "-1");
+  set("statistics/rx_crc_errors", "0");
+  set("statistics/rx_bytes", "0");
+  set("statistics/tx_dropped", "1");
+  set("statistics/rx_missed_errors", "1");
+  set("carrier_changes", "2");
+  SysfsRail rail(root, RailSpec{"eth1", RailSpec::Kind::kEth, "eth1", 1});
+  Step s;
+  ExtraCounters ex{true, 100, 1000};
+  CHECK_FALSE(rail.read(1.0, ex, &s, nullptr));
+  set("statistics/rx_crc_errors", "3");
+  set("statistics/rx_bytes", "1250000");
+  set("statistics/tx_dropped", "4");
+  set("statistics/rx_missed_errors", "2");
+  set("carrier_changes", "4");
+  ex.retrans = 110;
+  ex.segs_out = 2000;
+  REQUIRE(rail.read(1.5, ex, &s, nullptr));
+  CHECK(s.speed_mbps == 0);  // "-1": unknown
+  CHECK(s.d[kSymbolErr] == 3);
+  CHECK(s.d[kRxBytes] == 1250000);
+  CHECK(s.d[kBufOverrun] == 4);  // 3 tx drops + 1 missed
+  CHECK(s.d[kLinkRecovery] == 2);
+  CHECK(s.d[kRetrans] == 10);
+  CHECK(s.d[kTxPackets] == 1000);
+  set("operstate", "down");
+  REQUIRE(rail.read(2.0, ex, &s, nullptr));
+  CHECK_FALSE(s.link_up);
+  auto rails = discover_rails(root);
+  REQUIRE(rails.size() == 1);
+  CHECK(rails[0].name == "eth1");
+  REQUIRE(system(("rm -rf " + root).c_str()) == 0);
+}
+
+TEST_CASE("features follow docs/PREDICTOR.md", "[predictor]") {
+  Step s;
+  s.dt_s = 5;
+  s.speed_mbps = 100000;
+  s.d[kRetrans] = 50;
+  s.d[kTxPackets] = 1000;
+  s.d[kSymbolErr] = 20;
+  s.d[kRcvErr] = 5;
+  s.d[kLinkRecovery] = 1;
+  s.d[kIntegrity] = 4;
+  s.d[kBufOverrun] = 10;
+  s.d[kTxBytes] = 31.25e9;  // 50 Gb/s over 5 s = half of 100 Gb/s
+  s.d[kRxBytes] = 1e9;
+  FeatureExtractor fx;
+  FeatureRow r;
+  REQUIRE(fx.push(s, &r));
+  CHECK(r[0] == Approx(std::log1p(10.0)));
+  CHECK(r[1] == Approx(5.0));
+  CHECK(r[2] == Approx(std::log1p(5.0)));
+  CHECK(r[3] == Approx(std::log1p(1.0)));
+  CHECK(r[4] == Approx(std::log1p(2.0)));
+  CHECK(r[5] == Approx(0.5));
+  CHECK(r[6] == 0);
+  CHECK(r[7] == 0);
+  Step down = s;
+  down.link_up = false;
+  CHECK_FALSE(fx.push(down, &r));
+  Step zero = s;
+  zero.dt_s = 0;
+  CHECK_FALSE(fx.push(zero, &r));
+  s.d[kSymbolErr] = 0;
+  s.d[kRcvErr] = 0;
+  s.d[kTxPackets] = 0;  // no packets: the ratio divides by 1 and clips at 100
+  s.speed_mbps = 0;
+  REQUIRE(fx.push(s, &r));
+  CHECK(r[1] == 100);
+  CHECK(r[5] == 0);
+  CHECK(r[6] == Approx(-std::log1p(5.0)));  // against the previous *row*
+  CHECK(r[7] == Approx(0.0));
+
+  FeatureWindow w(3);
+  for (int i = 0; i < 5; ++i) {
+    FeatureRow row{};
+    row[0] = static_cast<float>(i);
+    w.push(row, i, 100);
+  }
+  REQUIRE(w.size() == 3);
+  CHECK(w.row(0)[0] == 2);
+  CHECK(w.row(2)[0] == 4);
+  CHECK(w.retransmit_ratio() == Approx(9.0 / 300));
+}
+
+TEST_CASE("weights file: parsed, and every kind of damage refused", "[predictor]") {
+  Model m;
+  std::string err;
+  auto good = build_model({});
+  REQUIRE(parse_model(good.data(), good.size(), &m, &err));
+  CHECK(m.hidden == 2);
+  CHECK(m.window == 4);
+  CHECK(m.baseline.threshold[2] == 3);
+  CHECK(m.baseline.steps == 2);
+  CHECK(m.metadata == "{\"seed\": 7}");
+
+  auto bad = good;
+  bad[40] ^= 0x01;
+  CHECK_FALSE(parse_model(bad.data(), bad.size(), &m, &err));
+  CHECK_THAT(err, Catch::Contains("checksum"));
+  bad = good;
+  bad[0] = 'X';
+  CHECK_FALSE(parse_model(bad.data(), bad.size(), &m, &err));
+  CHECK_THAT(err, Catch::Contains("magic"));
+  bad.assign(good.begin(), good.begin() + 30);
+  CHECK_FALSE(parse_model(bad.data(), bad.size(), &m, &err));
+  ModelSpec v2;
+  v2.version = 2;
+  auto b2 = build_model(v2);
+  CHECK_FALSE(parse_model(b2.data(), b2.size(), &m, &err));
+  CHECK_THAT(err, Catch::Contains("version 2"));
+  ModelSpec f7;
+  f7.F = 7;
+  f7.mean.resize(7);
+  f7.stdev.resize(7, 1.0f);
+  auto b7 = build_model(f7);
+  CHECK_FALSE(parse_model(b7.data(), b7.size(), &m, &err));
+  CHECK_THAT(err, Catch::Contains("features"));
+  ModelSpec nan;
+  nan.b_out = NAN;
+  auto bn = build_model(nan);
+  CHECK_FALSE(parse_model(bn.data(), bn.size(), &m, &err));
+  CHECK_THAT(err, Catch::Contains("NaN"));
+  ModelSpec zs;
+  zs.stdev[3] = 0;
+  auto bz = build_model(zs);
+  CHECK_FALSE(parse_model(bz.data(), bz.size(), &m, &err));
+  ModelSpec huge;
+  huge.H = 512;  // 4*512*(8+512) floats: over 1 MB
+  auto bh = build_model(huge);
+  CHECK_FALSE(parse_model(bh.data(), bh.size(), &m, &err));
+  CHECK_THAT(err, Catch::Contains("1 MB"));
+  // A file that does not exist, through the configured path: the message names the file.
+  r2ccl::Config cfg;
+  cfg.predict_model = "/nonexistent/r2ccl_lstm.bin";
+  std::string path;
+  CHECK_FALSE(load_configured_model(cfg, &m, &path, &err));
+  CHECK_THAT(err, Catch::Contains("/nonexistent/r2ccl_lstm.bin"));
+}
+
+TEST_CASE("LSTM inference follows the PyTorch equations", "[predictor]") {
+  // One hidden unit, one step, computed here by hand.
+  ModelSpec s;
+  s.H = 1;
+  s.w_ih.assign(4 * kNumFeatures, 0.0f);
+  s.w_ih[0] = 0.5f;                  // i gate <- x0
+  s.w_ih[kNumFeatures + 1] = -0.25f; // f gate <- x1
+  s.w_ih[2 * kNumFeatures] = 1.0f;   // g gate <- x0
+  s.w_ih[3 * kNumFeatures + 2] = 2.0f;  // o gate <- x2
+  s.w_hh = {0.3f, 0.1f, -0.2f, 0.4f};
+  s.b_ih = {0.1f, 0.2f, 0.3f, 0.4f};
+  s.b_hh = {0.0f, 0.0f, 0.0f, 0.0f};
+  s.w_out = {1.5f};
+  s.b_out = -0.5f;
+  auto b = build_model(s);
+  Model m;
+  std::string err;
+  REQUIRE(parse_model(b.data(), b.size(), &m, &err));
+  float x[2 * kNumFeatures] = {};
+  x[0] = 1.0f;
+  x[1] = 2.0f;
+  x[2] = -1.0f;
+  x[kNumFeatures + 0] = 0.5f;
+  Model::Scratch sc;
+  // Step 1 from h = c = 0.
+  const double i1 = sig(0.5 * 1 + 0.1), f1 = sig(-0.25 * 2 + 0.2), g1 = std::tanh(1.0 + 0.3),
+               o1 = sig(2.0 * -1 + 0.4);
+  const double c1 = i1 * g1, h1 = o1 * std::tanh(c1);
+  CHECK(m.infer(x, 1, &sc) == Approx(sig(1.5 * h1 - 0.5)).epsilon(1e-6));
+  (void)f1;
+  // Step 2 uses h1 through w_hh and c1 through the forget gate.
+  const double i2 = sig(0.5 * 0.5 + 0.1 + 0.3 * h1), f2 = sig(0.2 + 0.1 * h1),
+               g2 = std::tanh(0.5 + 0.3 - 0.2 * h1), o2 = sig(0.4 + 0.4 * h1);
+  const double c2 = f2 * c1 + i2 * g2, h2 = o2 * std::tanh(c2);
+  CHECK(m.infer(x, 2, &sc) == Approx(sig(1.5 * h2 - 0.5)).epsilon(1e-6));
+}
+
+TEST_CASE("baseline risk and the drain hysteresis", "[predictor]") {
+  BaselineParams bp;
+  bp.threshold[0] = 0;  // unused
+  bp.threshold[1] = 0;
+  bp.threshold[2] = std::log1p(10.0f);  // 10 phy errors/s
+  bp.threshold[3] = 0;
+  bp.steps = 2;
+  FeatureRow rows[3] = {};
+  rows[1][2] = std::log1p(10.0f);
+  rows[2][2] = std::log1p(10.0f);
+  CHECK(baseline_risk(rows, 3, bp) == Approx(0.7));
+  rows[1][2] = 0;
+  CHECK(baseline_risk(rows, 3, bp) == Approx(0.35));  // mean over 2 steps
+  CHECK(baseline_risk(rows, 0, bp) == 0);
+
+  PredictorConfig cfg;
+  cfg.window_steps = 4;
+  cfg.threshold = 0.7f;
+  cfg.return_threshold = 0.4f;
+  cfg.return_samples = 3;
+  RailPredictor p(cfg, nullptr, bp);
+  auto step = [](double phy_per_s) {
+    Step s;
+    s.dt_s = 1;
+    s.d[kSymbolErr] = phy_per_s;
+    return s;
+  };
+  Assessment a;
+  REQUIRE(p.update(step(0), &a));
+  CHECK(a.source == Source::kBaseline);
+  CHECK_FALSE(a.drain);
+  REQUIRE(p.update(step(30), &a));  // mean of log1p(0), log1p(30) over 2 = 1.717 < 2.398
+  CHECK_FALSE(a.drain);
+  REQUIRE(p.update(step(30), &a));
+  CHECK(a.drain);
+  CHECK(a.transition == 1);
+  CHECK_THAT(p.top_contributors(3), Catch::Contains("symbol_err+rcv_err"));
+  // Between the return threshold and the drain threshold (risk 0.60): stays drained.
+  REQUIRE(p.update(step(1), &a));
+  CHECK(a.risk == Approx(0.7 * (std::log1p(30.0) + std::log1p(1.0)) / 2 / std::log1p(10.0)));
+  CHECK((a.drain && a.transition == 0));
+  // Returns on the 3rd consecutive sample under 0.4, not before.
+  int returned_at = -1;
+  for (int i = 0; i < 6 && returned_at < 0; ++i) {
+    REQUIRE(p.update(step(0), &a));
+    if (a.transition == -1) returned_at = i;
+    if (returned_at < 0) CHECK(a.drain);
+  }
+  CHECK(returned_at == 2);
+  CHECK_FALSE(a.drain);
+  // A link-down step changes nothing.
+  Step down = step(1000);
+  down.link_up = false;
+  CHECK_FALSE(p.update(down, &a));
+  CHECK_FALSE(a.drain);
+}
+
+TEST_CASE("trace reader: widths, deltas, events, and errors naming line and column", "[predictor]") {
+  const std::string dir = temp_dir();
+  const std::string path = dir + "/t.csv";
+  write_file(path,
+             "# r2ccl trace\n"
+             "# widths: retrans=wrap32 symbol_err=sat16\n"
+             "t_s,rail,link,speed_mbps,retrans,tx_packets,symbol_err,scenario\n"
+             "0,a,1,100000,4294967290,10,5,optical\n"
+             "0,b,1,100000,0,0,,idle\n"
+             "5,a,1,100000,4,20,65535,optical\n"
+             "10,a,0,100000,1,30,65535,optical\n"
+             "5,b,1,N/A,N/A,7,1,idle\n");
+  TraceReader tr;
+  std::string err;
+  REQUIRE(tr.open(path, &err));
+  TraceRow r;
+  REQUIRE(tr.next(&r, &err));
+  CHECK((r.rail == 0 && !r.has_step));
+  REQUIRE(tr.next(&r, &err));
+  CHECK((r.rail == 1 && !r.has_step));
+  REQUIRE(tr.next(&r, &err));
+  REQUIRE(r.has_step);
+  CHECK(r.step.dt_s == 5);
+  CHECK(r.step.d[kRetrans] == 10);  // wrapped at 2^32
+  CHECK(r.step.d[kSymbolErr] == 65530);
+  CHECK(r.step.speed_mbps == 100000);
+  REQUIRE(tr.next(&r, &err));
+  CHECK_FALSE(r.link_up);
+  CHECK(r.step.d[kRetrans] == 1);  // 4 -> 1: a reset
+  REQUIRE(tr.next(&r, &err));
+  CHECK(r.rail == 1);
+  CHECK((r.step.missing & (1u << kRetrans)) != 0);
+  CHECK(r.step.d[kTxPackets] == 7);
+  CHECK(tr.scenarios()[static_cast<size_t>(r.scenario)] == "idle");
+  CHECK_FALSE(tr.next(&r, &err));
+  CHECK(err.empty());
+
+  auto expect_error = [&](const std::string& body, const char* needle) {
+    write_file(path, body);
+    TraceReader t2;
+    std::string e;
+    REQUIRE(t2.open(path, &e));
+    TraceRow row;
+    while (t2.next(&row, &e)) {
+    }
+    INFO(e);
+    CHECK_THAT(e, Catch::Contains(needle));
+  };
+  expect_error("t_s,rail,symbol_err\n0,a,12x\n", "line 2 column symbol_err");
+  expect_error("t_s,rail,symbol_err\n5,a,1\n5,a,2\n", "does not increase");
+  expect_error("t_s,rail,bogus\n", "unknown column 'bogus'");
+  expect_error("# widths: symbol_err=sat99\nt_s,rail\n", "bad width");
+  expect_error("t_s,rail,link\n0,a,2\n", "accepted: 1 up, 0 down");
+  expect_error("t_s,rail\n0,a,3\n", "3 fields");
+  expect_error("", "no header");
+  REQUIRE(system(("rm -rf " + dir).c_str()) == 0);
+}
