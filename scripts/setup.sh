@@ -5,7 +5,7 @@
 #   --rdma   also the tools of a real InfiniBand/RoCE host (scripts/ib_two_node.sh):
 #            rdma-core, ibverbs-utils (ibv_devinfo), infiniband-diags (ibportstate)
 #   --train  also what retraining the failure predictor needs (scripts/predictor/run_all.sh):
-#            python3-torch, python3-numpy (not needed to build, test or run r2ccl)
+#            python3-torch (not needed to build, test or run r2ccl)
 set -euo pipefail
 
 PKGS=(
@@ -15,6 +15,7 @@ PKGS=(
   libcli11-dev                             # tools' command lines (CLI11)
   libibverbs-dev                           # verbs.h types (libibverbs is dlopen'ed at run time)
   zlib1g-dev                               # CRC-32 of the predictor's weights file
+  python3-numpy                            # the predictor's trace generator (held-out test)
   libnl-3-200 libnl-route-3-200            # link notifications (dlopen'ed at run time)
   iproute2 nftables ethtool iperf3         # rail lab, fault injection, benchmarks
   procps                                   # pgrep/pkill in scripts
@@ -22,7 +23,7 @@ PKGS=(
 for opt in "$@"; do
   case "$opt" in
     --rdma) PKGS+=(rdma-core ibverbs-utils infiniband-diags) ;;
-    --train) PKGS+=(python3-torch python3-numpy) ;;
+    --train) PKGS+=(python3-torch) ;;
     *) echo "r2ccl setup: unknown option $opt (accepted: --rdma, --train)" >&2; exit 3 ;;
   esac
 done

@@ -5,8 +5,9 @@
 # Phases: setup, build, unit+abi, loopback (TCP on lo, verbs on the fake verbs provider), lab
 # (root + namespaces), rdma (real HCAs; skipped without one), AddressSanitizer build with the
 # bad-input, unit and verbs-on-the-fake tests, the USE_CUDA=ON build of the plugin (compiled
-# only, where a CUDA toolkit is installed), benchmark smoke run. Prints the time of each phase. When CI=true
-# and running as root, a skipped lab test is a failure (the lab must really run in CI).
+# only, where a CUDA toolkit is installed), benchmark smoke run, the predictor benchmark. Prints the
+# time of each phase. When CI=true and running as root, a skipped lab test is a failure (the lab
+# must really run in CI).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$PWD
@@ -79,6 +80,7 @@ else
   echo "=== no CUDA toolkit: the USE_CUDA=ON build is not compiled here"
 fi
 phase "benchmark smoke" bash scripts/bench_net.sh --smoke --build build
+phase "predictor benchmark" bash scripts/bench_predict.sh --build build
 
 echo
 echo "=== summary ($(( $(date +%s) - t_start ))s total)"

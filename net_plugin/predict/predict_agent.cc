@@ -22,6 +22,7 @@ void PredictAgent::init(const Config& cfg, std::vector<Rail> rails, board::Publi
   board_name_ = board_name;
   interval_ = cfg.predict_interval;
   drained_.assign(rails_.size(), 0);
+  top_.assign(rails_.size(), "");
   R2CCL_INFO(NCCL_NET | NCCL_INIT,
              "failure predictor: %zu rails, every %.1f s over %d samples, drain at risk >= %.2f, "
              "counters under %s%s",
@@ -109,9 +110,11 @@ void PredictAgent::sample_and_publish(TimeUs now) {
                : r.a.source == predict::Source::kBaseline ? board::RiskSource::kBaseline
                                                           : board::RiskSource::kNone;
     e.drain = r.a.drain ? 1 : 0;
-    std::string top = r.a.drain ? sampler_state_->predictor(i).top_contributors(3) : "";
-    board::set_text(e.top, sizeof(e.top), top);
-    apply(i, r.a.drain, r.a.risk, predict::source_name(r.a.source), top, 0);
+    // The top counters are worked out at a transition (occlusion costs 9 inferences) and
+    // kept while the rail stays drained.
+    if (r.a.transition != 0) top_[i] = r.a.drain ? r.top : "";
+    board::set_text(e.top, sizeof(e.top), top_[i]);
+    apply(i, r.a.drain, r.a.risk, predict::source_name(r.a.source), top_[i], 0);
   }
   if (board_) board_->publish_risks(entries_, now);
 }

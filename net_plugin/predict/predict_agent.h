@@ -63,6 +63,7 @@ class PredictAgent {
   std::vector<std::string> notes_;
   std::vector<board::RiskEntry> entries_;
   std::vector<char> drained_;  // last applied decision per rail
+  std::vector<std::string> top_;  // sampler: top counters of each drained rail
   bool warned_stale_ = false;
 };
 

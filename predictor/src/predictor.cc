@@ -127,6 +127,7 @@ NodeSampler::NodeSampler(const std::string& sysfs_root, const std::vector<RailSp
     rails_.emplace_back(sysfs_root, r);
     preds_.push_back(std::make_unique<RailPredictor>(cfg, model, baseline));
   }
+  blind_.assign(rails_.size(), 0);
 }
 
 void NodeSampler::sample(double now_s, const std::vector<ExtraCounters>& extra,
@@ -142,6 +143,17 @@ void NodeSampler::sample(double now_s, const std::vector<ExtraCounters>& extra,
       rr.a = preds_[i]->last();
       continue;
     }
+    if (rails_[i].files_present() == 0) {
+      // Nothing to predict from (no such device under the sysfs root, or no permission):
+      // risk unknown, never a drain. Said once.
+      if (!blind_[i] && notes)
+        notes->push_back(rails_[i].dir() + ": no counter file readable; rail " + rr.name +
+                         " is not predicted");
+      blind_[i] = true;
+      rr.a = Assessment{};
+      continue;
+    }
+    blind_[i] = false;
     preds_[i]->update(s, &rr.a);
     if (rr.a.transition != 0) rr.top = preds_[i]->top_contributors(3);
   }

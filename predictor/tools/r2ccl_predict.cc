@@ -7,6 +7,8 @@
 //       samples this node's rails and prints each rail's risk every interval
 //   r2ccl_predict --features TRACE --out DIR [--horizon SEC]
 //       the feature rows, labels and failure events of a trace as .npy files, for training
+//   r2ccl_predict --evaluate TRACE [--model FILE]
+//       sample-level precision, recall, F1 and accuracy of the LSTM and the baseline
 //   r2ccl_predict --info [--model FILE]      the weights file's shape and metadata
 //   r2ccl_predict --bench [--model FILE]     inference cost per rail-sample
 //
@@ -15,6 +17,7 @@
 #include <sys/stat.h>
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -37,8 +40,8 @@ using namespace r2ccl::predict;
 namespace {
 
 struct Options {
-  std::string replay, features, out, model, rail, sysfs_root = "/sys";
-  bool live = false, info = false, bench = false, quiet = false;
+  std::string replay, features, evaluate, out, model, rail, sysfs_root = "/sys";
+  bool live = false, info = false, bench = false, quiet = false, bench_sysfs = false;
   double interval_s = 5, horizon_s = 30;
   int count = 0, window_steps = 0;
   float threshold = 0.7f, return_threshold = 0.4f;
@@ -120,6 +123,7 @@ int run_replay(const Options& o) {
     RailRun& rr = runs[row.rail];
     if (!rr.p) rr.p = std::make_unique<RailPredictor>(cfg, mp, base);
     std::string event;
+    if (!row.has_step) rr.prev_link = row.link_up;  // a rail's first row: no transition
     if (rr.prev_link && !row.link_up) {
       ++rr.failures;
       char buf[96];
@@ -223,6 +227,8 @@ int run_features(const Options& o) {
       fx.resize(r + 1);
       prev_link.resize(r + 1, 1);
     }
+    // Only a 1 -> 0 transition is a failure: a rail whose first row is down starts down.
+    if (!row.has_step) prev_link[r] = row.link_up;
     if (prev_link[r] && !row.link_up) {
       ev_t.push_back(row.t_s);
       ev_rail.push_back(row.rail);
@@ -277,6 +283,85 @@ int run_features(const Options& o) {
   for (int8_t l : label) pos += static_cast<size_t>(l);
   fprintf(stderr, "r2ccl_predict: %zu rows (%zu positive), %zu rails, %zu failure events -> %s\n",
           n, pos, tr.rail_names().size(), ev_t.size(), o.out.c_str());
+  return 0;
+}
+
+// ---- --evaluate ----------------------------------------------------------------------------
+// Sample-level precision, recall, F1 and accuracy of the LSTM and the baseline on a labelled
+// trace: every scored row, risk >= threshold as the alarm, the label as in --features.
+int run_evaluate(const Options& o) {
+  Model model;
+  bool have = false;
+  if (!get_model(o, &model, &have)) return 1;
+  if (!have) {
+    fprintf(stderr, "r2ccl_predict: --evaluate compares the LSTM with the baseline: it needs weights\n");
+    return 1;
+  }
+  const PredictorConfig cfg = config_of(o, &model);
+  TraceReader tr;
+  std::string err;
+  if (!tr.open(o.evaluate, &err)) {
+    fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
+    return 1;
+  }
+  struct Scored {
+    int rail;
+    double t;
+    bool lstm, base;
+  };
+  std::vector<Scored> rows;
+  std::vector<std::unique_ptr<RailPredictor>> preds;
+  std::vector<char> prev_link;
+  std::vector<std::vector<double>> events;
+  TraceRow row;
+  while (tr.next(&row, &err)) {
+    const size_t r = static_cast<size_t>(row.rail);
+    if (r >= preds.size()) {
+      preds.resize(r + 1);
+      prev_link.resize(r + 1, 1);
+      events.resize(r + 1);
+    }
+    if (!preds[r]) preds[r] = std::make_unique<RailPredictor>(cfg, &model, model.baseline);
+    if (!row.has_step) prev_link[r] = row.link_up;
+    if (prev_link[r] && !row.link_up) events[r].push_back(row.t_s);
+    prev_link[r] = row.link_up;
+    Assessment a;
+    if (row.has_step && preds[r]->update(row.step, &a))
+      rows.push_back({row.rail, row.t_s, a.risk >= cfg.threshold, a.baseline_risk >= cfg.threshold});
+  }
+  if (!err.empty()) {
+    fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
+    return 1;
+  }
+  struct Confusion {
+    double tp = 0, fp = 0, fn = 0, tn = 0;
+    void add(bool alarm, bool label) {
+      (alarm ? (label ? tp : fp) : (label ? fn : tn)) += 1;
+    }
+    double precision() const { return tp + fp > 0 ? tp / (tp + fp) : 0; }
+    double recall() const { return tp + fn > 0 ? tp / (tp + fn) : 0; }
+    double f1() const {
+      const double p = precision(), r = recall();
+      return p + r > 0 ? 2 * p * r / (p + r) : 0;
+    }
+    double accuracy() const { return (tp + tn) / std::max(1.0, tp + fp + fn + tn); }
+  } lstm, base;
+  size_t positives = 0;
+  for (const Scored& x : rows) {
+    const auto& e = events[static_cast<size_t>(x.rail)];
+    auto it = std::upper_bound(e.begin(), e.end(), x.t);
+    const bool label = it != e.end() && *it <= x.t + o.horizon_s;
+    positives += label;
+    lstm.add(x.lstm, label);
+    base.add(x.base, label);
+  }
+  printf("%zu scored rows, %zu positive (failure within %.0f s), alarm at risk >= %.2f\n",
+         rows.size(), positives, o.horizon_s, cfg.threshold);
+  printf("%-9s %9s %9s %9s %9s\n", "model", "precision", "recall", "F1", "accuracy");
+  for (const auto& [name, c] : {std::pair<const char*, const Confusion&>{"lstm", lstm},
+                                std::pair<const char*, const Confusion&>{"baseline", base}})
+    printf("%-9s %9.4f %9.4f %9.4f %9.5f\n", name, c.precision(), c.recall(), c.f1(),
+           c.accuracy());
   return 0;
 }
 
@@ -366,6 +451,26 @@ int run_bench(const Options& o) {
   printf("inference: %.2f us per rail-sample (window %d steps, hidden %u; %d samples; "
          "features + LSTM + baseline + decision; checksum %.3f)\n",
          us / iters, cfg.window_steps, m.hidden, iters, sink / iters);
+  if (o.sysfs_root == "/sys" && !o.bench_sysfs) return 0;
+  // A whole sampling round over the rails of a (fake) sysfs tree: file reads + inference.
+  const std::vector<RailSpec> rails = discover_rails(o.sysfs_root);
+  if (rails.empty()) {
+    fprintf(stderr, "r2ccl_predict: no rails under %s\n", o.sysfs_root.c_str());
+    return 1;
+  }
+  NodeSampler ns(o.sysfs_root, rails, cfg, &m, m.baseline);
+  std::vector<RailRisk> out;
+  const int rounds = 2000;
+  double t = 1000;
+  ns.sample(t, {}, &out, nullptr);
+  const auto r0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < rounds; ++i) ns.sample(t += cfg.interval_s, {}, &out, nullptr);
+  const double rus =
+      std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - r0).count();
+  printf("sampling round: %.1f us for %zu rails (%.1f us per rail: counter files + inference; "
+         "%d rounds over %s)\n",
+         rus / rounds, rails.size(), rus / rounds / static_cast<double>(rails.size()), rounds,
+         o.sysfs_root.c_str());
   return 0;
 }
 
@@ -380,6 +485,9 @@ int main(int argc, char** argv) {
   modes->add_flag("--live", o.live, "sample this node's rails and print their risk");
   modes->add_option("--features", o.features, "write a trace's features and labels (.npy) to --out")
       ->type_name("TRACE");
+  modes->add_option("--evaluate", o.evaluate,
+                    "precision, recall, F1 of the LSTM and the baseline on a labelled trace")
+      ->type_name("TRACE");
   modes->add_flag("--info", o.info, "describe the weights file");
   modes->add_flag("--bench", o.bench, "time the inference per rail-sample");
   modes->require_option(1);
@@ -387,13 +495,16 @@ int main(int argc, char** argv) {
   app.add_option("--model", o.model, "weights file (default: $R2CCL_PREDICT_MODEL, else the shipped one)")
       ->type_name("FILE");
   app.add_option("--rail", o.rail, "--replay: only this rail")->type_name("NAME");
-  app.add_option("--sysfs-root", o.sysfs_root, "--live: where the counters are (default /sys)")
-      ->type_name("DIR");
+  app.add_option("--sysfs-root", o.sysfs_root,
+                 "--live, --bench: where the counters are (default /sys; --bench times a "
+                 "sampling round over it when given)")
+      ->type_name("DIR")
+      ->each([&o](const std::string&) { o.bench_sysfs = true; });
   app.add_option("--interval", o.interval_s, "--live: seconds between samples (default 5)")
       ->check(CLI::Range(0.01, 3600.0));
   app.add_option("--count", o.count, "--live: stop after N samples (default: run until killed)")
       ->check(CLI::Range(0, 1000000));
-  app.add_option("--horizon", o.horizon_s, "--features: label horizon, seconds (default 30)")
+  app.add_option("--horizon", o.horizon_s, "--features, --evaluate: label horizon, seconds (default 30)")
       ->check(CLI::Range(0.001, 86400.0));
   app.add_option("--window-steps", o.window_steps, "samples the model sees (default: the model's)")
       ->check(CLI::Range(2, 4096));
@@ -418,6 +529,7 @@ int main(int argc, char** argv) {
   }
   if (!o.replay.empty()) return run_replay(o);
   if (!o.features.empty()) return run_features(o);
+  if (!o.evaluate.empty()) return run_evaluate(o);
   if (o.live) return run_live(o);
   if (o.info) return run_info(o);
   return run_bench(o);

@@ -503,3 +503,37 @@ TEST_CASE("trace reader: widths, deltas, events, and errors naming line and colu
   expect_error("", "no header");
   REQUIRE(system(("rm -rf " + dir).c_str()) == 0);
 }
+
+TEST_CASE("node sampler: a rail without readable counters is never assessed", "[predictor]") {
+  const std::string root = temp_dir();
+  write_file(root + "/class/net/eth1/statistics/rx_crc_errors", "0\n");
+  write_file(root + "/class/net/eth1/operstate", "up\n");
+  // A model that says "failure" whatever it sees: only the guard keeps eth9 undrained.
+  ModelSpec always;
+  always.w_out = {0.0f, 0.0f};
+  always.b_out = 10.0f;
+  auto bytes = build_model(always);
+  Model m;
+  std::string err;
+  REQUIRE(parse_model(bytes.data(), bytes.size(), &m, &err));
+  PredictorConfig cfg;
+  cfg.window_steps = 4;
+  NodeSampler ns(root, {{"eth1", RailSpec::Kind::kEth, "eth1", 1}, {"eth9", RailSpec::Kind::kEth, "eth9", 1}},
+                 cfg, &m, m.baseline);
+  std::vector<RailRisk> out;
+  std::vector<std::string> notes;
+  ns.sample(10.0, {}, &out, &notes);
+  REQUIRE(out.size() == 2);
+  CHECK(out[0].a.risk == -1);  // primed only
+  ns.sample(10.5, {}, &out, &notes);
+  ns.sample(11.0, {}, &out, &notes);
+  CHECK(out[0].a.risk > 0.99f);
+  CHECK(out[0].a.drain);
+  CHECK(out[0].a.source == Source::kLstm);
+  CHECK(out[1].a.risk == -1);
+  CHECK_FALSE(out[1].a.drain);
+  int said = 0;
+  for (const auto& n : notes) said += n.find("rail eth9 is not predicted") != std::string::npos;
+  CHECK(said == 1);  // once, not per sample
+  REQUIRE(system(("rm -rf " + root).c_str()) == 0);
+}

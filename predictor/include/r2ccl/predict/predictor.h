@@ -88,6 +88,7 @@ class NodeSampler {
   // One sampling round at monotonic time `now_s`. `extra` is indexed like the rails (may be
   // shorter: missing entries have no extra counters). Counter notes (saturation, resets) are
   // appended to *notes. The first call only primes the counters: *out gets risk -1 entries.
+  // A rail none of whose counter files is readable gets risk -1 (never drained).
   void sample(double now_s, const std::vector<ExtraCounters>& extra, std::vector<RailRisk>* out,
               std::vector<std::string>* notes);
   size_t size() const { return rails_.size(); }
@@ -96,6 +97,7 @@ class NodeSampler {
  private:
   std::vector<SysfsRail> rails_;
   std::vector<std::unique_ptr<RailPredictor>> preds_;
+  std::vector<char> blind_;  // rail i had no readable counter file at its last read
 };
 
 // The weights file the plugin uses: R2CCL_PREDICT_MODEL when set, else r2ccl_lstm.bin in

@@ -1,0 +1,156 @@
+"""Sample-level and event-level metrics of a risk series (docs/PREDICTOR.md "Results").
+
+An *alarm* is a scored row (link-up step) with risk >= 0.7 (R2CCL_PREDICT_THRESHOLD).
+
+Sample level: precision, recall, F1 and accuracy of the alarms against the labels (label 1 =
+a failure of the rail within 30 s).
+
+Event level:
+  - an *alarm episode* is a maximal run of consecutive alarmed rows of one rail (a failure
+    event between two rows ends the run); its onset is its first row;
+  - a failure event is *warned* when the rail's last scored row before it (at most 120 s
+    before) is alarmed and the episode containing that row began at most 120 s before the
+    failure: the alarm started before the failure and stayed on until it. Lead time =
+    t_fail - onset, seconds;
+  - *early*: the alarm was on until the failure but began more than 120 s before it (not
+    counted as warned);
+  - a *false alarm* is an episode not followed by a failure of its rail within 30 s of its
+    last row; the rate is per rail-day of link-up time observed (scored rows x interval);
+  - *sudden* failures (scenario "sudden": no precursor by construction) are reported apart
+    and excluded from the predictable recall.
+
+The same event metrics are also computed for the plugin's *drain* decisions
+(:func:`drain_state`, mirroring predictor/src/predictor.cc): a rail drains when its risk
+reaches 0.7 and returns once the risk has stayed below 0.4 for 6 consecutive samples; the
+drain persists across a link-down. A drain episode is false when no failure of its rail
+happens during it or within 30 s after it ends.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional
+
+import numpy as np
+
+from features import FeatureSet
+
+DRAIN = np.float32(0.7)
+WARN_WINDOW_S = 120.0
+FALSE_ALARM_HORIZON_S = 30.0
+UNPREDICTABLE = ("sudden",)
+RETURN_THRESHOLD = np.float32(0.4)
+RETURN_SAMPLES = 6
+
+
+def sample_metrics(label: np.ndarray, alarm: np.ndarray) -> Dict[str, float]:
+    y = label.astype(bool)
+    a = alarm.astype(bool)
+    tp = int((a & y).sum())
+    fp = int((a & ~y).sum())
+    fn = int((~a & y).sum())
+    tn = int((~a & ~y).sum())
+    prec = tp / (tp + fp) if tp + fp else 0.0
+    rec = tp / (tp + fn) if tp + fn else 0.0
+    f1 = 2 * tp / (2 * tp + fp + fn) if tp else 0.0
+    return {"tp": tp, "fp": fp, "fn": fn, "tn": tn, "precision": prec, "recall": rec, "f1": f1,
+            "accuracy": (tp + tn) / max(1, tp + fp + fn + tn)}
+
+
+def drain_state(fs: FeatureSet, risk: np.ndarray, threshold=DRAIN,
+                return_threshold=RETURN_THRESHOLD, return_samples=RETURN_SAMPLES) -> np.ndarray:
+    """bool [N]: the rail is drained after this row (RailPredictor::update's hysteresis)."""
+    out = np.zeros(len(fs), dtype=bool)
+    for r in np.unique(fs.rail):
+        rows = np.flatnonzero(fs.rail == r)
+        drain, low = False, 0
+        for i, v in zip(rows, risk[rows]):
+            if not drain and v >= threshold:
+                drain, low = True, 0
+            elif drain:
+                low = low + 1 if v < return_threshold else 0
+                if low >= return_samples:
+                    drain, low = False, 0
+            out[i] = drain
+    return out
+
+
+def event_metrics(fs: FeatureSet, risk: np.ndarray, interval_s: float,
+                  on: Optional[np.ndarray] = None) -> Dict[str, object]:
+    """Event-level metrics; see the module docstring for the definitions. ``on``: the
+    per-row alarm state (default: risk >= 0.7, with episodes split at failure events);
+    pass drain_state(...) for the drain view (episodes continue across a link-down)."""
+    split_at_failures = on is None
+    alarm = risk >= DRAIN if on is None else on
+    ev_scen = fs.event_scenarios()
+    row_scen = [fs.scenarios[s] if 0 <= s < len(fs.scenarios) else "?" for s in
+                range(len(fs.scenarios))]
+    events: List[Dict[str, object]] = []
+    false_alarms: Dict[str, int] = {}
+    n_episodes = 0
+    for r in np.unique(np.r_[fs.rail, fs.event_rail]):
+        rows = np.flatnonzero(fs.rail == r)
+        t = fs.t[rows]
+        a = alarm[rows]
+        et = np.sort(fs.event_t[fs.event_rail == r])
+        # Episode id per row: a new episode starts at an alarmed row whose predecessor is not
+        # alarmed or is separated from it by a failure event.
+        fail_between = np.zeros(rows.size, dtype=bool)
+        if rows.size > 1 and et.size and split_at_failures:
+            k_prev = np.searchsorted(et, t[:-1], side="right")
+            k_cur = np.searchsorted(et, t[1:], side="right")
+            fail_between[1:] = k_cur > k_prev
+        starts = a & ~np.r_[False, a[:-1] & ~fail_between[1:]]
+        ep_id = np.cumsum(starts) - 1
+        onset = {}
+        for j in np.flatnonzero(starts):
+            onset[int(ep_id[j])] = t[j]
+        # False alarms: episodes with no failure from their onset to 30 s after their last row.
+        ends = a & ~np.r_[a[1:] & ~fail_between[1:], False]
+        for j in np.flatnonzero(ends):
+            n_episodes += 1
+            k = np.searchsorted(et, onset[int(ep_id[j])], side="right")
+            if not (k < et.size and et[k] <= t[j] + FALSE_ALARM_HORIZON_S):
+                s = int(fs.scenario[rows[j]])
+                name = row_scen[s] if 0 <= s < len(row_scen) else "?"
+                false_alarms[name] = false_alarms.get(name, 0) + 1
+        for e_t in et:
+            e_idx = int(np.flatnonzero((fs.event_rail == r) & (fs.event_t == e_t))[0])
+            j = int(np.searchsorted(t, e_t, side="left")) - 1  # last row before the failure
+            status, lead = "missed", None
+            if j >= 0 and e_t - t[j] <= WARN_WINDOW_S and a[j]:
+                lead = float(e_t - onset[int(ep_id[j])])
+                status = "warned" if lead <= WARN_WINDOW_S else "early"
+            events.append({"t": float(e_t), "rail": int(r), "scenario": ev_scen[e_idx],
+                           "status": status, "lead_s": lead})
+    rail_days = len(fs) * interval_s / 86400.0
+    pred = [e for e in events if e["scenario"] not in UNPREDICTABLE]
+    sudden = [e for e in events if e["scenario"] in UNPREDICTABLE]
+    leads = np.array([e["lead_s"] for e in pred if e["status"] == "warned"], dtype=np.float64)
+    per_scenario: Dict[str, Dict[str, object]] = {}
+    for e in events:
+        d = per_scenario.setdefault(e["scenario"], {"events": 0, "warned": 0, "early": 0,
+                                                    "leads": []})
+        d["events"] += 1
+        if e["status"] in ("warned", "early"):
+            d[e["status"]] += 1
+        if e["status"] == "warned":
+            d["leads"].append(e["lead_s"])
+    n_fa = sum(false_alarms.values())
+    return {
+        "events": len(events),
+        "predictable_events": len(pred),
+        "warned": sum(e["status"] == "warned" for e in pred),
+        "early": sum(e["status"] == "early" for e in pred),
+        "predictable_recall": (sum(e["status"] == "warned" for e in pred) / len(pred)
+                               if pred else 0.0),
+        "sudden_events": len(sudden),
+        "sudden_warned": sum(e["status"] == "warned" for e in sudden),
+        "lead_median_s": float(np.median(leads)) if leads.size else None,
+        "lead_p10_s": float(np.percentile(leads, 10)) if leads.size else None,
+        "alarm_episodes": n_episodes,
+        "false_alarms": n_fa,
+        "rail_days": rail_days,
+        "false_alarms_per_rail_day": n_fa / rail_days if rail_days > 0 else 0.0,
+        "false_alarms_by_scenario": false_alarms,
+        "per_scenario": per_scenario,
+    }

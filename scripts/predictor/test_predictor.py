@@ -1,0 +1,332 @@
+#!/usr/bin/python3
+"""Unit tests of the predictor's Python side (run: /usr/bin/python3 -m unittest discover -s
+scripts/predictor -p 'test_*.py'). Torch-dependent tests skip without torch."""
+
+from __future__ import annotations
+
+import math
+import os
+import struct
+import tempfile
+import unittest
+
+import numpy as np
+
+import baseline
+import features
+import gen_traces
+import lstm_ref
+import metrics
+import tracefile
+import weights
+import windows
+from tracefile import Width
+
+HEADER = ",".join(tracefile.HEADER)
+W32, W64, S16, S4 = Width(32, False), Width(64, False), Width(16, True), Width(4, True)
+
+
+def deltas(prev, cur, w, prev_ok=True, cur_ok=True):
+    u = lambda v: np.array([v], dtype=np.uint64)
+    b = lambda v: np.array([v])
+    return int(features.counter_deltas(u(prev), b(prev_ok), u(cur), b(cur_ok), w)[0])
+
+
+def row(t, rail="r0", link=1, speed=100000, retrans=0, tx_packets=0, rx_packets=0, tx_bytes=0,
+        rx_bytes=0, symbol_err=0, rcv_err=0, link_recovery=0, link_downed=0, integrity=0,
+        buf_overrun=0, scenario="s"):
+    vals = [t, rail, link, speed, retrans, tx_packets, rx_packets, tx_bytes, rx_bytes,
+            symbol_err, rcv_err, link_recovery, link_downed, integrity, buf_overrun, scenario]
+    return ",".join(str(v) for v in vals)
+
+
+class TempTrace:
+    """Writes a trace to a temporary file; ``with TempTrace(lines) as path``."""
+
+    def __init__(self, lines, widths="# widths: retrans=wrap32 symbol_err=sat16 integrity=sat4"):
+        self.text = "\n".join(([widths] if widths else []) + [HEADER] + list(lines)) + "\n"
+
+    def __enter__(self):
+        fd, self.path = tempfile.mkstemp(suffix=".csv")
+        with os.fdopen(fd, "w") as f:
+            f.write(self.text)
+        return self.path
+
+    def __exit__(self, *exc):
+        os.unlink(self.path)
+
+
+class DeltaRules(unittest.TestCase):
+    def test_normal_and_wrap(self):
+        self.assertEqual(deltas(10, 15, W32), 5)
+        self.assertEqual(deltas((1 << 32) - 3, 4, W32), 7)  # wrapped
+        self.assertEqual(deltas((1 << 64) - 1, 0, W64), 1)
+
+    def test_reset_when_drop_is_under_half_the_range(self):
+        self.assertEqual(deltas(1000, 7, W32), 7)
+        self.assertEqual(deltas(1 << 40, 3, W64), 3)
+
+    def test_wrap_needs_previous_value_within_width(self):
+        self.assertEqual(deltas(1 << 33, 5, W32), 5)  # prev > 2^32 - 1: a reset, not a wrap
+
+    def test_saturating(self):
+        self.assertEqual(deltas(65000, 65535, S16), 535)
+        self.assertEqual(deltas(65535, 65535, S16), 0)  # stuck at max: reads 0
+        self.assertEqual(deltas(15, 2, S4), 2)  # any decrease of a sat counter is a reset
+
+    def test_missing(self):
+        self.assertEqual(deltas(5, 9, W32, prev_ok=False), 0)
+        self.assertEqual(deltas(5, 9, W32, cur_ok=False), 0)
+
+
+class TraceParsing(unittest.TestCase):
+    def assertTraceError(self, lines, *fragments, widths=None):
+        kw = {} if widths is None else {"widths": widths}
+        with TempTrace(lines, **kw) as p:
+            with self.assertRaises(tracefile.TraceError) as cm:
+                tracefile.read_trace(p)
+        for frag in fragments:
+            self.assertIn(frag, str(cm.exception))
+
+    def test_errors_name_line_and_column(self):
+        self.assertTraceError([row(0), row(5, link=2)], "line 4", "column link", "1 up, 0 down")
+        self.assertTraceError([row(0, retrans="x1")], "line 3", "column retrans",
+                              "unsigned integer")
+        self.assertTraceError([row(0, retrans=-1)], "column retrans")
+        self.assertTraceError([row(0, retrans=1 << 64)], "column retrans")
+        self.assertTraceError([row(5), row(5)], "line 4", "does not increase")
+        self.assertTraceError([row(0, speed="fast")], "column speed_mbps")
+        self.assertTraceError([row(0) + ",extra"], "17 fields")
+        self.assertTraceError([row(0)], "bad width", widths="# widths: retrans=sat99")
+        self.assertTraceError([row(0)], "bad width", widths="# widths: bogus=wrap32")
+
+    def test_unknown_column(self):
+        with TempTrace([], widths="") as p:
+            with open(p, "w") as f:
+                f.write("t_s,rail,colour\n")
+            with self.assertRaises(tracefile.TraceError) as cm:
+                tracefile.read_trace(p)
+            self.assertIn("unknown column 'colour'", str(cm.exception))
+
+    def test_missing_tokens_and_widths(self):
+        with TempTrace([row(0, retrans=""), row(5, retrans="N/A"), row(10, retrans=" 7 ")]) as p:
+            tr = tracefile.read_trace(p)
+        c = tracefile.COUNTERS.index("retrans")
+        self.assertEqual(tr.present[:, c].tolist(), [False, False, True])
+        self.assertEqual(int(tr.values[2, c]), 7)
+        self.assertEqual(tr.widths[c], W32)
+        self.assertEqual(tr.widths[tracefile.COUNTERS.index("tx_bytes")], W64)
+
+
+class Features(unittest.TestCase):
+    def compute(self, lines):
+        with TempTrace(lines) as p:
+            return features.compute_features(tracefile.read_trace(p))
+
+    def test_values_of_one_step(self):
+        fs = self.compute([
+            row(0, retrans=(1 << 32) - 5, tx_packets=100, tx_bytes=0, symbol_err=65530),
+            row(5, retrans=5, tx_packets=300, tx_bytes=125_000_000 * 5 // 2, rx_bytes=10,
+                symbol_err=65535, rcv_err=5, link_recovery=1, link_downed=1, integrity=3,
+                buf_overrun=10),
+        ])
+        self.assertEqual(len(fs), 1)  # the first row only primes
+        x = fs.x[0]
+        self.assertAlmostEqual(x[0], math.log1p(10 / 5), places=6)   # wrapped retrans: 10
+        self.assertAlmostEqual(x[1], 100 * 10 / 200, places=5)
+        self.assertAlmostEqual(x[2], math.log1p((5 + 5) / 5), places=6)
+        self.assertAlmostEqual(x[3], math.log1p(5 / 5), places=6)
+        self.assertAlmostEqual(x[4], math.log1p(10 / 5), places=6)
+        self.assertAlmostEqual(x[5], 312.5e6 * 8 / 5 / 100000e6, places=6)  # 0.005
+        self.assertEqual((x[6], x[7]), (0.0, 0.0))
+        self.assertEqual(fs.x.dtype, np.float32)
+
+    def test_ratio_clip_utilisation_clip_and_no_speed(self):
+        fs = self.compute([row(0), row(5, retrans=50, tx_packets=2, tx_bytes=10**12),
+                           row(10, speed="", tx_bytes=2 * 10**12, retrans=50)])
+        self.assertEqual(fs.x[0, 1], 100.0)
+        self.assertEqual(fs.x[0, 5], np.float32(1.5))
+        self.assertEqual(fs.x[1, 5], 0.0)
+
+    def test_link_down_rows_events_labels_and_differences(self):
+        fs = self.compute([
+            row(0, symbol_err=0), row(5, symbol_err=5), row(10, symbol_err=20),
+            row(15, link=0, symbol_err=20), row(20, link=0, symbol_err=20),
+            row(25, symbol_err=70), row(30, symbol_err=70),
+            row(0.5, rail="r1", link=0), row(5.5, rail="r1"),
+        ])
+        r0 = fs.rail == 0
+        np.testing.assert_allclose(fs.t[r0], [5, 10, 25, 30])
+        f2 = np.float32(np.log1p(np.array([5, 15, 50, 0]) / 5.0))
+        np.testing.assert_array_equal(fs.x[r0, 2], f2)
+        # Feature 6 differs against the previous *feature row* (across the link-down gap).
+        np.testing.assert_array_equal(fs.x[r0, 6], [0, f2[1] - f2[0], f2[2] - f2[1],
+                                                    f2[3] - f2[2]])
+        # One event (r0 at t=15); r1 starting down is no event.
+        np.testing.assert_allclose(fs.event_t, [15])
+        np.testing.assert_array_equal(fs.event_rail, [0])
+        np.testing.assert_array_equal(fs.label[r0], [1, 1, 0, 0])  # t < 15 <= t + 30
+
+    def test_missing_reading_reprimes(self):
+        fs = self.compute([row(0, retrans=0), row(5, retrans="N/A"), row(10, retrans=100),
+                           row(15, retrans=110)])
+        np.testing.assert_allclose(fs.x[:, 0], np.float32(np.log1p(np.array([0, 0, 2.0]))))
+
+    def test_npz_round_trip(self):
+        fs = self.compute([row(0), row(5, retrans=3), row(10, link=0)])
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "f.npz")
+            fs.save_npz(p)
+            with np.load(p) as z:
+                self.assertEqual(set(z.files), {"x", "rail", "t", "label", "scenario",
+                                                "scenarios", "event_t", "event_rail"})
+                self.assertEqual(z["x"].dtype, np.float32)
+                self.assertEqual(z["rail"].dtype, np.int32)
+                self.assertEqual(z["label"].dtype, np.int8)
+            back = features.load_feature_file(p)
+            np.testing.assert_array_equal(back.x, fs.x)
+
+
+class Windows(unittest.TestCase):
+    def test_padding_and_rail_order(self):
+        rail = np.array([0, 1, 0, 0, 1])
+        idx = windows.window_index(rail, 3)
+        np.testing.assert_array_equal(idx, [[-1, -1, 0], [-1, -1, 1], [-1, 0, 2], [0, 2, 3],
+                                            [-1, 1, 4]])
+        xn = np.arange(10, dtype=np.float32).reshape(5, 2) + 1
+        g = windows.gather(xn, idx[2:3])
+        np.testing.assert_array_equal(g[0], [[0, 0], [1, 2], [5, 6]])
+
+    def test_normaliser_floors_std(self):
+        n = windows.Normaliser.fit(np.array([[1, 2], [1, 4]], dtype=np.float32))
+        np.testing.assert_allclose(n.std, [windows.STD_FLOOR, 1.0])
+
+
+class Baseline(unittest.TestCase):
+    def test_smoothing_and_risk(self):
+        x = np.zeros((4, 8), dtype=np.float32)
+        x[:, 2] = [1, 3, 5, 7]
+        rail = np.zeros(4, dtype=np.int32)
+        sm = baseline.smoothed(x, rail, 2)
+        np.testing.assert_allclose(sm[:, 2], [1, 2, 4, 6])
+        p = baseline.BaselineParams(np.array([np.inf, np.inf, 4.0, np.inf], np.float32), 2)
+        r = baseline.risk(x, rail, p)
+        np.testing.assert_allclose(r, [0.175, 0.35, 0.7, 1.0], rtol=1e-6)
+
+    def test_tune_finds_a_separating_threshold(self):
+        rng = np.random.default_rng(0)
+        x = np.zeros((2000, 8), dtype=np.float32)
+        y = np.zeros(2000, dtype=np.int8)
+        y[::50] = 1
+        x[:, 3] = np.where(y == 1, 2.0, rng.uniform(0, 1, 2000))
+        x[:, 0] = rng.uniform(0, 5, 2000)  # noise: must stay unused
+        p, f1 = baseline.tune(x, np.arange(2000) % 1, y, ks=(1, 2), log=lambda m: None)
+        self.assertEqual(f1, 1.0)
+        self.assertEqual(p.steps, 1)
+        self.assertTrue(1.0 < p.thresholds[3] <= 2.0)
+
+
+def tiny_weights(hidden=4, seed=0):
+    rng = np.random.default_rng(seed)
+    H, F = hidden, 8
+    f = lambda *s: rng.normal(0, 0.5, s).astype(np.float32)
+    return weights.LstmWeights(
+        n_features=F, hidden=H, window=6, horizon_s=30, interval_s=5.0, mean=f(F),
+        std=np.abs(f(F)) + 0.5, thresholds=np.array([1, np.inf, 2, 0.5], np.float32), steps=3,
+        weight_ih=f(4 * H, F), weight_hh=f(4 * H, H), bias_ih=f(4 * H), bias_hh=f(4 * H),
+        dense_w=f(H), dense_b=0.25, metadata={"seed": 1, "note": "test"})
+
+
+class WeightsFile(unittest.TestCase):
+    def test_round_trip_layout_and_crc(self):
+        w = tiny_weights()
+        data = weights.to_bytes(w)
+        self.assertEqual(data[:8], b"R2PRDLST")
+        self.assertEqual(struct.unpack_from("<6I", data, 8)[:5], (1, 8, 4, 6, 30))
+        H, F = 4, 8
+        n_floats = 1 + 2 * F + 5 + 4 * H * F + 4 * H * H + 8 * H + H + 1
+        meta_len = struct.unpack_from("<I", data, 8 + 4 * 5 + 4 * (n_floats))[0]
+        self.assertEqual(len(data), 8 + 20 + 4 * n_floats + 4 + meta_len + 4)
+        back = weights.from_bytes(data)
+        np.testing.assert_array_equal(back.weight_hh, w.weight_hh)
+        self.assertTrue(np.isinf(back.thresholds[1]))
+        self.assertEqual(back.steps, 3)
+        self.assertEqual(back.metadata["note"], "test")
+        bad = bytearray(data)
+        bad[100] ^= 1
+        with self.assertRaisesRegex(weights.WeightsError, "checksum mismatch"):
+            weights.from_bytes(bytes(bad), "x.bin")
+
+    def test_rejects_bad_shapes(self):
+        w = tiny_weights()
+        w.dense_w = w.dense_w[:2]
+        with self.assertRaisesRegex(ValueError, "dense_w"):
+            weights.to_bytes(w)
+
+
+class NumpyVsTorch(unittest.TestCase):
+    def test_reference_matches_torch(self):
+        try:
+            import torch
+        except ImportError:
+            self.skipTest("torch not installed")
+        import torch_model
+        w = tiny_weights(hidden=8, seed=3)
+        x = np.random.default_rng(1).normal(0, 2, (64, 6, 8)).astype(np.float32)
+        x[:5, :4] = 0  # padded windows
+        m = torch_model.from_weights(torch, w)
+        with torch.no_grad():
+            ref = torch.sigmoid(m(torch.from_numpy(x))).numpy()
+        np.testing.assert_allclose(lstm_ref.infer(w, x), ref, atol=2e-6)
+
+
+class EventMetrics(unittest.TestCase):
+    def test_warned_early_false_and_sudden(self):
+        t = np.arange(0, 400, 5.0)
+        n = t.size
+        # rail 0 fails at 200 (alarm from 160: warned, lead 40), rail 1 alarms 300..310 with
+        # no failure (false alarm), rail 2 "sudden" fails at 100 with no alarm.
+        fs = features.FeatureSet(
+            x=np.zeros((3 * n, 8), np.float32), rail=np.repeat([0, 1, 2], n).astype(np.int32),
+            t=np.tile(t, 3), label=np.zeros(3 * n, np.int8),
+            scenario=np.repeat([0, 0, 1], n).astype(np.int32), scenarios=["optical", "sudden"],
+            event_t=np.array([200.0, 100.0]), event_rail=np.array([0, 2], np.int32))
+        keep = ~(((fs.rail == 0) & (fs.t >= 200)) | ((fs.rail == 2) & (fs.t >= 100)))
+        for k in ("x", "rail", "t", "label", "scenario"):
+            setattr(fs, k, getattr(fs, k)[keep])
+        risk = np.zeros(len(fs), np.float32)
+        risk[(fs.rail == 0) & (fs.t >= 160)] = 0.9
+        risk[(fs.rail == 1) & (fs.t >= 300) & (fs.t <= 310)] = 0.8
+        m = metrics.event_metrics(fs, risk, 5.0)
+        self.assertEqual((m["predictable_events"], m["warned"]), (1, 1))
+        self.assertEqual(m["lead_median_s"], 40.0)
+        self.assertEqual((m["sudden_events"], m["sudden_warned"]), (1, 0))
+        self.assertEqual(m["false_alarms"], 1)
+        self.assertEqual(m["false_alarms_by_scenario"], {"optical": 1})
+        risk[(fs.rail == 0)] = 0.9  # on for 200 s before the failure: early, not warned
+        m = metrics.event_metrics(fs, risk, 5.0)
+        self.assertEqual((m["warned"], m["early"]), (0, 1))
+
+
+class Generator(unittest.TestCase):
+    def test_small_trace_parses_and_has_events(self):
+        rows, counts = gen_traces.generate(3, 16, 1800, 5.0, "heldout",
+                                           gen_traces.parse_mix(gen_traces.DEFAULT_MIX))
+        with tempfile.TemporaryDirectory() as d:
+            p = os.path.join(d, "t.csv")
+            tracefile.write_trace(p, ["test"], gen_traces.WIDTHS,
+                                  ([f"{t:.3f}", r] + row_ + [s] for t, r, row_, s in rows))
+            tr = tracefile.read_trace(p)
+            fs = features.compute_features(tr)
+        self.assertEqual(len(tr.rails), 16)
+        self.assertEqual(sum(counts.values()), 16)
+        self.assertTrue(np.all(np.isfinite(fs.x)))
+        self.assertEqual(tr.widths[tracefile.COUNTERS.index("integrity")], S4)
+
+    def test_mix_errors(self):
+        with self.assertRaisesRegex(ValueError, "NAME=WEIGHT"):
+            gen_traces.parse_mix("optical=0.5,meteor=0.5")
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,124 @@
+// r2ccl_predict from the command line: features and labels for training, replay and live
+// output, and clear errors (exit 1) for bad traces and bad weights, exit 3 for usage.
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <fstream>
+#include <string>
+
+#include "fake_counters.h"
+#include "net_harness.h"
+
+using namespace r2ccl::test;
+
+namespace {
+
+std::string tool() { return env_or("R2CCL_TEST_PREDICT", R2CCL_BINARY_DIR "/bin/r2ccl_predict"); }
+const char* kModel = R2CCL_SOURCE_DIR "/predictor/model/r2ccl_lstm.bin";
+
+// The tool's exit status (-1 when it died of a signal), stdout and stderr in *out.
+int run(const std::string& args, std::string* out) { return run_command(tool() + " " + args, out); }
+
+void write(const std::string& path, const std::string& text) {
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  REQUIRE(f.good());
+}
+
+// The shape in a .npy header: "(11, 8)" or "(11,)".
+std::string npy_shape(const std::string& path) {
+  const std::string s = read_file(path);
+  const size_t a = s.find("'shape': ("), b = s.find(')', a);
+  if (a == std::string::npos || b == std::string::npos) return "?";
+  return s.substr(a + 10 - 1, b - (a + 10) + 2);
+}
+
+}  // namespace
+
+TEST_CASE("r2ccl_predict --features: rows, labels and events of a trace", "[predict]") {
+  const std::string dir = temp_path("predict-tool-features");
+  run_command("rm -rf " + dir + " && mkdir -p " + dir);
+  // Rail a: a reading every 5 s from 0 to 60 s, link down at 50 s (one row), up again after.
+  std::string trace = "t_s,rail,link,speed_mbps,symbol_err,scenario\n";
+  for (int t = 0; t <= 60; t += 5)
+    trace += std::to_string(t) + ",a," + (t == 50 ? "0" : "1") + ",100000," +
+             std::to_string(t * 3) + ",optical\n";
+  trace += "0,b,1,100000,0,idle\n5,b,1,100000,0,idle\n";
+  trace += "0,c,0,100000,0,idle\n";  // starts down: not a failure event
+  write(dir + "/t.csv", trace);
+  std::string out;
+  REQUIRE(run("--features " + dir + "/t.csv --out " + dir + "/f", &out) == 0);
+  INFO(out);
+  // Scored rows: a at 5..45 and 55, 60 (the first row primes, 50 is down) = 11; b at 5 = 1.
+  CHECK(npy_shape(dir + "/f/x.npy") == "(12, 8)");
+  CHECK(npy_shape(dir + "/f/label.npy") == "(12,)");
+  CHECK(npy_shape(dir + "/f/event_t.npy") == "(1,)");
+  // Positive: a failure within (t, t + 30]: t = 20, 25, ..., 45.
+  CHECK_THAT(out, Catch::Contains("12 rows (6 positive), 3 rails, 1 failure events"));
+  const std::string meta = read_file(dir + "/f/meta.json");
+  CHECK_THAT(meta, Catch::Contains("\"rails\": [\"a\", \"b\", \"c\"]"));
+  CHECK_THAT(meta, Catch::Contains("\"scenarios\": [\"optical\", \"idle\"]"));
+  // The label is 1 byte per row after the 128-byte header.
+  const std::string lab = read_file(dir + "/f/label.npy");
+  REQUIRE(lab.size() == 128 + 12);
+  std::string labels;
+  for (size_t i = 128; i < lab.size(); ++i) labels += static_cast<char>('0' + lab[i]);
+  CHECK(labels == "000111111000");  // a: 5..45, then 55, 60; b: 5
+  run_command("rm -rf " + dir);
+}
+
+TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[predict]") {
+  const std::string dir = temp_path("predict-tool-bad");
+  run_command("rm -rf " + dir + " && mkdir -p " + dir);
+  std::string out;
+  write(dir + "/bad.csv", "t_s,rail,symbol_err\n0,a,1\n5,a,x7\n");
+  CHECK(run("--replay " + dir + "/bad.csv --model " + kModel, &out) == 1);
+  CHECK_THAT(out, Catch::Contains("bad.csv line 3 column symbol_err"));
+  CHECK(run("--features " + dir + "/bad.csv --out " + dir + "/f", &out) == 1);
+  CHECK(run("--replay " + dir + "/missing.csv --model " + kModel, &out) == 1);
+  CHECK_THAT(out, Catch::Contains("cannot open trace"));
+
+  write(dir + "/junk.bin", std::string(4096, 'z'));
+  CHECK(run("--info --model " + dir + "/junk.bin", &out) == 1);
+  CHECK_THAT(out, Catch::Contains("junk.bin"));
+  CHECK_THAT(out, Catch::Contains("bad magic"));
+  std::string good = read_file(kModel);
+  REQUIRE(good.size() > 1000);
+  std::string flipped = good;
+  flipped[200] = static_cast<char>(flipped[200] ^ 0x40);
+  write(dir + "/flipped.bin", flipped);
+  CHECK(run("--info --model " + dir + "/flipped.bin", &out) == 1);
+  CHECK_THAT(out, Catch::Contains("checksum mismatch"));
+  write(dir + "/short.bin", good.substr(0, good.size() / 2));
+  CHECK(run("--info --model " + dir + "/short.bin", &out) == 1);
+  // Without --model, an unusable R2CCL_PREDICT_MODEL means the baseline, said so.
+  write(dir + "/ok.csv", "t_s,rail,symbol_err\n0,a,1\n5,a,2\n");
+  CHECK(run_command("R2CCL_PREDICT_MODEL=" + dir + "/junk.bin " + tool() + " --replay " + dir +
+                        "/ok.csv",
+                    &out) == 0);
+  CHECK_THAT(out, Catch::Contains("the threshold baseline decides"));
+  CHECK_THAT(out, Catch::Contains("baseline decides; drain at risk"));
+
+  CHECK(run("", &out) == 3);
+  CHECK(run("--replay a.csv --live", &out) == 3);
+  CHECK(run("--features " + dir + "/ok.csv", &out) == 3);
+  CHECK_THAT(out, Catch::Contains("--out"));
+  CHECK(run("--replay " + dir + "/ok.csv --threshold 0.3 --return-threshold 0.5", &out) == 3);
+  run_command("rm -rf " + dir);
+}
+
+TEST_CASE("r2ccl_predict --live and --info", "[predict]") {
+  const std::string root = temp_path("predict-tool-live");
+  run_command("rm -rf " + root);
+  FakeNic nic(root, "eth7", 25000);
+  std::string out;
+  CHECK(run("--live --count 2 --interval 0.05 --sysfs-root " + root + " --model " + kModel, &out) == 0);
+  INFO(out);
+  CHECK(count_lines_containing(out, "eth7") == 2);
+  CHECK_THAT(out, Catch::Contains("lstm"));
+  CHECK(run("--live --count 1 --interval 0.05 --sysfs-root " + root + "/nothing", &out) == 1);
+  CHECK_THAT(out, Catch::Contains("no rails under"));
+  CHECK(run("--info --model " + std::string(kModel), &out) == 0);
+  CHECK_THAT(out, Catch::Contains("features 8, hidden"));
+  CHECK_THAT(out, Catch::Contains("limit 1048576"));
+  run_command("rm -rf " + root);
+}
