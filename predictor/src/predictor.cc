@@ -128,6 +128,8 @@ NodeSampler::NodeSampler(const std::string& sysfs_root, const std::vector<RailSp
     preds_.push_back(std::make_unique<RailPredictor>(cfg, model, baseline));
   }
   blind_.assign(rails_.size(), 0);
+  steps_.resize(rails_.size());
+  stepped_.assign(rails_.size(), 0);
 }
 
 void NodeSampler::sample(double now_s, const std::vector<ExtraCounters>& extra,
@@ -143,6 +145,8 @@ void NodeSampler::sample(double now_s, const std::vector<ExtraCounters>& extra,
       rr.a = preds_[i]->last();
       continue;
     }
+    steps_[i] = s;
+    stepped_[i] = 1;
     if (rails_[i].files_present() == 0) {
       // Nothing to predict from (no such device under the sysfs root, or no permission):
       // risk unknown, never a drain. Said once.

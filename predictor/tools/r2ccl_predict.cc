@@ -4,7 +4,9 @@
 //       the risk over time of every rail in a trace (LSTM and baseline side by side), the
 //       drain decisions, and per rail how long before each failure the drain came
 //   r2ccl_predict --live [--sysfs-root DIR] [--interval SEC] [--count N] [--model FILE]
-//       samples this node's rails and prints each rail's risk every interval
+//                        [--record TRACE]
+//       samples this node's rails and prints each rail's risk every interval; --record also
+//       writes the samples as a trace (to retrain on real fleet counters)
 //   r2ccl_predict --features TRACE --out DIR [--horizon SEC]
 //       the feature rows, labels and failure events of a trace as .npy files, for training
 //   r2ccl_predict --evaluate TRACE [--model FILE]
@@ -18,6 +20,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -40,7 +43,7 @@ using namespace r2ccl::predict;
 namespace {
 
 struct Options {
-  std::string replay, features, evaluate, out, model, rail, sysfs_root = "/sys";
+  std::string replay, features, evaluate, out, model, rail, record, sysfs_root = "/sys";
   bool live = false, info = false, bench = false, quiet = false, bench_sysfs = false;
   double interval_s = 5, horizon_s = 30;
   int count = 0, window_steps = 0;
@@ -380,10 +383,48 @@ int run_live(const Options& o) {
   NodeSampler ns(o.sysfs_root, rails, config_of(o, mp), mp, mp ? model.baseline : default_baseline());
   std::vector<RailRisk> out;
   std::vector<std::string> notes;
+  // --record: a trace of what was sampled (docs/PREDICTOR.md "Trace format"). Each counter
+  // column is the running sum of that canonical counter's deltas since the start (so wraps,
+  // resets and saturation were already handled per file: undeclared columns are wrap64).
+  std::ofstream rec;
+  std::vector<std::array<double, kNumCounters>> total(rails.size());
+  if (!o.record.empty()) {
+    rec.open(o.record);
+    if (!rec) {
+      fprintf(stderr, "r2ccl_predict: cannot write %s\n", o.record.c_str());
+      return 1;
+    }
+    rec << "# r2ccl trace recorded by r2ccl_predict --live --record from " << o.sysfs_root
+        << " every " << o.interval_s << " s; counters are running sums of deltas\n";
+    rec << "t_s,rail,link,speed_mbps";
+    for (int c = 0; c < kNumCounters; ++c) rec << "," << counter_name(c);
+    rec << ",scenario\n";
+  }
+  const double start = mono_s();
   for (int i = 0; o.count <= 0 || i <= o.count; ++i) {
     notes.clear();
-    ns.sample(mono_s(), {}, &out, &notes);
+    const double now = mono_s();
+    ns.sample(now, {}, &out, &notes);
     for (const auto& n : notes) fprintf(stderr, "r2ccl_predict: %s\n", n.c_str());
+    if (rec.is_open()) {
+      for (size_t r = 0; r < rails.size(); ++r) {
+        Step st;
+        const bool have_step = ns.last_step(r, &st);
+        if (have_step)
+          for (int c = 0; c < kNumCounters; ++c) total[r][static_cast<size_t>(c)] += st.d[c];
+        char t[32];
+        snprintf(t, sizeof(t), "%.3f", now - start);
+        rec << t << "," << rails[r].name << "," << (!have_step || st.link_up ? 1 : 0) << ","
+            << (have_step ? st.speed_mbps : 0);
+        for (int c = 0; c < kNumCounters; ++c) {
+          char v[32];
+          snprintf(v, sizeof(v), "%.0f", total[r][static_cast<size_t>(c)]);
+          rec << "," << v;
+        }
+        rec << ",live\n";
+      }
+      rec.flush();
+    }
     if (i > 0) {
       printf("%-16s %-7s %-9s %-8s %-6s %s\n", "rail", "risk", "baseline", "retrans", "drain",
              "source");
@@ -495,6 +536,10 @@ int main(int argc, char** argv) {
   app.add_option("--model", o.model, "weights file (default: $R2CCL_PREDICT_MODEL, else the shipped one)")
       ->type_name("FILE");
   app.add_option("--rail", o.rail, "--replay: only this rail")->type_name("NAME");
+  app.add_option("--record", o.record,
+                 "--live: also write what was sampled as a trace (for retraining on real "
+                 "counters; label failures by the link column)")
+      ->type_name("FILE");
   app.add_option("--sysfs-root", o.sysfs_root,
                  "--live, --bench: where the counters are (default /sys; --bench times a "
                  "sampling round over it when given)")

@@ -18,6 +18,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstring>
 #include <map>
@@ -25,9 +27,11 @@
 #include <regex>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "r2ccl/nccl_abi.h"
+#include "support/fake_counters.h"
 #include "support/net_harness.h"
 #include "support/stream.h"
 
@@ -541,4 +545,52 @@ TEST_CASE("bad verbs settings fail init with a message naming the variable", "[l
     CHECK(r.status == 3);
     CHECK(r.output.find(c.needle) != std::string::npos);
   }
+}
+
+TEST_CASE("verbs: the receiver's predictor drains its port: the sender is told (DRAIN) and the "
+          "port's later failure costs no replay",
+          "[loopback][ib][predict]") {
+  SKIP_WITHOUT_FAKE();
+  // The receiver's mlx5_0 port shows thousands of symbol and receive errors a second from the
+  // start; its baseline (no weights: deterministic) drains it within a few 100 ms samples.
+  const std::string root = temp_path("ib-predict-sysfs");
+  run_command("rm -rf " + root);
+  FakeHcaPort sick(root, "mlx5_0", 1, 100), well(root, "mlx5_1", 1, 100);
+  PairOptions o = ib_pair("", "port_down,dev=mlx5_0,after_ms=2500");
+  o.env["R2CCL_PREDICT_INTERVAL"] = "100ms";
+  o.env["R2CCL_PREDICT_WINDOW"] = "2400ms";
+  o.env["R2CCL_PREDICT_MODEL"] = "/nonexistent/r2ccl_lstm.bin";
+  o.sender_env["R2CCL_PREDICT"] = "0";  // only the receiving node sees the problem
+  o.receiver_env["R2CCL_SYSFS_ROOT"] = root;
+  std::atomic<bool> stop{false};
+  std::thread writer([&] {
+    auto prev = std::chrono::steady_clock::now();
+    NicRates bad;
+    bad.crc = 2000;
+    bad.rx_err = 500;
+    while (!stop) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      const auto now = std::chrono::steady_clock::now();
+      const double dt = std::chrono::duration<double>(now - prev).count();
+      prev = now;
+      sick.advance(dt, bad);
+      well.advance(dt, NicRates{});
+    }
+  });
+  StreamRun r = run_stream(o, short_stream(4.0));
+  stop = true;
+  writer.join();
+  run_command("rm -rf " + root);
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  CHECK(r.pair.sender_status == kStreamOk);
+  CHECK(r.pair.receiver_status == kStreamOk);
+  CHECK(count_lines_containing(r.receiver_log, "r2ccl predict: rail mlx5_0:1 risk") == 1);
+  CHECK(count_lines_containing(r.receiver_log, "(baseline)") == 1);
+  CHECK(count_lines_containing(r.receiver_log, "rail mlx5_1:1 risk") == 0);
+  CHECK(count_lines_containing(r.sender_log, "the peer drains its end of path 0") == 1);
+  // The port then really fails: the sender had nothing in flight on it.
+  CHECK(count_lines_containing(r.sender_log, "mlx5_0:1") >= 1);
+  int lost = 0;
+  for (int n : to_replay(r.sender_log)) lost += n;
+  CHECK(lost == 0);
 }

@@ -1,4 +1,4 @@
-// A fake Ethernet NIC counter tree for the failure predictor's tests: the files the predictor
+// Fake NIC counter trees for the failure predictor's tests: the files the predictor
 // reads under R2CCL_SYSFS_ROOT (class/net/IF/statistics/..., carrier_changes, operstate, speed),
 // advanced step by step with chosen per-second rates. Each file is replaced atomically
 // (written to a temporary name, then renamed), so a reader never sees a half-written number.
@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <string>
@@ -22,10 +23,35 @@ struct NicRates {          // per second
   double overrun = 0;        // rx over/fifo/missed + tx drops
 };
 
-class FakeNic {
+// A directory of counter files, each replaced atomically.
+class FakeCounterDir {
+ protected:
+  explicit FakeCounterDir(std::string dir) : dir_(std::move(dir)) { mkdir_p(dir_); }
+  static void mkdir_p(const std::string& path) {
+    for (size_t p = 1; (p = path.find('/', p)) != std::string::npos; ++p)
+      ::mkdir(path.substr(0, p).c_str(), 0755);
+    ::mkdir(path.c_str(), 0755);
+  }
+  void put(const std::string& rel, double v) {  // the whole part of v, as the kernel prints
+    char buf[32];
+    snprintf(buf, sizeof(buf), "%.0f\n", std::floor(v));
+    put_text(rel, buf);
+  }
+  void put_text(const std::string& rel, const std::string& text) {
+    const std::string path = dir_ + "/" + rel, tmp = path + ".tmp";
+    if (FILE* f = fopen(tmp.c_str(), "w")) {
+      fputs(text.c_str(), f);
+      fclose(f);
+      ::rename(tmp.c_str(), path.c_str());
+    }
+  }
+  std::string dir_;
+};
+
+class FakeNic : public FakeCounterDir {
  public:
   FakeNic(const std::string& root, const std::string& ifname, double speed_mbps)
-      : dir_(root + "/class/net/" + ifname), speed_(speed_mbps) {
+      : FakeCounterDir(root + "/class/net/" + ifname), speed_(speed_mbps) {
     mkdir_p(dir_ + "/statistics");
     put("speed", static_cast<double>(static_cast<long long>(speed_mbps)));
     set_link(true);
@@ -64,27 +90,42 @@ class FakeNic {
     a.whole += w;
     a.frac -= w;
   }
-  static void mkdir_p(const std::string& path) {
-    for (size_t p = 1; (p = path.find('/', p)) != std::string::npos; ++p)
-      ::mkdir(path.substr(0, p).c_str(), 0755);
-    ::mkdir(path.c_str(), 0755);
-  }
-  void put(const std::string& rel, double v) {
-    char buf[32];
-    snprintf(buf, sizeof(buf), "%.0f\n", v);
-    put_text(rel, buf);
-  }
-  void put_text(const std::string& rel, const std::string& text) {
-    const std::string path = dir_ + "/" + rel, tmp = path + ".tmp";
-    if (FILE* f = fopen(tmp.c_str(), "w")) {
-      fputs(text.c_str(), f);
-      fclose(f);
-      ::rename(tmp.c_str(), path.c_str());
-    }
-  }
-  std::string dir_;
   double speed_;
   Acc bytes_tx_, bytes_rx_, pk_tx_, pk_rx_, crc_, rx_err_, carrier_, overrun_;
+};
+
+// The same for one InfiniBand/RoCE HCA port (class/infiniband/DEV/ports/P/: counters/,
+// hw_counters/, state, rate). NicRates::crc drives symbol_error, rx_err port_rcv_errors,
+// carrier link_error_recovery. Real widths (symbol_error saturates at 65535).
+class FakeHcaPort : public FakeCounterDir {
+ public:
+  FakeHcaPort(const std::string& root, const std::string& dev, int port, double gbps)
+      : FakeCounterDir(root + "/class/infiniband/" + dev + "/ports/" + std::to_string(port)) {
+    for (const char* sub : {"/counters", "/hw_counters"}) mkdir_p(dir_ + sub);
+    put_text("rate", std::to_string(static_cast<int>(gbps)) + " Gb/sec (4X)\n");
+    gbps_ = gbps;
+    set_active(true);
+    advance(0, NicRates{});
+  }
+  void advance(double dt_s, const NicRates& r) {
+    const double words = r.utilisation * gbps_ * 1e9 / 8 / 4 * dt_s;
+    sym_ = std::min(65535.0, sym_ + r.crc * dt_s);
+    rcv_ = std::min(65535.0, rcv_ + r.rx_err * dt_s);
+    rec_ = std::min(255.0, rec_ + r.carrier * dt_s);
+    data_ += words;
+    put("counters/port_xmit_data", data_);
+    put("counters/port_rcv_data", data_);
+    put("counters/port_xmit_packets", data_ / 1024);
+    put("counters/port_rcv_packets", data_ / 1024);
+    put("counters/symbol_error", std::floor(sym_));
+    put("counters/port_rcv_errors", std::floor(rcv_));
+    put("counters/link_error_recovery", std::floor(rec_));
+    put("hw_counters/local_ack_timeout_err", 0);
+  }
+  void set_active(bool up) { put_text("state", up ? "4: ACTIVE\n" : "1: DOWN\n"); }
+
+ private:
+  double gbps_ = 0, sym_ = 0, rcv_ = 0, rec_ = 0, data_ = 0;
 };
 
 }  // namespace r2ccl::test

@@ -115,6 +115,16 @@ TEST_CASE("r2ccl_predict --live and --info", "[predict]") {
   INFO(out);
   CHECK(count_lines_containing(out, "eth7") == 2);
   CHECK_THAT(out, Catch::Contains("lstm"));
+  // --record: the samples as a trace that the tool itself reads back.
+  const std::string rec = root + "/rec.csv";
+  CHECK(run("--live --count 3 --interval 0.05 --sysfs-root " + root + " --record " + rec +
+                " --model " + kModel,
+            &out) == 0);
+  const std::string trace = read_file(rec);
+  CHECK(count_lines_containing(trace, ",eth7,1,") == 4);  // the priming round + 3
+  CHECK(count_lines_containing(trace, ",eth7,1,25000,") == 3);
+  CHECK(run("--features " + rec + " --out " + root + "/f", &out) == 0);
+  CHECK_THAT(out, Catch::Contains("3 rows (0 positive), 1 rails"));
   CHECK(run("--live --count 1 --interval 0.05 --sysfs-root " + root + "/nothing", &out) == 1);
   CHECK_THAT(out, Catch::Contains("no rails under"));
   CHECK(run("--info --model " + std::string(kModel), &out) == 0);

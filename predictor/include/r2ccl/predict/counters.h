@@ -2,9 +2,11 @@
 // counter reading against the previous one (wraps, saturation, resets, missing values), and
 // the live reader of one rail's counter files under a sysfs root.
 //
-// Sources of the counter facts: ../shared/reference/03_ib_counter_widths.tsv (IBA
-// PortCounters error counters saturate; PortCountersExtended data/packet counters and mlx5
-// hw_counters wrap; port_xmit_data/port_rcv_data count 4-octet words); Linux
+// Sources of the counter facts: the InfiniBand Architecture spec's PortCounters (error
+// counters saturate at 4, 8 or 16 bits) and PortCountersExtended (64-bit data and packet
+// counters, which wrap; port_xmit_data/port_rcv_data count 4-octet words), as served by Linux
+// drivers/infiniband/core/sysfs.c; the mlx5 Q counters in hw_counters (32-bit in firmware,
+// wrap at 2^32; drivers/infiniband/hw/mlx5/counters.c). Linux
 // Documentation/ABI/testing/sysfs-class-net-statistics (Ethernet statistics, carrier_changes,
 // carrier_down_count). docs/PREDICTOR.md maps the files onto the canonical counters.
 //

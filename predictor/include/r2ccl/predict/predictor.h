@@ -93,11 +93,19 @@ class NodeSampler {
               std::vector<std::string>* notes);
   size_t size() const { return rails_.size(); }
   const RailPredictor& predictor(size_t i) const { return *preds_[i]; }
+  // Rail i's deltas of the last round (false before the second round): for recording traces.
+  bool last_step(size_t i, Step* out) const {
+    if (!stepped_[i]) return false;
+    *out = steps_[i];
+    return true;
+  }
 
  private:
   std::vector<SysfsRail> rails_;
   std::vector<std::unique_ptr<RailPredictor>> preds_;
   std::vector<char> blind_;  // rail i had no readable counter file at its last read
+  std::vector<Step> steps_;
+  std::vector<char> stepped_;
 };
 
 // The weights file the plugin uses: R2CCL_PREDICT_MODEL when set, else r2ccl_lstm.bin in
