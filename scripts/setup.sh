@@ -16,6 +16,8 @@ PKGS=(
   libibverbs-dev                           # verbs.h types (libibverbs is dlopen'ed at run time)
   zlib1g-dev                               # CRC-32 of the predictor's weights file
   python3-numpy                            # the predictor's trace generator (held-out test)
+  libzstd-dev                              # snapshot deltas (zstd)
+  libasio-dev                              # snapshot daemon and client protocols (asio)
   libnl-3-200 libnl-route-3-200            # link notifications (dlopen'ed at run time)
   iproute2 nftables ethtool iperf3         # rail lab, fault injection, benchmarks
   procps                                   # pgrep/pkill in scripts

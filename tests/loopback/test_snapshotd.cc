@@ -1,0 +1,148 @@
+// r2ccl_snapshotd, several daemons on loopback (one "node" each, each with its own health
+// board): they agree on membership and publish the agreed record into every board; a killed
+// node is declared failed after 3 missed heartbeats and the new record leaves it out; a wrong
+// job token is refused and logged and never counted; a restarted node rejoins.
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "net_harness.h"
+#include "r2ccl/health_board.h"
+
+using namespace r2ccl;
+
+namespace {
+
+std::string daemon_path() {
+  return test::env_or("R2CCL_TEST_SNAPSHOTD", R2CCL_BINARY_DIR "/bin/r2ccl_snapshotd");
+}
+
+struct Node {
+  pid_t pid = -1;
+  std::string log;
+};
+
+Node start(int id, const std::string& peers, const std::string& token, const std::string& board,
+           const std::string& tag) {
+  Node n;
+  n.log = test::temp_path(tag + "-node" + std::to_string(id) + ".log");
+  n.pid = fork();
+  if (n.pid == 0) {
+    FILE* f = freopen(n.log.c_str(), "w", stderr);
+    (void)f;
+    const std::string ids = std::to_string(id);
+    execl(daemon_path().c_str(), "r2ccl_snapshotd", "--id", ids.c_str(), "--peers", peers.c_str(),
+          "--token-file", token.c_str(), "--board", board.c_str(), "--period-ms", "100",
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  return n;
+}
+
+void stop(Node& n, int sig = SIGTERM) {
+  if (n.pid <= 0) return;
+  kill(n.pid, sig);
+  int st;
+  waitpid(n.pid, &st, 0);
+  n.pid = -1;
+}
+
+// Waits up to `ms` for `board`'s agreed record to have exactly `members` and epoch > `after`.
+bool wait_record(const std::string& board, int members, uint64_t after, int ms,
+                 board::AgreedRecord* out) {
+  for (int waited = 0; waited <= ms; waited += 20) {
+    std::string err;
+    if (board::read_agreed_record(board, out, &err) && out->epoch > after &&
+        board::member_count(*out) == members)
+      return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("snapshotd: membership, a killed node, a wrong token, a rejoin", "[snapshot]") {
+  const std::string tag = "snapd" + std::to_string(getpid());
+  const int base = 27000 + (getpid() % 2000) * 3;
+  const std::string peers = test::temp_path(tag + "-peers"), token = test::temp_path(tag + "-token"),
+                    bad = test::temp_path(tag + "-bad");
+  {
+    std::ofstream p(peers);
+    for (int i = 0; i < 3; ++i) p << i << " 127.0.0.1:" << base + i << "\n";
+    std::ofstream(token) << "job-" << getpid() << "\n";
+    std::ofstream(bad) << "not-the-job\n";
+  }
+  std::vector<std::string> boards;
+  for (int i = 0; i < 3; ++i) {
+    boards.push_back(tag + "-b" + std::to_string(i));
+    board::remove_board(boards.back());
+  }
+  std::vector<Node> nodes;
+  for (int i = 0; i < 3; ++i) nodes.push_back(start(i, peers, token, boards[i], tag));
+  std::string logs;
+  auto collect = [&] {
+    logs.clear();
+    for (auto& n : nodes) logs += test::read_file(n.log);
+  };
+
+  // All three agree on {0, 1, 2}.
+  board::AgreedRecord r;
+  uint64_t epoch = 0;
+  for (int i = 0; i < 3; ++i) {
+    collect();
+    INFO(logs);
+    REQUIRE(wait_record(boards[i], 3, 0, 5000, &r));
+    epoch = std::max(epoch, r.epoch);
+  }
+  CHECK(r.n_nodes == 3);
+
+  // Node 0 (the coordinator) dies: 1 and 2 declare it failed and agree on {1, 2}.
+  stop(nodes[0], SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 1; i < 3; ++i) {
+    collect();
+    INFO(logs);
+    REQUIRE(wait_record(boards[i], 2, epoch, 3000, &r));
+    CHECK((r.members[0] & 1ULL) == 0);
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  CHECK(took < 2.0);  // 3 periods of 100 ms + scheduling; generous for a loaded 2-core machine
+  epoch = r.epoch;
+
+  // A daemon with the wrong token, claiming to be node 0: refused and logged, never counted.
+  Node intruder = start(0, peers, bad, tag + "-bx", tag);
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  stop(intruder);
+  collect();
+  {
+    INFO(logs);
+    CHECK(logs.find("refused a peer connection from 127.0.0.1") != std::string::npos);
+    CHECK(logs.find("wrong job token") != std::string::npos);
+    std::string err;
+    REQUIRE(board::read_agreed_record(boards[1], &r, &err));
+  }
+  CHECK(board::member_count(r) == 2);
+  CHECK(r.epoch == epoch);
+
+  // Node 0 restarts with the right token and rejoins: {0, 1, 2} again, a newer epoch.
+  nodes[0] = start(0, peers, token, boards[0], tag + "-again");
+  for (int i = 0; i < 3; ++i) {
+    collect();
+    INFO(logs);
+    REQUIRE(wait_record(boards[i], 3, epoch, 5000, &r));
+  }
+  for (auto& n : nodes) stop(n);
+  collect();
+  INFO(logs);
+  CHECK(logs.find("declared failed") != std::string::npos);
+  for (const auto& b : boards) board::remove_board(b);
+  board::remove_board(tag + "-bx");
+}
