@@ -195,8 +195,12 @@ bool load_config(const EnvLookup& env, const std::vector<std::string>& env_names
     *err = "R2CCL_HOLDDOWN_MAX must be >= R2CCL_HOLDDOWN_MIN";
     return false;
   }
-  if (c.predict_window < 2 * c.predict_interval) {
-    *err = "R2CCL_PREDICT_WINDOW must be at least 2 x R2CCL_PREDICT_INTERVAL";
+  if (c.predict_window < 2 * c.predict_interval ||
+      c.predict_window / c.predict_interval > kMaxPredictWindowSteps) {
+    *err = "R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL is " +
+           std::to_string(c.predict_window / c.predict_interval) +
+           " samples (accepted: 2 to " + std::to_string(kMaxPredictWindowSteps) +
+           "; the shipped model was trained on 24)";
     return false;
   }
   if (c.predict_return_threshold > c.predict_threshold) {

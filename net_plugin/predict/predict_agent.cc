@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <cmath>
 #include <map>
 
 #include "r2ccl/log.h"
@@ -22,6 +23,7 @@ void PredictAgent::init(const Config& cfg, std::vector<Rail> rails, board::Publi
   board_name_ = board_name;
   interval_ = cfg.predict_interval;
   drained_.assign(rails_.size(), 0);
+  inherit_.assign(rails_.size(), 0);
   top_.assign(rails_.size(), "");
   R2CCL_INFO(NCCL_NET | NCCL_INIT,
              "failure predictor: %zu rails, every %.1f s over %d samples, drain at risk >= %.2f, "
@@ -39,6 +41,12 @@ void PredictAgent::tick(TimeUs now) {
     R2CCL_INFO(NCCL_NET, "failure predictor: this process (pid %d) samples for the node",
                static_cast<int>(getpid()));
   if (!sampler_ && was) sampler_state_.reset();  // taken over: start afresh if it comes back
+  if (sampler_ && !was) {
+    // A new sampler starts with an empty window, which would read as "all quiet" and return a
+    // degrading rail to service. The rails the previous sampler drained stay drained until
+    // this process has a full window of its own.
+    inherit_ = drained_;
+  }
   if (sampler_) sample_and_publish(now);
   else follow_board(now);
 }
@@ -50,14 +58,20 @@ void PredictAgent::sample_and_publish(TimeUs now) {
     std::string path, err;
     if (predict::load_configured_model(*cfg_, m.get(), &path, &err)) {
       if (m->window != static_cast<uint32_t>(pcfg_.window_steps))
-        R2CCL_WARN("failure predictor: %s was trained on %u-sample windows; "
-                   "R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL gives %d: its risks may be off",
-                   path.c_str(), m->window, pcfg_.window_steps);
+        log_event("r2ccl predict: %s was trained on %u-sample windows; R2CCL_PREDICT_WINDOW / "
+                  "R2CCL_PREDICT_INTERVAL gives %d: its risks may be off",
+                  path.c_str(), m->window, pcfg_.window_steps);
+      if (std::fabs(m->interval_s - pcfg_.interval_s) > 0.01 * m->interval_s)
+        log_event("r2ccl predict: %s was trained on samples %.1f s apart; R2CCL_PREDICT_INTERVAL "
+                  "is %.1f s: the same rates per second, but trends per sample differ and its "
+                  "risks may be off",
+                  path.c_str(), m->interval_s, pcfg_.interval_s);
       R2CCL_INFO(NCCL_NET, "failure predictor: LSTM weights %s (%zu bytes, hidden %u)",
                  path.c_str(), m->file_bytes, m->hidden);
       model_ = std::move(m);
     } else {
-      R2CCL_WARN("failure predictor: %s; the threshold baseline decides instead", err.c_str());
+      // An event line too: visible without NCCL_DEBUG (stderr or R2CCL_LOG_FILE).
+      log_event("r2ccl predict: %s; the threshold baseline decides instead", err.c_str());
     }
   }
   if (!sampler_state_) {
@@ -109,12 +123,18 @@ void PredictAgent::sample_and_publish(TimeUs now) {
     e.source = r.a.source == predict::Source::kLstm       ? board::RiskSource::kLstm
                : r.a.source == predict::Source::kBaseline ? board::RiskSource::kBaseline
                                                           : board::RiskSource::kNone;
-    e.drain = r.a.drain ? 1 : 0;
+    bool drain = r.a.drain;
+    if (inherit_[i]) {
+      if (sampler_state_->predictor(i).window().size() >= pcfg_.window_steps) inherit_[i] = 0;
+      else drain = true;
+    }
+    e.drain = drain ? 1 : 0;
     // The top counters are worked out at a transition (occlusion costs 9 inferences) and
     // kept while the rail stays drained.
     if (r.a.transition != 0) top_[i] = r.a.drain ? r.top : "";
+    if (drain && !r.a.drain && top_[i].empty()) top_[i] = "kept drained until this sampler's window fills";
     board::set_text(e.top, sizeof(e.top), top_[i]);
-    apply(i, r.a.drain, r.a.risk, predict::source_name(r.a.source), top_[i], 0);
+    apply(i, drain, r.a.risk, predict::source_name(r.a.source), top_[i], 0);
   }
   if (board_) board_->publish_risks(entries_, now);
 }
@@ -123,20 +143,18 @@ void PredictAgent::follow_board(TimeUs now) {
   board::SamplerView v;
   std::string err;
   if (!board::read_sampler(board_name_, &v, &err)) v = board::SamplerView{};
-  const bool live = !v.rails.empty();
-  if (!live && !warned_stale_) {
-    for (size_t i = 0; i < rails_.size(); ++i)
-      if (drained_[i]) {
-        R2CCL_WARN("failure predictor: the node's sampler (pid %d) stopped publishing; drained "
-                   "rails return", v.owner);
-        warned_stale_ = true;
-        break;
-      }
+  if (v.rails.empty()) {
+    // No live sampler right now (it died or hung, and no process has taken over yet): keep the
+    // last decisions for kSamplerStaleIntervals intervals (a takeover is normally one interval
+    // away), then return the drained rails.
+    if (no_sampler_since_ == 0) no_sampler_since_ = now;
+    if (now - no_sampler_since_ < board::kSamplerStaleIntervals * interval_) return;
+    for (size_t i = 0; i < rails_.size(); ++i) apply(i, false, -1, "none", "", v.owner);
+    return;
   }
-  if (live) warned_stale_ = false;
-  (void)now;
+  no_sampler_since_ = 0;
   for (size_t i = 0; i < rails_.size(); ++i) {
-    const board::RiskEntry* e = live ? board::find_risk(v, rails_[i].spec.name) : nullptr;
+    const board::RiskEntry* e = board::find_risk(v, rails_[i].spec.name);
     if (!e) {
       apply(i, false, -1, "none", "", v.owner);
       continue;
@@ -163,8 +181,9 @@ void PredictAgent::apply(size_t i, bool drain, float risk, const char* source,
               "again",
               name.c_str(), risk, pcfg_.return_threshold, pcfg_.return_samples, source, who);
   } else {
-    log_event("r2ccl predict: rail %s: no live risk from the node's sampler: carrying data again",
-              name.c_str());
+    log_event("r2ccl predict: rail %s: no live risk from the node's sampler for %d intervals: "
+              "carrying data again",
+              name.c_str(), static_cast<int>(board::kSamplerStaleIntervals));
   }
 }
 

@@ -10,7 +10,9 @@
 // return is one WARN event line with the risk and the top contributing counters.
 //
 // Without a board (R2CCL_HEALTH_BOARD=none, or it cannot be opened) every process samples for
-// itself. Risks of a sampler that died or hung are never acted on (the rails return).
+// itself. When the sampler dies or hangs, followers keep its last decisions for
+// board::kSamplerStaleIntervals intervals; a process that takes over keeps the rails drained
+// that were drained until its own window is full; only then can they return.
 // Thread-safety: init() on the init thread before the background thread starts; tick() only
 // on the background thread. The drain flags are atomics read by any thread.
 #pragma once
@@ -63,8 +65,9 @@ class PredictAgent {
   std::vector<std::string> notes_;
   std::vector<board::RiskEntry> entries_;
   std::vector<char> drained_;  // last applied decision per rail
+  std::vector<char> inherit_;  // new sampler: drained by the previous one, until the window fills
+  TimeUs no_sampler_since_ = 0;  // follower: when the board last had no live sampler
   std::vector<std::string> top_;  // sampler: top counters of each drained rail
-  bool warned_stale_ = false;
 };
 
 }  // namespace r2ccl::net

@@ -2,6 +2,7 @@
 
 #include <dirent.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,10 +20,18 @@ const char* const kNames[kNumCounters] = {
     "retrans",  "tx_packets", "rx_packets",    "tx_bytes",    "rx_bytes",  "symbol_err",
     "rcv_err",  "link_recovery", "link_downed", "integrity", "buf_overrun"};
 
-// Reads at most `cap` bytes of a small sysfs-like file. False when it cannot be opened/read.
+// Reads at most `cap` bytes of a small sysfs-like file. False when it cannot be opened/read or
+// is not a regular file: opened non-blocking and checked with fstat, so a FIFO, a device or a
+// socket planted in the tree can never block the background thread (sysfs attributes are
+// regular files).
 bool read_small(const std::string& path, std::string* out, size_t cap = 128) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
   if (fd < 0) return false;
+  struct stat st;
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return false;
+  }
   char buf[256];
   cap = std::min(cap, sizeof(buf));
   ssize_t n;
@@ -217,8 +226,11 @@ bool SysfsRail::read(double now_s, const ExtraCounters& extra, Step* out,
   }
   // Link state and speed.
   if (spec_.kind == RailSpec::Kind::kIb) {
-    s.link_up = read_small(dir_ + "/state", &text) ? text.find("ACTIVE") != std::string::npos
-                                                   : true;
+    // "4: ACTIVE" (and "5: ACTIVE_DEFER") is up; "1: DOWN", "2: INIT", "3: ARMED" are not.
+    // Missing or unrecognised text: unknown, taken as up (a dead link shows in the transport).
+    if (read_small(dir_ + "/state", &text) && text.find("ACTIVE") == std::string::npos)
+      s.link_up = text.find("DOWN") == std::string::npos && text.find("INIT") == std::string::npos &&
+                  text.find("ARMED") == std::string::npos;
     if (read_small(dir_ + "/rate", &text)) {
       // "400 Gb/sec (4X NDR)"
       char* end = nullptr;
@@ -234,10 +246,9 @@ bool SysfsRail::read(double now_s, const ExtraCounters& extra, Step* out,
   }
   const double prev = prev_s_;
   prev_s_ = now_s;
-  if (prev < 0) return false;
-  s.dt_s = now_s - prev;
-  *out = s;
-  return true;
+  s.dt_s = prev < 0 ? 0 : now_s - prev;
+  *out = s;  // the priming read too: link state and speed, no deltas
+  return prev >= 0;
 }
 
 std::vector<RailSpec> discover_rails(const std::string& root) {

@@ -91,8 +91,12 @@ bool parse_model(const uint8_t* data, size_t n, Model* out, std::string* err) {
     *err = "is " + std::to_string(n) + " bytes, over the 1 MB limit";
     return false;
   }
-  if (n < 8 + 4 + 4 || std::memcmp(data, kModelMagic, 8) != 0) {
+  if (n < 8 || std::memcmp(data, kModelMagic, 8) != 0) {
     *err = "bad magic (not an r2ccl LSTM weights file: expected it to start with R2PRDLST)";
+    return false;
+  }
+  if (n < 8 + 4 + 4) {
+    *err = "truncated: " + std::to_string(n) + " bytes";
     return false;
   }
   // The checksum first: a damaged file must not be interpreted at all.

@@ -33,14 +33,21 @@ RailPredictor::RailPredictor(const PredictorConfig& cfg, const Model* model,
   raw_.resize(static_cast<size_t>(window_.capacity()));
 }
 
-float RailPredictor::lstm_risk(int occlude) const {
-  // Left-pad with zero rows (the training mean) to the full window, as in training.
+float RailPredictor::lstm_risk(uint32_t quiet) const {
+  // Left-pad with zero rows (the training mean) to the full window, as in training. Features
+  // in `quiet` are replaced over the whole window by what a quiet counter gives (raw 0: no
+  // errors, no retransmits), utilisation by its training mean.
   const int W = window_.capacity(), n = window_.size();
   std::fill(norm_.begin(), norm_.end(), 0.0f);
+  FeatureRow zero{};
+  float quiet_norm[kNumFeatures];
+  model_->normalise(zero, quiet_norm);
+  quiet_norm[5] = 0.0f;
   for (int i = 0; i < n; ++i) {
     float* dst = &norm_[static_cast<size_t>(W - n + i) * kNumFeatures];
     model_->normalise(window_.row(i), dst);
-    if (occlude >= 0) dst[occlude] = 0.0f;
+    for (int f = 0; f < kNumFeatures; ++f)
+      if (quiet & (1u << f)) dst[f] = quiet_norm[f];
   }
   return model_->infer(norm_.data(), W, &scratch_);
 }
@@ -57,7 +64,7 @@ bool RailPredictor::update(const Step& s, Assessment* out) {
   for (int i = 0; i < n; ++i) raw_[static_cast<size_t>(i)] = window_.row(i);
   a.baseline_risk = baseline_risk(raw_.data(), n, baseline_);
   if (model_) {
-    a.risk = lstm_risk(-1);
+    a.risk = lstm_risk(0);
     a.source = Source::kLstm;
   } else {
     a.risk = a.baseline_risk;
@@ -83,37 +90,44 @@ bool RailPredictor::update(const Step& s, Assessment* out) {
 }
 
 std::string RailPredictor::top_contributors(int n) const {
-  std::vector<std::pair<float, int>> share;
-  const int rows = window_.size();
-  if (rows == 0) return "-";
+  if (window_.size() == 0) return "-";
+  // The features computed from the same counters (a rate and its delta) form one group.
+  struct Group {
+    std::string name;
+    uint32_t mask = 0;
+    float share = 0;
+  };
+  std::vector<Group> groups;
+  for (int f = 0; f < kNumFeatures; ++f) {
+    if (!model_ && f >= 4) break;  // the baseline looks at features 0..3 only
+    const std::string name = feature_counters(f);
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const Group& g) { return g.name == name; });
+    if (it == groups.end()) groups.push_back({name, 1u << f, 0});
+    else it->mask |= 1u << f;
+  }
   if (model_) {
-    const float base = lstm_risk(-1);
-    for (int f = 0; f < kNumFeatures; ++f) share.push_back({base - lstm_risk(f), f});
+    // The risk this rail would lose if those counters had been quiet over the whole window.
+    const float base = lstm_risk(0);
+    for (auto& g : groups) g.share = base - lstm_risk(g.mask);
   } else {
+    const int rows = window_.size();
     for (int i = 0; i < rows; ++i) raw_[static_cast<size_t>(i)] = window_.row(i);
     float ratio[4];
     baseline_risk(raw_.data(), rows, baseline_, ratio);
-    for (int f = 0; f < 4; ++f) share.push_back({ratio[f], f});
+    for (auto& g : groups)
+      for (int f = 0; f < 4; ++f)
+        if (g.mask & (1u << f)) g.share = std::max(g.share, ratio[f]);
   }
-  // Features computed from the same counters (a rate and its delta) count as one entry.
-  std::vector<std::pair<float, std::string>> groups;
-  for (const auto& [v, f] : share) {
-    const std::string name = feature_counters(f);
-    auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const auto& g) { return g.second == name; });
-    if (it == groups.end()) groups.push_back({v, name});
-    else it->first = model_ ? it->first + v : std::max(it->first, v);
-  }
-  std::sort(groups.begin(), groups.end(), [](const auto& a, const auto& b) {
-    return a.first > b.first;
-  });
+  std::sort(groups.begin(), groups.end(),
+            [](const Group& a, const Group& b) { return a.share > b.share; });
   std::string out;
   int k = 0;
-  for (const auto& [v, name] : groups) {
-    if (k == n || !(v > 0.005f)) break;
+  for (const auto& g : groups) {
+    if (k == n || !(g.share > 0.005f)) break;
     char buf[128];
-    snprintf(buf, sizeof(buf), model_ ? "%s%s (+%.2f)" : "%s%s (x%.2f of threshold)",
-             k ? ", " : "", name.c_str(), v);
+    snprintf(buf, sizeof(buf), model_ ? "%s%s (-%.2f if quiet)" : "%s%s (x%.2f of threshold)",
+             k ? ", " : "", g.name.c_str(), g.share);
     out += buf;
     ++k;
   }
@@ -141,12 +155,13 @@ void NodeSampler::sample(double now_s, const std::vector<ExtraCounters>& extra,
     rr.top.clear();
     Step s;
     const ExtraCounters ex = i < extra.size() ? extra[i] : ExtraCounters{};
-    if (!rails_[i].read(now_s, ex, &s, notes)) {
+    const bool stepped = rails_[i].read(now_s, ex, &s, notes);
+    steps_[i] = s;
+    stepped_[i] = stepped;
+    if (!stepped) {
       rr.a = preds_[i]->last();
       continue;
     }
-    steps_[i] = s;
-    stepped_[i] = 1;
     if (rails_[i].files_present() == 0) {
       // Nothing to predict from (no such device under the sysfs root, or no permission):
       // risk unknown, never a drain. Said once.

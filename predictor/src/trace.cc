@@ -1,5 +1,6 @@
 #include "r2ccl/predict/trace.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <sstream>
@@ -23,8 +24,16 @@ std::vector<std::string> split_csv(const std::string& line) {
   return out;
 }
 
+// A field as it may be shown in a message: printable ASCII only, at most 40 characters.
+std::string shown(const std::string& s) {
+  std::string o;
+  for (char c : s.substr(0, 40)) o += (c >= 0x20 && c < 0x7f) ? c : '?';
+  return s.size() > 40 ? o + "..." : o;
+}
+
+// Decimal numbers only ("12", "-0.5", "1e3"): no hex, inf or nan, which strtod would take.
 bool parse_double(const std::string& s, double* out) {
-  if (s.empty()) return false;
+  if (s.empty() || s.find_first_not_of("0123456789.eE+-") != std::string::npos) return false;
   char* end = nullptr;
   *out = std::strtod(s.c_str(), &end);
   return end == s.c_str() + s.size() && std::isfinite(*out);
@@ -58,7 +67,7 @@ bool TraceReader::parse_widths(const std::string& line, std::string* err) {
     const int c = eq == std::string::npos ? -1 : counter_by_name(item.substr(0, eq));
     Width w;
     if (c < 0 || !parse_width(item.substr(eq + 1), &w)) {
-      *err = where(-1) + ": bad width declaration '" + item +
+      *err = where(-1) + ": bad width declaration '" + shown(item) +
              "' (accepted: COUNTER=satN or COUNTER=wrapN, N 1..64, COUNTER one of the counter "
              "columns)";
       return false;
@@ -68,11 +77,17 @@ bool TraceReader::parse_widths(const std::string& line, std::string* err) {
   return true;
 }
 
-bool TraceReader::parse_header(const std::string& line, std::string* err) {
+bool TraceReader::parse_header(const std::string& text, std::string* err) {
+  std::string line = text;
+  if (line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 byte-order mark
   header_ = split_csv(line);
   for (size_t i = 0; i < header_.size(); ++i) {
     const std::string& h = header_[i];
     const int col = static_cast<int>(i);
+    if (std::count(header_.begin(), header_.begin() + col, h) > 0) {
+      *err = where(-1) + ": column '" + shown(h) + "' appears twice";
+      return false;
+    }
     if (h == "t_s") col_t_ = col;
     else if (h == "rail") col_rail_ = col;
     else if (h == "link") col_link_ = col;
@@ -80,7 +95,7 @@ bool TraceReader::parse_header(const std::string& line, std::string* err) {
     else if (h == "scenario") col_scen_ = col;
     else if (counter_by_name(h) >= 0) col_counter_[counter_by_name(h)] = col;
     else {
-      *err = where(-1) + ": unknown column '" + h + "' (docs/PREDICTOR.md lists the columns)";
+      *err = where(-1) + ": unknown column '" + shown(h) + "' (docs/PREDICTOR.md lists the columns)";
       return false;
     }
   }
@@ -116,7 +131,7 @@ bool TraceReader::next(TraceRow* out, std::string* err) {
     TraceRow r;
     r.line = line_no_;
     if (!parse_double(f[col_t_], &r.t_s)) {
-      *err = where(col_t_) + ": '" + f[col_t_] + "' is not a number of seconds";
+      *err = where(col_t_) + ": '" + shown(f[col_t_]) + "' is not a number of seconds";
       return false;
     }
     const std::string& name = f[col_rail_];
@@ -135,7 +150,7 @@ bool TraceReader::next(TraceRow* out, std::string* err) {
     RailState& st = state_[static_cast<size_t>(r.rail)];
     if (col_link_ >= 0) {
       if (f[col_link_] != "0" && f[col_link_] != "1") {
-        *err = where(col_link_) + ": '" + f[col_link_] + "' (accepted: 1 up, 0 down)";
+        *err = where(col_link_) + ": '" + shown(f[col_link_]) + "' (accepted: 1 up, 0 down)";
         return false;
       }
       r.link_up = f[col_link_] == "1";
@@ -143,7 +158,7 @@ bool TraceReader::next(TraceRow* out, std::string* err) {
     double speed = 0;
     if (col_speed_ >= 0 && !f[col_speed_].empty() && f[col_speed_] != "N/A" &&
         (!parse_double(f[col_speed_], &speed) || speed < 0)) {
-      *err = where(col_speed_) + ": '" + f[col_speed_] + "' is not a speed in Mb/s";
+      *err = where(col_speed_) + ": '" + shown(f[col_speed_]) + "' is not a speed in Mb/s";
       return false;
     }
     Step s;
@@ -157,7 +172,7 @@ bool TraceReader::next(TraceRow* out, std::string* err) {
         if (!v.empty() && v != "N/A") {
           cur = parse_reading(v);
           if (!cur.present) {
-            *err = where(col_counter_[c]) + ": '" + v +
+            *err = where(col_counter_[c]) + ": '" + shown(v) +
                    "' is not a counter reading (accepted: an unsigned integer, empty or N/A)";
             return false;
           }
@@ -172,7 +187,8 @@ bool TraceReader::next(TraceRow* out, std::string* err) {
     }
     if (!first) {
       if (!(r.t_s > st.t)) {
-        *err = where(col_t_) + ": time " + f[col_t_] + " does not increase for rail " + name;
+        *err = where(col_t_) + ": time " + shown(f[col_t_]) + " does not increase for rail " +
+               shown(name);
         return false;
       }
       s.dt_s = r.t_s - st.t;

@@ -43,7 +43,7 @@ using namespace r2ccl::predict;
 namespace {
 
 struct Options {
-  std::string replay, features, evaluate, out, model, rail, record, sysfs_root = "/sys";
+  std::string replay, features, evaluate, out, model, rail, rails, record, sysfs_root = "/sys";
   bool live = false, info = false, bench = false, quiet = false, bench_sysfs = false;
   double interval_s = 5, horizon_s = 30;
   int count = 0, window_steps = 0;
@@ -60,7 +60,7 @@ double mono_s() {
 // Loads --model, else the configured/shipped one. Returns false and prints why when a model
 // was asked for explicitly and cannot be used; with no explicit model, a missing file means
 // the baseline (printed).
-bool get_model(const Options& o, Model* m, bool* have) {
+bool get_model(const Options& o, Model* m, bool* have, bool required = false) {
   std::string err, path;
   *have = false;
   if (!o.model.empty()) {
@@ -74,8 +74,9 @@ bool get_model(const Options& o, Model* m, bool* have) {
     const char* env = getenv("R2CCL_PREDICT_MODEL");
     cfg.predict_model = env ? env : "";
     if (!load_configured_model(cfg, m, &path, &err)) {
-      fprintf(stderr, "r2ccl_predict: %s; the threshold baseline decides\n", err.c_str());
-      return true;
+      fprintf(stderr, "r2ccl_predict: %s%s\n", err.c_str(),
+              required ? "" : "; the threshold baseline decides");
+      return !required;
     }
   }
   *have = true;
@@ -160,6 +161,10 @@ int run_replay(const Options& o) {
   }
   if (!err.empty()) {
     fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
+    return 1;
+  }
+  if (!o.rail.empty() && runs.empty()) {
+    fprintf(stderr, "r2ccl_predict: no rail named '%s' in %s\n", o.rail.c_str(), o.replay.c_str());
     return 1;
   }
   printf("\nsummary (%s decides; drain at risk >= %.2f):\n", mp ? "LSTM" : "baseline",
@@ -295,11 +300,7 @@ int run_features(const Options& o) {
 int run_evaluate(const Options& o) {
   Model model;
   bool have = false;
-  if (!get_model(o, &model, &have)) return 1;
-  if (!have) {
-    fprintf(stderr, "r2ccl_predict: --evaluate compares the LSTM with the baseline: it needs weights\n");
-    return 1;
-  }
+  if (!get_model(o, &model, &have, true)) return 1;  // it compares the LSTM with the baseline
   const PredictorConfig cfg = config_of(o, &model);
   TraceReader tr;
   std::string err;
@@ -374,10 +375,17 @@ int run_live(const Options& o) {
   bool have = false;
   if (!get_model(o, &model, &have)) return 1;
   const Model* mp = have ? &model : nullptr;
-  const std::vector<RailSpec> rails = discover_rails(o.sysfs_root);
+  std::vector<RailSpec> rails = discover_rails(o.sysfs_root);
+  if (!o.rails.empty()) {  // --rails mlx5_0:1,eth2
+    std::vector<RailSpec> keep;
+    std::string list = "," + o.rails + ",";
+    for (const auto& r : rails)
+      if (list.find("," + r.name + ",") != std::string::npos) keep.push_back(r);
+    rails = keep;
+  }
   if (rails.empty()) {
-    fprintf(stderr, "r2ccl_predict: no rails under %s (class/infiniband/*/ports/*, class/net/*)\n",
-            o.sysfs_root.c_str());
+    fprintf(stderr, "r2ccl_predict: no rails under %s (class/infiniband/*/ports/*, class/net/*)%s\n",
+            o.sysfs_root.c_str(), o.rails.empty() ? "" : (" matching --rails " + o.rails).c_str());
     return 1;
   }
   NodeSampler ns(o.sysfs_root, rails, config_of(o, mp), mp, mp ? model.baseline : default_baseline());
@@ -409,13 +417,11 @@ int run_live(const Options& o) {
     if (rec.is_open()) {
       for (size_t r = 0; r < rails.size(); ++r) {
         Step st;
-        const bool have_step = ns.last_step(r, &st);
-        if (have_step)
+        if (ns.last_step(r, &st))
           for (int c = 0; c < kNumCounters; ++c) total[r][static_cast<size_t>(c)] += st.d[c];
         char t[32];
         snprintf(t, sizeof(t), "%.3f", now - start);
-        rec << t << "," << rails[r].name << "," << (!have_step || st.link_up ? 1 : 0) << ","
-            << (have_step ? st.speed_mbps : 0);
+        rec << t << "," << rails[r].name << "," << (st.link_up ? 1 : 0) << "," << st.speed_mbps;
         for (int c = 0; c < kNumCounters; ++c) {
           char v[32];
           snprintf(v, sizeof(v), "%.0f", total[r][static_cast<size_t>(c)]);
@@ -428,10 +434,14 @@ int run_live(const Options& o) {
     if (i > 0) {
       printf("%-16s %-7s %-9s %-8s %-6s %s\n", "rail", "risk", "baseline", "retrans", "drain",
              "source");
-      for (const auto& r : out) {
+      for (size_t k = 0; k < out.size(); ++k) {
+        const RailRisk& r = out[k];
         char rt[16] = "-";
         if (r.a.retransmit_ratio >= 0) snprintf(rt, sizeof(rt), "%.3f%%", 100 * r.a.retransmit_ratio);
-        if (r.a.risk < 0)
+        if (ns.blind(k))
+          printf("%-16s %-7s %-9s %-8s %-6s %s\n", r.name.c_str(), "-", "-", rt, "-",
+                 "no counters readable: not predicted");
+        else if (r.a.risk < 0)
           printf("%-16s %-7s %-9s %-8s %-6s %s\n", r.name.c_str(), "-", "-", rt, "-", "link down");
         else
           printf("%-16s %-7.3f %-9.3f %-8s %-6s %s%s%s\n", r.name.c_str(), r.a.risk,
@@ -451,8 +461,7 @@ int run_live(const Options& o) {
 int run_info(const Options& o) {
   Model m;
   bool have = false;
-  if (!get_model(o, &m, &have)) return 1;
-  if (!have) return 1;
+  if (!get_model(o, &m, &have, true)) return 1;
   printf("features %u, hidden %u, window %u steps, horizon %u s, trained at %.1f s intervals\n",
          m.n_features, m.hidden, m.window, m.horizon_s, m.interval_s);
   printf("size %zu bytes (limit %zu); baseline thresholds %.3g %.3g %.3g %.3g over %d steps\n",
@@ -465,7 +474,7 @@ int run_info(const Options& o) {
 int run_bench(const Options& o) {
   Model m;
   bool have = false;
-  if (!get_model(o, &m, &have) || !have) return 1;
+  if (!get_model(o, &m, &have, true)) return 1;
   PredictorConfig cfg = config_of(o, &m);
   RailPredictor p(cfg, &m, m.baseline);
   Step s;
@@ -536,6 +545,9 @@ int main(int argc, char** argv) {
   app.add_option("--model", o.model, "weights file (default: $R2CCL_PREDICT_MODEL, else the shipped one)")
       ->type_name("FILE");
   app.add_option("--rail", o.rail, "--replay: only this rail")->type_name("NAME");
+  app.add_option("--rails", o.rails,
+                 "--live: only these rails, comma list of names (mlx5_0:1,eth2; default all)")
+      ->type_name("LIST");
   app.add_option("--record", o.record,
                  "--live: also write what was sampled as a trace (for retraining on real "
                  "counters; label failures by the link column)")

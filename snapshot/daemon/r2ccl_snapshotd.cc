@@ -329,7 +329,10 @@ class Daemon {
   void coordinate() {
     board::AgreedRecord r = mem_.agreed_record(gbps_);
     const std::vector<uint32_t> live = mem_.live();
-    if (live != agreed_members_ || written_epoch_ == 0) {
+    // A new epoch when the membership changed, and also when another node has seen a higher
+    // epoch than this coordinator's record (a restarted coordinator starts from nothing): the
+    // record must supersede every earlier one, or the others would ignore it.
+    if (live != agreed_members_ || written_epoch_ == 0 || agreed_epoch_ > current_.epoch) {
       agreed_members_ = live;
       agreed_epoch_ = std::max(agreed_epoch_, written_epoch_) + 1;
       current_ = r;

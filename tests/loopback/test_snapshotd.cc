@@ -36,7 +36,9 @@ Node start(int id, const std::string& peers, const std::string& token, const std
   n.pid = fork();
   if (n.pid == 0) {
     FILE* f = freopen(n.log.c_str(), "w", stderr);
+    FILE* g = freopen("/dev/null", "w", stdout);  // ctest must not wait on a daemon's stdout
     (void)f;
+    (void)g;
     const std::string ids = std::to_string(id);
     execl(daemon_path().c_str(), "r2ccl_snapshotd", "--id", ids.c_str(), "--peers", peers.c_str(),
           "--token-file", token.c_str(), "--board", board.c_str(), "--period-ms", "100",
@@ -86,6 +88,13 @@ TEST_CASE("snapshotd: membership, a killed node, a wrong token, a rejoin", "[sna
     board::remove_board(boards.back());
   }
   std::vector<Node> nodes;
+  // Every daemon is stopped however the test ends (a failed REQUIRE included).
+  struct Reaper {
+    std::vector<Node>* v;
+    ~Reaper() {
+      for (auto& n : *v) stop(n, SIGKILL);
+    }
+  } reaper{&nodes};
   for (int i = 0; i < 3; ++i) nodes.push_back(start(i, peers, token, boards[i], tag));
   std::string logs;
   auto collect = [&] {

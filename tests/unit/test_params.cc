@@ -268,6 +268,18 @@ TEST_CASE("cross-checks between parameters", "[params]") {
     CHECK_THAT(l.err, Contains("R2CCL_PATH_WINDOW"));
     CHECK_THAT(l.err, Contains("R2CCL_CHUNK_SIZE"));
   }
+  SECTION("predictor window: 2 to 256 samples; return threshold <= threshold") {
+    Loaded l = load({{"R2CCL_PREDICT_INTERVAL", "100ms"}, {"R2CCL_PREDICT_WINDOW", "86400s"}});
+    CHECK_FALSE(l.ok);
+    CHECK_THAT(l.err, Contains("R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL is 864000 samples"));
+    CHECK_THAT(l.err, Contains("2 to 256"));
+    CHECK_FALSE(load({{"R2CCL_PREDICT_INTERVAL", "5s"}, {"R2CCL_PREDICT_WINDOW", "5s"}}).ok);
+    CHECK(load({{"R2CCL_PREDICT_INTERVAL", "100ms"}, {"R2CCL_PREDICT_WINDOW", "25600ms"}}).ok);
+    CHECK_FALSE(load({{"R2CCL_PREDICT_INTERVAL", "10ms"}}).ok);  // below 100 ms
+    Loaded h = load({{"R2CCL_PREDICT_THRESHOLD", "0.5"}, {"R2CCL_PREDICT_RETURN_THRESHOLD", "0.6"}});
+    CHECK_FALSE(h.ok);
+    CHECK_THAT(h.err, Contains("R2CCL_PREDICT_RETURN_THRESHOLD"));
+  }
   SECTION("equal values are fine") {
     CHECK(load({{"R2CCL_RECONNECT_MIN", "1s"}, {"R2CCL_RECONNECT_MAX", "1s"}}).ok);
     CHECK(load({{"R2CCL_CHUNK_SIZE", "1M"}, {"R2CCL_PATH_WINDOW", "1M"}}).ok);

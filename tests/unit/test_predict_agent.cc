@@ -188,6 +188,50 @@ TEST_CASE("agent: one sampler per node on the board; another process follows its
   REQUIRE(waitpid(pid, &status, 0) == pid);
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 0);
-  pub.close();
+
+  // The sampler goes away while a follower runs: the follower takes over, and the rail the old
+  // sampler drained stays drained until the new sampler's own window (24 samples) is full,
+  // even though the new sampler's counters look quiet from its first sample.
+  int go[2];
+  REQUIRE(pipe(go) == 0);
+  pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(go[1]);
+    auto env2 = env;
+    env2["R2CCL_SYSFS_ROOT"] = other_root;
+    Config cfg2;
+    std::string e2;
+    load_config([&](const char* n) -> const char* {
+      auto it = env2.find(n);
+      return it == env2.end() ? nullptr : it->second.c_str();
+    }, {}, &cfg2, &e2, nullptr);
+    Rig r2(other_root);
+    board::Publisher p2;
+    if (!p2.open(board, &e2)) _exit(3);
+    r2.agent.init(cfg2, r2.rails(), &p2, board);
+    r2.step(now_us(), NicRates{});
+    if (!r2.live[0].predict_drain.load()) _exit(4);  // following the old sampler
+    char c;
+    if (read(go[0], &c, 1) != 1) _exit(5);  // the old sampler has gone
+    int drained_samples = 0;
+    for (int i = 0; i < 60 && r2.live[0].predict_drain.load(); ++i) {
+      usleep(100 * 1000);
+      r2.step(now_us(), NicRates{});
+      drained_samples += r2.live[0].predict_drain.load();
+    }
+    board::SamplerView sv;
+    const bool sampler = board::read_sampler(board, &sv, &e2) && sv.owner == getpid();
+    // Kept drained while its window filled (>= 20 samples), then returned.
+    _exit(sampler && drained_samples >= 20 && !r2.live[0].predict_drain.load() ? 0 : 6);
+  }
+  ::close(go[0]);
+  usleep(300 * 1000);
+  pub.close();  // this process stops sampling (as on exit)
+  REQUIRE(write(go[1], "x", 1) == 1);
+  ::close(go[1]);
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
   board::remove_board(board);
 }

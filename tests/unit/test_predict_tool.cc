@@ -98,6 +98,26 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
   CHECK_THAT(out, Catch::Contains("the threshold baseline decides"));
   CHECK_THAT(out, Catch::Contains("baseline decides; drain at risk"));
 
+  // Things a first user tried: named, not misread.
+  write(dir + "/bom.csv", "\xEF\xBB\xBFt_s,rail,symbol_err\n0,a,1\n5,a,2\n");
+  CHECK(run("--replay " + dir + "/bom.csv --model " + kModel, &out) == 0);
+  write(dir + "/dup.csv", "t_s,rail,symbol_err,symbol_err\n0,a,1,1\n");
+  CHECK(run("--replay " + dir + "/dup.csv --model " + kModel, &out) == 1);
+  CHECK_THAT(out, Catch::Contains("column 'symbol_err' appears twice"));
+  write(dir + "/hex.csv", "t_s,rail\n0x10,a\n");
+  CHECK(run("--replay " + dir + "/hex.csv --model " + kModel, &out) == 1);
+  CHECK_THAT(out, Catch::Contains("'0x10' is not a number of seconds"));
+  write(dir + "/junk.csv", "t_s,rail\n\x01\x02\xff,a\n");
+  CHECK(run("--replay " + dir + "/junk.csv --model " + kModel, &out) == 1);
+  CHECK(out.find('\x01') == std::string::npos);  // shown as '?', not echoed raw
+  CHECK(run("--replay " + dir + "/ok.csv --rail nosuch --model " + kModel, &out) == 1);
+  CHECK_THAT(out, Catch::Contains("no rail named 'nosuch'"));
+  write(dir + "/magic12.bin", std::string("R2PRDLST\x01\0\0\0", 12));
+  CHECK(run("--info --model " + dir + "/magic12.bin", &out) == 1);
+  CHECK_THAT(out, Catch::Contains("truncated"));
+  CHECK(run_command("R2CCL_PREDICT_MODEL=/nonexistent/w.bin " + tool() + " --info", &out) == 1);
+  CHECK(out.find("baseline decides") == std::string::npos);
+
   CHECK(run("", &out) == 3);
   CHECK(run("--replay a.csv --live", &out) == 3);
   CHECK(run("--features " + dir + "/ok.csv", &out) == 3);
@@ -121,8 +141,8 @@ TEST_CASE("r2ccl_predict --live and --info", "[predict]") {
                 " --model " + kModel,
             &out) == 0);
   const std::string trace = read_file(rec);
-  CHECK(count_lines_containing(trace, ",eth7,1,") == 4);  // the priming round + 3
-  CHECK(count_lines_containing(trace, ",eth7,1,25000,") == 3);
+  // The priming round + 3, each with the link state and speed read.
+  CHECK(count_lines_containing(trace, ",eth7,1,25000,") == 4);
   CHECK(run("--features " + rec + " --out " + root + "/f", &out) == 0);
   CHECK_THAT(out, Catch::Contains("3 rows (0 positive), 1 rails"));
   CHECK(run("--live --count 1 --interval 0.05 --sysfs-root " + root + "/nothing", &out) == 1);

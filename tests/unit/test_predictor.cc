@@ -198,10 +198,16 @@ TEST_CASE("SysfsRail reads an InfiniBand port's counters from a fake tree", "[pr
   }
   CHECK(reset_noted);
   CHECK_FALSE(saturated_again);  // warned once per file
+  // A FIFO (or any non-regular file) where a counter should be is not read: it can never block.
+  REQUIRE(::unlink((port + "/counters/port_rcv_errors").c_str()) == 0);
+  REQUIRE(::mkfifo((port + "/counters/port_rcv_errors").c_str(), 0600) == 0);
+  REQUIRE(rail.read(112.0, {}, &s, &notes));
+  CHECK((s.missing & (1u << kRcvErr)) != 0);
   // Every file gone: no crash, all deltas missing.
   REQUIRE(system(("rm -rf " + root + "/class").c_str()) == 0);
   REQUIRE(rail.read(115.0, {}, &s, &notes));
   CHECK(s.missing == (1u << kNumCounters) - 1);
+  CHECK(s.link_up);  // no state file: unknown, taken as up
   CHECK(rail.files_present() == 0);
   REQUIRE(system(("rm -rf " + root).c_str()) == 0);
 }

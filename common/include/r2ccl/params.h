@@ -141,11 +141,12 @@ struct ParamDef {
   X(predict, "R2CCL_PREDICT", kBool, "1", 0, 1, nullptr,                                       \
     "Run the failure predictor: one process per node samples NIC counters, publishes each "    \
     "rail's risk on the health board and every process drains a rail at risk.")               \
-  X(predict_interval, "R2CCL_PREDICT_INTERVAL", kDuration, "5s", 10e3, 3600e6, nullptr,         \
-    "Counter sampling period of the failure predictor.")                                      \
+  X(predict_interval, "R2CCL_PREDICT_INTERVAL", kDuration, "5s", 100e3, 3600e6, nullptr,        \
+    "Counter sampling period of the failure predictor (the model was trained at 5 s; other "   \
+    "periods get a WARN).")                                                                    \
   X(predict_window, "R2CCL_PREDICT_WINDOW", kDuration, "120s", 20e3, 86400e6, nullptr,          \
-    "History the predictor looks at; the model sees WINDOW / INTERVAL samples (24 by default)." \
-    " Must be at least 2 intervals.")                                                          \
+    "History the predictor looks at; the model sees WINDOW / INTERVAL samples (24 by default," \
+    " 2 to 256).")                                                                             \
   X(predict_threshold, "R2CCL_PREDICT_THRESHOLD", kDouble, "0.7", 0.01, 1, nullptr,            \
     "Risk (probability of a link failure within 30 s) at or above which a rail is drained: "   \
     "no new chunks, in-flight ones finish.")                                                   \
@@ -182,6 +183,10 @@ struct Config {
   // Which source won for each parameter with an NCCL fallback, for the INFO log.
   std::vector<std::string> sources;
 };
+
+// R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL at most: the LSTM runs over the whole window
+// every sample on the background thread, so its cost is bounded here.
+constexpr int64_t kMaxPredictWindowSteps = 256;
 
 // Variable lookup, injectable for tests. Returns nullptr when unset.
 using EnvLookup = std::function<const char*(const char*)>;

@@ -111,9 +111,10 @@ class SysfsRail {
  public:
   SysfsRail(const std::string& root, const RailSpec& spec);
 
-  // Reads every file. The first call primes and returns false; later calls fill *out with
-  // the deltas since the previous call and return true (also while the link is down, with
-  // out->link_up false). `now_s` is a monotonic time in seconds. Notes about the counters
+  // Reads every file. The first call primes: it fills *out with the link state and speed only
+  // (no deltas, dt 0) and returns false; later calls fill *out with the deltas since the
+  // previous call and return true (also while the link is down, with out->link_up false).
+  // Only regular files are read (non-blocking open): nothing under the root can block. `now_s` is a monotonic time in seconds. Notes about the counters
   // (a saturated counter, once per file; a reset; a file that disappeared) are appended to
   // *notes when non-null, one line each, naming the file.
   bool read(double now_s, const ExtraCounters& extra, Step* out, std::vector<std::string>* notes);

@@ -50,16 +50,17 @@ class RailPredictor {
   bool update(const Step& s, Assessment* out);
 
   const Assessment& last() const { return last_; }
-  // The features that push the risk up most, as "symbol_err+rcv_err (+0.42), ...": for the
-  // LSTM, the risk lost when that feature is replaced by its training mean over the whole
-  // window (occlusion); for the baseline, each feature's ratio to its threshold. At most
+  // The counters that push the risk up most, as "symbol_err+rcv_err (-0.42 if quiet), ...":
+  // for the LSTM, the risk that would be lost had those counters been quiet over the whole
+  // window (their features replaced by a quiet counter's; a rate and its delta together), so
+  // no share exceeds the risk; for the baseline, each feature's ratio to its threshold. At most
   // `n` entries with a positive share; "-" when none.
   std::string top_contributors(int n) const;
   // Raw feature rows of the window, oldest first (for tools and tests).
   const FeatureWindow& window() const { return window_; }
 
  private:
-  float lstm_risk(int occlude_feature) const;
+  float lstm_risk(uint32_t quiet_features) const;  // bit f: feature f replaced by a quiet value
 
   PredictorConfig cfg_;
   const Model* model_;
@@ -93,12 +94,14 @@ class NodeSampler {
               std::vector<std::string>* notes);
   size_t size() const { return rails_.size(); }
   const RailPredictor& predictor(size_t i) const { return *preds_[i]; }
-  // Rail i's deltas of the last round (false before the second round): for recording traces.
+  // Rail i's last reading: link state and speed always; deltas only when this returns true
+  // (not on the priming round). For recording traces.
   bool last_step(size_t i, Step* out) const {
-    if (!stepped_[i]) return false;
     *out = steps_[i];
-    return true;
+    return stepped_[i];
   }
+  // Rail i had no readable counter file at its last read (it is not predicted).
+  bool blind(size_t i) const { return blind_[i]; }
 
  private:
   std::vector<SysfsRail> rails_;

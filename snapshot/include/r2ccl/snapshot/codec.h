@@ -1,0 +1,232 @@
+// The delta codec of the snapshot client (issue 6): one registered state buffer (parameters,
+// optimizer state) turned into a chain of self-describing frames, and back.
+//
+//  - A chain starts with a BASE (the whole buffer) and continues with DELTAs against the
+//    previous snapshot; a new base every `base_every` (K) snapshots bounds the chain, so a
+//    restore needs the latest base and at most K-1 deltas.
+//  - Lossless (the default): the XOR of each element's bit pattern with the previous snapshot,
+//    byte-shuffled by element size within chunks of kChunkElems elements (all byte 0s, then all
+//    byte 1s, ...: unchanged high bytes become long zero runs), then zstd. Exact, NaN payloads
+//    included.
+//  - Lossy dynamic range (opt-in, FP16/BF16 only): the delta in float32, per block of
+//    kLossyBlockElems elements a float32 scale (max|delta| / 127) and one int8 code per
+//    element, then zstd. The encoder computes deltas against the buffer AS THE DECODER WILL
+//    HAVE RECONSTRUCTED IT (closed loop) and updates that reconstruction exactly as the
+//    decoder does, so quantization errors never accumulate across snapshots; it reports the
+//    largest |current - reconstructed| of each snapshot. Bases are always lossless.
+//
+// Frame layout (all integers little-endian), kFrameHeaderBytes = 64, then the payload:
+//    0 u32 magic kFrameMagic ("R2SF")    4 u16 version (1)      6 u16 header bytes (64)
+//    8 u8  dtype    9 u8 codec   10 u8 flags (bit 0: base; others 0)   11 u8 reserved (0)
+//   12 u32 chunk_elems (shuffle / lossy chunk, elements; a multiple of 256 in [256, 2^24])
+//   16 u64 seq (this snapshot)  24 u64 base_seq (the base its chain starts from; == seq for a base)
+//   32 u64 elem_count  40 u64 raw_size (bytes = elem_count * element size)
+//   48 u64 payload_size (bytes after the header)   56 u32 CRC-32 of the payload (zlib)
+//   60 u32 CRC-32 of header bytes 0..59
+// The payload is exactly one zstd frame whose declared content size is
+//   lossless: raw_size (per chunk of m elements: byte k of element i at offset k*m + i);
+//   lossy:    per chunk of m elements: ceil(m/256) float32 scales, then m int8 codes.
+// The header's codec names the payload's encoding: a lossy encoder's bases (and a lossy
+// delta that met a non-finite value, sent as a base instead) carry kLossless.
+//
+// Thread-safety: none inside. One DeltaEncoder / DeltaDecoder per buffer, used by one thread
+// at a time (different instances on different threads are independent). The free functions
+// are thread-safe.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+struct ZSTD_CCtx_s;
+struct ZSTD_DCtx_s;
+
+namespace r2ccl::snap {
+
+enum class DType : uint8_t { kBytes = 0, kF32 = 1, kF16 = 2, kBF16 = 3 };
+enum class Codec : uint8_t { kLossless = 0, kLossyDynRange = 1 };
+
+// Bytes per element: 1, 4, 2, 2 (0 for a value outside the enum).
+size_t dtype_size(DType t);
+// "kBytes", "kF32", "kF16", "kBF16", "kLossless", "kLossyDynRange" ("?" outside the enums).
+const char* dtype_name(DType t);
+const char* codec_name(Codec c);
+
+// IEEE binary16 and bfloat16 <-> binary32. Narrowing rounds to nearest, ties to even;
+// overflow gives +-Inf, underflow gives (signed) subnormals or zero; Inf stays Inf and NaN
+// stays NaN (sign kept, made quiet; the top payload bits kept). Widening is exact.
+uint16_t float_to_fp16(float f);
+float fp16_to_float(uint16_t h);
+uint16_t float_to_bf16(float f);
+float bf16_to_float(uint16_t b);
+
+constexpr uint32_t kFrameMagic = 0x46533252u;  // bytes 'R' '2' 'S' 'F'
+constexpr uint16_t kFrameVersion = 1;
+constexpr size_t kFrameHeaderBytes = 64;
+constexpr uint32_t kLossyBlockElems = 256;  // elements per lossy scale
+constexpr uint32_t kChunkElems = 1u << 18;  // elements per shuffle chunk (what the encoder writes)
+constexpr uint32_t kMaxChunkElems = 1u << 24;  // largest chunk a decoder accepts
+
+enum FrameFlags : uint8_t { kFrameBase = 1 };
+
+// A frame header as parsed (or to be written).
+struct FrameHeader {
+  uint16_t version = kFrameVersion;
+  DType dtype = DType::kBytes;
+  Codec codec = Codec::kLossless;
+  bool base = false;
+  uint32_t chunk_elems = kChunkElems;
+  uint64_t seq = 0;
+  uint64_t base_seq = 0;
+  uint64_t elem_count = 0;
+  uint64_t raw_size = 0;      // bytes
+  uint64_t payload_size = 0;  // bytes after the header
+  uint32_t payload_crc = 0;   // zlib crc32 of the payload
+};
+
+// Parses and checks the header of the frame [frame, frame + n) on its own (no buffer, no
+// payload check): n >= 64, magic, version, header bytes, header CRC, dtype/codec/flag values,
+// chunk_elems, elem_count * element size == raw_size (no overflow), a lossy codec only for
+// kF16/kBF16, a base only kLossless, base_seq == seq for a base and < seq for a delta, and
+// n == 64 + payload_size
+// (a shorter frame is "truncated", a longer one has trailing bytes). Returns false with *err
+// naming the field, its value and the accepted form; *out is set only on success. Reads
+// nothing outside [frame, frame + n) and allocates nothing but the error string. For the shard
+// store and the daemon, which file frames by (seq, base_seq) without decoding them.
+bool parse_frame_header(const uint8_t* frame, size_t n, FrameHeader* out, std::string* err);
+
+// Writes `h` as the 64 bytes at `out` (magic, header bytes and header CRC filled in; the
+// payload CRC is taken from h). For tools and tests that build frames.
+void write_frame_header(const FrameHeader& h, uint8_t* out);
+
+struct EncoderConfig {
+  DType dtype = DType::kBytes;
+  size_t size_bytes = 0;           // the buffer's size, bytes: > 0, a multiple of dtype_size
+  Codec codec = Codec::kLossless;  // kLossyDynRange: kF16 / kBF16 only
+  uint32_t base_every = 8;         // K >= 1: a base at the first snapshot and every K-th
+  int zstd_level = 1;              // zstd's range (negative = faster); 1: speed matters
+  int zstd_workers = 0;            // 0..64 zstd threads; 0 = compress on the calling thread
+  uint64_t first_seq = 0;          // sequence number of the first snapshot
+};
+
+struct EncodeStats {
+  uint64_t seq = 0;       // this snapshot's sequence number
+  uint64_t base_seq = 0;  // the base its chain starts from
+  bool is_base = false;
+  Codec codec = Codec::kLossless;  // the payload's encoding (bases are always lossless)
+  size_t raw_bytes = 0;            // the buffer, bytes
+  size_t frame_bytes = 0;          // header + payload, bytes
+  double max_abs_error = 0;        // max |current - reconstructed| over the buffer, in the
+                                   // element's units (0 for a lossless frame)
+  double seconds = 0;              // wall time of encode()
+  double ratio() const { return frame_bytes ? double(raw_bytes) / double(frame_bytes) : 0; }
+};
+
+class DeltaEncoder {
+ public:
+  // Returns nullptr with *err naming the field and the accepted range for an invalid config
+  // (size 0 or not a multiple of the element size, lossy for a dtype other than kF16/kBF16,
+  // base_every 0, a zstd level or worker count this libzstd refuses) or a failed allocation.
+  // Memory: the buffer's reconstruction (size_bytes), one chunk of scratch (kChunkElems
+  // elements) and zstd's context; the frame is the caller's.
+  static std::unique_ptr<DeltaEncoder> create(const EncoderConfig& cfg, std::string* err);
+  ~DeltaEncoder();
+  DeltaEncoder(const DeltaEncoder&) = delete;
+  DeltaEncoder& operator=(const DeltaEncoder&) = delete;
+
+  // Encodes the snapshot of `cur` (config().size_bytes bytes, host memory, not modified; it
+  // must not change during the call) into *frame (replaced; its capacity is reused, so pass
+  // the same vector again to avoid reallocation) and fills *st (may be null). The frame is a
+  // base for the first snapshot, every base_every-th one (seq - base_seq >= base_every), after
+  // request_base() or a failed encode, and when a lossy delta meets a changed element whose
+  // delta is not finite (a value changed to or from NaN/Inf, or a difference that overflows
+  // float32); NaN/Inf that stay put are kept exactly by lossy deltas. Lossy reconstructions
+  // saturate at the largest finite value instead of rounding to Inf. Returns false with *err
+  // on a zstd failure (memory), a null argument or an exhausted sequence; the sequence number
+  // is then not consumed and the next frame is a base.
+  [[nodiscard]] bool encode(const void* cur, std::vector<uint8_t>* frame, EncodeStats* st,
+                            std::string* err);
+
+  // The next encode() produces a base (e.g. a replica lost the chain).
+  void request_base() { need_base_ = true; }
+  uint64_t next_seq() const { return next_seq_; }
+  const EncoderConfig& config() const { return cfg_; }
+  // The buffer as a decoder holds it after the last frame (size_bytes bytes; meaningless
+  // before the first successful encode()).
+  const uint8_t* reconstruction() const { return prev_.get(); }
+
+ private:
+  explicit DeltaEncoder(const EncoderConfig& cfg);
+  bool encode_lossless(const uint8_t* cur, bool base, std::vector<uint8_t>* frame,
+                       std::string* err);
+  // Returns 1 on success, 0 on a zstd failure, -1 when a non-finite delta was met (the
+  // caller then sends a base; the reconstruction is partly updated).
+  int encode_lossy(const uint8_t* cur, std::vector<uint8_t>* frame, double* max_err,
+                   std::string* err);
+  bool begin_stream(uint64_t content_bytes, std::string* err);
+  bool push(const uint8_t* data, size_t n, bool last, std::vector<uint8_t>* frame,
+            std::string* err);
+
+  EncoderConfig cfg_;
+  size_t esize_ = 1;
+  uint64_t elems_ = 0;
+  uint64_t next_seq_ = 0;
+  uint64_t base_seq_ = 0;
+  bool need_base_ = true;
+  uint32_t crc_ = 0;                    // running CRC of the payload being written
+  std::unique_ptr<uint8_t[]> prev_;     // the decoder's view (size_bytes)
+  std::unique_ptr<uint8_t[]> scratch_;  // one chunk, shuffled or scales + codes
+  std::vector<uint8_t> out_stage_;      // zstd output staging
+  ZSTD_CCtx_s* cctx_ = nullptr;
+};
+
+class DeltaDecoder {
+ public:
+  // Returns nullptr with *err for size_bytes 0 or not a multiple of the element size.
+  // Allocates the state (size_bytes, zeroed); the payload scratch is allocated at the first
+  // frame (at most size_bytes + 4 * ceil(elements / 256) bytes, from the registered size only).
+  static std::unique_ptr<DeltaDecoder> create(DType dtype, size_t size_bytes, std::string* err);
+  ~DeltaDecoder();
+  DeltaDecoder(const DeltaDecoder&) = delete;
+  DeltaDecoder& operator=(const DeltaDecoder&) = delete;
+
+  // Applies the frame [frame, frame + n). Everything is checked before anything is allocated
+  // from the frame's fields or written to the state: the header (parse_frame_header), dtype,
+  // elem_count and raw_size against the registered buffer, the chain (a base is accepted by
+  // an empty decoder or with a seq above the last one; a delta needs seq == last seq + 1 and
+  // base_seq == the chain's base), the payload CRC, one zstd frame of exactly the expected
+  // content size, and for lossy payloads finite non-negative scales and codes in [-127, 127].
+  // Returns false with *err naming the field, its value and the accepted form; the decoder is
+  // then unchanged (state, last_seq, base_seq).
+  [[nodiscard]] bool apply(const uint8_t* frame, size_t n, std::string* err);
+
+  // Forgets the chain (the next frame must be a base); the state bytes are kept.
+  void reset() { has_state_ = false; }
+
+  bool has_state() const { return has_state_; }
+  // The reconstructed buffer (size_bytes() bytes; zeros before the first base).
+  const uint8_t* state() const { return state_.get(); }
+  size_t size_bytes() const { return size_; }
+  DType dtype() const { return dtype_; }
+  uint64_t last_seq() const { return last_seq_; }  // valid when has_state()
+  uint64_t base_seq() const { return base_seq_; }  // valid when has_state()
+
+ private:
+  DeltaDecoder(DType dtype, size_t size_bytes);
+
+  DType dtype_;
+  size_t size_;
+  size_t esize_;
+  uint64_t elems_;
+  bool has_state_ = false;
+  uint64_t last_seq_ = 0;
+  uint64_t base_seq_ = 0;
+  std::unique_ptr<uint8_t[]> state_;
+  std::unique_ptr<uint8_t[]> scratch_;
+  size_t scratch_size_ = 0;
+  ZSTD_DCtx_s* dctx_ = nullptr;
+};
+
+}  // namespace r2ccl::snap
