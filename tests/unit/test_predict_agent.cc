@@ -22,15 +22,20 @@ using r2ccl::test::NicRates;
 
 namespace {
 
-Config config_with(const std::map<std::string, std::string>& env) {
-  Config cfg;
+// The configuration `env` gives. No Catch2 macro: forked children call it too.
+bool load_env(const std::map<std::string, std::string>& env, Config* cfg) {
   std::string err;
-  REQUIRE(load_config(
+  return load_config(
       [&](const char* n) -> const char* {
         auto it = env.find(n);
         return it == env.end() ? nullptr : it->second.c_str();
       },
-      {}, &cfg, &err, nullptr));
+      {}, cfg, &err, nullptr);
+}
+
+Config config_with(const std::map<std::string, std::string>& env) {
+  Config cfg;
+  REQUIRE(load_env(env, &cfg));
   return cfg;
 }
 
@@ -171,10 +176,7 @@ TEST_CASE("agent: one sampler per node on the board; another process follows its
     env2["R2CCL_SYSFS_ROOT"] = other_root;
     Config cfg2;
     std::string e2;
-    load_config([&](const char* n) -> const char* {
-      auto it = env2.find(n);
-      return it == env2.end() ? nullptr : it->second.c_str();
-    }, {}, &cfg2, &e2, nullptr);
+    if (!load_env(env2, &cfg2)) _exit(2);
     Rig r2(other_root);
     board::Publisher p2;
     if (!p2.open(board, &e2)) _exit(3);
@@ -202,10 +204,7 @@ TEST_CASE("agent: one sampler per node on the board; another process follows its
     env2["R2CCL_SYSFS_ROOT"] = other_root;
     Config cfg2;
     std::string e2;
-    load_config([&](const char* n) -> const char* {
-      auto it = env2.find(n);
-      return it == env2.end() ? nullptr : it->second.c_str();
-    }, {}, &cfg2, &e2, nullptr);
+    if (!load_env(env2, &cfg2)) _exit(2);
     Rig r2(other_root);
     board::Publisher p2;
     if (!p2.open(board, &e2)) _exit(3);
