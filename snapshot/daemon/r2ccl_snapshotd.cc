@@ -217,8 +217,12 @@ class Daemon {
         board::AgreedRecord r;
         std::memcpy(&r, in->body.data(), sizeof(r));
         heard(static_cast<uint32_t>(in->peer), now);
-        // Only the coordinator in this node's view is followed; a stale epoch is ignored.
-        if (static_cast<uint32_t>(in->peer) != mem_.coordinator() || r.epoch <= written_epoch_)
+        // Only the coordinator in this node's view is followed; an older epoch is ignored. A
+        // record of the epoch already written is taken when it differs: two nodes that briefly
+        // both coordinated (one had not heard the other yet) may have used the same epoch, and
+        // the lowest live id's record must win everywhere.
+        if (static_cast<uint32_t>(in->peer) != mem_.coordinator() || r.epoch < written_epoch_ ||
+            (r.epoch == written_epoch_ && same_membership(r, written_)))
           return true;
         if (!board::agreed_record_consistent(r)) {
           refuse(in, "inconsistent agreed record");
@@ -229,6 +233,9 @@ class Daemon {
       }
     }
     return false;
+  }
+  static bool same_membership(const board::AgreedRecord& a, const board::AgreedRecord& b) {
+    return a.n_nodes == b.n_nodes && std::memcmp(a.members, b.members, sizeof(a.members)) == 0;
   }
   void heard(uint32_t id, TimeUs now) {
     const bool was = mem_.alive(id);
@@ -353,6 +360,7 @@ class Daemon {
       return;
     }
     written_epoch_ = r.epoch;
+    written_ = r;
     agreed_epoch_ = std::max(agreed_epoch_, r.epoch);
     std::string members;
     for (uint32_t id = 0; id < r.n_nodes && id < static_cast<uint32_t>(board::kMaxNodes); ++id)
@@ -393,6 +401,7 @@ class Daemon {
   uint64_t written_epoch_ = 0;  // the epoch last written to this node's board
   std::vector<uint32_t> agreed_members_;
   board::AgreedRecord current_{};
+  board::AgreedRecord written_{};  // the record last written to this node's board
 };
 
 bool read_text(const std::string& path, std::string* out, std::string* err) {

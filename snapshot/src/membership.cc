@@ -92,7 +92,7 @@ bool parse_peers(const std::string& text, std::vector<PeerSpec>* out, std::strin
 
 Membership::Membership(uint32_t self, const std::vector<uint32_t>& ids, TimeUs period,
                        TimeUs now, int miss_limit)
-    : self_(self), period_(period), miss_limit_(miss_limit), ids_(ids) {
+    : self_(self), period_(period), started_(now), miss_limit_(miss_limit), ids_(ids) {
   std::sort(ids_.begin(), ids_.end());
   ids_.erase(std::unique(ids_.begin(), ids_.end()), ids_.end());
   // Only this node starts live: a peer is live from its first heartbeat, so a daemon that
@@ -115,6 +115,7 @@ bool Membership::on_heard(uint32_t from, TimeUs now) {
 }
 
 std::vector<uint32_t> Membership::tick(TimeUs now) {
+  if (now - started_ >= static_cast<TimeUs>(miss_limit_) * period_) settled_ = true;
   std::vector<uint32_t> failed;
   for (Node& n : nodes_) {
     if (n.id == self_ || !n.alive) continue;

@@ -137,3 +137,43 @@ TEST_CASE("membership: the agreed record carries epoch, members and bandwidth", 
   CHECK(r.node_usable_gbps[70] == 0.0f);  // unknown
   CHECK(board::agreed_record_consistent(r));
 }
+
+TEST_CASE("membership: a starting node listens 3 periods before it acts", "[snapshot]") {
+  // Three daemons started together; node 0's first heartbeat reaches node 1 late (after node
+  // 2's). Node 1 must not act for {1, 2} in the meantime: two records of one epoch would race.
+  TimeUs now = 1000 * kUsPerSec;
+  Membership m(1, {0, 1, 2}, kPeriod, now);
+  m.on_heard(2, now + kPeriod / 10);
+  m.tick(now + kPeriod);
+  CHECK(m.coordinator() == 1);
+  CHECK(m.has_majority());
+  CHECK_FALSE(m.settled());
+  CHECK_FALSE(m.acts_as_coordinator());  // a majority, but still listening
+  m.on_heard(0, now + 2 * kPeriod);       // late, within the listening time
+  m.on_heard(2, now + 2 * kPeriod);
+  m.tick(now + 2 * kPeriod);
+  CHECK_FALSE(m.acts_as_coordinator());
+  m.on_heard(0, now + 3 * kPeriod);
+  m.on_heard(2, now + 3 * kPeriod);
+  m.tick(now + 3 * kPeriod);
+  CHECK(m.settled());
+  CHECK(m.coordinator() == 0);
+  CHECK_FALSE(m.acts_as_coordinator());  // node 0 coordinates
+  // Node 0, started at the same time, acts once settled.
+  Membership z(0, {0, 1, 2}, kPeriod, now);
+  z.on_heard(1, now + kPeriod);
+  z.tick(now + 2 * kPeriod);
+  CHECK_FALSE(z.acts_as_coordinator());
+  z.on_heard(1, now + 3 * kPeriod);
+  z.tick(now + 3 * kPeriod);
+  CHECK(z.acts_as_coordinator());
+  // A peer that never spoke during the listening time is simply not a member: node 1 alone
+  // with node 2 acts after 3 periods.
+  Membership w(1, {0, 1, 2}, kPeriod, now);
+  for (int i = 1; i <= 3; ++i) {
+    w.on_heard(2, now + i * kPeriod);
+    w.tick(now + i * kPeriod);
+  }
+  CHECK(w.acts_as_coordinator());
+  CHECK(w.live() == std::vector<uint32_t>{1, 2});
+}

@@ -7,6 +7,10 @@
 //  - The coordinator is the lowest live node id, and it acts only while it sees a strict
 //    majority of all configured nodes (itself included), so the two sides of a partition can
 //    never both act: at most one side has a majority.
+//  - A starting node listens for `miss_limit` periods before it may act (the time in which a
+//    silent peer would be declared failed): daemons started together hear each other first, so
+//    a node whose lower-id peer's first heartbeat is merely late does not speak for a
+//    membership without it.
 //  - Every change of the live set increments the membership epoch (the agreed record's epoch
 //    once the coordinator publishes it).
 // Thread-safety: none; the daemon's event loop owns a Membership.
@@ -41,8 +45,9 @@ class Membership {
   // A heartbeat (or any authenticated message) from `from` at `now`. Unknown ids are ignored
   // (returns false).
   bool on_heard(uint32_t from, TimeUs now);
-  // Declares failed every live node silent for more than miss_limit periods. Returns the nodes
-  // newly declared failed (empty most of the time). Call at least once per period.
+  // Declares failed every live node silent for more than miss_limit periods, and ends the
+  // start-up listening time once miss_limit periods have passed since construction. Returns
+  // the nodes newly declared failed (empty most of the time). Call at least once per period.
   std::vector<uint32_t> tick(TimeUs now);
 
   bool alive(uint32_t id) const;
@@ -53,7 +58,9 @@ class Membership {
   bool has_majority() const { return 2 * live().size() > ids_.size(); }
   // True when this node is the coordinator and sees a majority: only then may it act
   // (publish the agreed record, run marker rounds, announce recoveries).
-  bool acts_as_coordinator() const { return coordinator() == self_ && has_majority(); }
+  // Never during the start-up listening time (settled() false).
+  bool acts_as_coordinator() const { return settled_ && coordinator() == self_ && has_majority(); }
+  bool settled() const { return settled_; }
   uint64_t epoch() const { return epoch_; }
 
   // The agreed record for the current membership: epoch, n_nodes = the highest configured id
@@ -69,6 +76,8 @@ class Membership {
   };
   uint32_t self_;
   TimeUs period_;
+  TimeUs started_;
+  bool settled_ = false;
   int miss_limit_;
   std::vector<uint32_t> ids_;  // ascending
   std::vector<Node> nodes_;    // same order
