@@ -1,15 +1,30 @@
-// r2ccl_snapshotd: the per-node snapshot sidecar (issue 6). This first part runs the cluster
-// membership: authenticated peer connections (job token), heartbeats, failure detection (3
-// missed periods), the coordinator rule (lowest live id, acting only with a strict majority),
-// and the agreed cluster record published into every node's health board for the tuner.
-// Snapshot shards, consistent cuts and recovery build on it (snapshot/README.md).
+// r2ccl_snapshotd: the per-node snapshot sidecar (issue 6; snapshot/README.md).
 //
-//   r2ccl_snapshotd --id N --peers FILE --token-file FILE [--board NAME] [--period-ms MS]
+// - Membership: authenticated peer connections (job token), heartbeats, failure detection (3
+//   missed periods), the coordinator rule (lowest live id, acting only with a strict majority),
+//   and the agreed cluster record published into every node's health board.
+// - Shards: the node's training processes send their encoded snapshot shards over the local
+//   Unix socket (client_wire.h); the daemon keeps a home copy and sends each shard to the
+//   rank's replica nodes (the R nearest other live nodes: fewest hops in --topology, else the
+//   measured heartbeat round trip). Replicas hold them in a ShardStore (memory limit, spill
+//   directory, CRC-checked) and report to the coordinator which (rank, step) they hold in full.
+// - Consistent cuts: the coordinator runs a marker round per new step (CutTracker); the newest
+//   complete step (every rank held by >= 1 live replica) goes to every node, which prunes
+//   older chains and tells its clients (the STATE frame is also the recovery event).
+// - Restore: a client's FETCH is answered from the local store when it holds the chain, else
+//   from the nearest peer that does; a corrupt or missing chain moves on to the next peer.
+// - KV: small values (an NCCL unique id, a rendezvous address) for every node, through the
+//   coordinator.
 //
-// One event loop (asio, Debian's libasio-dev) on one thread. Exit status: 0 on SIGTERM/SIGINT,
-// 2 on bad arguments or files (the message names which and the accepted form), 1 when the peer
-// port cannot be opened.
+// One event loop (asio, Debian's libasio-dev) on one thread; the store's spill writes run on
+// it too. Exit status: 0 on SIGTERM/SIGINT, 2 on bad arguments or files (the message names which
+// and the accepted form), 1 when a port, the socket or the spill directory cannot be opened.
+#include <fcntl.h>
+#include <grp.h>
 #include <signal.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <asio.hpp>
@@ -23,6 +38,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -30,10 +46,15 @@
 
 #include "r2ccl/clock.h"
 #include "r2ccl/health_board.h"
+#include "r2ccl/snapshot/client_wire.h"
+#include "r2ccl/snapshot/cut.h"
+#include "r2ccl/snapshot/holdings.h"
 #include "r2ccl/snapshot/membership.h"
 #include "r2ccl/snapshot/peer_wire.h"
+#include "r2ccl/snapshot/shard_store.h"
 
 using asio::ip::tcp;
+using ulocal = asio::local::stream_protocol;
 using namespace r2ccl;
 using namespace r2ccl::snap;
 
@@ -56,32 +77,107 @@ bool token_equal(const uint8_t* a, const uint8_t* b, size_t n) {
   return d == 0;
 }
 
-template <typename Body>
-std::shared_ptr<std::vector<uint8_t>> frame(PeerMsg type, const Body& body) {
-  auto f = std::make_shared<std::vector<uint8_t>>(sizeof(PeerHeader) + sizeof(Body));
-  PeerHeader h{kPeerMagic, kPeerVersion, static_cast<uint16_t>(type),
-               static_cast<uint32_t>(sizeof(Body)), 0};
-  std::memcpy(f->data(), &h, sizeof(h));
-  std::memcpy(f->data() + sizeof(h), &body, sizeof(Body));
+using Frame = std::shared_ptr<std::vector<uint8_t>>;
+
+// A frame: the 16-byte header then up to three pieces of payload.
+Frame make_frame(uint32_t magic, uint16_t version, uint16_t type, const void* a, size_t an,
+                 const void* b = nullptr, size_t bn = 0, const void* c = nullptr, size_t cn = 0) {
+  auto f = std::make_shared<std::vector<uint8_t>>(sizeof(PeerHeader) + an + bn + cn);
+  PeerHeader h{magic, version, type, static_cast<uint32_t>(an + bn + cn), 0};
+  uint8_t* p = f->data();
+  std::memcpy(p, &h, sizeof(h));
+  p += sizeof(h);
+  if (an) std::memcpy(p, a, an);
+  if (bn) std::memcpy(p + an, b, bn);
+  if (cn) std::memcpy(p + an + bn, c, cn);
   return f;
 }
+template <typename Body>
+Frame peer_frame(PeerMsg t, const Body& b) {
+  return make_frame(kPeerMagic, kPeerVersion, static_cast<uint16_t>(t), &b, sizeof(b));
+}
+template <typename Body>
+Frame client_frame(ClientMsg t, const Body& b) {
+  return make_frame(kClientMagic, kClientVersion, static_cast<uint16_t>(t), &b, sizeof(b));
+}
+
+// Idempotent frames (a newer one replaces an older one): kept one per type, so a slow peer
+// costs bounded memory for them; they go out before queued bulk frames.
+bool idempotent_peer(uint16_t t) {
+  return t == uint16_t(PeerMsg::kHeartbeat) || t == uint16_t(PeerMsg::kAgreed) ||
+         t == uint16_t(PeerMsg::kComplete);
+}
+
+constexpr size_t kReadChunk = 1 << 20;  // bodies are read 1 MiB at a time (liveness on the way)
+
+// One stream connection, either direction. Outgoing frames: `latest` (idempotent, one per
+// type) first, then `queue` in order, bounded by `queue_limit` bytes (a frame beyond it is
+// dropped and counted: a replica that falls that far behind is no replica of that step).
+template <class Socket>
+struct Conn {
+  explicit Conn(Socket s) : sock(std::move(s)) {}
+  Socket sock;
+  PeerHeader h{};
+  std::vector<uint8_t> body;
+  size_t got = 0;
+  // open: frames are accepted (queued); connected: they are written. An outgoing peer
+  // connection is open from its connect attempt on and connected once it succeeded (its HELLO,
+  // the lowest type, goes first); accepted sockets are both from the start.
+  bool open = true, connected = true, writing = false;
+  std::map<uint16_t, Frame> latest;
+  std::deque<Frame> queue;
+  uint64_t queued_bytes = 0, dropped = 0;
+  int64_t id = -1;       // peer node id (peer connections) or rank (clients), once HELLO checked
+  uint32_t world = 0;    // clients: the job's world size
+};
+using PeerConn = Conn<tcp::socket>;
+using ClientConn = Conn<ulocal::socket>;
+
+struct Options {
+  uint32_t self = 0;
+  std::vector<PeerSpec> peers;
+  std::string token;
+  std::string board = "default";
+  TimeUs period = 500 * kUsPerMs;
+  std::string socket_path;
+  std::string socket_group;
+  StoreConfig store;
+  uint32_t replicas = 3;
+  std::map<uint32_t, std::vector<std::string>> topology;
+  uint64_t queue_limit = 4ull << 30;
+};
 
 class Daemon {
  public:
-  Daemon(uint32_t self, std::vector<PeerSpec> peers, std::string token, std::string board,
-         TimeUs period)
-      : self_(self),
-        peers_(std::move(peers)),
-        token_(std::move(token)),
-        board_(std::move(board)),
-        period_(period),
-        mem_(self, ids(peers_), period, now_us()),
+  explicit Daemon(Options o)
+      : o_(std::move(o)),
+        mem_(o_.self, ids(o_.peers), o_.period, now_us()),
+        store_(o_.store),
+        cut_(o_.replicas),
         acceptor_(io_),
+        local_(io_),
         timer_(io_),
-        signals_(io_, SIGINT, SIGTERM) {}
+        signals_(io_, SIGINT, SIGTERM) {
+    if (const char* e = getenv("R2CCL_SNAPD_TEST_EXIT_AFTER_SHARDS")) {
+      unsigned long long st = 0, n = 0;
+      if (sscanf(e, "%llu:%llu", &st, &n) == 2 && n > 0) {
+        exit_step_ = st;
+        exit_after_ = n;
+      }
+    }
+    if (const char* e = getenv("R2CCL_SNAPD_TEST_BLOCK_FILE")) block_file_ = e;
+  }
 
   int run() {
-    const PeerSpec* me = find(self_);
+    std::string err;
+    OpenReport rep;
+    if (store_.open(&rep, &err) != StoreStatus::kOk) {
+      say("cannot open the shard store: %s", err.c_str());
+      return 1;
+    }
+    for (const auto& s : rep.skipped) say("spill directory: skipped %s", s.c_str());
+    reload_index();
+    const PeerSpec* me = find(o_.self);
     std::error_code ec;
     tcp::endpoint ep(asio::ip::make_address(me->host, ec), me->port);
     if (ec) ep = tcp::endpoint(tcp::v4(), me->port);
@@ -93,142 +189,334 @@ class Daemon {
       say("cannot listen on %s:%u: %s", me->host.c_str(), me->port, ec.message().c_str());
       return 1;
     }
-    say("node %u of %zu listening on %s:%u, heartbeat every %.0f ms, board %s", self_,
-        peers_.size(), me->host.c_str(), me->port, period_ / 1e3, board_.c_str());
-    for (const auto& p : peers_)
-      if (p.id != self_) outs_[p.id] = std::make_shared<Out>(io_, p);
+    if (!open_local(&err)) {
+      say("%s", err.c_str());
+      return 1;
+    }
+    say("node %u of %zu listening on %s:%u, heartbeat every %.0f ms, board %s, clients on %s, "
+        "%u replicas per shard, shards in memory up to %llu MiB%s%s",
+        o_.self, o_.peers.size(), me->host.c_str(), me->port, o_.period / 1e3, o_.board.c_str(),
+        o_.socket_path.c_str(), o_.replicas,
+        static_cast<unsigned long long>(o_.store.memory_limit_bytes >> 20),
+        o_.store.spill_dir.empty() ? "" : ", spilling to ", o_.store.spill_dir.c_str());
+    if (holdings_.size())
+      say("serving %zu shards from the spill directory (newest step %llu)", holdings_.size(),
+          static_cast<unsigned long long>(holdings_.newest_step()));
+    for (const auto& p : o_.peers)
+      if (p.id != o_.self) {
+        outs_[p.id] = std::make_shared<PeerConn>(tcp::socket(io_));
+        outs_[p.id]->open = outs_[p.id]->connected = false;  // connected by the first tick
+      }
     accept();
+    accept_local();
     signals_.async_wait([this](const std::error_code&, int sig) {
       say("signal %d: exiting", sig);
       io_.stop();
     });
     tick();
     io_.run();
+    std::string e2;
+    if (store_.close(&e2) != StoreStatus::kOk) say("closing the shard store: %s", e2.c_str());
+    save_index();
+    ::unlink(o_.socket_path.c_str());
     return 0;
   }
 
  private:
-  struct Out {
-    Out(asio::io_context& io, PeerSpec s) : sock(io), spec(std::move(s)) {}
-    tcp::socket sock;
-    PeerSpec spec;
-    bool connected = false, connecting = false, writing = false;
-    std::map<uint16_t, std::shared_ptr<std::vector<uint8_t>>> pending;  // by message type
-  };
-
   static std::vector<uint32_t> ids(const std::vector<PeerSpec>& p) {
     std::vector<uint32_t> v;
     for (const auto& s : p) v.push_back(s.id);
     return v;
   }
   const PeerSpec* find(uint32_t id) const {
-    for (const auto& p : peers_)
+    for (const auto& p : o_.peers)
       if (p.id == id) return &p;
     return nullptr;
   }
+  bool blocked(int64_t peer) const { return peer >= 0 && blocked_.count(uint32_t(peer)); }
 
-  // ---- incoming connections: HELLO, then HEARTBEAT / AGREED frames ----
+  // ---- writing ----
+  // Returns whether the frame was accepted (queued or kept).
+  template <class C>
+  bool send(const std::shared_ptr<C>& c, Frame f, bool keep_latest) {
+    if (!c->open) return false;
+    if (keep_latest) {
+      PeerHeader h;
+      std::memcpy(&h, f->data(), sizeof(h));
+      c->latest[h.type] = std::move(f);
+    } else {
+      if (c->queued_bytes + f->size() > o_.queue_limit) {
+        if (c->dropped++ == 0) say("send queue over %llu bytes: dropping frames", (unsigned long long)o_.queue_limit);
+        return false;
+      }
+      c->queued_bytes += f->size();
+      c->queue.push_back(std::move(f));
+    }
+    pump(c);
+    return true;
+  }
+  template <class C>
+  void pump(const std::shared_ptr<C>& c) {
+    if (c->writing || !c->open || !c->connected) return;
+    Frame f;
+    bool bulk = false;
+    if (!c->latest.empty()) {
+      auto it = c->latest.begin();
+      f = std::move(it->second);
+      c->latest.erase(it);
+    } else if (!c->queue.empty()) {
+      f = std::move(c->queue.front());
+      c->queue.pop_front();
+      bulk = true;
+    } else {
+      return;
+    }
+    c->writing = true;
+    asio::async_write(c->sock, asio::buffer(*f), [this, c, f, bulk](const std::error_code& ec, size_t) {
+      c->writing = false;
+      if (bulk) c->queued_bytes -= f->size();
+      if (ec) {
+        close_conn(c);
+        return;
+      }
+      pump(c);
+    });
+  }
+  template <class C>
+  void close_conn(const std::shared_ptr<C>& c) {
+    c->open = false;
+    c->connected = false;
+    c->latest.clear();
+    c->queue.clear();
+    c->queued_bytes = 0;
+    std::error_code ignore;
+    c->sock.close(ignore);
+  }
+  bool send_peer(uint32_t id, Frame f) {
+    if (id == o_.self || blocked(id)) return false;
+    auto it = outs_.find(id);
+    if (it == outs_.end()) return false;
+    PeerHeader h;
+    std::memcpy(&h, f->data(), sizeof(h));
+    return send(it->second, std::move(f), idempotent_peer(h.type));
+  }
+
+  // ---- reading: header, bounds check, body in 1 MiB pieces, dispatch ----
+  template <class C, class Check, class Handle, class Progress>
+  void read_loop(std::shared_ptr<C> c, uint32_t magic, uint16_t version, Check check,
+                 Handle handle, Progress progress, const char* what) {
+    asio::async_read(c->sock, asio::buffer(&c->h, sizeof(c->h)),
+                     [=](const std::error_code& ec, size_t) {
+                       if (ec) return close_conn(c);
+                       std::string why;
+                       if (c->h.magic != magic)
+                         why = std::string("not an r2ccl ") + what + " (bad magic)";
+                       else if (c->h.version != version)
+                         why = "protocol version " + std::to_string(c->h.version) +
+                               ", this daemon speaks " + std::to_string(version);
+                       else if (!check(c->h.type, c->h.length))
+                         why = "message type " + std::to_string(c->h.type) + " with " +
+                               std::to_string(c->h.length) + " payload bytes";
+                       if (!why.empty()) return refuse(c, why);
+                       c->body.clear();
+                       c->body.resize(c->h.length);  // bounded by check()
+                       c->got = 0;
+                       read_body(c, magic, version, check, handle, progress, what);
+                     });
+  }
+  template <class C, class Check, class Handle, class Progress>
+  void read_body(std::shared_ptr<C> c, uint32_t magic, uint16_t version, Check check,
+                 Handle handle, Progress progress, const char* what) {
+    if (c->got == c->body.size()) {
+      if (handle(c)) read_loop(c, magic, version, check, handle, progress, what);
+      return;
+    }
+    const size_t n = std::min(kReadChunk, c->body.size() - c->got);
+    asio::async_read(c->sock, asio::buffer(c->body.data() + c->got, n),
+                     [=](const std::error_code& ec, size_t k) {
+                       if (ec) return close_conn(c);
+                       c->got += k;
+                       progress(c);
+                       read_body(c, magic, version, check, handle, progress, what);
+                     });
+  }
+  template <class C>
+  std::string from(const std::shared_ptr<C>& c) {
+    if constexpr (std::is_same_v<C, PeerConn>) {
+      std::error_code ec;
+      auto ep = c->sock.remote_endpoint(ec);
+      return ec ? "?" : ep.address().to_string() + ":" + std::to_string(ep.port());
+    } else {
+      return "local client" + (c->id >= 0 ? " rank " + std::to_string(c->id) : std::string());
+    }
+  }
+  template <class C>
+  void refuse(const std::shared_ptr<C>& c, const std::string& why) {
+    std::string who = from(c);
+    const std::string key = who.substr(0, who.rfind(':')) + why;
+    if (refused_.insert(key).second)  // once per address and reason
+      say("refused a %s connection from %s: %s",
+          std::is_same_v<C, PeerConn> ? "peer" : "client", who.c_str(), why.c_str());
+    close_conn(c);
+  }
+
+  // ---- peers ----
   void accept() {
     acceptor_.async_accept([this](const std::error_code& ec, tcp::socket s) {
       if (!ec) {
-        auto in = std::make_shared<In>(std::move(s));
-        read_header(in);
+        auto in = std::make_shared<PeerConn>(std::move(s));
+        read_loop(
+            in, kPeerMagic, kPeerVersion,
+            [this, in](uint16_t t, uint64_t len) {
+              if (in->id < 0 && t != uint16_t(PeerMsg::kHello)) return false;
+              return peer_payload_ok(t, len, o_.store.max_shard_bytes);
+            },
+            [this](const std::shared_ptr<PeerConn>& c) { return handle_peer(c); },
+            [this](const std::shared_ptr<PeerConn>& c) {
+              if (c->id >= 0 && !blocked(c->id)) mem_.on_heard(uint32_t(c->id), now_us());
+            },
+            "peer");
       }
       accept();
     });
   }
-  struct In {
-    explicit In(tcp::socket s) : sock(std::move(s)) {}
-    tcp::socket sock;
-    PeerHeader h{};
-    std::vector<uint8_t> body;
-    int64_t peer = -1;  // node id once the HELLO checked out
-    std::string from() {
-      std::error_code ec;
-      auto ep = sock.remote_endpoint(ec);
-      return ec ? "?" : ep.address().to_string() + ":" + std::to_string(ep.port());
-    }
-  };
-  void refuse(const std::shared_ptr<In>& in, const std::string& why) {
-    const std::string key = in->from().substr(0, in->from().rfind(':')) + why;
-    if (refused_.insert(key).second)  // once per address and reason
-      say("refused a peer connection from %s: %s", in->from().c_str(), why.c_str());
-    std::error_code ec;
-    in->sock.close(ec);
-  }
-  void read_header(std::shared_ptr<In> in) {
-    asio::async_read(in->sock, asio::buffer(&in->h, sizeof(in->h)),
-                     [this, in](const std::error_code& ec, size_t) {
-                       if (ec) return;  // closed
-                       const size_t want = peer_payload_size(in->h.type);
-                       if (in->h.magic != kPeerMagic) return refuse(in, "not an r2ccl peer (bad magic)");
-                       if (in->h.version != kPeerVersion)
-                         return refuse(in, "protocol version " + std::to_string(in->h.version) +
-                                               ", this daemon speaks " + std::to_string(kPeerVersion));
-                       if (want == 0 || in->h.length != want)
-                         return refuse(in, "message type " + std::to_string(in->h.type) +
-                                               " with " + std::to_string(in->h.length) +
-                                               " payload bytes");
-                       if (in->peer < 0 && in->h.type != static_cast<uint16_t>(PeerMsg::kHello))
-                         return refuse(in, "first message is not HELLO");
-                       in->body.resize(want);  // bounded: at most sizeof(AgreedRecord)
-                       asio::async_read(in->sock, asio::buffer(in->body),
-                                        [this, in](const std::error_code& ec2, size_t) {
-                                          if (ec2) return;
-                                          if (handle(in)) read_header(in);
-                                        });
-                     });
-  }
-  bool handle(const std::shared_ptr<In>& in) {
+
+  bool handle_peer(const std::shared_ptr<PeerConn>& in) {
     const TimeUs now = now_us();
-    switch (static_cast<PeerMsg>(in->h.type)) {
-      case PeerMsg::kHello: {
-        HelloBody b;
-        std::memcpy(&b, in->body.data(), sizeof(b));
-        uint8_t mine[kTokenBytes] = {};
-        std::memcpy(mine, token_.data(), token_.size());
-        if (b.token_len != token_.size() || !token_equal(b.token, mine, kTokenBytes)) {
-          refuse(in, "wrong job token");
-          return false;
-        }
-        if (!find(b.node_id) || b.node_id == self_) {
-          refuse(in, "node id " + std::to_string(b.node_id) + " is not a peer in the peer list");
-          return false;
-        }
-        in->peer = b.node_id;
-        mem_.on_heard(b.node_id, now);
-        return true;
+    const auto type = static_cast<PeerMsg>(in->h.type);
+    if (type == PeerMsg::kHello) {
+      if (in->id >= 0) {
+        refuse(in, "a second HELLO");
+        return false;
       }
+      HelloBody b;
+      std::memcpy(&b, in->body.data(), sizeof(b));
+      uint8_t mine[kTokenBytes] = {};
+      std::memcpy(mine, o_.token.data(), o_.token.size());
+      if (b.token_len != o_.token.size() || !token_equal(b.token, mine, kTokenBytes)) {
+        refuse(in, "wrong job token");
+        return false;
+      }
+      if (!find(b.node_id) || b.node_id == o_.self) {
+        refuse(in, "node id " + std::to_string(b.node_id) + " is not a peer in the peer list");
+        return false;
+      }
+      in->id = b.node_id;
+      if (!blocked(in->id)) heard(b.node_id, now);
+      return true;
+    }
+    const uint32_t peer = static_cast<uint32_t>(in->id);
+    if (blocked(peer)) return true;  // test hook: a partition drops what crosses it
+    heard(peer, now);
+    const uint8_t* p = in->body.data();
+    switch (type) {
+      case PeerMsg::kHello:
+        break;
       case PeerMsg::kHeartbeat: {
         HeartbeatBody b;
-        std::memcpy(&b, in->body.data(), sizeof(b));
-        if (b.node_id != in->peer) {
+        std::memcpy(&b, p, sizeof(b));
+        if (b.node_id != peer) {
           refuse(in, "heartbeat for node " + std::to_string(b.node_id) + " on node " +
-                         std::to_string(in->peer) + "'s connection");
+                         std::to_string(peer) + "'s connection");
           return false;
         }
-        heard(b.node_id, now);
         if (b.node_id < gbps_.size() && std::isfinite(b.usable_gbps) && b.usable_gbps >= 0)
           gbps_[b.node_id] = b.usable_gbps;
         agreed_epoch_ = std::max(agreed_epoch_, b.epoch);
+        last_hb_[peer] = {b.sent_us, now};
+        if (b.echo_us > 0 && b.echo_held_us >= 0) {
+          const int64_t rtt = now - b.echo_us - b.echo_held_us;
+          if (rtt >= 0 && rtt < 60 * kUsPerSec) {
+            auto it = rtt_us_.find(peer);
+            rtt_us_[peer] = it == rtt_us_.end() ? rtt : (it->second * 7 + rtt) / 8;
+          }
+        }
         return true;
       }
       case PeerMsg::kAgreed: {
         board::AgreedRecord r;
-        std::memcpy(&r, in->body.data(), sizeof(r));
-        heard(static_cast<uint32_t>(in->peer), now);
+        std::memcpy(&r, p, sizeof(r));
         // Only the coordinator in this node's view is followed; an older epoch is ignored. A
         // record of the epoch already written is taken when it differs: two nodes that briefly
         // both coordinated (one had not heard the other yet) may have used the same epoch, and
         // the lowest live id's record must win everywhere.
-        if (static_cast<uint32_t>(in->peer) != mem_.coordinator() || r.epoch < written_epoch_ ||
+        if (peer != mem_.coordinator() || r.epoch < written_epoch_ ||
             (r.epoch == written_epoch_ && same_membership(r, written_)))
           return true;
         if (!board::agreed_record_consistent(r)) {
           refuse(in, "inconsistent agreed record");
           return false;
         }
-        write_board(r, "from coordinator " + std::to_string(in->peer));
+        write_board(r, "from coordinator " + std::to_string(peer));
+        return true;
+      }
+      case PeerMsg::kShard: {
+        ShardMeta m;
+        std::memcpy(&m, p, sizeof(m));
+        std::string err;
+        if (m.payload_bytes != in->body.size() - sizeof(m) || !Holdings::valid(m, &err)) {
+          refuse(in, err.empty() ? "shard payload size does not match its header" : err);
+          return false;
+        }
+        std::vector<uint8_t> payload(in->body.begin() + sizeof(m), in->body.end());
+        in->body.clear();
+        in->body.shrink_to_fit();
+        store_shard(m, std::move(payload), "replica");
+        return true;
+      }
+      case PeerMsg::kHeld: {
+        HeldBody b;
+        std::memcpy(&b, p, sizeof(b));
+        if (b.node_id != peer) return true;
+        on_held(b);
+        return true;
+      }
+      case PeerMsg::kMarker: {
+        MarkerBody b;
+        std::memcpy(&b, p, sizeof(b));
+        if (peer != mem_.coordinator()) return true;
+        answer_marker(peer, b);
+        return true;
+      }
+      case PeerMsg::kMarkerDone: {
+        MarkerDoneBody b;
+        std::memcpy(&b, p, sizeof(b));
+        if (round_ && b.round == round_->id) round_->waiting.erase(peer);
+        return true;
+      }
+      case PeerMsg::kComplete: {
+        CompleteBody b;
+        std::memcpy(&b, p, sizeof(b));
+        if (peer != mem_.coordinator() || b.epoch < written_epoch_) return true;
+        apply_complete(b.has_step ? std::optional<uint64_t>(b.step) : std::nullopt);
+        return true;
+      }
+      case PeerMsg::kFetch: {
+        FetchBody b;
+        std::memcpy(&b, p, sizeof(b));
+        serve_fetch(b, [this, peer](Frame f) { send_peer(peer, std::move(f)); },
+                    [](const void* head, size_t hn, const void* meta, size_t mn, const void* pay,
+                       size_t pn) {
+                      return make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kFetched),
+                                        head, hn, meta, mn, pay, pn);
+                    });
+        return true;
+      }
+      case PeerMsg::kFetched:
+        on_fetched(peer, in->body);
+        return true;
+      case PeerMsg::kKv: {
+        auto kv = std::make_shared<KvBody>();
+        std::memcpy(kv.get(), p, sizeof(KvBody));
+        if (!kv_valid(*kv)) {
+          refuse(in, "malformed KV (key 1..63 bytes NUL-terminated, value <= 4096 bytes)");
+          return false;
+        }
+        kv_store(*kv);
+        // The coordinator sends what others publish on to every live node.
+        if (mem_.acts_as_coordinator() && peer != o_.self)
+          for (uint32_t id : mem_.live())
+            if (id != o_.self && id != kv->origin_node) send_peer(id, peer_frame(PeerMsg::kKv, *kv));
         return true;
       }
     }
@@ -244,81 +532,618 @@ class Daemon {
                   static_cast<unsigned long long>(mem_.epoch()));
   }
 
-  // ---- outgoing connections: one per peer, HELLO then periodic frames ----
-  void connect(const std::shared_ptr<Out>& o) {
-    if (o->connected || o->connecting) return;
-    o->connecting = true;
+  void connect(const std::shared_ptr<PeerConn>& o, uint32_t id) {
+    if (o->open) return;  // connected, or connecting
+    const PeerSpec* spec = find(id);
     std::error_code ec;
-    auto addr = asio::ip::make_address(o->spec.host, ec);
+    auto addr = asio::ip::make_address(spec->host, ec);
     if (ec) {  // a name: resolve synchronously once per attempt (peer lists are small)
       tcp::resolver res(io_);
-      auto r = res.resolve(o->spec.host, std::to_string(o->spec.port), ec);
-      if (ec || r.empty()) {
-        o->connecting = false;
-        return;
-      }
+      auto r = res.resolve(spec->host, std::to_string(spec->port), ec);
+      if (ec || r.empty()) return;
       addr = r.begin()->endpoint().address();
     }
-    o->sock = tcp::socket(io_);
-    o->sock.async_connect(tcp::endpoint(addr, o->spec.port), [this, o](const std::error_code& e) {
-      o->connecting = false;
-      if (e) return;  // retried next period
-      o->connected = true;
+    // Frames sent while connecting queue up behind the HELLO; a failed attempt drops them
+    // (and the next period retries).
+    auto fresh = std::make_shared<PeerConn>(tcp::socket(io_));
+    fresh->connected = false;
+    fresh->id = id;
+    outs_[id] = fresh;
+    fresh->sock.async_connect(tcp::endpoint(addr, spec->port), [this, fresh, id](const std::error_code& e) {
+      if (e || !fresh->open) return close_conn(fresh);
       HelloBody h{};
-      h.node_id = self_;
-      h.token_len = static_cast<uint32_t>(token_.size());
-      std::memcpy(h.token, token_.data(), token_.size());
-      o->pending.clear();
-      send(o, frame(PeerMsg::kHello, h), static_cast<uint16_t>(PeerMsg::kHello));
-    });
-  }
-  // Frames are idempotent (a newer heartbeat or record replaces an older one): each peer keeps
-  // at most one pending frame per type, so a slow peer costs bounded memory, and the frames of
-  // one period (heartbeat, agreed record) all go out in order behind the HELLO.
-  void send(const std::shared_ptr<Out>& o, std::shared_ptr<std::vector<uint8_t>> f, uint16_t type) {
-    if (!o->connected) return;
-    o->pending[type] = std::move(f);
-    pump(o);
-  }
-  void pump(const std::shared_ptr<Out>& o) {
-    if (o->writing || o->pending.empty() || !o->connected) return;
-    auto it = o->pending.begin();  // HELLO (type 1) first, then HEARTBEAT, then AGREED
-    auto f = std::move(it->second);
-    o->pending.erase(it);
-    o->writing = true;
-    asio::async_write(o->sock, asio::buffer(*f), [this, o, f](const std::error_code& ec, size_t) {
-      o->writing = false;
-      if (ec) {
-        o->connected = false;
-        o->pending.clear();
-        std::error_code ignore;
-        o->sock.close(ignore);
-        return;
-      }
-      pump(o);
+      h.node_id = o_.self;
+      h.token_len = static_cast<uint32_t>(o_.token.size());
+      std::memcpy(h.token, o_.token.data(), o_.token.size());
+      fresh->latest[uint16_t(PeerMsg::kHello)] = peer_frame(PeerMsg::kHello, h);
+      fresh->connected = true;
+      pump(fresh);
     });
   }
 
-  // ---- the period: heartbeats, failure detection, the agreed record ----
+  // ---- shards ----
+  void store_shard(const ShardMeta& m, std::vector<uint8_t> payload, const char* as) {
+    std::string err;
+    const ShardKey k{m.rank, m.step, m.buffer};
+    const StoreStatus st = store_.put(k, m.base_step, m.crc, std::move(payload), &err);
+    if (st != StoreStatus::kOk) {
+      say("cannot hold the %s shard %s: %s (%s)", as, to_string(k).c_str(), store_status_name(st),
+          err.c_str());
+      holdings_.remove(k);
+      return;
+    }
+    index_dirty_ = true;
+    ++shards_held_;
+    if (holdings_.add(m) && m.home_node != o_.self) {
+      HeldBody h{o_.self, m.rank, m.world, m.home_node, m.step};
+      report_held(h);
+    }
+  }
+  void report_held(const HeldBody& h) {
+    if (mem_.coordinator() == o_.self)
+      on_held(h);
+    else
+      send_peer(mem_.coordinator(), peer_frame(PeerMsg::kHeld, h));
+  }
+  void forward_shard(const ShardMeta& m, const Frame& f) {
+    if (dying_) return;
+    const std::vector<uint32_t> reps =
+        choose_replicas(o_.self, mem_.live(), o_.topology, rtt_us_, o_.replicas);
+    auto& known = replicas_of_[(uint64_t(m.rank) << 32) | m.buffer];
+    for (uint32_t r : reps) {
+      // A new replica for this (rank, buffer), or one whose connection was lost: first the
+      // chain it is missing (from the home copy). Only a replica that took the frame counts.
+      if (!known.count(r)) send_chain(r, m.rank, m.buffer, m.step, false);
+      if (send_peer(r, f))
+        known.insert(r);
+      else
+        known.erase(r);
+    }
+    for (auto it = known.begin(); it != known.end();)
+      it = std::find(reps.begin(), reps.end(), *it) == reps.end() ? known.erase(it) : std::next(it);
+    if (exit_after_ && m.step == exit_step_ && ++exit_count_ >= exit_after_) {
+      // Test hook (R2CCL_SNAPD_TEST_EXIT_AFTER_SHARDS=STEP:N): the node dies after N shards of
+      // STEP went to its replicas, before the step's round can complete.
+      say("test hook: exiting after %llu shards of step %llu were sent to replicas",
+          static_cast<unsigned long long>(exit_count_), static_cast<unsigned long long>(exit_step_));
+      dying_ = true;
+      auto t = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(300));
+      t->async_wait([t](const std::error_code&) { _exit(3); });
+    }
+  }
+  // Sends `node` the home copies of the chain that restores (rank, buffer, step), oldest first,
+  // without the step's own shard unless include_step. False when a shard could not be read or
+  // sent (the replica then does not count).
+  bool send_chain(uint32_t node, uint32_t rank, uint32_t buffer, uint64_t step, bool include_step) {
+    for (uint64_t s : holdings_.chain(rank, buffer, step)) {
+      if (s == step && !include_step) break;
+      const ShardKey k{rank, s, buffer};
+      ShardMeta d;
+      std::vector<uint8_t> bytes;
+      ShardInfo info;
+      std::string err;
+      if (!holdings_.describe(k, &d) || store_.get(k, &bytes, &info, &err) != StoreStatus::kOk)
+        return false;
+      d.crc = info.crc;
+      d.payload_bytes = bytes.size();
+      if (!send_peer(node, make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kShard), &d,
+                                      sizeof(d), bytes.data(), bytes.size())))
+        return false;
+    }
+    return true;
+  }
+  // Every period: each rank homed here has its newest held step's chains on its R nearest live
+  // nodes. A replica that joined, replaced a lost one, or lost its connection (and with it what
+  // was queued) gets the chains it lacks from the home copies, so a step taken while a peer
+  // was unreachable still completes, and a lost replica is replaced.
+  void resync_replicas() {
+    if (dying_) return;
+    std::map<uint32_t, HeldStep> newest;  // rank -> newest step held in full here, at home
+    for (const HeldStep& h : holdings_.full_steps())
+      if (h.home_node == o_.self) newest[h.rank] = h;
+    if (newest.empty()) return;
+    const std::vector<uint32_t> reps =
+        choose_replicas(o_.self, mem_.live(), o_.topology, rtt_us_, o_.replicas);
+    for (const auto& [rank, h] : newest) {
+      ShardMeta d;
+      if (!holdings_.describe(ShardKey{rank, h.step, 0}, &d)) continue;
+      for (uint32_t b = 0; b < d.n_buffers; ++b) {
+        auto& known = replicas_of_[(uint64_t(rank) << 32) | b];
+        for (uint32_t r : reps)
+          if (!known.count(r) && send_chain(r, rank, b, h.step, true)) known.insert(r);
+      }
+    }
+  }
+
+  // ---- consistent cuts (the coordinator) ----
+  struct Round {
+    uint32_t id = 0;
+    uint64_t step = 0;
+    std::set<uint32_t> waiting;
+    TimeUs started = 0;
+  };
+  void on_held(const HeldBody& h) {
+    if (!mem_.acts_as_coordinator()) return;
+    world_ = h.world;
+    if (h.world != cut_.ranks()) cut_.set_ranks(h.world);  // applies to steps not seen yet
+    cut_.set_home(h.rank, h.home_node);
+    (void)cut_.on_held(h.node_id, h.rank, h.step);
+    seen_step_ = std::max(seen_step_, h.step);
+  }
+  void answer_marker(uint32_t coordinator, const MarkerBody& b) {
+    for (const HeldStep& s : holdings_.full_steps(b.all ? std::nullopt : std::optional<uint64_t>(b.step))) {
+      if (s.home_node == o_.self) continue;
+      HeldBody h{o_.self, s.rank, s.world, s.home_node, s.step};
+      if (coordinator == o_.self)
+        on_held(h);
+      else
+        send_peer(coordinator, peer_frame(PeerMsg::kHeld, h));
+    }
+    if (coordinator != o_.self)
+      send_peer(coordinator, peer_frame(PeerMsg::kMarkerDone, MarkerDoneBody{o_.self, b.round}));
+  }
+  void coordinate_cuts(TimeUs now) {
+    const std::vector<uint32_t> live = mem_.live();
+    if (!cut_owned_ || cut_epoch_ != current_.epoch) {
+      if (!cut_owned_) {
+        cut_ = CutTracker(o_.replicas);
+        if (world_) cut_.set_ranks(world_);
+        round_.reset();
+        say("consistent cuts: rebuilding the view from every live node's holdings");
+      }
+      cut_owned_ = true;
+      cut_epoch_ = current_.epoch;
+    }
+    // Follow the membership: lost nodes' reports stop counting; new ones report everything.
+    for (uint32_t n : cut_.live_nodes())
+      if (std::find(live.begin(), live.end(), n) == live.end()) {
+        cut_.on_node_lost(n);
+        if (round_) round_->waiting.erase(n);
+      }
+    for (uint32_t n : live)
+      if (cut_.add_node(n)) {
+        MarkerBody all{current_.epoch, 0, 1, 0};
+        if (n == o_.self)
+          answer_marker(o_.self, all);
+        else
+          send_peer(n, peer_frame(PeerMsg::kMarker, all));
+      }
+    // Close the open round when every live node answered, or after 5 periods.
+    if (round_ && (round_->waiting.empty() || now - round_->started > 5 * o_.period)) {
+      const StepStatus st = cut_.round_done(round_->step);
+      if (!st.complete) {
+        std::string miss;
+        for (uint32_t r : cut_.missing(round_->step)) miss += (miss.empty() ? "" : ",") + std::to_string(r);
+        say("round %u: step %llu incomplete (ranks without a live replica: {%s})", round_->id,
+            static_cast<unsigned long long>(round_->step), miss.c_str());
+      }
+      round_.reset();
+    }
+    // A new round for the newest step heard of.
+    const auto last = cut_.last_round();
+    if (!round_ && seen_step_ > 0 && cut_.ranks() > 0 && (!last || seen_step_ > *last) &&
+        cut_.begin_round(seen_step_)) {
+      round_ = Round{++round_ids_, seen_step_, {}, now};
+      MarkerBody mk{current_.epoch, seen_step_, 0, round_->id};
+      for (uint32_t n : live) {
+        if (n == o_.self) {
+          answer_marker(o_.self, mk);
+        } else {
+          round_->waiting.insert(n);
+          send_peer(n, peer_frame(PeerMsg::kMarker, mk));
+        }
+      }
+    }
+    const std::optional<uint64_t> nc = cut_.newest_complete();
+    CompleteBody cb{current_.epoch, nc.value_or(0), nc ? 1u : 0u, 0};
+    for (uint32_t n : live) send_peer(n, peer_frame(PeerMsg::kComplete, cb));
+    apply_complete(nc);
+  }
+  void apply_complete(std::optional<uint64_t> step) {
+    if (step == complete_) return;
+    const std::optional<uint64_t> before = complete_;
+    complete_ = step;
+    say("newest complete step: %s%s", step ? std::to_string(*step).c_str() : "none",
+        before && step && *step < *before ? " (fell back: a replica was lost)" : "");
+    // Keep the chains of the previous complete step too: a lost replica can make the newest
+    // one incomplete again, and the fallback must still be restorable.
+    if (before && step && *step > *before) {
+      const PruneResult pr = store_.prune(*before);
+      if (pr.shards) {
+        holdings_.retain(store_.list());
+        index_dirty_ = true;
+      }
+    }
+    push_state();
+  }
+
+  // ---- restore ----
+  struct PendingFetch {
+    uint64_t id = 0;
+    std::weak_ptr<ClientConn> client;
+    uint64_t client_request = 0;
+    FetchBody want{};
+    std::vector<uint32_t> candidates;
+    size_t next = 0;
+    uint32_t asked = 0;
+    TimeUs asked_at = 0;
+    std::vector<std::vector<uint8_t>> frames;  // FETCHED bodies received so far
+  };
+  using MakeFetched = Frame (*)(const void*, size_t, const void*, size_t, const void*, size_t);
+  // Answers a FETCH from what this node holds: the chain oldest first, or one refusal frame.
+  // Returns true when the chain was sent.
+  template <class Send>
+  bool serve_fetch(const FetchBody& b, Send out, MakeFetched mk) {
+    const std::vector<uint64_t> steps = holdings_.chain(b.rank, b.buffer, b.step);
+    FetchedHead head{b.request, uint32_t(FetchStatus::kNotHeld), 0, 0, 0};
+    if (steps.empty()) {
+      out(mk(&head, sizeof(head), nullptr, 0, nullptr, 0));
+      return false;
+    }
+    std::vector<Frame> frames;
+    for (size_t i = 0; i < steps.size(); ++i) {
+      const ShardKey k{b.rank, steps[i], b.buffer};
+      ShardMeta m;
+      std::vector<uint8_t> bytes;
+      ShardInfo info;
+      std::string err;
+      const StoreStatus st = holdings_.describe(k, &m) ? store_.get(k, &bytes, &info, &err) : StoreStatus::kNotFound;
+      if (st != StoreStatus::kOk) {
+        say("cannot serve %s: %s (%s)", to_string(k).c_str(), store_status_name(st), err.c_str());
+        if (st == StoreStatus::kCorrupt || st == StoreStatus::kNotFound) holdings_.remove(k);
+        head.status = uint32_t(st == StoreStatus::kCorrupt ? FetchStatus::kCorrupt : FetchStatus::kNotHeld);
+        out(mk(&head, sizeof(head), nullptr, 0, nullptr, 0));
+        return false;
+      }
+      m.crc = info.crc;
+      m.payload_bytes = bytes.size();
+      FetchedHead h{b.request, uint32_t(FetchStatus::kOk), uint32_t(i), uint32_t(steps.size()), 0};
+      frames.push_back(mk(&h, sizeof(h), &m, sizeof(m), bytes.data(), bytes.size()));
+    }
+    for (auto& f : frames) out(std::move(f));
+    return true;
+  }
+  void client_fetch(const std::shared_ptr<ClientConn>& c, const FetchBody& b) {
+    auto to_client = [c, this](Frame f) { send(c, std::move(f), false); };
+    auto mk_client = [](const void* h, size_t hn, const void* m, size_t mn, const void* p, size_t pn) {
+      return make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), h, hn, m, mn, p, pn);
+    };
+    if (!holdings_.chain(b.rank, b.buffer, b.step).empty()) {
+      std::vector<Frame> local;
+      bool ok = true;
+      serve_fetch(b, [&](Frame f) {
+        FetchedHead h;
+        std::memcpy(&h, f->data() + sizeof(PeerHeader), sizeof(h));
+        ok = ok && h.status == uint32_t(FetchStatus::kOk);
+        local.push_back(std::move(f));
+      }, mk_client);
+      if (ok) {
+        for (auto& f : local) to_client(std::move(f));
+        return;
+      }
+    }
+    PendingFetch pf;
+    pf.id = ++fetch_ids_;
+    pf.client = c;
+    pf.client_request = b.request;
+    pf.want = b;
+    // Candidates: the live nodes, and the agreed record's members this daemon has not heard
+    // from yet (a replacement node asks before every first heartbeat arrived).
+    const std::vector<uint32_t> live = mem_.live();
+    std::set<uint32_t> cand(live.begin(), live.end());
+    for (uint32_t id = 0; id < written_.n_nodes && id < uint32_t(board::kMaxNodes); ++id)
+      if ((written_.members[id / 64] >> (id % 64)) & 1u) cand.insert(id);
+    const std::vector<uint32_t> all(cand.begin(), cand.end());
+    pf.candidates = choose_replicas(o_.self, all, o_.topology, rtt_us_, all.size());
+    fetches_[pf.id] = std::move(pf);
+    ask_next(fetches_[pf.id]);
+  }
+  void ask_next(PendingFetch& pf) {
+    pf.frames.clear();
+    if (pf.next >= pf.candidates.size()) {
+      FetchedHead h{pf.client_request, uint32_t(FetchStatus::kNotHeld), 0, 0, 0};
+      if (auto c = pf.client.lock())
+        send(c, make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), &h, sizeof(h)), false);
+      say("restore of rank %u buffer %u step %llu: no live node holds its chain", pf.want.rank,
+          pf.want.buffer, static_cast<unsigned long long>(pf.want.step));
+      fetches_.erase(pf.id);
+      return;
+    }
+    pf.asked = pf.candidates[pf.next++];
+    pf.asked_at = now_us();
+    FetchBody q = pf.want;
+    q.request = pf.id;
+    send_peer(pf.asked, peer_frame(PeerMsg::kFetch, q));
+  }
+  void on_fetched(uint32_t peer, const std::vector<uint8_t>& body) {
+    FetchedHead h;
+    std::memcpy(&h, body.data(), sizeof(h));
+    auto it = fetches_.find(h.request);
+    if (it == fetches_.end() || it->second.asked != peer) return;
+    PendingFetch& pf = it->second;
+    if (h.status != uint32_t(FetchStatus::kOk)) {
+      say("restore of rank %u buffer %u step %llu: node %u answered %s; asking the next replica",
+          pf.want.rank, pf.want.buffer, static_cast<unsigned long long>(pf.want.step), peer,
+          h.status == uint32_t(FetchStatus::kCorrupt) ? "corrupt (checksum)" : "not held");
+      return ask_next(pf);
+    }
+    ShardMeta m;
+    std::memcpy(&m, body.data() + sizeof(h), sizeof(m));
+    const uint8_t* pay = body.data() + sizeof(h) + sizeof(m);
+    const size_t pn = body.size() - sizeof(h) - sizeof(m);
+    if (h.index != pf.frames.size() || h.count == 0 || h.index >= h.count || m.rank != pf.want.rank ||
+        m.buffer != pf.want.buffer || m.payload_bytes != pn || shard_crc32(pay, pn) != m.crc) {
+      say("restore of rank %u buffer %u step %llu: node %u sent a bad or corrupt shard; asking the "
+          "next replica", pf.want.rank, pf.want.buffer, static_cast<unsigned long long>(pf.want.step), peer);
+      return ask_next(pf);
+    }
+    pf.frames.push_back(body);
+    if (h.index + 1 < h.count) return;
+    if (auto c = pf.client.lock()) {
+      for (auto& f : pf.frames) {
+        FetchedHead fh;
+        std::memcpy(&fh, f.data(), sizeof(fh));
+        fh.request = pf.client_request;
+        std::memcpy(f.data(), &fh, sizeof(fh));
+        send(c, make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), f.data(), f.size()), false);
+      }
+    }
+    fetches_.erase(it);
+  }
+
+  // ---- KV ----
+  static bool kv_valid(const KvBody& kv) {
+    const size_t n = strnlen(kv.key, kKvKeyBytes);
+    return n > 0 && n < kKvKeyBytes && kv.value_bytes <= kKvMaxValue;
+  }
+  void kv_store(const KvBody& kv) {
+    kv_[std::string(kv.key, strnlen(kv.key, kKvKeyBytes))] = {kv.origin_node,
+        std::vector<uint8_t>(kv.value, kv.value + kv.value_bytes)};
+  }
+
+  // ---- local clients ----
+  bool open_local(std::string* err) {
+    struct stat st;
+    if (lstat(o_.socket_path.c_str(), &st) == 0) {
+      if (!S_ISSOCK(st.st_mode)) {
+        *err = "--socket " + o_.socket_path + " exists and is not a socket: not replacing it";
+        return false;
+      }
+      ::unlink(o_.socket_path.c_str());  // a stale socket from a previous run
+    }
+    // Bound under a temporary name, made listening and given its mode, then renamed into
+    // place: a client that finds the path can connect at once, and never sees a looser mode.
+    const std::string tmp = o_.socket_path + ".tmp" + std::to_string(getpid());
+    ::unlink(tmp.c_str());
+    std::error_code ec;
+    const mode_t old = umask(0177);
+    local_.open(ulocal(), ec);
+    if (!ec) local_.bind(ulocal::endpoint(tmp), ec);
+    umask(old);
+    if (!ec) local_.listen(64, ec);
+    if (ec) {
+      *err = "cannot listen on the client socket " + o_.socket_path + ": " + ec.message();
+      ::unlink(tmp.c_str());
+      return false;
+    }
+    mode_t mode = 0600;
+    if (!o_.socket_group.empty()) {
+      struct group* g = getgrnam(o_.socket_group.c_str());
+      if (!g || chown(tmp.c_str(), static_cast<uid_t>(-1), g->gr_gid) != 0) {
+        *err = "--socket-group " + o_.socket_group + ": no such group, or cannot chown " +
+               o_.socket_path;
+        ::unlink(tmp.c_str());
+        return false;
+      }
+      mode = 0660;
+    }
+    if (chmod(tmp.c_str(), mode) != 0 || std::rename(tmp.c_str(), o_.socket_path.c_str()) != 0) {
+      *err = "cannot chmod or rename the client socket into " + o_.socket_path;
+      ::unlink(tmp.c_str());
+      return false;
+    }
+    return true;
+  }
+  void accept_local() {
+    local_.async_accept([this](const std::error_code& ec, ulocal::socket s) {
+      if (!ec) {
+        auto c = std::make_shared<ClientConn>(std::move(s));
+        clients_.insert(c);
+        read_loop(
+            c, kClientMagic, kClientVersion,
+            [this, c](uint16_t t, uint64_t len) {
+              if (t >= uint16_t(ClientMsg::kState)) return false;  // daemon-to-client types
+              if ((c->id < 0) != (t == uint16_t(ClientMsg::kHello))) return false;
+              return client_payload_ok(t, len, o_.store.max_shard_bytes);
+            },
+            [this](const std::shared_ptr<ClientConn>& cc) { return handle_client(cc); },
+            [](const std::shared_ptr<ClientConn>&) {}, "client");
+      }
+      accept_local();
+    });
+  }
+  bool handle_client(const std::shared_ptr<ClientConn>& c) {
+    const uint8_t* p = c->body.data();
+    switch (static_cast<ClientMsg>(c->h.type)) {
+      case ClientMsg::kHello: {
+        ClientHelloBody b;
+        std::memcpy(&b, p, sizeof(b));
+        if (b.world == 0 || b.world > 65536 || b.rank >= b.world) {
+          refuse(c, "rank " + std::to_string(b.rank) + " of world " + std::to_string(b.world) +
+                        " (accepted: world 1..65536, rank < world)");
+          return false;
+        }
+        c->id = b.rank;
+        c->world = b.world;
+        say("client rank %u of %u (pid %d) connected", b.rank, b.world, b.pid);
+        send(c, client_frame(ClientMsg::kState, state_body()), false);
+        return true;
+      }
+      case ClientMsg::kShard: {
+        ShardMeta m;
+        std::memcpy(&m, p, sizeof(m));
+        m.home_node = o_.self;
+        std::string err;
+        if (m.rank != uint32_t(c->id) || m.world != c->world) {
+          refuse(c, "shard of rank " + std::to_string(m.rank) + " world " + std::to_string(m.world) +
+                        " on the connection of rank " + std::to_string(c->id) + " world " +
+                        std::to_string(c->world));
+          return false;
+        }
+        if (m.payload_bytes != c->body.size() - sizeof(m) || !Holdings::valid(m, &err)) {
+          refuse(c, err.empty() ? "shard payload size does not match its header" : err);
+          return false;
+        }
+        const uint8_t* pay = p + sizeof(m);
+        if (shard_crc32(pay, m.payload_bytes) != m.crc) {
+          say("rank %u step %llu buffer %u: the shard's CRC does not match its bytes: refused",
+              m.rank, static_cast<unsigned long long>(m.step), m.buffer);
+          return true;
+        }
+        Frame f = make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kShard), &m, sizeof(m),
+                             pay, m.payload_bytes);
+        std::vector<uint8_t> home(pay, pay + m.payload_bytes);
+        c->body.clear();
+        c->body.shrink_to_fit();
+        store_shard(m, std::move(home), "home");
+        forward_shard(m, f);
+        return true;
+      }
+      case ClientMsg::kQuery:
+        send(c, client_frame(ClientMsg::kState, state_body()), false);
+        return true;
+      case ClientMsg::kFetch: {
+        FetchBody b;
+        std::memcpy(&b, p, sizeof(b));
+        client_fetch(c, b);
+        return true;
+      }
+      case ClientMsg::kKvPut: {
+        auto kv = std::make_shared<KvBody>();
+        std::memcpy(kv.get(), p, sizeof(KvBody));
+        if (!kv_valid(*kv)) {
+          refuse(c, "malformed KV (key 1..63 bytes NUL-terminated, value <= 4096 bytes)");
+          return false;
+        }
+        kv->origin_node = o_.self;
+        kv_store(*kv);
+        if (mem_.acts_as_coordinator()) {
+          for (uint32_t id : mem_.live()) send_peer(id, peer_frame(PeerMsg::kKv, *kv));
+        } else {
+          send_peer(mem_.coordinator(), peer_frame(PeerMsg::kKv, *kv));
+        }
+        return true;
+      }
+      case ClientMsg::kKvGet: {
+        KvGetBody g;
+        std::memcpy(&g, p, sizeof(g));
+        auto out = std::make_shared<KvBody>();
+        std::memset(out.get(), 0, sizeof(KvBody));
+        const size_t n = strnlen(g.key, kKvKeyBytes);
+        std::memcpy(out->key, g.key, std::min(n, kKvKeyBytes - 1));
+        auto it = kv_.find(std::string(g.key, n));
+        if (it == kv_.end() || n == 0 || n >= kKvKeyBytes) {
+          out->origin_node = kKvAbsent;
+        } else {
+          out->origin_node = it->second.first;
+          out->value_bytes = static_cast<uint32_t>(it->second.second.size());
+          std::memcpy(out->value, it->second.second.data(), it->second.second.size());
+        }
+        send(c, client_frame(ClientMsg::kKvValue, *out), false);
+        return true;
+      }
+      default:
+        break;
+    }
+    return false;
+  }
+  StateBody state_body() const {
+    StateBody s{};
+    s.node_id = o_.self;
+    s.has_complete = complete_ ? 1 : 0;
+    s.complete_step = complete_.value_or(0);
+    s.agreed = written_;
+    return s;
+  }
+  void push_state() {
+    const Frame f = client_frame(ClientMsg::kState, state_body());
+    for (auto it = clients_.begin(); it != clients_.end();) {
+      if (!(*it)->open) {
+        it = clients_.erase(it);
+        continue;
+      }
+      if ((*it)->id >= 0) send(*it, f, false);
+      ++it;
+    }
+  }
+
+  // ---- the index of held shards, persisted beside the spill files ----
+  std::string index_path() const {
+    return o_.store.spill_dir.empty() ? std::string() : o_.store.spill_dir + "/holdings.idx";
+  }
+  void reload_index() {
+    const std::string path = index_path();
+    if (path.empty()) return;
+    std::ifstream f(path, std::ios::binary);
+    if (!f) return;
+    std::map<ShardKey, ShardInfo> listed;
+    for (const auto& i : store_.list()) listed[i.key] = i;
+    ShardMeta m;
+    size_t bad = 0;
+    while (f.read(reinterpret_cast<char*>(&m), sizeof(m))) {
+      std::string err;
+      auto it = listed.find(ShardKey{m.rank, m.step, m.buffer});
+      if (it == listed.end() || it->second.size != m.payload_bytes || !Holdings::valid(m, &err)) {
+        ++bad;
+        continue;
+      }
+      holdings_.add(m);
+    }
+    if (bad) say("index %s: %zu entries without a valid shard were ignored", path.c_str(), bad);
+  }
+  void save_index() {
+    const std::string path = index_path();
+    if (path.empty() || !index_dirty_) return;
+    const std::string tmp = path + ".tmp";
+    {
+      std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+      for (const ShardMeta& m : holdings_.all())
+        f.write(reinterpret_cast<const char*>(&m), sizeof(m));
+      if (!f) {
+        say("cannot write %s", tmp.c_str());
+        return;
+      }
+    }
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) say("cannot rename %s", tmp.c_str());
+    index_dirty_ = false;
+  }
+
+  // ---- the period ----
   void tick() {
     const TimeUs now = now_us();
+    read_block_file();
     for (uint32_t id : mem_.tick(now)) {
       say("node %u missed 3 heartbeats: declared failed (live: %zu of %zu, membership epoch %llu)",
           id, mem_.live().size(), mem_.configured(), static_cast<unsigned long long>(mem_.epoch()));
       auto it = outs_.find(id);
-      if (it != outs_.end() && it->second->connected) {
-        std::error_code ec;
-        it->second->sock.close(ec);
-        it->second->connected = false;
-      }
+      if (it != outs_.end()) close_conn(it->second);
     }
     gbps_.resize(board::kMaxNodes, 0.0f);
-    gbps_[self_] = local_usable_gbps();
-    HeartbeatBody hb{self_, gbps_[self_], agreed_epoch_};
-    auto hbf = frame(PeerMsg::kHeartbeat, hb);
+    gbps_[o_.self] = local_usable_gbps();
     for (auto& [id, o] : outs_) {
-      connect(o);
-      send(o, hbf, static_cast<uint16_t>(PeerMsg::kHeartbeat));
+      if (blocked(id)) continue;
+      if (!o->open) {
+        // What was queued to it is gone: its chains are resent once it is connected again.
+        for (auto& [rb, reps] : replicas_of_) reps.erase(id);
+        connect(o, id);
+      }
+      HeartbeatBody hb{o_.self, gbps_[o_.self], agreed_epoch_, now, 0, 0};
+      auto lh = last_hb_.find(id);
+      if (lh != last_hb_.end()) {
+        hb.echo_us = lh->second.first;
+        hb.echo_held_us = now - lh->second.second;
+      }
+      send(o, peer_frame(PeerMsg::kHeartbeat, hb), true);
     }
     const bool acts = mem_.acts_as_coordinator();
     if (acts != acting_) {
@@ -326,12 +1151,45 @@ class Daemon {
       say(acts ? "coordinator: lowest live id with a majority (%zu of %zu live)"
                : "not acting as coordinator (%zu of %zu live)",
           mem_.live().size(), mem_.configured());
+      if (!acts) cut_owned_ = false;
     }
-    if (acts) coordinate();
-    timer_.expires_after(std::chrono::microseconds(period_));
+    if (acts) {
+      coordinate();
+      coordinate_cuts(now);
+    }
+    // Fetches whose peer did not answer within 10 periods (3 when it is not live) move on.
+    std::vector<uint64_t> late;
+    for (auto& [id, pf] : fetches_)
+      if (now - pf.asked_at > 10 * o_.period ||
+          (!mem_.alive(pf.asked) && now - pf.asked_at > 3 * o_.period))
+        late.push_back(id);
+    for (uint64_t id : late) {
+      auto it = fetches_.find(id);
+      if (it != fetches_.end()) ask_next(it->second);
+    }
+    resync_replicas();
+    if (++ticks_ % 10 == 0) save_index();
+    timer_.expires_after(std::chrono::microseconds(o_.period));
     timer_.async_wait([this](const std::error_code& ec) {
       if (!ec) tick();
     });
+  }
+  void read_block_file() {
+    if (block_file_.empty()) return;
+    std::set<uint32_t> b;
+    std::ifstream f(block_file_);
+    unsigned v;
+    while (f >> v) b.insert(v);
+    if (b != blocked_) {
+      std::string s;
+      for (uint32_t x : b) s += (s.empty() ? "" : ",") + std::to_string(x);
+      say("test hook: dropping all traffic with nodes {%s}", s.c_str());
+      blocked_ = b;
+      for (uint32_t x : b) {
+        auto it = outs_.find(x);
+        if (it != outs_.end()) close_conn(it->second);
+      }
+    }
   }
   void coordinate() {
     board::AgreedRecord r = mem_.agreed_record(gbps_);
@@ -349,14 +1207,13 @@ class Daemon {
       // Bandwidth changes ride along without a new epoch (the tuner reads it at init).
       std::memcpy(current_.node_usable_gbps, r.node_usable_gbps, sizeof(r.node_usable_gbps));
     }
-    auto f = frame(PeerMsg::kAgreed, current_);
-    for (auto& [id, o] : outs_)
-      if (mem_.alive(id)) send(o, f, static_cast<uint16_t>(PeerMsg::kAgreed));
+    for (uint32_t id : live)
+      if (id != o_.self) send_peer(id, peer_frame(PeerMsg::kAgreed, current_));
   }
   void write_board(const board::AgreedRecord& r, const std::string& how) {
     std::string err;
-    if (!board::publish_agreed_record(board_, r, &err)) {
-      say("cannot publish the agreed record to health board %s: %s", board_.c_str(), err.c_str());
+    if (!board::publish_agreed_record(o_.board, r, &err)) {
+      say("cannot publish the agreed record to health board %s: %s", o_.board.c_str(), err.c_str());
       return;
     }
     written_epoch_ = r.epoch;
@@ -367,14 +1224,15 @@ class Daemon {
       if (r.members[id / 64] & (1ULL << (id % 64)))
         members += (members.empty() ? "" : ",") + std::to_string(id);
     say("agreed record epoch %llu, members {%s} written to board %s (%s)",
-        static_cast<unsigned long long>(r.epoch), members.c_str(), board_.c_str(), how.c_str());
+        static_cast<unsigned long long>(r.epoch), members.c_str(), o_.board.c_str(), how.c_str());
+    push_state();
   }
   // This node's usable network bandwidth (GB/s): the rails its net plugins publish as up, once
   // per rail name. 0 when the board is absent or shows none.
   float local_usable_gbps() {
     board::BoardView v;
     std::string err;
-    if (!board::read_board(board_, &v, &err)) return 0;
+    if (!board::read_board(o_.board, &v, &err)) return 0;
     std::map<std::string, uint32_t> rails;
     for (const auto& s : v.rails)
       if (s.f.state == board::RailState::kUp) rails[s.f.name] = s.f.usable_mbps;
@@ -383,25 +1241,48 @@ class Daemon {
     return static_cast<float>(mbps / 8000.0);
   }
 
-  uint32_t self_;
-  std::vector<PeerSpec> peers_;
-  std::string token_;
-  std::string board_;
-  TimeUs period_;
+  Options o_;
   Membership mem_;
+  ShardStore store_;
+  Holdings holdings_;
+  CutTracker cut_;
   asio::io_context io_;
   tcp::acceptor acceptor_;
+  ulocal::acceptor local_;
   asio::steady_timer timer_;
   asio::signal_set signals_;
-  std::map<uint32_t, std::shared_ptr<Out>> outs_;
+  std::map<uint32_t, std::shared_ptr<PeerConn>> outs_;
+  std::set<std::shared_ptr<ClientConn>> clients_;
   std::set<std::string> refused_;
   std::vector<float> gbps_ = std::vector<float>(board::kMaxNodes, 0.0f);
+  std::map<uint32_t, std::pair<int64_t, TimeUs>> last_hb_;  // peer -> (its sent_us, received at)
+  std::map<uint32_t, int64_t> rtt_us_;
+  std::map<uint64_t, std::set<uint32_t>> replicas_of_;  // (rank, buffer) -> replicas with its chain
+  std::map<std::string, std::pair<uint32_t, std::vector<uint8_t>>> kv_;
+  std::map<uint64_t, PendingFetch> fetches_;
+  uint64_t fetch_ids_ = 0;
   bool acting_ = false;
   uint64_t agreed_epoch_ = 0;   // the highest agreed epoch seen anywhere
   uint64_t written_epoch_ = 0;  // the epoch last written to this node's board
   std::vector<uint32_t> agreed_members_;
   board::AgreedRecord current_{};
   board::AgreedRecord written_{};  // the record last written to this node's board
+  // consistent cuts
+  bool cut_owned_ = false;
+  uint64_t cut_epoch_ = 0;
+  std::optional<Round> round_;
+  uint32_t round_ids_ = 0;
+  uint64_t seen_step_ = 0;
+  uint32_t world_ = 0;  // ranks in the job, from the latest HELD
+  std::optional<uint64_t> complete_;
+  uint64_t shards_held_ = 0;
+  bool index_dirty_ = false;
+  uint64_t ticks_ = 0;
+  // test hooks
+  uint64_t exit_step_ = 0, exit_after_ = 0, exit_count_ = 0;
+  bool dying_ = false;
+  std::string block_file_;
+  std::set<uint32_t> blocked_;
 };
 
 bool read_text(const std::string& path, std::string* out, std::string* err) {
@@ -420,16 +1301,32 @@ bool read_text(const std::string& path, std::string* out, std::string* err) {
 
 int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
+  Options o;
   uint32_t id = 0;
-  std::string peers_file, token_file, board = "default";
+  std::string peers_file, token_file, topo_file, spill_dir;
   int period_ms = 500;
-  CLI::App app{"r2ccl snapshot sidecar: cluster membership and the agreed record", "r2ccl_snapshotd"};
+  uint64_t mem_mb = 4096, max_shard_mb = 1024;
+  CLI::App app{"r2ccl snapshot sidecar: membership, shard replication, consistent cuts, restore",
+               "r2ccl_snapshotd"};
   app.add_option("--id", id, "this node's id in the peer list")->required()->check(CLI::Range(0, board::kMaxNodes - 1));
   app.add_option("--peers", peers_file, "peer list: lines 'ID HOST:PORT'")->required()->type_name("FILE");
   app.add_option("--token-file", token_file, "the job token shared by all nodes (1-64 bytes)")
       ->required()->type_name("FILE");
-  app.add_option("--board", board, "this node's health board name (default 'default')")->type_name("NAME");
+  app.add_option("--board", o.board, "this node's health board name (default 'default')")->type_name("NAME");
   app.add_option("--period-ms", period_ms, "heartbeat period (default 500)")->check(CLI::Range(10, 60000));
+  app.add_option("--socket", o.socket_path,
+                 "client socket (default /tmp/r2ccl-snapshotd-BOARD.sock; mode 0600)")->type_name("PATH");
+  app.add_option("--socket-group", o.socket_group, "make the client socket 0660, owned by this group")
+      ->type_name("GROUP");
+  app.add_option("--spill-dir", spill_dir, "where shards beyond --mem-limit-mb go (default: none, "
+                 "the memory limit is hard)")->type_name("DIR");
+  app.add_option("--mem-limit-mb", mem_mb, "shard bytes held in memory, MiB (default 4096)")
+      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 30));
+  app.add_option("--max-shard-mb", max_shard_mb, "largest shard accepted, MiB (default 1024)")
+      ->check(CLI::Range(uint64_t(1), uint64_t(1) << 20));
+  app.add_option("--replicas", o.replicas, "replica nodes per shard (default 3)")->check(CLI::Range(1, 16));
+  app.add_option("--topology", topo_file, "node places in the network: lines 'ID SWITCH/PATH' "
+                 "(default: nearest by measured round trip)")->type_name("FILE");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -440,8 +1337,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::string text, err, token;
-  std::vector<PeerSpec> peers;
-  if (!read_text(peers_file, &text, &err) || !parse_peers(text, &peers, &err)) {
+  if (!read_text(peers_file, &text, &err) || !parse_peers(text, &o.peers, &err)) {
     fprintf(stderr, "r2ccl_snapshotd: %s\n", err.c_str());
     return 2;
   }
@@ -456,16 +1352,34 @@ int main(int argc, char** argv) {
     return 2;
   }
   bool listed = false;
-  for (const auto& p : peers) listed |= p.id == id;
+  for (const auto& p : o.peers) listed |= p.id == id;
   if (!listed) {
     fprintf(stderr, "r2ccl_snapshotd: --id %u is not in the peer list %s\n", id, peers_file.c_str());
     return 2;
   }
   std::string seg;
-  if (!board::segment_name(board, &seg, &err)) {
+  if (!board::segment_name(o.board, &seg, &err)) {
     fprintf(stderr, "r2ccl_snapshotd: --board: %s\n", err.c_str());
     return 2;
   }
-  Daemon d(id, std::move(peers), token, board, static_cast<TimeUs>(period_ms) * kUsPerMs);
+  if (!topo_file.empty() && (!read_text(topo_file, &text, &err) || !parse_topology(text, &o.topology, &err))) {
+    fprintf(stderr, "r2ccl_snapshotd: --topology: %s\n", err.c_str());
+    return 2;
+  }
+  if (o.socket_path.empty()) o.socket_path = "/tmp/r2ccl-snapshotd-" + o.board + ".sock";
+  // The socket is bound as PATH.tmpPID first: room for that suffix too.
+  constexpr size_t kMaxSocketPath = sizeof(sockaddr_un::sun_path) - 16;
+  if (o.socket_path.size() > kMaxSocketPath) {
+    fprintf(stderr, "r2ccl_snapshotd: --socket %s is %zu bytes long (accepted: at most %zu)\n",
+            o.socket_path.c_str(), o.socket_path.size(), kMaxSocketPath);
+    return 2;
+  }
+  o.self = id;
+  o.token = token;
+  o.period = static_cast<TimeUs>(period_ms) * kUsPerMs;
+  o.store.spill_dir = spill_dir;
+  o.store.memory_limit_bytes = mem_mb << 20;
+  o.store.max_shard_bytes = max_shard_mb << 20;
+  Daemon d(std::move(o));
   return d.run();
 }

@@ -1,0 +1,417 @@
+// The snapshot sidecar end to end on loopback: several r2ccl_snapshotd ("nodes", each with its
+// own health board, client socket and spill directory) and one training "rank" per node using
+// the client library (libr2ccl-snapshot). The scenarios:
+//  - a node dies after one shard of step N reached its replicas, before N's marker round can
+//    complete: the survivors are told (a new membership), restore N-1, never the partial N; a
+//    replacement node's rank restores N-1 from the replicas; training goes on;
+//  - beyond the memory limit shards spill, and restore is still exact; a replica's corrupted
+//    shard is caught by its checksum and the next replica serves the chain; a restarted daemon
+//    serves what it spilled;
+//  - a minority partition does not act (no coordinator, no new agreed record), the majority does.
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "net_harness.h"
+#include "r2ccl/health_board.h"
+#include "r2ccl/snapshot_client.h"
+
+using namespace r2ccl;
+
+namespace {
+
+std::string daemon_path() {
+  return test::env_or("R2CCL_TEST_SNAPSHOTD", R2CCL_BINARY_DIR "/bin/r2ccl_snapshotd");
+}
+
+// N daemons on 127.0.0.1, heartbeat 100 ms.
+struct Cluster {
+  int n = 0;
+  std::string tag, peers, token, topology;
+  std::vector<std::string> boards, sockets, spills, logs;
+  std::vector<pid_t> pids;
+  std::vector<std::string> extra;  // more daemon arguments for every node
+
+  // `slot` keeps the test cases of one process on different ports.
+  Cluster(int nodes, const std::string& name, bool spill, int slot) : n(nodes) {
+    tag = name + std::to_string(getpid());
+    const int base = 21000 + (getpid() % 700) * 16 + slot * 5;
+    peers = test::temp_path(tag + "-peers");
+    token = test::temp_path(tag + "-token");
+    {
+      std::ofstream p(peers);
+      for (int i = 0; i < n; ++i) p << i << " 127.0.0.1:" << base + i << "\n";
+      std::ofstream(token) << "job-" << tag << "\n";
+    }
+    for (int i = 0; i < n; ++i) {
+      boards.push_back(tag + "-b" + std::to_string(i));
+      board::remove_board(boards.back());
+      sockets.push_back(test::temp_path(tag + "-n" + std::to_string(i) + ".sock"));
+      spills.push_back(spill ? test::temp_path(tag + "-spill" + std::to_string(i)) : "");
+      logs.push_back(test::temp_path(tag + "-node" + std::to_string(i) + ".log"));
+      pids.push_back(-1);
+    }
+  }
+  ~Cluster() {
+    for (int i = 0; i < n; ++i) stop(i, SIGKILL);
+    for (auto& b : boards) board::remove_board(b);
+  }
+  void start(int i, const std::string& env = "") {
+    ::unlink(sockets[i].c_str());  // a killed daemon's socket file: wait_socket waits for the new one
+    const pid_t pid = fork();
+    if (pid == 0) {
+      FILE* f = freopen(logs[i].c_str(), "a", stderr);
+      FILE* g = freopen("/dev/null", "w", stdout);  // ctest must not wait on a daemon's stdout
+      (void)f;
+      (void)g;
+      if (!env.empty()) putenv(const_cast<char*>(env.c_str()));
+      std::vector<std::string> a{"r2ccl_snapshotd", "--id", std::to_string(i), "--peers", peers,
+                                 "--token-file", token, "--board", boards[i], "--period-ms", "100",
+                                 "--socket", sockets[i]};
+      if (!spills[i].empty()) a.insert(a.end(), {"--spill-dir", spills[i]});
+      if (!topology.empty()) a.insert(a.end(), {"--topology", topology});
+      a.insert(a.end(), extra.begin(), extra.end());
+      std::vector<char*> argv;
+      for (auto& s : a) argv.push_back(const_cast<char*>(s.c_str()));
+      argv.push_back(nullptr);
+      execv(daemon_path().c_str(), argv.data());
+      _exit(127);
+    }
+    pids[i] = pid;
+  }
+  void stop(int i, int sig) {
+    if (pids[i] <= 0) return;
+    kill(pids[i], sig);
+    int st;
+    waitpid(pids[i], &st, 0);
+    pids[i] = -1;
+  }
+  // Waits for node i's client socket to exist (the daemon is up).
+  bool wait_socket(int i, int ms = 5000) {
+    for (int w = 0; w <= ms; w += 20) {
+      struct stat st;
+      if (stat(sockets[i].c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  }
+  std::string all_logs() const {
+    std::string s;
+    for (int i = 0; i < n; ++i) s += "--- node " + std::to_string(i) + "\n" + test::read_file(logs[i]);
+    return s;
+  }
+};
+
+// One training rank: two buffers whose content is a function of (rank, step).
+struct Rank {
+  uint32_t rank = 0, world = 0;
+  r2ccl_snap_t* h = nullptr;
+  std::vector<float> weights;
+  std::vector<uint8_t> state;
+
+  Rank(uint32_t r, uint32_t w, size_t floats) : rank(r), world(w), weights(floats), state(4096) {}
+  ~Rank() { close(); }
+  void close() {
+    r2ccl_snap_close(h);
+    h = nullptr;
+  }
+  static float weight(uint32_t rank, uint64_t step, size_t i) {
+    // Every 7th element moves each step; the rest keep their value (deltas compress).
+    const double v = std::sin(0.001 * static_cast<double>(i) + rank) +
+                     (i % 7 == 0 ? 0.01 * static_cast<double>(step) : 0.0);
+    return static_cast<float>(v);
+  }
+  void fill(uint64_t step) {
+    for (size_t i = 0; i < weights.size(); ++i) weights[i] = weight(rank, step, i);
+    for (size_t i = 0; i < state.size(); ++i) state[i] = static_cast<uint8_t>(rank * 31 + step * 7 + i);
+  }
+  bool holds(uint64_t step) const {
+    for (size_t i = 0; i < weights.size(); ++i)
+      if (weights[i] != weight(rank, step, i)) return false;
+    for (size_t i = 0; i < state.size(); ++i)
+      if (state[i] != static_cast<uint8_t>(rank * 31 + step * 7 + i)) return false;
+    return true;
+  }
+  int open(const std::string& socket) {
+    int rc = r2ccl_snap_open(socket.c_str(), rank, world, &h);
+    if (rc) return rc;
+    rc = r2ccl_snap_register(h, 0, weights.data(), weights.size() * sizeof(float),
+                             R2CCL_SNAP_DTYPE_F32, R2CCL_SNAP_CODEC_LOSSLESS, 0);
+    if (rc) return rc;
+    return r2ccl_snap_register(h, 1, state.data(), state.size(), R2CCL_SNAP_DTYPE_BYTES,
+                               R2CCL_SNAP_CODEC_LOSSLESS, 0);
+  }
+  int take(uint64_t step) {
+    fill(step);
+    r2ccl_snap_set_loss_scale(h, 1024.0 * static_cast<double>(step));
+    int rc = r2ccl_snap_take(h, step, nullptr);
+    return rc ? rc : r2ccl_snap_flush(h, 10 * 1000000);
+  }
+};
+
+std::string err_of(int rc) {
+  return std::string(r2ccl_snap_strerror(rc)) + ": " + r2ccl_snap_last_error(nullptr);
+}
+
+// Waits until h's daemon says `pred(state)`.
+template <class Pred>
+bool wait_state(r2ccl_snap_t* h, int ms, Pred pred, r2ccl_snap_state_t* out) {
+  const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  while (std::chrono::steady_clock::now() < end) {
+    if (r2ccl_snap_state(h, out) == 0 && pred(*out)) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
+bool complete_at_least(r2ccl_snap_t* h, uint64_t step, int ms = 10000) {
+  r2ccl_snap_state_t s;
+  return wait_state(h, ms, [&](const r2ccl_snap_state_t& x) {
+    return x.has_complete_step && x.complete_step >= step;
+  }, &s);
+}
+
+void flip_byte(const std::string& path, long offset) {
+  FILE* f = fopen(path.c_str(), "r+b");
+  REQUIRE(f != nullptr);
+  REQUIRE(fseek(f, offset, SEEK_SET) == 0);
+  const int c = fgetc(f);
+  REQUIRE(c != EOF);
+  REQUIRE(fseek(f, offset, SEEK_SET) == 0);
+  fputc(c ^ 0x5a, f);
+  fclose(f);
+}
+
+}  // namespace
+
+TEST_CASE("snapshot cluster: a node lost mid-replication; survivors restore N-1, never N",
+          "[snapshot]") {
+  constexpr int kNodes = 4;
+  constexpr uint64_t kN = 4;
+  Cluster c(kNodes, "snapcl", false, 0);
+  for (int i = 0; i < kNodes; ++i)
+    c.start(i, i == 3 ? "R2CCL_SNAPD_TEST_EXIT_AFTER_SHARDS=4:1" : "");
+  for (int i = 0; i < kNodes; ++i) REQUIRE(c.wait_socket(i));
+  std::vector<std::unique_ptr<Rank>> ranks;
+  for (int r = 0; r < kNodes; ++r) {
+    ranks.push_back(std::make_unique<Rank>(r, kNodes, 20000));
+    const int rc = ranks[r]->open(c.sockets[r]);
+    INFO(err_of(rc));
+    REQUIRE(rc == 0);
+  }
+  // Steps 1..N-1 on every rank; they become complete.
+  for (uint64_t s = 1; s < kN; ++s)
+    for (auto& r : ranks) {
+      const int rc = r->take(s);
+      INFO(err_of(rc));
+      REQUIRE(rc == 0);
+    }
+  {
+    INFO(c.all_logs());
+    REQUIRE(complete_at_least(ranks[0]->h, kN - 1));
+  }
+  // Step N: node 3's daemon dies after the first shard of step N reached its replicas.
+  for (auto& r : ranks) r->take(kN);
+  r2ccl_snap_state_t st;
+  {
+    INFO(c.all_logs());
+    for (int r = 0; r < 3; ++r)
+      REQUIRE(wait_state(ranks[r]->h, 10000, [](const r2ccl_snap_state_t& x) {
+        return x.member_count == 3 && (x.members[0] & 8u) == 0;
+      }, &st));
+  }
+  int status = 0;
+  REQUIRE(waitpid(c.pids[3], &status, 0) == c.pids[3]);
+  c.pids[3] = -1;
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 3);  // the test hook, not a crash
+  ranks[3]->close();
+  // The newest complete step is N-1 and stays there.
+  std::this_thread::sleep_for(std::chrono::milliseconds(800));
+  for (int r = 0; r < 3; ++r) {
+    REQUIRE(r2ccl_snap_state(ranks[r]->h, &st) == 0);
+    REQUIRE(st.has_complete_step);
+    CHECK(st.complete_step == kN - 1);
+  }
+  // Survivors restore N-1 (they hold N's values now).
+  for (int r = 0; r < 3; ++r) {
+    CHECK(ranks[r]->holds(kN));
+    uint64_t step = 0;
+    const int rc = r2ccl_snap_restore(ranks[r]->h, 10 * 1000000, &step);
+    INFO("rank " << r << ": " << err_of(rc));
+    REQUIRE(rc == 0);
+    CHECK(step == kN - 1);
+    CHECK(ranks[r]->holds(kN - 1));
+    double ls = 0;
+    REQUIRE(r2ccl_snap_get_loss_scale(ranks[r]->h, &ls) == 0);
+    CHECK(ls == 1024.0 * (kN - 1));
+  }
+  // A replacement node 3 (empty) and its rank restore N-1 from the replicas.
+  c.start(3);
+  REQUIRE(c.wait_socket(3));
+  ranks[3] = std::make_unique<Rank>(3, kNodes, 20000);
+  ranks[3]->fill(99);
+  REQUIRE(ranks[3]->open(c.sockets[3]) == 0);
+  {
+    INFO(c.all_logs());
+    REQUIRE(complete_at_least(ranks[3]->h, kN - 1));
+    uint64_t step = 0;
+    const int rc = r2ccl_snap_restore(ranks[3]->h, 10 * 1000000, &step);
+    INFO(err_of(rc));
+    REQUIRE(rc == 0);
+    CHECK(step == kN - 1);
+    CHECK(ranks[3]->holds(kN - 1));
+  }
+  // Training goes on: step N+1 on all four becomes complete.
+  for (auto& r : ranks) REQUIRE(r->take(kN + 1) == 0);
+  {
+    INFO(c.all_logs());
+    CHECK(complete_at_least(ranks[0]->h, kN + 1));
+  }
+  const std::string logs = c.all_logs();
+  CHECK(logs.find("test hook: exiting after 1 shards of step 4") != std::string::npos);
+  CHECK(logs.find("node 3 missed 3 heartbeats") != std::string::npos);
+}
+
+TEST_CASE("snapshot cluster: spill beyond the memory limit, a corrupt replica, a restarted daemon",
+          "[snapshot]") {
+  constexpr int kNodes = 4;
+  Cluster c(kNodes, "snapsp", true, 1);
+  // Node 3 sits under one leaf with node 0, node 1 under the next leaf, node 2 across the
+  // spine: a restore for rank 3 asks 0, then 1, then 2.
+  c.topology = test::temp_path(c.tag + "-topo");
+  std::ofstream(c.topology) << "0 s0/l0\n3 s0/l0\n1 s0/l1\n2 s1/l2\n";
+  c.extra = {"--mem-limit-mb", "1"};
+  for (int i = 0; i < kNodes; ++i) c.start(i);
+  for (int i = 0; i < kNodes; ++i) REQUIRE(c.wait_socket(i));
+  std::vector<std::unique_ptr<Rank>> ranks;
+  for (int r = 0; r < kNodes; ++r) {
+    ranks.push_back(std::make_unique<Rank>(r, kNodes, 512 * 1024));  // 2 MiB of weights
+    REQUIRE(ranks[r]->open(c.sockets[r]) == 0);
+  }
+  for (uint64_t s = 1; s <= 2; ++s)
+    for (auto& r : ranks) REQUIRE(r->take(s) == 0);
+  {
+    INFO(c.all_logs());
+    REQUIRE(complete_at_least(ranks[0]->h, 2));
+  }
+  // Rank 3's base of buffer 0 (2 MiB, over the 1 MiB limit) spilled on every replica.
+  const std::string f0 = c.spills[0] + "/r3_s1_b0.shard", f1 = c.spills[1] + "/r3_s1_b0.shard",
+                    f2 = c.spills[2] + "/r3_s1_b0.shard";
+  struct stat sb;
+  REQUIRE(stat(f0.c_str(), &sb) == 0);
+  REQUIRE(stat(f1.c_str(), &sb) == 0);
+  REQUIRE(stat(f2.c_str(), &sb) == 0);
+  // Node 3 is lost.
+  c.stop(3, SIGKILL);
+  ranks[3]->close();
+  r2ccl_snap_state_t st;
+  REQUIRE(wait_state(ranks[0]->h, 10000, [](const r2ccl_snap_state_t& x) { return x.member_count == 3; }, &st));
+  // Corrupt the copies on nodes 0 and 1 (a payload byte: the header stays valid).
+  flip_byte(f0, static_cast<long>(sb.st_size / 2));
+  flip_byte(f1, static_cast<long>(sb.st_size / 2));
+  // A replacement node 3: its rank's restore finds 0 and 1 corrupt and gets the chain from 2.
+  c.start(3);
+  REQUIRE(c.wait_socket(3));
+  ranks[3] = std::make_unique<Rank>(3, kNodes, 512 * 1024);
+  REQUIRE(ranks[3]->open(c.sockets[3]) == 0);
+  REQUIRE(complete_at_least(ranks[3]->h, 2));
+  uint64_t step = 0;
+  int rc = r2ccl_snap_restore(ranks[3]->h, 20 * 1000000, &step);
+  {
+    INFO(err_of(rc) << "\n" << c.all_logs());
+    REQUIRE(rc == 0);
+    CHECK(step == 2);
+    CHECK(ranks[3]->holds(2));
+    const std::string log3 = test::read_file(c.logs[3]);
+    CHECK(log3.find("node 0 answered corrupt (checksum)") != std::string::npos);
+    CHECK(log3.find("node 1 answered corrupt (checksum)") != std::string::npos);
+    CHECK(test::read_file(c.logs[0]).find("cannot serve rank 3 step 1 buffer 0: corrupt") != std::string::npos);
+  }
+  // Node 2 restarts (clean stop: what was in memory spills); rank 3, now on node 2's daemon,
+  // restores from what node 2 serves from its spill directory (0's and 1's copies are bad).
+  ranks[3]->close();
+  c.stop(2, SIGTERM);
+  c.start(2);
+  REQUIRE(c.wait_socket(2));
+  Rank again(3, kNodes, 512 * 1024);
+  REQUIRE(again.open(c.sockets[2]) == 0);
+  {
+    INFO(c.all_logs());
+    REQUIRE(complete_at_least(again.h, 2));
+  }
+  rc = r2ccl_snap_restore(again.h, 20 * 1000000, &step);
+  {
+    INFO(err_of(rc) << "\n" << c.all_logs());
+    REQUIRE(rc == 0);
+    CHECK(step == 2);
+    CHECK(again.holds(2));
+    CHECK(test::read_file(c.logs[2]).find("from the spill directory") != std::string::npos);
+  }
+}
+
+TEST_CASE("snapshot cluster: a minority partition does not act", "[snapshot]") {
+  constexpr int kNodes = 5;
+  Cluster c(kNodes, "snappt", false, 2);
+  const std::string block_a = test::temp_path(c.tag + "-block-a"),
+                    block_b = test::temp_path(c.tag + "-block-b");
+  std::ofstream(block_a) << "";
+  std::ofstream(block_b) << "";
+  for (int i = 0; i < kNodes; ++i)
+    c.start(i, "R2CCL_SNAPD_TEST_BLOCK_FILE=" + (i < 2 ? block_a : block_b));
+  board::AgreedRecord r;
+  std::string err;
+  auto wait_members = [&](int node, int members, uint64_t after) {
+    for (int w = 0; w < 10000; w += 20) {
+      if (board::read_agreed_record(c.boards[node], &r, &err) && r.epoch > after &&
+          board::member_count(r) == members)
+        return true;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+  };
+  for (int i = 0; i < kNodes; ++i) {
+    INFO(c.all_logs());
+    REQUIRE(wait_members(i, 5, 0));
+  }
+  const uint64_t epoch = r.epoch;
+  // Partition {0, 1} | {2, 3, 4}.
+  std::ofstream(block_a) << "2 3 4\n";
+  std::ofstream(block_b) << "0 1\n";
+  for (int i = 2; i < kNodes; ++i) {
+    INFO(c.all_logs());
+    REQUIRE(wait_members(i, 3, epoch));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(600));
+  // Nodes 0 and 1 notice the other side's silence one peer at a time: node 0 may still act
+  // while it sees 4 or 3 of 5 live, but never with fewer. Every record written on their side
+  // has a majority of members, and the last one still lists some of the other side.
+  const std::string log0 = test::read_file(c.logs[0]), log2 = test::read_file(c.logs[2]);
+  for (int i = 0; i < 2; ++i) {
+    REQUIRE(board::read_agreed_record(c.boards[i], &r, &err));
+    CHECK(board::member_count(r) >= 3);
+    std::istringstream lines(test::read_file(c.logs[i]));
+    std::string line;
+    while (std::getline(lines, line)) {
+      const size_t m = line.find("members {");
+      if (m == std::string::npos) continue;
+      INFO(line);
+      const std::string ids = line.substr(m + 9, line.find('}', m) - m - 9);
+      CHECK(std::count(ids.begin(), ids.end(), ',') + 1 >= 3);
+    }
+  }
+  CHECK(log0.find("not acting as coordinator (2 of 5 live)") != std::string::npos);
+  CHECK(log2.find("coordinator: lowest live id with a majority (3 of 5 live)") != std::string::npos);
+}

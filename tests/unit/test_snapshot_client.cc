@@ -1,0 +1,600 @@
+// The snapshot client library (libr2ccl-snapshot, C API) against a fake r2ccl_snapshotd
+// (tests/support/fake_snapd.h): exact lossless round trips over chains with a base every K,
+// restore of the newest COMPLETE step (never a later partial one), a replacement process
+// restoring a lost rank, lossy buffers restored within their reported error, loss scale and RNG
+// blob, take() returning before the encode/send finishes (slow daemon) and double buffering,
+// the snapshot interval, bad environment values, no daemon, the daemon closing mid-restore, a
+// refused FETCH leaving the buffers untouched, events, kv, and misuse.
+#include <stdlib.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "fake_snapd.h"
+#include "r2ccl/snapshot/codec.h"
+#include "r2ccl/snapshot_client.h"
+
+using r2ccl::test::FakeSnapd;
+using r2ccl::test::FakeSnapdOptions;
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
+}
+
+struct TempDir {
+  std::string path;
+  TempDir() {
+    char t[] = "/tmp/r2snapcXXXXXX";
+    REQUIRE(mkdtemp(t) != nullptr);
+    path = t;
+  }
+  ~TempDir() {
+    std::string cmd = "rm -rf '" + path + "'";
+    (void)!system(cmd.c_str());
+  }
+  std::string sock() const { return path + "/d.sock"; }
+};
+
+// Sets (or unsets, value == nullptr) an environment variable for the scope.
+struct EnvVar {
+  std::string name, old;
+  bool had;
+  EnvVar(const char* n, const char* value) : name(n) {
+    const char* o = getenv(n);
+    had = o != nullptr;
+    if (had) old = o;
+    if (value)
+      setenv(n, value, 1);
+    else
+      unsetenv(n);
+  }
+  ~EnvVar() {
+    if (had)
+      setenv(name.c_str(), old.c_str(), 1);
+    else
+      unsetenv(name.c_str());
+  }
+};
+
+struct Daemon {
+  TempDir dir;
+  FakeSnapd d;
+  explicit Daemon(FakeSnapdOptions o = {}) : d(dir.sock(), o) {
+    std::string err;
+    REQUIRE(d.start(&err));
+  }
+};
+
+r2ccl_snap_t* open_ok(const std::string& sock, uint32_t rank = 0, uint32_t world = 1) {
+  r2ccl_snap_t* h = nullptr;
+  int rc = r2ccl_snap_open(sock.c_str(), rank, world, &h);
+  INFO(r2ccl_snap_last_error(nullptr));
+  REQUIRE(rc == R2CCL_SNAP_OK);
+  REQUIRE(h != nullptr);
+  return h;
+}
+
+#define SNAP_OK(expr)                             \
+  do {                                            \
+    int rc_ = (expr);                             \
+    INFO(r2ccl_snap_last_error(nullptr));         \
+    REQUIRE(rc_ == R2CCL_SNAP_OK);                \
+  } while (0)
+
+// A model's state: an f32 "weights" buffer, an opaque byte buffer and an f16 buffer.
+struct Model {
+  std::vector<float> w;
+  std::vector<uint8_t> bytes;
+  std::vector<uint16_t> h;
+  std::mt19937 rng{7};
+  explicit Model(size_t n = 1 << 16) : w(n), bytes(10000), h(n / 2) {
+    std::normal_distribution<float> nd(0, 0.02f);
+    for (auto& x : w) x = nd(rng);
+    for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = uint8_t(i * 7);
+    for (auto& x : h) x = r2ccl::snap::float_to_fp16(nd(rng));
+  }
+  void step() {  // a sparse update
+    std::uniform_int_distribution<size_t> pick(0, w.size() - 1);
+    for (int i = 0; i < 500; ++i) w[pick(rng)] += 1e-3f;
+    bytes[pick(rng) % bytes.size()] ^= 0x5a;
+    for (int i = 0; i < 200; ++i) {
+      size_t j = pick(rng) % h.size();
+      h[j] = r2ccl::snap::float_to_fp16(r2ccl::snap::fp16_to_float(h[j]) + 1e-3f);
+    }
+  }
+  void reg(r2ccl_snap_t* s, int h_codec = R2CCL_SNAP_CODEC_LOSSLESS) {
+    SNAP_OK(r2ccl_snap_register(s, 0, w.data(), w.size() * 4, R2CCL_SNAP_DTYPE_F32,
+                                R2CCL_SNAP_CODEC_LOSSLESS, 0));
+    SNAP_OK(r2ccl_snap_register(s, 1, bytes.data(), bytes.size(), R2CCL_SNAP_DTYPE_BYTES,
+                                R2CCL_SNAP_CODEC_LOSSLESS, 0));
+    SNAP_OK(r2ccl_snap_register(s, 2, h.data(), h.size() * 2, R2CCL_SNAP_DTYPE_F16, h_codec, 0));
+  }
+  struct Copy {
+    std::vector<float> w;
+    std::vector<uint8_t> bytes;
+    std::vector<uint16_t> h;
+  };
+  Copy copy() const { return {w, bytes, h}; }
+  bool equals(const Copy& c) const { return w == c.w && bytes == c.bytes && h == c.h; }
+  void scramble() {
+    std::fill(w.begin(), w.end(), -1.f);
+    std::fill(bytes.begin(), bytes.end(), 0xee);
+    std::fill(h.begin(), h.end(), 0x3c00);
+  }
+};
+
+void wait_complete(FakeSnapd& d, uint64_t step) {
+  for (int i = 0; i < 500 && !(d.has_complete() && d.complete_step() >= step); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(d.has_complete());
+  REQUIRE(d.complete_step() == step);
+}
+
+// flush() means "written to the socket": the fake may still be reading the last shard.
+void wait_shards(FakeSnapd& d, uint64_t n) {
+  for (int i = 0; i < 500 && d.shards_received() < n; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  REQUIRE(d.shards_received() == n);
+}
+
+}  // namespace
+
+TEST_CASE("snapshot client: exact round trip over chains with a base every K") {
+  EnvVar k("R2CCL_SNAPSHOT_BASE_EVERY", "3");
+  EnvVar iv("R2CCL_SNAPSHOT_INTERVAL", nullptr);
+  Daemon dm;
+  r2ccl_snap_t* s = open_ok(dm.dir.sock());
+  Model m;
+  m.reg(s);
+  std::vector<Model::Copy> at(8);
+  r2ccl_snap_take_stats_t st{};
+  for (uint64_t step = 1; step <= 7; ++step) {
+    m.step();
+    at[step] = m.copy();
+    SNAP_OK(r2ccl_snap_take(s, step, &st));
+    CHECK(st.skipped == 0);
+    CHECK(st.step == step);
+    if (step >= 3) {  // takes before this one have finished by now (flush below)
+      CHECK(st.prev_valid == 1);
+      CHECK(st.prev_step == step - 1);
+      CHECK(st.prev_raw_bytes > m.w.size() * 4);
+      CHECK(st.prev_ratio > 0);
+      CHECK(st.prev_max_abs_error == 0);
+    }
+    SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
+  }
+  wait_shards(dm.d, 28);
+  // Bases at 1, 4, 7 for every buffer (the metadata buffer 3 included).
+  for (uint32_t b = 0; b < 4; ++b) {
+    CHECK(dm.d.steps_held(0, b) == std::vector<uint64_t>{1, 2, 3, 4, 5, 6, 7});
+    for (uint64_t step = 1; step <= 7; ++step)
+      CHECK(dm.d.base_step_of(0, b, step) == int64_t((step - 1) / 3 * 3 + 1));
+  }
+  // A sparse delta compresses far better than the base.
+  SNAP_OK(r2ccl_snap_take(s, 8, &st));
+  CHECK(st.prev_step == 7);
+  CHECK(st.prev_base_buffers == 4);  // 7 is a base
+  SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
+  m.step();
+  SNAP_OK(r2ccl_snap_take(s, 9, &st));
+  CHECK(st.prev_step == 8);
+  CHECK(st.prev_base_buffers == 0);
+  CHECK(st.prev_ratio > 5);
+  SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
+  wait_complete(dm.d, 9);
+
+  at.resize(10);
+  at[8] = at[7];
+  at[9] = m.copy();
+  m.scramble();
+  uint64_t restored = 0;
+  SNAP_OK(r2ccl_snap_restore(s, 10 * 1000000, &restored));
+  CHECK(restored == 9);
+  CHECK(m.equals(at[9]));
+
+  // The next take continues with a new chain (a base) and must be beyond the restored step.
+  CHECK(r2ccl_snap_take(s, 9, &st) == R2CCL_SNAP_ERR_INVALID);
+  CHECK(std::string(r2ccl_snap_last_error(s)).find("beyond") != std::string::npos);
+  SNAP_OK(r2ccl_snap_take(s, 10, &st));
+  SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
+  wait_shards(dm.d, 40);
+  for (uint32_t b = 0; b < 4; ++b) CHECK(dm.d.base_step_of(0, b, 10) == 10);
+  r2ccl_snap_close(s);
+}
+
+TEST_CASE("snapshot client: restore gives the newest complete step, not a later partial one") {
+  EnvVar k("R2CCL_SNAPSHOT_BASE_EVERY", "3");
+  FakeSnapdOptions o;
+  o.complete_limit = 5;  // steps 6.. never complete (a rank's replicas did not get them)
+  Daemon dm(o);
+  r2ccl_snap_t* s = open_ok(dm.dir.sock());
+  Model m;
+  m.reg(s);
+  std::vector<Model::Copy> at(9);
+  for (uint64_t step = 1; step <= 8; ++step) {
+    m.step();
+    at[step] = m.copy();
+    SNAP_OK(r2ccl_snap_take(s, step, nullptr));
+  }
+  SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
+  r2ccl_snap_state_t stt{};
+  wait_complete(dm.d, 5);
+  m.scramble();
+  uint64_t restored = 0;
+  SNAP_OK(r2ccl_snap_restore(s, 10 * 1000000, &restored));
+  CHECK(restored == 5);
+  CHECK(m.equals(at[5]));  // chain 4 (base), 5
+  SNAP_OK(r2ccl_snap_state(s, &stt));
+  CHECK(stt.has_complete_step == 1);
+  CHECK(stt.complete_step == 5);
+  CHECK(stt.epoch == 1);
+  CHECK(stt.member_count == 1);
+  CHECK(stt.members[0] == 1);
+  r2ccl_snap_close(s);
+}
+
+TEST_CASE("snapshot client: lossy buffer, loss scale and RNG blob; a replacement process") {
+  EnvVar k("R2CCL_SNAPSHOT_BASE_EVERY", "4");
+  FakeSnapdOptions o;
+  o.complete_limit = 3;
+  Daemon dm(o);
+  r2ccl_snap_t* s = open_ok(dm.dir.sock(), 1, 2);
+  r2ccl_snap_t* other = open_ok(dm.dir.sock(), 0, 2);  // rank 0: one opaque buffer
+  std::vector<uint8_t> r0(4096, 1);
+  SNAP_OK(r2ccl_snap_register(other, 0, r0.data(), r0.size(), R2CCL_SNAP_DTYPE_BYTES,
+                              R2CCL_SNAP_CODEC_LOSSLESS, 0));
+  Model m;
+  m.reg(s, R2CCL_SNAP_CODEC_LOSSY);
+  // Dense changes on the lossy buffer (every element).
+  std::mt19937 g(3);
+  std::normal_distribution<float> nd(0, 1e-3f);
+  std::vector<uint8_t> blob1(5000), blob2(300, 9);
+  for (size_t i = 0; i < blob1.size(); ++i) blob1[i] = uint8_t(i * 13 + 1);
+  Model::Copy at3;
+  r2ccl_snap_take_stats_t st{};
+  for (uint64_t step = 1; step <= 4; ++step) {
+    m.step();
+    for (auto& x : m.h) x = r2ccl::snap::float_to_fp16(r2ccl::snap::fp16_to_float(x) + nd(g));
+    SNAP_OK(r2ccl_snap_set_loss_scale(s, step == 3 ? 1024.0 : 2048.0));
+    SNAP_OK(r2ccl_snap_set_rng_state(s, step == 3 ? blob1.data() : blob2.data(),
+                                     step == 3 ? blob1.size() : blob2.size()));
+    if (step == 3) at3 = m.copy();
+    SNAP_OK(r2ccl_snap_take(s, step, &st));
+    SNAP_OK(r2ccl_snap_take(other, step, nullptr));
+    SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
+  }
+  // Step 4's take reported step 3's lossy error (steps 2, 3 are lossy deltas).
+  CHECK(st.prev_step == 3);
+  double err3 = st.prev_max_abs_error;
+  CHECK(err3 > 0);
+  CHECK(err3 < 1e-3);
+  SNAP_OK(r2ccl_snap_flush(other, 10 * 1000000));
+  wait_complete(dm.d, 3);
+
+  // The process of rank 1 is lost; a replacement opens with its rank id and restores.
+  r2ccl_snap_close(s);
+  Model fresh;
+  fresh.scramble();
+  r2ccl_snap_t* s2 = open_ok(dm.dir.sock(), 1, 2);
+  fresh.reg(s2, R2CCL_SNAP_CODEC_LOSSY);
+  double ls = 0;
+  CHECK(r2ccl_snap_get_loss_scale(s2, &ls) == R2CCL_SNAP_ERR_NO_SNAPSHOT);
+  uint64_t restored = 0;
+  SNAP_OK(r2ccl_snap_restore(s2, 10 * 1000000, &restored));
+  CHECK(restored == 3);
+  CHECK(fresh.w == at3.w);
+  CHECK(fresh.bytes == at3.bytes);
+  double max_err = 0;
+  for (size_t i = 0; i < at3.h.size(); ++i)
+    max_err = std::max(max_err, double(std::fabs(r2ccl::snap::fp16_to_float(fresh.h[i]) -
+                                                 r2ccl::snap::fp16_to_float(at3.h[i]))));
+  CHECK(max_err <= err3 * 1.0001 + 1e-12);
+  SNAP_OK(r2ccl_snap_get_loss_scale(s2, &ls));
+  CHECK(ls == 1024.0);
+  std::vector<uint8_t> got(R2CCL_SNAP_MAX_RNG_BYTES);
+  size_t n = 0;
+  CHECK(r2ccl_snap_get_rng_state(s2, got.data(), 10, &n) == R2CCL_SNAP_ERR_TOO_SMALL);
+  CHECK(n == blob1.size());
+  SNAP_OK(r2ccl_snap_get_rng_state(s2, got.data(), got.size(), &n));
+  got.resize(n);
+  CHECK(got == blob1);
+  // The replacement continues: step 4 again (beyond 3), a base replacing the lost process's
+  // step 4 (buffer 3, the metadata, is sent last).
+  SNAP_OK(r2ccl_snap_take(s2, 4, nullptr));
+  SNAP_OK(r2ccl_snap_flush(s2, 10 * 1000000));
+  for (int i = 0; i < 500 && dm.d.base_step_of(1, 3, 4) != 4; ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  CHECK(dm.d.base_step_of(1, 0, 4) == 4);
+  r2ccl_snap_close(s2);
+  r2ccl_snap_close(other);
+}
+
+TEST_CASE("snapshot client: take() returns before the encode/send; double buffering") {
+  FakeSnapdOptions o;
+  o.shard_read_delay_us = 120000;  // the daemon reads each shard 120 ms late
+  Daemon dm(o);
+  r2ccl_snap_t* s = open_ok(dm.dir.sock());
+  std::mt19937 g(5);
+  std::vector<std::vector<uint32_t>> bufs(4, std::vector<uint32_t>(1 << 18));  // 4 x 1 MiB
+  for (auto& b : bufs)
+    for (auto& x : b) x = g();  // incompressible: each frame is ~1 MiB, beyond socket buffers
+  for (uint32_t i = 0; i < 4; ++i)
+    SNAP_OK(r2ccl_snap_register(s, i, bufs[i].data(), bufs[i].size() * 4, R2CCL_SNAP_DTYPE_F32,
+                                R2CCL_SNAP_CODEC_LOSSLESS, 0));
+  auto rerandomize = [&] {  // so every delta is as large as a base
+    for (auto& b : bufs)
+      for (auto& x : b) x = g();
+  };
+  r2ccl_snap_take_stats_t st{};
+  double t0 = now_s();
+  SNAP_OK(r2ccl_snap_take(s, 1, &st));
+  double take1 = now_s() - t0;
+  CHECK(st.wait_seconds < 0.05);
+  CHECK(st.copy_seconds < 0.2);
+  // The second take gets the other staging set without waiting...
+  rerandomize();
+  SNAP_OK(r2ccl_snap_take(s, 2, &st));
+  CHECK(st.wait_seconds < 0.1);
+  // ...the third waits for the first to be sent (4 shards of 1 MiB x 120 ms).
+  rerandomize();
+  SNAP_OK(r2ccl_snap_take(s, 3, &st));
+  CHECK(st.wait_seconds > 0.2);
+  double t1 = now_s();
+  SNAP_OK(r2ccl_snap_flush(s, 30 * 1000000));
+  double flush = now_s() - t1;
+  CHECK(flush > 0.3);
+  CHECK(take1 < flush / 3);
+  wait_shards(dm.d, 15);
+  // A flush that cannot finish in time says so.
+  rerandomize();
+  SNAP_OK(r2ccl_snap_take(s, 4, &st));
+  CHECK(st.prev_step == 3);
+  CHECK(st.prev_send_seconds > 0.1);
+  CHECK(r2ccl_snap_flush(s, 1000) == R2CCL_SNAP_ERR_TIMEOUT);
+  SNAP_OK(r2ccl_snap_flush(s, 30 * 1000000));
+  r2ccl_snap_close(s);
+}
+
+TEST_CASE("snapshot client: interval skips steps") {
+  EnvVar iv("R2CCL_SNAPSHOT_INTERVAL", "3");
+  Daemon dm;
+  r2ccl_snap_t* s = open_ok(dm.dir.sock());
+  std::vector<uint8_t> b(1000, 3);
+  SNAP_OK(r2ccl_snap_register(s, 0, b.data(), b.size(), 0, 0, 0));
+  r2ccl_snap_take_stats_t st{};
+  for (uint64_t step = 1; step <= 7; ++step) {
+    SNAP_OK(r2ccl_snap_take(s, step, &st));
+    CHECK(st.skipped == (step % 3 == 0 ? 0 : 1));
+  }
+  SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
+  wait_shards(dm.d, 4);
+  CHECK(dm.d.steps_held(0, 0) == std::vector<uint64_t>{3, 6});
+  r2ccl_snap_close(s);
+}
+
+TEST_CASE("snapshot client: bad environment values fail open, naming the variable") {
+  TempDir dir;  // no daemon: configuration is checked first
+  struct Case {
+    const char* var;
+    const char* value;
+  };
+  for (Case c : {Case{"R2CCL_SNAPSHOT_INTERVAL", "0"}, Case{"R2CCL_SNAPSHOT_INTERVAL", "abc"},
+                 Case{"R2CCL_SNAPSHOT_INTERVAL", "-2"}, Case{"R2CCL_SNAPSHOT_INTERVAL", ""},
+                 Case{"R2CCL_SNAPSHOT_BASE_EVERY", "0"}, Case{"R2CCL_SNAPSHOT_BASE_EVERY", "8x"},
+                 Case{"R2CCL_SNAPSHOT_BASE_EVERY", "99999999999999999999999"}}) {
+    EnvVar e(c.var, c.value);
+    r2ccl_snap_t* h = nullptr;
+    CHECK(r2ccl_snap_open(dir.sock().c_str(), 0, 1, &h) == R2CCL_SNAP_ERR_CONFIG);
+    CHECK(h == nullptr);
+    std::string msg = r2ccl_snap_last_error(nullptr);
+    INFO(msg);
+    CHECK(msg.find(c.var) != std::string::npos);
+    CHECK(msg.find("accepted: an integer 1..") != std::string::npos);
+  }
+}
+
+TEST_CASE("snapshot client: no daemon gives a clear error naming the socket") {
+  TempDir dir;
+  r2ccl_snap_t* h = nullptr;
+  CHECK(r2ccl_snap_open(dir.sock().c_str(), 0, 1, &h) == R2CCL_SNAP_ERR_CONNECT);
+  std::string msg = r2ccl_snap_last_error(nullptr);
+  CHECK(msg.find(dir.sock()) != std::string::npos);
+  CHECK(msg.find("r2ccl_snapshotd running") != std::string::npos);
+  {  // default path from the environment
+    EnvVar a("R2CCL_SNAPSHOT_SOCKET", nullptr);
+    EnvVar b("R2CCL_HEALTH_BOARD", "nosuchboard42");
+    CHECK(r2ccl_snap_open(nullptr, 0, 1, &h) == R2CCL_SNAP_ERR_CONNECT);
+    CHECK(std::string(r2ccl_snap_last_error(nullptr))
+              .find("/tmp/r2ccl-snapshotd-nosuchboard42.sock") != std::string::npos);
+    EnvVar c("R2CCL_SNAPSHOT_SOCKET", (dir.path + "/env.sock").c_str());
+    CHECK(r2ccl_snap_open(nullptr, 0, 1, &h) == R2CCL_SNAP_ERR_CONNECT);
+    CHECK(std::string(r2ccl_snap_last_error(nullptr)).find(dir.path + "/env.sock") !=
+          std::string::npos);
+  }
+  CHECK(h == nullptr);
+  CHECK(r2ccl_snap_open(dir.sock().c_str(), 2, 2, &h) == R2CCL_SNAP_ERR_INVALID);
+  CHECK(r2ccl_snap_open(dir.sock().c_str(), 0, 0, &h) == R2CCL_SNAP_ERR_INVALID);
+}
+
+TEST_CASE("snapshot client: the daemon closing mid-restore is an error, not a hang") {
+  FakeSnapdOptions o;
+  o.close_on_fetch = 1;  // second FETCH: one chain frame, then the connection closes
+  Daemon dm(o);
+  r2ccl_snap_t* s = open_ok(dm.dir.sock());
+  Model m;
+  m.reg(s);
+  for (uint64_t step = 1; step <= 3; ++step) {
+    m.step();
+    SNAP_OK(r2ccl_snap_take(s, step, nullptr));
+  }
+  SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
+  wait_complete(dm.d, 3);
+  m.step();
+  Model::Copy before = m.copy();
+  uint64_t restored = 77;
+  double t0 = now_s();
+  CHECK(r2ccl_snap_restore(s, 60 * 1000000, &restored) == R2CCL_SNAP_ERR_CONNECTION);
+  CHECK(now_s() - t0 < 5);
+  CHECK(restored == 77);
+  std::string msg = r2ccl_snap_last_error(s);
+  INFO(msg);
+  CHECK(msg.find("buffer 1") != std::string::npos);
+  CHECK(m.equals(before));
+  // Sticky: everything after says the connection is gone.
+  CHECK(r2ccl_snap_take(s, 4, nullptr) == R2CCL_SNAP_ERR_CONNECTION);
+  r2ccl_snap_state_t stt{};
+  CHECK(r2ccl_snap_state(s, &stt) == R2CCL_SNAP_ERR_CONNECTION);
+  // wait_event still reports the change that came before the loss (complete step 3), then
+  // the loss.
+  SNAP_OK(r2ccl_snap_wait_event(s, 5 * 1000000, &stt));
+  CHECK(stt.changes == R2CCL_SNAP_CHANGED_COMPLETE);
+  CHECK(r2ccl_snap_wait_event(s, 5 * 1000000, &stt) == R2CCL_SNAP_ERR_CONNECTION);
+  r2ccl_snap_close(s);
+}
+
+TEST_CASE("snapshot client: a refused FETCH is an error and leaves the buffers untouched") {
+  FakeSnapdOptions o;
+  o.refuse_buffer = 2;  // kCorrupt
+  Daemon dm(o);
+  r2ccl_snap_t* s = open_ok(dm.dir.sock());
+  Model m;
+  m.reg(s);
+  for (uint64_t step = 1; step <= 2; ++step) {
+    m.step();
+    SNAP_OK(r2ccl_snap_take(s, step, nullptr));
+  }
+  SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
+  wait_complete(dm.d, 2);
+  m.step();
+  Model::Copy before = m.copy();
+  uint64_t restored = 0;
+  CHECK(r2ccl_snap_restore(s, 10 * 1000000, &restored) == R2CCL_SNAP_ERR_REFUSED);
+  std::string msg = r2ccl_snap_last_error(s);
+  INFO(msg);
+  CHECK(msg.find("buffer 2") != std::string::npos);
+  CHECK(msg.find("kCorrupt") != std::string::npos);
+  CHECK(m.equals(before));
+  // Buffers 0 and 1 had been decoded already: still nothing written. A step not held at all:
+  o.refuse_buffer = -1;
+  dm.d.set_options(o);
+  SNAP_OK(r2ccl_snap_restore(s, 10 * 1000000, &restored));
+  CHECK(restored == 2);
+  r2ccl_snap_close(s);
+}
+
+TEST_CASE("snapshot client: restore without a complete step, and a different registration") {
+  Daemon dm;
+  r2ccl_snap_t* s = open_ok(dm.dir.sock(), 0, 2);  // rank 1 never takes: nothing completes
+  std::vector<uint8_t> b(100, 1);
+  uint64_t restored = 0;
+  CHECK(r2ccl_snap_restore(s, 1000000, &restored) == R2CCL_SNAP_ERR_INVALID);  // no buffer
+  SNAP_OK(r2ccl_snap_register(s, 0, b.data(), b.size(), 0, 0, 0));
+  SNAP_OK(r2ccl_snap_take(s, 1, nullptr));
+  CHECK(r2ccl_snap_restore(s, 1000000, &restored) == R2CCL_SNAP_ERR_NO_SNAPSHOT);
+  // Rank 1 takes with two buffers; a process restoring rank 1 with one buffer is refused.
+  r2ccl_snap_t* r1 = open_ok(dm.dir.sock(), 1, 2);
+  std::vector<uint8_t> c(100, 2), d(50, 3);
+  SNAP_OK(r2ccl_snap_register(r1, 0, c.data(), c.size(), 0, 0, 0));
+  SNAP_OK(r2ccl_snap_register(r1, 1, d.data(), d.size(), 0, 0, 0));
+  SNAP_OK(r2ccl_snap_take(r1, 1, nullptr));
+  SNAP_OK(r2ccl_snap_flush(r1, 10 * 1000000));
+  wait_complete(dm.d, 1);
+  r2ccl_snap_close(r1);
+  r2ccl_snap_t* r1b = open_ok(dm.dir.sock(), 1, 2);
+  SNAP_OK(r2ccl_snap_register(r1b, 0, c.data(), c.size(), 0, 0, 0));
+  CHECK(r2ccl_snap_restore(r1b, 10 * 1000000, &restored) == R2CCL_SNAP_ERR_INVALID);
+  CHECK(std::string(r2ccl_snap_last_error(r1b)).find("same order") != std::string::npos);
+  r2ccl_snap_close(r1b);
+  // The same buffers but a different size: the decoder refuses it (CORRUPT), nothing written.
+  r2ccl_snap_t* r1c = open_ok(dm.dir.sock(), 1, 2);
+  std::vector<uint8_t> c2(101, 9), d2(50, 9);
+  SNAP_OK(r2ccl_snap_register(r1c, 0, c2.data(), c2.size(), 0, 0, 0));
+  SNAP_OK(r2ccl_snap_register(r1c, 1, d2.data(), d2.size(), 0, 0, 0));
+  CHECK(r2ccl_snap_restore(r1c, 10 * 1000000, &restored) == R2CCL_SNAP_ERR_CORRUPT);
+  CHECK(c2 == std::vector<uint8_t>(101, 9));
+  CHECK(d2 == std::vector<uint8_t>(50, 9));
+  r2ccl_snap_close(r1c);
+  r2ccl_snap_close(s);
+}
+
+TEST_CASE("snapshot client: events, kv and misuse") {
+  Daemon dm;
+  r2ccl_snap_t* s = open_ok(dm.dir.sock());
+  r2ccl_snap_state_t st{};
+  CHECK(r2ccl_snap_wait_event(s, 50000, &st) == R2CCL_SNAP_ERR_TIMEOUT);
+  std::thread bump([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    dm.d.set_epoch(2);
+  });
+  SNAP_OK(r2ccl_snap_wait_event(s, 5 * 1000000, &st));
+  bump.join();
+  CHECK(st.epoch == 2);
+  CHECK(st.changes == R2CCL_SNAP_CHANGED_EPOCH);
+  CHECK(r2ccl_snap_wait_event(s, 20000, &st) == R2CCL_SNAP_ERR_TIMEOUT);  // reported once
+
+  std::vector<uint16_t> b(512, 0x3c00);
+  // misuse
+  CHECK(r2ccl_snap_register(s, 1, b.data(), 1024, R2CCL_SNAP_DTYPE_F16, 0, 0) ==
+        R2CCL_SNAP_ERR_INVALID);  // ids are dense
+  CHECK(r2ccl_snap_register(s, 0, b.data(), 1023, R2CCL_SNAP_DTYPE_F16, 0, 0) ==
+        R2CCL_SNAP_ERR_INVALID);  // not a multiple of the element size
+  CHECK(r2ccl_snap_register(s, 0, b.data(), 1024, R2CCL_SNAP_DTYPE_F32, R2CCL_SNAP_CODEC_LOSSY,
+                            0) == R2CCL_SNAP_ERR_INVALID);  // lossy needs f16/bf16
+  CHECK(r2ccl_snap_register(s, 0, b.data(), 1024, 9, 0, 0) == R2CCL_SNAP_ERR_INVALID);
+#ifndef R2CCL_USE_CUDA
+  CHECK(r2ccl_snap_register(s, 0, b.data(), 1024, R2CCL_SNAP_DTYPE_F16, 0,
+                            R2CCL_SNAP_FLAG_DEVICE) == R2CCL_SNAP_ERR_UNSUPPORTED);
+  CHECK(std::string(r2ccl_snap_last_error(s)).find("USE_CUDA") != std::string::npos);
+#endif
+  CHECK(r2ccl_snap_take(s, 1, nullptr) == R2CCL_SNAP_ERR_INVALID);  // nothing registered
+  SNAP_OK(r2ccl_snap_register(s, 0, b.data(), 1024, R2CCL_SNAP_DTYPE_F16, 0, 0));
+  std::vector<uint8_t> big(R2CCL_SNAP_MAX_RNG_BYTES + 1);
+  CHECK(r2ccl_snap_set_rng_state(s, big.data(), big.size()) == R2CCL_SNAP_ERR_INVALID);
+  SNAP_OK(r2ccl_snap_take(s, 5, nullptr));
+  CHECK(r2ccl_snap_take(s, 5, nullptr) == R2CCL_SNAP_ERR_INVALID);  // steps grow
+  CHECK(r2ccl_snap_register(s, 1, b.data(), 1024, R2CCL_SNAP_DTYPE_F16, 0, 0) ==
+        R2CCL_SNAP_ERR_INVALID);  // after the first take
+  SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
+  // The completed step is an event too.
+  SNAP_OK(r2ccl_snap_wait_event(s, 5 * 1000000, &st));
+  CHECK(st.changes == R2CCL_SNAP_CHANGED_COMPLETE);
+  CHECK(st.complete_step == 5);
+
+  // kv
+  SNAP_OK(r2ccl_snap_kv_put(s, "pg-2", "10.0.0.1:29500", 14));
+  char val[64] = {};
+  size_t n = 0;
+  SNAP_OK(r2ccl_snap_kv_get(s, "pg-2", val, sizeof(val), &n, 1000000));
+  CHECK(std::string(val, n) == "10.0.0.1:29500");
+  CHECK(r2ccl_snap_kv_get(s, "pg-2", val, 3, &n, 1000000) == R2CCL_SNAP_ERR_TOO_SMALL);
+  CHECK(n == 14);
+  double t0 = now_s();
+  CHECK(r2ccl_snap_kv_get(s, "absent", val, sizeof(val), &n, 100000) == R2CCL_SNAP_ERR_TIMEOUT);
+  double waited = now_s() - t0;
+  CHECK(waited >= 0.09);
+  CHECK(waited < 2);
+  std::thread later([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(60));
+    r2ccl_snap_kv_put(s, "late", "x", 1);
+  });
+  SNAP_OK(r2ccl_snap_kv_get(s, "late", val, sizeof(val), &n, 5 * 1000000));
+  later.join();
+  CHECK(n == 1);
+  std::string long_key(64, 'k');
+  CHECK(r2ccl_snap_kv_put(s, long_key.c_str(), "x", 1) == R2CCL_SNAP_ERR_INVALID);
+  CHECK(r2ccl_snap_kv_put(s, "k", big.data(), R2CCL_SNAP_MAX_KV_VALUE + 1) ==
+        R2CCL_SNAP_ERR_INVALID);
+  CHECK(std::string(r2ccl_snap_strerror(R2CCL_SNAP_ERR_TIMEOUT)) == "R2CCL_SNAP_ERR_TIMEOUT");
+  r2ccl_snap_close(s);
+  r2ccl_snap_close(nullptr);
+}
