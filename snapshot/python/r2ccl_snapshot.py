@@ -122,6 +122,10 @@ def load_library():
         "r2ccl_snap_kv_put": [vp, ctypes.c_char_p, ctypes.c_char_p, sz],
         "r2ccl_snap_kv_get": [vp, ctypes.c_char_p, vp, sz, ctypes.POINTER(sz), i64],
     }
+    sigs["r2ccl_snap_recovery_hint"] = [ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_int)]
+    sigs["r2ccl_snap_log_recovered"] = [ctypes.c_char_p, ctypes.c_int,
+                                        ctypes.POINTER(ctypes.c_char_p),
+                                        ctypes.POINTER(ctypes.c_double), ctypes.c_char_p, sz]
     for name, args in sigs.items():
         f = getattr(lib, name)
         f.argtypes = args
@@ -354,10 +358,43 @@ class Snapshot:
     def __exit__(self, *exc):
         self.close()
 
+    @staticmethod
+    def recovery_hint():
+        """See the module function recovery_hint()."""
+        return recovery_hint()
+
+    @staticmethod
+    def log_recovered(lost_nodes, phases):
+        """See the module function log_recovered()."""
+        return log_recovered(lost_nodes, phases)
+
     def __del__(self):
         if getattr(self, "_h", None) is not None:
             self._lib.r2ccl_snap_close(self._h)
             self._h = None
+
+
+def recovery_hint():
+    """The post-recovery hint (factor, steps): multiply the learning rate by `factor` for the
+    first `steps` steps after a recovery (R2CCL_RECOVERY_LR_FACTOR in (0, 1], default 0.8;
+    R2CCL_RECOVERY_LR_STEPS 0..1000, default 3). An invalid variable raises SnapshotError
+    naming it and the accepted form."""
+    lib = load_library()
+    factor, steps = ctypes.c_double(), ctypes.c_int()
+    _check(lib, lib.r2ccl_snap_recovery_hint(ctypes.byref(factor), ctypes.byref(steps)))
+    return factor.value, steps.value
+
+
+def log_recovered(lost_nodes, phases):
+    """Logs and returns "[R2CCL] Successfully recovered in X s (node loss: NODES; P S s, ...)":
+    lost_nodes a list of node ids (or names), phases a list of (name, seconds); X is their sum."""
+    lib = load_library()
+    nodes = ",".join(str(n) for n in lost_nodes).encode()
+    names = (ctypes.c_char_p * max(1, len(phases)))(*[str(n).encode() for n, _ in phases])
+    secs = (ctypes.c_double * max(1, len(phases)))(*[float(t) for _, t in phases])
+    buf = ctypes.create_string_buffer(4096)
+    _check(lib, lib.r2ccl_snap_log_recovered(nodes, len(phases), names, secs, buf, len(buf)))
+    return buf.value.decode()
 
 
 def remap_rank(old_rank, surviving_old_ranks):

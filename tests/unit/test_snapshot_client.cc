@@ -9,7 +9,10 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <chrono>
+#include <cstdio>
+#include <mutex>
 #include <cmath>
 #include <cstring>
 #include <random>
@@ -597,4 +600,203 @@ TEST_CASE("snapshot client: events, kv and misuse") {
   CHECK(std::string(r2ccl_snap_strerror(R2CCL_SNAP_ERR_TIMEOUT)) == "R2CCL_SNAP_ERR_TIMEOUT");
   r2ccl_snap_close(s);
   r2ccl_snap_close(nullptr);
+}
+
+// ---- recovery: the C helpers over a fake NCCL (function table) and the fake daemon's KV ----
+
+namespace fake_nccl {
+// A fake NCCL shared by the "ranks" (threads) of one test: versions, ids and communicators.
+std::mutex mu;
+int version = 22605;  // 2.26.5: no shrink
+bool shrink_fails = false;
+std::vector<std::string> calls;
+int ids_made = 0;
+struct Comm {
+  int nranks, rank;
+  std::string id;
+};
+void note(const std::string& c) {
+  std::lock_guard<std::mutex> g(mu);
+  calls.push_back(c);
+}
+int get_version(int* v) {
+  *v = version;
+  return 0;
+}
+int get_unique_id(void* id) {
+  std::lock_guard<std::mutex> g(mu);
+  std::memset(id, 0, 128);
+  std::snprintf(static_cast<char*>(id), 128, "fake-id-%d", ++ids_made);
+  calls.push_back("get_unique_id");
+  return 0;
+}
+int init_rank(void** comm, int nranks, const void* id, int rank) {
+  note("init_rank " + std::to_string(rank) + "/" + std::to_string(nranks) + " " +
+       static_cast<const char*>(id));
+  *comm = new Comm{nranks, rank, static_cast<const char*>(id)};
+  return 0;
+}
+int shrink(void* comm, int* ex, int n, void** newcomm, void*, int flags) {
+  auto* c = static_cast<Comm*>(comm);
+  note("shrink from " + std::to_string(c->rank) + " excluding " + std::to_string(n) + " flags " +
+       std::to_string(flags));
+  if (shrink_fails) return 3;  // ncclInternalError
+  int below = 0;
+  for (int i = 0; i < n; ++i) below += ex[i] < c->rank;
+  *newcomm = new Comm{c->nranks - n, c->rank - below, c->id};
+  return 0;
+}
+int abort_comm(void* comm) {
+  note("abort " + std::to_string(static_cast<Comm*>(comm)->rank));
+  delete static_cast<Comm*>(comm);
+  return 0;
+}
+int destroy_comm(void* comm) {
+  note("destroy " + std::to_string(static_cast<Comm*>(comm)->rank));
+  delete static_cast<Comm*>(comm);
+  return 0;
+}
+const char* error_string(int r) { return r == 3 ? "internal error (fake)" : "fake error"; }
+r2ccl_snap_nccl_ops_t table(bool with_shrink) {
+  r2ccl_snap_nccl_ops_t t{};
+  t.get_version = get_version;
+  t.get_unique_id = get_unique_id;
+  t.comm_init_rank = init_rank;
+  t.comm_shrink = with_shrink ? shrink : nullptr;
+  t.comm_abort = abort_comm;
+  t.comm_destroy = destroy_comm;
+  t.get_error_string = error_string;
+  return t;
+}
+void reset(int v, bool fails) {
+  std::lock_guard<std::mutex> g(mu);
+  version = v;
+  shrink_fails = fails;
+  calls.clear();
+  ids_made = 0;
+}
+}  // namespace fake_nccl
+
+TEST_CASE("snapshot client: communicator rebuild through a fake NCCL and the daemon's KV") {
+  Daemon d;
+  // Old communicator of 4 ranks; rank 3 lost. Ranks 0-2 survive.
+  auto run = [&](bool replacement, bool with_shrink, std::vector<int>* new_ranks,
+                 std::vector<int>* new_sizes, std::vector<std::string>* ids) {
+    const r2ccl_snap_nccl_ops_t t = fake_nccl::table(with_shrink);
+    std::vector<std::thread> th;
+    std::vector<int> rc(4, -100);
+    new_ranks->assign(4, -1);
+    new_sizes->assign(4, 0);
+    ids->assign(4, "");
+    const int lost[] = {3};
+    for (int r = 0; r < (replacement ? 4 : 3); ++r) {
+      th.emplace_back([&, r] {
+        r2ccl_snap_t* h = nullptr;
+        if (r2ccl_snap_open(d.dir.sock().c_str(), r, 4, &h) != 0) return;
+        void* old = r == 3 ? nullptr : new fake_nccl::Comm{4, r, "old"};
+        void* nc = nullptr;
+        rc[r] = r2ccl_snap_rebuild_comm(h, &t, old, r, 4, lost, 1, lost, replacement ? 1 : 0,
+                                        7, 5 * 1000000, &nc, &(*new_ranks)[r], &(*new_sizes)[r]);
+        if (rc[r] == 0) {
+          (*ids)[r] = static_cast<fake_nccl::Comm*>(nc)->id;
+          delete static_cast<fake_nccl::Comm*>(nc);
+        }
+        r2ccl_snap_close(h);
+      });
+    }
+    for (auto& x : th) x.join();
+    return rc;
+  };
+  std::vector<int> nr, ns;
+  std::vector<std::string> ids;
+  SECTION("NCCL 2.26: abort and re-init with an id from rank 0, a replacement takes rank 3") {
+    fake_nccl::reset(22605, false);
+    auto rc = run(true, true, &nr, &ns, &ids);
+    CHECK(rc == std::vector<int>{0, 0, 0, 0});
+    CHECK(nr == std::vector<int>{0, 1, 2, 3});
+    CHECK(ns == std::vector<int>{4, 4, 4, 4});
+    CHECK(ids[0] == "fake-id-1");  // one id, made once, received by every rank through the KV
+    CHECK(ids[1] == ids[0]);
+    CHECK(ids[3] == ids[0]);
+    CHECK(fake_nccl::ids_made == 1);
+    CHECK(std::count_if(fake_nccl::calls.begin(), fake_nccl::calls.end(),
+                        [](const std::string& c) { return c.rfind("abort", 0) == 0; }) == 3);
+  }
+  SECTION("NCCL 2.27 without a replacement: the survivors shrink") {
+    fake_nccl::reset(22703, false);
+    auto rc = run(false, true, &nr, &ns, &ids);
+    CHECK(rc[0] == 0);
+    CHECK(rc[2] == 0);
+    CHECK(nr[2] == 2);
+    CHECK(ns[2] == 3);
+    CHECK(fake_nccl::ids_made == 0);
+    CHECK(fake_nccl::calls[0].find("shrink") == 0);
+  }
+  SECTION("a failing shrink falls back to a re-init on every survivor") {
+    fake_nccl::reset(22703, true);
+    auto rc = run(false, true, &nr, &ns, &ids);
+    CHECK(rc[0] == 0);
+    CHECK(rc[1] == 0);
+    CHECK(rc[2] == 0);
+    CHECK(ns[1] == 3);
+    CHECK(ids[1] == ids[0]);
+    CHECK(fake_nccl::ids_made == 1);
+  }
+  SECTION("bad arguments and a table without required calls are refused") {
+    fake_nccl::reset(22605, false);
+    r2ccl_snap_t* h = open_ok(d.dir.sock());
+    r2ccl_snap_nccl_ops_t t = fake_nccl::table(false);
+    t.comm_init_rank = nullptr;
+    const int lost[] = {1};
+    void* nc = nullptr;
+    int a = 0, b = 0;
+    CHECK(r2ccl_snap_rebuild_comm(h, &t, nullptr, 0, 2, lost, 1, nullptr, 0, 1, 1000, &nc, &a,
+                                  &b) == R2CCL_SNAP_ERR_INVALID);
+    CHECK_THAT(std::string(r2ccl_snap_last_error(nullptr)), Catch::Contains("comm_init_rank"));
+    t = fake_nccl::table(false);
+    CHECK(r2ccl_snap_rebuild_comm(h, &t, nullptr, 0, 2, lost, 0, nullptr, 0, 1, 1000, &nc, &a,
+                                  &b) == R2CCL_SNAP_ERR_INVALID);
+    // Rank 2 of 3 waits for the id that rank 1 (the lowest survivor) would publish; rank 1
+    // never calls: a timeout naming the key, not a hang.
+    const int lost0[] = {0};
+    void* old = new fake_nccl::Comm{3, 2, "old"};
+    CHECK(r2ccl_snap_rebuild_comm(h, &t, old, 2, 3, lost0, 1, nullptr, 0, 9, 200000, &nc, &a, &b) ==
+          R2CCL_SNAP_ERR_TIMEOUT);
+    CHECK_THAT(std::string(r2ccl_snap_last_error(nullptr)), Catch::Contains("r2ccl.rebuild.e9"));
+    r2ccl_snap_close(h);
+  }
+}
+
+TEST_CASE("snapshot client: the recovery hint and the recovery line") {
+  double f = 0;
+  int steps = 0;
+  {
+    EnvVar a("R2CCL_RECOVERY_LR_FACTOR", nullptr), b("R2CCL_RECOVERY_LR_STEPS", nullptr);
+    SNAP_OK(r2ccl_snap_recovery_hint(&f, &steps));
+    CHECK(f == 0.8);
+    CHECK(steps == 3);
+  }
+  {
+    EnvVar a("R2CCL_RECOVERY_LR_FACTOR", "1.0"), b("R2CCL_RECOVERY_LR_STEPS", "5");
+    SNAP_OK(r2ccl_snap_recovery_hint(&f, &steps));
+    CHECK(f == 1.0);
+    CHECK(steps == 5);
+  }
+  {
+    EnvVar a("R2CCL_RECOVERY_LR_FACTOR", "2"), b("R2CCL_RECOVERY_LR_STEPS", nullptr);
+    CHECK(r2ccl_snap_recovery_hint(&f, &steps) == R2CCL_SNAP_ERR_CONFIG);
+    CHECK(f == 0.8);  // the default is kept
+    CHECK_THAT(std::string(r2ccl_snap_last_error(nullptr)), Catch::Contains("R2CCL_RECOVERY_LR_FACTOR"));
+  }
+  const char* names[] = {"detect", "rebuild", "restore"};
+  const double secs[] = {0.3, 0.25, 1.5};
+  char buf[256];
+  SNAP_OK(r2ccl_snap_log_recovered("3", 3, names, secs, buf, sizeof(buf)));
+  CHECK(std::string(buf) ==
+        "[R2CCL] Successfully recovered in 2.050 s (node loss: 3; detect 0.300 s, rebuild 0.250 "
+        "s, restore 1.500 s)");
+  char tiny[8];
+  CHECK(r2ccl_snap_log_recovered("3", 3, names, secs, tiny, sizeof(tiny)) == R2CCL_SNAP_ERR_TOO_SMALL);
+  const double bad[] = {0.1, -1, 0};
+  CHECK(r2ccl_snap_log_recovered("3", 3, names, bad, buf, sizeof(buf)) == R2CCL_SNAP_ERR_INVALID);
 }

@@ -175,6 +175,63 @@ int r2ccl_snap_kv_put(r2ccl_snap_t* h, const char* key, const void* value, size_
 int r2ccl_snap_kv_get(r2ccl_snap_t* h, const char* key, void* buf, size_t cap, size_t* n,
                       int64_t timeout_us);
 
+/* ---- recovery after a node loss ----
+ * The survivors learn of a lost node from r2ccl_snap_wait_event() (the membership shrank); the
+ * job's launcher starts a replacement process, which opens with the lost rank's id. Then every
+ * rank rebuilds its communicator (below), restores the newest complete step
+ * (r2ccl_snap_restore(); a replacement gets it from the replicas), applies the hint, and logs
+ * the recovery line. */
+
+/* The post-recovery hint: multiply the learning rate by *lr_factor for the first *steps steps
+ * after a recovery. From R2CCL_RECOVERY_LR_FACTOR (a number in (0, 1], default 0.8) and
+ * R2CCL_RECOVERY_LR_STEPS (0..1000, default 3); an invalid value keeps the default and returns
+ * R2CCL_SNAP_ERR_CONFIG with the outputs set (the message names the variable and the accepted
+ * form). Any thread. */
+int r2ccl_snap_recovery_hint(double* lr_factor, int* steps);
+
+/* Formats "[R2CCL] Successfully recovered in X s (node loss: NODES; P1 S1 s, P2 S2 s, ...)",
+ * X the sum of the phases' seconds (3 decimals), NODES `lost_nodes` (e.g. "3" or "3,5"; NULL:
+ * "unknown"), writes it as one line to stderr and copies it, NUL-terminated, into buf (cap
+ * bytes; buf may be NULL). TOO_SMALL when it does not fit (the line is still logged). The
+ * phrase matches the net plugin's rail recoveries, which say "(rail ...)" instead. Any thread. */
+int r2ccl_snap_log_recovered(const char* lost_nodes, int n_phases, const char* const* phase_names,
+                             const double* phase_seconds, char* buf, size_t cap);
+
+/* The NCCL calls a communicator rebuild needs, in NCCL's own signatures (NCCL 2.x public API:
+ * ncclGetVersion, ncclGetUniqueId, ncclCommInitRank (its 128-byte ncclUniqueId passed here by
+ * pointer), ncclCommShrink (NCCL >= 2.27; NULL when absent), ncclCommAbort, ncclCommDestroy,
+ * ncclGetErrorString). Return values are ncclResult_t (0 = ncclSuccess). Tests pass a fake
+ * table; NULL makes the library dlopen libnccl.so.2 (or R2CCL_NCCL_LIBRARY) at run time. */
+typedef struct r2ccl_snap_nccl_ops {
+  int (*get_version)(int* version);
+  int (*get_unique_id)(void* unique_id_128);
+  int (*comm_init_rank)(void** comm, int nranks, const void* unique_id_128, int rank);
+  int (*comm_shrink)(void* comm, int* exclude_ranks, int n_exclude, void** new_comm,
+                     void* config, int shrink_flags);
+  int (*comm_abort)(void* comm);
+  int (*comm_destroy)(void* comm);
+  const char* (*get_error_string)(int result);
+} r2ccl_snap_nccl_ops_t;
+
+/* Rebuilds this rank's NCCL communicator after the loss of `lost_ranks` (old ranks of the lost
+ * nodes; n_lost >= 1) of an `old_nranks` communicator. Ranks in `replaced_ranks` (a subset of
+ * lost_ranks) are taken over by replacement processes, which call this too with old_comm NULL
+ * and old_rank = the rank they take over. Without replacements and with NCCL >= 2.27 the
+ * survivors shrink (ncclCommShrink, NCCL_SHRINK_ABORT); otherwise every old communicator is
+ * aborted and a new one initialised with a unique id that the lowest surviving rank creates and
+ * publishes through the daemons' KV ("r2ccl.rebuild.e<epoch>"), waited for at most
+ * id_timeout_us. A failed shrink falls back to that re-init on every rank. On success
+ * *new_comm, *new_rank and *new_nranks describe the new communicator; the old one has been
+ * released. Errors: INVALID (arguments that do not fit; nothing done), CONFIG (libnccl.so.2
+ * cannot be loaded or lacks a symbol: the message names it), TIMEOUT (the unique id did not
+ * come), CONNECTION (the NCCL call or the KV failed: the message names the call and NCCL's
+ * text). Training thread; every rank of the plan must call it (NCCL's calls are collective). */
+int r2ccl_snap_rebuild_comm(r2ccl_snap_t* h, const r2ccl_snap_nccl_ops_t* ops, void* old_comm,
+                            int old_rank, int old_nranks, const int* lost_ranks, int n_lost,
+                            const int* replaced_ranks, int n_replaced, uint64_t epoch,
+                            int64_t id_timeout_us, void** new_comm, int* new_rank,
+                            int* new_nranks);
+
 /* Stops the background threads and closes the connection. Does NOT flush: takes not yet
  * written are dropped (call r2ccl_snap_flush() first). NULL is a no-op. */
 void r2ccl_snap_close(r2ccl_snap_t* h);
