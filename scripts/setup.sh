@@ -4,8 +4,8 @@
 # it prints the apt-get command to run and exits 2.
 #   --rdma   also the tools of a real InfiniBand/RoCE host (scripts/ib_two_node.sh):
 #            rdma-core, ibverbs-utils (ibv_devinfo), infiniband-diags (ibportstate)
-#   --train  also what retraining the failure predictor needs (scripts/predictor/run_all.sh):
-#            python3-torch (not needed to build, test or run r2ccl)
+#   --train  kept for scripts/predictor/run_all.sh (retraining the failure predictor); what it
+#            needs, python3-torch, is now a base package
 set -euo pipefail
 
 PKGS=(
@@ -18,6 +18,7 @@ PKGS=(
   python3-numpy                            # the predictor's trace generator (held-out test)
   libzstd-dev                              # snapshot deltas (zstd)
   libasio-dev                              # snapshot daemon and client protocols (asio)
+  python3-torch                            # the snapshot example (CPU training, recovery)
   libnl-3-200 libnl-route-3-200            # link notifications (dlopen'ed at run time)
   iproute2 nftables ethtool iperf3         # rail lab, fault injection, benchmarks
   procps                                   # pgrep/pkill in scripts
@@ -25,7 +26,7 @@ PKGS=(
 for opt in "$@"; do
   case "$opt" in
     --rdma) PKGS+=(rdma-core ibverbs-utils infiniband-diags) ;;
-    --train) PKGS+=(python3-torch) ;;
+    --train) ;;
     *) echo "r2ccl setup: unknown option $opt (accepted: --rdma, --train)" >&2; exit 3 ;;
   esac
 done

@@ -73,7 +73,7 @@ phase "asan build" bash -c "cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -D
 # unit_test_fakeverbs (the fake provider's own timing-based scenarios) is left out here: under
 # ASan on 2 cores its cross-process throughput scenario has missed its deadline; it runs in
 # the plain build above, and the plugin's verbs code runs under ASan through ib_fake.
-phase "bad input, unit, verbs under asan" run_ctest build-asan asan -R 'bad_input|unit_|ib_fake' -E 'unit_test_fakeverbs'
+phase "bad input, unit, verbs, snapshotd under asan" run_ctest build-asan asan -R 'bad_input|unit_|ib_fake|snapshotd' -E 'unit_test_fakeverbs'
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
   phase "USE_CUDA build (compile only)" bash -c "cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUSE_CUDA=ON -DR2CCL_BUILD_TESTS=OFF >/dev/null && cmake --build build-cuda -j $JOBS --target nccl-net-r2ccl"
 else

@@ -296,6 +296,9 @@ class Daemon {
     if (id == o_.self || blocked(id)) return false;
     auto it = outs_.find(id);
     if (it == outs_.end()) return false;
+    // A closed connection (the peer was declared failed, or a write failed) is reopened now
+    // rather than at the next period: an answer to a peer that just came back is not dropped.
+    if (!it->second->open) connect(it->second, id);
     PeerHeader h;
     std::memcpy(&h, f->data(), sizeof(h));
     return send(it->second, std::move(f), idempotent_peer(h.type));
@@ -767,6 +770,8 @@ class Daemon {
     size_t next = 0;
     uint32_t asked = 0;
     TimeUs asked_at = 0;
+    std::vector<uint32_t> silent;  // candidates that did not answer in time: asked once more
+    bool second_pass = false;
     std::vector<std::vector<uint8_t>> frames;  // FETCHED bodies received so far
   };
   using MakeFetched = Frame (*)(const void*, size_t, const void*, size_t, const void*, size_t);
@@ -840,6 +845,11 @@ class Daemon {
   }
   void ask_next(PendingFetch& pf) {
     pf.frames.clear();
+    if (pf.next >= pf.candidates.size() && !pf.second_pass && !pf.silent.empty()) {
+      pf.candidates = pf.silent;
+      pf.next = 0;
+      pf.second_pass = true;
+    }
     if (pf.next >= pf.candidates.size()) {
       FetchedHead h{pf.client_request, uint32_t(FetchStatus::kNotHeld), 0, 0, 0};
       if (auto c = pf.client.lock())
@@ -1165,9 +1175,13 @@ class Daemon {
         late.push_back(id);
     for (uint64_t id : late) {
       auto it = fetches_.find(id);
-      if (it != fetches_.end()) ask_next(it->second);
+      if (it == fetches_.end()) continue;
+      it->second.silent.push_back(it->second.asked);
+      ask_next(it->second);
     }
     resync_replicas();
+    for (auto it = clients_.begin(); it != clients_.end();)
+      it = (*it)->open ? std::next(it) : clients_.erase(it);
     if (++ticks_ % 10 == 0) save_index();
     timer_.expires_after(std::chrono::microseconds(o_.period));
     timer_.async_wait([this](const std::error_code& ec) {

@@ -107,6 +107,13 @@ struct Cluster {
     }
     return false;
   }
+  // No daemon reported a sanitizer finding (the ASan phase runs this test too).
+  void check_clean() const {
+    const std::string logs = all_logs();
+    INFO(logs);
+    CHECK(logs.find("AddressSanitizer") == std::string::npos);
+    CHECK(logs.find("runtime error:") == std::string::npos);
+  }
   std::string all_logs() const {
     std::string s;
     for (int i = 0; i < n; ++i) s += "--- node " + std::to_string(i) + "\n" + test::read_file(logs[i]);
@@ -283,6 +290,7 @@ TEST_CASE("snapshot cluster: a node lost mid-replication; survivors restore N-1,
   const std::string logs = c.all_logs();
   CHECK(logs.find("test hook: exiting after 1 shards of step 4") != std::string::npos);
   CHECK(logs.find("node 3 missed 3 heartbeats") != std::string::npos);
+  c.check_clean();
 }
 
 TEST_CASE("snapshot cluster: spill beyond the memory limit, a corrupt replica, a restarted daemon",
@@ -360,6 +368,7 @@ TEST_CASE("snapshot cluster: spill beyond the memory limit, a corrupt replica, a
     CHECK(again.holds(2));
     CHECK(test::read_file(c.logs[2]).find("from the spill directory") != std::string::npos);
   }
+  c.check_clean();
 }
 
 TEST_CASE("snapshot cluster: a minority partition does not act", "[snapshot]") {
@@ -414,4 +423,5 @@ TEST_CASE("snapshot cluster: a minority partition does not act", "[snapshot]") {
   }
   CHECK(log0.find("not acting as coordinator (2 of 5 live)") != std::string::npos);
   CHECK(log2.find("coordinator: lowest live id with a majority (3 of 5 live)") != std::string::npos);
+  c.check_clean();
 }

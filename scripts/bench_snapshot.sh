@@ -1,0 +1,121 @@
+#!/usr/bin/env bash
+# bench_snapshot.sh - the snapshot sidecar's benchmarks (docs/BENCHMARKS.md, "Snapshot sidecar"):
+#   1. take(): blocking time per step and the background encode/send, ratio and lossy error, for
+#      FP16 weights with sparse steps (1 % changed) and for a dense FP16 Adam moment
+#   2. restore(): from the home copy, from a replica on the rank's new node, over TCP from the
+#      replicas (a replacement daemon)
+#   3. recovery by phase on N-node loopback clusters (state split across the ranks)
+#   4. the scaling model to 4096 ranks (scripts/snapshot_model.py) fed with the measured values
+# Every run is a loopback cluster of r2ccl_snapshotd started by bin/r2ccl_snapshot_bench; one
+# benchmark at a time (2 cores here). Numbers are reported, not judged.
+#
+# USAGE
+#   bench_snapshot.sh [--quick] [BUILD_DIR]
+#     BUILD_DIR   build tree with bin/r2ccl_snapshot_bench and bin/r2ccl_snapshotd (default
+#                 $R2CCL_BUILD_DIR, else build); configured and built only when they are missing
+#     --quick     CI smoke: 64 MiB, 4 takes, sparse only, recovery on 4 nodes at 100 ms (~1 min)
+# ENVIRONMENT
+#   R2CCL_BENCH_SNAPSHOT_BYTES    state size (per rank for take/restore, in total for recovery);
+#                                 default 1G (--quick: 64M)
+#   R2CCL_BENCH_SNAPSHOT_NODES    recovery cluster sizes (default "2 3 4 8"; --quick "4")
+#   R2CCL_BENCH_SNAPSHOT_PERIODS  heartbeat periods, ms (default "100 500"; --quick "100")
+#   R2CCL_BENCH_SNAPSHOT_OUT      where logs and results go (default BUILD/bench/snapshot-<time>)
+# Exit status: 0 when every measurement ran; 1 otherwise (what failed is listed); 2 usage.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+QUICK=0
+BUILD=${R2CCL_BUILD_DIR:-build}
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --quick) QUICK=1; shift ;;
+    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -*) echo "bench_snapshot.sh: unknown option '$1'" >&2; exit 2 ;;
+    *) BUILD=$1; shift ;;
+  esac
+done
+case "$BUILD" in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
+BENCH=$BUILD/bin/r2ccl_snapshot_bench
+if [ ! -x "$BENCH" ] || [ ! -x "$BUILD/bin/r2ccl_snapshotd" ]; then
+  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+    cmake --build "$BUILD" -j"$(nproc)" --target r2ccl_snapshot_bench r2ccl_snapshotd >/dev/null || exit 1
+fi
+if [ $QUICK = 1 ]; then
+  BYTES=${R2CCL_BENCH_SNAPSHOT_BYTES:-64M}
+  NODES=${R2CCL_BENCH_SNAPSHOT_NODES:-4}
+  PERIODS=${R2CCL_BENCH_SNAPSHOT_PERIODS:-100}
+  TAKE_STEPS=4
+else
+  BYTES=${R2CCL_BENCH_SNAPSHOT_BYTES:-1G}
+  NODES=${R2CCL_BENCH_SNAPSHOT_NODES:-2 3 4 8}
+  PERIODS=${R2CCL_BENCH_SNAPSHOT_PERIODS:-100 500}
+  TAKE_STEPS=10
+fi
+OUT=${R2CCL_BENCH_SNAPSHOT_OUT:-$BUILD/bench/snapshot-$(date +%Y%m%d-%H%M%S)}
+mkdir -p "$OUT" || exit 1
+RESULTS=$OUT/results.txt
+: > "$RESULTS"
+broken=()
+{
+  echo "date: $(date -Is)"
+  echo "commit: $(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (dirty tree)')"
+  echo "machine: $(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)), $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
+  echo "kernel: $(uname -r)"
+  echo "bytes: $BYTES, recovery nodes: $NODES, periods: $PERIODS ms"
+} | tee "$OUT/env.txt"
+
+# run NAME ARGS...: one benchmark; stdout to OUT/NAME.out (and the key lines to results.txt).
+run() {
+  local name=$1; shift
+  local cmd=("$BENCH" "$@")
+  echo
+  echo "== $name: ${cmd[*]#$BUILD/}"
+  echo "   load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
+  printf '%s\n' "${cmd[*]}" > "$OUT/$name.cmd"
+  local t0=$SECONDS
+  "${cmd[@]}" > "$OUT/$name.out" 2> "$OUT/$name.err"
+  local rc=$?
+  echo "   exit $rc after $((SECONDS - t0)) s; load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
+  grep -v '^[#|]' "$OUT/$name.out" | grep -v '^$' >> "$RESULTS"
+  grep '^[#|]' "$OUT/$name.out"
+  if [ $rc != 0 ]; then
+    broken+=("$name (exit $rc)")
+    tail -5 "$OUT/$name.err" | sed 's/^/   /'
+  fi
+}
+
+run take-sparse --mode take --bytes "$BYTES" --steps "$TAKE_STEPS" --codec both
+if [ $QUICK = 0 ]; then
+  run take-adam --mode take --bytes "$BYTES" --steps 4 --codec both --update adam
+fi
+run restore --mode restore --bytes "$BYTES" --steps 3
+for p in $PERIODS; do
+  for n in $NODES; do
+    run "recovery-n$n-p$p" --mode recovery --nodes "$n" --period-ms "$p" --bytes "$BYTES"
+  done
+done
+
+# The model, fed with what was measured (the defaults where a value is missing).
+val() { awk -v k="$1" '$1 == k {print $2; exit}' "$RESULTS"; }
+margs=(--source "$RESULTS")
+v=$(val take.lossless.delta.ratio.median); [ -n "$v" ] && [ "$v" != nan ] && margs+=(--delta-ratio "$v")
+v=$(val take.lossless.base.ratio.median); [ -n "$v" ] && [ "$v" != nan ] && margs+=(--base-ratio "$v")
+v=$(val restore.lossless.home.gb_per_s); [ -n "$v" ] && [ "$v" != nan ] && margs+=(--restore-local-gbps "$v")
+c=$(val take.lossless.copy_seconds.median); b=$(val take.lossless.bytes)
+if [ -n "$c" ] && [ -n "$b" ] && [ "$c" != nan ]; then
+  margs+=(--take-copy-gbps "$(awk -v b="$b" -v c="$c" 'BEGIN {printf "%.3f", b / c / 1e9}')")
+fi
+a=$(awk '$1 ~ /^recovery\..*\.agreement_seconds$/ && $2 != "nan" {print $2}' "$RESULTS" | sort -g | tail -1)
+[ -n "$a" ] && margs+=(--agreement-s "$a")
+echo
+echo "== model: scripts/snapshot_model.py ${margs[*]}"
+python3 "$ROOT/scripts/snapshot_model.py" "${margs[@]}" | tee "$OUT/model.txt" || broken+=("model")
+python3 "$ROOT/scripts/snapshot_model.py" "${margs[@]}" --period-ms 100 | sed -n '/^| ranks/,/^$/p' > "$OUT/model-100ms.txt"
+echo "(heartbeat 100 ms: $OUT/model-100ms.txt)"
+
+echo
+echo "results (key value unit): $RESULTS; logs: $OUT"
+if [ ${#broken[@]} -gt 0 ]; then
+  printf 'FAILED: %s\n' "${broken[@]}"
+  exit 1
+fi
+exit 0
