@@ -50,6 +50,8 @@
 #include "r2ccl/snapshot/cut.h"
 #include "r2ccl/snapshot/holdings.h"
 #include "r2ccl/snapshot/membership.h"
+#include "r2ccl/snapshot/metrics.h"
+#include "r2ccl/snapshot/metrics_http.h"
 #include "r2ccl/snapshot/peer_wire.h"
 #include "r2ccl/snapshot/shard_store.h"
 
@@ -57,6 +59,7 @@ using asio::ip::tcp;
 using ulocal = asio::local::stream_protocol;
 using namespace r2ccl;
 using namespace r2ccl::snap;
+namespace M = r2ccl::snap::metrics;
 
 namespace {
 
@@ -145,6 +148,7 @@ struct Options {
   uint32_t replicas = 3;
   std::map<uint32_t, std::vector<std::string>> topology;
   uint64_t queue_limit = 4ull << 30;
+  std::string metrics_addr;  // "" = no metrics endpoint
 };
 
 class Daemon {
@@ -166,6 +170,8 @@ class Daemon {
       }
     }
     if (const char* e = getenv("R2CCL_SNAPD_TEST_BLOCK_FILE")) block_file_ = e;
+    M::register_standard(&m_);
+    m_.gauge(M::kConfiguredNodes).set(double(o_.peers.size()));
   }
 
   int run() {
@@ -192,6 +198,14 @@ class Daemon {
     if (!open_local(&err)) {
       say("%s", err.c_str());
       return 1;
+    }
+    if (!o_.metrics_addr.empty()) {
+      http_ = std::make_unique<M::HttpServer>(io_, [this] { return metrics_page(); });
+      if (!http_->listen(o_.metrics_addr, &err)) {
+        say("--metrics: %s", err.c_str());
+        return 1;
+      }
+      say("Prometheus metrics on http://%s/metrics (port %u)", o_.metrics_addr.c_str(), http_->port());
     }
     say("node %u of %zu listening on %s:%u, heartbeat every %.0f ms, board %s, clients on %s, "
         "%u replicas per shard, shards in memory up to %llu MiB%s%s",
@@ -357,6 +371,7 @@ class Daemon {
   void refuse(const std::shared_ptr<C>& c, const std::string& why) {
     std::string who = from(c);
     const std::string key = who.substr(0, who.rfind(':')) + why;
+    if constexpr (std::is_same_v<C, PeerConn>) m_.counter(M::kPeersRefused).inc();
     if (refused_.insert(key).second)  // once per address and reason
       say("refused a %s connection from %s: %s",
           std::is_same_v<C, PeerConn> ? "peer" : "client", who.c_str(), why.c_str());
@@ -427,6 +442,7 @@ class Daemon {
           gbps_[b.node_id] = b.usable_gbps;
         agreed_epoch_ = std::max(agreed_epoch_, b.epoch);
         last_hb_[peer] = {b.sent_us, now};
+        m_.counter(M::kHeartbeatsReceived).inc();
         if (b.echo_us > 0 && b.echo_held_us >= 0) {
           const int64_t rtt = now - b.echo_us - b.echo_held_us;
           if (rtt >= 0 && rtt < 60 * kUsPerSec) {
@@ -464,6 +480,8 @@ class Daemon {
         std::vector<uint8_t> payload(in->body.begin() + sizeof(m), in->body.end());
         in->body.clear();
         in->body.shrink_to_fit();
+        m_.counter(M::kShardsReceived).inc();
+        m_.counter(M::kShardBytesReceived).inc(double(m.payload_bytes));
         store_shard(m, std::move(payload), "replica");
         return true;
       }
@@ -531,8 +549,11 @@ class Daemon {
   void heard(uint32_t id, TimeUs now) {
     const bool was = mem_.alive(id);
     mem_.on_heard(id, now);
-    if (!was) say("node %u is back (membership epoch %llu)", id,
-                  static_cast<unsigned long long>(mem_.epoch()));
+    if (!was) {
+      m_.counter(M::kNodesRejoined).inc();
+      say("node %u is back (membership epoch %llu)", id,
+          static_cast<unsigned long long>(mem_.epoch()));
+    }
   }
 
   void connect(const std::shared_ptr<PeerConn>& o, uint32_t id) {
@@ -597,10 +618,13 @@ class Daemon {
       // A new replica for this (rank, buffer), or one whose connection was lost: first the
       // chain it is missing (from the home copy). Only a replica that took the frame counts.
       if (!known.count(r)) send_chain(r, m.rank, m.buffer, m.step, false);
-      if (send_peer(r, f))
+      if (send_peer(r, f)) {
         known.insert(r);
-      else
+        m_.counter(M::kShardsSent).inc();
+        m_.counter(M::kShardBytesSent).inc(double(m.payload_bytes));
+      } else {
         known.erase(r);
+      }
     }
     for (auto it = known.begin(); it != known.end();)
       it = std::find(reps.begin(), reps.end(), *it) == reps.end() ? known.erase(it) : std::next(it);
@@ -748,6 +772,15 @@ class Daemon {
     complete_ = step;
     say("newest complete step: %s%s", step ? std::to_string(*step).c_str() : "none",
         before && step && *step < *before ? " (fell back: a replica was lost)" : "");
+    if (step) {
+      m_.gauge(M::kNewestCompleteStep).set(double(*step));
+      // Replication lag: from the last shard of a step of this node's ranks arriving here to
+      // the step being complete.
+      auto it = step_arrived_.find(*step);
+      if (it != step_arrived_.end())
+        m_.gauge(M::kReplicationLag).set((now_us() - it->second) / 1e6);
+      step_arrived_.erase(step_arrived_.begin(), step_arrived_.upper_bound(*step));
+    }
     // Keep the chains of the previous complete step too: a lost replica can make the newest
     // one incomplete again, and the fallback must still be restorable.
     if (before && step && *step > *before) {
@@ -809,6 +842,7 @@ class Daemon {
     return true;
   }
   void client_fetch(const std::shared_ptr<ClientConn>& c, const FetchBody& b) {
+    if (b.buffer == 0) m_.counter(M::kRecoveries).inc();  // one restore of one rank
     auto to_client = [c, this](Frame f) { send(c, std::move(f), false); };
     auto mk_client = [](const void* h, size_t hn, const void* m, size_t mn, const void* p, size_t pn) {
       return make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), h, hn, m, mn, p, pn);
@@ -1015,6 +1049,7 @@ class Daemon {
         std::vector<uint8_t> home(pay, pay + m.payload_bytes);
         c->body.clear();
         c->body.shrink_to_fit();
+        note_take(m);
         store_shard(m, std::move(home), "home");
         forward_shard(m, f);
         return true;
@@ -1087,6 +1122,30 @@ class Daemon {
     }
   }
 
+  // ---- metrics ----
+  // A take of a local rank: its first shard opens it, its last buffer closes it (the time
+  // between is the client's background encode and send of that take, as seen here).
+  void note_take(const ShardMeta& m) {
+    auto& t = takes_[m.rank];
+    if (m.buffer == 0 || t.step != m.step) t = Take{m.step, now_us(), 0};
+    t.bytes += m.payload_bytes;
+    if (m.buffer + 1 == m.n_buffers) {
+      m_.counter(M::kTakes).inc();
+      m_.histogram(M::kTakeBytes).observe(double(t.bytes));
+      m_.histogram(M::kTakeSeconds).observe((now_us() - t.started) / 1e6);
+      step_arrived_[m.step] = now_us();
+    }
+  }
+  std::string metrics_page() {
+    m_.gauge(M::kLiveNodes).set(double(mem_.live().size()));
+    m_.gauge(M::kMembershipEpoch).set(double(written_epoch_));
+    m_.gauge(M::kCoordinator).set(acting_ ? 1 : 0);
+    std::string page = m_.render();
+    M::append_board_metrics(o_.board, &page);
+    M::append_store_metrics(store_.stats(), &page);
+    return page;
+  }
+
   // ---- the index of held shards, persisted beside the spill files ----
   std::string index_path() const {
     return o_.store.spill_dir.empty() ? std::string() : o_.store.spill_dir + "/holdings.idx";
@@ -1133,6 +1192,7 @@ class Daemon {
     const TimeUs now = now_us();
     read_block_file();
     for (uint32_t id : mem_.tick(now)) {
+      m_.counter(M::kNodesFailed).inc();
       say("node %u missed 3 heartbeats: declared failed (live: %zu of %zu, membership epoch %llu)",
           id, mem_.live().size(), mem_.configured(), static_cast<unsigned long long>(mem_.epoch()));
       auto it = outs_.find(id);
@@ -1154,6 +1214,10 @@ class Daemon {
         hb.echo_held_us = now - lh->second.second;
       }
       send(o, peer_frame(PeerMsg::kHeartbeat, hb), true);
+      m_.counter(M::kHeartbeatsSent).inc();
+      // A live peer whose last heartbeat is more than 1.5 periods old missed one.
+      if (mem_.alive(id) && lh != last_hb_.end() && now - lh->second.second > o_.period * 3 / 2)
+        m_.counter(M::kHeartbeatsMissed).inc();
     }
     const bool acts = mem_.acts_as_coordinator();
     if (acts != acting_) {
@@ -1256,6 +1320,7 @@ class Daemon {
   }
 
   Options o_;
+  M::Registry m_;
   Membership mem_;
   ShardStore store_;
   Holdings holdings_;
@@ -1297,6 +1362,15 @@ class Daemon {
   bool dying_ = false;
   std::string block_file_;
   std::set<uint32_t> blocked_;
+  // metrics
+  struct Take {
+    uint64_t step = 0;
+    TimeUs started = 0;
+    uint64_t bytes = 0;
+  };
+  std::map<uint32_t, Take> takes_;           // local rank -> its take in progress
+  std::map<uint64_t, TimeUs> step_arrived_;  // step -> when its last local shard arrived
+  std::unique_ptr<M::HttpServer> http_;      // declared after io_: destroyed before it
 };
 
 bool read_text(const std::string& path, std::string* out, std::string* err) {
@@ -1339,6 +1413,9 @@ int main(int argc, char** argv) {
   app.add_option("--max-shard-mb", max_shard_mb, "largest shard accepted, MiB (default 1024)")
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 20));
   app.add_option("--replicas", o.replicas, "replica nodes per shard (default 3)")->check(CLI::Range(1, 16));
+  app.add_option("--metrics", o.metrics_addr, "serve Prometheus metrics on ADDR:PORT "
+                 "(numeric address, e.g. 127.0.0.1:9464; port 0: any free port)")
+      ->type_name("ADDR:PORT");
   app.add_option("--topology", topo_file, "node places in the network: lines 'ID SWITCH/PATH' "
                  "(default: nearest by measured round trip)")->type_name("FILE");
   try {
@@ -1387,6 +1464,13 @@ int main(int argc, char** argv) {
     fprintf(stderr, "r2ccl_snapshotd: --socket %s is %zu bytes long (accepted: at most %zu)\n",
             o.socket_path.c_str(), o.socket_path.size(), kMaxSocketPath);
     return 2;
+  }
+  if (!o.metrics_addr.empty()) {
+    asio::ip::tcp::endpoint ep;
+    if (!M::parse_listen_address(o.metrics_addr, &ep, &err)) {
+      fprintf(stderr, "r2ccl_snapshotd: --metrics: %s\n", err.c_str());
+      return 2;
+    }
   }
   o.self = id;
   o.token = token;

@@ -215,6 +215,25 @@ struct State {
   void zero() { std::fill(h.begin(), h.end(), uint16_t(0)); }
 };
 
+// Daemons started and not yet reaped, for the SIGINT/SIGTERM handler (kill() is
+// async-signal-safe): an interrupted benchmark leaves no daemon behind.
+constexpr int kMaxChildren = 64;
+std::atomic<pid_t> g_children[kMaxChildren];
+void track(pid_t pid, bool add) {
+  for (auto& c : g_children) {
+    pid_t want = add ? 0 : pid;
+    if (c.compare_exchange_strong(want, add ? pid : 0)) return;
+  }
+}
+extern "C" void on_signal(int sig) {
+  for (auto& c : g_children) {
+    const pid_t p = c.load();
+    if (p > 0) kill(p, SIGKILL);
+  }
+  signal(sig, SIG_DFL);
+  raise(sig);
+}
+
 // ---- a loopback cluster of r2ccl_snapshotd ----
 struct Cluster {
   std::string daemon, dir, peers, token, tag;
@@ -262,7 +281,7 @@ struct Cluster {
   ~Cluster() {
     for (int i = 0; i < n; ++i) stop(i, SIGKILL);
     for (auto& b : boards) r2ccl::board::remove_board(b);
-    if (keep) {
+    if (keep || std::uncaught_exceptions() > 0) {
       note("kept " + dir);
     } else {
       for (int i = 0; i < n; ++i) {
@@ -292,13 +311,23 @@ struct Cluster {
     posix_spawn_file_actions_destroy(&fa);
     if (rc != 0) fail("cannot start " + daemon + ": " + strerror(rc));
     pids[i] = pid;
+    track(pid, true);
   }
   void stop(int i, int sig) {
     if (pids[i] <= 0) return;
     kill(pids[i], sig);
     int st;
     waitpid(pids[i], &st, 0);
+    track(pids[i], false);
     pids[i] = -1;
+  }
+  // Lines of node i's log saying a peer missed 3 heartbeats (a node declared failed).
+  int declared_failed(int i) const {
+    std::istringstream s(read(i));
+    std::string line;
+    int n = 0;
+    while (std::getline(s, line)) n += line.find("missed 3 heartbeats") != std::string::npos;
+    return n;
   }
   void wait_socket(int i, int ms = 10000) {
     for (int w = 0; w <= ms; w += 5) {
@@ -306,6 +335,7 @@ struct Cluster {
       if (stat(sockets[i].c_str(), &st) == 0 && S_ISSOCK(st.st_mode)) return;
       int status;
       if (pids[i] > 0 && waitpid(pids[i], &status, WNOHANG) == pids[i]) {
+        track(pids[i], false);
         pids[i] = -1;
         fail("node " + std::to_string(i) + "'s daemon exited; its log:\n" + read(i));
       }
@@ -508,7 +538,10 @@ void run_take(const Opts& o, const std::string& codec) {
       const auto f = Clock::now();
       recs.back().flush = secs(b, f);
       const double t = wait_for(r.h, o.timeout_s, complete_at_least(x.step));
-      if (std::isnan(t)) fail("step " + std::to_string(i) + " did not become complete in time");
+      if (std::isnan(t))
+        fail("step " + std::to_string(i) + " did not become complete in " + fmt(o.timeout_s, "%g") +
+             " s (nodes declared failed meanwhile: " + std::to_string(c.declared_failed(0) + c.declared_failed(1)) +
+             "; logs kept in " + c.dir + ")");
       recs.back().replicated = t - std::chrono::duration<double>(b.time_since_epoch()).count();
     }
     fprintf(stderr, "[bench]   step %d: take %.3f s (copy %.3f, wait %.3f)\n", i, x.call, x.copy, x.wait);
@@ -568,6 +601,7 @@ void run_take(const Opts& o, const std::string& codec) {
     out.put(k + "delta.replicated_seconds.max", vmax(repl_d), "s");
   }
   if (codec == "lossy") out.put(k + "delta.max_abs_error.max", vmax(err), "abs");
+  out.put(k + "spurious_node_failures", c.declared_failed(0) + c.declared_failed(1), "events");
   out.put(k + "node0.daemon_peak_rss_mib", c.hwm_mib(0), "MiB");
   out.put(k + "node1.daemon_peak_rss_mib", c.hwm_mib(1), "MiB");
   out.put(k + "bench_peak_rss_mib", maxrss_mib(), "MiB");
@@ -606,7 +640,9 @@ void run_restore(const Opts& o) {
     check(r2ccl_snap_flush(r.h, int64_t(o.timeout_s * 1e6)), "flush");
     r.hash_at[s] = r.st->hash();
   }
-  if (std::isnan(wait_for(r.h, o.timeout_s, complete_at_least(S)))) fail("step not complete in time");
+  if (std::isnan(wait_for(r.h, o.timeout_s, complete_at_least(S))))
+    fail("step " + std::to_string(S) + " not complete in time (logs kept in " + c.dir + ")");
+  out.put(k + "spurious_node_failures", c.declared_failed(0) + c.declared_failed(1) + c.declared_failed(2), "events");
   const bool exact = codec == "lossless";
   auto verify = [&](const char* what) {
     const bool ok = r.st->hash() == r.hash_at[S];
@@ -700,8 +736,11 @@ void run_recovery(const Opts& o) {
       r.hash_at[s] = r.st->hash();
     });
     if (std::isnan(wait_for(ranks[0]->h, o.timeout_s, complete_at_least(s))))
-      fail("step " + std::to_string(s) + " did not become complete");
+      fail("step " + std::to_string(s) + " did not become complete (logs kept in " + c.dir + ")");
   }
+  int flaps = 0;
+  for (int i = 0; i < n; ++i) flaps += c.declared_failed(i);
+  out.put(k + "spurious_node_failures", flaps, "events");
   // Training is at step 4 when the node dies.
   parallel(n, [&](size_t i) { ranks[i]->st->update(); });
   std::vector<int> surv;
@@ -881,6 +920,8 @@ int main(int argc, char** argv) {
     return 2;
   }
   signal(SIGPIPE, SIG_IGN);
+  signal(SIGINT, on_signal);
+  signal(SIGTERM, on_signal);
   try {
     const auto t0 = Clock::now();
     if (o.mode == "take") {

@@ -8,7 +8,10 @@
 //    shard is caught by its checksum and the next replica serves the chain; a restarted daemon
 //    serves what it spilled;
 //  - a minority partition does not act (no coordinator, no new agreed record), the majority does.
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -70,6 +73,8 @@ struct Cluster {
   }
   void start(int i, const std::string& env = "") {
     ::unlink(sockets[i].c_str());  // a killed daemon's socket file: wait_socket waits for the new one
+    fflush(stdout);  // the child's freopen would write the parent's buffered output again
+    fflush(stderr);
     const pid_t pid = fork();
     if (pid == 0) {
       FILE* f = freopen(logs[i].c_str(), "a", stderr);
@@ -190,6 +195,43 @@ bool complete_at_least(r2ccl_snap_t* h, uint64_t step, int ms = 10000) {
   }, &s);
 }
 
+// GET /metrics from the daemon whose log says "Prometheus metrics on ... (port N)".
+std::string scrape(const std::string& log) {
+  const std::string text = test::read_file(log);
+  const size_t at = text.find("/metrics (port ");
+  if (at == std::string::npos) return "";
+  const int port = std::atoi(text.c_str() + at + 15);
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_port = htons(static_cast<uint16_t>(port));
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  std::string out;
+  if (connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0) {
+    const std::string req = "GET /metrics HTTP/1.0\r\n\r\n";
+    if (write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
+      char buf[65536];
+      ssize_t n;
+      while ((n = read(fd, buf, sizeof(buf))) > 0) out.append(buf, static_cast<size_t>(n));
+    }
+  }
+  close(fd);
+  return out;
+}
+
+// The value of the first series of `name` (with or without labels) on a metrics page; -1 if absent.
+double metric(const std::string& page, const std::string& name) {
+  std::istringstream in(page);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(name, 0) != 0 || line.size() <= name.size()) continue;
+    const char next = line[name.size()];
+    if (next != ' ' && next != '{') continue;
+    return std::atof(line.c_str() + line.rfind(' ') + 1);
+  }
+  return -1;
+}
+
 void flip_byte(const std::string& path, long offset) {
   FILE* f = fopen(path.c_str(), "r+b");
   REQUIRE(f != nullptr);
@@ -208,6 +250,7 @@ TEST_CASE("snapshot cluster: a node lost mid-replication; survivors restore N-1,
   constexpr int kNodes = 4;
   constexpr uint64_t kN = 4;
   Cluster c(kNodes, "snapcl", false, 0);
+  c.extra = {"--metrics", "127.0.0.1:0"};
   for (int i = 0; i < kNodes; ++i)
     c.start(i, i == 3 ? "R2CCL_SNAPD_TEST_EXIT_AFTER_SHARDS=4:1" : "");
   for (int i = 0; i < kNodes; ++i) REQUIRE(c.wait_socket(i));
@@ -228,6 +271,21 @@ TEST_CASE("snapshot cluster: a node lost mid-replication; survivors restore N-1,
   {
     INFO(c.all_logs());
     REQUIRE(complete_at_least(ranks[0]->h, kN - 1));
+  }
+  // Node 0's Prometheus endpoint shows the takes, the replication and the cut.
+  {
+    const std::string page = scrape(c.logs[0]);
+    INFO(page);
+    CHECK(page.rfind("HTTP/1.0 200", 0) == 0);
+    CHECK(metric(page, "r2ccl_snapshot_takes_total") == kN - 1);
+    CHECK(metric(page, "r2ccl_snapshot_shards_sent_total") >= 3 * 3 * (kN - 1));  // 3 replicas, 3 buffers
+    CHECK(metric(page, "r2ccl_snapshot_shards_received_total") >= 3 * 3 * (kN - 1));
+    CHECK(metric(page, "r2ccl_snapshot_newest_complete_step") >= kN - 1);
+    CHECK(metric(page, "r2ccl_snapshot_live_nodes") == 4);
+    CHECK(metric(page, "r2ccl_snapshot_coordinator") == 1);
+    CHECK(metric(page, "r2ccl_snapshot_replication_lag_seconds") >= 0);
+    CHECK(metric(page, "r2ccl_snapshot_agreed_members") == 4);
+    CHECK(metric(page, "r2ccl_snapshot_store_memory_bytes") > 0);
   }
   // Step N: node 3's daemon dies after the first shard of step N reached its replicas.
   for (auto& r : ranks) r->take(kN);
@@ -286,6 +344,13 @@ TEST_CASE("snapshot cluster: a node lost mid-replication; survivors restore N-1,
   {
     INFO(c.all_logs());
     CHECK(complete_at_least(ranks[0]->h, kN + 1));
+  }
+  {
+    const std::string page = scrape(c.logs[1]);
+    INFO(page);
+    CHECK(metric(page, "r2ccl_snapshot_nodes_failed_total") >= 1);
+    CHECK(metric(page, "r2ccl_snapshot_nodes_rejoined_total") >= 1);
+    CHECK(metric(page, "r2ccl_snapshot_recoveries_total") == 1);  // rank 1 restored once
   }
   const std::string logs = c.all_logs();
   CHECK(logs.find("test hook: exiting after 1 shards of step 4") != std::string::npos);
