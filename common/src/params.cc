@@ -212,9 +212,20 @@ bool load_config(const EnvLookup& env, const std::vector<std::string>& env_names
     return false;
   }
   if (warnings) {
+    // Variables of the snapshot client library and daemon (snapshot/), which share the
+    // training process's environment with the plugins: theirs to check, not ours to warn about.
+    static const char* const kSnapshotPrefixes[] = {"R2CCL_SNAPSHOT_", "R2CCL_SNAPD_",
+                                                    "R2CCL_RECOVERY_", "R2CCL_NCCL_LIBRARY",
+                                                    "R2CCL_PG_HOST"};
+    auto snapshot_name = [](const std::string& n) {
+      for (const char* p : kSnapshotPrefixes)
+        if (n.rfind(p, 0) == 0) return true;
+      return false;
+    };
     for (const auto& n : env_names) {
       // R2CCL_TEST_* names are reserved for the test suite's own harness variables.
-      if (n.rfind("R2CCL_", 0) == 0 && n.rfind("R2CCL_TEST_", 0) != 0 && !known.count(n))
+      if (n.rfind("R2CCL_", 0) == 0 && n.rfind("R2CCL_TEST_", 0) != 0 && !known.count(n) &&
+          !snapshot_name(n))
         warnings->push_back("unknown variable " + n + " is ignored (see r2ccl_perf --params)");
     }
   }

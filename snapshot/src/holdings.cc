@@ -6,7 +6,11 @@
 #include <set>
 #include <sstream>
 
+#include "text.h"
+
 namespace r2ccl::snap {
+
+using text::trim;
 
 bool Holdings::valid(const ShardMeta& m, std::string* err) {
   const std::string who = "shard of rank " + std::to_string(m.rank) + " step " +
@@ -145,15 +149,6 @@ std::vector<ShardMeta> Holdings::all() const {
   }
   return out;
 }
-
-namespace {
-std::string trim(const std::string& s) {
-  size_t b = 0, e = s.size();
-  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
-  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
-  return s.substr(b, e - b);
-}
-}  // namespace
 
 bool parse_topology(const std::string& text, std::map<uint32_t, std::vector<std::string>>* out,
                     std::string* err) {

@@ -5,16 +5,13 @@
 #include <set>
 #include <sstream>
 
+#include "text.h"
+
 namespace r2ccl::snap {
 
-namespace {
+using text::trim;
 
-std::string trim(const std::string& s) {
-  size_t b = 0, e = s.size();
-  while (b < e && std::isspace(static_cast<unsigned char>(s[b]))) ++b;
-  while (e > b && std::isspace(static_cast<unsigned char>(s[e - 1]))) --e;
-  return s.substr(b, e - b);
-}
+namespace {
 
 bool parse_uint(const std::string& s, uint64_t max, uint64_t* out) {
   if (s.empty() || s.size() > 10) return false;

@@ -7,17 +7,13 @@
 
 #include "r2ccl/log.h"
 
+#include "text.h"
+
 namespace r2ccl::snap {
 
-namespace {
+using text::trim;
 
-std::string trim(const std::string& s) {
-  size_t b = 0, e = s.size();
-  while (b < e && (s[b] == ' ' || s[b] == '\t' || s[b] == '\n' || s[b] == '\r')) ++b;
-  while (e > b && (s[e - 1] == ' ' || s[e - 1] == '\t' || s[e - 1] == '\n' || s[e - 1] == '\r'))
-    --e;
-  return s.substr(b, e - b);
-}
+namespace {
 
 std::string seconds3(double s) {
   char buf[64];

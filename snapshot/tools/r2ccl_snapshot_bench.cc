@@ -510,6 +510,7 @@ void run_take(const Opts& o, const std::string& codec) {
     x.bases = s.prev_base_buffers;
   };
   const bool pipelined = o.step_ms > 0;
+  int incomplete = 0;
   auto step_start = Clock::now();
   for (int i = 1; i <= o.steps; ++i) {
     StepRec x;
@@ -537,19 +538,23 @@ void run_take(const Opts& o, const std::string& codec) {
       check(r2ccl_snap_flush(r.h, int64_t(o.timeout_s * 1e6)), "flush");
       const auto f = Clock::now();
       recs.back().flush = secs(b, f);
-      const double t = wait_for(r.h, o.timeout_s, complete_at_least(x.step));
-      if (std::isnan(t))
-        fail("step " + std::to_string(i) + " did not become complete in " + fmt(o.timeout_s, "%g") +
-             " s (nodes declared failed meanwhile: " + std::to_string(c.declared_failed(0) + c.declared_failed(1)) +
-             "; logs kept in " + c.dir + ")");
+      // A step that does not become complete in time is reported (NaN) and the run goes on:
+      // a later step can complete it (the newest complete step only grows).
+      const double t = wait_for(r.h, std::min(o.timeout_s, 60.0), complete_at_least(x.step));
+      if (std::isnan(t)) {
+        ++incomplete;
+        note("step " + std::to_string(i) + " did not become complete in " +
+             fmt(std::min(o.timeout_s, 60.0), "%g") + " s (nodes declared failed so far: " +
+             std::to_string(c.declared_failed(0) + c.declared_failed(1)) + ")");
+      }
       recs.back().replicated = t - std::chrono::duration<double>(b.time_since_epoch()).count();
     }
     fprintf(stderr, "[bench]   step %d: take %.3f s (copy %.3f, wait %.3f)\n", i, x.call, x.copy, x.wait);
   }
   // One more take after a flush hands back the stats of the last measured step.
   check(r2ccl_snap_flush(r.h, int64_t(o.timeout_s * 1e6)), "flush");
-  const double t_done = wait_for(r.h, o.timeout_s, complete_at_least(uint64_t(o.steps)));
-  if (std::isnan(t_done)) fail("the last step did not become complete in time");
+  const double t_done = wait_for(r.h, std::min(o.timeout_s, 60.0), complete_at_least(uint64_t(o.steps)));
+  if (std::isnan(t_done)) note("the last step did not become complete in time");
   {
     r2ccl_snap_take_stats_t s{};
     check(r2ccl_snap_take(r.h, uint64_t(o.steps) + 1, &s), "harvest take");
@@ -602,6 +607,7 @@ void run_take(const Opts& o, const std::string& codec) {
   }
   if (codec == "lossy") out.put(k + "delta.max_abs_error.max", vmax(err), "abs");
   out.put(k + "spurious_node_failures", c.declared_failed(0) + c.declared_failed(1), "events");
+  out.put(k + "incomplete_steps", incomplete, "steps");
   out.put(k + "node0.daemon_peak_rss_mib", c.hwm_mib(0), "MiB");
   out.put(k + "node1.daemon_peak_rss_mib", c.hwm_mib(1), "MiB");
   out.put(k + "bench_peak_rss_mib", maxrss_mib(), "MiB");
@@ -616,7 +622,10 @@ void run_take(const Opts& o, const std::string& codec) {
             fmt(x.call) + " | " + fmt(x.copy) + " | " + fmt(x.wait) + " | " + fmt(x.encode) + " | " +
             fmt(x.send) + " | " + (x.harvested ? mib(double(x.encoded)) : "-") + " | " +
             fmt(x.ratio, "%.2f") + " | " + (codec == "lossy" ? fmt(x.err, "%.2e") : "0") + " | " +
-            fmt(x.replicated) + " |");
+            (std::isnan(x.replicated) && !pipelined ? std::string("not in 60 s") : fmt(x.replicated)) + " |");
+  out.row("nodes declared failed during the run (spurious: nothing was killed): " +
+          std::to_string(c.declared_failed(0) + c.declared_failed(1)) + "; steps not complete in time: " +
+          std::to_string(incomplete));
   r.close();
 }
 

@@ -244,7 +244,11 @@ TEST_CASE("unknown R2CCL_ variables are warned about by name", "[params]") {
                    {"R2CCL_STRIPE", "1"},
                    {"NCCL_DEBUG", "INFO"},
                    {"PATH", "/usr/bin"},
-                   {"XR2CCL_BAR", "1"}});
+                   {"XR2CCL_BAR", "1"},
+                   // the snapshot client's, in the same training process: not warned about
+                   {"R2CCL_SNAPSHOT_INTERVAL", "10"},
+                   {"R2CCL_RECOVERY_LR_FACTOR", "0.8"},
+                   {"R2CCL_NCCL_LIBRARY", "/opt/nccl/lib/libnccl.so.2"}});
   REQUIRE(l.ok);
   REQUIRE(l.warnings.size() == 1);
   CHECK_THAT(l.warnings[0], Contains("R2CCL_FOO"));
