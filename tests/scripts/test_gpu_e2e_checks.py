@@ -6,6 +6,7 @@ whole orchestration against a fake GPU whose workers run gloo on the CPU).
 Run: python3 -m unittest -v test_gpu_e2e_checks   (in tests/scripts; ctest: gpu_e2e_checks)
 """
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -20,6 +21,11 @@ import check_log  # noqa: E402
 
 LIB = "/opt/r2ccl/lib"
 T_REC = 1000.500  # CLOCK_MONOTONIC of the synthetic recovery
+
+
+def read(path):
+    with open(path) as f:
+        return f.read()
 
 
 def nccl(rank, msg, level="INFO"):
@@ -40,10 +46,11 @@ def results(rank, tag, t0, n_passes=2, bad=None):
     return out
 
 
-def rank_log(rank, kind="r2ccl", *, net_loaded=True, banner=True, network=None, channel="NET/R2CCL",
+def rank_log(rank, kind="r2ccl", *, net_loaded=True, banner=True, network=None, channel=None,
              tuner=True, tuner_line="TUNER/Plugin: Using R2CCL (v5)", events=True, bad=None,
              done=True, rc=0, t0=999.0, extra=()):
     net = network or ("Socket" if kind == "socket" else "R2CCL")
+    channel = channel or "NET/" + net
     lines = [f"WORKER tag={kind} rank={rank} world=2 torch=2.5.1 nccl=2.21.5 device=NVIDIA_H200 "
              f"hostid=r2ccl-e2e-node{rank}"]
     if kind == "socket":
@@ -167,6 +174,12 @@ class FailingRuns(unittest.TestCase):
                      "every all_reduce correct, workers exited 0"):
             self.assertIn(name, bad)
 
+    def test_network_not_found_older_nccl(self):  # NCCL 2.19-2.25's words for the same
+        extra = [nccl(0, "Error: network R2CCL not found.", "WARN")]
+        logs = [rank_log(0, net_loaded=False, banner=False, extra=extra, done=False, rc=1),
+                rank_log(1)]
+        self.assertIn("no fallback to NCCL's internal Socket/IB nets", failed("r2ccl", logs)[0])
+
     def test_banner_only_on_stderr_is_not_nccl(self):
         # The plugin loaded by something else prints its banner to stderr, not through NCCL.
         extra = ["NET/R2CCL INFO r2ccl 0.1.0 (git 230feb3dc8ec), NCCL net API v11, transport TCP "
@@ -254,19 +267,17 @@ class FailingRuns(unittest.TestCase):
 
 class Table(unittest.TestCase):
     def test_table(self):
-        r2 = rank_log(0)
-        so = rank_log(0, "socket").replace("algbw_GBs=", "algbw_GBs=0").replace(
-            "busbw_GBs=", "busbw_GBs=0")
-        md = check_log.table({"r2ccl": r2, "fault": rank_log(0, "fault"), "socket": so})
+        tenth = lambda m: f"{m.group(1)}={float(m.group(2)) / 10:.4f}"  # noqa: E731
+        so = re.sub(r"(algbw_GBs|busbw_GBs)=([\d.]+)", tenth, rank_log(0, "socket"))
+        md = check_log.table({"r2ccl": rank_log(0), "fault": rank_log(0, "fault"), "socket": so})
         rows = [x for x in md.splitlines() if x.startswith("| ")]
         self.assertEqual(len(rows), 1 + 8)  # header + 8 sizes
         self.assertTrue(rows[1].startswith("| 8 KiB |"))
-        self.assertTrue(rows[-1].startswith("| 128 MiB | 1.34 | 1.34 | 1.34 (pass 0) | 0.13 | 0.13 |"))
-        self.assertIn("| 10.00 |", rows[-1])
+        self.assertEqual(rows[-1], "| 128 MiB | 1.34 | 1.34 | 1.34 (pass 0) | 0.13 | 0.13 | 10.00 |")
 
     def test_table_missing_run(self):
         md = check_log.table({"r2ccl": rank_log(0), "fault": None, "socket": None})
-        self.assertIn("| 8 KiB | 0.08 | 0.08 | - | - | - | - |", md)
+        self.assertIn("| 128 MiB | 1.34 | 1.34 | - | - | - | - |", md)
 
     def test_cli_exit_status(self):
         with tempfile.TemporaryDirectory() as d:
@@ -363,15 +374,15 @@ class Script(unittest.TestCase):
             p = self.run_script("--build", build, "--out", out, "--python",
                                 os.path.join(bindir, "fakepy"), env=env, timeout=200)
             self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
-            checks = open(os.path.join(out, "checks.txt")).read()
+            checks = read(os.path.join(out, "checks.txt"))
             for kind in ("r2ccl", "fault", "socket"):
                 self.assertIn(f"PASS  {kind}: every all_reduce correct, workers exited 0", checks)
                 self.assertIn(f"GPU_E2E_EXIT rank=1 rc=0",
-                              open(os.path.join(out, kind, "rank1.log")).read())
+                              read(os.path.join(out, kind, "rank1.log")))
             self.assertIn("FAIL  r2ccl: NCCL loaded the r2ccl net plugin", checks)
             self.assertIn("R2CCL_FAULT_INJECT=rank=1,rail=0,at=4000,kind=reset,for=3000",
-                          open(os.path.join(out, "fault", "cmd.txt")).read())
-            md = open(os.path.join(out, "results.md")).read()
+                          read(os.path.join(out, "fault", "cmd.txt")))
+            md = read(os.path.join(out, "results.md"))
             self.assertIn("| 128 KiB |", md)
 
 
