@@ -656,6 +656,8 @@ class Daemon {
       if (!send_peer(node, make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kShard), &d,
                                       sizeof(d), bytes.data(), bytes.size())))
         return false;
+      m_.counter(M::kShardsSent).inc();
+      m_.counter(M::kShardBytesSent).inc(double(bytes.size()));
     }
     return true;
   }

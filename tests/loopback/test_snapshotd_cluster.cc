@@ -274,7 +274,15 @@ TEST_CASE("snapshot cluster: a node lost mid-replication; survivors restore N-1,
   }
   // Node 0's Prometheus endpoint shows the takes, the replication and the cut.
   {
-    const std::string page = scrape(c.logs[0]);
+    // Every replica gets every chain within a few periods (a step completes with one).
+    std::string page;
+    for (int w = 0; w < 5000; w += 100) {
+      page = scrape(c.logs[0]);
+      if (metric(page, "r2ccl_snapshot_shards_sent_total") >= 3 * 3 * (kN - 1) &&
+          metric(page, "r2ccl_snapshot_shards_received_total") >= 3 * 3 * (kN - 1))
+        break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
     INFO(page);
     CHECK(page.rfind("HTTP/1.0 200", 0) == 0);
     CHECK(metric(page, "r2ccl_snapshot_takes_total") == kN - 1);
