@@ -36,6 +36,7 @@
 #include <cstring>
 #include <deque>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -132,6 +133,10 @@ struct Conn {
   uint64_t queued_bytes = 0, dropped = 0;
   int64_t id = -1;       // peer node id (peer connections) or rank (clients), once HELLO checked
   uint32_t world = 0;    // clients: the job's world size
+  // Set while a frame is being handled: reading the next one. A handler that passes work to
+  // the worker thread (a shard) leaves it set and the work's completion calls it, so a
+  // connection has at most one such frame in flight (backpressure). Cleared on close.
+  std::function<void()> resume;
 };
 using PeerConn = Conn<tcp::socket>;
 using ClientConn = Conn<ulocal::socket>;
@@ -229,6 +234,7 @@ class Daemon {
     });
     tick();
     io_.run();
+    work_.join();  // what it still stores lands in the store before it is closed
     std::string e2;
     if (store_.close(&e2) != StoreStatus::kOk) say("closing the shard store: %s", e2.c_str());
     save_index();
@@ -303,8 +309,16 @@ class Daemon {
     c->latest.clear();
     c->queue.clear();
     c->queued_bytes = 0;
+    c->resume = nullptr;
     std::error_code ignore;
     c->sock.close(ignore);
+  }
+  template <class C>
+  void resume_reading(const std::shared_ptr<C>& c) {
+    if (!c->open || !c->resume) return;
+    auto r = std::move(c->resume);
+    c->resume = nullptr;
+    r();
   }
   bool send_peer(uint32_t id, Frame f) {
     if (id == o_.self || blocked(id)) return false;
@@ -345,7 +359,8 @@ class Daemon {
   void read_body(std::shared_ptr<C> c, uint32_t magic, uint16_t version, Check check,
                  Handle handle, Progress progress, const char* what) {
     if (c->got == c->body.size()) {
-      if (handle(c)) read_loop(c, magic, version, check, handle, progress, what);
+      c->resume = [=] { read_loop(c, magic, version, check, handle, progress, what); };
+      if (handle(c)) resume_reading(c);  // false: refused (closed), or deferred to the worker
       return;
     }
     const size_t n = std::min(kReadChunk, c->body.size() - c->got);
@@ -477,13 +492,10 @@ class Daemon {
           refuse(in, err.empty() ? "shard payload size does not match its header" : err);
           return false;
         }
-        std::vector<uint8_t> payload(in->body.begin() + sizeof(m), in->body.end());
-        in->body.clear();
-        in->body.shrink_to_fit();
         m_.counter(M::kShardsReceived).inc();
         m_.counter(M::kShardBytesReceived).inc(double(m.payload_bytes));
-        store_shard(m, std::move(payload), "replica");
-        return true;
+        ingest(in, m, "replica", false);
+        return false;  // reading resumes when the worker stored it
       }
       case PeerMsg::kHeld: {
         HeldBody b;
@@ -515,12 +527,7 @@ class Daemon {
       case PeerMsg::kFetch: {
         FetchBody b;
         std::memcpy(&b, p, sizeof(b));
-        serve_fetch(b, [this, peer](Frame f) { send_peer(peer, std::move(f)); },
-                    [](const void* head, size_t hn, const void* meta, size_t mn, const void* pay,
-                       size_t pn) {
-                      return make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kFetched),
-                                        head, hn, meta, mn, pay, pn);
-                    });
+        serve_fetch(b, FrameKind::kPeerFetched, [this, peer](Frame f) { send_peer(peer, std::move(f)); });
         return true;
       }
       case PeerMsg::kFetched:
@@ -586,10 +593,32 @@ class Daemon {
   }
 
   // ---- shards ----
-  void store_shard(const ShardMeta& m, std::vector<uint8_t> payload, const char* as) {
-    std::string err;
+  // A received shard (in c->body: ShardMeta + payload) is stored by the worker thread: the CRC
+  // check, the copy into the store and any spill write stay off the event loop, which keeps
+  // heartbeats going while gigabytes arrive. Back on the loop it is indexed and reported, a home
+  // copy is sent to the replicas, and the connection's reading resumes.
+  template <class C>
+  void ingest(const std::shared_ptr<C>& c, const ShardMeta& m, const char* as, bool forward) {
+    auto body = std::make_shared<std::vector<uint8_t>>(std::move(c->body));
+    c->body = {};
+    asio::post(work_, [this, c, m, body, as, forward] {
+      const uint8_t* pay = body->data() + sizeof(ShardMeta);
+      std::string err;
+      const StoreStatus st = store_.put(ShardKey{m.rank, m.step, m.buffer}, m.base_step, m.crc,
+                                        pay, m.payload_bytes, &err);  // verifies the CRC
+      Frame f;
+      if (st == StoreStatus::kOk && forward)
+        f = make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kShard), &m, sizeof(m), pay,
+                       m.payload_bytes);
+      asio::post(io_, [this, c, m, st, err, f, as] {
+        after_store(m, st, err, as);
+        if (st == StoreStatus::kOk && f) forward_shard(m, f);
+        resume_reading(c);
+      });
+    });
+  }
+  void after_store(const ShardMeta& m, StoreStatus st, const std::string& err, const char* as) {
     const ShardKey k{m.rank, m.step, m.buffer};
-    const StoreStatus st = store_.put(k, m.base_step, m.crc, std::move(payload), &err);
     if (st != StoreStatus::kOk) {
       say("cannot hold the %s shard %s: %s (%s)", as, to_string(k).c_str(), store_status_name(st),
           err.c_str());
@@ -639,27 +668,81 @@ class Daemon {
     }
   }
   // Sends `node` the home copies of the chain that restores (rank, buffer, step), oldest first,
-  // without the step's own shard unless include_step. False when a shard could not be read or
-  // sent (the replica then does not count).
-  bool send_chain(uint32_t node, uint32_t rank, uint32_t buffer, uint64_t step, bool include_step) {
+  // without the step's own shard unless include_step. The shards are read on the worker thread;
+  // `done(ok)` runs on the loop (false: a shard could not be read or sent, the replica then
+  // does not count).
+  void send_chain(uint32_t node, uint32_t rank, uint32_t buffer, uint64_t step, bool include_step,
+                  std::function<void(bool)> done = nullptr) {
+    std::vector<ShardMeta> items;
     for (uint64_t s : holdings_.chain(rank, buffer, step)) {
       if (s == step && !include_step) break;
-      const ShardKey k{rank, s, buffer};
       ShardMeta d;
-      std::vector<uint8_t> bytes;
-      ShardInfo info;
-      std::string err;
-      if (!holdings_.describe(k, &d) || store_.get(k, &bytes, &info, &err) != StoreStatus::kOk)
-        return false;
-      d.crc = info.crc;
-      d.payload_bytes = bytes.size();
-      if (!send_peer(node, make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kShard), &d,
-                                      sizeof(d), bytes.data(), bytes.size())))
-        return false;
-      m_.counter(M::kShardsSent).inc();
-      m_.counter(M::kShardBytesSent).inc(double(bytes.size()));
+      if (!holdings_.describe(ShardKey{rank, s, buffer}, &d)) {
+        if (done) done(false);
+        return;
+      }
+      items.push_back(d);
     }
-    return true;
+    if (items.empty()) {
+      if (done) done(true);
+      return;
+    }
+    read_chain(std::move(items), FrameKind::kPeerShard, 0,
+               [this, node, done](std::vector<Frame> frames, StoreStatus st, ShardKey, std::string) {
+                 bool ok = st == StoreStatus::kOk;
+                 for (auto& f : frames) {
+                   if (!ok) break;
+                   const uint64_t n = f->size() - sizeof(PeerHeader) - sizeof(ShardMeta);
+                   ok = send_peer(node, std::move(f));
+                   if (ok) {
+                     m_.counter(M::kShardsSent).inc();
+                     m_.counter(M::kShardBytesSent).inc(double(n));
+                   }
+                 }
+                 if (done) done(ok);
+               });
+  }
+  // How read_chain frames each shard: FETCHED to a client or a peer (FetchedHead + ShardMeta +
+  // payload), or SHARD to a replica (ShardMeta + payload).
+  enum class FrameKind { kClientFetched, kPeerFetched, kPeerShard };
+  using ChainDone = std::function<void(std::vector<Frame>, StoreStatus, ShardKey, std::string)>;
+  // Reads the shards `items` (oldest first) from the store on the worker thread (CRCs checked,
+  // spill files read) and frames them; `done` runs on the loop with the frames, or with the
+  // status, key and message of the first shard that could not be read.
+  void read_chain(std::vector<ShardMeta> items, FrameKind kind, uint64_t request, ChainDone done) {
+    asio::post(work_, [this, items = std::move(items), kind, request, done = std::move(done)] {
+      std::vector<Frame> frames;
+      StoreStatus st = StoreStatus::kOk;
+      ShardKey bad{};
+      std::string err;
+      for (size_t i = 0; i < items.size(); ++i) {
+        ShardMeta m = items[i];
+        const ShardKey k{m.rank, m.step, m.buffer};
+        std::vector<uint8_t> bytes;
+        ShardInfo info;
+        st = store_.get(k, &bytes, &info, &err);
+        if (st != StoreStatus::kOk) {
+          bad = k;
+          frames.clear();
+          break;
+        }
+        m.crc = info.crc;
+        m.payload_bytes = bytes.size();
+        FetchedHead h{request, uint32_t(FetchStatus::kOk), uint32_t(i), uint32_t(items.size()), 0};
+        if (kind == FrameKind::kPeerShard)
+          frames.push_back(make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kShard), &m,
+                                      sizeof(m), bytes.data(), bytes.size()));
+        else if (kind == FrameKind::kPeerFetched)
+          frames.push_back(make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kFetched), &h,
+                                      sizeof(h), &m, sizeof(m), bytes.data(), bytes.size()));
+        else
+          frames.push_back(make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched),
+                                      &h, sizeof(h), &m, sizeof(m), bytes.data(), bytes.size()));
+      }
+      asio::post(io_, [done, frames = std::move(frames), st, bad, err]() mutable {
+        done(std::move(frames), st, bad, err);
+      });
+    });
   }
   // Every period: each rank homed here has its newest held step's chains on its R nearest live
   // nodes. A replica that joined, replaced a lost one, or lost its connection (and with it what
@@ -678,8 +761,14 @@ class Daemon {
       if (!holdings_.describe(ShardKey{rank, h.step, 0}, &d)) continue;
       for (uint32_t b = 0; b < d.n_buffers; ++b) {
         auto& known = replicas_of_[(uint64_t(rank) << 32) | b];
-        for (uint32_t r : reps)
-          if (!known.count(r) && send_chain(r, rank, b, h.step, true)) known.insert(r);
+        const uint64_t rb = (uint64_t(rank) << 32) | b;
+        for (uint32_t r : reps) {
+          if (known.count(r)) continue;
+          known.insert(r);  // now, so the next period does not send it again while in flight
+          send_chain(r, rank, b, h.step, true, [this, rb, r](bool ok) {
+            if (!ok) replicas_of_[rb].erase(r);
+          });
+        }
       }
     }
   }
@@ -809,60 +898,62 @@ class Daemon {
     bool second_pass = false;
     std::vector<std::vector<uint8_t>> frames;  // FETCHED bodies received so far
   };
-  using MakeFetched = Frame (*)(const void*, size_t, const void*, size_t, const void*, size_t);
-  // Answers a FETCH from what this node holds: the chain oldest first, or one refusal frame.
-  // Returns true when the chain was sent.
-  template <class Send>
-  bool serve_fetch(const FetchBody& b, Send out, MakeFetched mk) {
-    const std::vector<uint64_t> steps = holdings_.chain(b.rank, b.buffer, b.step);
-    FetchedHead head{b.request, uint32_t(FetchStatus::kNotHeld), 0, 0, 0};
-    if (steps.empty()) {
-      out(mk(&head, sizeof(head), nullptr, 0, nullptr, 0));
-      return false;
-    }
-    std::vector<Frame> frames;
-    for (size_t i = 0; i < steps.size(); ++i) {
-      const ShardKey k{b.rank, steps[i], b.buffer};
+  // Answers a FETCH from what this node holds: the chain oldest first, or one refusal frame
+  // (not held; corrupt, when a shard failed its CRC: it is then dropped from the index). The
+  // shards are read on the worker thread; `out` gets the frames on the loop.
+  void serve_fetch(const FetchBody& b, FrameKind kind, std::function<void(Frame)> out,
+                   std::function<void(bool)> done = nullptr) {
+    auto refusal = [kind, b](FetchStatus why) {
+      FetchedHead head{b.request, uint32_t(why), 0, 0, 0};
+      return kind == FrameKind::kClientFetched
+                 ? make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), &head, sizeof(head))
+                 : make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kFetched), &head, sizeof(head));
+    };
+    std::vector<ShardMeta> items;
+    for (uint64_t st : holdings_.chain(b.rank, b.buffer, b.step)) {
       ShardMeta m;
-      std::vector<uint8_t> bytes;
-      ShardInfo info;
-      std::string err;
-      const StoreStatus st = holdings_.describe(k, &m) ? store_.get(k, &bytes, &info, &err) : StoreStatus::kNotFound;
-      if (st != StoreStatus::kOk) {
-        say("cannot serve %s: %s (%s)", to_string(k).c_str(), store_status_name(st), err.c_str());
-        if (st == StoreStatus::kCorrupt || st == StoreStatus::kNotFound) holdings_.remove(k);
-        head.status = uint32_t(st == StoreStatus::kCorrupt ? FetchStatus::kCorrupt : FetchStatus::kNotHeld);
-        out(mk(&head, sizeof(head), nullptr, 0, nullptr, 0));
-        return false;
-      }
-      m.crc = info.crc;
-      m.payload_bytes = bytes.size();
-      FetchedHead h{b.request, uint32_t(FetchStatus::kOk), uint32_t(i), uint32_t(steps.size()), 0};
-      frames.push_back(mk(&h, sizeof(h), &m, sizeof(m), bytes.data(), bytes.size()));
+      if (!holdings_.describe(ShardKey{b.rank, st, b.buffer}, &m)) break;
+      items.push_back(m);
     }
-    for (auto& f : frames) out(std::move(f));
-    return true;
+    if (items.empty()) {
+      out(refusal(FetchStatus::kNotHeld));
+      if (done) done(false);
+      return;
+    }
+    read_chain(std::move(items), kind, b.request,
+               [this, out, done, refusal](std::vector<Frame> frames, StoreStatus st, ShardKey bad,
+                                          std::string err) {
+                 if (st != StoreStatus::kOk) {
+                   say("cannot serve %s: %s (%s)", to_string(bad).c_str(), store_status_name(st),
+                       err.c_str());
+                   if (st == StoreStatus::kCorrupt || st == StoreStatus::kNotFound) holdings_.remove(bad);
+                   out(refusal(st == StoreStatus::kCorrupt ? FetchStatus::kCorrupt : FetchStatus::kNotHeld));
+                   if (done) done(false);
+                   return;
+                 }
+                 for (auto& f : frames) out(std::move(f));
+                 if (done) done(true);
+               });
   }
   void client_fetch(const std::shared_ptr<ClientConn>& c, const FetchBody& b) {
     if (b.buffer == 0) m_.counter(M::kRecoveries).inc();  // one restore of one rank
-    auto to_client = [c, this](Frame f) { send(c, std::move(f), false); };
-    auto mk_client = [](const void* h, size_t hn, const void* m, size_t mn, const void* p, size_t pn) {
-      return make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), h, hn, m, mn, p, pn);
-    };
     if (!holdings_.chain(b.rank, b.buffer, b.step).empty()) {
-      std::vector<Frame> local;
-      bool ok = true;
-      serve_fetch(b, [&](Frame f) {
-        FetchedHead h;
-        std::memcpy(&h, f->data() + sizeof(PeerHeader), sizeof(h));
-        ok = ok && h.status == uint32_t(FetchStatus::kOk);
-        local.push_back(std::move(f));
-      }, mk_client);
-      if (ok) {
-        for (auto& f : local) to_client(std::move(f));
-        return;
-      }
+      // From the local store (a survivor's home copy, or this node is a replica); frames are
+      // kept until the whole chain was read, and a failure falls back to the peers.
+      auto local = std::make_shared<std::vector<Frame>>();
+      serve_fetch(b, FrameKind::kClientFetched, [local](Frame f) { local->push_back(std::move(f)); },
+                  [this, c, b, local](bool ok) {
+                    if (ok) {
+                      for (auto& f : *local) send(c, std::move(f), false);
+                    } else {
+                      fetch_from_peers(c, b);
+                    }
+                  });
+      return;
     }
+    fetch_from_peers(c, b);
+  }
+  void fetch_from_peers(const std::shared_ptr<ClientConn>& c, const FetchBody& b) {
     PendingFetch pf;
     pf.id = ++fetch_ids_;
     pf.client = c;
@@ -1040,21 +1131,9 @@ class Daemon {
           refuse(c, err.empty() ? "shard payload size does not match its header" : err);
           return false;
         }
-        const uint8_t* pay = p + sizeof(m);
-        if (shard_crc32(pay, m.payload_bytes) != m.crc) {
-          say("rank %u step %llu buffer %u: the shard's CRC does not match its bytes: refused",
-              m.rank, static_cast<unsigned long long>(m.step), m.buffer);
-          return true;
-        }
-        Frame f = make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kShard), &m, sizeof(m),
-                             pay, m.payload_bytes);
-        std::vector<uint8_t> home(pay, pay + m.payload_bytes);
-        c->body.clear();
-        c->body.shrink_to_fit();
         note_take(m);
-        store_shard(m, std::move(home), "home");
-        forward_shard(m, f);
-        return true;
+        ingest(c, m, "home", true);
+        return false;  // reading resumes when the worker stored it
       }
       case ClientMsg::kQuery:
         send(c, client_frame(ClientMsg::kState, state_body()), false);
@@ -1373,6 +1452,10 @@ class Daemon {
   std::map<uint32_t, Take> takes_;           // local rank -> its take in progress
   std::map<uint64_t, TimeUs> step_arrived_;  // step -> when its last local shard arrived
   std::unique_ptr<M::HttpServer> http_;      // declared after io_: destroyed before it
+  // The worker thread: shard stores (CRC, copy, spill) and chain reads for restores and
+  // resyncs. FIFO, one thread, so the shards of a chain are stored in arrival order. Its
+  // completions are posted back to io_.
+  asio::thread_pool work_{1};
 };
 
 bool read_text(const std::string& path, std::string* out, std::string* err) {
