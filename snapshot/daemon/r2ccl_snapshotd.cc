@@ -81,12 +81,34 @@ bool token_equal(const uint8_t* a, const uint8_t* b, size_t n) {
   return d == 0;
 }
 
-using Frame = std::shared_ptr<std::vector<uint8_t>>;
+// Byte buffers whose resize() does not zero what it adds: a shard body of a gigabyte is
+// filled by the socket 1 MiB at a time, and zeroing it first would stall the event loop
+// (value-initialising and faulting in every page at once).
+template <class T>
+struct UninitAlloc : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = UninitAlloc<U>;
+  };
+  UninitAlloc() = default;
+  template <class U>
+  UninitAlloc(const UninitAlloc<U>&) {}
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;  // default-initialised: no zeroing
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+using Bytes = std::vector<uint8_t, UninitAlloc<uint8_t>>;
+using Frame = std::shared_ptr<Bytes>;
 
 // A frame: the 16-byte header then up to three pieces of payload.
 Frame make_frame(uint32_t magic, uint16_t version, uint16_t type, const void* a, size_t an,
                  const void* b = nullptr, size_t bn = 0, const void* c = nullptr, size_t cn = 0) {
-  auto f = std::make_shared<std::vector<uint8_t>>(sizeof(PeerHeader) + an + bn + cn);
+  auto f = std::make_shared<Bytes>(sizeof(PeerHeader) + an + bn + cn);
   PeerHeader h{magic, version, type, static_cast<uint32_t>(an + bn + cn), 0};
   uint8_t* p = f->data();
   std::memcpy(p, &h, sizeof(h));
@@ -122,7 +144,7 @@ struct Conn {
   explicit Conn(Socket s) : sock(std::move(s)) {}
   Socket sock;
   PeerHeader h{};
-  std::vector<uint8_t> body;
+  Bytes body;
   size_t got = 0;
   // open: frames are accepted (queued); connected: they are written. An outgoing peer
   // connection is open from its connect attempt on and connected once it succeeded (its HELLO,
@@ -599,7 +621,7 @@ class Daemon {
   // copy is sent to the replicas, and the connection's reading resumes.
   template <class C>
   void ingest(const std::shared_ptr<C>& c, const ShardMeta& m, const char* as, bool forward) {
-    auto body = std::make_shared<std::vector<uint8_t>>(std::move(c->body));
+    auto body = std::make_shared<Bytes>(std::move(c->body));
     c->body = {};
     asio::post(work_, [this, c, m, body, as, forward] {
       const uint8_t* pay = body->data() + sizeof(ShardMeta);
@@ -896,7 +918,7 @@ class Daemon {
     TimeUs asked_at = 0;
     std::vector<uint32_t> silent;  // candidates that did not answer in time: asked once more
     bool second_pass = false;
-    std::vector<std::vector<uint8_t>> frames;  // FETCHED bodies received so far
+    std::vector<Bytes> frames;  // FETCHED bodies received so far
   };
   // Answers a FETCH from what this node holds: the chain oldest first, or one refusal frame
   // (not held; corrupt, when a shard failed its CRC: it is then dropped from the index). The
@@ -992,7 +1014,7 @@ class Daemon {
     q.request = pf.id;
     send_peer(pf.asked, peer_frame(PeerMsg::kFetch, q));
   }
-  void on_fetched(uint32_t peer, const std::vector<uint8_t>& body) {
+  void on_fetched(uint32_t peer, const Bytes& body) {
     FetchedHead h;
     std::memcpy(&h, body.data(), sizeof(h));
     auto it = fetches_.find(h.request);
