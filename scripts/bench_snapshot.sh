@@ -13,12 +13,16 @@
 #   bench_snapshot.sh [--quick] [BUILD_DIR]
 #     BUILD_DIR   build tree with bin/r2ccl_snapshot_bench and bin/r2ccl_snapshotd (default
 #                 $R2CCL_BUILD_DIR, else build); configured and built only when they are missing
-#     --quick     CI smoke: 64 MiB, 4 takes, sparse only, recovery on 4 nodes at 100 ms (~1 min)
+#     --quick     CI smoke: 64 MiB, 4 takes, sparse only, recovery on 4 nodes at 100 ms (~20 s here)
 # ENVIRONMENT
 #   R2CCL_BENCH_SNAPSHOT_BYTES    state size (per rank for take/restore, in total for recovery);
 #                                 default 1G (--quick: 64M)
-#   R2CCL_BENCH_SNAPSHOT_NODES    recovery cluster sizes (default "2 3 4 8"; --quick "4")
-#   R2CCL_BENCH_SNAPSHOT_PERIODS  heartbeat periods, ms (default "100 500"; --quick "100")
+#   R2CCL_BENCH_SNAPSHOT_NODES    recovery cluster sizes (default "2 4 8"; --quick "4")
+#   R2CCL_BENCH_SNAPSHOT_PERIODS  recovery heartbeat periods, ms (default "500 100"; --quick "100")
+#   R2CCL_BENCH_SNAPSHOT_BUFFERS  buffers each rank's state is registered as (default 8: a shard
+#                                 of 1 GiB blocks the daemon's heartbeats, see BENCHMARKS.md)
+#   R2CCL_BENCH_SNAPSHOT_PERIOD   heartbeat period of the take and restore runs (default 500, the
+#                                 daemon's default)
 #   R2CCL_BENCH_SNAPSHOT_OUT      where logs and results go (default BUILD/bench/snapshot-<time>)
 # Exit status: 0 when every measurement ran; 1 otherwise (what failed is listed); 2 usage.
 set -uo pipefail
@@ -46,10 +50,12 @@ if [ $QUICK = 1 ]; then
   TAKE_STEPS=4
 else
   BYTES=${R2CCL_BENCH_SNAPSHOT_BYTES:-1G}
-  NODES=${R2CCL_BENCH_SNAPSHOT_NODES:-2 3 4 8}
-  PERIODS=${R2CCL_BENCH_SNAPSHOT_PERIODS:-100 500}
+  NODES=${R2CCL_BENCH_SNAPSHOT_NODES:-2 4 8}
+  PERIODS=${R2CCL_BENCH_SNAPSHOT_PERIODS:-500 100}
   TAKE_STEPS=10
 fi
+BUFFERS=${R2CCL_BENCH_SNAPSHOT_BUFFERS:-8}
+PERIOD=${R2CCL_BENCH_SNAPSHOT_PERIOD:-500}
 OUT=${R2CCL_BENCH_SNAPSHOT_OUT:-$BUILD/bench/snapshot-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT" || exit 1
 RESULTS=$OUT/results.txt
@@ -60,7 +66,7 @@ broken=()
   echo "commit: $(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (dirty tree)')"
   echo "machine: $(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)), $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
   echo "kernel: $(uname -r)"
-  echo "bytes: $BYTES, recovery nodes: $NODES, periods: $PERIODS ms"
+  echo "bytes: $BYTES in $BUFFERS buffers, take/restore period $PERIOD ms, recovery nodes: $NODES, periods: $PERIODS ms"
 } | tee "$OUT/env.txt"
 
 # run NAME ARGS...: one benchmark; stdout to OUT/NAME.out (and the key lines to results.txt).
@@ -83,28 +89,29 @@ run() {
   fi
 }
 
-run take-sparse --mode take --bytes "$BYTES" --steps "$TAKE_STEPS" --codec both
-if [ $QUICK = 0 ]; then
-  run take-adam --mode take --bytes "$BYTES" --steps 4 --codec both --update adam
-fi
-run restore --mode restore --bytes "$BYTES" --steps 3
+common=(--bytes "$BYTES" --buffers "$BUFFERS")
+run take-sparse --mode take "${common[@]}" --period-ms "$PERIOD" --steps "$TAKE_STEPS" --codec both
+run restore --mode restore "${common[@]}" --period-ms "$PERIOD" --steps 3
 for p in $PERIODS; do
   for n in $NODES; do
-    run "recovery-n$n-p$p" --mode recovery --nodes "$n" --period-ms "$p" --bytes "$BYTES"
+    run "recovery-n$n-p$p" --mode recovery "${common[@]}" --nodes "$n" --period-ms "$p"
   done
 done
+if [ $QUICK = 0 ]; then
+  run take-adam --mode take "${common[@]}" --period-ms "$PERIOD" --steps 3 --codec both --update adam
+fi
 
 # The model, fed with what was measured (the defaults where a value is missing).
 val() { awk -v k="$1" '$1 == k {print $2; exit}' "$RESULTS"; }
 margs=(--source "$RESULTS")
-v=$(val take.lossless.delta.ratio.median); [ -n "$v" ] && [ "$v" != nan ] && margs+=(--delta-ratio "$v")
-v=$(val take.lossless.base.ratio.median); [ -n "$v" ] && [ "$v" != nan ] && margs+=(--base-ratio "$v")
+v=$(val take.sparse.lossless.delta.ratio.median); [ -n "$v" ] && [ "$v" != nan ] && margs+=(--delta-ratio "$v")
+v=$(val take.sparse.lossless.base.ratio.median); [ -n "$v" ] && [ "$v" != nan ] && margs+=(--base-ratio "$v")
 v=$(val restore.lossless.home.gb_per_s); [ -n "$v" ] && [ "$v" != nan ] && margs+=(--restore-local-gbps "$v")
-c=$(val take.lossless.copy_seconds.median); b=$(val take.lossless.bytes)
+c=$(val take.sparse.lossless.copy_seconds.median); b=$(val take.sparse.lossless.bytes)
 if [ -n "$c" ] && [ -n "$b" ] && [ "$c" != nan ]; then
   margs+=(--take-copy-gbps "$(awk -v b="$b" -v c="$c" 'BEGIN {printf "%.3f", b / c / 1e9}')")
 fi
-a=$(awk '$1 ~ /^recovery\..*\.agreement_seconds$/ && $2 != "nan" {print $2}' "$RESULTS" | sort -g | tail -1)
+a=$(awk '$1 ~ /^recovery\..*\.agreement_seconds$/ && $2 != "nan" {print $2}' "$RESULTS" | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}')
 [ -n "$a" ] && margs+=(--agreement-s "$a")
 echo
 echo "== model: scripts/snapshot_model.py ${margs[*]}"

@@ -75,12 +75,13 @@ phase "asan build" bash -c "cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -D
 # the plain build above, and the plugin's verbs code runs under ASan through ib_fake.
 phase "bad input, unit, verbs, snapshotd under asan" run_ctest build-asan asan -R 'bad_input|unit_|ib_fake|snapshotd' -E 'unit_test_fakeverbs'
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-  phase "USE_CUDA build (compile only)" bash -c "cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUSE_CUDA=ON -DR2CCL_BUILD_TESTS=OFF >/dev/null && cmake --build build-cuda -j $JOBS --target nccl-net-r2ccl"
+  phase "USE_CUDA build (compile only)" bash -c "cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUSE_CUDA=ON -DR2CCL_BUILD_TESTS=OFF >/dev/null && cmake --build build-cuda -j $JOBS --target nccl-net-r2ccl r2ccl_snapshot"
 else
   echo "=== no CUDA toolkit: the USE_CUDA=ON build is not compiled here"
 fi
 phase "benchmark smoke" bash scripts/bench_net.sh --smoke --build build
 phase "predictor benchmark" bash scripts/bench_predict.sh --build build
+phase "snapshot benchmark smoke" bash scripts/bench_snapshot.sh --quick build
 
 echo
 echo "=== summary ($(( $(date +%s) - t_start ))s total)"

@@ -481,7 +481,7 @@ struct StepRec {
 };
 
 void run_take(const Opts& o, const std::string& codec) {
-  const std::string k = "take." + codec + ".";
+  const std::string k = "take." + o.model.update + "." + codec + ".";
   note("take, " + codec + ": 2 nodes, rank 0 on node 0 with " + mib(double(o.bytes)) + " MiB of FP16");
   Cluster c(o.daemon, o.workdir, 2, o.period_ms, daemon_extra(o), o.keep);
   c.start(0);
@@ -623,7 +623,7 @@ void run_take(const Opts& o, const std::string& codec) {
             fmt(x.send) + " | " + (x.harvested ? mib(double(x.encoded)) : "-") + " | " +
             fmt(x.ratio, "%.2f") + " | " + (codec == "lossy" ? fmt(x.err, "%.2e") : "0") + " | " +
             (std::isnan(x.replicated) && !pipelined ? std::string("not in 60 s") : fmt(x.replicated)) + " |");
-  out.row("nodes declared failed during the run (spurious: nothing was killed): " +
+  out.row("# nodes declared failed during the run (spurious: nothing was killed): " +
           std::to_string(c.declared_failed(0) + c.declared_failed(1)) + "; steps not complete in time: " +
           std::to_string(incomplete));
   r.close();
@@ -817,6 +817,7 @@ void run_recovery(const Opts& o) {
   const double kv_all = vmax(got) - t_put;
   bool kv_ok = true;
   for (double g : got) kv_ok = kv_ok && !std::isnan(g);
+  kv_ok = kv_ok && surv.size() > 1;  // one survivor has nobody to send the id to
   out.put(k + "kv_id_exchange_seconds", kv_ok ? kv_all : NAN, "s");
   // Survivors restore their home copies, in parallel.
   std::vector<double> rs(surv.size(), NAN);
@@ -871,7 +872,7 @@ void run_recovery(const Opts& o) {
   out.row("| detection: coordinator (node " + std::to_string(surv[0]) + ") declares node " + std::to_string(victim) + " failed | " + fmt(declared) + " |");
   out.row("| agreement: every survivor wrote the new record | " + fmt(agreed_all) + " |");
   out.row("| notification: every survivor's wait_event() shows it | " + fmt(notified) + " |");
-  out.row("| unique-id exchange, kv_put -> every survivor's kv_get (NCCL init not run) | " + (kv_ok ? fmt(kv_all) : "-") + " (own) |");
+  out.row("| unique-id exchange, kv_put -> every survivor's kv_get (NCCL init not run) | " + (kv_ok ? fmt(kv_all) : surv.size() > 1 ? "failed" : "n/a (one survivor)") + " (own) |");
   out.row("| survivors' restore from home copies, parallel (wall) | " + fmt(restore_wall) + " (own; per rank max " + fmt(vmax(rs)) + ") |");
   out.row("| replacement daemon: spawn -> rejoined, complete step known | " + fmt(known - t_start) + " (own) |");
   out.row("| replacement rank's restore from replicas | " + (vrc == R2CCL_SNAP_OK ? fmt(vt) : "failed") + " (own) |");
