@@ -33,6 +33,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cerrno>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -213,7 +214,17 @@ class Daemon {
     const PeerSpec* me = find(o_.self);
     std::error_code ec;
     tcp::endpoint ep(asio::ip::make_address(me->host, ec), me->port);
-    if (ec) ep = tcp::endpoint(tcp::v4(), me->port);
+    if (ec) {
+      // A name: listen on the address it resolves to (never on every interface).
+      tcp::resolver res(io_);
+      auto r = res.resolve(me->host, std::to_string(me->port), ec);
+      if (ec || r.empty()) {
+        say("cannot resolve this node's host '%s' (peer list line of node %u): %s", me->host.c_str(),
+            o_.self, ec ? ec.message().c_str() : "no address");
+        return 1;
+      }
+      ep = r.begin()->endpoint();
+    }
     acceptor_.open(ep.protocol(), ec);
     if (!ec) acceptor_.set_option(tcp::acceptor::reuse_address(true), ec);
     if (!ec) acceptor_.bind(ep, ec);
@@ -230,13 +241,15 @@ class Daemon {
       http_ = std::make_unique<M::HttpServer>(io_, [this] { return metrics_page(); });
       if (!http_->listen(o_.metrics_addr, &err)) {
         say("--metrics: %s", err.c_str());
+        ::unlink(o_.socket_path.c_str());
         return 1;
       }
-      say("Prometheus metrics on http://%s/metrics (port %u)", o_.metrics_addr.c_str(), http_->port());
+      say("Prometheus metrics on http://%s:%u/metrics (port %u)",
+          http_->endpoint().address().to_string().c_str(), http_->port(), http_->port());
     }
-    say("node %u of %zu listening on %s:%u, heartbeat every %.0f ms, board %s, clients on %s, "
+    say("node %u of %zu listening on %s port %u, heartbeat every %.0f ms, board %s, clients on %s, "
         "%u replicas per shard, shards in memory up to %llu MiB%s%s",
-        o_.self, o_.peers.size(), me->host.c_str(), me->port, o_.period / 1e3, o_.board.c_str(),
+        o_.self, o_.peers.size(), ep.address().to_string().c_str(), me->port, o_.period / 1e3, o_.board.c_str(),
         o_.socket_path.c_str(), o_.replicas,
         static_cast<unsigned long long>(o_.store.memory_limit_bytes >> 20),
         o_.store.spill_dir.empty() ? "" : ", spilling to ", o_.store.spill_dir.c_str());
@@ -416,10 +429,36 @@ class Daemon {
   }
 
   // ---- peers ----
+  // An accept that fails (out of file descriptors: EMFILE/ENFILE) is retried after 100 ms,
+  // logged once per error, rather than at once (which would spin on the loop).
+  template <class Acceptor, class Again>
+  bool accept_failed(const std::error_code& ec, Acceptor& a, Again again, const char* what) {
+    if (!ec) return false;
+    if (ec == asio::error::operation_aborted || !a.is_open()) return true;
+    if (accept_errors_.insert(std::string(what) + ec.message()).second)
+      say("cannot accept a %s connection: %s (retrying every 100 ms)", what, ec.message().c_str());
+    auto t = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
+    t->async_wait([t, again](const std::error_code&) { again(); });
+    return true;
+  }
+  // A connection that has not sent its HELLO within 10 periods (at least 5 s) is closed, so
+  // idle or half-open connections cannot hold file descriptors.
+  template <class C>
+  void hello_deadline(const std::shared_ptr<C>& c) {
+    auto t = std::make_shared<asio::steady_timer>(
+        io_, std::chrono::microseconds(std::max<TimeUs>(10 * o_.period, 5 * kUsPerSec)));
+    std::weak_ptr<C> w = c;
+    t->async_wait([this, t, w](const std::error_code&) {
+      auto c = w.lock();
+      if (c && c->open && c->id < 0) refuse(c, "no HELLO within the deadline");
+    });
+  }
   void accept() {
     acceptor_.async_accept([this](const std::error_code& ec, tcp::socket s) {
-      if (!ec) {
+      if (accept_failed(ec, acceptor_, [this] { accept(); }, "peer")) return;
+      {
         auto in = std::make_shared<PeerConn>(std::move(s));
+        hello_deadline(in);
         read_loop(
             in, kPeerMagic, kPeerVersion,
             [this, in](uint16_t t, uint64_t len) {
@@ -579,8 +618,9 @@ class Daemon {
     const bool was = mem_.alive(id);
     mem_.on_heard(id, now);
     if (!was) {
-      m_.counter(M::kNodesRejoined).inc();
-      say("node %u is back (membership epoch %llu)", id,
+      const bool back = ever_failed_.count(id) != 0;
+      if (back) m_.counter(M::kNodesRejoined).inc();
+      say("node %u is %s (membership epoch %llu)", id, back ? "back" : "up",
           static_cast<unsigned long long>(mem_.epoch()));
     }
   }
@@ -593,7 +633,12 @@ class Daemon {
     if (ec) {  // a name: resolve synchronously once per attempt (peer lists are small)
       tcp::resolver res(io_);
       auto r = res.resolve(spec->host, std::to_string(spec->port), ec);
-      if (ec || r.empty()) return;
+      if (ec || r.empty()) {
+        if (accept_errors_.insert("resolve" + spec->host).second)
+          say("cannot resolve node %u's host '%s': %s (retrying every period)", id,
+              spec->host.c_str(), ec ? ec.message().c_str() : "no address");
+        return;
+      }
       addr = r.begin()->endpoint().address();
     }
     // Frames sent while connecting queue up behind the HELLO; a failed attempt drops them
@@ -1105,8 +1150,10 @@ class Daemon {
   }
   void accept_local() {
     local_.async_accept([this](const std::error_code& ec, ulocal::socket s) {
-      if (!ec) {
+      if (accept_failed(ec, local_, [this] { accept_local(); }, "client")) return;
+      {
         auto c = std::make_shared<ClientConn>(std::move(s));
+        hello_deadline(c);
         clients_.insert(c);
         read_loop(
             c, kClientMagic, kClientVersion,
@@ -1132,6 +1179,17 @@ class Daemon {
                         " (accepted: world 1..65536, rank < world)");
           return false;
         }
+        for (const auto& o : clients_)
+          if (o != c && o->open && o->id == int64_t(b.rank)) {
+            refuse(c, "rank " + std::to_string(b.rank) +
+                          " is already connected to this daemon (one process per rank; a "
+                          "replacement opens after the lost process is gone)");
+            return false;
+          }
+        if (client_world_ && b.world != client_world_)
+          say("client rank %u says the job has %u ranks; earlier clients said %u (steps taken "
+              "from now on have %u ranks)", b.rank, b.world, client_world_, b.world);
+        client_world_ = b.world;
         c->id = b.rank;
         c->world = b.world;
         say("client rank %u of %u (pid %d) connected", b.rank, b.world, b.pid);
@@ -1296,6 +1354,7 @@ class Daemon {
     read_block_file();
     for (uint32_t id : mem_.tick(now)) {
       m_.counter(M::kNodesFailed).inc();
+      ever_failed_.insert(id);
       say("node %u missed 3 heartbeats: declared failed (live: %zu of %zu, membership epoch %llu)",
           id, mem_.live().size(), mem_.configured(), static_cast<unsigned long long>(mem_.epoch()));
       auto it = outs_.find(id);
@@ -1378,7 +1437,9 @@ class Daemon {
     // A new epoch when the membership changed, and also when another node has seen a higher
     // epoch than this coordinator's record (a restarted coordinator starts from nothing): the
     // record must supersede every earlier one, or the others would ignore it.
-    if (live != agreed_members_ || written_epoch_ == 0 || agreed_epoch_ > current_.epoch) {
+    // (current_, not what reached the board: an unwritable board must not bump the epoch
+    // every period.)
+    if (live != agreed_members_ || current_.epoch == 0 || agreed_epoch_ > current_.epoch) {
       agreed_members_ = live;
       agreed_epoch_ = std::max(agreed_epoch_, written_epoch_) + 1;
       current_ = r;
@@ -1394,9 +1455,12 @@ class Daemon {
   void write_board(const board::AgreedRecord& r, const std::string& how) {
     std::string err;
     if (!board::publish_agreed_record(o_.board, r, &err)) {
-      say("cannot publish the agreed record to health board %s: %s", o_.board.c_str(), err.c_str());
+      if (err != board_error_)  // once per distinct error, not every period
+        say("cannot publish the agreed record to health board %s: %s", o_.board.c_str(), err.c_str());
+      board_error_ = err;
       return;
     }
+    board_error_.clear();
     written_epoch_ = r.epoch;
     written_ = r;
     agreed_epoch_ = std::max(agreed_epoch_, r.epoch);
@@ -1436,6 +1500,10 @@ class Daemon {
   std::map<uint32_t, std::shared_ptr<PeerConn>> outs_;
   std::set<std::shared_ptr<ClientConn>> clients_;
   std::set<std::string> refused_;
+  std::set<std::string> accept_errors_;
+  std::set<uint32_t> ever_failed_;  // nodes declared failed at least once ("back" vs "up")
+  std::string board_error_;         // the last health-board error logged
+  uint32_t client_world_ = 0;       // the world size the latest client said
   std::vector<float> gbps_ = std::vector<float>(board::kMaxNodes, 0.0f);
   std::map<uint32_t, std::pair<int64_t, TimeUs>> last_hb_;  // peer -> (its sent_us, received at)
   std::map<uint32_t, int64_t> rtt_us_;
@@ -1480,10 +1548,21 @@ class Daemon {
   asio::thread_pool work_{1};
 };
 
-bool read_text(const std::string& path, std::string* out, std::string* err) {
+// Reads the file named by option `what` (e.g. "--peers"); *err names the option, the path and
+// why (a directory, or the system's reason).
+bool read_text(const char* what, const std::string& path, std::string* out, std::string* err) {
+  struct stat st;
+  if (stat(path.c_str(), &st) != 0) {
+    *err = std::string(what) + " " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    *err = std::string(what) + " " + path + ": not a regular file";
+    return false;
+  }
   std::ifstream f(path, std::ios::binary);
   if (!f) {
-    *err = "cannot read " + path;
+    *err = std::string(what) + " " + path + ": cannot be read";
     return false;
   }
   std::ostringstream ss;
@@ -1535,11 +1614,11 @@ int main(int argc, char** argv) {
     return 2;
   }
   std::string text, err, token;
-  if (!read_text(peers_file, &text, &err) || !parse_peers(text, &o.peers, &err)) {
+  if (!read_text("--peers", peers_file, &text, &err) || !parse_peers(text, &o.peers, &err)) {
     fprintf(stderr, "r2ccl_snapshotd: %s\n", err.c_str());
     return 2;
   }
-  if (!read_text(token_file, &token, &err)) {
+  if (!read_text("--token-file", token_file, &token, &err)) {
     fprintf(stderr, "r2ccl_snapshotd: %s\n", err.c_str());
     return 2;
   }
@@ -1560,11 +1639,36 @@ int main(int argc, char** argv) {
     fprintf(stderr, "r2ccl_snapshotd: --board: %s\n", err.c_str());
     return 2;
   }
-  if (!topo_file.empty() && (!read_text(topo_file, &text, &err) || !parse_topology(text, &o.topology, &err))) {
+  if (!topo_file.empty() &&
+      (!read_text("--topology", topo_file, &text, &err) || !parse_topology(text, &o.topology, &err))) {
     fprintf(stderr, "r2ccl_snapshotd: --topology: %s\n", err.c_str());
     return 2;
   }
+  if (app.count("--socket") && o.socket_path.empty()) {
+    fprintf(stderr, "r2ccl_snapshotd: --socket is empty (accepted: a path; leave the option out "
+                    "for /tmp/r2ccl-snapshotd-BOARD.sock)\n");
+    return 2;
+  }
   if (o.socket_path.empty()) o.socket_path = "/tmp/r2ccl-snapshotd-" + o.board + ".sock";
+  if (!o.socket_group.empty() && !getgrnam(o.socket_group.c_str())) {
+    fprintf(stderr, "r2ccl_snapshotd: --socket-group %s: no such group\n", o.socket_group.c_str());
+    return 2;
+  }
+  if (!spill_dir.empty()) {
+    // The directory itself is created (mode 0700) if missing, its parent must exist: a typo
+    // does not silently create a tree.
+    std::string parent = spill_dir;
+    while (parent.size() > 1 && parent.back() == '/') parent.pop_back();
+    const size_t slash = parent.rfind('/');
+    parent = slash == std::string::npos ? "." : slash == 0 ? "/" : parent.substr(0, slash);
+    struct stat st;
+    if (stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
+      fprintf(stderr, "r2ccl_snapshotd: --spill-dir %s: its parent directory %s does not exist "
+                      "(the spill directory itself is created if missing)\n",
+              spill_dir.c_str(), parent.c_str());
+      return 2;
+    }
+  }
   // The socket is bound as PATH.tmpPID first: room for that suffix too.
   constexpr size_t kMaxSocketPath = sizeof(sockaddr_un::sun_path) - 16;
   if (o.socket_path.size() > kMaxSocketPath) {

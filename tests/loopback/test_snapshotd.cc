@@ -155,3 +155,76 @@ TEST_CASE("snapshotd: membership, a killed node, a wrong token, a rejoin", "[sna
   for (const auto& b : boards) board::remove_board(b);
   board::remove_board(tag + "-bx");
 }
+
+namespace {
+// Runs the daemon with `args` (after --id 0 --peers P --token-file T) until it exits or
+// `ms` passes (then SIGTERM); returns the exit status and fills *log with its stderr.
+int run_daemon(const std::vector<std::string>& args, const std::string& peers,
+               const std::string& token, int ms, std::string* log) {
+  const std::string out = test::temp_path("snapd-run.log");
+  fflush(stdout);
+  fflush(stderr);
+  const pid_t pid = fork();
+  if (pid == 0) {
+    FILE* f = freopen(out.c_str(), "w", stderr);
+    FILE* g = freopen("/dev/null", "w", stdout);
+    (void)f;
+    (void)g;
+    std::vector<std::string> a{"r2ccl_snapshotd", "--id", "0", "--peers", peers, "--token-file", token};
+    a.insert(a.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& x : a) argv.push_back(const_cast<char*>(x.c_str()));
+    argv.push_back(nullptr);
+    execv(daemon_path().c_str(), argv.data());
+    _exit(127);
+  }
+  int st = 0;
+  for (int w = 0; w < ms; w += 20) {
+    if (waitpid(pid, &st, WNOHANG) == pid) {
+      *log = test::read_file(out);
+      return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  kill(pid, SIGTERM);
+  waitpid(pid, &st, 0);
+  *log = test::read_file(out);
+  return -1;  // still running after ms
+}
+}  // namespace
+
+TEST_CASE("snapshotd: bad start-up settings are refused by name; a host name binds its address",
+          "[snapshot]") {
+  const std::string tag = "snapdargs" + std::to_string(getpid());
+  const int port = 27000 + (getpid() % 2000) * 3 + 2;
+  const std::string peers = test::temp_path(tag + "-peers"), token = test::temp_path(tag + "-tok"),
+                    sock = test::temp_path(tag + ".sock");
+  std::ofstream(token) << "job\n";
+  std::string log;
+  {
+    std::ofstream(peers) << "0 127.0.0.1:" << port << "\n";
+  }
+  CHECK(run_daemon({"--socket", sock, "--spill-dir", "/nonexistent-r2ccl/x"}, peers, token, 5000, &log) == 2);
+  CHECK_THAT(log, Catch::Contains("--spill-dir /nonexistent-r2ccl/x: its parent directory"));
+  CHECK(access("/nonexistent-r2ccl", F_OK) != 0);  // nothing created
+  CHECK(run_daemon({"--socket", sock, "--socket-group", "no-such-group-r2ccl"}, peers, token, 5000, &log) == 2);
+  CHECK_THAT(log, Catch::Contains("--socket-group no-such-group-r2ccl: no such group"));
+  CHECK(run_daemon({"--socket", ""}, peers, token, 5000, &log) == 2);
+  CHECK_THAT(log, Catch::Contains("--socket is empty"));
+  CHECK(run_daemon({"--socket", sock}, test::temp_path(tag + "-missing"), token, 5000, &log) == 2);
+  CHECK_THAT(log, Catch::Contains("--peers"));
+  CHECK_THAT(log, Catch::Contains("No such file or directory"));
+  CHECK(run_daemon({"--socket", sock, "--metrics", "203.0.113.1:9"}, peers, token, 5000, &log) == 1);
+  CHECK(access(sock.c_str(), F_OK) != 0);  // a failed start leaves no socket behind
+  // A name in this node's own line: it listens on that name's address, not on every interface.
+  {
+    std::ofstream(peers) << "0 localhost:" << port << "\n";
+  }
+  CHECK(run_daemon({"--socket", sock}, peers, token, 1500, &log) == -1);  // ran until stopped
+  CHECK_THAT(log, Catch::Contains("listening on 127.0.0.1 port") || Catch::Contains("listening on ::1 port"));
+  {
+    std::ofstream(peers) << "0 no-such-host.invalid:" << port << "\n";
+  }
+  CHECK(run_daemon({"--socket", sock}, peers, token, 10000, &log) == 1);
+  CHECK_THAT(log, Catch::Contains("cannot resolve this node's host 'no-such-host.invalid'"));
+}
