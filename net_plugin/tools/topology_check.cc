@@ -13,6 +13,8 @@
 #include <set>
 #include <sstream>
 
+#include "r2ccl/file_util.h"
+
 namespace r2ccl::topo {
 
 using nlohmann::json;
@@ -343,28 +345,15 @@ bool load_dump_file(const std::string& path, NodeDump* out, std::string* err) {
   // A dump is a few KiB; anything past this bound (or not a regular file: a directory,
   // /dev/zero, a FIFO) is not one.
   constexpr size_t kMaxDumpBytes = 16u << 20;
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    *err = path + ": cannot read: " + strerror(errno);
-    return false;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    *err = path + ": not a regular file (expected an r2ccl_topology_check --dump)";
-    return false;
-  }
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    *err = path + ": cannot read: " + strerror(errno);
-    return false;
-  }
-  std::string text;
-  char buf[65536];
-  while (f.read(buf, sizeof(buf)) || f.gcount() > 0) {
-    text.append(buf, static_cast<size_t>(f.gcount()));
-    if (text.size() > kMaxDumpBytes) {
+  std::string text, why;
+  if (!read_regular_file(path, kMaxDumpBytes, &text, &why)) {
+    if (why == "not a regular file")
+      *err = path + ": not a regular file (expected an r2ccl_topology_check --dump)";
+    else if (why.rfind("larger than", 0) == 0)
       *err = path + ": larger than 16 MiB: not an r2ccl_topology_check --dump";
-      return false;
-    }
+    else
+      *err = path + ": cannot read: " + why;
+    return false;
   }
   if (text.find_first_not_of(" \t\r\n") == std::string::npos) {
     *err = path + ": empty file (expected an r2ccl_topology_check --dump)";

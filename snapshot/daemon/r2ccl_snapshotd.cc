@@ -47,6 +47,7 @@
 #include <vector>
 
 #include "r2ccl/clock.h"
+#include "r2ccl/file_util.h"
 #include "r2ccl/health_board.h"
 #include "r2ccl/snapshot/client_wire.h"
 #include "r2ccl/snapshot/cut.h"
@@ -1549,26 +1550,12 @@ class Daemon {
 };
 
 // Reads the file named by option `what` (e.g. "--peers"); *err names the option, the path and
-// why (a directory, or the system's reason).
+// why (not a regular file, too large, or the system's reason).
 bool read_text(const char* what, const std::string& path, std::string* out, std::string* err) {
-  struct stat st;
-  if (stat(path.c_str(), &st) != 0) {
-    *err = std::string(what) + " " + path + ": " + std::strerror(errno);
-    return false;
-  }
-  if (!S_ISREG(st.st_mode)) {
-    *err = std::string(what) + " " + path + ": not a regular file";
-    return false;
-  }
-  std::ifstream f(path, std::ios::binary);
-  if (!f) {
-    *err = std::string(what) + " " + path + ": cannot be read";
-    return false;
-  }
-  std::ostringstream ss;
-  ss << f.rdbuf();
-  *out = ss.str();
-  return true;
+  std::string why;
+  if (read_regular_file(path, 16u << 20, out, &why)) return true;
+  *err = std::string(what) + " " + path + ": " + why;
+  return false;
 }
 
 }  // namespace

@@ -14,6 +14,8 @@
 #include <sstream>
 #include <strings.h>
 
+#include "r2ccl/file_util.h"
+
 namespace r2ccl::tuner {
 namespace {
 
@@ -396,34 +398,19 @@ bool parse_rules(const std::string& text, const std::string& name, RuleSet* out,
 
 bool load_rules_file(const std::string& path, RuleSet* out, std::string* err) {
   // A regular file only: a directory would read as empty, a FIFO would block tuner init (and
-  // so NCCL's communicator creation) forever. O_NONBLOCK keeps the open itself from blocking.
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    if (err) *err = path + ":0:0: cannot open: " + strerror(errno);
-    return false;
-  }
-  struct stat st;
-  if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    if (err) *err = path + ":0:0: not a regular file (R2CCL_TUNER_CONFIG must name a rules file)";
-    return false;
-  }
-  std::string text;
-  char buf[65536];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n == 0) break;
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      const int e = errno;
-      ::close(fd);
-      if (err) *err = path + ":0:0: read error: " + strerror(e);  // never a partial rule set
-      return false;
+  // so NCCL's communicator creation) forever (read_regular_file opens it non-blocking).
+  std::string text, why;
+  if (!read_regular_file(path, kMaxFileBytes, &text, &why)) {
+    if (err) {
+      if (why == "not a regular file")
+        *err = path + ":0:0: not a regular file (R2CCL_TUNER_CONFIG must name a rules file)";
+      else if (why.rfind("larger than", 0) == 0)
+        *err = path + ":0:0: file larger than 1 MiB";
+      else
+        *err = path + ":0:0: " + why;  // never a partial rule set
     }
-    text.append(buf, static_cast<size_t>(n));
-    if (text.size() > kMaxFileBytes) break;
+    return false;
   }
-  ::close(fd);
   return parse_rules(text, path, out, err);
 }
 
