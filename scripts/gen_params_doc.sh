@@ -39,5 +39,29 @@ BUILD=${1:-build}
   echo "- **Hold-down (3 flaps in 10 s, 1 s doubling to 60 s, reset after 60 s stable)**: a flapping"
   echo "  rail would otherwise pull traffic back and forth; it is kept out for growing periods and"
   echo "  still probed, never given up on."
+  cat <<'SNAP'
+
+## The snapshot client's variables (libr2ccl-snapshot)
+
+Read by the snapshot client library, not by the plugins (which leave them alone rather than
+warn about them): at `r2ccl_snap_open()`, or when the recovery functions are called. An invalid
+value fails open with `R2CCL_SNAP_ERR_CONFIG` (the hint keeps its default and says so), naming
+the variable and the accepted form. See snapshot/README.md.
+
+| variable | default | accepted | meaning |
+|---|---|---|---|
+| `R2CCL_SNAPSHOT_SOCKET` | `/tmp/r2ccl-snapshotd-<R2CCL_HEALTH_BOARD>.sock` | a path | the node's `r2ccl_snapshotd` client socket when `r2ccl_snap_open()` gets NULL |
+| `R2CCL_HEALTH_BOARD` | `default` | a board name | also names the default socket (same variable as the plugins') |
+| `R2CCL_SNAPSHOT_INTERVAL` | `1` | 1..1000000000 | take() snapshots steps that are multiples of N, skips the others |
+| `R2CCL_SNAPSHOT_BASE_EVERY` | `8` | 1..1000000 | a full base every K snapshots per buffer, deltas between |
+| `R2CCL_RECOVERY_LR_FACTOR` | `0.8` | a number in (0, 1] | post-recovery learning-rate factor (1 disables the hint) |
+| `R2CCL_RECOVERY_LR_STEPS` | `3` | 0..1000 | steps after a recovery the factor applies to |
+| `R2CCL_NCCL_LIBRARY` | `libnccl.so.2` | a path or a name for dlopen | the NCCL that `r2ccl_snap_rebuild_comm()` loads when given no function table |
+| `R2CCL_SNAPSHOT_LIB` | next to the module, the install tree, the build tree | a path | where the Python binding finds libr2ccl-snapshot.so |
+| `R2CCL_PG_HOST` | the host name's address | an address | the address `reinit_process_group()` publishes for a new torch rendezvous |
+
+Test hooks of `r2ccl_snapshotd` (tests only): `R2CCL_SNAPD_TEST_EXIT_AFTER_SHARDS=STEP:N`,
+`R2CCL_SNAPD_TEST_BLOCK_FILE=PATH` (snapshot/README.md).
+SNAP
 } > docs/PARAMETERS.md
 echo "wrote docs/PARAMETERS.md"
