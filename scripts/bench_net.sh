@@ -1079,7 +1079,8 @@ fault_rows_lab() {
   wait $lp
   traffic_check "$d" "fault series"
   local target lim res r notback
-  notback=$(wc -l <"$d/not-back.txt" 2>/dev/null || echo 0)
+  notback=0  # the file exists only when some rail did not come back
+  [ -f "$d/not-back.txt" ] && notback=$(wc -l <"$d/not-back.txt")
   local rec=""
   for kind in link-down far-down blackhole; do
     r=$(H faults "$d" "$kind" | tr '\n' ' ')
