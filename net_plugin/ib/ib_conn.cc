@@ -763,13 +763,14 @@ void IbConn::flush_ctrl(TimeUs now) {
 // ------------------------------------------------------------------------------------------
 // Completions
 
-void IbConn::poll_path(Path& p, TimeUs now) {
+void IbConn::poll_path(Path& p, TimeUs now, bool successes_only) {
   if (!p.cq) return;
   ibv_wc wc[kPollBatch];
   for (int round = 0; round < 8; ++round) {
     int n = ibv_poll_cq(p.cq, kPollBatch, wc);
     if (n <= 0) return;
     for (int i = 0; i < n; ++i) {
+      if (successes_only && wc[i].status != IBV_WC_SUCCESS) continue;
       if (wc[i].wr_id & kRecvWrFlag) on_recv_wc(p, wc[i], now);
       else on_send_wc(p, wc[i], now);
       if (!p.cq) return;  // destroyed by a rebuild triggered from a control message
@@ -1368,7 +1369,12 @@ void IbConn::progress(TimeUs now) {
   if (stage_ != 10 || gave_up_) return;
   read_side_channel(now);
   if (peer_closed_) {
-    // The peer closed on purpose (BYE), or gave up: what is still pending here cannot finish.
+    // The peer closed on purpose (BYE), or gave up. Completions already in the CQs still
+    // count: a receive whose data landed before the BYE was read completes (the sender saw
+    // it acknowledged and closed). What is still pending a second later cannot finish.
+    if (!active_.empty() && !gave_up_)
+      for (auto& p : paths_) poll_path(p, now, true);
+    if (gave_up_) return;
     if (!active_.empty() && now - bye_at_ > kUsPerSec && error_ == Status::kOk) {
       error_ = Status::kRemote;
       log_event("give-up: %s connection on device %d: the peer closed the connection (BYE) with "

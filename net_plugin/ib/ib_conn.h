@@ -204,7 +204,9 @@ class IbConn {
   void post_recv_slot(Path& p, int q, int k);
   // data path
   int alloc_wr();
-  void poll_path(Path& p, TimeUs now);
+  // successes_only: after the peer's BYE, take what already landed and ignore the errors of
+  // its teardown.
+  void poll_path(Path& p, TimeUs now, bool successes_only = false);
   void on_send_wc(Path& p, const ibv_wc& wc, TimeUs now);
   void on_recv_wc(Path& p, const ibv_wc& wc, TimeUs now);
   void on_chunk(Path& p, uint32_t imm, uint32_t len, TimeUs now);
