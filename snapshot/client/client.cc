@@ -2,7 +2,6 @@
 // exception firewall. Every exported function catches everything; the message of a failed call
 // goes to the calling thread's last-error string.
 #include <cmath>
-#include <cstdio>
 #include <cstring>
 #include <exception>
 #include <new>
@@ -10,6 +9,7 @@
 
 #include "client_impl.h"
 #include "r2ccl/snapshot/comm_rebuild.h"
+#include "r2ccl/snapshot/log.h"
 #include "r2ccl/snapshot/recovery.h"
 #include "r2ccl/snapshot_client.h"
 
@@ -279,7 +279,12 @@ R2CCL_SNAP_API int r2ccl_snap_log_recovered(const char* lost_nodes, int n_phases
     std::vector<std::string> nodes;
     if (lost_nodes && *lost_nodes) nodes.push_back(lost_nodes);
     const std::string line = r2ccl::snap::format_recovered_line(total, nodes, phases);
-    fprintf(stderr, "%s\n", line.c_str());
+    // An event of the facade: "[SEC.USEC] [R2CCL] Successfully recovered in ..." on the event
+    // sink, the stamp and tag the net plugin's recovery lines have (the facade adds the tag).
+    constexpr char kTag[] = "[R2CCL] ";
+    const bool tagged = line.compare(0, sizeof(kTag) - 1, kTag) == 0;
+    r2ccl::log_event(r2ccl::Component::kSnapshot, "%s",
+                     line.c_str() + (tagged ? sizeof(kTag) - 1 : 0));
     if (buf) {
       if (cap < line.size() + 1)
         return Status{R2CCL_SNAP_ERR_TOO_SMALL, "log_recovered: the line has " +

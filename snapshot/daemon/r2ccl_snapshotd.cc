@@ -31,7 +31,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <cerrno>
 #include <cstring>
@@ -52,6 +51,7 @@
 #include "r2ccl/snapshot/client_wire.h"
 #include "r2ccl/snapshot/cut.h"
 #include "r2ccl/snapshot/holdings.h"
+#include "r2ccl/snapshot/log.h"
 #include "r2ccl/snapshot/membership.h"
 #include "r2ccl/snapshot/metrics.h"
 #include "r2ccl/snapshot/metrics_http.h"
@@ -65,17 +65,6 @@ using namespace r2ccl::snap;
 namespace M = r2ccl::snap::metrics;
 
 namespace {
-
-// One line on stderr, stamped with CLOCK_MONOTONIC seconds (the plugins' event-line clock).
-void say(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
-void say(const char* fmt, ...) {
-  char buf[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(buf, sizeof(buf), fmt, ap);
-  va_end(ap);
-  fprintf(stderr, "[%.6f] [r2ccl_snapshotd] %s\n", now_us() / 1e6, buf);
-}
 
 bool token_equal(const uint8_t* a, const uint8_t* b, size_t n) {
   uint8_t d = 0;
@@ -207,10 +196,10 @@ class Daemon {
     std::string err;
     OpenReport rep;
     if (store_.open(&rep, &err) != StoreStatus::kOk) {
-      say("cannot open the shard store: %s", err.c_str());
+      SNAP_WARN("cannot open the shard store: %s", err.c_str());
       return 1;
     }
-    for (const auto& s : rep.skipped) say("spill directory: skipped %s", s.c_str());
+    for (const auto& s : rep.skipped) SNAP_WARN("spill directory: skipped %s", s.c_str());
     reload_index();
     const PeerSpec* me = find(o_.self);
     std::error_code ec;
@@ -220,8 +209,8 @@ class Daemon {
       tcp::resolver res(io_);
       auto r = res.resolve(me->host, std::to_string(me->port), ec);
       if (ec || r.empty()) {
-        say("cannot resolve this node's host '%s' (peer list line of node %u): %s", me->host.c_str(),
-            o_.self, ec ? ec.message().c_str() : "no address");
+        SNAP_WARN("cannot resolve this node's host '%s' (peer list line of node %u): %s",
+                  me->host.c_str(), o_.self, ec ? ec.message().c_str() : "no address");
         return 1;
       }
       ep = r.begin()->endpoint();
@@ -231,32 +220,33 @@ class Daemon {
     if (!ec) acceptor_.bind(ep, ec);
     if (!ec) acceptor_.listen(64, ec);
     if (ec) {
-      say("cannot listen on %s:%u: %s", me->host.c_str(), me->port, ec.message().c_str());
+      SNAP_WARN("cannot listen on %s:%u: %s", me->host.c_str(), me->port, ec.message().c_str());
       return 1;
     }
     if (!open_local(&err)) {
-      say("%s", err.c_str());
+      SNAP_WARN("%s", err.c_str());
       return 1;
     }
     if (!o_.metrics_addr.empty()) {
       http_ = std::make_unique<M::HttpServer>(io_, [this] { return metrics_page(); });
       if (!http_->listen(o_.metrics_addr, &err)) {
-        say("--metrics: %s", err.c_str());
+        SNAP_WARN("--metrics: %s", err.c_str());
         ::unlink(o_.socket_path.c_str());
         return 1;
       }
-      say("Prometheus metrics on http://%s:%u/metrics (port %u)",
-          http_->endpoint().address().to_string().c_str(), http_->port(), http_->port());
+      SNAP_INFO("Prometheus metrics on http://%s:%u/metrics (port %u)",
+                http_->endpoint().address().to_string().c_str(), http_->port(), http_->port());
     }
-    say("node %u of %zu listening on %s port %u, heartbeat every %.0f ms, board %s, clients on %s, "
+    SNAP_INFO(
+        "node %u of %zu listening on %s port %u, heartbeat every %.0f ms, board %s, clients on %s, "
         "%u replicas per shard, shards in memory up to %llu MiB%s%s",
-        o_.self, o_.peers.size(), ep.address().to_string().c_str(), me->port, o_.period / 1e3, o_.board.c_str(),
-        o_.socket_path.c_str(), o_.replicas,
+        o_.self, o_.peers.size(), ep.address().to_string().c_str(), me->port, o_.period / 1e3,
+        o_.board.c_str(), o_.socket_path.c_str(), o_.replicas,
         static_cast<unsigned long long>(o_.store.memory_limit_bytes >> 20),
         o_.store.spill_dir.empty() ? "" : ", spilling to ", o_.store.spill_dir.c_str());
     if (holdings_.size())
-      say("serving %zu shards from the spill directory (newest step %llu)", holdings_.size(),
-          static_cast<unsigned long long>(holdings_.newest_step()));
+      SNAP_INFO("serving %zu shards from the spill directory (newest step %llu)", holdings_.size(),
+                static_cast<unsigned long long>(holdings_.newest_step()));
     for (const auto& p : o_.peers)
       if (p.id != o_.self) {
         outs_[p.id] = std::make_shared<PeerConn>(tcp::socket(io_));
@@ -265,14 +255,14 @@ class Daemon {
     accept();
     accept_local();
     signals_.async_wait([this](const std::error_code&, int sig) {
-      say("signal %d: exiting", sig);
+      SNAP_INFO("signal %d: exiting", sig);
       io_.stop();
     });
     tick();
     io_.run();
     work_.join();  // what it still stores lands in the store before it is closed
     std::string e2;
-    if (store_.close(&e2) != StoreStatus::kOk) say("closing the shard store: %s", e2.c_str());
+    if (store_.close(&e2) != StoreStatus::kOk) SNAP_WARN("closing the shard store: %s", e2.c_str());
     save_index();
     ::unlink(o_.socket_path.c_str());
     return 0;
@@ -302,7 +292,9 @@ class Daemon {
       c->latest[h.type] = std::move(f);
     } else {
       if (c->queued_bytes + f->size() > o_.queue_limit) {
-        if (c->dropped++ == 0) say("send queue over %llu bytes: dropping frames", (unsigned long long)o_.queue_limit);
+        if (c->dropped++ == 0)
+          SNAP_WARN("send queue over %llu bytes: dropping frames",
+                    (unsigned long long)o_.queue_limit);
         return false;
       }
       c->queued_bytes += f->size();
@@ -424,8 +416,8 @@ class Daemon {
     const std::string key = who.substr(0, who.rfind(':')) + why;
     if constexpr (std::is_same_v<C, PeerConn>) m_.counter(M::kPeersRefused).inc();
     if (refused_.insert(key).second)  // once per address and reason
-      say("refused a %s connection from %s: %s",
-          std::is_same_v<C, PeerConn> ? "peer" : "client", who.c_str(), why.c_str());
+      SNAP_WARN("refused a %s connection from %s: %s",
+                std::is_same_v<C, PeerConn> ? "peer" : "client", who.c_str(), why.c_str());
     close_conn(c);
   }
 
@@ -437,7 +429,8 @@ class Daemon {
     if (!ec) return false;
     if (ec == asio::error::operation_aborted || !a.is_open()) return true;
     if (accept_errors_.insert(std::string(what) + ec.message()).second)
-      say("cannot accept a %s connection: %s (retrying every 100 ms)", what, ec.message().c_str());
+      SNAP_WARN("cannot accept a %s connection: %s (retrying every 100 ms)", what,
+                ec.message().c_str());
     auto t = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(100));
     t->async_wait([t, again](const std::error_code&) { again(); });
     return true;
@@ -621,8 +614,8 @@ class Daemon {
     if (!was) {
       const bool back = ever_failed_.count(id) != 0;
       if (back) m_.counter(M::kNodesRejoined).inc();
-      say("node %u is %s (membership epoch %llu)", id, back ? "back" : "up",
-          static_cast<unsigned long long>(mem_.epoch()));
+      SNAP_INFO("node %u is %s (membership epoch %llu)", id, back ? "back" : "up",
+                static_cast<unsigned long long>(mem_.epoch()));
     }
   }
 
@@ -636,8 +629,8 @@ class Daemon {
       auto r = res.resolve(spec->host, std::to_string(spec->port), ec);
       if (ec || r.empty()) {
         if (accept_errors_.insert("resolve" + spec->host).second)
-          say("cannot resolve node %u's host '%s': %s (retrying every period)", id,
-              spec->host.c_str(), ec ? ec.message().c_str() : "no address");
+          SNAP_WARN("cannot resolve node %u's host '%s': %s (retrying every period)", id,
+                    spec->host.c_str(), ec ? ec.message().c_str() : "no address");
         return;
       }
       addr = r.begin()->endpoint().address();
@@ -688,8 +681,8 @@ class Daemon {
   void after_store(const ShardMeta& m, StoreStatus st, const std::string& err, const char* as) {
     const ShardKey k{m.rank, m.step, m.buffer};
     if (st != StoreStatus::kOk) {
-      say("cannot hold the %s shard %s: %s (%s)", as, to_string(k).c_str(), store_status_name(st),
-          err.c_str());
+      SNAP_WARN("cannot hold the %s shard %s: %s (%s)", as, to_string(k).c_str(),
+                store_status_name(st), err.c_str());
       holdings_.remove(k);
       return;
     }
@@ -728,8 +721,9 @@ class Daemon {
     if (exit_after_ && m.step == exit_step_ && ++exit_count_ >= exit_after_) {
       // Test hook (R2CCL_SNAPD_TEST_EXIT_AFTER_SHARDS=STEP:N): the node dies after N shards of
       // STEP went to its replicas, before the step's round can complete.
-      say("test hook: exiting after %llu shards of step %llu were sent to replicas",
-          static_cast<unsigned long long>(exit_count_), static_cast<unsigned long long>(exit_step_));
+      SNAP_INFO("test hook: exiting after %llu shards of step %llu were sent to replicas",
+                static_cast<unsigned long long>(exit_count_),
+                static_cast<unsigned long long>(exit_step_));
       dying_ = true;
       auto t = std::make_shared<asio::steady_timer>(io_, std::chrono::milliseconds(300));
       t->async_wait([t](const std::error_code&) { _exit(3); });
@@ -875,7 +869,7 @@ class Daemon {
         cut_ = CutTracker(o_.replicas);
         if (world_) cut_.set_ranks(world_);
         round_.reset();
-        say("consistent cuts: rebuilding the view from every live node's holdings");
+        SNAP_INFO("consistent cuts: rebuilding the view from every live node's holdings");
       }
       cut_owned_ = true;
       cut_epoch_ = current_.epoch;
@@ -900,8 +894,8 @@ class Daemon {
       if (!st.complete) {
         std::string miss;
         for (uint32_t r : cut_.missing(round_->step)) miss += (miss.empty() ? "" : ",") + std::to_string(r);
-        say("round %u: step %llu incomplete (ranks without a live replica: {%s})", round_->id,
-            static_cast<unsigned long long>(round_->step), miss.c_str());
+        SNAP_INFO("round %u: step %llu incomplete (ranks without a live replica: {%s})", round_->id,
+                  static_cast<unsigned long long>(round_->step), miss.c_str());
       }
       round_.reset();
     }
@@ -929,8 +923,8 @@ class Daemon {
     if (step == complete_) return;
     const std::optional<uint64_t> before = complete_;
     complete_ = step;
-    say("newest complete step: %s%s", step ? std::to_string(*step).c_str() : "none",
-        before && step && *step < *before ? " (fell back: a replica was lost)" : "");
+    SNAP_INFO("newest complete step: %s%s", step ? std::to_string(*step).c_str() : "none",
+              before && step && *step < *before ? " (fell back: a replica was lost)" : "");
     if (step) {
       m_.gauge(M::kNewestCompleteStep).set(double(*step));
       // Replication lag: from the last shard of a step of this node's ranks arriving here to
@@ -992,8 +986,8 @@ class Daemon {
                [this, out, done, refusal](std::vector<Frame> frames, StoreStatus st, ShardKey bad,
                                           std::string err) {
                  if (st != StoreStatus::kOk) {
-                   say("cannot serve %s: %s (%s)", to_string(bad).c_str(), store_status_name(st),
-                       err.c_str());
+                   SNAP_WARN("cannot serve %s: %s (%s)", to_string(bad).c_str(),
+                             store_status_name(st), err.c_str());
                    if (st == StoreStatus::kCorrupt || st == StoreStatus::kNotFound) holdings_.remove(bad);
                    out(refusal(st == StoreStatus::kCorrupt ? FetchStatus::kCorrupt : FetchStatus::kNotHeld));
                    if (done) done(false);
@@ -1049,8 +1043,8 @@ class Daemon {
       FetchedHead h{pf.client_request, uint32_t(FetchStatus::kNotHeld), 0, 0, 0};
       if (auto c = pf.client.lock())
         send(c, make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), &h, sizeof(h)), false);
-      say("restore of rank %u buffer %u step %llu: no live node holds its chain", pf.want.rank,
-          pf.want.buffer, static_cast<unsigned long long>(pf.want.step));
+      SNAP_WARN("restore of rank %u buffer %u step %llu: no live node holds its chain",
+                pf.want.rank, pf.want.buffer, static_cast<unsigned long long>(pf.want.step));
       fetches_.erase(pf.id);
       return;
     }
@@ -1067,7 +1061,8 @@ class Daemon {
     if (it == fetches_.end() || it->second.asked != peer) return;
     PendingFetch& pf = it->second;
     if (h.status != uint32_t(FetchStatus::kOk)) {
-      say("restore of rank %u buffer %u step %llu: node %u answered %s; asking the next replica",
+      SNAP_WARN(
+          "restore of rank %u buffer %u step %llu: node %u answered %s; asking the next replica",
           pf.want.rank, pf.want.buffer, static_cast<unsigned long long>(pf.want.step), peer,
           h.status == uint32_t(FetchStatus::kCorrupt) ? "corrupt (checksum)" : "not held");
       return ask_next(pf);
@@ -1078,8 +1073,10 @@ class Daemon {
     const size_t pn = body.size() - sizeof(h) - sizeof(m);
     if (h.index != pf.frames.size() || h.count == 0 || h.index >= h.count || m.rank != pf.want.rank ||
         m.buffer != pf.want.buffer || m.payload_bytes != pn || shard_crc32(pay, pn) != m.crc) {
-      say("restore of rank %u buffer %u step %llu: node %u sent a bad or corrupt shard; asking the "
-          "next replica", pf.want.rank, pf.want.buffer, static_cast<unsigned long long>(pf.want.step), peer);
+      SNAP_WARN(
+          "restore of rank %u buffer %u step %llu: node %u sent a bad or corrupt shard; asking the "
+          "next replica",
+          pf.want.rank, pf.want.buffer, static_cast<unsigned long long>(pf.want.step), peer);
       return ask_next(pf);
     }
     pf.frames.push_back(body);
@@ -1188,12 +1185,14 @@ class Daemon {
             return false;
           }
         if (client_world_ && b.world != client_world_)
-          say("client rank %u says the job has %u ranks; earlier clients said %u (steps taken "
-              "from now on have %u ranks)", b.rank, b.world, client_world_, b.world);
+          SNAP_WARN(
+              "client rank %u says the job has %u ranks; earlier clients said %u (steps taken "
+              "from now on have %u ranks)",
+              b.rank, b.world, client_world_, b.world);
         client_world_ = b.world;
         c->id = b.rank;
         c->world = b.world;
-        say("client rank %u of %u (pid %d) connected", b.rank, b.world, b.pid);
+        SNAP_INFO("client rank %u of %u (pid %d) connected", b.rank, b.world, b.pid);
         send(c, client_frame(ClientMsg::kState, state_body()), false);
         return true;
       }
@@ -1330,7 +1329,8 @@ class Daemon {
       }
       holdings_.add(m);
     }
-    if (bad) say("index %s: %zu entries without a valid shard were ignored", path.c_str(), bad);
+    if (bad)
+      SNAP_WARN("index %s: %zu entries without a valid shard were ignored", path.c_str(), bad);
   }
   void save_index() {
     const std::string path = index_path();
@@ -1341,11 +1341,11 @@ class Daemon {
       for (const ShardMeta& m : holdings_.all())
         f.write(reinterpret_cast<const char*>(&m), sizeof(m));
       if (!f) {
-        say("cannot write %s", tmp.c_str());
+        SNAP_WARN("cannot write %s", tmp.c_str());
         return;
       }
     }
-    if (std::rename(tmp.c_str(), path.c_str()) != 0) say("cannot rename %s", tmp.c_str());
+    if (std::rename(tmp.c_str(), path.c_str()) != 0) SNAP_WARN("cannot rename %s", tmp.c_str());
     index_dirty_ = false;
   }
 
@@ -1356,7 +1356,8 @@ class Daemon {
     for (uint32_t id : mem_.tick(now)) {
       m_.counter(M::kNodesFailed).inc();
       ever_failed_.insert(id);
-      say("node %u missed 3 heartbeats: declared failed (live: %zu of %zu, membership epoch %llu)",
+      SNAP_WARN(
+          "node %u missed 3 heartbeats: declared failed (live: %zu of %zu, membership epoch %llu)",
           id, mem_.live().size(), mem_.configured(), static_cast<unsigned long long>(mem_.epoch()));
       auto it = outs_.find(id);
       if (it != outs_.end()) close_conn(it->second);
@@ -1385,9 +1386,9 @@ class Daemon {
     const bool acts = mem_.acts_as_coordinator();
     if (acts != acting_) {
       acting_ = acts;
-      say(acts ? "coordinator: lowest live id with a majority (%zu of %zu live)"
-               : "not acting as coordinator (%zu of %zu live)",
-          mem_.live().size(), mem_.configured());
+      SNAP_INFO(acts ? "coordinator: lowest live id with a majority (%zu of %zu live)"
+                     : "not acting as coordinator (%zu of %zu live)",
+                mem_.live().size(), mem_.configured());
       if (!acts) cut_owned_ = false;
     }
     if (acts) {
@@ -1424,7 +1425,7 @@ class Daemon {
     if (b != blocked_) {
       std::string s;
       for (uint32_t x : b) s += (s.empty() ? "" : ",") + std::to_string(x);
-      say("test hook: dropping all traffic with nodes {%s}", s.c_str());
+      SNAP_INFO("test hook: dropping all traffic with nodes {%s}", s.c_str());
       blocked_ = b;
       for (uint32_t x : b) {
         auto it = outs_.find(x);
@@ -1457,7 +1458,8 @@ class Daemon {
     std::string err;
     if (!board::publish_agreed_record(o_.board, r, &err)) {
       if (err != board_error_)  // once per distinct error, not every period
-        say("cannot publish the agreed record to health board %s: %s", o_.board.c_str(), err.c_str());
+        SNAP_WARN("cannot publish the agreed record to health board %s: %s", o_.board.c_str(),
+                  err.c_str());
       board_error_ = err;
       return;
     }
@@ -1469,8 +1471,9 @@ class Daemon {
     for (uint32_t id = 0; id < r.n_nodes && id < static_cast<uint32_t>(board::kMaxNodes); ++id)
       if (r.members[id / 64] & (1ULL << (id % 64)))
         members += (members.empty() ? "" : ",") + std::to_string(id);
-    say("agreed record epoch %llu, members {%s} written to board %s (%s)",
-        static_cast<unsigned long long>(r.epoch), members.c_str(), o_.board.c_str(), how.c_str());
+    SNAP_INFO("agreed record epoch %llu, members {%s} written to board %s (%s)",
+              static_cast<unsigned long long>(r.epoch), members.c_str(), o_.board.c_str(),
+              how.c_str());
     push_state();
   }
   // This node's usable network bandwidth (GB/s): the rails its net plugins publish as up, once
@@ -1562,6 +1565,10 @@ bool read_text(const char* what, const std::string& path, std::string* out, std:
 
 int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
+  // The daemon's stderr is its log: SNAP_WARN/SNAP_INFO lines stamped with CLOCK_MONOTONIC
+  // seconds (the plugins' event-line clock), INFO always shown. Usage errors below stay plain
+  // "r2ccl_snapshotd: ..." messages, like CLI11's.
+  set_stderr_options(true, NCCL_LOG_INFO);
   Options o;
   uint32_t id = 0;
   std::string peers_file, token_file, topo_file, spill_dir;

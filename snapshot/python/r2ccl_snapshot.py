@@ -387,7 +387,8 @@ def recovery_hint():
 
 def log_recovered(lost_nodes, phases):
     """Logs and returns "[R2CCL] Successfully recovered in X s (node loss: NODES; P S s, ...)":
-    lost_nodes a list of node ids (or names), phases a list of (name, seconds); X is their sum."""
+    lost_nodes a list of node ids (or names), phases a list of (name, seconds); X is their sum.
+    The line on stderr is stamped like every r2ccl event line: "[SEC.USEC] [R2CCL] ..."."""
     lib = load_library()
     nodes = ",".join(str(n) for n in lost_nodes).encode()
     names = (ctypes.c_char_p * max(1, len(phases)))(*[str(n).encode() for n, _ in phases])

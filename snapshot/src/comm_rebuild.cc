@@ -7,7 +7,7 @@
 #include <cstdlib>
 #include <set>
 
-#include "r2ccl/log.h"
+#include "r2ccl/snapshot/log.h"
 
 namespace r2ccl::snap {
 
@@ -116,11 +116,11 @@ std::unique_ptr<NcclLibrary> NcclLibrary::from_resolver(const Resolver& resolve,
     return nullptr;
   }
   lib->version_ = v;
-  R2CCL_INFO(NCCL_INIT, "snapshot rebuild: NCCL %s from %s, ncclCommShrink %s",
-             nccl_version_string(v).c_str(), label.c_str(),
-             lib->has_shrink() ? "available"
-                               : (lib->shrink_ ? "present but the version is below 2.27"
-                                               : "absent (re-init only)"));
+  SNAP_INFO("snapshot rebuild: NCCL %s from %s, ncclCommShrink %s",
+            nccl_version_string(v).c_str(), label.c_str(),
+            lib->has_shrink() ? "available"
+                              : (lib->shrink_ ? "present but the version is below 2.27"
+                                              : "absent (re-init only)"));
   return lib;
 }
 
@@ -316,7 +316,7 @@ void release_parent(CommOps& ops, void* comm, bool destroy, std::string* note) {
   if (r != ncclSuccess) {
     std::string m = nccl_failure(ops, destroy ? "ncclCommDestroy" : "ncclCommAbort", r) +
                     " on the old communicator";
-    R2CCL_WARN("snapshot rebuild: %s", m.c_str());
+    SNAP_WARN("snapshot rebuild: %s", m.c_str());
     if (!note->empty()) *note += "; ";
     *note += m;
   }
@@ -381,15 +381,15 @@ RebuildStatus rebuild_communicator(CommOps& ops, const RebuildPlan& plan, int ol
       release_parent(ops, old_comm, !(plan.shrink_flags & kNcclShrinkAbort), &o.note);
       o.comm = child;
       o.mode = RebuildMode::kShrink;
-      R2CCL_INFO(NCCL_INIT, "snapshot rebuild: shrink done, lost ranks %s, old rank %d -> %d of %d",
-                 lost_s.c_str(), old_rank, o.rank, o.nranks);
+      SNAP_INFO("snapshot rebuild: shrink done, lost ranks %s, old rank %d -> %d of %d",
+                lost_s.c_str(), old_rank, o.rank, o.nranks);
       *out = std::move(o);
       return RebuildStatus::kOk;
     }
     const std::string why = ops.has_shrink()
                                 ? nccl_failure(ops, "ncclCommShrink", r)
                                 : std::string("ncclCommShrink is not available in this NCCL");
-    R2CCL_WARN(
+    SNAP_WARN(
         "snapshot rebuild: %s on old rank %d (lost ranks %s); falling back to abort + "
         "re-init under %s",
         why.c_str(), old_rank, lost_s.c_str(), rebuild_id_key(opt.epoch, true).c_str());
@@ -416,10 +416,9 @@ RebuildStatus rebuild_communicator(CommOps& ops, const RebuildPlan& plan, int ol
   if (s != RebuildStatus::kOk) return s;
   o.comm = c;
   o.mode = RebuildMode::kReinit;
-  R2CCL_INFO(NCCL_INIT,
-             "snapshot rebuild: re-init done (%s), lost ranks %s, old rank %d%s -> %d of %d",
-             plan.reason.c_str(), lost_s.c_str(), old_rank, replacement ? " (replacement)" : "",
-             o.rank, o.nranks);
+  SNAP_INFO("snapshot rebuild: re-init done (%s), lost ranks %s, old rank %d%s -> %d of %d",
+            plan.reason.c_str(), lost_s.c_str(), old_rank, replacement ? " (replacement)" : "",
+            o.rank, o.nranks);
   *out = std::move(o);
   return RebuildStatus::kOk;
 }

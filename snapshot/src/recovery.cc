@@ -5,7 +5,7 @@
 #include <cstdio>
 #include <cstdlib>
 
-#include "r2ccl/log.h"
+#include "r2ccl/snapshot/log.h"
 
 #include "text.h"
 
@@ -83,7 +83,7 @@ RecoveryHint recovery_hint_from_env(std::vector<std::string>* errors, const GetE
   };
   RecoveryHint h;
   auto report = [&](const std::string& e) {
-    R2CCL_WARN("snapshot: %s", e.c_str());
+    SNAP_WARN("recovery hint: %s", e.c_str());
     if (errors) errors->push_back(e);
   };
   if (const char* f = get(kRecoveryLrFactorEnv); f && *f) {

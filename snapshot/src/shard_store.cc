@@ -22,7 +22,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "r2ccl/log.h"
+#include "r2ccl/snapshot/log.h"
 
 namespace r2ccl::snap {
 namespace {
@@ -212,7 +212,7 @@ ShardStore::ShardStore(StoreConfig cfg) : cfg_(std::move(cfg)) {}
 ShardStore::~ShardStore() {
   std::string err;
   if (close(&err) != StoreStatus::kOk) {
-    R2CCL_WARN("snapshot store: closing %s: %s", cfg_.spill_dir.c_str(), err.c_str());
+    SNAP_WARN("snapshot store: closing %s: %s", cfg_.spill_dir.c_str(), err.c_str());
   }
 }
 
@@ -289,7 +289,7 @@ StoreStatus ShardStore::open(OpenReport* report, std::string* err) {
   std::sort(names.begin(), names.end());
   auto skip = [&](const std::string& msg) {
     std::string m = "snapshot store: " + dir + "/" + msg;
-    R2CCL_WARN("%s", m.c_str());
+    SNAP_WARN("%s", m.c_str());
     rep.skipped.push_back(m);
     ++stats_.files_skipped;
   };
@@ -360,8 +360,8 @@ StoreStatus ShardStore::open(OpenReport* report, std::string* err) {
   lock_fd_ = lfd;
   state_ = State::kOpen;
   if (rep.indexed > 0 || !rep.skipped.empty()) {
-    R2CCL_INFO(NCCL_INIT, "snapshot store: %s: %" PRIu64 " spilled shards indexed, %zu files "
-               "skipped", dir.c_str(), rep.indexed, rep.skipped.size());
+    SNAP_INFO("snapshot store: %s: %" PRIu64 " spilled shards indexed, %zu files "
+              "skipped", dir.c_str(), rep.indexed, rep.skipped.size());
   }
   if (report) *report = std::move(rep);
   return StoreStatus::kOk;
@@ -443,8 +443,8 @@ void ShardStore::drop_locked(std::map<ShardKey, Entry>::iterator it) {
       // removed by mistake.
       if (dir_fd_ >= 0 && unlinkat(dir_fd_, file_name(it->first).c_str(), 0) != 0 &&
           errno != ENOENT) {
-        R2CCL_WARN("snapshot store: cannot remove %s: %s", spill_path(it->first).c_str(),
-                   strerror(errno));
+        SNAP_WARN("snapshot store: cannot remove %s: %s", spill_path(it->first).c_str(),
+                  strerror(errno));
       }
       stats_.spilled_bytes -= e.info.size;
       --stats_.shards_spilled;
@@ -506,15 +506,15 @@ bool ShardStore::spill(std::vector<Victim>* victims, std::string* err) {
       e.lru = lru_.insert(lru_.end(), v.key);
       ++stats_.spill_failures;
       all_ok = false;
-      R2CCL_WARN("snapshot store: cannot spill shard %s to %s: %s", to_string(v.key).c_str(),
-                 cfg_.spill_dir.c_str(), why.c_str());
+      SNAP_WARN("snapshot store: cannot spill shard %s to %s: %s", to_string(v.key).c_str(),
+                cfg_.spill_dir.c_str(), why.c_str());
       if (err) *err = "shard " + to_string(v.key) + ": " + why;
     }
     v.bytes.reset();
   }
   if (renamed && fsync(dir_fd_) != 0) {
-    R2CCL_WARN("snapshot store: fsync %s: %s (spilled shards may not survive a crash)",
-               cfg_.spill_dir.c_str(), strerror(errno));
+    SNAP_WARN("snapshot store: fsync %s: %s (spilled shards may not survive a crash)",
+              cfg_.spill_dir.c_str(), strerror(errno));
   }
   return all_ok;
 }
@@ -557,7 +557,7 @@ StoreStatus ShardStore::put(const ShardKey& key, uint64_t base_step, uint32_t cr
              "snapshot store: shard %s refused: CRC 0x%08" PRIx32 " of its %" PRIu64
              " bytes, sender said 0x%08" PRIx32 " (the sender's copy is bad)",
              to_string(key).c_str(), got, size, crc);
-    R2CCL_WARN("%s", msg);
+    SNAP_WARN("%s", msg);
     if (err) *err = msg;
     std::lock_guard<std::mutex> lk(mu_);
     ++stats_.crc_failures_put;
@@ -652,8 +652,8 @@ void ShardStore::mark_corrupt(const ShardKey& key, uint64_t gen, const std::stri
   if (!it->second.info.corrupt) {
     it->second.info.corrupt = true;
     ++stats_.crc_failures_get;
-    R2CCL_WARN("snapshot store: shard %s is corrupt (%s): not served", to_string(key).c_str(),
-               why.c_str());
+    SNAP_WARN("snapshot store: shard %s is corrupt (%s): not served", to_string(key).c_str(),
+              why.c_str());
   }
 }
 
@@ -787,7 +787,7 @@ StoreStatus ShardStore::get(const ShardKey& key, std::vector<uint8_t>* out, Shar
       mark_corrupt(key, gen, why);
       return corrupt(why);
     }
-    R2CCL_WARN("snapshot store: reading shard %s: %s", to_string(key).c_str(), why.c_str());
+    SNAP_WARN("snapshot store: reading shard %s: %s", to_string(key).c_str(), why.c_str());
     if (err) *err = "snapshot store: shard " + to_string(key) + ": " + why;
     return st;
   }

@@ -508,6 +508,8 @@ TEST_CASE("tuner: malformed rules files warn with file and line, or fail init wh
         CHILD_CHECK(t.init(8, 2, &ctx) == ncclSuccess);
         CHILD_CHECK(ctx != nullptr);
         CHILD_CHECK(g_warns.size() == 1);
+        // Through NCCL's logger as common's facade's TUNER/R2CCL component.
+        CHILD_CHECK(g_warns[0].rfind("TUNER/R2CCL rules file " + p, 0) == 0);
         if (g_warns[0].find(p + w) == std::string::npos) {
           fprintf(stderr, "WARN '%s' does not name %s%s\n", g_warns[0].c_str(), p.c_str(), w.c_str());
           return 1;

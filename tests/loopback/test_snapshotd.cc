@@ -9,6 +9,8 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
+#include <regex>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -222,9 +224,23 @@ TEST_CASE("snapshotd: bad start-up settings are refused by name; a host name bin
   }
   CHECK(run_daemon({"--socket", sock}, peers, token, 1500, &log) == -1);  // ran until stopped
   CHECK_THAT(log, Catch::Contains("listening on 127.0.0.1 port") || Catch::Contains("listening on ::1 port"));
+  // Every line is common's facade, stamped: "[SEC.USEC] SNAPSHOT/R2CCL LEVEL message".
+  {
+    std::istringstream lines(log);
+    std::string line;
+    int n = 0;
+    const std::regex facade("\\[[0-9]+\\.[0-9]{6}\\] SNAPSHOT/R2CCL (INFO|WARN) .+");
+    while (std::getline(lines, line)) {
+      INFO(line);
+      CHECK(std::regex_match(line, facade));
+      ++n;
+    }
+    CHECK(n >= 1);
+    CHECK_THAT(log, Catch::Contains("SNAPSHOT/R2CCL INFO node 0 of 1 listening on "));
+  }
   {
     std::ofstream(peers) << "0 no-such-host.invalid:" << port << "\n";
   }
   CHECK(run_daemon({"--socket", sock}, peers, token, 10000, &log) == 1);
-  CHECK_THAT(log, Catch::Contains("cannot resolve this node's host 'no-such-host.invalid'"));
+  CHECK_THAT(log, Catch::Contains("SNAPSHOT/R2CCL WARN cannot resolve this node's host 'no-such-host.invalid'"));
 }

@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <regex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -799,4 +800,49 @@ TEST_CASE("snapshot client: the recovery hint and the recovery line") {
   CHECK(r2ccl_snap_log_recovered("3", 3, names, secs, tiny, sizeof(tiny)) == R2CCL_SNAP_ERR_TOO_SMALL);
   const double bad[] = {0.1, -1, 0};
   CHECK(r2ccl_snap_log_recovered("3", 3, names, bad, buf, sizeof(buf)) == R2CCL_SNAP_ERR_INVALID);
+}
+
+// The library's lines on stderr are common's facade: "SNAPSHOT/R2CCL WARN ..." messages and the
+// recovery line as an event, "[SEC.USEC] [R2CCL] Successfully recovered in ..." (the stamp and
+// tag of the net plugin's recoveries; run_example.py and the docs look for that phrase).
+TEST_CASE("snapshot client: its stderr lines carry the SNAPSHOT/R2CCL prefix or the event stamp") {
+  fflush(stderr);
+  char path[] = "/tmp/r2snapc-err-XXXXXX";
+  const int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  const int saved = dup(2);
+  REQUIRE(saved >= 0);
+  dup2(fd, 2);
+  int hint_rc = 0, log_rc = 0;
+  {
+    EnvVar a("R2CCL_RECOVERY_LR_FACTOR", "2"), b("R2CCL_RECOVERY_LR_STEPS", nullptr);
+    double f = 0;
+    int steps = 0;
+    hint_rc = r2ccl_snap_recovery_hint(&f, &steps);
+  }
+  const char* names[] = {"detect", "restore"};
+  const double secs[] = {0.5, 0.25};
+  char buf[256];
+  log_rc = r2ccl_snap_log_recovered("3", 2, names, secs, buf, sizeof(buf));
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(fd);
+  FILE* f = fopen(path, "r");
+  REQUIRE(f != nullptr);
+  std::vector<std::string> lines;
+  char line[1024];
+  while (fgets(line, sizeof(line), f)) lines.emplace_back(line);
+  fclose(f);
+  unlink(path);
+  CHECK(hint_rc == R2CCL_SNAP_ERR_CONFIG);
+  CHECK(log_rc == R2CCL_SNAP_OK);
+  REQUIRE(lines.size() == 2);
+  INFO(lines[0] << lines[1]);
+  CHECK(lines[0].rfind("SNAPSHOT/R2CCL WARN recovery hint: R2CCL_RECOVERY_LR_FACTOR=\"2\"", 0) == 0);
+  CHECK(std::regex_match(lines[1], std::regex("\\[[0-9]+\\.[0-9]{6}\\] \\[R2CCL\\] Successfully "
+                                              "recovered in 0\\.750 s \\(node loss: 3; detect "
+                                              "0\\.500 s, restore 0\\.250 s\\)\n")));
+  CHECK(std::string(buf) ==
+        "[R2CCL] Successfully recovered in 0.750 s (node loss: 3; detect 0.500 s, restore 0.250 s)");
 }

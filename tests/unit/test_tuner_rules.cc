@@ -322,6 +322,57 @@ TEST_CASE("core: malformed file -> WARN and no rules, or strict failure", "[unit
   unlink(path.c_str());
 }
 
+// The tuner logs through common's facade as "TUNER/R2CCL": through its context's logger, else
+// the tuner's logger in the facade, else stderr; never through the net plugin's logger (a
+// process, or this test binary, may hold both).
+TEST_CASE("core: log lines are TUNER/R2CCL lines of common's facade", "[unit][tuner]") {
+  std::string path = write_temp("allreduce 0-64K -> tree/ll\nallreduce,1,2\n");
+  Options o;
+  o.rules_path = path;
+  o.board = "none";
+  Context* c = nullptr;
+  take_warns();
+  REQUIRE(create_context(o, 8, 1, capture_logger, 4, &c) == r2ccl::Status::kOk);
+  destroy_context(c);
+  auto w = take_warns();
+  REQUIRE(w.size() == 1);
+  CHECK(w[0].rfind("WARN TUNER/R2CCL rules file " + path + ":2:1:", 0) == 0);
+
+  // No context logger: stderr as "TUNER/R2CCL WARN ...", even with the net plugin's logger set.
+  r2ccl::set_nccl_logger(capture_logger);
+  fflush(stderr);
+  char out_path[] = "/tmp/r2ccl-tuner-unit-err-XXXXXX";
+  const int fd = mkstemp(out_path);
+  REQUIRE(fd >= 0);
+  const int saved = dup(2);
+  dup2(fd, 2);
+  c = nullptr;
+  const r2ccl::Status st = create_context(o, 8, 1, nullptr, 4, &c);
+  fflush(stderr);
+  dup2(saved, 2);
+  close(saved);
+  close(fd);
+  r2ccl::set_nccl_logger(nullptr);
+  REQUIRE(st == r2ccl::Status::kOk);
+  destroy_context(c);
+  std::ifstream in(out_path);
+  std::string line;
+  std::getline(in, line);
+  unlink(out_path);
+  CHECK(line.rfind("TUNER/R2CCL WARN rules file " + path + ":2:1:", 0) == 0);
+  CHECK(take_warns().empty());  // nothing went to the net plugin's logger
+
+  // The tuner's logger in the facade (set by the ABI layer at init) when a call names none.
+  r2ccl::set_nccl_logger(r2ccl::Component::kTuner, capture_logger);
+  REQUIRE(create_context(o, 8, 1, nullptr, 4, &c) == r2ccl::Status::kOk);
+  destroy_context(c);
+  r2ccl::set_nccl_logger(r2ccl::Component::kTuner, nullptr);
+  w = take_warns();
+  REQUIRE(w.size() == 1);
+  CHECK(w[0].rfind("WARN TUNER/R2CCL rules file ", 0) == 0);
+  unlink(path.c_str());
+}
+
 TEST_CASE("core v2: algorithm and protocol are set together or not at all", "[unit][tuner]") {
   std::string path = write_temp("allreduce any -> nvls/simple\nallreduce any -> ring/ll\n");
   Options o;

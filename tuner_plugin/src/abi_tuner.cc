@@ -8,7 +8,6 @@
 // Error policy (reference §5.4): init fails only on a configuration error (invalid R2CCL_*
 // value, or a malformed rules file under R2CCL_TUNER_STRICT=1: ncclInvalidUsage) or when out
 // of memory. getCollInfo never fails: internal trouble is a WARN and NCCL's table stands.
-#include <atomic>
 #include <mutex>
 #include <new>
 
@@ -25,19 +24,14 @@ namespace {
 
 constexpr char kName[] = "R2CCL";
 
-// The first logger NCCL handed over, for messages about calls without a usable context.
-std::atomic<ncclDebugLogger_t> g_logger{nullptr};
-
 Status init_any(void** ctx, size_t n_ranks, size_t n_nodes, ncclDebugLogger_t log, int api) {
   if (!ctx) {
     TUNER_WARN(log, "init: NULL context pointer");
     return Status::kInternal;
   }
   *ctx = nullptr;
-  if (log) {
-    ncclDebugLogger_t none = nullptr;
-    g_logger.compare_exchange_strong(none, log);
-  }
+  // The tuner's logger in the facade: for messages about calls without a usable context.
+  if (log) set_nccl_logger(Component::kTuner, log);
   Options opts;
   std::string err;
   if (options_from_env(&opts, &err) != Status::kOk) {
@@ -46,10 +40,10 @@ Status init_any(void** ctx, size_t n_ranks, size_t n_nodes, ncclDebugLogger_t lo
   }
   static std::once_flag banner;
   std::call_once(banner, [&] {
-    tlog(log, NCCL_LOG_INFO, NCCL_INIT | NCCL_TUNING, "init", __LINE__,
-         "r2ccl %s (git %s), NCCL tuner API v%d, rules file: %s%s", R2CCL_VERSION_STRING,
-         R2CCL_GIT_HASH, api, opts.rules_path.empty() ? "none" : opts.rules_path.c_str(),
-         opts.strict ? " (strict)" : "");
+    log_from(Component::kTuner, log, NCCL_LOG_INFO, NCCL_INIT | NCCL_TUNING, "init", __LINE__,
+             "r2ccl %s (git %s), NCCL tuner API v%d, rules file: %s%s", R2CCL_VERSION_STRING,
+             R2CCL_GIT_HASH, api, opts.rules_path.empty() ? "none" : opts.rules_path.c_str(),
+             opts.strict ? " (strict)" : "");
   });
   Context* c = nullptr;
   R2CCL_CHECK(create_context(opts, n_ranks, n_nodes, log, api, &c));
@@ -75,14 +69,14 @@ Status init_any(void** ctx, size_t n_ranks, size_t n_nodes, ncclDebugLogger_t lo
     if (!valid_context(ctx)) {                                                             \
       static std::once_flag once;                                                          \
       std::call_once(once, [] {                                                            \
-        TUNER_WARN(g_logger.load(), "not an r2ccl tuner context; call ignored");           \
+        TUNER_WARN(nullptr, "not an r2ccl tuner context; call ignored");                   \
       });                                                                                  \
       return ncclSuccess;                                                                  \
     }                                                                                      \
     __VA_ARGS__;                                                                           \
     return ncclSuccess;                                                                    \
   } catch (...) {                                                                          \
-    TUNER_WARN(g_logger.load(), "%s: internal error (exception); NCCL's choice stands",   \
+    TUNER_WARN(nullptr, "%s: internal error (exception); NCCL's choice stands",           \
                __func__);                                                                  \
     return ncclSuccess;                                                                    \
   }

@@ -1,10 +1,7 @@
 #include "tuner_core.h"
 
-#include <strings.h>
-
 #include <algorithm>
 #include <cmath>
-#include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -20,14 +17,6 @@ namespace r2ccl::tuner {
 namespace {
 
 std::atomic<int> g_live{0};
-
-bool stderr_info() {
-  static const bool on = [] {
-    const char* v = getenv("NCCL_DEBUG");
-    return v && (strcasecmp(v, "INFO") == 0 || strcasecmp(v, "TRACE") == 0);
-  }();
-  return on;
-}
 
 // Warn for the first 3 skipped choices of a context, then every 1000th.
 bool should_warn(std::atomic<uint64_t>* counter, uint64_t* n) {
@@ -53,21 +42,6 @@ bool rule_matches(const Rule& r, const Context& c, const CallArgs& a) {
 }
 
 }  // namespace
-
-void tlog(ncclDebugLogger_t logger, ncclDebugLogLevel level, unsigned long flags, const char* file,
-          int line, const char* fmt, ...) {
-  char msg[1024];
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(msg, sizeof(msg), fmt, ap);
-  va_end(ap);
-  if (logger) {
-    logger(level, flags, file, line, "TUNER/R2CCL %s", msg);
-    return;
-  }
-  if (level == NCCL_LOG_WARN || (level == NCCL_LOG_INFO && stderr_info()))
-    fprintf(stderr, "TUNER/R2CCL %s %s\n", level == NCCL_LOG_WARN ? "WARN" : "INFO", msg);
-}
 
 AgreedView read_agreed_view(const std::string& board, std::string* why) {
   AgreedView v;

@@ -15,6 +15,7 @@
 #include <memory>
 #include <string>
 
+#include "r2ccl/log.h"
 #include "r2ccl/nccl_abi.h"
 #include "r2ccl/status.h"
 #include "rules.h"
@@ -87,13 +88,14 @@ Choice get_coll_info(Context* ctx, const CallArgs& a, float* table, int num_algo
 void get_coll_info_v2(Context* ctx, const CallArgs& a, int coll_net_support, int nvls_support,
                       int* algorithm, int* protocol, int* n_channels);
 
-// Logging through the context's logger (prefix "TUNER/R2CCL"), stderr without one.
-void tlog(ncclDebugLogger_t logger, ncclDebugLogLevel level, unsigned long flags,
-          const char* file, int line, const char* fmt, ...) __attribute__((format(printf, 6, 7)));
-
 }  // namespace r2ccl::tuner
 
-#define TUNER_WARN(logger, ...) \
-  ::r2ccl::tuner::tlog((logger), NCCL_LOG_WARN, NCCL_TUNING, __FILE__, __LINE__, __VA_ARGS__)
-#define TUNER_INFO(logger, ...) \
-  ::r2ccl::tuner::tlog((logger), NCCL_LOG_INFO, NCCL_TUNING, __func__, __LINE__, __VA_ARGS__)
+// Logging through common's facade (r2ccl/log.h) as Component::kTuner ("TUNER/R2CCL ..."):
+// through `logger` (a context's, or init's), else the tuner's NCCL logger (the last one an init
+// handed over, set_nccl_logger(Component::kTuner, ...)), else stderr.
+#define TUNER_WARN(logger, ...)                                                                \
+  ::r2ccl::log_from(::r2ccl::Component::kTuner, (logger), NCCL_LOG_WARN, NCCL_TUNING, __FILE__, \
+                    __LINE__, __VA_ARGS__)
+#define TUNER_INFO(logger, ...)                                                                \
+  ::r2ccl::log_from(::r2ccl::Component::kTuner, (logger), NCCL_LOG_INFO, NCCL_TUNING, __func__, \
+                    __LINE__, __VA_ARGS__)

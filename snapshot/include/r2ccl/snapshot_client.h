@@ -191,9 +191,11 @@ int r2ccl_snap_recovery_hint(double* lr_factor, int* steps);
 
 /* Formats "[R2CCL] Successfully recovered in X s (node loss: NODES; P1 S1 s, P2 S2 s, ...)",
  * X the sum of the phases' seconds (3 decimals), NODES `lost_nodes` (e.g. "3" or "3,5"; NULL:
- * "unknown"), writes it as one line to stderr and copies it, NUL-terminated, into buf (cap
- * bytes; buf may be NULL). TOO_SMALL when it does not fit (the line is still logged). The
- * phrase matches the net plugin's rail recoveries, which say "(rail ...)" instead. Any thread. */
+ * "unknown"), logs it as an event, one line "[SEC.USEC] [R2CCL] Successfully recovered in ..."
+ * on stderr (SEC.USEC: CLOCK_MONOTONIC), and copies it without the stamp, NUL-terminated, into
+ * buf (cap bytes; buf may be NULL). TOO_SMALL when it does not fit (the line is still logged).
+ * The phrase, stamp and tag match the net plugin's rail recoveries, which say "(rail ...)"
+ * instead. Any thread. */
 int r2ccl_snap_log_recovered(const char* lost_nodes, int n_phases, const char* const* phase_names,
                              const double* phase_seconds, char* buf, size_t cap);
 
