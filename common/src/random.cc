@@ -36,4 +36,12 @@ void Rng::bytes(void* out, size_t n) {
   }
 }
 
+bool secrets_equal(const void* a, const void* b, size_t n) {
+  const auto* x = static_cast<const volatile uint8_t*>(a);
+  const auto* y = static_cast<const volatile uint8_t*>(b);
+  uint8_t d = 0;
+  for (size_t i = 0; i < n; ++i) d |= x[i] ^ y[i];
+  return d == 0;
+}
+
 }  // namespace r2ccl

@@ -4,6 +4,7 @@ namespace r2ccl::net {
 
 static bool has_room(const PathLoad& p, uint32_t len) {
   // An empty path always takes one chunk, so a chunk larger than the window still moves.
+  if (!p.room) return false;
   return p.inflight_bytes == 0 || p.inflight_bytes + len <= p.window_bytes;
 }
 

@@ -5,7 +5,8 @@
 //    least in-flight bytes per unit of bandwidth (bandwidth-weighted least-loaded).
 // When no path carries data but some are draining (every path's RTT is an outlier), the
 // draining ones are picked by the same rules: the least bad still moves data.
-// A path with a full window gets nothing; the chunk waits (returns -1).
+// A path with a full window, or whose transport has no room, gets nothing; the chunk waits
+// (returns -1).
 // Thread-safety: stateless.
 #pragma once
 
@@ -21,6 +22,7 @@ struct PathLoad {
   uint64_t window_bytes;    // R2CCL_PATH_WINDOW
   double weight;            // relative bandwidth (rail speed), > 0
   bool draining = false;    // connected but DRAINING: used only when no path carries data
+  bool room = true;         // the transport can take another chunk now (send queue slots)
 };
 
 int pick_path(const std::vector<PathLoad>& paths, bool stripe, uint32_t next_len);

@@ -29,8 +29,8 @@
 #include <string>
 #include <vector>
 
-#include "ib/ib_devices.h"
-#include "ib/verbs_api.h"
+#include "transport/ib/devices.h"
+#include "transport/ib/verbs_api.h"
 #include "r2ccl/params.h"
 #include "r2ccl/version.h"
 #include "sock/rails.h"

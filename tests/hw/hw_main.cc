@@ -7,8 +7,8 @@
 #include <memory>
 #include <string>
 
-#include "ib/ib_devices.h"
-#include "ib/verbs_api.h"
+#include "transport/ib/devices.h"
+#include "transport/ib/verbs_api.h"
 #include "r2ccl/params.h"
 
 int main(int argc, char** argv) {

@@ -49,13 +49,14 @@
 #include <vector>
 
 #include "net_harness.h"
-#include "tcp/wire.h"
+#include "transport/tcp/wire.h"
 
 extern char** environ;
 
 namespace {
 
 using namespace r2ccl::net;
+using namespace r2ccl::net::tcp;
 namespace rt = r2ccl::test;
 
 constexpr uint8_t kPoison = 0x5a;  // receive buffers before anything lands
@@ -951,10 +952,10 @@ TEST_CASE("bad input: garbage handles make connect fail with a WARN about the ha
   {
     std::vector<uint8_t> b(NCCL_NET_HANDLE_MAXSIZE);
     rt::fill_pattern(b.data(), b.size(), 0xbad);
-    variants.push_back({"random 128 bytes", b, "not an r2ccl v1 handle"});
+    variants.push_back({"random 128 bytes", b, "not an r2ccl v2 handle"});
   }
   variants.push_back({"all zero", std::vector<uint8_t>(NCCL_NET_HANDLE_MAXSIZE, 0),
-                      "not an r2ccl v1 handle"});
+                      "not an r2ccl v2 handle"});
   {
     WireHandle h = good;
     h.n_endpoints = 9;
@@ -979,8 +980,8 @@ TEST_CASE("bad input: garbage handles make connect fail with a WARN about the ha
   }
   {
     WireHandle h = good;
-    h.version = 2;
-    variants.push_back({"valid magic, version 2", as_bytes(h), "version 2"});
+    h.version = 3;  // kWireVersion is 2 (DRAIN frames)
+    variants.push_back({"valid magic, version 3", as_bytes(h), "version 3"});
   }
 
   for (const auto& v : variants) {

@@ -23,7 +23,7 @@
 #include "r2ccl/clock.h"
 #include "r2ccl/health_board.h"
 #include "r2ccl/rail_stats.h"
-#include "tcp/runtime.h"
+#include "transport/factory.h"
 
 namespace r2ccl::board {
 // Test peer: publishes a slot but leaves its sequence odd, as a writer killed mid-write does.
@@ -1119,9 +1119,9 @@ TEST_CASE("the TCP runtime publishes each rail; R2CCL_HEALTH_BOARD=none publishe
       setenv("R2CCL_SOCKET_IFNAME", "lo@127.0.0.1,lo@127.0.0.2", 1);
       setenv("R2CCL_LINK_EVENTS", "0", 1);
       setenv("R2CCL_LOG_FILE", "none", 1);
-      r2ccl::net::Runtime* rt = nullptr;
-      std::string e;
-      char c = r2ccl::net::Runtime::get(&rt, &e) == r2ccl::Status::kOk ? 'y' : 'n';
+      r2ccl::net::Transport* rt = nullptr;
+      std::string why, e;
+      char c = r2ccl::net::get_transport(&rt, &why, &e) == r2ccl::Status::kOk ? 'y' : 'n';
       if (write(pfd[1], &c, 1) != 1) _exit(1);
       pause();
       _exit(0);

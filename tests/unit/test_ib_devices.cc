@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "ib/ib_devices.h"
+#include "transport/ib/devices.h"
 
 using Catch::Matchers::Contains;
 using namespace r2ccl::net::ib;

@@ -31,7 +31,7 @@
 
 #include "r2ccl/clock.h"
 #include "r2ccl/log.h"
-#include "tcp/link_monitor.h"
+#include "netlink/link_monitor.h"
 
 using Catch::Matchers::Contains;
 using r2ccl::TimeUs;

@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-#include "ib/mr_cache.h"
+#include "transport/ib/mr_cache.h"
 
 using r2ccl::net::ib::MrCache;
 

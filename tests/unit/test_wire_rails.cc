@@ -10,15 +10,16 @@
 #include <vector>
 
 #include "r2ccl/clock.h"
-#include "tcp/fault_injector.h"
+#include "fault/fault_injector.h"
 #include "sock/rails.h"
-#include "tcp/wire.h"
+#include "transport/tcp/wire.h"
 
 using Catch::Matchers::Contains;
 using r2ccl::kUsPerMs;
 using r2ccl::kUsPerSec;
 using r2ccl::TimeUs;
 using namespace r2ccl::net;
+using namespace r2ccl::net::tcp;
 
 namespace {
 

@@ -22,4 +22,8 @@ class Rng {
   uint64_t state_[2] = {0, 0};
 };
 
+// Compares two secrets of n bytes in time independent of where they differ (a peer probing
+// a listener learns nothing from the time a refusal takes).
+bool secrets_equal(const void* a, const void* b, size_t n);
+
 }  // namespace r2ccl

@@ -1,4 +1,4 @@
-#include "ib/mr_cache.h"
+#include "transport/ib/mr_cache.h"
 
 #include <limits>
 #include <utility>

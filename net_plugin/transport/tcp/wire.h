@@ -6,10 +6,13 @@
 // a HelloBody). Field use per type:
 //   DATA       seq=message, a=chunk index, b=chunk count, off=offset, total=message bytes
 //   CTS        seq=message, total=posted receive capacity, a=tag
-//   ACK        seq=message, a=prefix (every chunk below landed), b=window base,
-//              total=bitmap of landed chunks [base, base+64)
-//   FAIL       a=path index declared failed, seq=notice id        (answered by FAIL_ACK)
-//   FAIL_ACK   a=path index, seq=notice id
+//   ACK        seq=message, a=prefix (every chunk below landed; the chunk count: all), b=window
+//              base, total=bitmap of landed chunks [base, base+64)
+//   FAIL       a=path index declared failed, b=its generation, seq=notice id (answered by
+//              FAIL_ACK)
+//   FAIL_ACK   a=path index, b=generation, seq=notice id
+//   DRAIN      a=path index, b=generation, off=1 drained / 0 returned (receiver -> sender:
+//              its node's failure predictor drains the receiver's rail of the path)
 //   PING/PONG  seq=probe id, off=sender timestamp (us, echoed)
 //   BYE        the sender of it closed the connection on purpose (NCCL closed the comm):
 //              not a failure, nothing is logged; pending requests fail with a remote error
@@ -26,10 +29,10 @@
 #error "r2ccl wire formats assume a little-endian host"
 #endif
 
-namespace r2ccl::net {
+namespace r2ccl::net::tcp {
 
 constexpr uint32_t kHandleMagic = 0x4c433252;  // "R2CL"
-constexpr uint16_t kWireVersion = 1;
+constexpr uint16_t kWireVersion = 2;  // 2: DRAIN frames, generations in FAIL_ACK
 constexpr int kMaxHandleEndpoints = 4;
 constexpr int kMaxRails = 16;
 constexpr int kMaxPaths = 4;     // primary + up to 3 backups
@@ -67,12 +70,9 @@ enum class FrameType : uint8_t {
   kHelloAck = 9,
   kSetupDone = 10,
   kBye = 11,
+  kDrain = 12,
 };
 constexpr uint16_t kFrameMagic = 0x5232;  // "2R"
-// FrameHeader::flags of PING and PONG: the sending end's rail of this path is drained by its
-// node's failure predictor, so the data sender moves new chunks off the path (both ends learn
-// of a predicted failure, whichever node's counters showed it). Refreshed with every probe.
-constexpr uint8_t kFlagDrained = 0x01;
 
 struct FrameHeader {
   uint16_t magic;
@@ -120,4 +120,4 @@ static_assert(sizeof(HelloBody) == 64 + 48 * kMaxRails, "hello layout");
 // Largest payload a frame may announce: the largest chunk (R2CCL_CHUNK_SIZE max, 64 MiB).
 constexpr uint32_t kMaxFramePayload = 64u * 1024 * 1024;
 
-}  // namespace r2ccl::net
+}  // namespace r2ccl::net::tcp

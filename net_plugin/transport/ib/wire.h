@@ -5,8 +5,8 @@
 //
 // Connection setup over the side channel (non-blocking on both ends, authenticated by the
 // handle's 128-bit secret):
-//   connector -> acceptor  HELLO   secret, listen id, chunk size, its candidate HCAs (primary
-//                                  first, then backups nearest first)
+//   connector -> acceptor  HELLO   secret, listen id, connection id, chunk size, its candidate
+//                                  HCAs (primary first, then backups nearest first)
 //   acceptor -> connector  REPLY   the path set: for each path, its HCA, the connector's
 //                                  candidate it pairs with, its QP numbers, area rkey
 //   connector -> acceptor  READY   the connector's QP numbers (QPs now in RTS)
@@ -29,7 +29,7 @@
 namespace r2ccl::net::ib {
 
 constexpr uint32_t kIbHandleMagic = 0x42493252;  // "R2IB"
-constexpr uint16_t kIbWireVersion = 1;
+constexpr uint16_t kIbWireVersion = 2;  // 2: the connection id in the setup messages
 constexpr int kMaxIbPaths = 4;       // primary + up to 3 backups (R2CCL_BACKUP_PATHS <= 3)
 constexpr int kMaxQpsPerPath = 16;   // R2CCL_IB_QPS_PER_PATH maximum
 constexpr int kFifoDepth = 64;       // CTS slots; > NCCL_NET_MAX_REQUESTS outstanding receives
@@ -71,6 +71,7 @@ struct IbSetupMsg {
   uint16_t type;       // SetupType
   uint8_t secret[16];
   uint64_t listen_id;
+  uint64_t conn_id;     // chosen by the connector; both ends name the connection by it
   uint64_t chunk_size;  // the connector's R2CCL_CHUNK_SIZE: the connection's chunk size
   uint64_t area_addr;   // the sender's connection area (its CTS FIFO) / the receiver's
   uint32_t npaths;
@@ -78,7 +79,7 @@ struct IbSetupMsg {
   IbWireHca hca[kMaxIbPaths];
   uint32_t qpn[kMaxIbPaths][kMaxQpsPerPath];
 };
-static_assert(sizeof(IbSetupMsg) == 56 + 32 * kMaxIbPaths + 4 * kMaxIbPaths * kMaxQpsPerPath,
+static_assert(sizeof(IbSetupMsg) == 64 + 32 * kMaxIbPaths + 4 * kMaxIbPaths * kMaxQpsPerPath,
               "IbSetupMsg layout");
 
 // A clear-to-send record, written by the receiver into slot seq % kFifoDepth of the sender's
@@ -94,7 +95,7 @@ struct CtsRecord {
 static_assert(sizeof(CtsRecord) == 48, "CtsRecord layout");
 
 // Control messages: RDMA SEND on a healthy path, or framed on the side channel.
-enum class CtrlType : uint16_t {
+enum class WireCtrl : uint16_t {
   kFail = 1,        // path, gen, id: "I declared this path failed"; the receiver sends it only
                     // after its QPs of the path are in ERR and its landed state was sent
   kFailAck = 2,     // id, path, gen: answered FAIL (the receiver: QPs in ERR, state sent)
@@ -114,7 +115,7 @@ enum class CtrlType : uint16_t {
 
 struct IbCtrlMsg {
   uint32_t magic;   // kIbHandleMagic
-  uint16_t type;    // CtrlType
+  uint16_t type;    // WireCtrl
   uint16_t path;
   uint32_t gen;
   uint32_t n;       // QP numbers in qpn[]

@@ -26,7 +26,7 @@
 #include <string>
 #include <vector>
 
-#include "ib/verbs_api.h"
+#include "transport/ib/verbs_api.h"
 #include "r2ccl/params.h"
 
 namespace r2ccl::net::ib {

@@ -1,5 +1,7 @@
 // The version-neutral r2ccl net API. The exported ncclNetPlugin_v8..v11 tables
-// (abi_nccl.cc) are thin adapters over these functions; nothing here knows an NCCL version.
+// (abi/abi_nccl.cc) are thin adapters over these functions; nothing here knows an NCCL
+// version, and nothing here knows a concrete transport: the process's transport comes from
+// transport/factory.h, connections are engine::Connection objects.
 // Semantics follow ../shared/reference/nccl-plugin-abi.md §4 (NCCL 2.20-2.29):
 //  - connect/accept never block: OK with a NULL comm means "call again";
 //  - isend/irecv never block: OK with a NULL request means "call again";
@@ -14,26 +16,13 @@
 
 #include "r2ccl/nccl_abi.h"
 #include "r2ccl/status.h"
+#include "transport/transport.h"  // DeviceProps
 
 namespace r2ccl::net {
 
 struct NetContext {
   uint64_t comm_id = 0;
   int traffic_class = NCCL_NET_TRAFFIC_CLASS_UNDEF;
-};
-
-// Device properties, version-neutral (speed in Mbps, latency in microseconds).
-struct DeviceProps {
-  const char* name;
-  const char* pci_path;  // nullptr for virtual NICs
-  uint64_t guid;
-  int speed_mbps;
-  int max_comms;
-  int max_recvs;
-  size_t max_p2p_bytes;
-  size_t max_coll_bytes;
-  int ptr_support;  // NCCL_PTR_* bits
-  int port;         // verbs port number, 0 for TCP rails
 };
 
 // Errors: kInvalidUsage for a bad configuration (the message names the variable).

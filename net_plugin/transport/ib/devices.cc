@@ -1,4 +1,4 @@
-#include "ib/ib_devices.h"
+#include "transport/ib/devices.h"
 
 #include <arpa/inet.h>
 #include <endian.h>

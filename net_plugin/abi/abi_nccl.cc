@@ -8,7 +8,7 @@
 #include <cstring>
 #include <new>
 
-#include "net_api.h"
+#include "api/net_api.h"
 #include "r2ccl/ext.h"
 #include "r2ccl/log.h"
 

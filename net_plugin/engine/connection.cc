@@ -1,0 +1,1037 @@
+#include "engine/connection.h"
+
+#include <algorithm>
+#include <cinttypes>
+#include <climits>
+#include <cstdio>
+#include <cstring>
+
+#include "r2ccl/log.h"
+
+namespace r2ccl::net {
+namespace {
+
+constexpr size_t kHistory = 64;               // completed receives kept for duplicates
+constexpr size_t kMaxQueuedCtrl = 8192;       // bound on control messages waiting for a path
+constexpr TimeUs kByeGrace = 1 * kUsPerSec;   // pending requests after the peer's BYE
+
+std::string cause_text(FailCause c, const std::string& detail) {
+  std::string s = fail_cause_name(c);
+  if (!detail.empty()) s += ": " + detail;
+  return s;
+}
+
+const char* result_name(Status st) {
+  switch (st) {
+    case Status::kRemote: return "ncclRemoteError";
+    case Status::kSystem: return "ncclSystemError";
+    case Status::kInvalidUsage: return "ncclInvalidUsage";
+    default: return "ncclInternalError";
+  }
+}
+
+}  // namespace
+
+Connection::Connection(const ConnEnv& env, Role role, int dev, std::unique_ptr<PathIo> io,
+                       TimeUs now)
+    : env_(env), cfg_(*env.cfg), role_(role), dev_(dev), io_(std::move(io)) {
+  caps_ = io_->caps();
+  id_ = io_->conn_id();
+  chunk_ = io_->chunk_size();
+  for (auto& r : reqs_) r.conn = this;
+  const int n = io_->npaths();
+  paths_.resize(static_cast<size_t>(n));
+  for (int i = 0; i < n; ++i) {
+    Path& p = paths_[i];
+    const PathDesc d = io_->path(i);
+    p.index = i;
+    p.rail = d.rail;
+    p.label = d.label;
+    p.health = std::make_unique<PathHealth>(env_.health, d.up ? PathState::kHealthy : PathState::kFailed,
+                                            now);
+    p.last_alive = p.ack_progress = p.last_probe = now;
+    RailLive& rl = live(p);
+    p.down_seen = rl.down_events.load();
+    p.up_seen = rl.up_events.load();
+    if (!d.up) {
+      rl.failed_paths++;
+      p.counted_failed = true;
+    }
+  }
+  last_progress_.store(now);
+}
+
+Connection::~Connection() {
+  for (auto& p : paths_)
+    if (p.counted_failed) live(p).failed_paths--;
+}
+
+// ------------------------------------------------------------------------------------------
+// Paths
+
+std::string Connection::rail_name(int rail) const {
+  return rail >= 0 && rail < env_.rails->rail_count() ? env_.rails->rail_name(rail) : "?";
+}
+
+// A path that carries data, or could (draining). A path that is only probing does not
+// count: a rail that reconnects but never passes its probes must not hold off give-up.
+bool Connection::usable(const Path& p) const {
+  const PathState s = p.health->state();
+  return (s == PathState::kHealthy || s == PathState::kDraining) && io_->ready(p.index);
+}
+
+bool Connection::any_usable() const {
+  for (const auto& p : paths_)
+    if (usable(p)) return true;
+  return false;
+}
+
+// Control traffic: the preferred path when usable, else the first healthy one, then a
+// draining one, then one that is probing; -1 when none is connected.
+int Connection::control_path(int prefer) const {
+  if (prefer >= 0 && prefer < npaths() && usable(paths_[prefer])) return prefer;
+  for (const auto& p : paths_)
+    if (p.health->state() == PathState::kHealthy && io_->ready(p.index)) return p.index;
+  for (const auto& p : paths_)
+    if (usable(p)) return p.index;
+  for (const auto& p : paths_)
+    if (p.health->connected() && io_->ready(p.index)) return p.index;
+  return -1;
+}
+
+int Connection::first_carrier() const {
+  for (const auto& p : paths_)
+    if (p.health->carries_data() && io_->ready(p.index)) return p.index;
+  return -1;
+}
+
+void Connection::mark_recovered(Path& p) {
+  if (!p.counted_failed) return;
+  live(p).failed_paths--;
+  p.counted_failed = false;
+}
+
+void Connection::check_paths(TimeUs now) {
+  const TimeUs hb = cfg_.heartbeat_interval;
+  // If this process itself was not scheduled for a while (an overloaded host), the silence
+  // it sees is its own: shift the liveness clocks by the gap instead of blaming the paths.
+  if (last_check_ != 0 && now - last_check_ > hb / 2) {
+    const TimeUs gap = now - last_check_;
+    for (auto& p : paths_) {
+      p.last_alive += gap;
+      p.ack_progress += gap;
+    }
+  }
+  last_check_ = now;
+  for (auto& p : paths_) {
+    RailLive& rl = live(p);
+    const uint32_t down = rl.down_events.load(std::memory_order_relaxed);
+    if (down != p.down_seen) {
+      p.down_seen = down;
+      if (!rl.link_up.load() && p.health->connected())
+        fail_path(p, FailCause::kLinkDown, env_.rails->link_event_source(), now);
+    }
+    const uint32_t up = rl.up_events.load(std::memory_order_relaxed);
+    if (up != p.up_seen) {
+      p.up_seen = up;
+      p.health->on_link_up(now);
+    }
+    if (!p.health->connected()) {
+      // Failback: the sending side reconnects once the link is up and backoff/hold-down allow.
+      if (role_ == Role::kSend && !p.reconnecting && !p.gate_pending && rl.link_up.load() &&
+          p.health->should_reconnect(now) && io_->can_reconnect(p.index, *this)) {
+        p.reconnecting = true;
+        io_->reconnect(p.index, *this, now);
+      }
+      continue;
+    }
+    if (!io_->ready(p.index)) continue;  // the peer is re-creating the path
+    const bool probing = p.health->state() == PathState::kProbing;
+    if (!p.probe_out && (probing || now - p.last_probe >= hb)) {
+      if (io_->probe(p.index, *this, now)) {
+        p.probe_out = true;
+        p.probe_sent = p.last_probe = now;
+        p.probe_idle = p.inflight_bytes == 0;
+      }
+      if (!p.health->connected()) continue;  // posting the probe failed the path
+    }
+    // Heartbeat rule: nothing heard on the path for 3 periods. If the transport below still
+    // hears from the peer (TCP: the kernel's ACKs), the rail works and the peer process is
+    // merely slow.
+    if (now - p.last_alive > 3 * hb) {
+      const TimeUs heard = io_->heard_within(p.index, now);
+      if (heard > 3 * hb) {
+        char detail[112];
+        if (heard == INT64_MAX)
+          snprintf(detail, sizeof(detail), "silent for %.0f ms", (now - p.last_alive) / 1e3);
+        else
+          snprintf(detail, sizeof(detail), "silent for %.0f ms, the transport last heard the peer %.0f ms ago",
+                   (now - p.last_alive) / 1e3, heard / 1e3);
+        fail_path(p, FailCause::kHeartbeatMiss, detail, now);
+        continue;
+      }
+    }
+    // Acknowledgement watchdog (sender): chunks in flight, no acknowledgement progress. A
+    // black hole also silences the transport below; a congested or lossy-but-alive rail
+    // (TCP recovering a drop) still gets its ACKs, so the watchdog then waits 10x longer.
+    if (role_ == Role::kSend &&
+        ack_watchdog_expired(p.inflight_bytes > 0, p.ack_progress, now, cfg_.ack_timeout)) {
+      const TimeUs heard = io_->heard_within(p.index, now);
+      if (heard > cfg_.ack_timeout || now - p.ack_progress > 10 * cfg_.ack_timeout) {
+        char detail[112];
+        if (heard == INT64_MAX)
+          snprintf(detail, sizeof(detail), "none for %.0f ms", (now - p.ack_progress) / 1e3);
+        else
+          snprintf(detail, sizeof(detail), "none for %.0f ms, the transport last heard the peer %.0f ms ago",
+                   (now - p.ack_progress) / 1e3, heard / 1e3);
+        fail_path(p, FailCause::kAckTimeout, detail, now);
+        continue;
+      }
+    }
+  }
+  // Unanswered failure notices go out again (the path they left on may have died too).
+  for (auto& n : notices_) {
+    if (now - n.sent_at < 2 * hb) continue;
+    n.sent_at = now;
+    send_notice(n);
+  }
+}
+
+void Connection::fail_path(Path& p, FailCause cause, const char* detail_c, TimeUs now) {
+  const std::string detail = detail_c ? detail_c : "";
+  const bool was_data = p.health->carries_data();
+  const int first_data = first_carrier();
+  const TimeUs last_alive = std::max(p.last_alive, p.ack_progress);
+  if (!p.health->on_failure(cause, now)) return;  // exactly once per failure
+  const bool from_peer = cause == FailCause::kPeerNotice;
+  p.probe_out = false;
+  p.peer_drain = false;  // learnt again after the path comes back
+  p.drain_sent = false;
+  p.inflight_bytes = 0;
+  io_->stop_path(p.index, from_peer, now);
+  RailLive& rl = live(p);
+  rl.paths_failed++;
+  if (!p.counted_failed) {
+    rl.failed_paths++;
+    p.counted_failed = true;
+  }
+  const std::string rail = rail_name(p.rail);
+  // Evidence of the fault's start: an injector knows it; otherwise the last sign of life.
+  TimeUs fault_at = io_->fault_start(p.index, now);
+  if (fault_at == 0 || fault_at < last_alive - 1000 * kUsPerMs) fault_at = last_alive;
+  const double detect_ms = fault_at > 0 && fault_at <= now ? (now - fault_at) / 1e3 : 0.0;
+  const bool gate = role_ == Role::kSend && caps_.quiesce_before_replay &&
+                    env_.hooks.bilateral_err && !from_peer;
+  log_event("path on rail %s failed (%s) at the %s end of conn %016" PRIx64 "%s", rail.c_str(),
+            cause_text(cause, detail).c_str(), role_ == Role::kSend ? "sending" : "receiving", id_,
+            gate ? "; replay waits for the receiver's QP error transition" : "");
+  if (p.health->take_holddown_started())
+    log_event("hold-down: rail %s flapped %d times within %.0f s; not used for %.1f s", rail.c_str(),
+              static_cast<int>(cfg_.holddown_flaps), cfg_.holddown_window / 1e6,
+              p.health->current_holddown() / 1e6);
+  if (role_ == Role::kSend) {
+    Recovery rec{p.index, cause, detail, now, detect_ms,
+                 was_data && (cfg_.stripe || p.index == first_data), 0, {}};
+    gated_.erase(std::remove_if(gated_.begin(), gated_.end(),
+                                [&](const Recovery& g) { return g.path == p.index; }),
+                 gated_.end());
+    gated_.push_back(rec);
+    p.gate_pending = gate;
+    if (!gate) open_gate(p, now);
+  } else {
+    // Every chunk that landed before the path stopped counts before the landed state goes
+    // to the sender (verbs: its completions are in the CQ already).
+    if (caps_.quiesce_before_replay) io_->quiesce(p.index, *this, now);
+    // CTS the sender may not have got go again on a surviving path.
+    for (Request* r : active_)
+      if (r->kind == Request::Kind::kRecv && !r->cts_delivered) r->cts_path = -1;
+    queue_recv_state(-1);
+  }
+  if (!from_peer) {  // tell the other end; re-sent until answered
+    notices_.push_back({next_notice_++, p.index, io_->generation(p.index), now});
+    send_notice(notices_.back());
+  }
+  resend_notices(now);
+}
+
+// Sender: the failed path's unacknowledged chunks go back to their messages' queues and are
+// sent again on a survivor.
+void Connection::open_gate(Path& p, TimeUs now) {
+  (void)now;
+  p.gate_pending = false;
+  auto it = std::find_if(gated_.begin(), gated_.end(), [&](const Recovery& g) { return g.path == p.index; });
+  if (it == gated_.end()) return;
+  Recovery rec = *it;
+  gated_.erase(it);
+  for (Request* r : active_) {
+    if (r->kind != Request::Kind::kSend) continue;
+    const int n = r->smsg.fail_path(p.index, env_.hooks.replay);
+    if (n > 0) {
+      rec.replayed += n;
+      rec.seqs.push_back(r->seq);
+    }
+  }
+  p.inflight_bytes = 0;
+  const int next = first_carrier();
+  const std::string to = next >= 0 ? "rail " + rail_name(paths_[next].rail) : "no usable rail";
+  const std::string rail = rail_name(p.rail);
+  if (rec.carried || rec.replayed > 0) {
+    live(p).switchovers++;
+    log_event("switchover: rail %s failed (%s); path %d of conn %016" PRIx64 " -> %s; %d chunks to replay",
+              rail.c_str(), cause_text(rec.cause, rec.detail).c_str(), p.index, id_, to.c_str(),
+              rec.replayed);
+    recoveries_.push_back(std::move(rec));
+  } else {
+    log_event("backup path on rail %s failed (%s); conn %016" PRIx64 " keeps %s", rail.c_str(),
+              cause_text(rec.cause, rec.detail).c_str(), id_, to.c_str());
+  }
+}
+
+void Connection::check_recoveries(TimeUs now) {
+  for (auto it = recoveries_.begin(); it != recoveries_.end();) {
+    bool done = any_usable();
+    for (uint64_t seq : it->seqs) {
+      const Request* r = find_active(seq);
+      if (r && r->smsg.replay_outstanding() > 0) done = false;
+    }
+    if (!done) {
+      ++it;
+      continue;
+    }
+    log_event("Successfully recovered in %.3f s (rail %s: %s, detected after %.0f ms, %d chunks "
+              "replayed)",
+              (now - it->detect) / 1e6, rail_name(paths_[it->path].rail).c_str(),
+              fail_cause_name(it->cause), it->detect_ms, it->replayed);
+    it = recoveries_.erase(it);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Control traffic
+
+void Connection::queue_ctrl(const CtrlMsg& m, int prefer) {
+  if (ctrlq_.size() >= kMaxQueuedCtrl) {
+    // Nothing has been able to leave for a long while: drop the oldest acknowledgement (the
+    // landed state is sent again whole after the next failure or reconnect).
+    auto it = std::find_if(ctrlq_.begin(), ctrlq_.end(),
+                           [](const PendingCtrl& q) { return q.m.type == CtrlType::kAck; });
+    if (it == ctrlq_.end()) return;
+    ctrlq_.erase(it);
+  }
+  ctrlq_.push_back({m, prefer});
+}
+
+void Connection::flush_ctrl(TimeUs now) {
+  while (!ctrlq_.empty()) {
+    const PendingCtrl& q = ctrlq_.front();
+    const int cp = control_path(q.prefer);
+    // No path at all: the transport's fallback channel, if it has one (verbs side channel).
+    const PostResult r = io_->post_ctrl(cp, q.m, *this, now);
+    if (r == PostResult::kFull) return;
+    if (r == PostResult::kPosted) ctrlq_.pop_front();
+    // kFailed: the path failed while posting; try the next one.
+  }
+}
+
+// Receiver: everything that landed (prefix + 64-chunk bitmaps of every receive with landed
+// chunks, and the recently completed ones whole), so the sender replays only the rest.
+// Supersedes acknowledgements still queued.
+void Connection::queue_recv_state(int prefer) {
+  ctrlq_.erase(std::remove_if(ctrlq_.begin(), ctrlq_.end(),
+                              [](const PendingCtrl& q) { return q.m.type == CtrlType::kAck; }),
+               ctrlq_.end());
+  for (Request* r : active_) {
+    if (r->kind != Request::Kind::kRecv || r->rmsg.landed_count() == 0) continue;
+    CtrlMsg a;
+    a.type = CtrlType::kAck;
+    a.seq = r->seq;
+    a.prefix = r->rmsg.prefix();
+    const uint32_t first = a.prefix / 64 * 64;
+    for (uint32_t base = first; base == first || base < r->rmsg.span(); base += 64) {
+      const uint64_t bm = r->rmsg.window_bitmap(base);
+      if (base != first && !bm) continue;
+      a.base = base;
+      a.bitmap = bm;
+      queue_ctrl(a, prefer);
+    }
+    r->dirty_windows.clear();
+  }
+  for (const auto& d : history_) {
+    CtrlMsg a;
+    a.type = CtrlType::kAck;
+    a.seq = d.seq;
+    a.prefix = d.nchunks;
+    queue_ctrl(a, prefer);
+  }
+}
+
+void Connection::send_notice(const Notice& n) {
+  for (const auto& q : ctrlq_)
+    if (q.m.type == CtrlType::kFail && q.m.id == n.id) return;  // still waiting to leave
+  CtrlMsg m;
+  m.type = CtrlType::kFail;
+  m.id = n.id;
+  m.path = static_cast<uint16_t>(n.path);
+  m.gen = n.gen;
+  queue_ctrl(m);
+}
+
+void Connection::resend_notices(TimeUs now) {
+  for (auto& n : notices_) {
+    n.sent_at = now;
+    send_notice(n);
+  }
+}
+
+void Connection::on_ctrl(int via, const CtrlMsg& m, TimeUs now) {
+  if (gave_up_ || (peer_closed_ && m.type != CtrlType::kAck)) return;
+  if (m.type == CtrlType::kAck) {
+    if (role_ != Role::kSend) return;
+    on_ack(m.seq, m.prefix, m.base, m.bitmap, now);
+    return;
+  }
+  if (m.path >= paths_.size()) {
+    R2CCL_WARN("conn %016" PRIx64 ": control message for path %u of %zu ignored", id_, m.path,
+               paths_.size());
+    return;
+  }
+  Path& p = paths_[m.path];
+  const bool current = m.gen == io_->generation(p.index);
+  switch (m.type) {
+    case CtrlType::kFail: {
+      // A notice naming the path it came on is stale (that path works): ignore it.
+      if (current && via != p.index) {
+        if (p.health->connected()) fail_path(p, FailCause::kPeerNotice, "the peer declared it failed", now);
+        else if (role_ == Role::kRecv) queue_recv_state(-1);  // its FAIL_ACK promises it
+        else if (p.gate_pending) open_gate(p, now);
+      } else if (role_ == Role::kRecv) {
+        queue_recv_state(-1);
+      }
+      CtrlMsg a;
+      a.type = CtrlType::kFailAck;
+      a.id = m.id;
+      a.path = m.path;
+      a.gen = m.gen;
+      queue_ctrl(a, via);
+      break;
+    }
+    case CtrlType::kFailAck:
+      notices_.erase(std::remove_if(notices_.begin(), notices_.end(),
+                                    [&](const Notice& n) { return n.id == m.id; }),
+                     notices_.end());
+      if (role_ == Role::kSend && current && p.gate_pending) open_gate(p, now);
+      break;
+    case CtrlType::kDrain:
+      if (role_ != Role::kSend || p.peer_drain == m.on) break;
+      p.peer_drain = m.on;
+      log_event("r2ccl predict: the peer %s its end of path %d (%s) of conn %016" PRIx64 ": %s",
+                m.on ? "drains" : "no longer drains", p.index, p.label.c_str(), id_,
+                m.on ? "no new chunks on it" : "it carries data again");
+      break;
+    default:
+      break;
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Sender
+
+void Connection::on_cts(uint64_t seq, uint64_t cap, const RemoteBuffer& remote, TimeUs now) {
+  (void)now;
+  if (role_ != Role::kSend) return;
+  if (seq < next_send_seq_) return;  // duplicate after a failover
+  for (const auto& c : cts_)
+    if (c.seq == seq) return;
+  if (seq >= next_send_seq_ + 4 * NCCL_NET_MAX_REQUESTS) return;  // not a plausible receive
+  auto it = cts_.begin();
+  while (it != cts_.end() && it->seq < seq) ++it;
+  cts_.insert(it, Cts{seq, cap, remote});
+}
+
+void Connection::on_ack(uint64_t seq, uint32_t prefix, uint32_t base, uint64_t bitmap, TimeUs now) {
+  Request* r = find_active(seq);
+  if (!r || r->kind != Request::Kind::kSend) return;
+  r->smsg.apply_ack(prefix, base, bitmap, [&](int path, uint32_t len) {
+    if (path < 0 || path >= npaths()) return;
+    Path& q = paths_[path];
+    q.inflight_bytes = q.inflight_bytes > len ? q.inflight_bytes - len : 0;
+    q.ack_progress = now;
+  });
+  finish_send_if_complete(r);
+}
+
+void Connection::on_chunk_acked(int path, uint64_t seq, uint32_t idx, TimeUs now) {
+  on_path_alive(path, now);
+  on_ack(seq, 0, idx, 1, now);
+}
+
+void Connection::finish_send_if_complete(Request* r) {
+  if (!r->smsg.complete()) return;
+  r->done = true;
+  remove_active(r);
+}
+
+void Connection::schedule_chunks(TimeUs now) {
+  std::vector<PathLoad>& loads = loads_;  // reused: no allocation on the data path
+  loads.resize(paths_.size());
+  for (size_t i = 0; i < paths_.size(); ++i) {
+    const Path& p = paths_[i];
+    const bool ready = io_->ready(p.index);
+    // A rail the failure predictor drains (at either end) is used like a path draining for
+    // RTT outliers: only when nothing else can carry data.
+    const bool predicted = p.peer_drain || env_.rails->live(p.rail).predict_drain.load(std::memory_order_relaxed);
+    loads[i] = PathLoad{p.health->carries_data() && ready && !predicted, p.inflight_bytes,
+                        static_cast<uint64_t>(cfg_.path_window),
+                        static_cast<double>(std::max(1, env_.rails->rail_speed_mbps(p.rail))),
+                        (p.health->state() == PathState::kDraining ||
+                         (predicted && p.health->carries_data())) &&
+                            ready,
+                        io_->has_room(p.index)};
+  }
+  for (Request* r : active_) {
+    if (r->kind != Request::Kind::kSend) continue;
+    uint32_t idx;
+    while (r->smsg.peek_next(&idx)) {
+      const uint32_t len = r->smsg.chunk_len(idx);
+      const int pi = pick_path(loads, cfg_.stripe, len);
+      if (pi < 0) return;
+      Path& p = paths_[pi];
+      ChunkOut c;
+      c.offset = r->smsg.chunk_offset(idx);
+      c.src = r->data + c.offset;
+      c.mhandle = r->mhandle;
+      c.remote = &r->remote;
+      c.seq = r->seq;
+      c.total = r->size;
+      c.idx = idx;
+      c.nchunks = r->smsg.nchunks();
+      c.len = len;
+      c.last = idx + 1 == c.nchunks;
+      c.chunk_size = chunk_;
+      const PostResult res = io_->post_chunk(pi, c, *this, now);
+      if (res == PostResult::kFull) {
+        loads[pi].room = false;
+        continue;
+      }
+      if (res == PostResult::kFailed) {
+        loads[pi].carries_data = loads[pi].draining = false;
+        continue;
+      }
+      const bool replay = r->smsg.take_next(pi);
+      if (p.inflight_bytes == 0) p.ack_progress = now;
+      p.inflight_bytes += len;
+      loads[pi].inflight_bytes += len;
+      loads[pi].room = io_->has_room(pi);
+      p.chunks_sent++;
+      RailLive& rl = live(p);
+      (replay ? rl.chunks_replayed : rl.chunks_sent)++;
+      rl.bytes_sent += len;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Receiver
+
+void Connection::post_ctss(TimeUs now) {
+  for (Request* r : active_) {
+    if (r->kind != Request::Kind::kRecv || r->done || r->cts_path >= 0) continue;
+    const int cp = control_path(-1);
+    if (cp < 0) return;
+    CtsOut c;
+    c.seq = r->seq;
+    c.capacity = r->size;
+    c.tag = r->tag;
+    c.buf = r->rmsg.buffer();
+    c.mhandle = r->mhandle;
+    const PostResult res = io_->post_cts(cp, c, *this, now);
+    if (res == PostResult::kFull) return;
+    if (res == PostResult::kPosted) r->cts_path = cp;
+  }
+}
+
+void Connection::on_cts_delivered(uint64_t seq, TimeUs now) {
+  (void)now;
+  Request* r = find_active(seq);
+  if (r && r->kind == Request::Kind::kRecv) r->cts_delivered = true;
+}
+
+void Connection::mark_dirty(Request* r, uint32_t idx, int path) {
+  const uint32_t base = idx / 64 * 64;
+  if (std::find(r->dirty_windows.begin(), r->dirty_windows.end(), base) == r->dirty_windows.end())
+    r->dirty_windows.push_back(base);
+  r->ack_path = path;
+}
+
+void Connection::landed(Request* r, int path, uint32_t idx) {
+  r->rmsg.mark_landed(idx, env_.hooks.guard);
+  r->ack_path = path;
+  if (!r->rmsg.complete()) {
+    if (caps_.receiver_acks) mark_dirty(r, idx, path);
+    return;
+  }
+  r->done = true;
+  r->dirty_windows.clear();
+  if (caps_.receiver_acks) {
+    CtrlMsg a;
+    a.type = CtrlType::kAck;
+    a.seq = r->seq;
+    a.prefix = r->rmsg.nchunks();
+    queue_ctrl(a, path);
+  }
+  history_.push_back({r->seq, r->rmsg.nchunks()});
+  if (history_.size() > kHistory) history_.pop_front();
+  remove_active(r);
+}
+
+ChunkPlace Connection::on_chunk_header(int path, const ChunkHeader& h, TimeUs now) {
+  on_path_alive(path, now);
+  ChunkPlace pl;
+  pl.seq = h.seq;
+  pl.idx = h.idx;
+  if (role_ != Role::kRecv) {
+    pl.action = ChunkPlace::Action::kProtocolError;
+    pl.why = "data frame sent to the sending side";
+    return pl;
+  }
+  Request* r = find_active(h.seq);
+  if (!r || r->kind != Request::Kind::kRecv) {
+    if (h.seq >= next_recv_seq_) {
+      pl.action = ChunkPlace::Action::kProtocolError;
+      pl.why = "data for a message that has no clear-to-send";
+      return pl;
+    }
+    // A stale copy of a completed message (a replay crossing the original): discard it and
+    // answer with a full acknowledgement, so the sender stops re-sending it.
+    env_.rails->live(paths_[path].rail).discarded_chunks++;
+    for (const auto& d : history_) {
+      if (d.seq != h.seq) continue;
+      CtrlMsg a;
+      a.type = CtrlType::kAck;
+      a.seq = d.seq;
+      a.prefix = d.nchunks;
+      queue_ctrl(a, path);
+    }
+    return pl;
+  }
+  const char* bad = nullptr;
+  const ChunkVerdict v =
+      r->rmsg.check(h.total, h.nchunks, h.idx, h.offset, h.len, env_.hooks.guard, &bad);
+  if (v == ChunkVerdict::kProtocolError) {
+    pl.action = ChunkPlace::Action::kProtocolError;
+    pl.why = bad;
+    return pl;
+  }
+  if (v == ChunkVerdict::kDuplicate) {
+    env_.rails->live(paths_[path].rail).discarded_chunks++;
+    mark_dirty(r, h.idx, path);
+    return pl;
+  }
+  pl.action = ChunkPlace::Action::kRead;
+  pl.dst = r->rmsg.buffer() + h.offset;
+  pl.req = r;
+  return pl;
+}
+
+// The stale-data guard, before every partial read: the message is still posted, not
+// complete, and the chunk has not landed on another path meanwhile.
+bool Connection::chunk_wanted(const ChunkPlace& pl) const {
+  const auto* r = static_cast<const Request*>(pl.req);
+  if (!r || !r->used || r->done || r->seq != pl.seq || r->kind != Request::Kind::kRecv) return false;
+  return !env_.hooks.guard.stale_guard || r->rmsg.wants(pl.idx, env_.hooks.guard.dedup);
+}
+
+void Connection::on_chunk_read(int path, const ChunkPlace& pl, bool clean, TimeUs now) {
+  (void)now;
+  if (!clean || !chunk_wanted(pl)) return;
+  landed(static_cast<Request*>(const_cast<void*>(pl.req)), path, pl.idx);
+}
+
+void Connection::on_chunk_placed(int path, uint64_t seq_low, int seq_bits, uint32_t idx,
+                                 uint32_t len, bool last, TimeUs now) {
+  on_path_alive(path, now);
+  const uint64_t mask = seq_bits >= 64 ? ~0ull : (1ull << seq_bits) - 1;
+  Request* r = nullptr;
+  for (Request* q : active_)
+    if (q->kind == Request::Kind::kRecv && !q->done && (q->seq & mask) == (seq_low & mask)) {
+      r = q;
+      break;
+    }
+  if (!r) {
+    env_.rails->live(paths_[path].rail).discarded_chunks++;
+    return;
+  }
+  const char* why = "";
+  switch (r->rmsg.check_placed(idx, len, last, chunk_, env_.hooks.guard, &why)) {
+    case ChunkVerdict::kWrite:
+      landed(r, path, idx);
+      break;
+    case ChunkVerdict::kDuplicate:
+      env_.rails->live(paths_[path].rail).discarded_chunks++;
+      break;
+    case ChunkVerdict::kProtocolError:
+      on_path_error(path, FailCause::kProtocol, why, now);
+      break;
+  }
+}
+
+void Connection::send_acks() {
+  for (Request* r : active_) {
+    if (r->kind != Request::Kind::kRecv || r->dirty_windows.empty()) continue;
+    for (uint32_t base : r->dirty_windows) {
+      CtrlMsg a;
+      a.type = CtrlType::kAck;
+      a.seq = r->seq;
+      a.prefix = r->rmsg.prefix();
+      a.base = base;
+      a.bitmap = r->rmsg.window_bitmap(base);
+      queue_ctrl(a, r->ack_path);
+    }
+    r->dirty_windows.clear();
+  }
+}
+
+// Receiver: tells the sender when this node's failure predictor drains or returns the rail
+// of a path, so the sender moves new chunks off it (it decides where chunks go).
+void Connection::tell_drains() {
+  for (auto& p : paths_) {
+    if (!p.health->connected()) continue;
+    const bool d = live(p).predict_drain.load(std::memory_order_relaxed);
+    if (d == p.drain_sent) continue;
+    p.drain_sent = d;
+    CtrlMsg m;
+    m.type = CtrlType::kDrain;
+    m.path = static_cast<uint16_t>(p.index);
+    m.gen = io_->generation(p.index);
+    m.on = d;
+    queue_ctrl(m, p.index);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Transport events
+
+bool Connection::traffic_in_flight(int path) const {
+  if (role_ == Role::kSend) return path >= 0 && path < npaths() && paths_[path].inflight_bytes > 0;
+  for (const Request* r : active_)
+    if (r->kind == Request::Kind::kRecv && r->rmsg.landed_count() != 0 && !r->rmsg.complete())
+      return true;
+  return false;
+}
+
+void Connection::on_path_alive(int path, TimeUs now) {
+  if (path >= 0 && path < npaths()) paths_[path].last_alive = now;
+}
+
+void Connection::on_path_error(int path, FailCause cause, const char* detail, TimeUs now) {
+  if (path < 0 || path >= npaths()) return;
+  if (peer_closed_ || gave_up_) {  // the connection is ending: paths end quietly
+    io_->stop_path(path, true, now);
+    return;
+  }
+  fail_path(paths_[path], cause, detail, now);
+}
+
+void Connection::on_probe_ok(int path, TimeUs now) {
+  if (path < 0 || path >= npaths()) return;
+  Path& p = paths_[path];
+  p.probe_out = false;
+  p.last_alive = now;
+  if (p.health->state() == PathState::kProbing) {
+    if (!p.health->on_probe_pass(now)) return;
+    mark_recovered(p);
+    if (role_ == Role::kSend) {
+      live(p).failbacks++;
+      io_->path_recovered(p.index, *this, now);
+      resend_notices(now);
+      log_event("failback: rail %s is back (path %d of conn %016" PRIx64 " reconnected and passed "
+                "%d probes); it carries traffic again",
+                rail_name(p.rail).c_str(), p.index, id_, env_.health.probe_count);
+    } else {
+      R2CCL_INFO(NCCL_NET, "path %d (%s) of conn %016" PRIx64 " is back after reconnect", p.index,
+                 p.label.c_str(), id_);
+    }
+    return;
+  }
+  // Shadow routing: the sender drains a path whose idle RTT is an outlier.
+  if (role_ != Role::kSend || !p.probe_idle) return;
+  const TimeUs rtt = now - p.probe_sent;
+  const int d = p.health->on_rtt_sample(rtt, now);
+  if (d > 0)
+    log_event("shadow routing: rail %s probe RTT %.2f ms exceeds its baseline %.2f ms + %.1f sigma; "
+              "draining it (kept connected)",
+              rail_name(p.rail).c_str(), rtt / 1e3, p.health->rtt_mean_us() / 1e3,
+              env_.health.latency_sigma);
+  else if (d < 0)
+    log_event("shadow routing: rail %s probe RTT is back to its baseline; it carries traffic again",
+              rail_name(p.rail).c_str());
+}
+
+void Connection::on_reconnected(int path, TimeUs now) {
+  if (path < 0 || path >= npaths()) return;
+  Path& p = paths_[path];
+  p.reconnecting = false;
+  p.refused = false;
+  p.health->on_reconnected(now);
+  p.last_alive = p.ack_progress = p.last_probe = now;
+  p.probe_out = false;
+  p.inflight_bytes = 0;
+  R2CCL_INFO(NCCL_NET, "path %d (%s) of conn %016" PRIx64 " reconnected (generation %u); probing",
+             p.index, p.label.c_str(), id_, io_->generation(p.index));
+  // Whatever could not be said while no path was up goes again on the path that came back.
+  if (role_ == Role::kRecv) queue_recv_state(p.index);
+  resend_notices(now);
+}
+
+void Connection::on_reconnect_failed(int path, bool refused, const char* detail, TimeUs now) {
+  if (path < 0 || path >= npaths()) return;
+  Path& p = paths_[path];
+  p.reconnecting = false;
+  p.refused = refused;
+  p.health->on_reconnect_failed(now);
+  R2CCL_INFO(NCCL_NET, "reconnect of path %d (%s) of conn %016" PRIx64 " failed: %s", p.index,
+             p.label.c_str(), id_, detail ? detail : "?");
+}
+
+void Connection::on_peer_bye(TimeUs now) {
+  // NCCL closed the comm at the other end: not a failure. From here on paths end quietly;
+  // what already arrived on other paths is still taken, and whatever is still pending after
+  // a grace period can never complete.
+  if (peer_closed_) return;
+  peer_closed_ = true;
+  bye_at_ = now;
+}
+
+void Connection::on_peer_gone(const char* evidence, TimeUs now) {
+  (void)now;
+  if (peer_gone_ || peer_closed_) return;
+  peer_gone_ = true;
+  peer_gone_why_ = evidence ? evidence : "";
+  log_event("conn %016" PRIx64 " on device %d: %s: the peer process is gone", id_, dev_,
+            peer_gone_why_.c_str());
+}
+
+void Connection::on_fatal(Status st, const char* why, TimeUs now) {
+  if (peer_closed_) return;
+  give_up(st, why ? why : "fatal error", now);
+}
+
+// ------------------------------------------------------------------------------------------
+// End of the connection
+
+void Connection::give_up(Status st, const std::string& why, TimeUs now) {
+  if (gave_up_) return;
+  gave_up_ = true;
+  error_ = st;
+  // Over at both ends: nothing more may land in NCCL's buffers (it may free them once the
+  // error is reported), and the peer learns at once instead of after its own timeout.
+  io_->abort(now);
+  io_->say_goodbye(now);
+  log_event("give-up: %s conn %016" PRIx64 " on device %d (%s): %s; %zu pending requests fail with %s",
+            role_ == Role::kSend ? "send" : "recv", id_, dev_,
+            paths_.empty() ? "?" : rail_name(paths_[0].rail).c_str(), why.c_str(), active_.size(),
+            result_name(st));
+}
+
+void Connection::check_give_up(TimeUs now) {
+  const bool expired = give_up_timer_.update(any_usable(), now, cfg_.failover_timeout);
+  if (!give_up_timer_.waiting()) return;
+  // The peer is gone when every path ended with its end-of-file, reset or a protocol error.
+  // (A live peer also closes a path it has declared failed, so that alone is not enough.)
+  // The sending side knows for sure once every reconnect was refused: nothing listens on
+  // the peer's rails any more (its process exited), so it fails at once; so does a
+  // transport that saw the peer's process end.
+  bool all_gone = true, all_refused = role_ == Role::kSend;
+  for (const auto& p : paths_) {
+    all_gone &= cause_means_peer_gone(p.health->last_cause());
+    all_refused &= p.refused;
+  }
+  if (all_refused)
+    give_up(Status::kRemote, "no usable path: every reconnect was refused: the peer process is gone",
+            now);
+  else if (peer_gone_)
+    give_up(Status::kRemote, "no usable path, and the peer process is gone (" + peer_gone_why_ + ")",
+            now);
+  else if (expired)
+    give_up(GiveUpTimer::status(all_gone),
+            all_gone ? "no usable path: the peer closed every path and did not come back within "
+                       "R2CCL_FAILOVER_TIMEOUT"
+                     : "no usable path: no local rail reaches the peer within R2CCL_FAILOVER_TIMEOUT",
+            now);
+}
+
+void Connection::closing_progress(TimeUs now) {
+  io_->flush(*this, now);
+  if (active_.empty() || now - bye_at_ <= kByeGrace || error_ != Status::kOk) return;
+  error_ = Status::kRemote;
+  log_event("give-up: %s conn %016" PRIx64 " on device %d: the peer closed the connection (BYE) "
+            "with %zu requests pending; they fail with ncclRemoteError",
+            role_ == Role::kSend ? "send" : "recv", id_, dev_, active_.size());
+}
+
+void Connection::progress(TimeUs now) {
+  if (gave_up_) return;
+  io_->poll(*this, now);
+  if (gave_up_) return;
+  if (peer_closed_) {
+    closing_progress(now);
+    return;
+  }
+  check_paths(now);
+  if (role_ == Role::kSend) {
+    schedule_chunks(now);
+  } else {
+    post_ctss(now);
+    if (caps_.receiver_acks) send_acks();
+    tell_drains();
+  }
+  flush_ctrl(now);
+  io_->flush(*this, now);
+  if (gave_up_) return;
+  if (role_ == Role::kSend) check_recoveries(now);
+  check_give_up(now);
+}
+
+// ------------------------------------------------------------------------------------------
+// Requests
+
+Request* Connection::free_request() {
+  for (auto& q : reqs_)
+    if (!q.used) return &q;
+  return nullptr;
+}
+
+Request* Connection::find_active(uint64_t seq) {
+  for (Request* r : active_)
+    if (r->seq == seq) return r;
+  return nullptr;
+}
+
+const Request* Connection::find_active(uint64_t seq) const {
+  for (const Request* r : active_)
+    if (r->seq == seq) return r;
+  return nullptr;
+}
+
+void Connection::remove_active(Request* r) {
+  active_.erase(std::remove(active_.begin(), active_.end(), r), active_.end());
+}
+
+void Connection::release(Request* r) {
+  remove_active(r);
+  r->used = false;
+  r->done = false;
+}
+
+Status Connection::isend(void* data, uint64_t size, int tag, void* mhandle, Request** req,
+                         TimeUs now) {
+  *req = nullptr;
+  if (peer_closed_) return Status::kRemote;
+  if (error_ != Status::kOk) return error_;
+  if (cts_.empty() || cts_.front().seq != next_send_seq_) {
+    progress(now);
+    if (error_ != Status::kOk) return error_;
+    if (cts_.empty() || cts_.front().seq != next_send_seq_) return Status::kOk;  // no CTS yet
+  }
+  if (size > cts_.front().cap) {
+    R2CCL_WARN("isend of %llu bytes on device %d is larger than the matching irecv (%llu bytes)",
+               static_cast<unsigned long long>(size), dev_,
+               static_cast<unsigned long long>(cts_.front().cap));
+    return Status::kInternal;
+  }
+  Request* r = free_request();
+  if (!r) return Status::kOk;  // all 32 in use: NCCL calls again
+  r->used = true;
+  r->done = false;
+  r->kind = Request::Kind::kSend;
+  r->seq = next_send_seq_++;
+  r->data = static_cast<const char*>(data);
+  r->size = size;
+  r->tag = tag;
+  r->mhandle = mhandle;
+  r->remote = cts_.front().remote;
+  r->smsg.reset(r->seq, size, chunk_);
+  cts_.pop_front();
+  active_.push_back(r);
+  *req = r;
+  progress(now);
+  return Status::kOk;
+}
+
+Status Connection::irecv(void* data, uint64_t size, int tag, void* mhandle, Request** req,
+                         TimeUs now) {
+  *req = nullptr;
+  if (peer_closed_) return Status::kRemote;
+  if (error_ != Status::kOk) return error_;
+  Request* r = free_request();
+  if (!r) return Status::kOk;  // all 32 in use: NCCL calls again
+  r->used = true;
+  r->done = false;
+  r->kind = Request::Kind::kRecv;
+  r->seq = next_recv_seq_++;
+  r->data = nullptr;
+  r->size = size;
+  r->tag = tag;
+  r->mhandle = mhandle;
+  r->dirty_windows.clear();
+  r->ack_path = -1;
+  r->cts_path = -1;
+  r->cts_delivered = false;
+  r->rmsg.reset(r->seq, static_cast<char*>(data), size);
+  active_.push_back(r);
+  *req = r;
+  progress(now);
+  return Status::kOk;
+}
+
+Status Connection::iflush(int n, void** data, const int* sizes, void** mhandles, Request** req,
+                          TimeUs now) {
+  (void)now;
+  *req = nullptr;
+  if (error_ != Status::kOk) return error_;
+  Request* r = free_request();
+  if (!r) return Status::kOk;  // NCCL calls again
+  uint64_t token = 0;
+  R2CCL_CHECK(io_->start_flush(n, data, sizes, mhandles, &token));
+  if (token == 0) return Status::kOk;  // host memory: nothing to flush, NCCL treats NULL as done
+  r->used = true;
+  r->done = false;
+  r->kind = Request::Kind::kFlush;
+  r->size = 0;
+  r->flush_token = token;
+  *req = r;
+  return Status::kOk;
+}
+
+Status Connection::test(Request* r, int* done, int* size, TimeUs now) {
+  *done = 0;
+  if (r->kind == Request::Kind::kFlush) {
+    Status err = Status::kOk;
+    const int rc = io_->test_flush(r->flush_token, &err);
+    if (rc < 0 || err != Status::kOk) {
+      release(r);
+      return err != Status::kOk ? err : Status::kSystem;
+    }
+    if (rc == 0) return Status::kOk;
+    *done = 1;
+    if (size) *size = 0;
+    release(r);
+    return Status::kOk;
+  }
+  if (!r->done) {
+    if (error_ == Status::kOk) progress(now);
+    if (!r->done) {
+      if (error_ == Status::kOk) return Status::kOk;
+      // The request fails: released, so nothing more is written for it.
+      const Status e = error_;
+      release(r);
+      return e;
+    }
+  }
+  *done = 1;
+  if (size) *size = static_cast<int>(r->kind == Request::Kind::kSend ? r->size : r->rmsg.total());
+  release(r);
+  return Status::kOk;
+}
+
+}  // namespace r2ccl::net

@@ -1,0 +1,291 @@
+// Connection: one side of one NCCL connection, over a set of paths on several rails, for
+// every transport. It owns, once: requests and sequencing, chunk tracking and replay,
+// duplicates and the stale-data guard, the receiver's acknowledgements and landed state,
+// failure notices and their acknowledgements, the replay gate of transports that must
+// quiesce a failed path at both ends first, recoveries and the "Successfully recovered"
+// line, give-up, draining (the failure predictor) and shadow routing (latency outliers),
+// failback, and every event line. The transport below (transport/path_io.h) only moves
+// bytes and reports events.
+//
+// Data flow (receiver-driven): irecv posts a CTS (sequence, capacity, where the buffer is);
+// isend needs the CTS with its sequence (NULL request until then); the message is cut into
+// chunks of the connection's chunk size; a path takes chunks while its unacknowledged bytes
+// are under R2CCL_PATH_WINDOW (stripe off: the first healthy path; on: the least loaded per
+// rail speed); a chunk is acknowledged by the receiver's ACK (TCP) or by its RC completion
+// (verbs); a send completes when every chunk is acknowledged.
+//
+// Failure: any detector (transport error, link-down event, the acknowledgement watchdog, the
+// heartbeat rule) fails the path exactly once (PathHealth). The detecting end tells the
+// other (FAIL, re-sent until FAIL_ACK). The receiver reports what landed (ACK state); the
+// sender re-queues the failed path's unacknowledged chunks and sends them again on a
+// survivor from the caller's buffer (at once, or once the receiver's FAIL/FAIL_ACK says the
+// path is quiet at its end when PathCaps::quiesce_before_replay).
+//
+// Event lines (log_event: NCCL WARN plus one timestamped line on the event sink), the same
+// for both transports; users and scripts parse their prefixes:
+//   path on rail R failed (CAUSE[: DETAIL]) at the sending|receiving end of conn ID[; ...]
+//   switchover: rail R failed (CAUSE[: DETAIL]); path P of conn ID -> rail R2; N chunks to replay
+//   backup path on rail R failed (CAUSE[: DETAIL]); conn ID keeps rail R2
+//   Successfully recovered in X s (rail R: CAUSE, detected after D ms, N chunks replayed)
+//   failback: rail R is back (path P of conn ID reconnected and passed K probes); ...
+//   hold-down: rail R flapped K times within W s; not used for H s
+//   shadow routing: rail R probe RTT ...
+//   r2ccl predict: the peer drains|no longer drains its end of path P (LABEL) of conn ID: ...
+//   give-up: send|recv conn ID on device D (R): WHY; N pending requests fail with RESULT
+//
+// Threads: isend/irecv/iflush/test on NCCL's proxy thread, progress also on the runtime's
+// background thread for connections the proxy thread left idle; whoever holds the progress
+// token (try_enter) owns the connection and its transport, the others back off (NULL request
+// / not done). reg_mr/dereg_mr (through io()) on NCCL's service thread. Nothing blocks.
+// Every entry point takes `now` (microseconds, CLOCK_MONOTONIC) from its caller; the engine
+// reads no clock of its own, so unit tests drive it with a manual clock.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/conn_policy.h"
+#include "engine/path_health.h"
+#include "engine/rail_env.h"
+#include "engine/recv_message.h"
+#include "engine/scheduler.h"
+#include "engine/send_message.h"
+#include "engine/test_hooks.h"
+#include "r2ccl/nccl_abi.h"
+#include "r2ccl/params.h"
+#include "r2ccl/status.h"
+#include "transport/path_io.h"
+
+namespace r2ccl::net {
+
+class Connection;
+
+enum class Role : uint8_t { kSend, kRecv };
+
+// What the process gives every connection.
+struct ConnEnv {
+  const Config* cfg = nullptr;
+  HealthParams health;
+  TestHooks hooks;
+  RailTable* rails = nullptr;
+};
+
+// NCCL's request handle.
+struct Request {
+  enum class Kind : uint8_t { kSend, kRecv, kFlush };
+  Connection* conn = nullptr;
+  bool used = false;
+  bool done = false;
+  Kind kind = Kind::kSend;
+  uint64_t seq = 0;
+  const char* data = nullptr;  // send: the caller's buffer
+  uint64_t size = 0;           // send: bytes; recv: capacity
+  void* mhandle = nullptr;
+  int tag = 0;
+  // sender
+  SendMessage smsg;
+  RemoteBuffer remote;
+  // receiver
+  RecvMessage rmsg;
+  std::vector<uint32_t> dirty_windows;  // windows with chunks not yet acknowledged
+  int ack_path = -1;                    // path the latest chunk came on
+  int cts_path = -1;                    // path the CTS went on, -1: (re)post it
+  bool cts_delivered = false;           // the transport confirmed the CTS arrived
+  // flush
+  uint64_t flush_token = 0;
+};
+
+class Connection final : public PathSink {
+ public:
+  // `io` has finished its setup: its paths are known.
+  Connection(const ConnEnv& env, Role role, int dev, std::unique_ptr<PathIo> io, TimeUs now);
+  ~Connection() override;
+  Connection(const Connection&) = delete;
+  Connection& operator=(const Connection&) = delete;
+
+  // --- data path (token held) ---
+  // OK with *req = NULL means "call again" (no CTS yet, all 32 requests in use).
+  Status isend(void* data, uint64_t size, int tag, void* mhandle, Request** req, TimeUs now);
+  Status irecv(void* data, uint64_t size, int tag, void* mhandle, Request** req, TimeUs now);
+  // *req = NULL when nothing needs flushing (host memory).
+  Status iflush(int n, void** data, const int* sizes, void** mhandles, Request** req, TimeUs now);
+  // Errors: the connection's error (the request is released then).
+  Status test(Request* r, int* done, int* size, TimeUs now);
+  void progress(TimeUs now);
+  // Best effort, never waits: tells the peer this end closes on purpose.
+  void say_goodbye(TimeUs now) { io_->say_goodbye(now); }
+
+  // --- the progress token ---
+  bool try_enter() {
+    int e = 0;
+    return token_.compare_exchange_strong(e, 1, std::memory_order_acquire);
+  }
+  void leave(TimeUs now) {
+    last_progress_.store(now, std::memory_order_relaxed);
+    token_.store(0, std::memory_order_release);
+  }
+  TimeUs last_progress() const { return last_progress_.load(std::memory_order_relaxed); }
+
+  PathIo& io() { return *io_; }
+  uint64_t id() const { return id_; }
+  Role role() const { return role_; }
+  int dev() const { return dev_; }
+  int npaths() const { return static_cast<int>(paths_.size()); }
+  PathState path_state(int i) const { return paths_[i].health->state(); }
+  Status error() const { return error_; }
+  size_t pending_requests() const { return active_.size(); }
+
+  // --- PathSink ---
+  void on_path_alive(int path, TimeUs now) override;
+  void on_cts(uint64_t seq, uint64_t capacity, const RemoteBuffer& remote, TimeUs now) override;
+  void on_chunk_acked(int path, uint64_t seq, uint32_t idx, TimeUs now) override;
+  ChunkPlace on_chunk_header(int path, const ChunkHeader& h, TimeUs now) override;
+  bool chunk_wanted(const ChunkPlace& place) const override;
+  void on_chunk_read(int path, const ChunkPlace& place, bool clean, TimeUs now) override;
+  void on_chunk_placed(int path, uint64_t seq_low, int seq_bits, uint32_t idx, uint32_t len,
+                       bool last, TimeUs now) override;
+  void on_cts_delivered(uint64_t seq, TimeUs now) override;
+  void on_ctrl(int path, const CtrlMsg& m, TimeUs now) override;
+  void on_path_error(int path, FailCause cause, const char* detail, TimeUs now) override;
+  void on_probe_ok(int path, TimeUs now) override;
+  void on_reconnected(int path, TimeUs now) override;
+  void on_reconnect_failed(int path, bool refused, const char* detail, TimeUs now) override;
+  void on_peer_bye(TimeUs now) override;
+  void on_peer_gone(const char* evidence, TimeUs now) override;
+  void on_fatal(Status st, const char* why, TimeUs now) override;
+  int control_path() const override { return control_path(-1); }
+  bool traffic_in_flight(int path) const override;
+
+ private:
+  struct Path {
+    int index = 0;
+    int rail = 0;
+    std::string label;
+    std::unique_ptr<PathHealth> health;
+    uint64_t inflight_bytes = 0;  // sender: posted, not acknowledged
+    TimeUs ack_progress = 0;      // last acknowledgement, or when the path turned busy
+    TimeUs last_alive = 0;        // anything received on the path
+    TimeUs last_probe = 0;
+    TimeUs probe_sent = 0;
+    bool probe_out = false;
+    bool probe_idle = false;      // nothing was in flight when the probe left: a clean RTT
+    uint32_t down_seen = 0;
+    uint32_t up_seen = 0;
+    bool counted_failed = false;
+    bool gate_pending = false;    // sender: replay waits for the receiver's FAIL / FAIL_ACK
+    bool reconnecting = false;    // sender: PathIo::reconnect in progress
+    bool refused = false;         // sender: the latest reconnect was refused
+    bool peer_drain = false;      // sender: the receiver's node drains its end
+    bool drain_sent = false;      // receiver: the drain state last told to the sender
+    uint64_t chunks_sent = 0;
+  };
+  struct Notice {
+    uint64_t id;
+    int path;
+    uint32_t gen;
+    TimeUs sent_at;
+  };
+  struct Recovery {
+    int path;
+    FailCause cause;
+    std::string detail;
+    TimeUs detect;
+    double detect_ms;
+    bool carried;  // the path carried data when it failed
+    int replayed;
+    std::vector<uint64_t> seqs;
+  };
+  struct PendingCtrl {
+    CtrlMsg m;
+    int prefer;
+  };
+  struct Cts {
+    uint64_t seq;
+    uint64_t cap;
+    RemoteBuffer remote;
+  };
+  struct Done {
+    uint64_t seq;
+    uint32_t nchunks;
+  };
+
+  // paths
+  bool usable(const Path& p) const;
+  bool any_usable() const;
+  int control_path(int prefer) const;
+  int first_carrier() const;
+  std::string rail_name(int rail) const;
+  RailLive& live(const Path& p) { return env_.rails->live(p.rail); }
+  void check_paths(TimeUs now);
+  void fail_path(Path& p, FailCause cause, const char* detail, TimeUs now);
+  void open_gate(Path& p, TimeUs now);
+  void mark_recovered(Path& p);
+  // control traffic
+  void queue_ctrl(const CtrlMsg& m, int prefer = -1);
+  void flush_ctrl(TimeUs now);
+  void queue_recv_state(int prefer);
+  void send_notice(const Notice& n);
+  void resend_notices(TimeUs now);
+  // sender
+  void schedule_chunks(TimeUs now);
+  void on_ack(uint64_t seq, uint32_t prefix, uint32_t base, uint64_t bitmap, TimeUs now);
+  void finish_send_if_complete(Request* r);
+  void check_recoveries(TimeUs now);
+  // receiver
+  void post_ctss(TimeUs now);
+  void send_acks();
+  void tell_drains();
+  void landed(Request* r, int path, uint32_t idx);
+  void mark_dirty(Request* r, uint32_t idx, int path);
+  // end of the connection
+  void give_up(Status st, const std::string& why, TimeUs now);
+  void check_give_up(TimeUs now);
+  void closing_progress(TimeUs now);
+  // requests
+  Request* free_request();
+  Request* find_active(uint64_t seq);
+  const Request* find_active(uint64_t seq) const;
+  void release(Request* r);
+  void remove_active(Request* r);
+
+  ConnEnv env_;
+  const Config& cfg_;
+  Role role_;
+  int dev_;
+  std::unique_ptr<PathIo> io_;
+  PathCaps caps_;
+  uint64_t id_ = 0;
+  uint64_t chunk_ = 0;
+  std::vector<Path> paths_;
+  std::atomic<int> token_{0};
+  std::atomic<TimeUs> last_progress_{0};
+
+  Request reqs_[NCCL_NET_MAX_REQUESTS];
+  std::deque<Request*> active_;  // posted, not complete, in sequence order
+  std::deque<Cts> cts_;          // sender: CTS not yet matched, in sequence order
+  uint64_t next_send_seq_ = 0;
+  uint64_t next_recv_seq_ = 0;
+  std::deque<Done> history_;     // receiver: recently completed receives
+  std::deque<PendingCtrl> ctrlq_;
+  std::deque<Notice> notices_;
+  uint64_t next_notice_ = 1;
+  std::vector<Recovery> recoveries_;
+  std::vector<Recovery> gated_;  // sender: failures whose replay waits for the gate
+  std::vector<PathLoad> loads_;  // schedule_chunks scratch
+
+  GiveUpTimer give_up_timer_;
+  Status error_ = Status::kOk;
+  bool gave_up_ = false;
+  bool peer_closed_ = false;  // the peer sent BYE
+  TimeUs bye_at_ = 0;
+  bool peer_gone_ = false;    // the transport saw the peer's process end
+  std::string peer_gone_why_;
+  TimeUs last_check_ = 0;
+  friend class ConnectionTestPeer;
+};
+
+}  // namespace r2ccl::net

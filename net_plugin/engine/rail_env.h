@@ -1,0 +1,36 @@
+// What a connection needs to know of its process's rails (TCP interfaces, HCA ports): their
+// names, speeds and live state. Implemented by the transport runtimes
+// (transport/runtime_base.h); tests implement it in memory.
+//
+// RailLive is written by any thread (atomics): the background thread (link events, the
+// failure predictor's drain flag) and the data path (counters).
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+#include "r2ccl/rail_stats.h"
+
+namespace r2ccl::net {
+
+struct RailLive : RailCounters {
+  std::atomic<bool> link_up{true};       // netlink carrier/admin state, or the HCA port's
+  std::atomic<uint32_t> down_events{0};  // link-down (port error) notifications seen
+  std::atomic<uint32_t> up_events{0};    // link-up (port active) notifications seen
+};
+
+class RailTable {
+ public:
+  virtual ~RailTable() = default;
+  virtual int rail_count() const = 0;
+  virtual RailLive& live(int rail) = 0;
+  // Display name as in the logs and on the health board: "eth0", "lo@127.0.0.2", "mlx5_0:1".
+  virtual const std::string& rail_name(int rail) const = 0;
+  virtual int rail_speed_mbps(int rail) const = 0;
+  // What a link-down notification on this transport is called in the logs ("netlink",
+  // "port error event").
+  virtual const char* link_event_source() const = 0;
+};
+
+}  // namespace r2ccl::net

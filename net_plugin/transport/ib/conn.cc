@@ -1,0 +1,1275 @@
+#include "transport/ib/conn.h"
+
+#include <arpa/inet.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstddef>
+#include <cstdlib>
+#include <cstring>
+
+#include "engine/path_plan.h"
+#include "r2ccl/log.h"
+#include "r2ccl/random.h"
+#include "sock/socket_util.h"
+
+namespace r2ccl::net::ib {
+namespace {
+
+constexpr int kSqDepth = 256;     // send WRs per QP
+constexpr int kRqDepth = 128;     // posted receives per QP (control SENDs and chunk immediates)
+constexpr int kSqReserve = 24;    // send WRs per QP kept for CTS, probes and control messages
+constexpr int kPollBatch = 32;
+constexpr uint64_t kRecvWrFlag = 1ull << 63;
+constexpr uint64_t kMinChunk = 4096, kMaxChunk = 64ull << 20;  // R2CCL_CHUNK_SIZE's range
+
+enum WrKind : uint8_t { kWrData = 1, kWrDataPart, kWrCts, kWrProbe, kWrCtrl };
+
+bool recoverable(ibv_wc_status s) {
+  return s == IBV_WC_RETRY_EXC_ERR || s == IBV_WC_RNR_RETRY_EXC_ERR || s == IBV_WC_WR_FLUSH_ERR;
+}
+
+Status fatal_status(ibv_wc_status s) {
+  switch (s) {
+    case IBV_WC_REM_ACCESS_ERR:
+    case IBV_WC_REM_INV_REQ_ERR:
+    case IBV_WC_REM_OP_ERR:
+    case IBV_WC_REM_ABORT_ERR:
+    case IBV_WC_REM_INV_RD_REQ_ERR:
+      return Status::kRemote;
+    default:
+      return Status::kInternal;
+  }
+}
+
+const char* ll_name(int ll) { return ll == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB"; }
+
+bool same_ipv4_24(const uint8_t* a, const uint8_t* b) {
+  static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
+  return memcmp(a, mapped, 12) == 0 && memcmp(b, mapped, 12) == 0 && memcmp(a + 12, b + 12, 3) == 0;
+}
+
+size_t page_round(size_t n) { return (n + 4095) & ~size_t(4095); }
+
+// An RC QP from INIT to RTR and RTS towards `dest_qpn` on `peer` (the peer's port, its GID).
+int qp_to_rts(const VerbsApi& v, ibv_qp* qp, const HcaInfo& h, const IbWireHca& peer,
+              uint32_t dest_qpn, const Config& cfg, int tc) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_RTR;
+  a.path_mtu = static_cast<ibv_mtu>(std::min<int>(h.active_mtu ? h.active_mtu : static_cast<int>(IBV_MTU_1024),
+                                                  peer.mtu ? peer.mtu : static_cast<int>(IBV_MTU_1024)));
+  a.dest_qp_num = dest_qpn;
+  a.rq_psn = 0;
+  a.max_dest_rd_atomic = 1;
+  a.min_rnr_timer = 12;
+  a.ah_attr.port_num = static_cast<uint8_t>(h.port);
+  a.ah_attr.sl = static_cast<uint8_t>(cfg.ib_sl);
+  if (h.link_layer == IBV_LINK_LAYER_ETHERNET) {
+    a.ah_attr.is_global = 1;
+    memcpy(a.ah_attr.grh.dgid.raw, peer.gid, 16);
+    a.ah_attr.grh.sgid_index = static_cast<uint8_t>(h.gid_index);
+    a.ah_attr.grh.hop_limit = 255;
+    a.ah_attr.grh.traffic_class = static_cast<uint8_t>(tc);
+  } else {
+    a.ah_attr.dlid = peer.lid;
+  }
+  int e = v.modify_qp(qp, &a,
+                      IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+                          IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
+  if (e != 0) {
+    R2CCL_WARN("QP %u on %s to RTR: %s", qp->qp_num, h.name.c_str(), strerror(e));
+    return e;
+  }
+  ibv_qp_attr b{};
+  b.qp_state = IBV_QPS_RTS;
+  b.timeout = static_cast<uint8_t>(cfg.ib_timeout);
+  b.retry_cnt = static_cast<uint8_t>(cfg.ib_retry_cnt);
+  b.rnr_retry = 7;
+  b.sq_psn = 0;
+  b.max_rd_atomic = 1;
+  e = v.modify_qp(qp, &b,
+                  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+                      IBV_QP_MAX_QP_RD_ATOMIC);
+  if (e != 0) R2CCL_WARN("QP %u on %s to RTS: %s", qp->qp_num, h.name.c_str(), strerror(e));
+  return e;
+}
+
+// A new RC QP in INIT on the HCA's port.
+ibv_qp* make_qp(const VerbsApi& v, const HcaInfo& h, ibv_cq* cq, int send_wr, int recv_wr, int access) {
+  ibv_qp_init_attr ia{};
+  ia.send_cq = cq;
+  ia.recv_cq = cq;
+  ia.qp_type = IBV_QPT_RC;
+  ia.cap.max_send_wr = static_cast<uint32_t>(send_wr);
+  ia.cap.max_recv_wr = static_cast<uint32_t>(recv_wr);
+  ia.cap.max_send_sge = 1;
+  ia.cap.max_recv_sge = 1;
+  ibv_qp* qp = v.create_qp(h.pd, &ia);
+  if (!qp) {
+    R2CCL_WARN("ibv_create_qp on %s: %s", h.name.c_str(), strerror(errno));
+    return nullptr;
+  }
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.pkey_index = 0;
+  a.port_num = static_cast<uint8_t>(h.port);
+  a.qp_access_flags = access;
+  const int e = v.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  if (e != 0) {
+    R2CCL_WARN("QP %u on %s to INIT: %s", qp->qp_num, h.name.c_str(), strerror(e));
+    v.destroy_qp(qp);
+    return nullptr;
+  }
+  return qp;
+}
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------
+// Listen comm
+
+Listen::Listen(Runtime* r, int d) : rt(r) {
+  dev = d;
+  rt->random_bytes(secret, sizeof(secret));
+  listen_id = rt->random_u64();
+  std::string err;
+  fd = open_rail_listener(rt->side_rail(), &err);
+  if (fd < 0) R2CCL_WARN("listen: side-channel listener on %s: %s", rt->side_rail().name.c_str(), err.c_str());
+}
+
+Listen::~Listen() {
+  if (fd >= 0) ::close(fd);
+}
+
+// ------------------------------------------------------------------------------------------
+// Construction, teardown, memory
+
+Conn::Conn(Runtime* rt, Role role, int dev, int traffic_class)
+    : rt_(rt), cfg_(rt->cfg()), v_(rt->v()), role_(role), dev_(dev) {
+  tc_ = traffic_class != NCCL_NET_TRAFFIC_CLASS_UNDEF ? traffic_class : static_cast<int>(cfg_.ib_tc);
+  nqps_ = static_cast<int>(cfg_.ib_qps_per_path);
+  const int primary = rt_->devices()[dev];
+  ar_ = cfg_.ib_ar < 0 ? rt_->hcas()[primary].link_layer == IBV_LINK_LAYER_INFINIBAND : cfg_.ib_ar == 1;
+  const size_t area_len = page_round(sizeof(IbArea));
+  area_ = static_cast<IbArea*>(aligned_alloc(4096, area_len));
+  memset(area_, 0, area_len);
+  area_mr_.assign(rt_->hcas().size(), nullptr);
+  slots_mr_.assign(rt_->hcas().size(), nullptr);
+  ctrl_slot_busy_.assign(kFifoDepth, false);
+}
+
+Conn::Conn(Runtime* rt, const IbWireHandle& h, int dev, int traffic_class)
+    : Conn(rt, Role::kSend, dev, traffic_class) {
+  handle_ = h;
+}
+
+Conn::Conn(Runtime* rt, Listen* listen) : Conn(rt, Role::kRecv, listen->dev, NCCL_NET_TRAFFIC_CLASS_UNDEF) {
+  listen_ = listen;
+}
+
+Conn::~Conn() {
+  for (auto& p : paths_) destroy_path_qps(p);
+  if (flush_qp_) v_.destroy_qp(flush_qp_);
+  if (flush_cq_) v_.destroy_cq(flush_cq_);
+  for (auto* mr : area_mr_)
+    if (mr) v_.dereg_mr(mr);
+  for (auto* mr : slots_mr_)
+    if (mr) v_.dereg_mr(mr);
+  free(area_);
+  free(slots_);
+  if (sc_fd_ >= 0) ::close(sc_fd_);
+}
+
+Status Conn::register_area_on(int hca) {
+  if (area_mr_[hca]) return Status::kOk;
+  area_mr_[hca] = v_.reg_mr(rt_->hcas()[hca].pd, area_, page_round(sizeof(IbArea)),
+                            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
+  if (!area_mr_[hca]) {
+    R2CCL_WARN("ibv_reg_mr of the connection area on %s: %s", rt_->hcas()[hca].name.c_str(),
+               strerror(errno));
+    return Status::kSystem;
+  }
+  return Status::kOk;
+}
+
+Status Conn::register_slots_on(int hca) {
+  if (slots_mr_[hca]) return Status::kOk;
+  slots_mr_[hca] = v_.reg_mr(rt_->hcas()[hca].pd, slots_, slots_len_, IBV_ACCESS_LOCAL_WRITE);
+  if (!slots_mr_[hca]) {
+    R2CCL_WARN("ibv_reg_mr of the control slots on %s: %s", rt_->hcas()[hca].name.c_str(),
+               strerror(errno));
+    return Status::kSystem;
+  }
+  return Status::kOk;
+}
+
+Status Conn::reg_mr(void* data, size_t size, int type, void** mhandle) {
+  *mhandle = nullptr;
+  auto* m = new IbMr();
+  m->data = data;
+  m->size = size;
+  m->type = type;
+  m->by_hca.assign(rt_->hcas().size(), nullptr);
+  // The path set is fixed at setup and failback re-creates QPs on the same HCAs, so one
+  // registration per HCA of the set stays valid for the connection's life.
+  for (const auto& p : paths_) {
+    if (m->by_hca[p.hca]) continue;
+    std::string err;
+    void* mr = rt_->mr_cache(p.hca).acquire(data, size, &err);
+    if (!mr) {
+      R2CCL_WARN("regMr of %zu bytes at %p on %s: %s", size, data, rt_->hcas()[p.hca].name.c_str(),
+                 err.c_str());
+      dereg_mr(m);
+      return Status::kSystem;
+    }
+    m->by_hca[p.hca] = static_cast<ibv_mr*>(mr);
+  }
+  *mhandle = m;
+  return Status::kOk;
+}
+
+Status Conn::reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, void** mhandle) {
+  *mhandle = nullptr;
+  if (!v_.reg_dmabuf_mr) {
+    R2CCL_WARN("regMrDmaBuf: the verbs library has no ibv_reg_dmabuf_mr (rdma-core < 34)");
+    return Status::kInternal;
+  }
+  auto* m = new IbMr();
+  m->data = data;
+  m->size = size;
+  m->type = NCCL_PTR_DMABUF;
+  m->cached = false;
+  m->by_hca.assign(rt_->hcas().size(), nullptr);
+  for (const auto& p : paths_) {
+    if (m->by_hca[p.hca]) continue;
+    m->by_hca[p.hca] = v_.reg_dmabuf_mr(rt_->hcas()[p.hca].pd, offset, size,
+                                        reinterpret_cast<uintptr_t>(data), fd,
+                                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                            IBV_ACCESS_REMOTE_READ);
+    if (!m->by_hca[p.hca]) {
+      R2CCL_WARN("ibv_reg_dmabuf_mr of %zu bytes (fd %d, offset %llu) on %s: %s", size, fd,
+                 static_cast<unsigned long long>(offset), rt_->hcas()[p.hca].name.c_str(),
+                 strerror(errno));
+      dereg_mr(m);
+      return Status::kSystem;
+    }
+  }
+  *mhandle = m;
+  return Status::kOk;
+}
+
+void Conn::dereg_mr(void* mhandle) {
+  auto* m = static_cast<IbMr*>(mhandle);
+  if (!m) return;
+  for (size_t h = 0; h < m->by_hca.size(); ++h) {
+    if (!m->by_hca[h]) continue;
+    if (m->cached) rt_->mr_cache(static_cast<int>(h)).release(m->by_hca[h]);
+    else v_.dereg_mr(m->by_hca[h]);
+  }
+  delete m;
+}
+
+// ------------------------------------------------------------------------------------------
+// QPs
+
+void Conn::fill_wire_hca(int hca, IbWireHca* w) {
+  HcaInfo h = rt_->hca_snapshot(hca);
+  memset(w, 0, sizeof(*w));
+  w->link_layer = static_cast<uint8_t>(h.link_layer);
+  w->port = static_cast<uint8_t>(h.port);
+  w->mtu = static_cast<uint8_t>(h.active_mtu);
+  w->gid_index = static_cast<uint8_t>(h.gid_index < 0 ? 0 : h.gid_index);
+  w->lid = h.lid;
+  memcpy(w->gid, h.gid, 16);
+  w->area_rkey = area_mr_[hca] ? area_mr_[hca]->rkey : 0;
+}
+
+void Conn::post_recv_slot(Path& p, int q, int k) {
+  const size_t slot = (static_cast<size_t>(p.index) * nqps_ + q) * kRqDepth + k;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(slots_ + slot * kCtrlSlot), static_cast<uint32_t>(kCtrlSlot),
+              slots_mr_[p.hca]->lkey};
+  ibv_recv_wr wr{};
+  wr.wr_id = kRecvWrFlag | (static_cast<uint64_t>(p.gen) << 32) | slot;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  ibv_recv_wr* bad = nullptr;
+  ibv_post_recv(p.qps[q], &wr, &bad);
+}
+
+Status Conn::create_path_qps(Path& p) {
+  const HcaInfo& h = rt_->hcas()[p.hca];
+  p.cq = v_.create_cq(h.ctx, nqps_ * (kSqDepth + kRqDepth), nullptr, nullptr, 0);
+  if (!p.cq) {
+    R2CCL_WARN("ibv_create_cq on %s: %s", h.name.c_str(), strerror(errno));
+    return Status::kSystem;
+  }
+  for (int q = 0; q < nqps_; ++q) {
+    ibv_qp* qp = make_qp(v_, h, p.cq, kSqDepth, kRqDepth,
+                         IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE);
+    if (!qp) return Status::kSystem;
+    p.qps.push_back(qp);
+    for (int k = 0; k < kRqDepth; ++k) post_recv_slot(p, q, k);
+  }
+  p.stopped = false;
+  return Status::kOk;
+}
+
+Status Conn::connect_path_qps(Path& p, const uint32_t* peer_qpn, const IbWireHca& peer) {
+  const HcaInfo h = rt_->hca_snapshot(p.hca);
+  p.peer = peer;
+  for (int q = 0; q < nqps_; ++q)
+    if (qp_to_rts(v_, p.qps[q], h, peer, peer_qpn[q], cfg_, tc_) != 0) return Status::kSystem;
+  return Status::kOk;
+}
+
+void Conn::destroy_path_qps(Path& p) {
+  if (p.cq) {
+    // Whatever completed is no longer of interest; free the work-request records.
+    ibv_wc wc[kPollBatch];
+    for (int k = 0; k < 64; ++k)
+      if (ibv_poll_cq(p.cq, kPollBatch, wc) <= 0) break;
+  }
+  for (size_t i = 0; i < wrs_.size(); ++i) {
+    WrRec& w = wrs_[i];
+    if (!w.used || w.path != p.index) continue;
+    if (w.kind == kWrCtrl && w.ctrl_slot >= 0) ctrl_slot_busy_[w.ctrl_slot] = false;
+    w = WrRec{};
+    free_wrs_.push_back(static_cast<int>(i));
+  }
+  for (auto* qp : p.qps) v_.destroy_qp(qp);
+  p.qps.clear();
+  if (p.cq) v_.destroy_cq(p.cq);
+  p.cq = nullptr;
+  p.outstanding = 0;
+  p.stopped = true;
+}
+
+void Conn::qps_to_err(Path& p) {
+  for (auto* qp : p.qps) {
+    ibv_qp_attr a{};
+    a.qp_state = IBV_QPS_ERR;
+    v_.modify_qp(qp, &a, IBV_QP_STATE);
+  }
+}
+
+PathDesc Conn::path(int i) const { return PathDesc{paths_[i].hca, paths_[i].label, true}; }
+
+bool Conn::ready(int path) const {
+  const Path& p = paths_[path];
+  return !p.qps.empty() && !p.stopped && !p.awaiting_peer;
+}
+
+bool Conn::has_room(int path) const {
+  const Path& p = paths_[path];
+  return p.outstanding + (ar_ ? 3 : 1) <= nqps_ * (kSqDepth - kSqReserve);
+}
+
+std::string Conn::rail_of(const Path& p) const { return rt_->rail_name(p.hca); }
+
+// ------------------------------------------------------------------------------------------
+// Side channel
+
+bool Conn::sc_write(const void* buf, size_t len) {
+  if (sc_fd_ < 0) return false;
+  const char* b = static_cast<const char*>(buf);
+  sc_out_.insert(sc_out_.end(), b, b + len);
+  while (!sc_out_.empty()) {
+    const ssize_t n = ::send(sc_fd_, sc_out_.data(), sc_out_.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n > 0) {
+      sc_out_.erase(sc_out_.begin(), sc_out_.begin() + n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return true;
+    return false;
+  }
+  return true;
+}
+
+int Conn::read_setup(IbSetupMsg* m) {
+  const int r = sc_read_exact(sc_in_, sizeof(IbSetupMsg), &sc_got_);
+  if (r > 0) {
+    memcpy(m, sc_in_, sizeof(*m));
+    sc_got_ = 0;
+  }
+  return r;
+}
+
+// 1: `len` bytes are in buf; 0: not yet; -1: end-of-file or error.
+int Conn::sc_read_exact(void* buf, size_t len, size_t* got) {
+  while (*got < len) {
+    const ssize_t n = ::recv(sc_fd_, static_cast<char*>(buf) + *got, len - *got, MSG_DONTWAIT);
+    if (n > 0) {
+      *got += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    return -1;
+  }
+  return 1;
+}
+
+// ------------------------------------------------------------------------------------------
+// Setup
+
+IbSetupMsg Conn::setup_msg(SetupType t) const {
+  IbSetupMsg m{};
+  m.magic = kIbHandleMagic;
+  m.version = kIbWireVersion;
+  m.type = static_cast<uint16_t>(t);
+  memcpy(m.secret, secret_, 16);
+  m.conn_id = conn_id_;
+  return m;
+}
+
+bool Conn::is_setup(const IbSetupMsg& m, SetupType t, const uint8_t* secret) const {
+  return m.magic == kIbHandleMagic && m.version == kIbWireVersion &&
+         m.type == static_cast<uint16_t>(t) && secrets_equal(m.secret, secret, 16);
+}
+
+Status Conn::setup_step(bool* done, TimeUs now) {
+  if (setup_start_ == 0) setup_start_ = now;
+  return role_ == Role::kSend ? connect_step(done, now) : accept_step(done, now);
+}
+
+Status Conn::connect_step(bool* done, TimeUs now) {
+  *done = false;
+  if (now - setup_start_ > cfg_.connect_timeout) {
+    R2CCL_WARN("connect: no answer from the peer's side channel within R2CCL_CONNECT_TIMEOUT "
+               "(%.0f s)", cfg_.connect_timeout / 1e6);
+    return Status::kRemote;
+  }
+  if (stage_ == 0) {
+    memcpy(secret_, handle_.secret, 16);
+    listen_id_ = handle_.listen_id;
+    if (conn_id_ == 0) conn_id_ = rt_->random_u64();
+    std::string err;
+    sc_fd_ = open_rail_socket(rt_->side_rail(), cfg_.tcp_user_timeout, &err);
+    if (sc_fd_ < 0) {
+      R2CCL_WARN("connect: side channel: %s", err.c_str());
+      return Status::kSystem;
+    }
+    sockaddr_storage peer{};
+    if (handle_.family == AF_INET) {
+      auto* s = reinterpret_cast<sockaddr_in*>(&peer);
+      s->sin_family = AF_INET;
+      s->sin_port = handle_.port;
+      memcpy(&s->sin_addr, handle_.addr, 4);
+    } else {
+      auto* s = reinterpret_cast<sockaddr_in6*>(&peer);
+      s->sin6_family = AF_INET6;
+      s->sin6_port = handle_.port;
+      memcpy(&s->sin6_addr, handle_.addr, 16);
+    }
+    const int e = start_connect(sc_fd_, peer);
+    if (e != 0) {
+      R2CCL_WARN("connect: side channel to %s: %s", addr_to_string(peer).c_str(), strerror(-e));
+      return Status::kRemote;
+    }
+    stage_ = 1;
+  }
+  if (stage_ == 1) {
+    const int e = finish_connect(sc_fd_);
+    if (e == -EINPROGRESS) return Status::kOk;
+    if (e != 0) {
+      // The peer's listener is not there (yet): retry from a fresh socket.
+      ::close(sc_fd_);
+      sc_fd_ = -1;
+      stage_ = 0;
+      return Status::kOk;
+    }
+    candidates_ = rt_->path_set(rt_->devices()[dev_]);
+    IbSetupMsg m = setup_msg(SetupType::kHello);
+    m.listen_id = listen_id_;
+    m.chunk_size = static_cast<uint64_t>(cfg_.chunk_size);
+    m.area_addr = reinterpret_cast<uintptr_t>(area_);
+    m.qps_per_path = static_cast<uint32_t>(nqps_);
+    m.npaths = static_cast<uint32_t>(std::min<size_t>(candidates_.size(), kMaxIbPaths));
+    for (uint32_t i = 0; i < m.npaths; ++i) {
+      R2CCL_CHECK(register_area_on(candidates_[i]));
+      fill_wire_hca(candidates_[i], &m.hca[i]);
+    }
+    chunk_ = m.chunk_size;
+    if (!sc_write(&m, sizeof(m))) return Status::kRemote;
+    stage_ = 2;
+  }
+  if (!sc_write(nullptr, 0)) return Status::kRemote;
+  if (stage_ == 2) {
+    IbSetupMsg m;
+    const int r = read_setup(&m);
+    if (r == 0) return Status::kOk;
+    if (r < 0 || !is_setup(m, SetupType::kReply, secret_) || m.npaths == 0 ||
+        m.npaths > kMaxIbPaths || m.qps_per_path != static_cast<uint32_t>(nqps_)) {
+      R2CCL_WARN("connect: the peer's setup reply is missing or invalid (%s)",
+                 r < 0 ? "side channel closed" : "bad magic, version, secret, path count or QP count");
+      return Status::kRemote;
+    }
+    peer_area_ = m.area_addr;
+    slots_len_ = static_cast<size_t>(m.npaths) * nqps_ * kRqDepth * kCtrlSlot;
+    slots_ = static_cast<char*>(aligned_alloc(4096, page_round(slots_len_)));
+    for (uint32_t i = 0; i < m.npaths; ++i) {
+      if (m.hca[i].pair >= candidates_.size()) {
+        R2CCL_WARN("connect: the peer paired path %u with candidate %u of %zu", i, m.hca[i].pair,
+                   candidates_.size());
+        return Status::kRemote;
+      }
+      Path p;
+      p.index = static_cast<int>(i);
+      p.hca = candidates_[m.hca[i].pair];
+      paths_.push_back(std::move(p));
+    }
+    for (auto& p : paths_) {
+      R2CCL_CHECK(register_slots_on(p.hca));
+      R2CCL_CHECK(create_path_qps(p));
+      R2CCL_CHECK(connect_path_qps(p, m.qpn[p.index], m.hca[p.index]));
+    }
+    IbSetupMsg ready = setup_msg(SetupType::kReady);
+    ready.npaths = m.npaths;
+    ready.qps_per_path = static_cast<uint32_t>(nqps_);
+    for (auto& p : paths_)
+      for (int q = 0; q < nqps_; ++q) ready.qpn[p.index][q] = p.qps[q]->qp_num;
+    if (!sc_write(&ready, sizeof(ready))) return Status::kRemote;
+    stage_ = 3;
+  }
+  if (stage_ == 3) {
+    IbSetupMsg m;
+    const int r = read_setup(&m);
+    if (r == 0) return Status::kOk;
+    if (r < 0 || !is_setup(m, SetupType::kDone, secret_)) {
+      R2CCL_WARN("connect: the peer did not confirm the connection");
+      return Status::kRemote;
+    }
+    finish_setup();
+    *done = true;
+  }
+  return Status::kOk;
+}
+
+Status Conn::accept_step(bool* done, TimeUs now) {
+  *done = false;
+  Listen* l = listen_;
+  if (stage_ == 0) {
+    if (l->fd < 0) return Status::kSystem;
+    const int fd = ::accept4(l->fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return Status::kOk;
+    set_socket_options(fd, cfg_.tcp_user_timeout);
+    sc_fd_ = fd;
+    sc_got_ = 0;
+    setup_start_ = now;
+    stage_ = 1;
+  }
+  if (stage_ > 0 && now - setup_start_ > cfg_.connect_timeout) {
+    R2CCL_WARN("accept: the connecting peer did not finish the setup within R2CCL_CONNECT_TIMEOUT");
+    return Status::kRemote;
+  }
+  if (!sc_write(nullptr, 0)) return Status::kRemote;
+  if (stage_ == 1) {
+    IbSetupMsg m;
+    const int r = read_setup(&m);
+    if (r == 0) return Status::kOk;
+    if (r < 0 || !is_setup(m, SetupType::kHello, l->secret) || m.listen_id != l->listen_id ||
+        m.npaths == 0 || m.npaths > kMaxIbPaths || m.qps_per_path != static_cast<uint32_t>(nqps_) ||
+        m.chunk_size < kMinChunk || m.chunk_size > kMaxChunk) {
+      R2CCL_WARN("accept: refused a side-channel connection: %s",
+                 r < 0 ? "closed before its hello"
+                       : m.qps_per_path != static_cast<uint32_t>(nqps_)
+                           ? "R2CCL_IB_QPS_PER_PATH differs between the two ends"
+                           : "bad magic, version, secret, listen id or chunk size");
+      ::close(sc_fd_);
+      sc_fd_ = -1;
+      stage_ = 0;
+      return Status::kOk;
+    }
+    memcpy(secret_, l->secret, 16);
+    conn_id_ = m.conn_id;
+    chunk_ = m.chunk_size;
+    peer_area_ = m.area_addr;
+    // Pair paths (engine/path_plan.h): our primary with theirs; each of our backups with an
+    // unused candidate of theirs on the same link layer, preferring the same IPv4 /24 (a
+    // rail-aligned fabric routes rail k only to rail k), else the next one in their order.
+    const std::vector<int> mine = rt_->path_set(rt_->devices()[dev_]);
+    const int npeer = static_cast<int>(m.npaths);
+    std::vector<RailPair> pairs = pair_rails(static_cast<int>(mine.size()), npeer, false, [&](int i, int j) {
+      const HcaInfo& h = rt_->hcas()[mine[i]];
+      if (m.hca[j].link_layer != h.link_layer || (i == 0) != (j == 0)) return 0;
+      return same_ipv4_24(m.hca[j].gid, h.gid) ? 2 : 1;
+    });
+    if (pairs.empty() || pairs[0].local != 0) {
+      const HcaInfo& h = rt_->hcas()[mine[0]];
+      R2CCL_WARN("accept: the peer's primary HCA is %s, ours (%s) is %s: cannot connect",
+                 ll_name(m.hca[0].link_layer), h.name.c_str(), ll_name(h.link_layer));
+      return Status::kInternal;
+    }
+    IbSetupMsg reply = setup_msg(SetupType::kReply);
+    for (const auto& pr : pairs) {
+      if (paths_.size() >= m.npaths) break;
+      Path p;
+      p.index = static_cast<int>(paths_.size());
+      p.hca = mine[pr.local];
+      p.peer = m.hca[pr.peer];
+      reply.hca[p.index].pair = static_cast<uint16_t>(pr.peer);
+      paths_.push_back(std::move(p));
+    }
+    slots_len_ = paths_.size() * nqps_ * kRqDepth * kCtrlSlot;
+    slots_ = static_cast<char*>(aligned_alloc(4096, page_round(slots_len_)));
+    for (auto& p : paths_) {
+      R2CCL_CHECK(register_area_on(p.hca));
+      R2CCL_CHECK(register_slots_on(p.hca));
+      R2CCL_CHECK(create_path_qps(p));
+      const uint16_t pair = reply.hca[p.index].pair;
+      fill_wire_hca(p.hca, &reply.hca[p.index]);
+      reply.hca[p.index].pair = pair;
+      for (int q = 0; q < nqps_; ++q) reply.qpn[p.index][q] = p.qps[q]->qp_num;
+    }
+    reply.npaths = static_cast<uint32_t>(paths_.size());
+    reply.qps_per_path = static_cast<uint32_t>(nqps_);
+    reply.area_addr = reinterpret_cast<uintptr_t>(area_);
+    reply.chunk_size = chunk_;
+    if (!sc_write(&reply, sizeof(reply))) return Status::kRemote;
+    stage_ = 2;
+  }
+  if (stage_ == 2) {
+    IbSetupMsg m;
+    const int r = read_setup(&m);
+    if (r == 0) return Status::kOk;
+    if (r < 0 || !is_setup(m, SetupType::kReady, secret_) || m.npaths != paths_.size()) {
+      R2CCL_WARN("accept: the peer's READY is missing or invalid");
+      return Status::kRemote;
+    }
+    for (auto& p : paths_) R2CCL_CHECK(connect_path_qps(p, m.qpn[p.index], p.peer));
+    IbSetupMsg d = setup_msg(SetupType::kDone);
+    if (!sc_write(&d, sizeof(d))) return Status::kRemote;
+    finish_setup();
+    *done = true;
+  }
+  return Status::kOk;
+}
+
+void Conn::finish_setup() {
+  std::string desc;
+  for (auto& p : paths_) {
+    char peer[64];
+    snprintf(peer, sizeof(peer), "%s", p.peer.link_layer == IBV_LINK_LAYER_ETHERNET
+                                           ? gid_to_string(p.peer.gid).c_str()
+                                           : ("lid " + std::to_string(p.peer.lid)).c_str());
+    p.label = rail_of(p) + " -> " + peer;
+    desc += (desc.empty() ? "" : ", ") + p.label;
+  }
+  stage_ = 10;
+  listen_ = nullptr;
+  R2CCL_INFO(NCCL_NET | NCCL_INIT, "%s connection on dev %d: %zu paths (%s), %d QPs per path, chunk %llu KiB%s",
+             role_ == Role::kSend ? "send" : "recv", dev_, paths_.size(), desc.c_str(), nqps_,
+             static_cast<unsigned long long>(chunk_ / 1024), ar_ ? ", adaptive-routing writes" : "");
+}
+
+// ------------------------------------------------------------------------------------------
+// Posting
+
+int Conn::alloc_wr() {
+  if (free_wrs_.empty()) {
+    wrs_.emplace_back();
+    return static_cast<int>(wrs_.size() - 1);
+  }
+  const int i = free_wrs_.back();
+  free_wrs_.pop_back();
+  return i;
+}
+
+int Conn::submit(Path& p, int q, const WrRec& rec, ibv_send_wr* wr, PathSink& sink, TimeUs now) {
+  const int wi = alloc_wr();
+  wrs_[wi] = rec;
+  WrRec& w = wrs_[wi];
+  w.path = static_cast<int8_t>(p.index);
+  w.used = true;
+  w.gen = p.gen;
+  wr->wr_id = static_cast<uint64_t>(wi);
+  wr->send_flags = IBV_SEND_SIGNALED;
+  ibv_send_wr* bad = nullptr;
+  const int e = ibv_post_send(p.qps[q], wr, &bad);
+  if (e != 0) {
+    w = WrRec{};
+    free_wrs_.push_back(wi);
+    char d[64];
+    snprintf(d, sizeof(d), "ibv_post_send: %s", strerror(e));
+    sink.on_path_error(p.index, FailCause::kRetryExceeded, d, now);
+    return -1;
+  }
+  p.outstanding++;
+  return wi;
+}
+
+int Conn::post_write(Path& p, int q, uint8_t kind, const void* local, uint32_t len, uint32_t lkey,
+                     uint64_t raddr, uint32_t rkey, bool imm, uint32_t immv, uint64_t seq,
+                     uint32_t idx, PathSink& sink, TimeUs now) {
+  WrRec rec;
+  rec.kind = kind;
+  rec.seq = seq;
+  rec.idx = idx;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(local), len, lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = len ? &sge : nullptr;
+  wr.num_sge = len ? 1 : 0;
+  wr.opcode = imm ? IBV_WR_RDMA_WRITE_WITH_IMM : IBV_WR_RDMA_WRITE;
+  if (imm) wr.imm_data = htonl(immv);
+  wr.wr.rdma.remote_addr = raddr;
+  wr.wr.rdma.rkey = rkey;
+  return submit(p, q, rec, &wr, sink, now);
+}
+
+PostResult Conn::post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs now) {
+  Path& p = paths_[path];
+  if (!has_room(path)) return PostResult::kFull;
+  const int q = static_cast<int>(p.rr++ % p.qps.size());
+  const auto* mr = static_cast<const IbMr*>(c.mhandle);
+  const uint32_t lkey = mr && mr->by_hca[p.hca] ? mr->by_hca[p.hca]->lkey : 0;
+  const uint64_t raddr = c.remote->addr + c.offset;
+  const uint32_t rkey = c.remote->rkey[p.index];
+  const uint32_t immv = imm_encode(c.seq, c.last, c.idx);
+  int wi = 0;
+  if (ar_) {
+    // Adaptive routing may reorder a write's packets: payload first, then (last chunk) the
+    // message size, then a 0-byte write with immediate; RC completes them in order.
+    if (c.len > 0)
+      wi = post_write(p, q, kWrDataPart, c.src, c.len, lkey, raddr, rkey, false, 0, c.seq, c.idx,
+                      sink, now);
+    const int slot = static_cast<int>(c.seq % kFifoDepth);
+    if (wi >= 0 && c.last) {
+      area_->sizes[slot] = c.total;
+      wi = post_write(p, q, kWrDataPart, &area_->sizes[slot], 8, area_mr_[p.hca]->lkey,
+                      peer_area_ + offsetof(IbArea, sizes) + slot * 8, p.peer.area_rkey, false, 0,
+                      c.seq, c.idx, sink, now);
+    }
+    if (wi >= 0)
+      wi = post_write(p, q, kWrData, nullptr, 0, 0, raddr, rkey, true, immv, c.seq, c.idx, sink, now);
+  } else {
+    wi = post_write(p, q, kWrData, c.src, c.len, lkey, raddr, rkey, true, immv, c.seq, c.idx, sink,
+                    now);
+  }
+  return wi < 0 ? PostResult::kFailed : PostResult::kPosted;
+}
+
+PostResult Conn::post_cts(int path, const CtsOut& c, PathSink& sink, TimeUs now) {
+  Path& p = paths_[path];
+  if (p.outstanding >= nqps_ * kSqDepth - 8) return PostResult::kFull;
+  const int slot = static_cast<int>(c.seq % kFifoDepth);
+  CtsRecord& r = area_->cts_out[slot];
+  const auto* mr = static_cast<const IbMr*>(c.mhandle);
+  r.addr = reinterpret_cast<uintptr_t>(c.buf);
+  r.size = c.capacity;
+  for (size_t i = 0; i < paths_.size(); ++i)
+    r.rkey[i] = mr && mr->by_hca[paths_[i].hca] ? mr->by_hca[paths_[i].hca]->rkey : 0;
+  r.tag = c.tag;
+  r.seq1 = c.seq + 1;
+  const int wi = post_write(p, 0, kWrCts, &r, sizeof(r), area_mr_[p.hca]->lkey,
+                            peer_area_ + offsetof(IbArea, fifo) + slot * sizeof(CtsRecord),
+                            p.peer.area_rkey, false, 0, c.seq, 0, sink, now);
+  return wi < 0 ? PostResult::kFailed : PostResult::kPosted;
+}
+
+IbCtrlMsg Conn::wire_msg(WireCtrl t, int path, uint32_t gen) const {
+  IbCtrlMsg m{};
+  m.magic = kIbHandleMagic;
+  m.type = static_cast<uint16_t>(t);
+  m.path = static_cast<uint16_t>(path);
+  m.gen = gen;
+  return m;
+}
+
+PostResult Conn::post_ctrl(int path, const CtrlMsg& c, PathSink& sink, TimeUs now) {
+  IbCtrlMsg m{};
+  switch (c.type) {
+    case CtrlType::kAck:
+      m = wire_msg(WireCtrl::kAckState, 0, 0);
+      m.a = c.seq;
+      m.b = c.prefix | (static_cast<uint64_t>(c.base) << 32);
+      m.c = c.bitmap;
+      break;
+    case CtrlType::kFail:
+    case CtrlType::kFailAck:
+      m = wire_msg(c.type == CtrlType::kFail ? WireCtrl::kFail : WireCtrl::kFailAck, c.path, c.gen);
+      m.id = c.id;
+      break;
+    case CtrlType::kDrain:
+      m = wire_msg(WireCtrl::kDrain, c.path, c.gen);
+      m.a = c.on ? 1 : 0;
+      break;
+  }
+  if (path < 0) {
+    // No RDMA path is usable: the side channel carries control messages.
+    return sc_fd_ >= 0 && sc_write(&m, sizeof(m)) ? PostResult::kPosted : PostResult::kFull;
+  }
+  Path& p = paths_[path];
+  if (p.outstanding >= nqps_ * kSqDepth - 4) return PostResult::kFull;
+  int slot = -1;
+  for (int i = 0; i < kFifoDepth && slot < 0; ++i)
+    if (!ctrl_slot_busy_[i]) slot = i;
+  if (slot < 0) return PostResult::kFull;
+  area_->ctrl_out[slot] = m;
+  WrRec rec;
+  rec.kind = kWrCtrl;
+  rec.ctrl_slot = slot;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(&area_->ctrl_out[slot]), sizeof(IbCtrlMsg),
+              area_mr_[p.hca]->lkey};
+  ibv_send_wr wr{};
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_SEND;
+  if (submit(p, 0, rec, &wr, sink, now) < 0) return PostResult::kFailed;  // QP 0: in order
+  ctrl_slot_busy_[slot] = true;
+  return PostResult::kPosted;
+}
+
+bool Conn::send_wire(const IbCtrlMsg& m, PathSink& sink, TimeUs now) {
+  const int cp = sink.control_path();
+  if (cp >= 0) {
+    Path& p = paths_[cp];
+    int slot = -1;
+    for (int i = 0; i < kFifoDepth && slot < 0; ++i)
+      if (!ctrl_slot_busy_[i]) slot = i;
+    if (slot >= 0 && p.outstanding < nqps_ * kSqDepth - 4) {
+      area_->ctrl_out[slot] = m;
+      WrRec rec;
+      rec.kind = kWrCtrl;
+      rec.ctrl_slot = slot;
+      ibv_sge sge{reinterpret_cast<uintptr_t>(&area_->ctrl_out[slot]), sizeof(IbCtrlMsg),
+                  area_mr_[p.hca]->lkey};
+      ibv_send_wr wr{};
+      wr.sg_list = &sge;
+      wr.num_sge = 1;
+      wr.opcode = IBV_WR_SEND;
+      if (submit(p, 0, rec, &wr, sink, now) >= 0) {
+        ctrl_slot_busy_[slot] = true;
+        return true;
+      }
+    }
+  }
+  return sc_fd_ >= 0 && sc_write(&m, sizeof(m));
+}
+
+bool Conn::probe(int path, PathSink& sink, TimeUs now) {
+  Path& p = paths_[path];
+  if (p.outstanding >= nqps_ * kSqDepth - 2) return false;
+  const uint64_t raddr = peer_area_ + offsetof(IbArea, scratch);
+  return post_write(p, 0, kWrProbe, nullptr, 0, 0, raddr, p.peer.area_rkey, false, 0, 0, 0, sink,
+                    now) >= 0;
+}
+
+void Conn::flush(PathSink& sink, TimeUs now) {
+  (void)sink;
+  (void)now;
+  sc_write(nullptr, 0);  // what the side channel could not take yet
+}
+
+// ------------------------------------------------------------------------------------------
+// Completions
+
+void Conn::poll_path(Path& p, PathSink& sink, TimeUs now) {
+  if (!p.cq) return;
+  ibv_wc wc[kPollBatch];
+  for (int round = 0; round < 8; ++round) {
+    const int n = ibv_poll_cq(p.cq, kPollBatch, wc);
+    if (n <= 0) return;
+    for (int i = 0; i < n; ++i) {
+      if (wc[i].wr_id & kRecvWrFlag) on_recv_wc(p, wc[i], sink, now);
+      else on_send_wc(p, wc[i], sink, now);
+      if (!p.cq) return;  // destroyed by a rebuild triggered from a control message
+    }
+    if (n < kPollBatch) return;
+  }
+}
+
+void Conn::on_send_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
+  if (wc.wr_id >= wrs_.size() || !wrs_[wc.wr_id].used) return;
+  const WrRec w = wrs_[wc.wr_id];
+  wrs_[wc.wr_id] = WrRec{};
+  free_wrs_.push_back(static_cast<int>(wc.wr_id));
+  if (w.kind == kWrCtrl && w.ctrl_slot >= 0) ctrl_slot_busy_[w.ctrl_slot] = false;
+  if (w.gen != p.gen || w.path != p.index) return;  // an earlier generation of the path
+  p.outstanding--;
+  if (wc.status == IBV_WC_SUCCESS) {
+    sink.on_path_alive(p.index, now);
+    switch (w.kind) {
+      case kWrData:
+        sink.on_chunk_acked(p.index, w.seq, w.idx, now);
+        break;
+      case kWrCts:
+        sink.on_cts_delivered(w.seq, now);
+        break;
+      case kWrProbe:
+        sink.on_probe_ok(p.index, now);
+        break;
+      default:
+        break;
+    }
+    return;
+  }
+  if (recoverable(wc.status)) {
+    sink.on_path_error(p.index, FailCause::kRetryExceeded, v_.wc_status_str(wc.status), now);
+    return;
+  }
+  char why[160];
+  snprintf(why, sizeof(why), "work completion %s (vendor error 0x%x) on path %s: fatal, not failed over",
+           v_.wc_status_str(wc.status), wc.vendor_err, p.label.c_str());
+  sink.on_fatal(fatal_status(wc.status), why, now);
+}
+
+void Conn::on_recv_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
+  const uint32_t gen = static_cast<uint32_t>((wc.wr_id >> 32) & 0x7fffffffu);
+  const size_t slot = wc.wr_id & 0xffffffffu;
+  if (gen != p.gen || slot * kCtrlSlot >= slots_len_) return;
+  if (wc.status != IBV_WC_SUCCESS) {
+    if (wc.status != IBV_WC_WR_FLUSH_ERR && !p.stopped)
+      sink.on_path_error(p.index, FailCause::kRetryExceeded, v_.wc_status_str(wc.status), now);
+    return;
+  }
+  const int per_path = nqps_ * kRqDepth;
+  const int q = static_cast<int>((slot % per_path) / kRqDepth);
+  const int k = static_cast<int>(slot % kRqDepth);
+  const bool repost = !p.qps.empty() && q < static_cast<int>(p.qps.size());
+  if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
+    if (repost) post_recv_slot(p, q, k);
+    peer_rebuilt(p, sink, now);  // a chunk on this generation: the sender's QPs are connected
+    const uint32_t imm = ntohl(wc.imm_data);
+    const uint32_t idx = imm_idx(imm);
+    const bool last = imm_last(imm);
+    uint32_t len = wc.byte_len;
+    if (ar_) {
+      // The payload came as a plain write: its length is the chunk size, the last one's is
+      // known from the message size the sender wrote first.
+      if (last) {
+        const uint64_t total = area_->sizes[imm_seq7(imm) % kFifoDepth];
+        const uint64_t off = static_cast<uint64_t>(idx) * chunk_;
+        len = total >= off ? static_cast<uint32_t>(std::min<uint64_t>(total - off, UINT32_MAX)) : UINT32_MAX;
+      } else {
+        len = static_cast<uint32_t>(chunk_);
+      }
+    }
+    sink.on_chunk_placed(p.index, imm_seq7(imm), kImmSeqBits, idx, len, last, now);
+    return;
+  }
+  if (wc.opcode == IBV_WC_RECV) {
+    IbCtrlMsg m;
+    memcpy(&m, slots_ + slot * kCtrlSlot, sizeof(m));
+    if (repost) post_recv_slot(p, q, k);
+    if (wc.byte_len >= sizeof(m) && m.magic == kIbHandleMagic) {
+      sink.on_path_alive(p.index, now);
+      on_wire_ctrl(p.index, m, sink, now);
+      return;
+    }
+    R2CCL_WARN("path %s: malformed control message (%u bytes) ignored", p.label.c_str(), wc.byte_len);
+    return;
+  }
+  if (repost) post_recv_slot(p, q, k);
+}
+
+// ------------------------------------------------------------------------------------------
+// Control messages
+
+void Conn::on_wire_ctrl(int via, const IbCtrlMsg& m, PathSink& sink, TimeUs now) {
+  const WireCtrl t = static_cast<WireCtrl>(m.type);
+  CtrlMsg c;
+  switch (t) {
+    case WireCtrl::kBye:
+      bye_seen_ = true;
+      sink.on_peer_bye(now);
+      return;
+    case WireCtrl::kAckState:
+      c.type = CtrlType::kAck;
+      c.seq = m.a;
+      if (m.b == UINT64_MAX) {  // the whole message (r2ccl before wire version 2)
+        c.prefix = UINT32_MAX;
+      } else {
+        c.prefix = static_cast<uint32_t>(m.b);
+        c.base = static_cast<uint32_t>(m.b >> 32);
+      }
+      c.bitmap = m.c;
+      sink.on_ctrl(via, c, now);
+      return;
+    case WireCtrl::kFail:
+    case WireCtrl::kFailAck:
+    case WireCtrl::kDrain:
+      c.type = t == WireCtrl::kFail ? CtrlType::kFail : t == WireCtrl::kFailAck ? CtrlType::kFailAck
+                                                                                : CtrlType::kDrain;
+      c.path = m.path;
+      c.gen = m.gen;
+      c.id = m.id;
+      c.on = m.a != 0;
+      sink.on_ctrl(via, c, now);
+      return;
+    default:
+      break;
+  }
+  if (m.path >= paths_.size()) {
+    R2CCL_WARN("control message for path %u of %zu ignored", m.path, paths_.size());
+    return;
+  }
+  switch (t) {
+    case WireCtrl::kRebuild:
+      if (role_ == Role::kRecv) on_rebuild(m, sink, now);
+      break;
+    case WireCtrl::kRebuildDone:
+      if (role_ == Role::kRecv && m.gen == paths_[m.path].gen) peer_rebuilt(paths_[m.path], sink, now);
+      break;
+    case WireCtrl::kRebuildAck:
+    case WireCtrl::kRebuildNak:
+      if (role_ == Role::kSend) on_rebuild_ack(m, sink, now);
+      break;
+    default:
+      R2CCL_WARN("unknown control message type %u ignored", m.type);
+  }
+}
+
+void Conn::read_side_channel(PathSink& sink, TimeUs now) {
+  if (sc_fd_ < 0) return;
+  for (;;) {
+    const int r = sc_read_exact(sc_in_, sizeof(IbCtrlMsg), &sc_got_);
+    if (r == 0) return;
+    if (r < 0) {
+      ::close(sc_fd_);
+      sc_fd_ = -1;
+      if (!bye_seen_) sink.on_peer_gone("its side channel closed without BYE", now);
+      return;
+    }
+    sc_got_ = 0;
+    IbCtrlMsg m;
+    memcpy(&m, sc_in_, sizeof(m));
+    if (m.magic != kIbHandleMagic) {
+      R2CCL_WARN("side channel: malformed control message ignored");
+      continue;
+    }
+    on_wire_ctrl(-1, m, sink, now);
+  }
+}
+
+// Sender: new CTS records in the FIFO, in sequence order.
+void Conn::poll_fifo(PathSink& sink, TimeUs now) {
+  for (int k = 0; k < kFifoDepth; ++k) {
+    const int slot = static_cast<int>(next_cts_seq_ % kFifoDepth);
+    volatile CtsRecord* c = &area_->fifo[slot];
+    if (c->seq1 != next_cts_seq_ + 1) return;
+    std::atomic_thread_fence(std::memory_order_acquire);
+    CtsRecord r;
+    memcpy(&r, const_cast<CtsRecord*>(&area_->fifo[slot]), sizeof(r));
+    RemoteBuffer rb;
+    rb.addr = r.addr;
+    for (int i = 0; i < kMaxIbPaths && i < kMaxPathsPerConn; ++i) rb.rkey[i] = r.rkey[i];
+    sink.on_cts(next_cts_seq_, r.size, rb, now);
+    next_cts_seq_++;
+  }
+}
+
+void Conn::poll(PathSink& sink, TimeUs now) {
+  if (stage_ != 10) return;
+  read_side_channel(sink, now);
+  for (auto& p : paths_) poll_path(p, sink, now);
+  if (role_ == Role::kSend) poll_fifo(sink, now);
+  for (auto& p : paths_) {
+    if (!p.rebuilding || now <= p.rebuild_deadline) continue;
+    p.rebuilding = false;
+    destroy_path_qps(p);
+    sink.on_reconnect_failed(p.index, false, "no answer to the rebuild request", now);
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Failure, failback
+
+void Conn::stop_path(int path, bool from_peer, TimeUs now) {
+  (void)now;
+  Path& p = paths_[path];
+  p.stopped = true;
+  // Our QPs of the path go to ERR: nothing more is sent or lands, every posted WR flushes.
+  // (Test hook no_bilateral_err: the receiver leaves them in RTS when the sender says so.)
+  if (rt_->env().hooks.bilateral_err || !(from_peer && role_ == Role::kRecv)) qps_to_err(p);
+}
+
+void Conn::quiesce(int path, PathSink& sink, TimeUs now) {
+  // Every chunk that landed on the path before its QPs entered ERR has its completion in
+  // the CQ already.
+  poll_path(paths_[path], sink, now);
+}
+
+bool Conn::can_reconnect(int path, PathSink& sink) const {
+  (void)path;
+  return role_ == Role::kSend && !paths_[path].rebuilding && (sink.control_path() >= 0 || sc_fd_ >= 0);
+}
+
+void Conn::reconnect(int path, PathSink& sink, TimeUs now) {
+  Path& p = paths_[path];
+  destroy_path_qps(p);
+  p.gen++;
+  if (create_path_qps(p) != Status::kOk) {
+    destroy_path_qps(p);
+    sink.on_reconnect_failed(p.index, false, "could not create the QPs", now);
+    return;
+  }
+  p.stopped = true;  // not in service until the peer connected its QPs
+  IbCtrlMsg m = wire_msg(WireCtrl::kRebuild, p.index, p.gen);
+  m.n = static_cast<uint32_t>(nqps_);
+  for (int q = 0; q < nqps_; ++q) m.qpn[q] = p.qps[q]->qp_num;
+  fill_wire_hca(p.hca, &m.hca);
+  p.rebuilding = true;
+  p.rebuild_deadline = now + std::max<TimeUs>(4 * cfg_.heartbeat_interval, 500 * kUsPerMs);
+  if (!send_wire(m, sink, now)) {
+    p.rebuilding = false;
+    destroy_path_qps(p);
+    sink.on_reconnect_failed(p.index, false, "no channel to the peer for the rebuild request", now);
+  }
+}
+
+void Conn::on_rebuild(const IbCtrlMsg& m, PathSink& sink, TimeUs now) {
+  Path& p = paths_[m.path];
+  IbCtrlMsg out = wire_msg(WireCtrl::kRebuildNak, m.path, m.gen);
+  if (!rt_->live(p.hca).link_up.load() || m.n != static_cast<uint32_t>(nqps_)) {
+    send_wire(out, sink, now);
+    return;
+  }
+  if (!p.stopped) sink.on_path_error(p.index, FailCause::kPeerNotice, "the peer rebuilds it", now);
+  destroy_path_qps(p);
+  p.gen = m.gen;
+  if (create_path_qps(p) != Status::kOk || connect_path_qps(p, m.qpn, m.hca) != Status::kOk) {
+    destroy_path_qps(p);
+    send_wire(out, sink, now);
+    return;
+  }
+  // Nothing is posted on the new QPs until the sender has connected its own (its probes
+  // passed, REBUILD_DONE): a write to a sender QP still in INIT would be lost and fail the
+  // path again. Receives are posted, so the sender's chunks land meanwhile.
+  p.awaiting_peer = true;
+  out.type = static_cast<uint16_t>(WireCtrl::kRebuildAck);
+  out.n = static_cast<uint32_t>(nqps_);
+  for (int q = 0; q < nqps_; ++q) out.qpn[q] = p.qps[q]->qp_num;
+  fill_wire_hca(p.hca, &out.hca);
+  send_wire(out, sink, now);
+}
+
+void Conn::peer_rebuilt(Path& p, PathSink& sink, TimeUs now) {
+  if (!p.awaiting_peer) return;
+  p.awaiting_peer = false;
+  sink.on_reconnected(p.index, now);
+}
+
+void Conn::on_rebuild_ack(const IbCtrlMsg& m, PathSink& sink, TimeUs now) {
+  Path& p = paths_[m.path];
+  if (!p.rebuilding || m.gen != p.gen) return;
+  p.rebuilding = false;
+  if (static_cast<WireCtrl>(m.type) == WireCtrl::kRebuildNak || m.n != static_cast<uint32_t>(nqps_) ||
+      connect_path_qps(p, m.qpn, m.hca) != Status::kOk) {
+    destroy_path_qps(p);
+    sink.on_reconnect_failed(p.index, false, "the peer could not rebuild the path", now);
+    return;
+  }
+  p.stopped = false;
+  sink.on_reconnected(p.index, now);
+}
+
+void Conn::path_recovered(int path, PathSink& sink, TimeUs now) {
+  // The receiver may post on the path again: the sender's QPs are connected and passed.
+  send_wire(wire_msg(WireCtrl::kRebuildDone, path, paths_[path].gen), sink, now);
+}
+
+TimeUs Conn::heard_within(int path, TimeUs now) const {
+  (void)path;
+  (void)now;
+  return INT64_MAX;  // completions are the only evidence; the engine's rules use them
+}
+
+TimeUs Conn::fault_start(int path, TimeUs now) const {
+  (void)path;
+  (void)now;
+  return 0;
+}
+
+void Conn::say_goodbye(TimeUs now) {
+  (void)now;
+  if (sc_fd_ < 0 || stage_ != 10) return;
+  IbCtrlMsg m = wire_msg(WireCtrl::kBye, 0, 0);
+  ::send(sc_fd_, &m, sizeof(m), MSG_NOSIGNAL | MSG_DONTWAIT);
+}
+
+void Conn::abort(TimeUs now) {
+  (void)now;
+  for (auto& p : paths_) {
+    qps_to_err(p);
+    p.stopped = true;
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// iflush
+
+Status Conn::make_flush_qp() {
+  const Path& p = paths_[0];
+  const HcaInfo h = rt_->hca_snapshot(p.hca);
+  flush_cq_ = v_.create_cq(h.ctx, 64, nullptr, nullptr, 0);
+  if (!flush_cq_) return Status::kSystem;
+  flush_qp_ = make_qp(v_, h, flush_cq_, 32, 1, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE);
+  if (!flush_qp_) return Status::kSystem;
+  IbWireHca self;
+  fill_wire_hca(p.hca, &self);
+  if (qp_to_rts(v_, flush_qp_, h, self, flush_qp_->qp_num, cfg_, 0) != 0) return Status::kSystem;
+  return Status::kOk;
+}
+
+Status Conn::start_flush(int n, void** data, const int* sizes, void** mhandles, uint64_t* token) {
+  *token = 0;
+  int last = -1;
+  for (int i = 0; i < n; ++i) {
+    const auto* mr = mhandles ? static_cast<const IbMr*>(mhandles[i]) : nullptr;
+    if (sizes[i] > 0 && mr && (mr->type != NCCL_PTR_HOST || rt_->env().hooks.force_flush)) last = i;
+  }
+  if (last < 0) return Status::kOk;  // host memory: nothing to flush
+  if (!flush_qp_) {
+    const Status s = make_flush_qp();
+    if (s != Status::kOk) {
+      R2CCL_WARN("iflush: cannot set up the loopback flush QP on %s: %s", rail_of(paths_[0]).c_str(),
+                 strerror(errno));
+      return s;
+    }
+  }
+  const int hca = paths_[0].hca;
+  const auto* mr = static_cast<const IbMr*>(mhandles[last]);
+  const uint64_t t = next_flush_++;
+  ibv_sge sge{reinterpret_cast<uintptr_t>(&area_->scratch[0]), 1, area_mr_[hca]->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = t;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(data[last]);
+  wr.wr.rdma.rkey = mr->by_hca[hca] ? mr->by_hca[hca]->rkey : 0;
+  ibv_send_wr* bad = nullptr;
+  const int e = ibv_post_send(flush_qp_, &wr, &bad);
+  if (e != 0) {
+    R2CCL_WARN("iflush: ibv_post_send of the flush read: %s", strerror(e));
+    return Status::kSystem;
+  }
+  *token = t;
+  return Status::kOk;
+}
+
+int Conn::test_flush(uint64_t token, Status* err) {
+  *err = Status::kOk;
+  ibv_wc wc[8];
+  const int n = flush_cq_ ? ibv_poll_cq(flush_cq_, 8, wc) : 0;
+  for (int i = 0; i < n; ++i) {
+    if (wc[i].status != IBV_WC_SUCCESS) {
+      R2CCL_WARN("iflush: flush read completed with %s", v_.wc_status_str(wc[i].status));
+      flush_error_ = Status::kSystem;
+    }
+    flushes_done_.push_back(wc[i].wr_id);
+  }
+  if (flush_error_ != Status::kOk) {
+    *err = flush_error_;
+    return -1;
+  }
+  auto it = std::find(flushes_done_.begin(), flushes_done_.end(), token);
+  if (it == flushes_done_.end()) return 0;
+  flushes_done_.erase(it);
+  return 1;
+}
+
+}  // namespace r2ccl::net::ib

@@ -1,0 +1,216 @@
+// ib::Conn: the verbs transport's side of one NCCL connection (a PathIo under
+// engine::Connection). A path is R2CCL_IB_QPS_PER_PATH RC QPs on one HCA port with its own
+// CQ, connected to the peer's QPs on the HCA the path plan paired it with.
+//
+// What it does, and nothing more:
+//  - setup over the TCP side channel (HELLO / REPLY / READY / DONE, wire.h): candidate HCAs,
+//    pairing, QP numbers, the connection areas; both ends' QPs are in RTS before either
+//    returns the comm. The side channel stays open: control messages when no RDMA path is
+//    usable, BYE, and its end-of-file without BYE says the peer process is gone;
+//  - data: the receiver's CTS record is an RDMA WRITE into slot seq % 64 of the sender's
+//    FIFO (seq1 last, polled here); chunks are RDMA WRITE WITH IMMEDIATE straight into the
+//    posted buffer (adaptive routing: a plain write, then a 0-byte write with immediate; the
+//    last chunk also writes the size into the receiver's area first); a chunk is
+//    acknowledged by its successful RC completion; control messages are RDMA SENDs on QP 0;
+//  - probes are 0-byte RDMA writes; a path stops by moving its QPs to ERR (both ends, the
+//    engine's quiesce gate); a failed path is re-created (REBUILD / REBUILD_ACK, then
+//    REBUILD_DONE once the sender's probes passed);
+//  - completions: success of a chunk write = acknowledged; retry-exceeded, RNR-retry-exceeded
+//    and flush = the path failed; any other error (remote access, local protection) is fatal;
+//  - memory registration on every HCA of the path set (with the runtime's MR caches), and
+//    the GPU flush (iflush): a 1-byte RDMA READ through a QP connected to itself.
+//
+// Threads: as engine::Connection (the progress token holder drives it); reg_mr/dereg_mr on
+// NCCL's service thread (the MR caches lock).
+#pragma once
+
+#include <deque>
+#include <string>
+#include <vector>
+
+#include "engine/connection.h"
+#include "transport/ib/runtime.h"
+#include "transport/ib/wire.h"
+#include "transport/transport.h"
+
+namespace r2ccl::net::ib {
+
+// A registration handle (NCCL's mhandle): the buffer registered on every HCA of the
+// connection's path set.
+struct IbMr {
+  std::vector<ibv_mr*> by_hca;  // indexed by runtime HCA index; nullptr where not registered
+  void* data = nullptr;
+  size_t size = 0;
+  int type = NCCL_PTR_HOST;  // NCCL_PTR_HOST, _CUDA or _DMABUF
+  bool cached = true;        // from the MR cache (released), else deregistered directly
+};
+
+class Listen final : public Listener {
+ public:
+  Listen(Runtime* rt, int dev);
+  ~Listen() override;
+  Runtime* rt;
+  int fd = -1;  // side-channel listener
+  uint64_t listen_id = 0;
+  uint8_t secret[16];
+};
+
+class Conn final : public ConnIo {
+ public:
+  // Connector (role kSend) from NCCL's handle, or acceptor (kRecv) for `listen`.
+  Conn(Runtime* rt, const IbWireHandle& h, int dev, int traffic_class);
+  Conn(Runtime* rt, Listen* listen);
+  ~Conn() override;
+
+  Status setup_step(bool* done, TimeUs now) override;
+
+  // --- PathIo ---
+  PathCaps caps() const override { return PathCaps{false, true}; }
+  uint64_t conn_id() const override { return conn_id_; }
+  int npaths() const override { return static_cast<int>(paths_.size()); }
+  PathDesc path(int i) const override;
+  uint32_t generation(int path) const override { return paths_[path].gen; }
+  uint64_t chunk_size() const override { return chunk_; }
+  void poll(PathSink& sink, TimeUs now) override;
+  void flush(PathSink& sink, TimeUs now) override;
+  bool ready(int path) const override;
+  bool has_room(int path) const override;
+  PostResult post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs now) override;
+  PostResult post_cts(int path, const CtsOut& c, PathSink& sink, TimeUs now) override;
+  PostResult post_ctrl(int path, const CtrlMsg& m, PathSink& sink, TimeUs now) override;
+  bool probe(int path, PathSink& sink, TimeUs now) override;
+  void stop_path(int path, bool from_peer, TimeUs now) override;
+  void quiesce(int path, PathSink& sink, TimeUs now) override;
+  bool can_reconnect(int path, PathSink& sink) const override;
+  void reconnect(int path, PathSink& sink, TimeUs now) override;
+  void path_recovered(int path, PathSink& sink, TimeUs now) override;
+  TimeUs heard_within(int path, TimeUs now) const override;
+  TimeUs fault_start(int path, TimeUs now) const override;
+  void say_goodbye(TimeUs now) override;
+  void abort(TimeUs now) override;
+  Status start_flush(int n, void** data, const int* sizes, void** mhandles,
+                     uint64_t* token) override;
+  int test_flush(uint64_t token, Status* err) override;
+  Status reg_mr(void* data, size_t size, int type, void** mhandle) override;
+  Status reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, void** mhandle) override;
+  void dereg_mr(void* mhandle) override;
+
+ private:
+  struct WrRec {
+    uint8_t kind = 0;
+    int8_t path = -1;
+    bool used = false;
+    uint32_t gen = 0;
+    uint64_t seq = 0;
+    uint32_t idx = 0;
+    int ctrl_slot = -1;
+  };
+  struct Path {
+    int index = 0;
+    int hca = 0;       // local runtime HCA index (the rail)
+    IbWireHca peer{};  // the peer's HCA of this path
+    std::string label;
+    ibv_cq* cq = nullptr;
+    std::vector<ibv_qp*> qps;
+    uint32_t gen = 0;
+    uint32_t rr = 0;
+    int outstanding = 0;        // send WRs not completed
+    bool stopped = false;       // QPs in ERR (or left in RTS by the test hook): out of service
+    bool rebuilding = false;    // sender: REBUILD sent, waiting for the answer
+    bool awaiting_peer = false; // receiver: rebuilt, waiting for the sender's REBUILD_DONE
+    TimeUs rebuild_deadline = 0;
+  };
+
+  Conn(Runtime* rt, Role role, int dev, int traffic_class);
+  // setup
+  Status connect_step(bool* done, TimeUs now);
+  Status accept_step(bool* done, TimeUs now);
+  IbSetupMsg setup_msg(SetupType t) const;  // header with this connection's secret
+  bool is_setup(const IbSetupMsg& m, SetupType t, const uint8_t* secret) const;
+  Status register_area_on(int hca);
+  Status register_slots_on(int hca);
+  Status create_path_qps(Path& p);
+  Status connect_path_qps(Path& p, const uint32_t* peer_qpn, const IbWireHca& peer);
+  void destroy_path_qps(Path& p);
+  void qps_to_err(Path& p);
+  void fill_wire_hca(int hca, IbWireHca* w);
+  void finish_setup();
+  bool sc_write(const void* buf, size_t len);
+  int sc_read_exact(void* buf, size_t len, size_t* got);
+  // The next setup message from the side channel: 1 read (into *m), 0 not yet, -1 closed.
+  int read_setup(IbSetupMsg* m);
+  void post_recv_slot(Path& p, int q, int k);
+  // data path
+  int alloc_wr();
+  // Posts `wr` (signaled) on QP q of path p; returns the record index, or -1 after telling
+  // the sink the path failed.
+  int submit(Path& p, int q, const WrRec& rec, ibv_send_wr* wr, PathSink& sink, TimeUs now);
+  int post_write(Path& p, int q, uint8_t kind, const void* local, uint32_t len, uint32_t lkey,
+                 uint64_t raddr, uint32_t rkey, bool imm, uint32_t immv, uint64_t seq, uint32_t idx,
+                 PathSink& sink, TimeUs now);
+  void poll_path(Path& p, PathSink& sink, TimeUs now);
+  void on_send_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now);
+  void on_recv_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now);
+  void on_wire_ctrl(int via, const IbCtrlMsg& m, PathSink& sink, TimeUs now);
+  void poll_fifo(PathSink& sink, TimeUs now);
+  void read_side_channel(PathSink& sink, TimeUs now);
+  // The backend's own control messages (REBUILD, BYE): on the engine's control path, else
+  // the side channel.
+  bool send_wire(const IbCtrlMsg& m, PathSink& sink, TimeUs now);
+  IbCtrlMsg wire_msg(WireCtrl t, int path, uint32_t gen) const;
+  void on_rebuild(const IbCtrlMsg& m, PathSink& sink, TimeUs now);
+  void on_rebuild_ack(const IbCtrlMsg& m, PathSink& sink, TimeUs now);
+  void peer_rebuilt(Path& p, PathSink& sink, TimeUs now);
+  Status make_flush_qp();
+  std::string rail_of(const Path& p) const;
+
+  Runtime* rt_;
+  const Config& cfg_;
+  const VerbsApi& v_;
+  Role role_;
+  int dev_;
+  int tc_;
+  Listen* listen_ = nullptr;  // acceptor, during setup
+  IbWireHandle handle_{};
+  uint64_t conn_id_ = 0;
+  bool ar_ = false;
+  uint64_t chunk_ = 0;
+  int nqps_ = 1;
+  std::vector<Path> paths_;
+
+  // connection area and control receive slots, registered on every HCA of the path set
+  IbArea* area_ = nullptr;
+  std::vector<ibv_mr*> area_mr_;   // by runtime HCA index
+  char* slots_ = nullptr;          // control receive buffers
+  size_t slots_len_ = 0;
+  std::vector<ibv_mr*> slots_mr_;  // by runtime HCA index
+  uint64_t peer_area_ = 0;
+  std::vector<bool> ctrl_slot_busy_;
+  uint64_t next_cts_seq_ = 0;  // sender: the next CTS to look for in the FIFO
+
+  std::vector<WrRec> wrs_;
+  std::vector<int> free_wrs_;
+
+  // iflush: a QP on the primary HCA connected to itself (created at the first flush)
+  ibv_cq* flush_cq_ = nullptr;
+  ibv_qp* flush_qp_ = nullptr;
+  uint64_t next_flush_ = 1;
+  std::vector<uint64_t> flushes_done_;
+  Status flush_error_ = Status::kOk;
+
+  // side channel
+  int sc_fd_ = -1;
+  std::vector<char> sc_out_;
+  char sc_in_[sizeof(IbSetupMsg)];
+  size_t sc_got_ = 0;
+  bool bye_seen_ = false;
+
+  // setup state
+  int stage_ = 0;
+  TimeUs setup_start_ = 0;
+  uint8_t secret_[16] = {};
+  uint64_t listen_id_ = 0;
+  std::vector<int> candidates_;  // connector: its HCAs in preference order
+};
+
+}  // namespace r2ccl::net::ib

@@ -1,0 +1,303 @@
+#include "transport/ib/runtime.h"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "engine/path_plan.h"
+#include "r2ccl/log.h"
+#include "sock/socket_util.h"
+#include "transport/ib/conn.h"
+
+namespace r2ccl::net::ib {
+namespace {
+
+// The side channel's address: the first rail of R2CCL_SOCKET_IFNAME / NCCL_SOCKET_IFNAME /
+// auto-detection (NCCL's bootstrap interface rule), else loopback for a single host.
+bool pick_side_rail(const Config& cfg, Rail* out, std::string* err) {
+  std::string var = getenv("R2CCL_SOCKET_IFNAME")  ? "R2CCL_SOCKET_IFNAME"
+                    : getenv("NCCL_SOCKET_IFNAME") ? "NCCL_SOCKET_IFNAME"
+                                                   : "auto-detection";
+  std::vector<Rail> rails;
+  std::string e;
+  if (select_rails(cfg.socket_ifname, var, system_interfaces(), 0, &rails, &e) && !rails.empty()) {
+    *out = rails[0];
+    return true;
+  }
+  if (!cfg.socket_ifname.empty()) {
+    *err = "verbs side channel: " + e;
+    return false;
+  }
+  if (!select_rails("=lo", "loopback fallback", system_interfaces(), 0, &rails, &e) ||
+      rails.empty()) {
+    *err = "verbs side channel: no interface with an address (set R2CCL_SOCKET_IFNAME): " + e;
+    return false;
+  }
+  R2CCL_WARN("verbs side channel on loopback (%s): no other interface has an address; set "
+             "R2CCL_SOCKET_IFNAME for multi-node jobs", rails[0].name.c_str());
+  *out = rails[0];
+  return true;
+}
+
+std::string port_name(const HcaInfo& h) { return h.name + ":" + std::to_string(h.port); }
+
+}  // namespace
+
+Status Runtime::create(const Config* cfg, bool required, std::unique_ptr<Runtime>* out,
+                       std::string* why, std::string* err) {
+  out->reset();
+  std::string e;
+  const VerbsApi* v = VerbsApi::load(cfg->ibverbs_lib, &e);
+  if (!v) {
+    if (required) {
+      *err = "R2CCL_TRANSPORT=ib: " + e;
+      return Status::kSystem;
+    }
+    if (getenv("R2CCL_IBVERBS_LIB"))  // set on purpose: its failure must not pass unnoticed
+      R2CCL_WARN("R2CCL_TRANSPORT=auto: %s; using the TCP transport", e.c_str());
+    *why = "no verbs library (" + e + ")";
+    return Status::kOk;
+  }
+  std::unique_ptr<HcaSet> set;
+  if (!HcaSet::discover(v, *cfg, &set, err)) return Status::kInvalidUsage;
+  if (!set->any_active()) {
+    if (required) {
+      *err = "R2CCL_TRANSPORT=ib: no active HCA port" +
+             std::string(cfg->ib_hca.empty() ? "" : " selected by R2CCL_IB_HCA=" + cfg->ib_hca) +
+             " (" + std::to_string(set->hcas().size()) + " ports found)";
+      return Status::kSystem;
+    }
+    *why = std::to_string(set->hcas().size()) + " HCA ports, none active";
+    return Status::kOk;
+  }
+  std::unique_ptr<Runtime> rt(new Runtime());
+  R2CCL_CHECK(rt->init(cfg, v, std::move(set), err));
+  *why = required ? "verbs; R2CCL_TRANSPORT=ib" : "verbs; auto: an HCA port is active";
+  *out = std::move(rt);
+  return Status::kOk;
+}
+
+Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSet> set,
+                     std::string* err) {
+  v_ = v;
+  set_ = std::move(set);
+  if (!pick_side_rail(*cfg, &side_rail_, err)) return Status::kInvalidUsage;
+  const auto& h = set_->hcas();
+  std::vector<RailInfo> info;
+  for (size_t i = 0; i < h.size(); ++i) {
+    RailInfo r;
+    r.name = port_name(h[i]);  // as on the board
+    r.speed_mbps = h[i].speed_mbps;
+    r.link_up = h[i].active;
+    r.predict.name = r.name;
+    r.predict.kind = predict::RailSpec::Kind::kIb;
+    r.predict.device = h[i].name;
+    r.predict.port = h[i].port;
+    info.push_back(std::move(r));
+    if (h[i].active && h[i].gid_index >= 0) devices_.push_back(static_cast<int>(i));
+    ibv_pd* pd = h[i].pd;
+    size_t same = i;
+    for (size_t j = 0; j < i; ++j)
+      if (h[j].pd == pd) same = j;
+    if (same != i) {  // another port of the same device: its PD, its cache
+      mr_cache_of_.push_back(mr_cache_of_[same]);
+      continue;
+    }
+    const VerbsApi* vv = v_;
+    mr_cache_of_.push_back(mr_caches_.size());
+    mr_caches_.emplace_back(new MrCache(
+        [vv, pd](uintptr_t start, size_t len, std::string* e) -> void* {
+          ibv_mr* mr = vv->reg_mr(pd, reinterpret_cast<void*>(start), len,
+                                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
+                                      IBV_ACCESS_REMOTE_READ);
+          if (!mr) *e = std::string("ibv_reg_mr: ") + strerror(errno);
+          return mr;
+        },
+        [vv](void* mr) { vv->dereg_mr(static_cast<ibv_mr*>(mr)); },
+        static_cast<size_t>(sysconf(_SC_PAGESIZE))));
+  }
+  if (devices_.empty()) {
+    *err = "no active HCA port has a usable GID (check R2CCL_IB_GID_INDEX / "
+           "R2CCL_IB_ADDR_FAMILY / R2CCL_IB_ADDR_RANGE)";
+    return Status::kSystem;
+  }
+  R2CCL_CHECK(init_base(cfg, std::move(info), board::Transport::kIb, err));
+  // Async events are read without blocking by the background thread, one descriptor per
+  // device (its first port).
+  for (size_t i = 0; i < h.size(); ++i) {
+    bool seen = false;
+    for (int o : async_owner_) seen |= h[o].ctx == h[i].ctx;
+    if (seen) continue;
+    const int fl = fcntl(h[i].ctx->async_fd, F_GETFL);
+    if (fl >= 0) fcntl(h[i].ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+    async_owner_.push_back(static_cast<int>(i));
+  }
+  start_background();
+  return Status::kOk;
+}
+
+std::string Runtime::banner() const {
+  std::string s = std::to_string(devices_.size()) + " rails: ";
+  for (size_t i = 0; i < devices_.size(); ++i) s += (i ? "; " : "") + describe(hcas()[devices_[i]]);
+  const Config& c = cfg();
+  char tail[256];
+  snprintf(tail, sizeof(tail),
+           "; %lld backup paths, %lld QPs per path, chunk %lld KiB, stripe %s, QP timeout %lld "
+           "retry %lld, side channel %s",
+           static_cast<long long>(c.backup_paths), static_cast<long long>(c.ib_qps_per_path),
+           static_cast<long long>(c.chunk_size / 1024), c.stripe ? "on" : "off",
+           static_cast<long long>(c.ib_timeout), static_cast<long long>(c.ib_retry_cnt),
+           side_rail_.name.c_str());
+  return s + tail;
+}
+
+int Runtime::mr_types() const {
+  int t = NCCL_PTR_HOST;
+#ifdef R2CCL_USE_CUDA
+  t |= NCCL_PTR_CUDA;
+  if (v_->reg_dmabuf_mr) t |= NCCL_PTR_DMABUF;
+#endif
+  return t;
+}
+
+Status Runtime::properties(int dev, DeviceProps* p) const {
+  if (dev < 0 || dev >= device_count()) {
+    R2CCL_WARN("getProperties: device %d does not exist (%d HCA ports)", dev, device_count());
+    return Status::kInternal;
+  }
+  const HcaInfo& h = hcas()[devices_[dev]];
+  *p = DeviceProps{};
+  p->name = h.name.c_str();
+  p->pci_path = h.pci_path.empty() ? nullptr : h.pci_path.c_str();
+  p->guid = h.guid;
+  p->speed_mbps = h.speed_mbps;
+  p->port = h.port;
+  p->ptr_support = mr_types();
+  return Status::kOk;
+}
+
+Status Runtime::listen(int dev, void* handle, Listener** out) {
+  *out = nullptr;
+  if (dev < 0 || dev >= device_count()) {
+    R2CCL_WARN("listen: device %d does not exist (%d HCA ports)", dev, device_count());
+    return Status::kInternal;
+  }
+  auto* l = new Listen(this, dev);
+  if (l->fd < 0) {
+    delete l;
+    return Status::kSystem;
+  }
+  IbWireHandle h{};
+  h.magic = kIbHandleMagic;
+  h.version = kIbWireVersion;
+  h.family = static_cast<uint8_t>(side_rail_.family);
+  h.port = local_port(l->fd);  // network order
+  memcpy(h.addr, addr_bytes(side_rail_.addr), side_rail_.family == AF_INET ? 4 : 16);
+  memcpy(h.secret, l->secret, 16);
+  h.listen_id = l->listen_id;
+  memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
+  memcpy(handle, &h, sizeof(h));
+  *out = l;
+  return Status::kOk;
+}
+
+std::unique_ptr<ConnIo> Runtime::new_connector(int dev, int traffic_class, const void* handle,
+                                               Status* st) {
+  IbWireHandle h;
+  memcpy(&h, handle, sizeof(h));
+  if (h.magic != kIbHandleMagic || h.version != kIbWireVersion ||
+      (h.family != AF_INET && h.family != AF_INET6)) {
+    R2CCL_WARN("connect: the handle is not an r2ccl verbs v%u handle (magic %08x, version %u, "
+               "family %u); do both ends use the same R2CCL_TRANSPORT?",
+               kIbWireVersion, h.magic, h.version, h.family);
+    *st = Status::kInternal;
+    return nullptr;
+  }
+  return std::unique_ptr<ConnIo>(new Conn(this, h, dev, traffic_class));
+}
+
+std::unique_ptr<ConnIo> Runtime::new_acceptor(Listener* l) {
+  return std::unique_ptr<ConnIo>(new Conn(this, static_cast<Listen*>(l)));
+}
+
+int Runtime::arm_faults(const char* spec) {
+  (void)spec;
+  R2CCL_WARN("armFaults: the in-process injector acts on TCP sockets; the verbs transport is "
+             "tested with the fake verbs provider's faults (tests/fakeverbs)");
+  return -1;
+}
+
+std::vector<int> Runtime::path_set(int primary) const {
+  const auto& h = hcas();
+  const std::vector<int> near = backup_order(h, primary);
+  return order_rails(primary, static_cast<int>(h.size()), 1 + static_cast<int>(cfg().backup_paths),
+                     [&](int i) {
+                       if (h[i].link_layer != h[primary].link_layer || h[i].gid_index < 0) return -1;
+                       if (std::find(devices_.begin(), devices_.end(), i) == devices_.end()) return -1;
+                       return static_cast<int>(std::find(near.begin(), near.end(), i) - near.begin());
+                     });
+}
+
+HcaInfo Runtime::hca_snapshot(int i) {
+  std::lock_guard<std::mutex> g(hca_mu_);
+  return hcas()[i];
+}
+
+// ------------------------------------------------------------------------------------------
+// Background thread: async events.
+
+void Runtime::bg_add_fds(std::vector<pollfd>* fds) {
+  for (int o : async_owner_) fds->push_back({hcas()[o].ctx->async_fd, POLLIN, 0});
+}
+
+void Runtime::bg_on_fds(const pollfd* fds, size_t n, TimeUs now) {
+  (void)now;
+  for (size_t k = 0; k < n && k < async_owner_.size(); ++k)
+    if (fds[k].revents & POLLIN) handle_async(async_owner_[k]);
+}
+
+void Runtime::handle_async(int i) {
+  const auto& h = hcas();
+  ibv_context* ctx = h[i].ctx;
+  for (int k = 0; k < 64; ++k) {
+    ibv_async_event ev;
+    if (v_->get_async_event(ctx, &ev) != 0) return;  // EAGAIN: drained
+    const ibv_event_type t = ev.event_type;
+    const int port = (t == IBV_EVENT_PORT_ERR || t == IBV_EVENT_PORT_ACTIVE ||
+                      t == IBV_EVENT_GID_CHANGE || t == IBV_EVENT_LID_CHANGE)
+                         ? ev.element.port_num
+                         : 0;
+    v_->ack_async_event(&ev);
+    for (size_t j = 0; j < h.size(); ++j) {
+      if (h[j].ctx != ctx || (port != 0 && h[j].port != port)) continue;
+      RailLive& l = live(static_cast<int>(j));
+      if (t == IBV_EVENT_PORT_ERR) {
+        if (l.link_up.exchange(false)) l.down_events++;
+        log_event("%s port error event (port down)", port_name(h[j]).c_str());
+      } else if (t == IBV_EVENT_PORT_ACTIVE) {
+        {
+          std::lock_guard<std::mutex> g(hca_mu_);
+          set_->refresh_port(static_cast<int>(j), nullptr);
+        }
+        if (!l.link_up.exchange(true)) l.up_events++;
+        log_event("%s port active event", port_name(h[j]).c_str());
+      } else if (t == IBV_EVENT_GID_CHANGE || t == IBV_EVENT_LID_CHANGE) {
+        bool active = false, changed = false;
+        {
+          std::lock_guard<std::mutex> g(hca_mu_);
+          changed = set_->refresh_port(static_cast<int>(j), &active);
+        }
+        if (changed)
+          log_event("%s address change: GID re-selected, now %s", port_name(h[j]).c_str(),
+                    describe(hca_snapshot(static_cast<int>(j))).c_str());
+      } else {
+        R2CCL_WARN("%s: async event %s", h[j].name.c_str(), v_->event_type_str(t));
+      }
+      if (port == 0) break;
+    }
+  }
+}
+
+}  // namespace r2ccl::net::ib

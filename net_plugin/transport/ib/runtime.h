@@ -1,0 +1,84 @@
+// The verbs transport's per-process runtime: the verbs table (dlopen'd), the HCA ports (one
+// NCCL device per active port with a usable GID; every port is a rail), their async events
+// (port error / active, GID change) on the background thread, one MR cache per protection
+// domain, the side channel's rail, and the devices and handles NCCL sees. Everything else per
+// process is RuntimeBase's.
+//
+// Thread ownership, on top of RuntimeBase's:
+//  - HcaInfo GIDs: re-selected by the background thread after IBV_EVENT_GID_CHANGE or a port
+//    coming up, under hca_mu_; connection code copies them under the same lock
+//    (hca_snapshot, at setup and rebuild, never per chunk).
+//  - A connection's QPs and CQs: whoever holds its progress token.
+#pragma once
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "sock/rails.h"
+#include "transport/ib/devices.h"
+#include "transport/ib/mr_cache.h"
+#include "transport/ib/verbs_api.h"
+#include "transport/runtime_base.h"
+
+namespace r2ccl::net::ib {
+
+class Runtime final : public RuntimeBase {
+ public:
+  // Loads the verbs library and discovers the HCA ports. *out = nullptr (use TCP) when the
+  // library is missing or no port is active and !required (R2CCL_TRANSPORT=auto), with *why
+  // saying so. Errors: kInvalidUsage (a bad variable, named), kSystem when `required`
+  // (R2CCL_TRANSPORT=ib) and no verbs library or no active port is found. Thread: init.
+  static Status create(const Config* cfg, bool required, std::unique_ptr<Runtime>* out,
+                       std::string* why, std::string* err);
+
+  const VerbsApi& v() const { return *v_; }
+  const std::vector<HcaInfo>& hcas() const { return set_->hcas(); }
+  // NCCL device d -> HCA index (the ports active at init, in discovery order).
+  const std::vector<int>& devices() const { return devices_; }
+  const Rail& side_rail() const { return side_rail_; }
+  // The MR cache of HCA port `hca`'s protection domain (ports of one device share it).
+  MrCache& mr_cache(int hca) { return *mr_caches_[mr_cache_of_[hca]]; }
+  // Primary HCA then up to R2CCL_BACKUP_PATHS other ports with the same link layer, nearest
+  // first (engine/path_plan.h with backup_order's PCIe/NUMA distance).
+  std::vector<int> path_set(int primary_hca) const;
+  // A copy of HCA i's current addressing (the GID may change at run time).
+  HcaInfo hca_snapshot(int i);
+
+  // --- Transport ---
+  const char* name() const override { return "IB"; }
+  std::string banner() const override;
+  int device_count() const override { return static_cast<int>(devices_.size()); }
+  Status properties(int dev, DeviceProps* p) const override;
+  Status listen(int dev, void* handle, Listener** out) override;
+  int mr_types() const override;
+  int arm_faults(const char* spec) override;
+  // --- RailTable ---
+  const char* link_event_source() const override { return "port error event"; }
+
+ protected:
+  std::unique_ptr<ConnIo> new_connector(int dev, int traffic_class, const void* handle,
+                                        Status* st) override;
+  std::unique_ptr<ConnIo> new_acceptor(Listener* l) override;
+  uint64_t connect_magic() const override { return 0x52324942434f4e4eull; }  // "R2IBCONN"
+  void bg_add_fds(std::vector<pollfd>* fds) override;
+  void bg_on_fds(const pollfd* fds, size_t n, TimeUs now) override;
+  const char* down_cause() const override { return "port error"; }
+
+ private:
+  Runtime() = default;
+  Status init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSet> set, std::string* err);
+  void handle_async(int hca);
+
+  const VerbsApi* v_ = nullptr;
+  std::unique_ptr<HcaSet> set_;
+  std::vector<int> devices_;
+  std::vector<std::unique_ptr<MrCache>> mr_caches_;  // one per PD (device)
+  std::vector<size_t> mr_cache_of_;                   // HCA port index -> mr_caches_ index
+  Rail side_rail_;
+  std::mutex hca_mu_;
+  std::vector<int> async_owner_;  // background thread: bg fds[k] belongs to this HCA
+};
+
+}  // namespace r2ccl::net::ib

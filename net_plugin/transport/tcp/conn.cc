@@ -1,0 +1,1167 @@
+#include "transport/tcp/conn.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <climits>
+#include <cstring>
+#include <mutex>
+#include <set>
+
+#include "engine/path_plan.h"
+#include "fault/fault_injector.h"
+#include "r2ccl/log.h"
+#include "r2ccl/random.h"
+#include "sock/socket_util.h"
+#include "sock/tcp_info.h"
+#include "transport/tcp/runtime.h"
+
+namespace r2ccl::net::tcp {
+namespace {
+
+constexpr size_t kDiscardBytes = 64 * 1024;
+constexpr TimeUs kPathHandshakeTimeout = 1 * kUsPerSec;
+constexpr int kFramesPerRead = 32;  // bound the work of one progress call per stream
+constexpr uint64_t kBytesPerRead = 8ull << 20;
+
+FrameHeader frame(FrameType t) {
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.type = static_cast<uint8_t>(t);
+  return h;
+}
+
+sockaddr_storage wire_to_sockaddr(uint8_t family, const uint8_t* addr, uint16_t port_net) {
+  sockaddr_storage s{};
+  if (family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&s);
+    a->sin6_family = AF_INET6;
+    memcpy(&a->sin6_addr, addr, 16);
+    a->sin6_port = port_net;
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in*>(&s);
+    a->sin_family = AF_INET;
+    memcpy(&a->sin_addr, addr, 4);
+    a->sin_port = port_net;
+  }
+  return s;
+}
+
+std::string wire_name(const WireRail& w) {
+  char name[sizeof(w.name) + 1] = {};
+  memcpy(name, w.name, sizeof(w.name));
+  return name;
+}
+
+// Warn once per process and message (missing rails are reported per rail, not per connection).
+void warn_once(const std::string& msg) {
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lk(mu);
+  if (seen.insert(msg).second) R2CCL_WARN("%s", msg.c_str());
+}
+
+struct HostMr {
+  void* data;
+  size_t size;
+};
+
+}  // namespace
+
+// ------------------------------------------------------------------------------------------
+Listen::Listen(Runtime* r, int d) : rt(r) {
+  dev = d;
+  rt->random_bytes(secret, sizeof(secret));
+  listen_id = rt->random_u64();
+  rt->register_listen(this);
+}
+
+Listen::~Listen() {
+  rt->unregister_listen(this);
+  std::lock_guard<std::mutex> lk(inbox_mu);
+  for (auto& in : inbox) ::close(in.fd);
+  inbox.clear();
+}
+
+// ------------------------------------------------------------------------------------------
+Conn::Conn(Runtime* rt, Role role, int dev)
+    : rt_(rt), cfg_(rt->cfg()), role_(role), dev_(dev), discard_(kDiscardBytes) {
+  n_streams_ = static_cast<int>(cfg_.nsocks_per_path);
+}
+
+Conn::Conn(Runtime* rt, const WireHandle& h, int dev) : Conn(rt, Role::kSend, dev) { handle_ = h; }
+
+Conn::Conn(Runtime* rt, Listen* listen) : Conn(rt, Role::kRecv, listen->dev) { listen_ = listen; }
+
+Conn::~Conn() { close_all(); }
+
+void Conn::close_all() {
+  for (auto& p : paths_) {
+    close_streams(p);
+    for (auto& hs : p.reconnect)
+      if (hs.fd >= 0) ::close(hs.fd);
+    p.reconnect.clear();
+  }
+  if (control_hs_.fd >= 0) ::close(control_hs_.fd);
+  control_hs_.fd = -1;
+  for (auto& hs : setup_hs_)
+    if (hs.fd >= 0) ::close(hs.fd);
+  setup_hs_.clear();
+  std::lock_guard<std::mutex> lk(inbox_mu_);
+  for (auto& in : inbox_) ::close(in.fd);
+  inbox_.clear();
+}
+
+std::string Conn::rail_name(int r) const {
+  const auto& rails = rt_->rails();
+  return r >= 0 && r < static_cast<int>(rails.size()) ? rails[r].name : std::string("?");
+}
+
+void Conn::close_streams(Path& p) {
+  for (auto& s : p.streams) {
+    if (s.fd >= 0) ::close(s.fd);
+    s = Stream{};
+  }
+  p.attached = 0;
+}
+
+PathDesc Conn::path(int i) const {
+  const Path& p = paths_[i];
+  return PathDesc{p.local_rail, p.label, p.up_at_setup};
+}
+
+uint64_t Conn::chunk_size() const { return static_cast<uint64_t>(cfg_.chunk_size); }
+
+// ------------------------------------------------------------------------------------------
+// Handshakes (connector side): connect, send HELLO, read HELLO_ACK.
+
+void Conn::start_handshake(Handshake* hs, int local_rail, int peer_rail, uint32_t flags,
+                           uint32_t gen, TimeUs now) {
+  sockaddr_storage peer;
+  if (peer_rail >= 0) {
+    const WireRail& w = peer_rails_[peer_rail];
+    peer = wire_to_sockaddr(w.family, w.addr, w.port);
+  } else {
+    const WireEndpoint& e = handle_.endpoints[control_candidate_ % handle_.n_endpoints];
+    peer = wire_to_sockaddr(e.family, e.addr, e.port);
+  }
+  hs->stage = 0;
+  hs->off = hs->got = 0;
+  hs->err = 0;
+  hs->deadline = now + kPathHandshakeTimeout;
+  hs->what = rail_name(local_rail) + " -> " + addr_to_string(peer);
+  if (FaultInjector::instance().query(local_rail, now).down) {
+    hs->stage = -1;
+    hs->err = ENETUNREACH;
+    return;
+  }
+  std::string err;
+  hs->fd = open_rail_socket(rt_->rails()[local_rail], cfg_.tcp_user_timeout, &err);
+  if (hs->fd < 0) {
+    hs->stage = -1;
+    hs->err = ENETDOWN;
+    hs->what += ": " + err;
+    return;
+  }
+  int rc = start_connect(hs->fd, peer);
+  if (rc < 0) {
+    hs->stage = -1;
+    hs->err = -rc;
+    return;
+  }
+  FrameHeader h = frame(FrameType::kHello);
+  h.len = sizeof(HelloBody);
+  HelloBody b{};
+  memcpy(b.secret, secret_, 16);
+  b.listen_id = listen_id_;
+  b.conn_id = conn_id_;
+  b.path = static_cast<uint32_t>(hs->path);
+  b.stream = static_cast<uint32_t>(hs->stream);
+  b.n_paths = static_cast<uint32_t>(paths_.size());
+  b.n_streams = static_cast<uint32_t>(n_streams_);
+  b.flags = flags;
+  b.generation = gen;
+  b.rail = static_cast<uint32_t>(local_rail);
+  rt_->fill_wire_rails(&b);
+  hs->out.resize(sizeof(h) + sizeof(b));
+  memcpy(hs->out.data(), &h, sizeof(h));
+  memcpy(hs->out.data() + sizeof(h), &b, sizeof(b));
+}
+
+// 1 done, 0 pending, -1 failed (hs->err).
+int Conn::step_handshake(Handshake* hs, int local_rail, TimeUs now) {
+  if (hs->stage < 0) return -1;
+  auto fault = FaultInjector::instance().query(local_rail, now);
+  if (fault.down) {
+    hs->err = ENETUNREACH;
+    return -1;
+  }
+  if (now > hs->deadline) {
+    hs->err = ETIMEDOUT;
+    return -1;
+  }
+  if (hs->stage == 0) {
+    int rc = finish_connect(hs->fd);
+    if (rc == -EINPROGRESS) return 0;
+    if (rc < 0) {
+      hs->err = -rc;
+      return -1;
+    }
+    hs->stage = 1;
+  }
+  if (fault.blackhole) return 0;
+  if (hs->stage == 1) {
+    while (hs->off < hs->out.size()) {
+      ssize_t n = ::send(hs->fd, hs->out.data() + hs->off, hs->out.size() - hs->off, MSG_NOSIGNAL);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+        hs->err = errno;
+        return -1;
+      }
+      hs->off += static_cast<size_t>(n);
+    }
+    hs->stage = 2;
+  }
+  while (hs->got < sizeof(hs->in)) {
+    ssize_t n = ::recv(hs->fd, hs->in + hs->got, sizeof(hs->in) - hs->got, 0);
+    if (n == 0) {
+      hs->err = ECONNRESET;
+      return -1;
+    }
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return 0;
+      hs->err = errno;
+      return -1;
+    }
+    hs->got += static_cast<size_t>(n);
+    if (hs->got >= sizeof(FrameHeader)) {
+      FrameHeader h;
+      memcpy(&h, hs->in, sizeof(h));
+      if (h.magic != kFrameMagic || h.type != static_cast<uint8_t>(FrameType::kHelloAck) ||
+          h.len != sizeof(HelloBody)) {
+        hs->err = EPROTO;
+        return -1;
+      }
+    }
+  }
+  HelloBody b;
+  memcpy(&b, hs->in + sizeof(FrameHeader), sizeof(b));
+  if (!secrets_equal(b.secret, secret_, 16) || b.n_rails == 0 || b.n_rails > kMaxRails) {
+    hs->err = EACCES;
+    return -1;
+  }
+  hs->stage = 3;
+  return 1;
+}
+
+// ------------------------------------------------------------------------------------------
+// Path plan (engine/path_plan.h): the primary on rail dev_, backups on other rails (another
+// interface before an alias of the primary's), each matched to a peer rail on the same subnet
+// (the same index first; by index when no rail pair shares a subnet).
+Status Conn::plan_paths(const HelloBody& peer, int control_rail, int control_peer_rail, TimeUs now) {
+  (void)now;
+  const auto& rails = rt_->rails();
+  const int nl = static_cast<int>(rails.size());
+  const int np = static_cast<int>(peer.n_rails);
+  peer_rails_.assign(peer.rails, peer.rails + np);
+  auto subnet = [&](int l, int p) {
+    const WireRail& w = peer_rails_[p];
+    return same_subnet(rails[l].family, addr_bytes(rails[l].addr), rails[l].prefix_len, w.family,
+                       w.addr, w.prefix_len);
+  };
+  bool any_shared = false;
+  for (int l = 0; l < nl; ++l)
+    for (int p = 0; p < np; ++p) any_shared |= subnet(l, p);
+  auto score = [&](int l, int p) {
+    if (!any_shared) return p == l ? 1 : 0;
+    if (!subnet(l, p)) return 0;
+    return p == l ? 2 : 1;
+  };
+  // Report rails without a counterpart once per process.
+  for (int l = 0; l < nl; ++l) {
+    bool found = false;
+    for (int p = 0; p < np && !found; ++p) found = score(l, p) > 0;
+    if (!found)
+      warn_once("rail " + rails[l].name + " has no peer rail on its subnet; it is not used for "
+                "connections to that peer");
+  }
+  for (int p = 0; p < np; ++p) {
+    bool found = false;
+    for (int l = 0; l < nl && !found; ++l) found = score(l, p) > 0;
+    if (!found)
+      warn_once("peer rail " + wire_name(peer_rails_[p]) +
+                " has no local rail on its subnet; it is not used");
+  }
+  const int want = 1 + static_cast<int>(cfg_.backup_paths);
+  // Nearest: another interface first (an alias shares the primary's NIC and fails with it).
+  std::vector<int> order = order_rails(dev_, nl, nl, [&](int r) {
+    bool reachable = false;
+    for (int p = 0; p < np && !reachable; ++p) reachable = score(r, p) > 0;
+    if (!reachable && r != control_rail) return -1;
+    return rails[r].ifname == rails[dev_].ifname ? 1 : 0;
+  });
+  std::vector<RailPair> pairs = pair_rails(static_cast<int>(order.size()), np, true, [&](int i, int p) {
+    if (order[i] == control_rail) return p == control_peer_rail ? 1 : 0;
+    return score(order[i], p);
+  });
+  std::vector<std::pair<int, int>> plan;
+  for (const auto& pr : pairs) {
+    if (static_cast<int>(plan.size()) >= want) break;
+    plan.push_back({order[pr.local], pr.peer});
+  }
+  // The control connection's rail pair is known to work: it is always in the plan.
+  bool has_control = false;
+  for (auto& e : plan) has_control |= e.first == control_rail;
+  if (!has_control) {
+    if (plan.empty() || static_cast<int>(plan.size()) < want) plan.push_back({control_rail, control_peer_rail});
+    else plan.back() = {control_rail, control_peer_rail};
+  }
+  if (plan.size() < 2)
+    warn_once("connections on device " + std::to_string(dev_) + " (" + rails[dev_].name +
+              ") have no backup path: a failure of that rail fails them");
+  paths_.clear();
+  paths_.resize(plan.size());
+  for (size_t i = 0; i < plan.size(); ++i) {
+    Path& p = paths_[i];
+    p.index = static_cast<int>(i);
+    p.local_rail = plan[i].first;
+    p.peer_rail = plan[i].second;
+    p.label = rails[p.local_rail].name + " -> " + wire_name(peer_rails_[p.peer_rail]);
+    p.streams.resize(n_streams_);
+    p.reset_seen = FaultInjector::instance().query(p.local_rail, now).reset_epoch;
+  }
+  return Status::kOk;
+}
+
+// ------------------------------------------------------------------------------------------
+Status Conn::setup_step(bool* done, TimeUs now) {
+  return role_ == Role::kSend ? connect_step(done, now) : accept_step(done, now);
+}
+
+Status Conn::connect_step(bool* done, TimeUs now) {
+  *done = false;
+  const auto& rails = rt_->rails();
+  if (setup_stage_ == 0) {
+    memcpy(secret_, handle_.secret, 16);
+    listen_id_ = handle_.listen_id;
+    conn_id_ = rt_->random_u64();
+    setup_start_ = now;
+    setup_stage_ = 1;
+    control_candidate_ = 0;
+    control_hs_.fd = -1;
+    control_hs_.stage = -1;
+    control_hs_.err = 0;
+  }
+  if (now - setup_start_ > cfg_.connect_timeout) {
+    const int err = control_hs_.err ? control_hs_.err : control_last_err_;
+    R2CCL_WARN("connect on device %d (%s) gave up after %.1f s: no endpoint of the peer answered "
+               "(last: %s: %s)",
+               dev_, rails[dev_].name.c_str(), cfg_.connect_timeout / 1e6, control_hs_.what.c_str(),
+               err ? strerror(err) : "no answer");
+    return Status::kRemote;
+  }
+  if (setup_stage_ == 1) {
+    // The control connection: try the handle's endpoints in turn from the matching local rail.
+    if (control_hs_.fd < 0 && control_hs_.stage == -1 && control_hs_.err == 0) {
+      // Failed attempts back off (10 ms doubling to 1 s), so a peer that refuses us (a stale
+      // handle, a wrong secret) is not flooded with connections until the connect timeout.
+      if (now < control_retry_at_) return Status::kOk;
+      const WireEndpoint& e = handle_.endpoints[control_candidate_ % handle_.n_endpoints];
+      int local = dev_;
+      auto on = [&](int l) {
+        return same_subnet(rails[l].family, addr_bytes(rails[l].addr), rails[l].prefix_len,
+                           e.family, e.addr, 32) ||
+               same_subnet(rails[l].family, addr_bytes(rails[l].addr), rails[l].prefix_len,
+                           e.family, e.addr, rails[l].prefix_len);
+      };
+      if (!on(dev_))
+        for (int l = 0; l < static_cast<int>(rails.size()); ++l)
+          if (on(l)) {
+            local = l;
+            break;
+          }
+      control_rail_ = local;
+      paths_.clear();
+      control_hs_.path = 0;
+      control_hs_.stream = 0;
+      start_handshake(&control_hs_, local, -1, kHelloQuery, 0, now);
+    }
+    int r = step_handshake(&control_hs_, control_rail_, now);
+    if (r < 0) {
+      if (control_hs_.fd >= 0) ::close(control_hs_.fd);
+      control_hs_.fd = -1;
+      control_hs_.stage = -1;
+      control_last_err_ = control_hs_.err;
+      control_hs_.err = 0;  // next call starts the next candidate
+      control_candidate_++;
+      control_backoff_ = std::min<TimeUs>(control_backoff_ == 0 ? 10 * kUsPerMs : control_backoff_ * 2,
+                                          kUsPerSec);
+      control_retry_at_ = now + control_backoff_;
+      return Status::kOk;
+    }
+    if (r == 0) return Status::kOk;
+    HelloBody peer;
+    memcpy(&peer, control_hs_.in + sizeof(FrameHeader), sizeof(peer));
+    ::close(control_hs_.fd);  // the query connection only fetched the peer's rails
+    control_hs_.fd = -1;
+    int peer_rail = handle_.endpoints[control_candidate_ % handle_.n_endpoints].rail;
+    if (peer_rail >= static_cast<int>(peer.n_rails)) peer_rail = 0;
+    R2CCL_CHECK(plan_paths(peer, control_rail_, peer_rail, now));
+    setup_hs_.clear();
+    for (auto& p : paths_) {
+      for (int s = 0; s < n_streams_; ++s) {
+        Handshake hs;
+        hs.path = p.index;
+        hs.stream = s;
+        setup_hs_.push_back(std::move(hs));
+        start_handshake(&setup_hs_.back(), p.local_rail, p.peer_rail, 0, 0, now);
+      }
+    }
+    setup_stage_ = 2;
+  }
+  if (setup_stage_ == 2) {
+    bool pending = false;
+    for (auto& hs : setup_hs_) {
+      if (hs.stage == 3 || hs.stage == -2) continue;
+      int r = step_handshake(&hs, paths_[hs.path].local_rail, now);
+      if (r == 0) {
+        pending = true;
+      } else if (r > 0) {
+        paths_[hs.path].streams[hs.stream].fd = hs.fd;
+        hs.fd = -1;
+      } else {
+        if (hs.fd >= 0) ::close(hs.fd);
+        hs.fd = -1;
+        hs.stage = -2;
+        R2CCL_INFO(NCCL_NET | NCCL_INIT, "path %d (%s) not connected at setup: %s", hs.path,
+                   hs.what.c_str(), strerror(hs.err));
+      }
+    }
+    if (pending) return Status::kOk;
+    uint64_t bitmap = 0;
+    for (auto& p : paths_) {
+      bool up = true;
+      for (auto& s : p.streams) up &= s.fd >= 0;
+      if (up) {
+        bitmap |= 1ull << p.index;
+        p.attached = n_streams_;
+      } else {
+        close_streams(p);
+        p.up_at_setup = false;
+        warn_once("path on rail " + rt_->rails()[p.local_rail].name +
+                  " could not be connected at setup; it will be retried in the background");
+      }
+    }
+    if (bitmap == 0) {
+      // Nothing came up: start over (the connect timeout bounds the retries).
+      for (auto& p : paths_) close_streams(p);
+      setup_stage_ = 1;
+      control_candidate_++;
+      return Status::kOk;
+    }
+    // SETUP_DONE on the first path that is up: a = number of paths, total = paths up.
+    const int cpath = __builtin_ctzll(bitmap);
+    FrameHeader sd = frame(FrameType::kSetupDone);
+    sd.a = static_cast<uint32_t>(paths_.size());
+    sd.total = bitmap;
+    queue_ctrl(paths_[cpath], sd, now);
+    flush_stream(paths_[cpath], paths_[cpath].streams[0], now);
+    setup_hs_.clear();
+    setup_stage_ = 3;
+    *done = true;
+    R2CCL_INFO(NCCL_NET | NCCL_INIT, "connected on device %d: %zu paths (%d up), %d streams each",
+               dev_, paths_.size(), __builtin_popcountll(bitmap), n_streams_);
+  }
+  return Status::kOk;
+}
+
+// SETUP_DONE is the first frame on its stream; anything else waits in the kernel until the
+// connection runs.
+bool Conn::peek_setup_done(Path& p, Stream& s) {
+  FrameHeader h;
+  ssize_t n = ::recv(s.fd, &h, sizeof(h), MSG_DONTWAIT | MSG_PEEK);
+  if (n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK)) {
+    ::close(s.fd);
+    s = Stream{};
+    p.attached--;
+    return false;
+  }
+  if (n != static_cast<ssize_t>(sizeof(h))) return true;
+  if (h.magic != kFrameMagic || h.type != static_cast<uint8_t>(FrameType::kSetupDone)) return true;
+  if (::recv(s.fd, &h, sizeof(h), MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(h))) return true;
+  setup_done_seen_ = true;
+  setup_done_bitmap_ = h.total;
+  setup_done_paths_ = h.a;
+  return true;
+}
+
+Status Conn::accept_step(bool* done, TimeUs now) {
+  *done = false;
+  Listen* l = listen_;
+  if (setup_stage_ == 0) {
+    setup_start_ = now;
+    setup_stage_ = 1;
+    memcpy(secret_, l->secret, 16);
+    listen_id_ = l->listen_id;
+  }
+  if (now - setup_start_ > cfg_.connect_timeout) {
+    R2CCL_WARN("accept on device %d (%s) gave up after %.1f s: the peer did not finish connecting",
+               dev_, rt_->rails()[dev_].name.c_str(), cfg_.connect_timeout / 1e6);
+    return Status::kRemote;
+  }
+  std::vector<Incoming> in;
+  {
+    std::lock_guard<std::mutex> lk(l->inbox_mu);
+    in.swap(l->inbox);
+  }
+  for (auto& inc : in) {
+    const HelloBody& b = inc.hello;
+    if (paths_.empty()) {
+      if (b.n_paths == 0 || b.n_paths > kMaxPaths || b.n_streams == 0 || b.n_streams > kMaxStreams ||
+          b.n_rails == 0 || b.n_rails > kMaxRails) {
+        R2CCL_WARN("refused a connection on %s: its hello declares %u paths, %u streams, %u rails",
+                   rail_name(inc.local_rail).c_str(), b.n_paths, b.n_streams, b.n_rails);
+        ::close(inc.fd);
+        continue;
+      }
+      conn_id_ = b.conn_id;
+      n_streams_ = static_cast<int>(b.n_streams);
+      peer_rails_.assign(b.rails, b.rails + b.n_rails);
+      paths_.resize(b.n_paths);
+      for (uint32_t i = 0; i < b.n_paths; ++i) {
+        Path& p = paths_[i];
+        p.index = static_cast<int>(i);
+        p.local_rail = dev_;
+        p.streams.resize(n_streams_);
+      }
+    }
+    if (b.conn_id != conn_id_ || b.path >= paths_.size() || b.stream >= static_cast<uint32_t>(n_streams_)) {
+      ::close(inc.fd);
+      continue;
+    }
+    Path& p = paths_[b.path];
+    p.local_rail = inc.local_rail;
+    // Index the rail table the first hello filled: a later hello may claim other rail counts.
+    p.peer_rail = b.rail < peer_rails_.size() ? static_cast<int>(b.rail) : 0;
+    p.label = rail_name(p.local_rail) + " <- " + wire_name(peer_rails_[p.peer_rail]);
+    p.reset_seen = FaultInjector::instance().query(p.local_rail, now).reset_epoch;
+    if (p.streams[b.stream].fd >= 0) ::close(p.streams[b.stream].fd);
+    else p.attached++;
+    p.streams[b.stream].fd = inc.fd;
+  }
+  for (auto& p : paths_)
+    for (auto& s : p.streams)
+      if (s.fd >= 0 && !setup_done_seen_) peek_setup_done(p, s);
+  if (!setup_done_seen_) return Status::kOk;
+  if (setup_done_paths_ == 0 || setup_done_paths_ > paths_.size()) {
+    R2CCL_WARN("accept on device %d: the peer declared %u paths", dev_, setup_done_paths_);
+    return Status::kRemote;
+  }
+  for (auto& p : paths_) {
+    const bool want = (setup_done_bitmap_ >> p.index) & 1;
+    if (want && p.attached < n_streams_) return Status::kOk;  // a hand-over is still in flight
+  }
+  for (size_t i = setup_done_paths_; i < paths_.size(); ++i) close_streams(paths_[i]);
+  paths_.resize(setup_done_paths_);
+  for (auto& p : paths_) {
+    if ((setup_done_bitmap_ >> p.index) & 1) continue;
+    close_streams(p);
+    p.up_at_setup = false;
+    if (p.label.empty()) p.label = rail_name(p.local_rail) + " <- ?";
+  }
+  setup_stage_ = 3;
+  listen_ = nullptr;
+  *done = true;
+  R2CCL_INFO(NCCL_NET | NCCL_INIT, "accepted on device %d: %zu paths (%d up), %d streams each", dev_,
+             paths_.size(), __builtin_popcountll(setup_done_bitmap_), n_streams_);
+  return Status::kOk;
+}
+
+// ------------------------------------------------------------------------------------------
+// Frames out.
+
+void Conn::queue_ctrl(Path& p, FrameHeader h, TimeUs now) {
+  if (p.streams.empty()) return;
+  OutFrame f;
+  f.h = h;
+  f.h.len = 0;
+  const TimeUs delay = FaultInjector::instance().query(p.local_rail, now).delay;
+  f.not_before = delay > 0 ? now + delay : 0;
+  p.streams[0].ctrlq.push_back(f);
+}
+
+bool Conn::flush_stream(Path& p, Stream& s, TimeUs now) {
+  if (s.fd < 0) return true;
+  auto fault = FaultInjector::instance().query(p.local_rail, now);
+  for (int guard = 0; guard < 64; ++guard) {
+    if (!s.cur_active) {
+      if (!s.ctrlq.empty()) {
+        s.cur_ctrl = true;
+      } else if (!s.dataq.empty()) {
+        s.cur_ctrl = false;
+      } else {
+        return true;
+      }
+      s.cur_active = true;
+      s.cur_off = 0;
+    }
+    OutFrame& f = s.cur_ctrl ? s.ctrlq.front() : s.dataq.front();
+    if (f.not_before > now) return true;
+    const size_t total = sizeof(FrameHeader) + f.h.len;
+    if (fault.blackhole) {
+      s.cur_off = total;  // silently discarded at the socket layer
+    } else {
+      iovec iov[2];
+      int n_iov = 0;
+      if (s.cur_off < sizeof(FrameHeader)) {
+        iov[n_iov].iov_base = reinterpret_cast<char*>(&f.h) + s.cur_off;
+        iov[n_iov].iov_len = sizeof(FrameHeader) - s.cur_off;
+        ++n_iov;
+        if (f.h.len) {
+          iov[n_iov].iov_base = const_cast<char*>(f.payload);
+          iov[n_iov].iov_len = f.h.len;
+          ++n_iov;
+        }
+      } else {
+        size_t po = s.cur_off - sizeof(FrameHeader);
+        iov[0].iov_base = const_cast<char*>(f.payload) + po;
+        iov[0].iov_len = f.h.len - po;
+        n_iov = 1;
+      }
+      msghdr m{};
+      m.msg_iov = iov;
+      m.msg_iovlen = n_iov;
+      ssize_t n = ::sendmsg(s.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+        return false;
+      }
+      s.cur_off += static_cast<size_t>(n);
+    }
+    if (s.cur_off < total) return true;
+    s.cur_active = false;
+    if (s.cur_ctrl) s.ctrlq.pop_front();
+    else s.dataq.pop_front();
+  }
+  return true;
+}
+
+PostResult Conn::post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs now) {
+  (void)sink;
+  FaultInjector::instance().arm();
+  Path& p = paths_[path];
+  OutFrame f;
+  f.h = frame(FrameType::kData);
+  f.h.len = c.len;
+  f.h.seq = c.seq;
+  f.h.off = c.offset;
+  f.h.total = c.total;
+  f.h.a = c.idx;
+  f.h.b = c.nchunks;
+  f.payload = c.src;
+  const TimeUs delay = FaultInjector::instance().query(p.local_rail, now).delay;
+  f.not_before = delay > 0 ? now + delay : 0;
+  p.streams[p.rr++ % p.streams.size()].dataq.push_back(f);
+  return PostResult::kPosted;
+}
+
+PostResult Conn::post_cts(int path, const CtsOut& c, PathSink& sink, TimeUs now) {
+  (void)sink;
+  FaultInjector::instance().arm();
+  FrameHeader h = frame(FrameType::kCts);
+  h.seq = c.seq;
+  h.total = c.capacity;
+  h.a = static_cast<uint32_t>(c.tag);
+  queue_ctrl(paths_[path], h, now);
+  return PostResult::kPosted;
+}
+
+PostResult Conn::post_ctrl(int path, const CtrlMsg& m, PathSink& sink, TimeUs now) {
+  (void)sink;
+  if (path < 0) return PostResult::kFull;  // no fallback channel: wait for a path
+  FrameHeader h{};
+  switch (m.type) {
+    case CtrlType::kAck:
+      h = frame(FrameType::kAck);
+      h.seq = m.seq;
+      h.a = m.prefix;
+      h.b = m.base;
+      h.total = m.bitmap;
+      break;
+    case CtrlType::kFail:
+    case CtrlType::kFailAck:
+      h = frame(m.type == CtrlType::kFail ? FrameType::kFail : FrameType::kFailAck);
+      h.seq = m.id;
+      h.a = m.path;
+      h.b = m.gen;
+      break;
+    case CtrlType::kDrain:
+      h = frame(FrameType::kDrain);
+      h.a = m.path;
+      h.b = m.gen;
+      h.off = m.on ? 1 : 0;
+      break;
+  }
+  queue_ctrl(paths_[path], h, now);
+  return PostResult::kPosted;
+}
+
+bool Conn::probe(int path, PathSink& sink, TimeUs now) {
+  (void)sink;
+  Path& p = paths_[path];
+  FrameHeader f = frame(FrameType::kPing);
+  f.seq = ++p.ping_id;
+  f.off = static_cast<uint64_t>(now);
+  queue_ctrl(p, f, now);
+  return true;
+}
+
+void Conn::flush(PathSink& sink, TimeUs now) {
+  for (auto& p : paths_) {
+    if (!p.attached_ok()) continue;
+    for (auto& s : p.streams) {
+      if (!flush_stream(p, s, now)) {
+        const int e = errno;
+        sink.on_path_error(p.index,
+                           e == EPIPE || e == ECONNRESET ? FailCause::kPeerClosed : FailCause::kSocketError,
+                           strerror(e), now);
+        break;
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------
+// Frames in.
+
+bool Conn::read_stream(Path& p, Stream& s, PathSink& sink, TimeUs now, FailCause* cause,
+                       const char** why) {
+  if (s.fd < 0) return true;
+  if (FaultInjector::instance().query(p.local_rail, now).blackhole) return true;
+  int frames = 0;
+  uint64_t bytes = 0;
+  while (frames < kFramesPerRead && bytes < kBytesPerRead) {
+    ssize_t n;
+    if (!s.in_payload) {
+      n = ::recv(s.fd, reinterpret_cast<char*>(&s.rh) + s.rh_got, sizeof(FrameHeader) - s.rh_got,
+                 MSG_DONTWAIT);
+    } else {
+      // The stale-data guard, again before every partial read: the chunk may have landed on
+      // another path, or its receive may have completed or failed, meanwhile.
+      const bool write = s.place.action == ChunkPlace::Action::kRead && sink.chunk_wanted(s.place);
+      char* dst;
+      size_t want;
+      if (write) {
+        dst = s.place.dst + s.p_done;
+        want = static_cast<size_t>(s.p_left);
+      } else {
+        s.p_clean = false;
+        dst = discard_.data();
+        want = static_cast<size_t>(std::min<uint64_t>(s.p_left, discard_.size()));
+      }
+      n = ::recv(s.fd, dst, want, MSG_DONTWAIT);
+    }
+    if (n == 0) {
+      *cause = FailCause::kPeerClosed;
+      *why = "end of file";
+      return false;
+    }
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+      *cause = (errno == ECONNRESET || errno == EPIPE) ? FailCause::kPeerClosed : FailCause::kSocketError;
+      *why = strerror(errno);
+      return false;
+    }
+    sink.on_path_alive(p.index, now);
+    bytes += static_cast<uint64_t>(n);
+    if (!s.in_payload) {
+      s.rh_got += static_cast<size_t>(n);
+      if (s.rh_got < sizeof(FrameHeader)) continue;
+      s.rh_got = 0;
+      ++frames;
+      if (s.rh.magic != kFrameMagic) {
+        *cause = FailCause::kProtocol;
+        *why = "bad frame magic";
+        return false;
+      }
+      if (!handle_frame(p, s, sink, now, why)) {
+        *cause = FailCause::kProtocol;
+        return false;
+      }
+      if (s.in_payload && s.p_left == 0) finish_payload(p, s, sink, now);
+      if (p.stopped) return true;  // a frame made the engine stop this path
+    } else {
+      s.p_done += static_cast<uint64_t>(n);
+      s.p_left -= static_cast<uint64_t>(n);
+      if (s.p_left == 0) finish_payload(p, s, sink, now);
+    }
+  }
+  return true;
+}
+
+bool Conn::handle_frame(Path& p, Stream& s, PathSink& sink, TimeUs now, const char** why) {
+  const FrameHeader& h = s.rh;
+  const auto type = static_cast<FrameType>(h.type);
+  if (type != FrameType::kData && h.len != 0) {
+    *why = "control frame with a payload";
+    return false;
+  }
+  switch (type) {
+    case FrameType::kData: {
+      if (h.len > kMaxFramePayload) {
+        *why = "chunk longer than the largest chunk size";
+        return false;
+      }
+      ChunkHeader ch;
+      ch.seq = h.seq;
+      ch.offset = h.off;
+      ch.total = h.total;
+      ch.idx = h.a;
+      ch.nchunks = h.b;
+      ch.len = h.len;
+      s.place = sink.on_chunk_header(p.index, ch, now);
+      if (s.place.action == ChunkPlace::Action::kProtocolError) {
+        *why = s.place.why;
+        return false;
+      }
+      s.in_payload = true;
+      s.p_left = h.len;
+      s.p_done = 0;
+      s.p_clean = true;
+      return true;
+    }
+    case FrameType::kCts:
+      if (role_ != Role::kSend) {
+        *why = "clear-to-send sent to the receiving side";
+        return false;
+      }
+      sink.on_cts(h.seq, h.total, RemoteBuffer{}, now);
+      return true;
+    case FrameType::kAck: {
+      if (role_ != Role::kSend) {
+        *why = "acknowledgement sent to the receiving side";
+        return false;
+      }
+      CtrlMsg m;
+      m.type = CtrlType::kAck;
+      m.seq = h.seq;
+      m.prefix = h.a;
+      m.base = h.b;
+      m.bitmap = h.total;
+      sink.on_ctrl(p.index, m, now);
+      return true;
+    }
+    case FrameType::kFail:
+    case FrameType::kFailAck:
+    case FrameType::kDrain: {
+      CtrlMsg m;
+      m.type = type == FrameType::kFail      ? CtrlType::kFail
+               : type == FrameType::kFailAck ? CtrlType::kFailAck
+                                             : CtrlType::kDrain;
+      m.id = h.seq;
+      m.path = static_cast<uint16_t>(std::min<uint32_t>(h.a, 0xffff));
+      m.gen = h.b;
+      m.on = h.off != 0;
+      sink.on_ctrl(p.index, m, now);
+      return true;
+    }
+    case FrameType::kPing: {
+      FrameHeader a = frame(FrameType::kPong);
+      a.seq = h.seq;
+      a.off = h.off;
+      queue_ctrl(p, a, now);
+      return true;
+    }
+    case FrameType::kPong:
+      if (h.seq == p.ping_id) sink.on_probe_ok(p.index, now);
+      return true;
+    case FrameType::kBye:
+      sink.on_peer_bye(now);
+      return true;
+    case FrameType::kSetupDone:
+      return true;  // a repeat from the setup (the connector sends one per setup)
+    default:
+      *why = "unknown frame type";
+      return false;
+  }
+}
+
+void Conn::finish_payload(Path& p, Stream& s, PathSink& sink, TimeUs now) {
+  s.in_payload = false;
+  const ChunkPlace pl = s.place;
+  s.place = ChunkPlace{};
+  if (pl.action != ChunkPlace::Action::kRead) return;
+  sink.on_chunk_read(p.index, pl, s.p_clean, now);
+}
+
+void Conn::poll(PathSink& sink, TimeUs now) {
+  if (role_ == Role::kRecv) drain_inbox(sink, now);
+  for (auto& p : paths_)
+    if (!p.reconnect.empty()) step_reconnect(sink, p, now);
+  apply_injected_resets(sink, now);
+  for (auto& p : paths_) {
+    if (!p.attached_ok()) continue;
+    for (auto& s : p.streams) {
+      FailCause cause = FailCause::kNone;
+      const char* why = nullptr;
+      if (!read_stream(p, s, sink, now, &cause, &why)) {
+        sink.on_path_error(p.index, cause, why, now);
+        break;
+      }
+      if (!p.attached_ok()) break;
+    }
+  }
+  if (now >= next_tcp_info_) sample_tcp_info(now);
+}
+
+// ------------------------------------------------------------------------------------------
+// Paths
+
+void Conn::stop_path(int path, bool from_peer, TimeUs now) {
+  (void)from_peer;
+  (void)now;
+  Path& p = paths_[path];
+  close_streams(p);
+  p.stopped = true;
+  for (auto& hs : p.reconnect)
+    if (hs.fd >= 0) ::close(hs.fd);
+  p.reconnect.clear();
+}
+
+void Conn::quiesce(int path, PathSink& sink, TimeUs now) {
+  // Nothing lands on a stopped TCP path: the receiver reads every byte itself.
+  (void)path;
+  (void)sink;
+  (void)now;
+}
+
+bool Conn::can_reconnect(int path, PathSink& sink) const {
+  (void)path;
+  (void)sink;
+  return role_ == Role::kSend;  // only the connecting side reconnects
+}
+
+void Conn::reconnect(int path, PathSink& sink, TimeUs now) {
+  (void)sink;
+  Path& p = paths_[path];
+  p.reconnect.assign(n_streams_, Handshake{});
+  for (int s = 0; s < n_streams_; ++s) {
+    p.reconnect[s].path = p.index;
+    p.reconnect[s].stream = s;
+    start_handshake(&p.reconnect[s], p.local_rail, p.peer_rail, kHelloReconnect, p.generation + 1,
+                    now);
+  }
+}
+
+void Conn::step_reconnect(PathSink& sink, Path& p, TimeUs now) {
+  bool pending = false, failed = false;
+  int err = 0;
+  for (auto& hs : p.reconnect) {
+    if (hs.stage == 3) continue;
+    const int r = step_handshake(&hs, p.local_rail, now);
+    if (r == 0) pending = true;
+    else if (r < 0) {
+      failed = true;
+      err = hs.err;
+    }
+  }
+  if (failed) {
+    for (auto& hs : p.reconnect)
+      if (hs.fd >= 0) ::close(hs.fd);
+    p.reconnect.clear();
+    sink.on_reconnect_failed(p.index, err == ECONNREFUSED, strerror(err), now);
+    return;
+  }
+  if (pending) return;
+  close_streams(p);
+  p.streams.assign(n_streams_, Stream{});
+  for (int s = 0; s < n_streams_; ++s) {
+    p.streams[s].fd = p.reconnect[s].fd;
+    p.reconnect[s].fd = -1;
+  }
+  p.reconnect.clear();
+  p.attached = n_streams_;
+  p.stopped = false;
+  p.generation++;
+  sink.on_reconnected(p.index, now);
+}
+
+void Conn::push_incoming(Incoming in) {
+  std::lock_guard<std::mutex> lk(inbox_mu_);
+  inbox_.push_back(in);
+}
+
+void Conn::drain_inbox(PathSink& sink, TimeUs now) {
+  std::vector<Incoming> in;
+  {
+    std::unique_lock<std::mutex> lk(inbox_mu_, std::try_to_lock);
+    if (!lk.owns_lock() || inbox_.empty()) return;
+    in.swap(inbox_);
+  }
+  for (auto& inc : in) {
+    const HelloBody& b = inc.hello;
+    if (b.path >= paths_.size() || b.stream >= static_cast<uint32_t>(n_streams_)) {
+      ::close(inc.fd);
+      continue;
+    }
+    attach_stream(sink, static_cast<int>(b.path), static_cast<int>(b.stream), b.generation, inc.fd,
+                  now);
+  }
+}
+
+void Conn::attach_stream(PathSink& sink, int path, int stream, uint32_t gen, int fd, TimeUs now) {
+  Path& p = paths_[path];
+  if (gen < p.generation) {
+    ::close(fd);
+    return;
+  }
+  if (gen > p.generation) {
+    // The peer re-created the path: the old generation has failed at its end.
+    if (p.attached_ok()) sink.on_path_error(p.index, FailCause::kPeerNotice, "peer reconnected the path", now);
+    close_streams(p);
+    p.streams.assign(n_streams_, Stream{});
+    p.generation = gen;
+  }
+  if (p.streams[stream].fd >= 0) ::close(p.streams[stream].fd);
+  else p.attached++;
+  p.streams[stream] = Stream{};
+  p.streams[stream].fd = fd;
+  if (p.attached == n_streams_) {
+    p.stopped = false;
+    sink.on_reconnected(p.index, now);
+  }
+}
+
+// An abortive reset, as a dying NIC or a reset from the network would cause: the connection
+// ends with RST and whatever the kernel still had queued is lost. The descriptor number stays
+// valid (a fresh, unconnected socket takes its place), so the next read or write on it fails
+// and the ordinary socket-error detector reports the path, as it would a real reset.
+void Conn::abort_socket(int fd) {
+  linger l{1, 0};
+  setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+  int fresh = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fresh >= 0) {
+    ::dup2(fresh, fd);  // closes the connected socket (RST) and keeps the number
+    ::close(fresh);
+  } else {
+    ::shutdown(fd, SHUT_RDWR);
+  }
+}
+
+// An injected reset waits until this connection has a message in flight on the rail, so the
+// fault always hits traffic (R2CCL_FAULT_INJECT's contract; see fault/fault_injector.h).
+void Conn::apply_injected_resets(PathSink& sink, TimeUs now) {
+  for (auto& p : paths_) {
+    const auto fault = FaultInjector::instance().query(p.local_rail, now);
+    if (fault.reset_epoch == p.reset_seen) continue;
+    if (p.attached_ok() && !sink.traffic_in_flight(p.index)) continue;
+    p.reset_seen = fault.reset_epoch;
+    for (auto& s : p.streams)
+      if (s.fd >= 0) abort_socket(s.fd);
+  }
+}
+
+// Smallest time since any stream of the path received a TCP ACK (TCP_INFO), microseconds.
+TimeUs Conn::heard_within(int path, TimeUs now) const {
+  (void)now;
+  TimeUs best = INT64_MAX;
+  for (const auto& s : paths_[path].streams) {
+    if (s.fd < 0) continue;
+    tcp_info ti{};
+    socklen_t len = sizeof(ti);
+    if (getsockopt(s.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) continue;
+    best = std::min<TimeUs>(best, static_cast<TimeUs>(ti.tcpi_last_ack_recv) * kUsPerMs);
+  }
+  return best;
+}
+
+TimeUs Conn::fault_start(int path, TimeUs now) const {
+  return FaultInjector::instance().last_start(paths_[path].local_rail, now);
+}
+
+void Conn::path_recovered(int path, PathSink& sink, TimeUs now) {
+  (void)path;
+  (void)sink;
+  (void)now;
+}
+
+// The failure predictor's retransmit signal on TCP rails: what the kernel retransmitted on
+// this connection's sockets since the last read, added to the rails' totals once a second.
+void Conn::sample_tcp_info(TimeUs now) {
+  next_tcp_info_ = now + kUsPerSec;
+  if (!cfg_.predict) return;
+  for (auto& p : paths_) {
+    RailLive& l = rt_->live(p.local_rail);
+    for (auto& st : p.streams) {
+      TcpCounters tc;
+      if (st.fd < 0 || !read_tcp_counters(st.fd, &tc)) continue;
+      l.tcp_retrans.fetch_add(static_cast<uint32_t>(tc.total_retrans - st.tcpi_retrans),
+                              std::memory_order_relaxed);
+      l.tcp_segs_out.fetch_add(static_cast<uint32_t>(tc.segs_out - st.tcpi_segs_out),
+                               std::memory_order_relaxed);
+      st.tcpi_retrans = tc.total_retrans;
+      st.tcpi_segs_out = tc.segs_out;
+    }
+  }
+}
+
+void Conn::say_goodbye(TimeUs now) {
+  for (auto& p : paths_) {
+    if (!p.attached_ok()) continue;
+    queue_ctrl(p, frame(FrameType::kBye), now);
+    flush_stream(p, p.streams[0], now);  // best effort, never waits
+  }
+}
+
+void Conn::abort(TimeUs now) {
+  // Nothing lands by itself on TCP: a failed connection reads nothing more.
+  (void)now;
+}
+
+// ------------------------------------------------------------------------------------------
+// Memory: host buffers only; nothing to register.
+
+Status Conn::start_flush(int n, void** data, const int* sizes, void** mhandles, uint64_t* token) {
+  (void)n;
+  (void)data;
+  (void)sizes;
+  (void)mhandles;
+  *token = 0;  // host memory: nothing to flush
+  return Status::kOk;
+}
+
+int Conn::test_flush(uint64_t token, Status* err) {
+  (void)token;
+  *err = Status::kOk;
+  return 1;
+}
+
+Status Conn::reg_mr(void* data, size_t size, int type, void** mhandle) {
+  *mhandle = nullptr;
+  if (type != NCCL_PTR_HOST) {
+    R2CCL_WARN("regMr: buffer type %d is not supported; r2ccl's TCP transport advertises host "
+               "memory only (NCCL_PTR_HOST)", type);
+    return Status::kInternal;
+  }
+  *mhandle = new HostMr{data, size};
+  return Status::kOk;
+}
+
+Status Conn::reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, void** mhandle) {
+  (void)data;
+  (void)size;
+  (void)offset;
+  (void)fd;
+  *mhandle = nullptr;
+  R2CCL_WARN("regMrDmaBuf: the TCP transport does not advertise NCCL_PTR_DMABUF");
+  return Status::kInternal;
+}
+
+void Conn::dereg_mr(void* mhandle) { delete static_cast<HostMr*>(mhandle); }
+
+}  // namespace r2ccl::net::tcp

@@ -1,0 +1,392 @@
+#include "transport/tcp/runtime.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "fault/fault_injector.h"
+#include "r2ccl/log.h"
+#include "r2ccl/random.h"
+#include "sock/socket_util.h"
+#include "transport/tcp/conn.h"
+
+namespace r2ccl::net::tcp {
+namespace {
+
+constexpr TimeUs kIncomingHelloTimeout = 2 * kUsPerSec;
+
+}  // namespace
+
+Status Runtime::create(const Config* cfg, std::unique_ptr<Runtime>* out, std::string* err) {
+  std::unique_ptr<Runtime> rt(new Runtime());
+  R2CCL_CHECK(rt->init(cfg, err));
+  *out = std::move(rt);
+  return Status::kOk;
+}
+
+Status Runtime::init(const Config* cfg, std::string* err) {
+  std::string var = getenv("R2CCL_SOCKET_IFNAME")  ? "R2CCL_SOCKET_IFNAME"
+                    : getenv("NCCL_SOCKET_IFNAME") ? "NCCL_SOCKET_IFNAME"
+                                                   : "auto-detection";
+  if (!select_rails(cfg->socket_ifname, var, system_interfaces(), static_cast<int>(cfg->speed_mbps),
+                    &rails_, err))
+    return Status::kInvalidUsage;
+  std::vector<FaultSpec> faults;
+  if (!parse_fault_specs(cfg->fault_inject, &faults, err)) return Status::kInvalidUsage;
+  rank_ = static_cast<int>(cfg->rank);
+  for (const auto& f : faults)
+    if (f.rail >= static_cast<int>(rails_.size())) {
+      *err = "R2CCL_FAULT_INJECT names rail " + std::to_string(f.rail) + " but there are only " +
+             std::to_string(rails_.size()) + " rails";
+      return Status::kInvalidUsage;
+    }
+  std::vector<RailInfo> info;
+  for (const auto& r : rails_) {
+    RailInfo i;
+    i.name = r.name;
+    i.speed_mbps = r.speed_mbps;
+    i.ifname = r.ifname;
+    i.link_up = interface_running(r.ifname);
+    i.predict.name = r.name;
+    i.predict.kind = predict::RailSpec::Kind::kEth;
+    i.predict.device = r.ifname;
+    info.push_back(std::move(i));
+  }
+  R2CCL_CHECK(init_base(cfg, std::move(info), board::Transport::kTcp, err));
+  FaultInjector::instance().configure(faults, rank_);
+  if (FaultInjector::instance().enabled())
+    R2CCL_WARN("fault injection armed for rank %d: %s", rank_, cfg->fault_inject.c_str());
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    const int fd = open_rail_listener(rails_[i], err);
+    if (fd < 0) {
+      for (int f : listen_fds_) ::close(f);
+      listen_fds_.clear();
+      return Status::kSystem;
+    }
+    listen_fds_.push_back(fd);
+    listen_ports_.push_back(local_port(fd));
+  }
+  start_background();
+  return Status::kOk;
+}
+
+std::string Runtime::banner() const {
+  std::string s = std::to_string(rails_.size()) + " rails: ";
+  for (size_t i = 0; i < rails_.size(); ++i)
+    s += (i ? ", " : "") + rails_[i].name + " (" + std::to_string(rails_[i].speed_mbps) + " Mbps)";
+  const Config& c = cfg();
+  char tail[192];
+  snprintf(tail, sizeof(tail), "; %lld backup paths, chunk %lld KiB, %lld streams per path, stripe %s",
+           static_cast<long long>(c.backup_paths), static_cast<long long>(c.chunk_size / 1024),
+           static_cast<long long>(c.nsocks_per_path), c.stripe ? "on" : "off");
+  return s + tail;
+}
+
+Status Runtime::properties(int dev, DeviceProps* p) const {
+  if (dev < 0 || dev >= device_count()) {
+    R2CCL_WARN("getProperties: device %d does not exist (%d devices)", dev, device_count());
+    return Status::kInternal;
+  }
+  const Rail& r = rails_[dev];
+  *p = DeviceProps{};
+  p->name = r.name.c_str();
+  p->pci_path = r.pci_path.empty() ? nullptr : r.pci_path.c_str();
+  p->guid = static_cast<uint64_t>(dev);
+  p->speed_mbps = r.speed_mbps;
+  p->ptr_support = NCCL_PTR_HOST;
+  p->port = 0;
+  return Status::kOk;
+}
+
+Status Runtime::listen(int dev, void* handle, Listener** out) {
+  *out = nullptr;
+  const int n = device_count();
+  if (dev < 0 || dev >= n) {
+    R2CCL_WARN("listen: device %d does not exist (%d devices)", dev, n);
+    return Status::kInternal;
+  }
+  auto* l = new Listen(this, dev);
+  WireHandle h{};
+  h.magic = kHandleMagic;
+  h.version = kWireVersion;
+  memcpy(h.secret, l->secret, 16);
+  h.listen_id = l->listen_id;
+  for (int k = 0; k < n && h.n_endpoints < kMaxHandleEndpoints; ++k) {
+    const int r = (dev + k) % n;
+    const Rail& rail = rails_[r];
+    WireEndpoint& e = h.endpoints[h.n_endpoints++];
+    e.family = static_cast<uint8_t>(rail.family);
+    e.rail = static_cast<uint8_t>(r);
+    e.port = listen_ports_[r];
+    memcpy(e.addr, addr_bytes(rail.addr), rail.family == AF_INET ? 4 : 16);
+  }
+  memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
+  memcpy(handle, &h, sizeof(h));
+  *out = l;
+  return Status::kOk;
+}
+
+std::unique_ptr<ConnIo> Runtime::new_connector(int dev, int traffic_class, const void* handle,
+                                               Status* st) {
+  (void)traffic_class;
+  WireHandle h;
+  memcpy(&h, handle, sizeof(h));
+  if (h.magic != kHandleMagic || h.version != kWireVersion || h.n_endpoints == 0 ||
+      h.n_endpoints > kMaxHandleEndpoints) {
+    R2CCL_WARN("connect: the handle is not an r2ccl v%u handle of the TCP transport (magic %08x, "
+               "version %u, %u endpoints); was it made by another net plugin, or do both ends use "
+               "the same R2CCL_TRANSPORT?",
+               kWireVersion, h.magic, h.version, h.n_endpoints);
+    *st = Status::kInternal;
+    return nullptr;
+  }
+  for (int i = 0; i < h.n_endpoints; ++i)
+    if (h.endpoints[i].family != AF_INET && h.endpoints[i].family != AF_INET6) {
+      R2CCL_WARN("connect: handle endpoint %d has address family %u", i, h.endpoints[i].family);
+      *st = Status::kInternal;
+      return nullptr;
+    }
+  return std::unique_ptr<ConnIo>(new Conn(this, h, dev));
+}
+
+std::unique_ptr<ConnIo> Runtime::new_acceptor(Listener* l) {
+  return std::unique_ptr<ConnIo>(new Conn(this, static_cast<Listen*>(l)));
+}
+
+int Runtime::arm_faults(const char* spec) {
+  if (!spec) {
+    R2CCL_WARN("armFaults: no fault schedule given");
+    return -1;
+  }
+  std::vector<FaultSpec> specs;
+  std::string err;
+  if (!parse_fault_specs(spec, &specs, &err)) {
+    R2CCL_WARN("armFaults: %s", err.c_str());
+    return -1;
+  }
+  for (const auto& f : specs)
+    if (f.rail >= static_cast<int>(rails_.size())) {
+      R2CCL_WARN("armFaults: rail %d does not exist (%zu rails)", f.rail, rails_.size());
+      return -1;
+    }
+  FaultInjector::instance().arm_now(specs, rank_);
+  R2CCL_WARN("fault injection armed for rank %d: %s", rank_, spec);
+  return 0;
+}
+
+void Runtime::fill_wire_rails(HelloBody* h) const {
+  h->n_rails = static_cast<uint32_t>(std::min<size_t>(rails_.size(), kMaxRails));
+  for (uint32_t i = 0; i < h->n_rails; ++i) {
+    WireRail& w = h->rails[i];
+    memset(&w, 0, sizeof(w));
+    w.family = static_cast<uint8_t>(rails_[i].family);
+    w.prefix_len = static_cast<uint8_t>(rails_[i].prefix_len);
+    w.port = listen_ports_[i];
+    memcpy(w.addr, addr_bytes(rails_[i].addr), rails_[i].family == AF_INET ? 4 : 16);
+    snprintf(w.name, sizeof(w.name), "%s", rails_[i].name.c_str());
+  }
+}
+
+void Runtime::register_listen(Listen* l) {
+  std::lock_guard<std::mutex> lk(listens_mu_);
+  listens_.push_back(l);
+}
+
+void Runtime::unregister_listen(Listen* l) {
+  std::lock_guard<std::mutex> lk(listens_mu_);
+  listens_.erase(std::remove(listens_.begin(), listens_.end(), l), listens_.end());
+}
+
+// ------------------------------------------------------------------------------------------
+// Background thread: the listeners and the hellos of incoming streams.
+
+void Runtime::bg_add_fds(std::vector<pollfd>* fds) {
+  for (int fd : listen_fds_) fds->push_back({fd, POLLIN, 0});
+  for (const auto& p : pending_) fds->push_back({p.fd, POLLIN, 0});
+}
+
+void Runtime::bg_on_fds(const pollfd* fds, size_t n, TimeUs now) {
+  for (size_t r = 0; r < listen_fds_.size() && r < n; ++r)
+    if (fds[r].revents & POLLIN) accept_new(static_cast<int>(r), now);
+  if (!pending_.empty()) service_handshakes(now);
+}
+
+void Runtime::accept_new(int rail, TimeUs now) {
+  for (int k = 0; k < 16; ++k) {
+    sockaddr_storage from;
+    socklen_t fl = sizeof(from);
+    const int fd = ::accept4(listen_fds_[rail], reinterpret_cast<sockaddr*>(&from), &fl,
+                             SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) return;
+    set_socket_options(fd, cfg().tcp_user_timeout);
+    Pending p;
+    p.fd = fd;
+    p.rail = rail;
+    p.deadline = now + kIncomingHelloTimeout;
+    p.got = 0;
+    pending_.push_back(p);
+  }
+}
+
+// HELLO_ACK: our rails, and the secret echoed back (the connector checks it).
+bool Runtime::answer_hello(const Incoming& in) const {
+  char out[sizeof(FrameHeader) + sizeof(HelloBody)];
+  FrameHeader h{};
+  h.magic = kFrameMagic;
+  h.type = static_cast<uint8_t>(FrameType::kHelloAck);
+  h.len = sizeof(HelloBody);
+  HelloBody b{};
+  memcpy(b.secret, in.hello.secret, 16);
+  b.conn_id = in.hello.conn_id;
+  fill_wire_rails(&b);
+  memcpy(out, &h, sizeof(h));
+  memcpy(out + sizeof(h), &b, sizeof(b));
+  return ::send(in.fd, out, sizeof(out), MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof(out));
+}
+
+// A checked hello: answered, then handed to its owner (a failed path's new streams to the
+// receiving connection, a new connection's to its listen comm) under the owner's registry
+// lock, so the owner cannot be closed meanwhile; a rail query is answered and closed. False
+// with *why when the hello is refused (the caller closes the socket).
+bool Runtime::route_hello(const Incoming& in, const char** why) {
+  bool bad_secret = false, unanswered = false;
+  bool found;
+  if (in.hello.flags & kHelloReconnect) {
+    found = find_conn([&](Connection* c) {
+      if (c->role() != Role::kRecv || c->id() != in.hello.conn_id) return false;
+      auto& t = static_cast<Conn&>(c->io());
+      if (!secrets_equal(t.secret(), in.hello.secret, 16)) {
+        bad_secret = true;
+        return false;
+      }
+      if (!answer_hello(in)) unanswered = true;
+      else t.push_incoming(in);
+      return true;
+    });
+  } else {
+    std::lock_guard<std::mutex> lk(listens_mu_);
+    found = false;
+    for (Listen* l : listens_) {
+      if (l->listen_id != in.hello.listen_id) continue;
+      if (!secrets_equal(l->secret, in.hello.secret, 16)) {
+        bad_secret = true;
+        continue;
+      }
+      found = true;
+      if (!answer_hello(in)) {
+        unanswered = true;
+      } else if (in.hello.flags & kHelloQuery) {
+        ::close(in.fd);  // answered: the connector now knows our rails
+      } else {
+        std::lock_guard<std::mutex> il(l->inbox_mu);
+        l->inbox.push_back(in);
+      }
+      break;
+    }
+  }
+  if (!found) {
+    *why = bad_secret ? "wrong secret" : "unknown connection or listen id";
+    return false;
+  }
+  if (unanswered) {
+    *why = "could not answer the hello";
+    return false;
+  }
+  return true;
+}
+
+void Runtime::service_handshakes(TimeUs now) {
+  for (size_t i = 0; i < pending_.size();) {
+    Pending& p = pending_[i];
+    bool drop = false, complete = false;
+    const char* why = nullptr;
+    // The in-process injector acts on the listener's sockets too: a black-holed or reset
+    // rail answers no hello (it times out or is dropped).
+    auto fault = FaultInjector::instance().query(p.rail, now);
+    if (fault.down || fault.blackhole) {
+      if (now > p.deadline || fault.down) {
+        ::close(p.fd);
+        pending_[i] = pending_.back();
+        pending_.pop_back();
+      } else {
+        ++i;
+      }
+      continue;
+    }
+    while (!drop && p.got < sizeof(p.buf)) {
+      ssize_t n = ::recv(p.fd, p.buf + p.got, sizeof(p.buf) - p.got, MSG_DONTWAIT);
+      if (n == 0) {
+        drop = true;
+        why = "closed before its hello";
+      } else if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          drop = true;
+          why = strerror(errno);
+        }
+        break;
+      } else {
+        p.got += static_cast<size_t>(n);
+        if (p.got >= sizeof(FrameHeader)) {
+          FrameHeader h;
+          memcpy(&h, p.buf, sizeof(h));
+          if (h.magic != kFrameMagic || h.type != static_cast<uint8_t>(FrameType::kHello) ||
+              h.len != sizeof(HelloBody)) {
+            drop = true;
+            why = "not an r2ccl hello";
+          }
+        }
+      }
+    }
+    if (!drop && p.got == sizeof(p.buf)) complete = true;
+    if (!drop && !complete && now > p.deadline) {
+      drop = true;
+      why = "no hello within 2 s";
+    }
+    if (complete) {
+      Incoming in;
+      in.fd = p.fd;
+      in.local_rail = p.rail;
+      memcpy(&in.hello, p.buf + sizeof(FrameHeader), sizeof(HelloBody));
+      if (!route_hello(in, &why)) drop = true;
+    }
+    if (drop) {
+      sockaddr_storage peer;
+      socklen_t pl = sizeof(peer);
+      const std::string from = getpeername(p.fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0
+                                   ? addr_to_string(peer)
+                                   : std::string("?");
+      // An aborted reconnect (closed before its hello) is routine; anything else is not.
+      if (why && strcmp(why, "closed before its hello") == 0) {
+        R2CCL_INFO(NCCL_NET, "connection on rail %s from %s closed before its hello",
+                   rails_[p.rail].name.c_str(), from.c_str());
+      } else {
+        // At most one WARN a second per reason: a misconfigured or hostile peer must not flood
+        // the log, and a new kind of refusal is always shown.
+        Refusals& rf = refusals_[why ? why : "?"];
+        if (now - rf.last_warn >= kUsPerSec) {
+          R2CCL_WARN("refused a connection on rail %s from %s: %s%s", rails_[p.rail].name.c_str(),
+                     from.c_str(), why ? why : "?",
+                     rf.suppressed ? (" (" + std::to_string(rf.suppressed) +
+                                      " more like it in the last second)").c_str()
+                                   : "");
+          rf.last_warn = now;
+          rf.suppressed = 0;
+        } else {
+          ++rf.suppressed;
+        }
+      }
+      ::close(p.fd);
+    }
+    if (drop || complete) {
+      pending_[i] = pending_.back();
+      pending_.pop_back();
+    } else {
+      ++i;
+    }
+  }
+}
+
+}  // namespace r2ccl::net::tcp

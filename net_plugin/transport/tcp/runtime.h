@@ -1,0 +1,95 @@
+// The TCP transport's per-process runtime: its rails (interfaces chosen by
+// R2CCL_SOCKET_IFNAME / NCCL_SOCKET_IFNAME), one listener per rail (the background thread
+// accepts and checks every HELLO: magic, size, secret, a known listen comm or connection,
+// before the socket is handed to its owner; so reconnects work after NCCL closed its listen
+// comm and a peer without the secret is refused and logged), the devices and handles NCCL
+// sees, and the in-process fault injector's configuration. Everything else per process is
+// RuntimeBase's.
+//
+// Thread ownership, on top of RuntimeBase's: listener sockets and half-open incoming
+// connections (until the hello is checked) belong to the background thread; the listen
+// comm registry is guarded by listens_mu_.
+#pragma once
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "sock/rails.h"
+#include "transport/runtime_base.h"
+#include "transport/tcp/wire.h"
+
+namespace r2ccl::net::tcp {
+
+class Listen;
+struct Incoming;
+
+class Runtime final : public RuntimeBase {
+ public:
+  // Finds the rails, opens the listeners and starts the background thread. Errors:
+  // kInvalidUsage (a bad variable, named), kSystem (a listener could not be opened).
+  // Thread: init, once per process.
+  static Status create(const Config* cfg, std::unique_ptr<Runtime>* out, std::string* err);
+
+  const std::vector<Rail>& rails() const { return rails_; }
+  // Listener endpoint of rail r (port in network order).
+  uint16_t listener_port(int r) const { return listen_ports_[r]; }
+  void fill_wire_rails(HelloBody* h) const;
+  void register_listen(Listen* l);
+  void unregister_listen(Listen* l);
+
+  // --- Transport ---
+  const char* name() const override { return "TCP"; }
+  std::string banner() const override;
+  int device_count() const override { return static_cast<int>(rails_.size()); }
+  Status properties(int dev, DeviceProps* p) const override;
+  Status listen(int dev, void* handle, Listener** out) override;
+  int mr_types() const override { return NCCL_PTR_HOST; }
+  int arm_faults(const char* spec) override;
+  // --- RailTable ---
+  const char* link_event_source() const override { return "netlink"; }
+
+ protected:
+  std::unique_ptr<ConnIo> new_connector(int dev, int traffic_class, const void* handle,
+                                        Status* st) override;
+  std::unique_ptr<ConnIo> new_acceptor(Listener* l) override;
+  uint64_t connect_magic() const override { return 0x52324343434f4e4eull; }  // "R2CCCONN"
+  void bg_add_fds(std::vector<pollfd>* fds) override;
+  void bg_on_fds(const pollfd* fds, size_t n, TimeUs now) override;
+  const char* down_cause() const override { return "link down"; }
+
+ private:
+  Runtime() = default;
+  Status init(const Config* cfg, std::string* err);
+  void accept_new(int rail, TimeUs now);
+  void service_handshakes(TimeUs now);
+  // Routes a checked hello to its listen comm or connection; false with *why when none.
+  bool route_hello(const Incoming& in, const char** why);
+  bool answer_hello(const Incoming& in) const;
+
+  std::vector<Rail> rails_;
+  int rank_ = -1;
+  std::vector<int> listen_fds_;
+  std::vector<uint16_t> listen_ports_;
+
+  std::mutex listens_mu_;
+  std::vector<Listen*> listens_;  // guarded by listens_mu_
+
+  struct Pending {
+    int fd;
+    int rail;
+    TimeUs deadline;
+    size_t got;
+    char buf[sizeof(FrameHeader) + sizeof(HelloBody)];
+  };
+  std::vector<Pending> pending_;  // background thread only
+  struct Refusals {
+    TimeUs last_warn = 0;
+    uint64_t suppressed = 0;
+  };
+  std::map<std::string, Refusals> refusals_;  // background thread only
+};
+
+}  // namespace r2ccl::net::tcp
