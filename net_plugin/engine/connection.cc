@@ -21,6 +21,18 @@ std::string cause_text(FailCause c, const std::string& detail) {
   return s;
 }
 
+// "silent for 320 ms[, the transport last heard the peer 310 ms ago]" (heard: INT64_MAX when
+// the transport cannot tell).
+std::string silence(const char* what, TimeUs for_us, TimeUs heard) {
+  char d[112];
+  if (heard == INT64_MAX)
+    snprintf(d, sizeof(d), "%s for %.0f ms", what, for_us / 1e3);
+  else
+    snprintf(d, sizeof(d), "%s for %.0f ms, the transport last heard the peer %.0f ms ago", what,
+             for_us / 1e3, heard / 1e3);
+  return d;
+}
+
 const char* result_name(Status st) {
   switch (st) {
     case Status::kRemote: return "ncclRemoteError";
@@ -43,7 +55,7 @@ Connection::Connection(const ConnEnv& env, Role role, int dev, std::unique_ptr<P
   paths_.resize(static_cast<size_t>(n));
   for (int i = 0; i < n; ++i) {
     Path& p = paths_[i];
-    const PathDesc d = io_->path(i);
+    const PathDesc& d = io_->path(i);
     p.index = i;
     p.rail = d.rail;
     p.label = d.label;
@@ -161,13 +173,7 @@ void Connection::check_paths(TimeUs now) {
     if (now - p.last_alive > 3 * hb) {
       const TimeUs heard = io_->heard_within(p.index, now);
       if (heard > 3 * hb) {
-        char detail[112];
-        if (heard == INT64_MAX)
-          snprintf(detail, sizeof(detail), "silent for %.0f ms", (now - p.last_alive) / 1e3);
-        else
-          snprintf(detail, sizeof(detail), "silent for %.0f ms, the transport last heard the peer %.0f ms ago",
-                   (now - p.last_alive) / 1e3, heard / 1e3);
-        fail_path(p, FailCause::kHeartbeatMiss, detail, now);
+        fail_path(p, FailCause::kHeartbeatMiss, silence("silent", now - p.last_alive, heard).c_str(), now);
         continue;
       }
     }
@@ -178,13 +184,7 @@ void Connection::check_paths(TimeUs now) {
         ack_watchdog_expired(p.inflight_bytes > 0, p.ack_progress, now, cfg_.ack_timeout)) {
       const TimeUs heard = io_->heard_within(p.index, now);
       if (heard > cfg_.ack_timeout || now - p.ack_progress > 10 * cfg_.ack_timeout) {
-        char detail[112];
-        if (heard == INT64_MAX)
-          snprintf(detail, sizeof(detail), "none for %.0f ms", (now - p.ack_progress) / 1e3);
-        else
-          snprintf(detail, sizeof(detail), "none for %.0f ms, the transport last heard the peer %.0f ms ago",
-                   (now - p.ack_progress) / 1e3, heard / 1e3);
-        fail_path(p, FailCause::kAckTimeout, detail, now);
+        fail_path(p, FailCause::kAckTimeout, silence("none", now - p.ack_progress, heard).c_str(), now);
         continue;
       }
     }

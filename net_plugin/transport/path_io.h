@@ -28,6 +28,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "engine/path_health.h"
 #include "r2ccl/clock.h"
@@ -175,24 +176,26 @@ class PathSink {
 
 // Where a path goes, as the backend knows it (for the engine's logs and counters).
 struct PathDesc {
-  int rail = 0;        // local rail (runtime index)
-  std::string label;   // "lo@127.0.0.1 -> lo@127.0.0.2", "mlx5_0:1 -> ::ffff:10.0.0.2"
-  bool up = true;      // connected at setup
+  int rail = 0;             // local rail (runtime index)
+  std::string label;        // "lo@127.0.0.1 -> lo@127.0.0.2", "mlx5_0:1 -> ::ffff:10.0.0.2"
+  bool up = true;           // connected at setup
+  uint32_t generation = 0;  // incremented by every reconnect (failure notices carry it, so a
+                            // stale notice about an earlier generation is ignored); both
+                            // ends agree on it
 };
 
 class PathIo {
  public:
   virtual ~PathIo() = default;
-  virtual PathCaps caps() const = 0;
-  // The connection's identity as both ends log it.
-  virtual uint64_t conn_id() const = 0;
-  virtual int npaths() const = 0;
-  virtual PathDesc path(int i) const = 0;
-  // The path's generation, incremented by every reconnect; failure notices carry it so a
-  // stale notice about an earlier generation is ignored. Both ends agree on it.
-  virtual uint32_t generation(int path) const = 0;
-  virtual uint64_t chunk_size() const = 0;
 
+  // --- identity, set by the backend's setup ---
+  uint64_t conn_id() const { return conn_id_; }  // how both ends name the connection
+  uint64_t chunk_size() const { return chunk_size_; }
+  int npaths() const { return static_cast<int>(paths_desc_.size()); }
+  const PathDesc& path(int i) const { return paths_desc_[i]; }
+  uint32_t generation(int i) const { return paths_desc_[i].generation; }
+
+  virtual PathCaps caps() const = 0;
   // Reads whatever arrived and reports it to `sink`; also runs the backend's timers
   // (handshakes, rebuild deadlines, injected faults).
   virtual void poll(PathSink& sink, TimeUs now) = 0;
@@ -200,8 +203,8 @@ class PathIo {
   virtual void flush(PathSink& sink, TimeUs now) = 0;
   // The path can carry traffic now (every stream attached / QPs present).
   virtual bool ready(int path) const = 0;
-  // Room for one more chunk on the path (send queue depth; TCP: always).
-  virtual bool has_room(int path) const = 0;
+  // Room for one more chunk on the path (send queue depth). Default: always.
+  virtual bool has_room(int path) const;
   virtual PostResult post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs now) = 0;
   virtual PostResult post_cts(int path, const CtsOut& c, PathSink& sink, TimeUs now) = 0;
   // A control message on `path`, or with path == -1 on the backend's fallback channel (verbs
@@ -217,39 +220,47 @@ class PathIo {
   virtual void stop_path(int path, bool from_peer, TimeUs now) = 0;
   // Receiver: reports through `sink` every chunk that landed on a stopped path before it
   // stopped (verbs: drains its CQ), so the landed state the engine sends is complete.
-  virtual void quiesce(int path, PathSink& sink, TimeUs now) = 0;
+  // Default: nothing can land by itself (the receiver reads every byte).
+  virtual void quiesce(int path, PathSink& sink, TimeUs now);
   // Whether a reconnect could start now (verbs: a control channel to the peer exists).
   virtual bool can_reconnect(int path, PathSink& sink) const = 0;
   // Connector/sender: starts reconnecting a failed path; the outcome is on_reconnected or
   // on_reconnect_failed.
   virtual void reconnect(int path, PathSink& sink, TimeUs now) = 0;
   // Sender: the reconnected path passed its probes (verbs tells the receiver it may post).
-  virtual void path_recovered(int path, PathSink& sink, TimeUs now) = 0;
+  // Default: nothing to tell.
+  virtual void path_recovered(int path, PathSink& sink, TimeUs now);
   // Time since the transport below last heard from the peer on this path (TCP: the kernel's
-  // last TCP ACK), microseconds; INT64_MAX when the transport cannot tell.
-  virtual TimeUs heard_within(int path, TimeUs now) const = 0;
-  // Evidence of an injected fault on the path: when it started (0: none known).
-  virtual TimeUs fault_start(int path, TimeUs now) const = 0;
+  // last TCP ACK), microseconds. Default INT64_MAX: the transport cannot tell.
+  virtual TimeUs heard_within(int path, TimeUs now) const;
+  // Evidence of an injected fault on the path: when it started. Default 0: none known.
+  virtual TimeUs fault_start(int path, TimeUs now) const;
 
   // Tells the peer, best effort and without waiting, that this end closes on purpose.
   virtual void say_goodbye(TimeUs now) = 0;
-  // The connection failed for good: nothing more may land in NCCL's buffers.
-  virtual void abort(TimeUs now) = 0;
+  // The connection failed for good: nothing more may land in NCCL's buffers. Default:
+  // nothing lands by itself.
+  virtual void abort(TimeUs now);
 
   // GPU receives: makes the NIC's writes of the last buffer visible (verbs: an RDMA READ
-  // through a loopback QP). *token = 0 when nothing needs flushing (host memory). Errors
-  // name the cause.
+  // through a loopback QP). *token = 0 when nothing needs flushing (the default: host
+  // memory). Errors name the cause.
   virtual Status start_flush(int n, void** data, const int* sizes, void** mhandles,
-                             uint64_t* token) = 0;
-  // 1 done, 0 pending, or an error.
-  virtual int test_flush(uint64_t token, Status* err) = 0;
+                             uint64_t* token);
+  // 1 done, 0 pending, or -1 with *err.
+  virtual int test_flush(uint64_t token, Status* err);
 
   // Memory registration (NCCL's regMr/regMrDmaBuf/deregMr): the buffer on every rail of
-  // the path set. Service thread, concurrently with the data path.
-  virtual Status reg_mr(void* data, size_t size, int type, void** mhandle) = 0;
-  virtual Status reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd,
-                               void** mhandle) = 0;
-  virtual void dereg_mr(void* mhandle) = 0;
+  // the path set. Service thread, concurrently with the data path. Defaults: host memory
+  // needs no registration (a plain handle); DMA-BUF is refused (not advertised).
+  virtual Status reg_mr(void* data, size_t size, int type, void** mhandle);
+  virtual Status reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, void** mhandle);
+  virtual void dereg_mr(void* mhandle);
+
+ protected:
+  uint64_t conn_id_ = 0;
+  uint64_t chunk_size_ = 0;
+  std::vector<PathDesc> paths_desc_;
 };
 
 }  // namespace r2ccl::net

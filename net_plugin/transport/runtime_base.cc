@@ -17,10 +17,14 @@ constexpr TimeUs kBoardPeriod = 100 * kUsPerMs;   // health board publish period
 
 }  // namespace
 
-Status RuntimeBase::init_base(const Config* cfg, std::vector<RailInfo> rails, board::Transport kind,
+Status RuntimeBase::init_base(const Config* cfg, const Traits& traits, std::vector<RailInfo> rails,
+                              std::vector<Device> devices, int mr_types, std::string knobs,
                               std::string* err) {
   cfg_ = cfg;
-  board_kind_ = kind;
+  traits_ = traits;
+  devices_ = std::move(devices);
+  mr_types_ = mr_types;
+  knobs_ = std::move(knobs);
   std::string sink_err;
   if (!set_event_sink(cfg_->log_file, &sink_err)) {
     *err = sink_err;
@@ -46,6 +50,41 @@ Status RuntimeBase::init_base(const Config* cfg, std::vector<RailInfo> rails, bo
   for (size_t i = 0; i < rails_.size(); ++i) prails.push_back({rails_[i].predict, &live_[i]});
   predict_.init(*cfg_, std::move(prails), &board_, cfg_->health_board);
   return Status::kOk;
+}
+
+std::string RuntimeBase::banner() const {
+  std::string s = std::to_string(devices_.size()) + " rails: ";
+  for (size_t i = 0; i < devices_.size(); ++i) s += (i ? ", " : "") + devices_[i].description;
+  return s + "; " + knobs_;
+}
+
+Status RuntimeBase::properties(int dev, DeviceProps* p) const {
+  if (dev < 0 || dev >= device_count()) {
+    R2CCL_WARN("getProperties: device %d does not exist (%d devices)", dev, device_count());
+    return Status::kInternal;
+  }
+  const Device& d = devices_[dev];
+  *p = DeviceProps{};
+  p->name = d.name.c_str();
+  p->pci_path = d.pci_path.empty() ? nullptr : d.pci_path.c_str();
+  p->guid = d.guid;
+  p->speed_mbps = rails_[d.rail].speed_mbps;
+  p->ptr_support = mr_types_;
+  p->port = d.port;
+  return Status::kOk;
+}
+
+int RuntimeBase::arm_faults(const char* spec) {
+  (void)spec;
+  R2CCL_WARN("armFaults: the in-process fault injector acts on TCP sockets; this process uses "
+             "the %s transport (verbs faults come from the fake verbs provider, tests/fakeverbs)",
+             traits_.name);
+  return -1;
+}
+
+void RuntimeBase::new_identity(Listener* l) {
+  l->listen_id = rng_.next();
+  rng_.bytes(l->secret, sizeof(l->secret));
 }
 
 void RuntimeBase::start_background() {
@@ -74,13 +113,13 @@ Status RuntimeBase::connect(int dev, int traffic_class, void* handle, Connection
     return Status::kInternal;
   }
   using State = HandleConnectState<ConnIo>;
-  ConnIo* io = State::get(handle, connect_magic());
+  ConnIo* io = State::get(handle, traits_.connect_magic);
   if (!io) {
     Status st = Status::kOk;
-    std::unique_ptr<ConnIo> made = new_connector(dev, traffic_class, handle, &st);
+    std::unique_ptr<ConnIo> made = new_conn_io(dev, traffic_class, handle, nullptr, &st);
     if (!made) return st;
     io = made.release();
-    State::set(handle, connect_magic(), io);
+    State::set(handle, traits_.connect_magic, io);
   }
   void* done_io = nullptr;
   R2CCL_CHECK(State::step(handle, io, &done_io,
@@ -95,7 +134,11 @@ Status RuntimeBase::connect(int dev, int traffic_class, void* handle, Connection
 
 Status RuntimeBase::accept(Listener* l, Connection** out) {
   *out = nullptr;
-  if (!l->building) l->building = new_acceptor(l);
+  if (!l->building) {
+    Status st = Status::kOk;
+    l->building = new_conn_io(l->dev, NCCL_NET_TRAFFIC_CLASS_UNDEF, nullptr, l, &st);
+    if (!l->building) return st;
+  }
   bool done = false;
   const Status s = l->building->setup_step(&done, now_us());
   if (s != Status::kOk) {
@@ -189,13 +232,13 @@ void RuntimeBase::publish_board(TimeUs now) {
     const bool up = l.link_up.load();
     board::RailFields f;
     board::set_text(f.name, sizeof(f.name), rails_[i].name);
-    f.transport = board_kind_;
+    f.transport = traits_.board_kind;
     f.state = !up ? board::RailState::kDown
               : l.failed_paths.load() > 0 ? board::RailState::kFailed
               : l.predict_drain.load()    ? board::RailState::kDraining
                                           : board::RailState::kUp;
     f.usable_mbps = up ? static_cast<uint32_t>(rails_[i].speed_mbps) : 0;
-    board_rails_[i].fill(l, now, up ? "path failure" : down_cause(), &f);
+    board_rails_[i].fill(l, now, up ? "path failure" : traits_.down_cause, &f);
     board_.publish(static_cast<int>(i), f);
   }
 }
@@ -203,7 +246,7 @@ void RuntimeBase::publish_board(TimeUs now) {
 std::string RuntimeBase::stats_json() {
   std::ostringstream o;
   uint64_t sw = 0, rp = 0;
-  o << "{\"transport\":\"" << board::transport_name(board_kind_) << "\",\"rails\":[";
+  o << "{\"transport\":\"" << board::transport_name(traits_.board_kind) << "\",\"rails\":[";
   for (size_t i = 0; i < rails_.size(); ++i) {
     RailLive& l = live_[i];
     const char* state = !l.link_up.load() ? "down" : l.failed_paths.load() > 0 ? "failed" : "up";

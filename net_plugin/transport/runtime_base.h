@@ -55,12 +55,27 @@ class RuntimeBase : public Transport, public RailTable {
   uint64_t random_u64() { return rng_.next(); }
   void random_bytes(void* out, size_t n) { rng_.bytes(out, n); }
 
+  // --- RailTable ---
+  const char* link_event_source() const final { return traits_.link_event_source; }
+
   // --- Transport: the generic parts ---
+  const char* name() const final { return traits_.name; }
+  std::string banner() const final;
+  int device_count() const final { return static_cast<int>(devices_.size()); }
+  Status properties(int dev, DeviceProps* p) const final;
+  int mr_types() const final { return mr_types_; }
   Status connect(int dev, int traffic_class, void* handle, Connection** out) final;
   Status accept(Listener* l, Connection** out) final;
   void close(Connection* c) final;
   void close_listen(Listener* l) override { delete l; }
-  std::string stats_json() override;
+  std::string stats_json() final;
+  // Default: this transport has no in-process fault injector (WARN, -1).
+  int arm_faults(const char* spec) override;
+
+  // The rail of NCCL device `dev` (0 <= dev < device_count()).
+  int device_rail(int dev) const { return devices_[dev].rail; }
+  // A new listen comm's id and secret (random).
+  void new_identity(Listener* l);
 
   // Runs fn(conn) for every registered connection, under the registry lock (a connection
   // cannot be closed meanwhile); stops at the first fn returning true. Background thread.
@@ -73,6 +88,14 @@ class RuntimeBase : public Transport, public RailTable {
   }
 
  protected:
+  // What tells the transports apart in the shared code.
+  struct Traits {
+    const char* name;               // "TCP", "IB" (banner, messages)
+    board::Transport board_kind;    // on the health board and in getStats
+    uint64_t connect_magic;         // tells an in-progress connect in NCCL's handle (connect_state.h)
+    const char* down_cause;         // board text for a rail that is down ("link down")
+    const char* link_event_source;  // log text of a link-down notification ("netlink")
+  };
   struct RailInfo {
     std::string name;    // display name (logs, board, stats)
     int speed_mbps = 0;
@@ -80,21 +103,29 @@ class RuntimeBase : public Transport, public RailTable {
     bool link_up = true;
     predict::RailSpec predict;
   };
+  // One NCCL device: a rail, as NCCL's getProperties reports it.
+  struct Device {
+    int rail = 0;
+    std::string name;      // "eth0", "mlx5_0" (the port in `port`)
+    std::string pci_path;  // "" for a virtual NIC
+    uint64_t guid = 0;
+    int port = 0;          // verbs port number, 0 for TCP
+    std::string description;  // its part of the init banner
+  };
 
-  // Configuration, rails, test hooks, the event sink, the health board and the predictor.
+  // Configuration, rails and devices, test hooks, the event sink, the health board and the
+  // predictor. `mr_types`: NCCL_PTR_* bits regMr accepts; `knobs`: the banner's tail.
   // Errors: kInvalidUsage with *err naming the variable.
-  Status init_base(const Config* cfg, std::vector<RailInfo> rails, board::Transport kind,
-                   std::string* err);
+  Status init_base(const Config* cfg, const Traits& traits, std::vector<RailInfo> rails,
+                   std::vector<Device> devices, int mr_types, std::string knobs, std::string* err);
   // Starts the background thread (once, at the end of the transport's init).
   void start_background();
 
-  // A connector for NCCL's handle, or nullptr with *st set (a foreign handle: kInternal,
-  // with a WARN naming what is wrong). Service thread.
-  virtual std::unique_ptr<ConnIo> new_connector(int dev, int traffic_class, const void* handle,
-                                                Status* st) = 0;
-  virtual std::unique_ptr<ConnIo> new_acceptor(Listener* l) = 0;
-  // Tells an in-progress connect in NCCL's handle from a fresh one (connect_state.h).
-  virtual uint64_t connect_magic() const = 0;
+  // The transport's half of connect and accept: a connector for NCCL's `handle` (when
+  // `accept` is null), or the acceptor of listen comm `accept`. A foreign handle: nullptr,
+  // *st = kInternal, and a WARN naming what is wrong. Service thread.
+  virtual std::unique_ptr<ConnIo> new_conn_io(int dev, int traffic_class, const void* handle,
+                                              Listener* accept, Status* st) = 0;
   // The transport's own descriptors for the background thread's poll, and their events.
   virtual void bg_add_fds(std::vector<pollfd>* fds) { (void)fds; }
   virtual void bg_on_fds(const pollfd* fds, size_t n, TimeUs now) {
@@ -102,9 +133,6 @@ class RuntimeBase : public Transport, public RailTable {
     (void)n;
     (void)now;
   }
-  // The board's cause text for a rail that is down ("link down", "port error").
-  virtual const char* down_cause() const = 0;
-
   void register_conn(Connection* c);
   void unregister_conn(Connection* c);
 
@@ -114,10 +142,13 @@ class RuntimeBase : public Transport, public RailTable {
   void publish_board(TimeUs now);
 
   const Config* cfg_ = nullptr;
+  Traits traits_{};
   ConnEnv env_;
   std::vector<RailInfo> rails_;
+  std::vector<Device> devices_;
+  int mr_types_ = NCCL_PTR_HOST;
+  std::string knobs_;
   std::unique_ptr<RailLive[]> live_;
-  board::Transport board_kind_ = board::Transport::kUnknown;
 
   std::mutex registry_mu_;
   std::vector<Connection*> conns_;  // guarded by registry_mu_

@@ -50,11 +50,13 @@ class ConnIo : public PathIo {
   virtual Status setup_step(bool* done, TimeUs now) = 0;
 };
 
-// NCCL's listen comm.
+// NCCL's listen comm. Its secret and id go into the handle; a peer must present both.
 class Listener {
  public:
   virtual ~Listener() = default;
   int dev = 0;
+  uint64_t listen_id = 0;
+  uint8_t secret[16] = {};
   std::unique_ptr<ConnIo> building;  // the accept in progress
 };
 

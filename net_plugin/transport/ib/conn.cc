@@ -133,8 +133,7 @@ ibv_qp* make_qp(const VerbsApi& v, const HcaInfo& h, ibv_cq* cq, int send_wr, in
 
 Listen::Listen(Runtime* r, int d) : rt(r) {
   dev = d;
-  rt->random_bytes(secret, sizeof(secret));
-  listen_id = rt->random_u64();
+  rt->new_identity(this);
   std::string err;
   fd = open_rail_listener(rt->side_rail(), &err);
   if (fd < 0) R2CCL_WARN("listen: side-channel listener on %s: %s", rt->side_rail().name.c_str(), err.c_str());
@@ -151,7 +150,7 @@ Conn::Conn(Runtime* rt, Role role, int dev, int traffic_class)
     : rt_(rt), cfg_(rt->cfg()), v_(rt->v()), role_(role), dev_(dev) {
   tc_ = traffic_class != NCCL_NET_TRAFFIC_CLASS_UNDEF ? traffic_class : static_cast<int>(cfg_.ib_tc);
   nqps_ = static_cast<int>(cfg_.ib_qps_per_path);
-  const int primary = rt_->devices()[dev];
+  const int primary = rt_->device_rail(dev);
   ar_ = cfg_.ib_ar < 0 ? rt_->hcas()[primary].link_layer == IBV_LINK_LAYER_INFINIBAND : cfg_.ib_ar == 1;
   const size_t area_len = page_round(sizeof(IbArea));
   area_ = static_cast<IbArea*>(aligned_alloc(4096, area_len));
@@ -292,7 +291,7 @@ void Conn::post_recv_slot(Path& p, int q, int k) {
   ibv_sge sge{reinterpret_cast<uintptr_t>(slots_ + slot * kCtrlSlot), static_cast<uint32_t>(kCtrlSlot),
               slots_mr_[p.hca]->lkey};
   ibv_recv_wr wr{};
-  wr.wr_id = kRecvWrFlag | (static_cast<uint64_t>(p.gen) << 32) | slot;
+  wr.wr_id = kRecvWrFlag | (static_cast<uint64_t>(desc(p).generation) << 32) | slot;
   wr.sg_list = &sge;
   wr.num_sge = 1;
   ibv_recv_wr* bad = nullptr;
@@ -354,8 +353,6 @@ void Conn::qps_to_err(Path& p) {
     v_.modify_qp(qp, &a, IBV_QP_STATE);
   }
 }
-
-PathDesc Conn::path(int i) const { return PathDesc{paths_[i].hca, paths_[i].label, true}; }
 
 bool Conn::ready(int path) const {
   const Path& p = paths_[path];
@@ -480,7 +477,7 @@ Status Conn::connect_step(bool* done, TimeUs now) {
       stage_ = 0;
       return Status::kOk;
     }
-    candidates_ = rt_->path_set(rt_->devices()[dev_]);
+    candidates_ = rt_->path_set(rt_->device_rail(dev_));
     IbSetupMsg m = setup_msg(SetupType::kHello);
     m.listen_id = listen_id_;
     m.chunk_size = static_cast<uint64_t>(cfg_.chunk_size);
@@ -491,7 +488,7 @@ Status Conn::connect_step(bool* done, TimeUs now) {
       R2CCL_CHECK(register_area_on(candidates_[i]));
       fill_wire_hca(candidates_[i], &m.hca[i]);
     }
-    chunk_ = m.chunk_size;
+    chunk_size_ = m.chunk_size;
     if (!sc_write(&m, sizeof(m))) return Status::kRemote;
     stage_ = 2;
   }
@@ -519,6 +516,7 @@ Status Conn::connect_step(bool* done, TimeUs now) {
       p.index = static_cast<int>(i);
       p.hca = candidates_[m.hca[i].pair];
       paths_.push_back(std::move(p));
+      paths_desc_.push_back(PathDesc{paths_.back().hca, "", true, 0});
     }
     for (auto& p : paths_) {
       R2CCL_CHECK(register_slots_on(p.hca));
@@ -584,12 +582,12 @@ Status Conn::accept_step(bool* done, TimeUs now) {
     }
     memcpy(secret_, l->secret, 16);
     conn_id_ = m.conn_id;
-    chunk_ = m.chunk_size;
+    chunk_size_ = m.chunk_size;
     peer_area_ = m.area_addr;
     // Pair paths (engine/path_plan.h): our primary with theirs; each of our backups with an
     // unused candidate of theirs on the same link layer, preferring the same IPv4 /24 (a
     // rail-aligned fabric routes rail k only to rail k), else the next one in their order.
-    const std::vector<int> mine = rt_->path_set(rt_->devices()[dev_]);
+    const std::vector<int> mine = rt_->path_set(rt_->device_rail(dev_));
     const int npeer = static_cast<int>(m.npaths);
     std::vector<RailPair> pairs = pair_rails(static_cast<int>(mine.size()), npeer, false, [&](int i, int j) {
       const HcaInfo& h = rt_->hcas()[mine[i]];
@@ -611,6 +609,7 @@ Status Conn::accept_step(bool* done, TimeUs now) {
       p.peer = m.hca[pr.peer];
       reply.hca[p.index].pair = static_cast<uint16_t>(pr.peer);
       paths_.push_back(std::move(p));
+      paths_desc_.push_back(PathDesc{paths_.back().hca, "", true, 0});
     }
     slots_len_ = paths_.size() * nqps_ * kRqDepth * kCtrlSlot;
     slots_ = static_cast<char*>(aligned_alloc(4096, page_round(slots_len_)));
@@ -626,7 +625,7 @@ Status Conn::accept_step(bool* done, TimeUs now) {
     reply.npaths = static_cast<uint32_t>(paths_.size());
     reply.qps_per_path = static_cast<uint32_t>(nqps_);
     reply.area_addr = reinterpret_cast<uintptr_t>(area_);
-    reply.chunk_size = chunk_;
+    reply.chunk_size = chunk_size_;
     if (!sc_write(&reply, sizeof(reply))) return Status::kRemote;
     stage_ = 2;
   }
@@ -648,20 +647,20 @@ Status Conn::accept_step(bool* done, TimeUs now) {
 }
 
 void Conn::finish_setup() {
-  std::string desc;
+  std::string list;
   for (auto& p : paths_) {
     char peer[64];
     snprintf(peer, sizeof(peer), "%s", p.peer.link_layer == IBV_LINK_LAYER_ETHERNET
                                            ? gid_to_string(p.peer.gid).c_str()
                                            : ("lid " + std::to_string(p.peer.lid)).c_str());
-    p.label = rail_of(p) + " -> " + peer;
-    desc += (desc.empty() ? "" : ", ") + p.label;
+    desc(p).label = rail_of(p) + " -> " + peer;
+    list += (list.empty() ? "" : ", ") + desc(p).label;
   }
   stage_ = 10;
   listen_ = nullptr;
   R2CCL_INFO(NCCL_NET | NCCL_INIT, "%s connection on dev %d: %zu paths (%s), %d QPs per path, chunk %llu KiB%s",
-             role_ == Role::kSend ? "send" : "recv", dev_, paths_.size(), desc.c_str(), nqps_,
-             static_cast<unsigned long long>(chunk_ / 1024), ar_ ? ", adaptive-routing writes" : "");
+             role_ == Role::kSend ? "send" : "recv", dev_, paths_.size(), list.c_str(), nqps_,
+             static_cast<unsigned long long>(chunk_size_ / 1024), ar_ ? ", adaptive-routing writes" : "");
 }
 
 // ------------------------------------------------------------------------------------------
@@ -683,7 +682,7 @@ int Conn::submit(Path& p, int q, const WrRec& rec, ibv_send_wr* wr, PathSink& si
   WrRec& w = wrs_[wi];
   w.path = static_cast<int8_t>(p.index);
   w.used = true;
-  w.gen = p.gen;
+  w.gen = desc(p).generation;
   wr->wr_id = static_cast<uint64_t>(wi);
   wr->send_flags = IBV_SEND_SIGNALED;
   ibv_send_wr* bad = nullptr;
@@ -800,7 +799,12 @@ PostResult Conn::post_ctrl(int path, const CtrlMsg& c, PathSink& sink, TimeUs no
     // No RDMA path is usable: the side channel carries control messages.
     return sc_fd_ >= 0 && sc_write(&m, sizeof(m)) ? PostResult::kPosted : PostResult::kFull;
   }
-  Path& p = paths_[path];
+  return send_on(paths_[path], m, sink, now);
+}
+
+// An RDMA SEND of `m` on QP 0 of the path (control stays in order), from a slot of the
+// connection area.
+PostResult Conn::send_on(Path& p, const IbCtrlMsg& m, PathSink& sink, TimeUs now) {
   if (p.outstanding >= nqps_ * kSqDepth - 4) return PostResult::kFull;
   int slot = -1;
   for (int i = 0; i < kFifoDepth && slot < 0; ++i)
@@ -816,35 +820,14 @@ PostResult Conn::post_ctrl(int path, const CtrlMsg& c, PathSink& sink, TimeUs no
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
-  if (submit(p, 0, rec, &wr, sink, now) < 0) return PostResult::kFailed;  // QP 0: in order
+  if (submit(p, 0, rec, &wr, sink, now) < 0) return PostResult::kFailed;
   ctrl_slot_busy_[slot] = true;
   return PostResult::kPosted;
 }
 
 bool Conn::send_wire(const IbCtrlMsg& m, PathSink& sink, TimeUs now) {
   const int cp = sink.control_path();
-  if (cp >= 0) {
-    Path& p = paths_[cp];
-    int slot = -1;
-    for (int i = 0; i < kFifoDepth && slot < 0; ++i)
-      if (!ctrl_slot_busy_[i]) slot = i;
-    if (slot >= 0 && p.outstanding < nqps_ * kSqDepth - 4) {
-      area_->ctrl_out[slot] = m;
-      WrRec rec;
-      rec.kind = kWrCtrl;
-      rec.ctrl_slot = slot;
-      ibv_sge sge{reinterpret_cast<uintptr_t>(&area_->ctrl_out[slot]), sizeof(IbCtrlMsg),
-                  area_mr_[p.hca]->lkey};
-      ibv_send_wr wr{};
-      wr.sg_list = &sge;
-      wr.num_sge = 1;
-      wr.opcode = IBV_WR_SEND;
-      if (submit(p, 0, rec, &wr, sink, now) >= 0) {
-        ctrl_slot_busy_[slot] = true;
-        return true;
-      }
-    }
-  }
+  if (cp >= 0 && send_on(paths_[cp], m, sink, now) == PostResult::kPosted) return true;
   return sc_fd_ >= 0 && sc_write(&m, sizeof(m));
 }
 
@@ -886,7 +869,7 @@ void Conn::on_send_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
   wrs_[wc.wr_id] = WrRec{};
   free_wrs_.push_back(static_cast<int>(wc.wr_id));
   if (w.kind == kWrCtrl && w.ctrl_slot >= 0) ctrl_slot_busy_[w.ctrl_slot] = false;
-  if (w.gen != p.gen || w.path != p.index) return;  // an earlier generation of the path
+  if (w.gen != desc(p).generation || w.path != p.index) return;  // an earlier generation of the path
   p.outstanding--;
   if (wc.status == IBV_WC_SUCCESS) {
     sink.on_path_alive(p.index, now);
@@ -911,14 +894,14 @@ void Conn::on_send_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
   }
   char why[160];
   snprintf(why, sizeof(why), "work completion %s (vendor error 0x%x) on path %s: fatal, not failed over",
-           v_.wc_status_str(wc.status), wc.vendor_err, p.label.c_str());
+           v_.wc_status_str(wc.status), wc.vendor_err, desc(p).label.c_str());
   sink.on_fatal(fatal_status(wc.status), why, now);
 }
 
 void Conn::on_recv_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
   const uint32_t gen = static_cast<uint32_t>((wc.wr_id >> 32) & 0x7fffffffu);
   const size_t slot = wc.wr_id & 0xffffffffu;
-  if (gen != p.gen || slot * kCtrlSlot >= slots_len_) return;
+  if (gen != desc(p).generation || slot * kCtrlSlot >= slots_len_) return;
   if (wc.status != IBV_WC_SUCCESS) {
     if (wc.status != IBV_WC_WR_FLUSH_ERR && !p.stopped)
       sink.on_path_error(p.index, FailCause::kRetryExceeded, v_.wc_status_str(wc.status), now);
@@ -940,10 +923,10 @@ void Conn::on_recv_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
       // known from the message size the sender wrote first.
       if (last) {
         const uint64_t total = area_->sizes[imm_seq7(imm) % kFifoDepth];
-        const uint64_t off = static_cast<uint64_t>(idx) * chunk_;
+        const uint64_t off = static_cast<uint64_t>(idx) * chunk_size_;
         len = total >= off ? static_cast<uint32_t>(std::min<uint64_t>(total - off, UINT32_MAX)) : UINT32_MAX;
       } else {
-        len = static_cast<uint32_t>(chunk_);
+        len = static_cast<uint32_t>(chunk_size_);
       }
     }
     sink.on_chunk_placed(p.index, imm_seq7(imm), kImmSeqBits, idx, len, last, now);
@@ -958,7 +941,7 @@ void Conn::on_recv_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
       on_wire_ctrl(p.index, m, sink, now);
       return;
     }
-    R2CCL_WARN("path %s: malformed control message (%u bytes) ignored", p.label.c_str(), wc.byte_len);
+    R2CCL_WARN("path %s: malformed control message (%u bytes) ignored", desc(p).label.c_str(), wc.byte_len);
     return;
   }
   if (repost) post_recv_slot(p, q, k);
@@ -1010,7 +993,7 @@ void Conn::on_wire_ctrl(int via, const IbCtrlMsg& m, PathSink& sink, TimeUs now)
       if (role_ == Role::kRecv) on_rebuild(m, sink, now);
       break;
     case WireCtrl::kRebuildDone:
-      if (role_ == Role::kRecv && m.gen == paths_[m.path].gen) peer_rebuilt(paths_[m.path], sink, now);
+      if (role_ == Role::kRecv && m.gen == paths_desc_[m.path].generation) peer_rebuilt(paths_[m.path], sink, now);
       break;
     case WireCtrl::kRebuildAck:
     case WireCtrl::kRebuildNak:
@@ -1099,14 +1082,14 @@ bool Conn::can_reconnect(int path, PathSink& sink) const {
 void Conn::reconnect(int path, PathSink& sink, TimeUs now) {
   Path& p = paths_[path];
   destroy_path_qps(p);
-  p.gen++;
+  desc(p).generation++;
   if (create_path_qps(p) != Status::kOk) {
     destroy_path_qps(p);
     sink.on_reconnect_failed(p.index, false, "could not create the QPs", now);
     return;
   }
   p.stopped = true;  // not in service until the peer connected its QPs
-  IbCtrlMsg m = wire_msg(WireCtrl::kRebuild, p.index, p.gen);
+  IbCtrlMsg m = wire_msg(WireCtrl::kRebuild, p.index, desc(p).generation);
   m.n = static_cast<uint32_t>(nqps_);
   for (int q = 0; q < nqps_; ++q) m.qpn[q] = p.qps[q]->qp_num;
   fill_wire_hca(p.hca, &m.hca);
@@ -1128,7 +1111,7 @@ void Conn::on_rebuild(const IbCtrlMsg& m, PathSink& sink, TimeUs now) {
   }
   if (!p.stopped) sink.on_path_error(p.index, FailCause::kPeerNotice, "the peer rebuilds it", now);
   destroy_path_qps(p);
-  p.gen = m.gen;
+  desc(p).generation = m.gen;
   if (create_path_qps(p) != Status::kOk || connect_path_qps(p, m.qpn, m.hca) != Status::kOk) {
     destroy_path_qps(p);
     send_wire(out, sink, now);
@@ -1153,7 +1136,7 @@ void Conn::peer_rebuilt(Path& p, PathSink& sink, TimeUs now) {
 
 void Conn::on_rebuild_ack(const IbCtrlMsg& m, PathSink& sink, TimeUs now) {
   Path& p = paths_[m.path];
-  if (!p.rebuilding || m.gen != p.gen) return;
+  if (!p.rebuilding || m.gen != desc(p).generation) return;
   p.rebuilding = false;
   if (static_cast<WireCtrl>(m.type) == WireCtrl::kRebuildNak || m.n != static_cast<uint32_t>(nqps_) ||
       connect_path_qps(p, m.qpn, m.hca) != Status::kOk) {
@@ -1167,19 +1150,7 @@ void Conn::on_rebuild_ack(const IbCtrlMsg& m, PathSink& sink, TimeUs now) {
 
 void Conn::path_recovered(int path, PathSink& sink, TimeUs now) {
   // The receiver may post on the path again: the sender's QPs are connected and passed.
-  send_wire(wire_msg(WireCtrl::kRebuildDone, path, paths_[path].gen), sink, now);
-}
-
-TimeUs Conn::heard_within(int path, TimeUs now) const {
-  (void)path;
-  (void)now;
-  return INT64_MAX;  // completions are the only evidence; the engine's rules use them
-}
-
-TimeUs Conn::fault_start(int path, TimeUs now) const {
-  (void)path;
-  (void)now;
-  return 0;
+  send_wire(wire_msg(WireCtrl::kRebuildDone, path, paths_desc_[path].generation), sink, now);
 }
 
 void Conn::say_goodbye(TimeUs now) {

@@ -51,8 +51,6 @@ class Listen final : public Listener {
   ~Listen() override;
   Runtime* rt;
   int fd = -1;  // side-channel listener
-  uint64_t listen_id = 0;
-  uint8_t secret[16];
 };
 
 class Conn final : public ConnIo {
@@ -66,26 +64,21 @@ class Conn final : public ConnIo {
 
   // --- PathIo ---
   PathCaps caps() const override { return PathCaps{false, true}; }
-  uint64_t conn_id() const override { return conn_id_; }
-  int npaths() const override { return static_cast<int>(paths_.size()); }
-  PathDesc path(int i) const override;
-  uint32_t generation(int path) const override { return paths_[path].gen; }
-  uint64_t chunk_size() const override { return chunk_; }
   void poll(PathSink& sink, TimeUs now) override;
   void flush(PathSink& sink, TimeUs now) override;
   bool ready(int path) const override;
+  // Send-queue slots: a chunk takes 1 work request (3 with adaptive-routing writes).
   bool has_room(int path) const override;
   PostResult post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs now) override;
   PostResult post_cts(int path, const CtsOut& c, PathSink& sink, TimeUs now) override;
   PostResult post_ctrl(int path, const CtrlMsg& m, PathSink& sink, TimeUs now) override;
   bool probe(int path, PathSink& sink, TimeUs now) override;
   void stop_path(int path, bool from_peer, TimeUs now) override;
+  // Drains the path's CQ: what landed before its QPs entered ERR is reported.
   void quiesce(int path, PathSink& sink, TimeUs now) override;
   bool can_reconnect(int path, PathSink& sink) const override;
   void reconnect(int path, PathSink& sink, TimeUs now) override;
   void path_recovered(int path, PathSink& sink, TimeUs now) override;
-  TimeUs heard_within(int path, TimeUs now) const override;
-  TimeUs fault_start(int path, TimeUs now) const override;
   void say_goodbye(TimeUs now) override;
   void abort(TimeUs now) override;
   Status start_flush(int n, void** data, const int* sizes, void** mhandles,
@@ -105,14 +98,13 @@ class Conn final : public ConnIo {
     uint32_t idx = 0;
     int ctrl_slot = -1;
   };
+  // A path's label and generation are in PathIo::paths_desc_ (its rail is `hca`).
   struct Path {
     int index = 0;
     int hca = 0;       // local runtime HCA index (the rail)
     IbWireHca peer{};  // the peer's HCA of this path
-    std::string label;
     ibv_cq* cq = nullptr;
     std::vector<ibv_qp*> qps;
-    uint32_t gen = 0;
     uint32_t rr = 0;
     int outstanding = 0;        // send WRs not completed
     bool stopped = false;       // QPs in ERR (or left in RTS by the test hook): out of service
@@ -157,12 +149,14 @@ class Conn final : public ConnIo {
   // The backend's own control messages (REBUILD, BYE): on the engine's control path, else
   // the side channel.
   bool send_wire(const IbCtrlMsg& m, PathSink& sink, TimeUs now);
+  PostResult send_on(Path& p, const IbCtrlMsg& m, PathSink& sink, TimeUs now);
   IbCtrlMsg wire_msg(WireCtrl t, int path, uint32_t gen) const;
   void on_rebuild(const IbCtrlMsg& m, PathSink& sink, TimeUs now);
   void on_rebuild_ack(const IbCtrlMsg& m, PathSink& sink, TimeUs now);
   void peer_rebuilt(Path& p, PathSink& sink, TimeUs now);
   Status make_flush_qp();
   std::string rail_of(const Path& p) const;
+  PathDesc& desc(const Path& p) { return paths_desc_[p.index]; }
 
   Runtime* rt_;
   const Config& cfg_;
@@ -172,9 +166,7 @@ class Conn final : public ConnIo {
   int tc_;
   Listen* listen_ = nullptr;  // acceptor, during setup
   IbWireHandle handle_{};
-  uint64_t conn_id_ = 0;
   bool ar_ = false;
-  uint64_t chunk_ = 0;
   int nqps_ = 1;
   std::vector<Path> paths_;
 

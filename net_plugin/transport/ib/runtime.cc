@@ -96,7 +96,7 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
     r.predict.device = h[i].name;
     r.predict.port = h[i].port;
     info.push_back(std::move(r));
-    if (h[i].active && h[i].gid_index >= 0) devices_.push_back(static_cast<int>(i));
+    if (h[i].active && h[i].gid_index >= 0) usable_.push_back(static_cast<int>(i));
     ibv_pd* pd = h[i].pd;
     size_t same = i;
     for (size_t j = 0; j < i; ++j)
@@ -118,12 +118,30 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
         [vv](void* mr) { vv->dereg_mr(static_cast<ibv_mr*>(mr)); },
         static_cast<size_t>(sysconf(_SC_PAGESIZE))));
   }
-  if (devices_.empty()) {
+  if (usable_.empty()) {
     *err = "no active HCA port has a usable GID (check R2CCL_IB_GID_INDEX / "
            "R2CCL_IB_ADDR_FAMILY / R2CCL_IB_ADDR_RANGE)";
     return Status::kSystem;
   }
-  R2CCL_CHECK(init_base(cfg, std::move(info), board::Transport::kIb, err));
+  std::vector<Device> devices;  // one NCCL device per active port
+  for (int i : usable_)
+    devices.push_back(Device{i, h[i].name, h[i].pci_path, h[i].guid, h[i].port, describe(h[i])});
+  int types = NCCL_PTR_HOST;
+#ifdef R2CCL_USE_CUDA
+  types |= NCCL_PTR_CUDA;
+  if (v_->reg_dmabuf_mr) types |= NCCL_PTR_DMABUF;
+#endif
+  char knobs[256];
+  snprintf(knobs, sizeof(knobs),
+           "%lld backup paths, %lld QPs per path, chunk %lld KiB, stripe %s, QP timeout %lld "
+           "retry %lld, side channel %s",
+           static_cast<long long>(cfg->backup_paths), static_cast<long long>(cfg->ib_qps_per_path),
+           static_cast<long long>(cfg->chunk_size / 1024), cfg->stripe ? "on" : "off",
+           static_cast<long long>(cfg->ib_timeout), static_cast<long long>(cfg->ib_retry_cnt),
+           side_rail_.name.c_str());
+  const Traits traits{"IB", board::Transport::kIb, 0x52324942434f4e4eull /* "R2IBCONN" */,
+                      "port error", "port error event"};
+  R2CCL_CHECK(init_base(cfg, traits, std::move(info), std::move(devices), types, knobs, err));
   // Async events are read without blocking by the background thread, one descriptor per
   // device (its first port).
   for (size_t i = 0; i < h.size(); ++i) {
@@ -138,50 +156,10 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
   return Status::kOk;
 }
 
-std::string Runtime::banner() const {
-  std::string s = std::to_string(devices_.size()) + " rails: ";
-  for (size_t i = 0; i < devices_.size(); ++i) s += (i ? "; " : "") + describe(hcas()[devices_[i]]);
-  const Config& c = cfg();
-  char tail[256];
-  snprintf(tail, sizeof(tail),
-           "; %lld backup paths, %lld QPs per path, chunk %lld KiB, stripe %s, QP timeout %lld "
-           "retry %lld, side channel %s",
-           static_cast<long long>(c.backup_paths), static_cast<long long>(c.ib_qps_per_path),
-           static_cast<long long>(c.chunk_size / 1024), c.stripe ? "on" : "off",
-           static_cast<long long>(c.ib_timeout), static_cast<long long>(c.ib_retry_cnt),
-           side_rail_.name.c_str());
-  return s + tail;
-}
-
-int Runtime::mr_types() const {
-  int t = NCCL_PTR_HOST;
-#ifdef R2CCL_USE_CUDA
-  t |= NCCL_PTR_CUDA;
-  if (v_->reg_dmabuf_mr) t |= NCCL_PTR_DMABUF;
-#endif
-  return t;
-}
-
-Status Runtime::properties(int dev, DeviceProps* p) const {
-  if (dev < 0 || dev >= device_count()) {
-    R2CCL_WARN("getProperties: device %d does not exist (%d HCA ports)", dev, device_count());
-    return Status::kInternal;
-  }
-  const HcaInfo& h = hcas()[devices_[dev]];
-  *p = DeviceProps{};
-  p->name = h.name.c_str();
-  p->pci_path = h.pci_path.empty() ? nullptr : h.pci_path.c_str();
-  p->guid = h.guid;
-  p->speed_mbps = h.speed_mbps;
-  p->port = h.port;
-  p->ptr_support = mr_types();
-  return Status::kOk;
-}
-
 Status Runtime::listen(int dev, void* handle, Listener** out) {
   *out = nullptr;
   if (dev < 0 || dev >= device_count()) {
-    R2CCL_WARN("listen: device %d does not exist (%d HCA ports)", dev, device_count());
+    R2CCL_WARN("listen: device %d does not exist (%d devices)", dev, device_count());
     return Status::kInternal;
   }
   auto* l = new Listen(this, dev);
@@ -203,8 +181,9 @@ Status Runtime::listen(int dev, void* handle, Listener** out) {
   return Status::kOk;
 }
 
-std::unique_ptr<ConnIo> Runtime::new_connector(int dev, int traffic_class, const void* handle,
-                                               Status* st) {
+std::unique_ptr<ConnIo> Runtime::new_conn_io(int dev, int traffic_class, const void* handle,
+                                             Listener* accept, Status* st) {
+  if (accept) return std::unique_ptr<ConnIo>(new Conn(this, static_cast<Listen*>(accept)));
   IbWireHandle h;
   memcpy(&h, handle, sizeof(h));
   if (h.magic != kIbHandleMagic || h.version != kIbWireVersion ||
@@ -218,24 +197,13 @@ std::unique_ptr<ConnIo> Runtime::new_connector(int dev, int traffic_class, const
   return std::unique_ptr<ConnIo>(new Conn(this, h, dev, traffic_class));
 }
 
-std::unique_ptr<ConnIo> Runtime::new_acceptor(Listener* l) {
-  return std::unique_ptr<ConnIo>(new Conn(this, static_cast<Listen*>(l)));
-}
-
-int Runtime::arm_faults(const char* spec) {
-  (void)spec;
-  R2CCL_WARN("armFaults: the in-process injector acts on TCP sockets; the verbs transport is "
-             "tested with the fake verbs provider's faults (tests/fakeverbs)");
-  return -1;
-}
-
 std::vector<int> Runtime::path_set(int primary) const {
   const auto& h = hcas();
   const std::vector<int> near = backup_order(h, primary);
   return order_rails(primary, static_cast<int>(h.size()), 1 + static_cast<int>(cfg().backup_paths),
                      [&](int i) {
                        if (h[i].link_layer != h[primary].link_layer || h[i].gid_index < 0) return -1;
-                       if (std::find(devices_.begin(), devices_.end(), i) == devices_.end()) return -1;
+                       if (std::find(usable_.begin(), usable_.end(), i) == usable_.end()) return -1;
                        return static_cast<int>(std::find(near.begin(), near.end(), i) - near.begin());
                      });
 }

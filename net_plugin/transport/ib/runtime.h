@@ -35,8 +35,6 @@ class Runtime final : public RuntimeBase {
 
   const VerbsApi& v() const { return *v_; }
   const std::vector<HcaInfo>& hcas() const { return set_->hcas(); }
-  // NCCL device d -> HCA index (the ports active at init, in discovery order).
-  const std::vector<int>& devices() const { return devices_; }
   const Rail& side_rail() const { return side_rail_; }
   // The MR cache of HCA port `hca`'s protection domain (ports of one device share it).
   MrCache& mr_cache(int hca) { return *mr_caches_[mr_cache_of_[hca]]; }
@@ -47,33 +45,25 @@ class Runtime final : public RuntimeBase {
   HcaInfo hca_snapshot(int i);
 
   // --- Transport ---
-  const char* name() const override { return "IB"; }
-  std::string banner() const override;
-  int device_count() const override { return static_cast<int>(devices_.size()); }
-  Status properties(int dev, DeviceProps* p) const override;
   Status listen(int dev, void* handle, Listener** out) override;
-  int mr_types() const override;
-  int arm_faults(const char* spec) override;
-  // --- RailTable ---
-  const char* link_event_source() const override { return "port error event"; }
-
- protected:
-  std::unique_ptr<ConnIo> new_connector(int dev, int traffic_class, const void* handle,
-                                        Status* st) override;
-  std::unique_ptr<ConnIo> new_acceptor(Listener* l) override;
-  uint64_t connect_magic() const override { return 0x52324942434f4e4eull; }  // "R2IBCONN"
-  void bg_add_fds(std::vector<pollfd>* fds) override;
-  void bg_on_fds(const pollfd* fds, size_t n, TimeUs now) override;
-  const char* down_cause() const override { return "port error"; }
 
  private:
   Runtime() = default;
+  // Connector: a verbs handle (magic, version 2, the side channel's family) is checked
+  // first; the communicator's traffic class goes into the RoCE GRH. Acceptor: takes the next
+  // side-channel connection of the listen comm.
+  std::unique_ptr<ConnIo> new_conn_io(int dev, int traffic_class, const void* handle,
+                                      Listener* accept, Status* st) override;
   Status init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSet> set, std::string* err);
+  // Background thread: one async-event descriptor per device; port error / active and GID
+  // change events update the ports' live state.
+  void bg_add_fds(std::vector<pollfd>* fds) override;
+  void bg_on_fds(const pollfd* fds, size_t n, TimeUs now) override;
   void handle_async(int hca);
 
   const VerbsApi* v_ = nullptr;
   std::unique_ptr<HcaSet> set_;
-  std::vector<int> devices_;
+  std::vector<int> usable_;  // HCA ports that are NCCL devices (active with a GID at init)
   std::vector<std::unique_ptr<MrCache>> mr_caches_;  // one per PD (device)
   std::vector<size_t> mr_cache_of_;                   // HCA port index -> mr_caches_ index
   Rail side_rail_;

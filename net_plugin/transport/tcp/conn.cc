@@ -66,18 +66,12 @@ void warn_once(const std::string& msg) {
   if (seen.insert(msg).second) R2CCL_WARN("%s", msg.c_str());
 }
 
-struct HostMr {
-  void* data;
-  size_t size;
-};
-
 }  // namespace
 
 // ------------------------------------------------------------------------------------------
 Listen::Listen(Runtime* r, int d) : rt(r) {
   dev = d;
-  rt->random_bytes(secret, sizeof(secret));
-  listen_id = rt->random_u64();
+  rt->new_identity(this);
   rt->register_listen(this);
 }
 
@@ -92,6 +86,9 @@ Listen::~Listen() {
 Conn::Conn(Runtime* rt, Role role, int dev)
     : rt_(rt), cfg_(rt->cfg()), role_(role), dev_(dev), discard_(kDiscardBytes) {
   n_streams_ = static_cast<int>(cfg_.nsocks_per_path);
+  // The sender cuts messages into its R2CCL_CHUNK_SIZE; the receiver places chunks by the
+  // offsets in their headers.
+  chunk_size_ = static_cast<uint64_t>(cfg_.chunk_size);
 }
 
 Conn::Conn(Runtime* rt, const WireHandle& h, int dev) : Conn(rt, Role::kSend, dev) { handle_ = h; }
@@ -129,13 +126,6 @@ void Conn::close_streams(Path& p) {
   }
   p.attached = 0;
 }
-
-PathDesc Conn::path(int i) const {
-  const Path& p = paths_[i];
-  return PathDesc{p.local_rail, p.label, p.up_at_setup};
-}
-
-uint64_t Conn::chunk_size() const { return static_cast<uint64_t>(cfg_.chunk_size); }
 
 // ------------------------------------------------------------------------------------------
 // Handshakes (connector side): connect, send HELLO, read HELLO_ACK.
@@ -326,14 +316,15 @@ Status Conn::plan_paths(const HelloBody& peer, int control_rail, int control_pee
               ") have no backup path: a failure of that rail fails them");
   paths_.clear();
   paths_.resize(plan.size());
+  paths_desc_.assign(plan.size(), PathDesc{});
   for (size_t i = 0; i < plan.size(); ++i) {
     Path& p = paths_[i];
     p.index = static_cast<int>(i);
-    p.local_rail = plan[i].first;
+    desc(p).rail = plan[i].first;
     p.peer_rail = plan[i].second;
-    p.label = rails[p.local_rail].name + " -> " + wire_name(peer_rails_[p.peer_rail]);
+    desc(p).label = rails[rail_of(p)].name + " -> " + wire_name(peer_rails_[p.peer_rail]);
     p.streams.resize(n_streams_);
-    p.reset_seen = FaultInjector::instance().query(p.local_rail, now).reset_epoch;
+    p.reset_seen = FaultInjector::instance().query(rail_of(p), now).reset_epoch;
   }
   return Status::kOk;
 }
@@ -387,6 +378,7 @@ Status Conn::connect_step(bool* done, TimeUs now) {
           }
       control_rail_ = local;
       paths_.clear();
+      paths_desc_.clear();
       control_hs_.path = 0;
       control_hs_.stream = 0;
       start_handshake(&control_hs_, local, -1, kHelloQuery, 0, now);
@@ -419,7 +411,7 @@ Status Conn::connect_step(bool* done, TimeUs now) {
         hs.path = p.index;
         hs.stream = s;
         setup_hs_.push_back(std::move(hs));
-        start_handshake(&setup_hs_.back(), p.local_rail, p.peer_rail, 0, 0, now);
+        start_handshake(&setup_hs_.back(), rail_of(p), p.peer_rail, 0, 0, now);
       }
     }
     setup_stage_ = 2;
@@ -428,7 +420,7 @@ Status Conn::connect_step(bool* done, TimeUs now) {
     bool pending = false;
     for (auto& hs : setup_hs_) {
       if (hs.stage == 3 || hs.stage == -2) continue;
-      int r = step_handshake(&hs, paths_[hs.path].local_rail, now);
+      int r = step_handshake(&hs, paths_desc_[hs.path].rail, now);
       if (r == 0) {
         pending = true;
       } else if (r > 0) {
@@ -452,8 +444,8 @@ Status Conn::connect_step(bool* done, TimeUs now) {
         p.attached = n_streams_;
       } else {
         close_streams(p);
-        p.up_at_setup = false;
-        warn_once("path on rail " + rt_->rails()[p.local_rail].name +
+        desc(p).up = false;
+        warn_once("path on rail " + rt_->rails()[rail_of(p)].name +
                   " could not be connected at setup; it will be retried in the background");
       }
     }
@@ -533,10 +525,11 @@ Status Conn::accept_step(bool* done, TimeUs now) {
       n_streams_ = static_cast<int>(b.n_streams);
       peer_rails_.assign(b.rails, b.rails + b.n_rails);
       paths_.resize(b.n_paths);
+      paths_desc_.assign(b.n_paths, PathDesc{});
       for (uint32_t i = 0; i < b.n_paths; ++i) {
         Path& p = paths_[i];
         p.index = static_cast<int>(i);
-        p.local_rail = dev_;
+        desc(p).rail = dev_;
         p.streams.resize(n_streams_);
       }
     }
@@ -545,11 +538,11 @@ Status Conn::accept_step(bool* done, TimeUs now) {
       continue;
     }
     Path& p = paths_[b.path];
-    p.local_rail = inc.local_rail;
+    desc(p).rail = inc.local_rail;
     // Index the rail table the first hello filled: a later hello may claim other rail counts.
     p.peer_rail = b.rail < peer_rails_.size() ? static_cast<int>(b.rail) : 0;
-    p.label = rail_name(p.local_rail) + " <- " + wire_name(peer_rails_[p.peer_rail]);
-    p.reset_seen = FaultInjector::instance().query(p.local_rail, now).reset_epoch;
+    desc(p).label = rail_name(rail_of(p)) + " <- " + wire_name(peer_rails_[p.peer_rail]);
+    p.reset_seen = FaultInjector::instance().query(rail_of(p), now).reset_epoch;
     if (p.streams[b.stream].fd >= 0) ::close(p.streams[b.stream].fd);
     else p.attached++;
     p.streams[b.stream].fd = inc.fd;
@@ -568,11 +561,12 @@ Status Conn::accept_step(bool* done, TimeUs now) {
   }
   for (size_t i = setup_done_paths_; i < paths_.size(); ++i) close_streams(paths_[i]);
   paths_.resize(setup_done_paths_);
+  paths_desc_.resize(setup_done_paths_);
   for (auto& p : paths_) {
     if ((setup_done_bitmap_ >> p.index) & 1) continue;
     close_streams(p);
-    p.up_at_setup = false;
-    if (p.label.empty()) p.label = rail_name(p.local_rail) + " <- ?";
+    desc(p).up = false;
+    if (desc(p).label.empty()) desc(p).label = rail_name(rail_of(p)) + " <- ?";
   }
   setup_stage_ = 3;
   listen_ = nullptr;
@@ -590,14 +584,14 @@ void Conn::queue_ctrl(Path& p, FrameHeader h, TimeUs now) {
   OutFrame f;
   f.h = h;
   f.h.len = 0;
-  const TimeUs delay = FaultInjector::instance().query(p.local_rail, now).delay;
+  const TimeUs delay = FaultInjector::instance().query(rail_of(p), now).delay;
   f.not_before = delay > 0 ? now + delay : 0;
   p.streams[0].ctrlq.push_back(f);
 }
 
 bool Conn::flush_stream(Path& p, Stream& s, TimeUs now) {
   if (s.fd < 0) return true;
-  auto fault = FaultInjector::instance().query(p.local_rail, now);
+  auto fault = FaultInjector::instance().query(rail_of(p), now);
   for (int guard = 0; guard < 64; ++guard) {
     if (!s.cur_active) {
       if (!s.ctrlq.empty()) {
@@ -664,7 +658,7 @@ PostResult Conn::post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs 
   f.h.a = c.idx;
   f.h.b = c.nchunks;
   f.payload = c.src;
-  const TimeUs delay = FaultInjector::instance().query(p.local_rail, now).delay;
+  const TimeUs delay = FaultInjector::instance().query(rail_of(p), now).delay;
   f.not_before = delay > 0 ? now + delay : 0;
   p.streams[p.rr++ % p.streams.size()].dataq.push_back(f);
   return PostResult::kPosted;
@@ -742,7 +736,7 @@ void Conn::flush(PathSink& sink, TimeUs now) {
 bool Conn::read_stream(Path& p, Stream& s, PathSink& sink, TimeUs now, FailCause* cause,
                        const char** why) {
   if (s.fd < 0) return true;
-  if (FaultInjector::instance().query(p.local_rail, now).blackhole) return true;
+  if (FaultInjector::instance().query(rail_of(p), now).blackhole) return true;
   int frames = 0;
   uint64_t bytes = 0;
   while (frames < kFramesPerRead && bytes < kBytesPerRead) {
@@ -933,13 +927,6 @@ void Conn::stop_path(int path, bool from_peer, TimeUs now) {
   p.reconnect.clear();
 }
 
-void Conn::quiesce(int path, PathSink& sink, TimeUs now) {
-  // Nothing lands on a stopped TCP path: the receiver reads every byte itself.
-  (void)path;
-  (void)sink;
-  (void)now;
-}
-
 bool Conn::can_reconnect(int path, PathSink& sink) const {
   (void)path;
   (void)sink;
@@ -953,7 +940,7 @@ void Conn::reconnect(int path, PathSink& sink, TimeUs now) {
   for (int s = 0; s < n_streams_; ++s) {
     p.reconnect[s].path = p.index;
     p.reconnect[s].stream = s;
-    start_handshake(&p.reconnect[s], p.local_rail, p.peer_rail, kHelloReconnect, p.generation + 1,
+    start_handshake(&p.reconnect[s], rail_of(p), p.peer_rail, kHelloReconnect, desc(p).generation + 1,
                     now);
   }
 }
@@ -963,7 +950,7 @@ void Conn::step_reconnect(PathSink& sink, Path& p, TimeUs now) {
   int err = 0;
   for (auto& hs : p.reconnect) {
     if (hs.stage == 3) continue;
-    const int r = step_handshake(&hs, p.local_rail, now);
+    const int r = step_handshake(&hs, rail_of(p), now);
     if (r == 0) pending = true;
     else if (r < 0) {
       failed = true;
@@ -987,7 +974,7 @@ void Conn::step_reconnect(PathSink& sink, Path& p, TimeUs now) {
   p.reconnect.clear();
   p.attached = n_streams_;
   p.stopped = false;
-  p.generation++;
+  desc(p).generation++;
   sink.on_reconnected(p.index, now);
 }
 
@@ -1016,16 +1003,16 @@ void Conn::drain_inbox(PathSink& sink, TimeUs now) {
 
 void Conn::attach_stream(PathSink& sink, int path, int stream, uint32_t gen, int fd, TimeUs now) {
   Path& p = paths_[path];
-  if (gen < p.generation) {
+  if (gen < desc(p).generation) {
     ::close(fd);
     return;
   }
-  if (gen > p.generation) {
+  if (gen > desc(p).generation) {
     // The peer re-created the path: the old generation has failed at its end.
     if (p.attached_ok()) sink.on_path_error(p.index, FailCause::kPeerNotice, "peer reconnected the path", now);
     close_streams(p);
     p.streams.assign(n_streams_, Stream{});
-    p.generation = gen;
+    desc(p).generation = gen;
   }
   if (p.streams[stream].fd >= 0) ::close(p.streams[stream].fd);
   else p.attached++;
@@ -1057,7 +1044,7 @@ void Conn::abort_socket(int fd) {
 // fault always hits traffic (R2CCL_FAULT_INJECT's contract; see fault/fault_injector.h).
 void Conn::apply_injected_resets(PathSink& sink, TimeUs now) {
   for (auto& p : paths_) {
-    const auto fault = FaultInjector::instance().query(p.local_rail, now);
+    const auto fault = FaultInjector::instance().query(rail_of(p), now);
     if (fault.reset_epoch == p.reset_seen) continue;
     if (p.attached_ok() && !sink.traffic_in_flight(p.index)) continue;
     p.reset_seen = fault.reset_epoch;
@@ -1081,13 +1068,7 @@ TimeUs Conn::heard_within(int path, TimeUs now) const {
 }
 
 TimeUs Conn::fault_start(int path, TimeUs now) const {
-  return FaultInjector::instance().last_start(paths_[path].local_rail, now);
-}
-
-void Conn::path_recovered(int path, PathSink& sink, TimeUs now) {
-  (void)path;
-  (void)sink;
-  (void)now;
+  return FaultInjector::instance().last_start(rail_of(paths_[path]), now);
 }
 
 // The failure predictor's retransmit signal on TCP rails: what the kernel retransmitted on
@@ -1096,7 +1077,7 @@ void Conn::sample_tcp_info(TimeUs now) {
   next_tcp_info_ = now + kUsPerSec;
   if (!cfg_.predict) return;
   for (auto& p : paths_) {
-    RailLive& l = rt_->live(p.local_rail);
+    RailLive& l = rt_->live(rail_of(p));
     for (auto& st : p.streams) {
       TcpCounters tc;
       if (st.fd < 0 || !read_tcp_counters(st.fd, &tc)) continue;
@@ -1117,51 +1098,5 @@ void Conn::say_goodbye(TimeUs now) {
     flush_stream(p, p.streams[0], now);  // best effort, never waits
   }
 }
-
-void Conn::abort(TimeUs now) {
-  // Nothing lands by itself on TCP: a failed connection reads nothing more.
-  (void)now;
-}
-
-// ------------------------------------------------------------------------------------------
-// Memory: host buffers only; nothing to register.
-
-Status Conn::start_flush(int n, void** data, const int* sizes, void** mhandles, uint64_t* token) {
-  (void)n;
-  (void)data;
-  (void)sizes;
-  (void)mhandles;
-  *token = 0;  // host memory: nothing to flush
-  return Status::kOk;
-}
-
-int Conn::test_flush(uint64_t token, Status* err) {
-  (void)token;
-  *err = Status::kOk;
-  return 1;
-}
-
-Status Conn::reg_mr(void* data, size_t size, int type, void** mhandle) {
-  *mhandle = nullptr;
-  if (type != NCCL_PTR_HOST) {
-    R2CCL_WARN("regMr: buffer type %d is not supported; r2ccl's TCP transport advertises host "
-               "memory only (NCCL_PTR_HOST)", type);
-    return Status::kInternal;
-  }
-  *mhandle = new HostMr{data, size};
-  return Status::kOk;
-}
-
-Status Conn::reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, void** mhandle) {
-  (void)data;
-  (void)size;
-  (void)offset;
-  (void)fd;
-  *mhandle = nullptr;
-  R2CCL_WARN("regMrDmaBuf: the TCP transport does not advertise NCCL_PTR_DMABUF");
-  return Status::kInternal;
-}
-
-void Conn::dereg_mr(void* mhandle) { delete static_cast<HostMr*>(mhandle); }
 
 }  // namespace r2ccl::net::tcp

@@ -39,8 +39,6 @@ class Listen final : public Listener {
   Listen(Runtime* rt, int dev);
   ~Listen() override;
   Runtime* rt;
-  uint64_t listen_id = 0;
-  uint8_t secret[16];
   std::mutex inbox_mu;
   std::vector<Incoming> inbox;  // guarded by inbox_mu
 };
@@ -60,37 +58,20 @@ class Conn final : public ConnIo {
 
   // --- PathIo ---
   PathCaps caps() const override { return PathCaps{true, false}; }
-  uint64_t conn_id() const override { return conn_id_; }
-  int npaths() const override { return static_cast<int>(paths_.size()); }
-  PathDesc path(int i) const override;
-  uint32_t generation(int path) const override { return paths_[path].generation; }
-  uint64_t chunk_size() const override;
   void poll(PathSink& sink, TimeUs now) override;
   void flush(PathSink& sink, TimeUs now) override;
   bool ready(int path) const override { return paths_[path].attached_ok(); }
-  bool has_room(int path) const override {
-    (void)path;
-    return true;
-  }
   PostResult post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs now) override;
   PostResult post_cts(int path, const CtsOut& c, PathSink& sink, TimeUs now) override;
   PostResult post_ctrl(int path, const CtrlMsg& m, PathSink& sink, TimeUs now) override;
   bool probe(int path, PathSink& sink, TimeUs now) override;
   void stop_path(int path, bool from_peer, TimeUs now) override;
-  void quiesce(int path, PathSink& sink, TimeUs now) override;
   bool can_reconnect(int path, PathSink& sink) const override;
   void reconnect(int path, PathSink& sink, TimeUs now) override;
-  void path_recovered(int path, PathSink& sink, TimeUs now) override;
+  // The kernel's last TCP ACK on the path's sockets (TCP_INFO).
   TimeUs heard_within(int path, TimeUs now) const override;
   TimeUs fault_start(int path, TimeUs now) const override;
   void say_goodbye(TimeUs now) override;
-  void abort(TimeUs now) override;
-  Status start_flush(int n, void** data, const int* sizes, void** mhandles,
-                     uint64_t* token) override;
-  int test_flush(uint64_t token, Status* err) override;
-  Status reg_mr(void* data, size_t size, int type, void** mhandle) override;
-  Status reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, void** mhandle) override;
-  void dereg_mr(void* mhandle) override;
 
  private:
   struct OutFrame {
@@ -131,14 +112,11 @@ class Conn final : public ConnIo {
     int err = 0;
     std::string what;
   };
+  // A path's rail, label, generation and setup state are in PathIo::paths_desc_.
   struct Path {
     int index = 0;
-    int local_rail = 0;
     int peer_rail = 0;
-    std::string label;  // "lo@127.0.0.1 -> lo@127.0.0.2"
-    bool up_at_setup = true;
     std::vector<Stream> streams;
-    uint32_t generation = 0;
     uint32_t rr = 0;
     uint64_t ping_id = 0;
     bool stopped = false;
@@ -180,13 +158,14 @@ class Conn final : public ConnIo {
   void sample_tcp_info(TimeUs now);
   static void abort_socket(int fd);
   std::string rail_name(int r) const;
+  PathDesc& desc(const Path& p) { return paths_desc_[p.index]; }
+  int rail_of(const Path& p) const { return paths_desc_[p.index].rail; }
 
   Runtime* rt_;
   const Config& cfg_;
   Role role_;
   int dev_;
   Listen* listen_ = nullptr;  // acceptor, during setup
-  uint64_t conn_id_ = 0;
   uint8_t secret_[16] = {};
   uint64_t listen_id_ = 0;
   int n_streams_ = 1;

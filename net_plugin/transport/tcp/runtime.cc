@@ -44,7 +44,9 @@ Status Runtime::init(const Config* cfg, std::string* err) {
       return Status::kInvalidUsage;
     }
   std::vector<RailInfo> info;
-  for (const auto& r : rails_) {
+  std::vector<Device> devices;  // every rail is an NCCL device
+  for (size_t d = 0; d < rails_.size(); ++d) {
+    const Rail& r = rails_[d];
     RailInfo i;
     i.name = r.name;
     i.speed_mbps = r.speed_mbps;
@@ -54,8 +56,16 @@ Status Runtime::init(const Config* cfg, std::string* err) {
     i.predict.kind = predict::RailSpec::Kind::kEth;
     i.predict.device = r.ifname;
     info.push_back(std::move(i));
+    devices.push_back(Device{static_cast<int>(d), r.name, r.pci_path, d, 0,
+                             r.name + " (" + std::to_string(r.speed_mbps) + " Mbps)"});
   }
-  R2CCL_CHECK(init_base(cfg, std::move(info), board::Transport::kTcp, err));
+  char knobs[160];
+  snprintf(knobs, sizeof(knobs), "%lld backup paths, chunk %lld KiB, %lld streams per path, stripe %s",
+           static_cast<long long>(cfg->backup_paths), static_cast<long long>(cfg->chunk_size / 1024),
+           static_cast<long long>(cfg->nsocks_per_path), cfg->stripe ? "on" : "off");
+  const Traits traits{"TCP", board::Transport::kTcp, 0x52324343434f4e4eull /* "R2CCCONN" */,
+                      "link down", "netlink"};
+  R2CCL_CHECK(init_base(cfg, traits, std::move(info), std::move(devices), NCCL_PTR_HOST, knobs, err));
   FaultInjector::instance().configure(faults, rank_);
   if (FaultInjector::instance().enabled())
     R2CCL_WARN("fault injection armed for rank %d: %s", rank_, cfg->fault_inject.c_str());
@@ -70,34 +80,6 @@ Status Runtime::init(const Config* cfg, std::string* err) {
     listen_ports_.push_back(local_port(fd));
   }
   start_background();
-  return Status::kOk;
-}
-
-std::string Runtime::banner() const {
-  std::string s = std::to_string(rails_.size()) + " rails: ";
-  for (size_t i = 0; i < rails_.size(); ++i)
-    s += (i ? ", " : "") + rails_[i].name + " (" + std::to_string(rails_[i].speed_mbps) + " Mbps)";
-  const Config& c = cfg();
-  char tail[192];
-  snprintf(tail, sizeof(tail), "; %lld backup paths, chunk %lld KiB, %lld streams per path, stripe %s",
-           static_cast<long long>(c.backup_paths), static_cast<long long>(c.chunk_size / 1024),
-           static_cast<long long>(c.nsocks_per_path), c.stripe ? "on" : "off");
-  return s + tail;
-}
-
-Status Runtime::properties(int dev, DeviceProps* p) const {
-  if (dev < 0 || dev >= device_count()) {
-    R2CCL_WARN("getProperties: device %d does not exist (%d devices)", dev, device_count());
-    return Status::kInternal;
-  }
-  const Rail& r = rails_[dev];
-  *p = DeviceProps{};
-  p->name = r.name.c_str();
-  p->pci_path = r.pci_path.empty() ? nullptr : r.pci_path.c_str();
-  p->guid = static_cast<uint64_t>(dev);
-  p->speed_mbps = r.speed_mbps;
-  p->ptr_support = NCCL_PTR_HOST;
-  p->port = 0;
   return Status::kOk;
 }
 
@@ -129,9 +111,10 @@ Status Runtime::listen(int dev, void* handle, Listener** out) {
   return Status::kOk;
 }
 
-std::unique_ptr<ConnIo> Runtime::new_connector(int dev, int traffic_class, const void* handle,
-                                               Status* st) {
+std::unique_ptr<ConnIo> Runtime::new_conn_io(int dev, int traffic_class, const void* handle,
+                                             Listener* accept, Status* st) {
   (void)traffic_class;
+  if (accept) return std::unique_ptr<ConnIo>(new Conn(this, static_cast<Listen*>(accept)));
   WireHandle h;
   memcpy(&h, handle, sizeof(h));
   if (h.magic != kHandleMagic || h.version != kWireVersion || h.n_endpoints == 0 ||
@@ -150,10 +133,6 @@ std::unique_ptr<ConnIo> Runtime::new_connector(int dev, int traffic_class, const
       return nullptr;
     }
   return std::unique_ptr<ConnIo>(new Conn(this, h, dev));
-}
-
-std::unique_ptr<ConnIo> Runtime::new_acceptor(Listener* l) {
-  return std::unique_ptr<ConnIo>(new Conn(this, static_cast<Listen*>(l)));
 }
 
 int Runtime::arm_faults(const char* spec) {

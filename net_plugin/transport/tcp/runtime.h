@@ -41,29 +41,21 @@ class Runtime final : public RuntimeBase {
   void unregister_listen(Listen* l);
 
   // --- Transport ---
-  const char* name() const override { return "TCP"; }
-  std::string banner() const override;
-  int device_count() const override { return static_cast<int>(rails_.size()); }
-  Status properties(int dev, DeviceProps* p) const override;
   Status listen(int dev, void* handle, Listener** out) override;
-  int mr_types() const override { return NCCL_PTR_HOST; }
-  int arm_faults(const char* spec) override;
-  // --- RailTable ---
-  const char* link_event_source() const override { return "netlink"; }
-
- protected:
-  std::unique_ptr<ConnIo> new_connector(int dev, int traffic_class, const void* handle,
-                                        Status* st) override;
-  std::unique_ptr<ConnIo> new_acceptor(Listener* l) override;
-  uint64_t connect_magic() const override { return 0x52324343434f4e4eull; }  // "R2CCCONN"
-  void bg_add_fds(std::vector<pollfd>* fds) override;
-  void bg_on_fds(const pollfd* fds, size_t n, TimeUs now) override;
-  const char* down_cause() const override { return "link down"; }
+  int arm_faults(const char* spec) override;  // R2CCL_FAULT_INJECT's syntax
 
  private:
+  // Connector: a TCP handle (magic, version 2, 1-4 IPv4/IPv6 endpoints) is checked first.
+  // Acceptor: takes the streams the background thread checked into the listen's inbox.
+  std::unique_ptr<ConnIo> new_conn_io(int dev, int traffic_class, const void* handle,
+                                      Listener* accept, Status* st) override;
   Runtime() = default;
   Status init(const Config* cfg, std::string* err);
+  // Background thread: accepts on every rail's listener, then reads and checks the hello of
+  // each incoming stream (bounded by kIncomingHelloTimeout).
+  void bg_add_fds(std::vector<pollfd>* fds) override;
   void accept_new(int rail, TimeUs now);
+  void bg_on_fds(const pollfd* fds, size_t n, TimeUs now) override;
   void service_handshakes(TimeUs now);
   // Routes a checked hello to its listen comm or connection; false with *why when none.
   bool route_hello(const Incoming& in, const char** why);

@@ -1,0 +1,638 @@
+// engine::Connection over an in-memory transport (MemIo) and a manual clock: no sockets, no
+// threads, no sleeps. Two connections (sender, receiver) are joined by a MemWire with a fixed
+// one-way latency per path. MemIo runs in either of the two shapes the real transports have:
+//  - "receiver places" (TCP): the receiver reads each chunk into the place the engine names
+//    and acknowledges it with ACK control messages;
+//  - "NIC places" (verbs): a chunk lands in the receiver's buffer by itself (an RDMA write),
+//    the sender's completion acknowledges it, and a failed path must be quiesced at both
+//    ends before the sender replays (the gate).
+// Faults: a path cut (everything on it silently lost: a black hole), a path reset (both ends
+// see an error), a path that comes back (reconnects succeed again).
+// Each case fails when the behaviour it names is broken (replay off, notices lost, ...).
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine/connection.h"
+#include "engine/path_plan.h"
+#include "r2ccl/log.h"
+#include "r2ccl/params.h"
+#include "support/net_harness.h"
+#include "support/stream.h"
+
+using namespace r2ccl;
+using namespace r2ccl::net;
+
+namespace {
+
+constexpr TimeUs kT0 = 5000 * kUsPerSec;
+constexpr TimeUs kStep = 100;  // manual clock step, us
+
+class MemRails : public RailTable {
+ public:
+  explicit MemRails(int n) : live_(new RailLive[n]), n_(n) {
+    for (int i = 0; i < n; ++i) names_.push_back("mem" + std::to_string(i));
+  }
+  int rail_count() const override { return n_; }
+  RailLive& live(int r) override { return live_[r]; }
+  const std::string& rail_name(int r) const override { return names_[r]; }
+  int rail_speed_mbps(int) const override { return 10000; }
+  const char* link_event_source() const override { return "test link event"; }
+
+ private:
+  std::unique_ptr<RailLive[]> live_;
+  std::vector<std::string> names_;
+  int n_;
+};
+
+class MemIo;
+
+// What travels between the two ends.
+struct Item {
+  enum Kind { kChunk, kChunkDone, kCts, kCtrl, kProbe, kProbeAck } kind = kChunk;
+  int path = 0;
+  uint32_t gen = 0;
+  TimeUs at = 0;
+  ChunkOut chunk;
+  std::vector<char> payload;
+  uint64_t seq = 0;
+  uint64_t cap = 0;
+  RemoteBuffer rb;
+  CtrlMsg ctrl;
+};
+
+struct MemWire {
+  TimeUs latency = 200;
+  bool nic_places = false;
+  bool cut[kMaxPathsPerConn] = {};       // black hole: everything posted on it is lost
+  bool refuse[kMaxPathsPerConn] = {};    // reconnects are refused (nothing listens)
+  std::deque<Item> to[2];                // to[side]: in flight towards that side
+  MemIo* end[2] = {nullptr, nullptr};
+  int chunks_posted[kMaxPathsPerConn] = {};
+  int fail_acks_dropped = 0;             // FAIL_ACKs still to drop (tests of re-sent notices)
+};
+
+class MemIo final : public PathIo {
+ public:
+  MemIo(MemWire* w, int side, int npaths) : w_(w), side_(side) {
+    conn_id_ = 0x1234;
+    chunk_size_ = 64 * 1024;
+    for (int i = 0; i < npaths; ++i) paths_desc_.push_back(PathDesc{i, "mem" + std::to_string(i), true, 0});
+    stopped_.assign(npaths, false);
+    reconnect_at_.assign(npaths, 0);
+    peer_reconnected_.assign(npaths, false);
+    w_->end[side] = this;
+  }
+  PathCaps caps() const override { return PathCaps{!w_->nic_places, w_->nic_places}; }
+  bool ready(int p) const override { return !stopped_[p]; }
+
+  void poll(PathSink& sink, TimeUs now) override {
+    for (int p = 0; p < npaths(); ++p) {
+      if (peer_reconnected_[p]) {  // the peer re-created the path
+        peer_reconnected_[p] = false;
+        paths_desc_[p].generation++;
+        stopped_[p] = false;
+        sink.on_reconnected(p, now);
+      }
+      if (reconnect_at_[p] && now >= reconnect_at_[p]) {
+        reconnect_at_[p] = 0;
+        if (w_->refuse[p] || w_->cut[p]) {
+          sink.on_reconnect_failed(p, w_->refuse[p], "refused", now);
+        } else {
+          paths_desc_[p].generation++;
+          stopped_[p] = false;
+          w_->end[1 - side_]->peer_reconnected_[p] = true;
+          sink.on_reconnected(p, now);
+        }
+      }
+    }
+    std::deque<Item>& in = w_->to[side_];
+    while (!in.empty() && in.front().at <= now) {
+      Item it = std::move(in.front());
+      in.pop_front();
+      if (stopped_[it.path] || it.gen != paths_desc_[it.path].generation) continue;
+      sink.on_path_alive(it.path, now);
+      deliver(it, sink, now);
+    }
+  }
+  void flush(PathSink&, TimeUs) override {}
+
+  PostResult post_chunk(int p, const ChunkOut& c, PathSink&, TimeUs now) override {
+    Item it;
+    it.kind = Item::kChunk;
+    it.chunk = c;
+    it.payload.assign(c.src, c.src + c.len);
+    it.rb = *c.remote;
+    w_->chunks_posted[p]++;
+    send(p, std::move(it), now);
+    return PostResult::kPosted;
+  }
+  PostResult post_cts(int p, const CtsOut& c, PathSink&, TimeUs now) override {
+    Item it;
+    it.kind = Item::kCts;
+    it.seq = c.seq;
+    it.cap = c.capacity;
+    it.rb.addr = reinterpret_cast<uintptr_t>(c.buf);
+    send(p, std::move(it), now);
+    return PostResult::kPosted;
+  }
+  PostResult post_ctrl(int p, const CtrlMsg& m, PathSink&, TimeUs now) override {
+    if (p < 0) return PostResult::kFull;
+    Item it;
+    it.kind = Item::kCtrl;
+    it.ctrl = m;
+    send(p, std::move(it), now);
+    sent_ctrl.push_back(m);
+    return PostResult::kPosted;
+  }
+  bool probe(int p, PathSink&, TimeUs now) override {
+    Item it;
+    it.kind = Item::kProbe;
+    send(p, std::move(it), now);
+    return true;
+  }
+  void stop_path(int p, bool, TimeUs) override {
+    stopped_[p] = true;
+    // What this end had not sent yet is gone with its sockets / QPs.
+    auto& out = w_->to[1 - side_];
+    for (auto it = out.begin(); it != out.end();)
+      it = it->path == p && it->gen == paths_desc_[p].generation && !w_->nic_places ? out.erase(it) : it + 1;
+  }
+  bool can_reconnect(int, PathSink&) const override { return side_ == 0; }
+  void reconnect(int p, PathSink&, TimeUs now) override { reconnect_at_[p] = now + 1000; }
+  TimeUs heard_within(int, TimeUs) const override { return heard; }
+  void say_goodbye(TimeUs) override {}
+
+  // The transport resets the path at this end (an error the next poll reports).
+  void reset(int p, PathSink& sink, TimeUs now) { sink.on_path_error(p, FailCause::kSocketError, "reset", now); }
+
+  TimeUs heard = INT64_MAX;
+  std::vector<CtrlMsg> sent_ctrl;
+
+ private:
+  void send(int p, Item it, TimeUs now) {
+    if (w_->cut[p] || stopped_[p]) return;  // lost
+    it.path = p;
+    it.gen = paths_desc_[p].generation;
+    it.at = now + w_->latency;
+    w_->to[1 - side_].push_back(std::move(it));
+  }
+  void reply(const Item& from, Item it, TimeUs now) {
+    it.path = from.path;
+    it.gen = from.gen;
+    it.at = now + w_->latency;
+    if (w_->cut[from.path]) return;
+    w_->to[1 - side_].push_back(std::move(it));
+  }
+  void deliver(Item& it, PathSink& sink, TimeUs now) {
+    switch (it.kind) {
+      case Item::kChunk: {
+        const ChunkOut& c = it.chunk;
+        if (w_->nic_places) {
+          // The NIC writes into the posted buffer; the sender's completion follows.
+          memcpy(reinterpret_cast<char*>(it.rb.addr) + c.offset, it.payload.data(), c.len);
+          sink.on_chunk_placed(it.path, c.seq & 127, 7, c.idx, c.len, c.last, now);
+          Item done;
+          done.kind = Item::kChunkDone;
+          done.seq = c.seq;
+          done.chunk = c;
+          reply(it, std::move(done), now);
+          return;
+        }
+        ChunkHeader h{c.seq, c.offset, c.total, c.idx, c.nchunks, c.len};
+        ChunkPlace pl = sink.on_chunk_header(it.path, h, now);
+        if (pl.action == ChunkPlace::Action::kProtocolError) {
+          sink.on_path_error(it.path, FailCause::kProtocol, pl.why, now);
+          return;
+        }
+        if (pl.action != ChunkPlace::Action::kRead || !sink.chunk_wanted(pl)) return;
+        memcpy(pl.dst, it.payload.data(), c.len);
+        sink.on_chunk_read(it.path, pl, true, now);
+        return;
+      }
+      case Item::kChunkDone:
+        sink.on_chunk_acked(it.path, it.chunk.seq, it.chunk.idx, now);
+        return;
+      case Item::kCts:
+        sink.on_cts(it.seq, it.cap, it.rb, now);
+        return;
+      case Item::kCtrl:
+        if (it.ctrl.type == CtrlType::kFailAck && w_->fail_acks_dropped > 0) {
+          w_->fail_acks_dropped--;
+          return;
+        }
+        sink.on_ctrl(it.path, it.ctrl, now);
+        return;
+      case Item::kProbe: {
+        Item ack;
+        ack.kind = Item::kProbeAck;
+        reply(it, std::move(ack), now);
+        return;
+      }
+      case Item::kProbeAck:
+        sink.on_probe_ok(it.path, now);
+        return;
+    }
+  }
+
+  MemWire* w_;
+  int side_;
+  std::vector<bool> stopped_;
+  std::vector<TimeUs> reconnect_at_;
+  std::vector<bool> peer_reconnected_;
+};
+
+Config test_config(std::map<std::string, std::string> env) {
+  Config cfg;
+  std::string err;
+  std::vector<std::string> warnings, names;
+  for (const auto& kv : env) names.push_back(kv.first);
+  const bool ok = load_config(
+      [&](const char* n) -> const char* {
+        auto it = env.find(n);
+        return it == env.end() ? nullptr : it->second.c_str();
+      },
+      names, &cfg, &err, &warnings);
+  REQUIRE(ok);
+  return cfg;
+}
+
+// The event lines (log_event) of one test, from a temporary event sink.
+struct EventLog {
+  std::string path = test::temp_path("events");
+  EventLog() { REQUIRE(set_event_sink(path, nullptr)); }
+  ~EventLog() {
+    set_event_sink("stderr", nullptr);
+    unlink(path.c_str());
+  }
+  std::string text() const { return test::read_file(path); }
+  int count(const std::string& s) const { return test::count_lines_containing(text(), s); }
+};
+
+// A sender and a receiver joined by a MemWire, driven by one manual clock.
+struct Pair {
+  explicit Pair(bool nic_places, int npaths = 2, std::map<std::string, std::string> env = {},
+                TestHooks hooks = {})
+      : cfg(test_config(std::move(env))), srails(npaths), rrails(npaths) {
+    wire.nic_places = nic_places;
+    ConnEnv e;
+    e.cfg = &cfg;
+    e.health = health_params_from(cfg);
+    e.hooks = hooks;
+    auto sio = std::make_unique<MemIo>(&wire, 0, npaths);
+    auto rio = std::make_unique<MemIo>(&wire, 1, npaths);
+    sio_ = sio.get();
+    rio_ = rio.get();
+    e.rails = &srails;  // each end has its own rails, as two processes do
+    send = std::make_unique<Connection>(e, Role::kSend, 0, std::move(sio), now);
+    e.rails = &rrails;
+    recv = std::make_unique<Connection>(e, Role::kRecv, 0, std::move(rio), now);
+  }
+  void step() {
+    now += kStep;
+    send->progress(now);
+    recv->progress(now);
+  }
+  void run(TimeUs us) {
+    for (TimeUs end = now + us; now < end;) step();
+  }
+  // Posts one message of `n` bytes each way and returns both requests (NULL: not posted).
+  bool post(const char* src, size_t n, char* dst, size_t cap, Request** sreq, Request** rreq) {
+    REQUIRE(recv->irecv(dst, cap, 0, nullptr, rreq, now) == Status::kOk);
+    REQUIRE(*rreq != nullptr);
+    for (int i = 0; i < 1000 && !*sreq; ++i) {
+      step();
+      REQUIRE(send->isend(const_cast<char*>(src), n, 0, nullptr, sreq, now) == Status::kOk);
+    }
+    return *sreq != nullptr;
+  }
+  // Tests both requests until they complete or fail, for at most `us`. Returns the first
+  // error or kOk; *done says whether both completed.
+  Status wait(Request* s, Request* r, TimeUs us, bool* done) {
+    int sd = 0, rd = 0, size = 0;
+    for (TimeUs end = now + us; now < end && !(sd && rd);) {
+      step();
+      if (!sd) {
+        const Status st = send->test(s, &sd, &size, now);
+        if (st != Status::kOk) return st;
+      }
+      if (!rd) {
+        const Status st = recv->test(r, &rd, &size, now);
+        if (st != Status::kOk) return st;
+      }
+    }
+    *done = sd && rd;
+    return Status::kOk;
+  }
+  MemIo& sio() { return *sio_; }
+  MemIo& rio() { return *rio_; }
+
+  Config cfg;
+  MemRails srails, rrails;
+  MemWire wire;
+  TimeUs now = kT0;
+  std::unique_ptr<Connection> send, recv;
+  MemIo* sio_ = nullptr;
+  MemIo* rio_ = nullptr;
+};
+
+std::vector<char> pattern(size_t n, uint64_t seed) {
+  std::vector<char> v(n);
+  test::fill_pattern(v.data(), n, seed);
+  return v;
+}
+
+const char* shape_name(bool nic) { return nic ? "NIC places (verbs)" : "receiver places (TCP)"; }
+
+}  // namespace
+
+TEST_CASE("connection: a message arrives intact over the in-memory transport", "[connection]") {
+  for (bool nic : {false, true}) {
+    INFO(shape_name(nic));
+    EventLog log;
+    Pair t(nic);
+    const auto src = pattern(1 << 20, 1);
+    std::vector<char> dst(1 << 20, 0);
+    Request *s = nullptr, *r = nullptr;
+    REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
+    bool done = false;
+    REQUIRE(t.wait(s, r, 100 * kUsPerMs, &done) == Status::kOk);
+    CHECK(done);
+    CHECK(dst == src);
+    CHECK(t.wire.chunks_posted[1] == 0);  // stripe off: backups carry nothing
+    CHECK(log.count("switchover") == 0);
+  }
+}
+
+TEST_CASE("connection: a path cut mid-message is detected and its chunks replayed, exactly once",
+          "[connection]") {
+  for (bool nic : {false, true}) {
+    for (bool replay : {true, false}) {
+      INFO(shape_name(nic) << (replay ? "" : ", replay off (test hook no_replay)"));
+      EventLog log;
+      TestHooks hooks;
+      hooks.replay = replay;
+      Pair t(nic, 2, {{"R2CCL_ACK_TIMEOUT", "20ms"}}, hooks);
+      const auto src = pattern(4 << 20, 2);
+      std::vector<char> dst(4 << 20, 0);
+      Request *s = nullptr, *r = nullptr;
+      REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
+      t.run(300);  // some chunks are in flight on path 0
+      t.wire.cut[0] = true;
+      t.wire.refuse[0] = true;  // no failback during the test
+      bool done = false;
+      REQUIRE(t.wait(s, r, 2 * kUsPerSec, &done) == Status::kOk);
+      if (!replay) {
+        CHECK_FALSE(done);  // what was lost on path 0 is never sent again
+        continue;
+      }
+      CHECK(done);
+      CHECK(dst == src);
+      INFO(log.text());
+      CHECK(log.count("path on rail mem0 failed (acknowledgement timeout") == 1);
+      CHECK(log.count("switchover: rail mem0 failed") == 1);
+      const auto lost = test::to_replay_counts(log.text());
+      const auto rec = test::replayed_counts(log.text());
+      REQUIRE(lost.size() == 1);
+      REQUIRE(rec.size() == 1);
+      CHECK(lost[0] > 0);
+      CHECK(rec[0] == lost[0]);
+      CHECK(t.srails.live(1).chunks_replayed.load() == static_cast<uint64_t>(lost[0]));
+      CHECK(t.send->path_state(0) == PathState::kFailed);
+      CHECK(t.recv->path_state(0) == PathState::kFailed);  // told by the FAIL notice
+    }
+  }
+}
+
+TEST_CASE("connection: verbs-shaped replay waits for the receiver's quiesce (the gate)",
+          "[connection]") {
+  for (bool bilateral : {true, false}) {
+    INFO(bilateral ? "gate on" : "gate off (test hook no_bilateral_err)");
+    EventLog log;
+    TestHooks hooks;
+    hooks.bilateral_err = bilateral;
+    Pair t(true, 2, {{"R2CCL_ACK_TIMEOUT", "20ms"}}, hooks);
+    const auto src = pattern(4 << 20, 3);
+    std::vector<char> dst(4 << 20, 0);
+    Request *s = nullptr, *r = nullptr;
+    REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
+    t.run(300);
+    t.wire.cut[0] = true;
+    t.wire.refuse[0] = true;
+    // Until the receiver's FAIL_ACK arrives nothing is replayed: run to just after the
+    // sender's detection and look.
+    const int before = t.wire.chunks_posted[1];
+    for (int i = 0; i < 100000 && log.count("path on rail mem0 failed") == 0; ++i) t.step();
+    const bool waited = log.count("replay waits for the receiver") == 1;
+    CHECK(waited == bilateral);
+    CHECK((t.wire.chunks_posted[1] == before) == bilateral);  // nothing replayed yet
+    bool done = false;
+    REQUIRE(t.wait(s, r, 2 * kUsPerSec, &done) == Status::kOk);
+    CHECK(done);
+    CHECK(dst == src);
+    CHECK(log.count("switchover: rail mem0 failed") == 1);
+  }
+}
+
+TEST_CASE("connection: a lost FAIL_ACK makes the notice go again until answered", "[connection]") {
+  EventLog log;
+  Pair t(false, 2, {{"R2CCL_ACK_TIMEOUT", "20ms"}});
+  t.wire.fail_acks_dropped = 2;
+  const auto src = pattern(2 << 20, 4);
+  std::vector<char> dst(2 << 20, 0);
+  Request *s = nullptr, *r = nullptr;
+  REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
+  t.run(300);
+  t.wire.cut[0] = true;
+  t.wire.refuse[0] = true;
+  bool done = false;
+  REQUIRE(t.wait(s, r, 2 * kUsPerSec, &done) == Status::kOk);
+  CHECK(done);
+  t.run(kUsPerSec);  // several heartbeat periods: re-sent every 2
+  int fails = 0;
+  for (const auto& m : t.sio().sent_ctrl) fails += m.type == CtrlType::kFail;
+  CHECK(fails >= 3);                  // the first two answers were lost
+  CHECK(t.wire.fail_acks_dropped == 0);
+  const int after = fails;
+  t.run(kUsPerSec);
+  fails = 0;
+  for (const auto& m : t.sio().sent_ctrl) fails += m.type == CtrlType::kFail;
+  CHECK(fails == after);  // answered: no more re-sends
+}
+
+TEST_CASE("connection: a silent backup path fails by the heartbeat rule, not while the transport "
+          "still hears the peer", "[connection]") {
+  for (bool transport_hears : {false, true}) {
+    INFO(transport_hears ? "the transport below still hears the peer" : "silent");
+    EventLog log;
+    Pair t(false, 2, {{"R2CCL_HEARTBEAT_INTERVAL", "10ms"}});
+    if (transport_hears) t.sio().heard = t.rio().heard = 0;
+    t.run(50 * kUsPerMs);
+    t.wire.cut[1] = true;
+    t.wire.refuse[1] = true;
+    t.run(19 * kUsPerMs);  // the last sign of life was at most 1 period before: under 3
+    CHECK(t.send->path_state(1) == PathState::kHealthy);
+    t.run(30 * kUsPerMs);
+    INFO(log.text());
+    if (transport_hears) {
+      CHECK(t.send->path_state(1) == PathState::kHealthy);
+      continue;
+    }
+    CHECK(t.send->path_state(1) == PathState::kFailed);
+    CHECK(log.count("path on rail mem1 failed (heartbeat miss") >= 1);
+    CHECK(log.count("backup path on rail mem1 failed") == 1);  // it carried nothing
+    CHECK(log.count("switchover") == 0);
+  }
+}
+
+TEST_CASE("connection: a failed path comes back after its probes and carries traffic again",
+          "[connection]") {
+  EventLog log;
+  Pair t(false, 2, {{"R2CCL_ACK_TIMEOUT", "20ms"}, {"R2CCL_PROBE_COUNT", "3"}});
+  t.run(10 * kUsPerMs);
+  t.sio().reset(0, *t.send, t.now);  // path 0 resets at the sender
+  t.run(5 * kUsPerMs);
+  CHECK(t.send->path_state(0) != PathState::kHealthy);
+  t.run(500 * kUsPerMs);  // reconnect backoff (50 ms), 3 probes
+  INFO(log.text());
+  CHECK(t.send->path_state(0) == PathState::kHealthy);
+  CHECK(log.count("failback: rail mem0 is back") == 1);
+  CHECK(t.srails.live(0).failed_paths.load() == 0);
+  CHECK(t.rrails.live(0).failed_paths.load() == 0);
+  // Traffic goes back to the primary.
+  const int before = t.wire.chunks_posted[0];
+  const auto src = pattern(1 << 20, 5);
+  std::vector<char> dst(1 << 20, 0);
+  Request *s = nullptr, *r = nullptr;
+  REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
+  bool done = false;
+  REQUIRE(t.wait(s, r, kUsPerSec, &done) == Status::kOk);
+  CHECK(done);
+  CHECK(dst == src);
+  CHECK(t.wire.chunks_posted[0] > before);
+}
+
+TEST_CASE("connection: with no path left requests fail after R2CCL_FAILOVER_TIMEOUT, at once when "
+          "every reconnect is refused", "[connection]") {
+  for (bool refused : {false, true}) {
+    INFO(refused ? "the peer's process is gone (reconnects refused)" : "rails down");
+    EventLog log;
+    Pair t(false, 2, {{"R2CCL_ACK_TIMEOUT", "20ms"}, {"R2CCL_FAILOVER_TIMEOUT", "1s"}});
+    const auto src = pattern(2 << 20, 6);
+    std::vector<char> dst(2 << 20, 0);
+    Request *s = nullptr, *r = nullptr;
+    REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
+    t.run(300);
+    for (int p = 0; p < 2; ++p) {
+      t.wire.cut[p] = true;
+      t.wire.refuse[p] = refused;
+      t.sio().reset(p, *t.send, t.now);
+    }
+    // The sender fails within the timeout (+ a margin for the reconnect attempts), never
+    // before it when only the rails are down.
+    const TimeUs t0 = t.now;
+    int sd = 0, size = 0;
+    Status st = Status::kOk;
+    while (st == Status::kOk && t.now - t0 < 3 * kUsPerSec) {
+      t.step();
+      st = t.send->test(s, &sd, &size, t.now);
+    }
+    INFO(log.text());
+    CHECK(sd == 0);
+    if (refused) {
+      CHECK(st == Status::kRemote);
+      CHECK(t.now - t0 < 500 * kUsPerMs);
+      CHECK(log.count("every reconnect was refused") == 1);
+    } else {
+      CHECK(st == Status::kSystem);
+      CHECK(t.now - t0 >= 1 * kUsPerSec);
+      CHECK(t.now - t0 < 1200 * kUsPerMs);
+    }
+    CHECK(log.count("give-up: send conn") == 1);
+  }
+}
+
+TEST_CASE("connection: a duplicate chunk is discarded and counted, the receive completes once",
+          "[connection]") {
+  // Replay crossing the original: the receiver sees chunk 0 twice (receiver places), or the
+  // NIC places it twice.
+  for (bool nic : {false, true}) {
+    INFO(shape_name(nic));
+    Pair t(nic);
+    const auto src = pattern(256 * 1024, 7);
+    std::vector<char> dst(256 * 1024, 0);
+    Request *s = nullptr, *r = nullptr;
+    REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
+    // Copy the first chunk in flight and deliver it again right after.
+    Item copy;
+    bool have = false;
+    for (int i = 0; i < 100 && !have; ++i) {
+      for (const auto& it : t.wire.to[1])
+        if (it.kind == Item::kChunk && it.chunk.idx == 0) {
+          copy = it;
+          have = true;
+        }
+      if (!have) t.step();
+    }
+    REQUIRE(have);
+    copy.at += 50;
+    t.wire.to[1].push_back(copy);
+    bool done = false;
+    REQUIRE(t.wait(s, r, 100 * kUsPerMs, &done) == Status::kOk);
+    CHECK(done);
+    CHECK(dst == src);
+    CHECK(t.rrails.live(0).discarded_chunks.load() == 1);
+  }
+}
+
+TEST_CASE("connection: a receiver's drained rail moves the sender's chunks off it", "[connection]") {
+  EventLog log;
+  Pair t(false);
+  t.rrails.live(0).predict_drain = true;  // the receiver's node drains rail 0: only DRAIN tells
+  t.run(10 * kUsPerMs);
+  CHECK(log.count("r2ccl predict: the peer drains its end of path 0") == 1);
+  const auto src = pattern(1 << 20, 8);
+  std::vector<char> dst(1 << 20, 0);
+  Request *s = nullptr, *r = nullptr;
+  REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
+  bool done = false;
+  REQUIRE(t.wait(s, r, 100 * kUsPerMs, &done) == Status::kOk);
+  CHECK(done);
+  CHECK(t.wire.chunks_posted[0] == 0);
+  CHECK(t.wire.chunks_posted[1] > 0);
+}
+
+TEST_CASE("path plan: primary, then backups nearest first; peers paired by score, unused first",
+          "[connection][path_plan]") {
+  // Distance: rail 3 is nearest, then 1; rail 2 is unusable.
+  auto d = [](int r) { return r == 3 ? 0 : r == 1 ? 1 : r == 2 ? -1 : 5; };
+  CHECK(order_rails(0, 4, 3, d) == std::vector<int>{0, 3, 1});
+  CHECK(order_rails(2, 4, 4, d) == std::vector<int>{2, 3, 1, 0});
+  CHECK(order_rails(0, 4, 1, d) == std::vector<int>{0});
+  // Ties keep device order after the primary.
+  CHECK(order_rails(1, 4, 4, [](int) { return 0; }) == std::vector<int>{1, 2, 3, 0});
+  CHECK(order_rails(5, 4, 2, d).empty());  // no such primary
+  // Pairing: same index preferred (score 2), any compatible (1), incompatible (0).
+  auto score = [](int l, int p) { return p == 3 ? 0 : p == l ? 2 : 1; };
+  auto pairs = pair_rails(3, 4, false, score);
+  REQUIRE(pairs.size() == 3);
+  CHECK(pairs[0].peer == 0);
+  CHECK(pairs[1].peer == 1);
+  CHECK(pairs[2].peer == 2);
+  // Without reuse a local rail with nothing left unpaired is left out; with reuse it shares.
+  auto only0 = [](int, int p) { return p == 0 ? 1 : 0; };
+  CHECK(pair_rails(2, 2, false, only0).size() == 1);
+  auto shared = pair_rails(2, 2, true, only0);
+  REQUIRE(shared.size() == 2);
+  CHECK(shared[1].peer == 0);
+}
