@@ -2,16 +2,16 @@
 // place of libibverbs with R2CCL_IBVERBS_LIB. Each process is one "host" with two RoCE HCAs
 // (mlx5_0 on 10.210.1.0/24, mlx5_1 on 10.210.2.0/24); the TCP side channel runs on lo.
 //
-// The TCP transport's fault scenarios, mapped to verbs:
-//   link down        -> port_down on the sender: port-error event + retry-exceeded in flight
-//   far-end failure  -> port_down on the receiver: retry-exceeded with the local port active
-//   black hole       -> a QP that silently stops (the acknowledgement watchdog finds it)
+// What only verbs has (the cases both transports share, transfers of every size, a dead or
+// black-holed primary rail, no replay, every rail down, a killed peer, every API version, are
+// in test_shared.cc and run here on the fake too):
+//   far-end failure  -> port_down on the receiver: retry-exceeded with the local port active,
+//                       exactly once
 //   flaps            -> port down/up trains (failback by re-created QPs, hold-down)
-//   both HCAs down   -> bounded error, no hang, close returns
-//   peer killed      -> bounded ncclRemoteError
-// plus exactly-once failure handling, the late write (bilateral ERR transition), fatal
-// completion errors, GID change, and transport/device selection. Each protection switched off
-// through R2CCL_TEST_HOOKS makes its test fail.
+// plus the late write (bilateral ERR transition), fatal completion errors, GID change,
+// adaptive-routing writes with several QPs and striping, the predictor's DRAIN, and
+// transport/device selection. Each protection switched off through R2CCL_TEST_HOOKS makes its
+// test fail.
 #include <catch2/catch.hpp>
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -34,38 +34,16 @@
 #include "support/fake_counters.h"
 #include "support/net_harness.h"
 #include "support/stream.h"
+#include "support/transports.h"
 
 using namespace r2ccl::test;
 
 namespace {
 
-const char* kSenderHcas =
-    "mlx5_0,eth,10.210.1.1,pci=0000:00:01.0/0000:0b:00.0,numa=0;"
-    "mlx5_1,eth,10.210.2.1,pci=0000:00:01.0/0000:0c:00.0,numa=0";
-const char* kReceiverHcas =
-    "mlx5_0,eth,10.210.1.2,pci=0000:00:01.0/0000:0b:00.0,numa=0;"
-    "mlx5_1,eth,10.210.2.2,pci=0000:00:01.0/0000:0c:00.0,numa=0";
-
-std::string fake_lib() { return env_or("R2CCL_TEST_FAKEVERBS", ""); }
-
-// FAKEVERBS_DIR of each run, removed when the test binary exits (only by the process that
-// made them: forked children exit through the same static destructors).
-struct TempDirs {
-  pid_t owner = getpid();
-  std::vector<std::string> dirs;
-  ~TempDirs() {
-    if (getpid() != owner) return;
-    for (const auto& d : dirs) run_command("rm -rf " + shell_quote(d));
-  }
-};
-TempDirs g_dirs;
-
-std::string fresh_dir() {
-  std::string d = temp_path("fakeverbs-" + std::to_string(g_dirs.dirs.size()));
-  mkdir(d.c_str(), 0700);
-  g_dirs.dirs.push_back(d);
-  return d;
-}
+const char* const kSenderHcas = kFakeSenderHcas;
+const char* const kReceiverHcas = kFakeReceiverHcas;
+std::string fake_lib() { return fake_verbs_lib(); }
+std::string fresh_dir() { return fresh_fake_dir(); }
 
 // Both processes on the fake: verbs transport, side channel on lo, a fast retry-exceeded.
 PairOptions ib_pair(const std::string& sender_faults = "", const std::string& receiver_faults = "") {
@@ -96,9 +74,6 @@ StreamSpec short_stream(double seconds = 1.0) {
 
 std::vector<int> to_replay(const std::string& log) { return to_replay_counts(log); }
 std::vector<int> replayed(const std::string& log) { return replayed_counts(log); }
-std::vector<double> recovery_seconds(const std::string& log) {
-  return log_numbers(log, "Successfully recovered in ([0-9.]+) s");
-}
 
 #define SKIP_WITHOUT_FAKE()                                                 \
   do {                                                                      \
@@ -110,76 +85,9 @@ std::vector<double> recovery_seconds(const std::string& log) {
 
 }  // namespace
 
-TEST_CASE("verbs on the fake: messages of every size arrive exact", "[loopback][ib]") {
+TEST_CASE("r2ccl_perf over the fake: adaptive-routing writes, 4 QPs per path, striping, odd chunk size",
+          "[loopback][ib]") {
   SKIP_WITHOUT_FAKE();
-  const std::vector<size_t> sizes = {0, 1, 4095, 4096, 512 * 1024, 512 * 1024 + 1, 5 * 1024 * 1024 + 7};
-  PairOptions o = ib_pair();
-  o.receiver_env["R2CCL_TEST_HOOKS"] = "force_flush";
-  PairResult r = run_pair(
-      o,
-      [&](Endpoint& ep) {
-        // Every buffer lives to the end: the harness caches registrations by address.
-        std::vector<std::vector<char>> bufs;
-        for (size_t n : sizes) bufs.emplace_back(n + 1);
-        for (size_t i = 0; i < sizes.size(); ++i) {
-          std::vector<char>& buf = bufs[i];
-          fill_pattern(buf.data(), sizes[i], i + 1);
-          if (ep.send(buf.data(), sizes[i], 20000) != ncclSuccess) return 1;
-        }
-        return 0;
-      },
-      [&](Endpoint& ep) {
-        std::vector<std::vector<char>> bufs;
-        for (size_t n : sizes) bufs.emplace_back(n + 4096);
-        for (size_t i = 0; i < sizes.size(); ++i) {
-          std::vector<char>& buf = bufs[i];
-          int got = -1;
-          if (ep.recv(buf.data(), buf.size(), 20000, &got) != ncclSuccess) return 1;
-          if (got != static_cast<int>(sizes[i])) {
-            fprintf(stderr, "message %zu: %d bytes, expected %zu\n", i, got, sizes[i]);
-            return 2;
-          }
-          if (check_pattern(buf.data(), sizes[i], i + 1) >= 0) {
-            fprintf(stderr, "message %zu: wrong bytes\n", i);
-            return 3;
-          }
-          // iflush: with force_flush the GPU flush path (a 1-byte RDMA READ through the
-          // loopback QP) runs on this host buffer and must complete.
-          void* data = buf.data();
-          int sz = got;
-          void* mh = ep.mhandle_for(buf.data(), buf.size());
-          void* req = nullptr;
-          if (ep.plugin.net->iflush(ep.comm, 1, &data, &sz, &mh, &req) != ncclSuccess) return 4;
-          if (sz > 0 && req == nullptr) {
-            fprintf(stderr, "message %zu: iflush returned no request under force_flush\n", i);
-            return 5;
-          }
-          if (req && ep.wait(req, 5000) != ncclSuccess) return 6;
-        }
-        return 0;
-      });
-  CHECK(r.sender_status == 0);
-  CHECK(r.receiver_status == 0);
-}
-
-TEST_CASE("r2ccl_perf over the fake verbs backend: every API version, checked", "[loopback][ib]") {
-  SKIP_WITHOUT_FAKE();
-  for (int v : {8, 9, 10, 11}) {
-    std::map<std::string, std::string> env = {
-        {"R2CCL_TRANSPORT", "ib"},  {"R2CCL_IBVERBS_LIB", fake_lib()},
-        {"R2CCL_SOCKET_IFNAME", "lo"}, {"FAKEVERBS_DIR", fresh_dir()},
-        {"FAKEVERBS_DEVICES", kSenderHcas}, {"R2CCL_LOG_FILE", "none"}};
-    std::string out;
-    int rc = run_command(perf_command(env, "--ranks 2 --check --net-api " + std::to_string(v) +
-                                               " -b 8 -e 4M -f 8 -n 3 --stats"),
-                         &out);
-    INFO("net API v" << v << "\n" << out);
-    REQUIRE(rc == 0);
-    std::vector<PerfRow> rows = perf_rows(out);
-    REQUIRE(rows.size() == 7);  // 8 B .. 4 MiB by 8
-    for (const auto& row : rows) CHECK(row.wrong == "0");
-    CHECK(out.find("rail mlx5_0:1") != std::string::npos);  // --stats: the verbs rails carried it
-  }
   // The other data-path shapes: adaptive-routing writes, several QPs per path, striping over
   // both HCAs, a chunk size that is not a power of two.
   std::map<std::string, std::string> env = {
@@ -195,48 +103,6 @@ TEST_CASE("r2ccl_perf over the fake verbs backend: every API version, checked", 
   std::vector<PerfRow> rows = perf_rows(out);
   REQUIRE(rows.size() == 7);  // 1 B .. 16 MiB by 16 (allreduce rounds tiny sizes up)
   for (const auto& row : rows) CHECK(row.wrong == "0");
-}
-
-TEST_CASE("verbs: sender HCA port down mid-stream: lossless, one switchover, bounded",
-          "[loopback][ib][failover]") {
-  SKIP_WITHOUT_FAKE();
-  StreamRun r = run_stream(ib_pair("port_down,dev=mlx5_0,after_bytes=67108864"), short_stream());
-  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
-  CHECK(r.pair.sender_status == kStreamOk);
-  CHECK(r.pair.receiver_status == kStreamOk);
-  CHECK(count_lines_containing(r.sender_log, "port error event") >= 1);
-  CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") == 1);
-  CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
-  std::vector<int> lost = to_replay(r.sender_log), rec = replayed(r.sender_log);
-  REQUIRE(lost.size() == 1);
-  REQUIRE(rec.size() == 1);
-  CHECK(rec[0] == lost[0]);
-  std::vector<double> secs = recovery_seconds(r.sender_log);
-  REQUIRE(secs.size() == 1);
-  CHECK(secs[0] < 0.5);  // switchover + replay in milliseconds on the fake, well under this
-}
-
-TEST_CASE("verbs: a port down without replay (R2CCL_TEST_HOOKS=no_replay) fails",
-          "[loopback][ib][failover]") {
-  SKIP_WITHOUT_FAKE();
-  bool conclusive = false;
-  for (int attempt = 1; attempt <= 3 && !conclusive; ++attempt) {
-    // The receiver's port: writes in flight towards it are lost (a sender-side port-down on
-    // the fake usually finds them landed already, so nothing would need replaying).
-    PairOptions o = ib_pair("", "port_down,dev=mlx5_0,after_ms=400");
-    o.env["R2CCL_TEST_HOOKS"] = "no_replay";
-    StreamSpec s = short_stream();
-    s.stall_ms = 4000;
-    StreamRun r = run_stream(o, s);
-    INFO("attempt " << attempt << "\nsender log:\n" << r.sender_log);
-    std::vector<int> lost = to_replay(r.sender_log);
-    REQUIRE(lost.size() >= 1);
-    conclusive = lost[0] >= 1;
-    if (!conclusive) continue;
-    CHECK(r.pair.sender_status != kStreamOk);
-    CHECK(r.pair.receiver_status != kStreamOk);
-  }
-  CHECK(conclusive);
 }
 
 TEST_CASE("verbs: far-end port down: retry-exceeded with the local port active, exactly once",
@@ -257,30 +123,6 @@ TEST_CASE("verbs: far-end port down: retry-exceeded with the local port active, 
   REQUIRE(lost.size() == 1);
   REQUIRE(rec.size() == 1);
   CHECK(rec[0] == lost[0]);
-}
-
-TEST_CASE("verbs: a QP that silently stops (black hole): the watchdog fails over, lossless",
-          "[loopback][ib][failover]") {
-  SKIP_WITHOUT_FAKE();
-  // Real QP timeouts (retry-exceeded after seconds): the acknowledgement watchdog of one end
-  // or the other (R2CCL_ACK_TIMEOUT) must be what finds the silent QP.
-  PairOptions o = ib_pair("blackhole,dev=mlx5_0,after_bytes=67108864");
-  o.env["FAKEVERBS_RETRY_US"] = "5000000";
-  StreamRun r = run_stream(o, short_stream());
-  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
-  CHECK(r.pair.sender_status == kStreamOk);
-  CHECK(r.pair.receiver_status == kStreamOk);
-  CHECK(count_lines_containing(r.sender_log + r.receiver_log,
-                               "path on rail mlx5_0:1 failed (acknowledgement timeout") +
-            count_lines_containing(r.sender_log + r.receiver_log,
-                                   "path on rail mlx5_0:1 failed (heartbeat miss") >= 1);
-  CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") >= 1);
-  CHECK(count_lines_containing(r.sender_log + r.receiver_log, "retry counter exceeded") == 0);
-  // Chunks whose writes landed before the QP stopped (only their acknowledgements were lost)
-  // are in the receiver's landed state and are not replayed; the rest are. Either way the
-  // recovery completes.
-  CHECK(replayed(r.sender_log).size() >= 1);
-  CHECK(to_replay(r.sender_log) == replayed(r.sender_log));
 }
 
 TEST_CASE("verbs: port flaps: lossless, failback by re-created QPs", "[loopback][ib][failover]") {
@@ -311,50 +153,6 @@ TEST_CASE("verbs: one port down for 300 ms: failback, and the rail then stays in
   CHECK(count_lines_containing(r.receiver_log, "path on rail mlx5_0:1 failed") == 1);
   CHECK(count_lines_containing(r.sender_log, "failback: rail mlx5_0:1 is back") == 1);
   CHECK(count_lines_containing(r.sender_log + r.receiver_log, "hold-down:") == 0);
-}
-
-TEST_CASE("verbs: both HCAs down: bounded error, no hang, close returns", "[loopback][ib][failover]") {
-  SKIP_WITHOUT_FAKE();
-  PairOptions o = ib_pair("port_down,dev=mlx5_0,after_bytes=33554432;port_down,dev=mlx5_1,after_bytes=33554432");
-  o.env["R2CCL_FAILOVER_TIMEOUT"] = "1s";
-  StreamSpec s = short_stream(30.0);  // would run far longer than the failure allows
-  s.stall_ms = 15000;
-  long long t0 = mono_us();
-  StreamRun r = run_stream(o, s);
-  const double secs = (mono_us() - t0) / 1e6;
-  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
-  CHECK((r.pair.sender_status == kStreamTestFailed || r.pair.sender_status == kStreamPostFailed));
-  CHECK(r.pair.receiver_status != kStreamOk);
-  CHECK(r.pair.receiver_status != kStreamStalled);
-  CHECK(count_lines_containing(r.sender_log, "give-up:") >= 1);
-  CHECK(secs < 12);  // failover timeout 1 s + the peer's own give-up + teardown
-}
-
-TEST_CASE("verbs: peer killed: the sender fails with a bounded error", "[loopback][ib][failover]") {
-  SKIP_WITHOUT_FAKE();
-  PairOptions o = ib_pair();
-  o.env["R2CCL_FAILOVER_TIMEOUT"] = "30s";  // the error must come from the peer's death, not this
-  std::string slog = temp_path("sender.log");
-  o.sender_env["R2CCL_LOG_FILE"] = slog;
-  StreamSpec s = short_stream(30.0);
-  s.stall_ms = 20000;
-  long long t0 = mono_us();
-  PairResult r = run_pair(
-      o, [&](Endpoint& ep) { return stream_send(ep, s); },
-      [&](Endpoint& ep) {
-        std::vector<char> buf(s.msg);
-        for (int i = 0; i < 10; ++i)
-          if (ep.recv(buf.data(), buf.size(), 20000) != ncclSuccess) return 1;
-        _exit(42);  // killed mid-stream: no close, no BYE
-      });
-  const double secs = (mono_us() - t0) / 1e6;
-  std::string log = read_file(slog);
-  unlink(slog.c_str());
-  INFO("sender log:\n" << log);
-  CHECK(r.receiver_status == 42);
-  CHECK((r.sender_status == kStreamTestFailed || r.sender_status == kStreamPostFailed));
-  CHECK(count_lines_containing(log, "the peer process is gone") >= 1);
-  CHECK(secs < 15);
 }
 
 TEST_CASE("verbs: a late write of a failed path cannot land (bilateral ERR); without it, it does",

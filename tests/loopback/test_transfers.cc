@@ -1,7 +1,7 @@
-// Real traffic between two processes over two rails on lo (lo@127.0.0.1, lo@127.0.0.2):
-// message sizes from 0 B to 1 GiB with every byte checked, receive buffers larger than the
-// send, 32 requests in flight, many connections in one pair of processes, and r2ccl_perf
-// collectives across several processes.
+// TCP-only transfers over two rails on lo (lo@127.0.0.1, lo@127.0.0.2): a 1 GiB message and
+// r2ccl_perf with 4 ranks over 2 channels. The transfer cases both transports share (sizes
+// 0 B .. 64 MiB, larger receive buffers, 32 requests in flight, 8 connections, every
+// collective and API version) are in test_shared.cc.
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
@@ -61,39 +61,6 @@ int check_received(const char* buf, size_t sent, size_t cap, size_t tail, int re
 
 }  // namespace
 
-TEST_CASE("message sizes 0 B .. 64 MiB arrive intact with their exact size", "[loopback]") {
-  const std::vector<size_t> sizes = {0,           1,           4095,     4096,
-                                     512 * KiB - 1, 512 * KiB + 1, 4 * MiB, 64 * MiB};
-  constexpr size_t kTail = 4096;
-  PairResult r = run_pair(
-      two_rails(),
-      [&](Endpoint& ep) {
-        auto buf = raw(64 * MiB);
-        for (size_t i = 0; i < sizes.size(); ++i) {
-          fill_pattern(buf.get(), sizes[i], 100 + i);
-          int sz = -1;
-          ncclResult_t res = ep.send(buf.get(), sizes[i], kOpTimeoutMs, &sz);
-          EP_REQUIRE(res == ncclSuccess, 10, "send of %zu bytes: result %d", sizes[i], res);
-          EP_REQUIRE(sz == static_cast<int>(sizes[i]), 11, "send of %zu reported %d", sizes[i], sz);
-        }
-        return 0;
-      },
-      [&](Endpoint& ep) {
-        auto buf = raw(64 * MiB + kTail);
-        for (size_t i = 0; i < sizes.size(); ++i) {
-          memset(buf.get(), kCanary, sizes[i] + kTail);
-          int sz = -1;
-          ncclResult_t res = ep.recv(buf.get(), sizes[i], kOpTimeoutMs, &sz);
-          EP_REQUIRE(res == ncclSuccess, 10, "recv of %zu bytes: result %d", sizes[i], res);
-          if (int rc = check_received(buf.get(), sizes[i], sizes[i], kTail, sz, 100 + i)) return rc;
-        }
-        return 0;
-      });
-  INFO("took " << r.seconds << " s");
-  CHECK(r.sender_status == 0);
-  CHECK(r.receiver_status == 0);
-}
-
 TEST_CASE("a 1 GiB message arrives intact", "[loopback][big]") {
   // One 1 GiB send buffer in the sender, one 1 GiB receive buffer in the receiver.
   constexpr size_t kSize = 1 * GiB;
@@ -115,159 +82,6 @@ TEST_CASE("a 1 GiB message arrives intact", "[loopback][big]") {
         ncclResult_t res = ep.recv(buf.get(), kSize, 300000, &sz);
         EP_REQUIRE(res == ncclSuccess, 10, "recv: result %d", res);
         return check_received(buf.get(), kSize, kSize, 0, sz, kSeed);
-      });
-  INFO("took " << r.seconds << " s");
-  CHECK(r.sender_status == 0);
-  CHECK(r.receiver_status == 0);
-}
-
-TEST_CASE("a receive buffer larger than the send reports the send size", "[loopback]") {
-  struct Case {
-    size_t sent, cap;
-  };
-  const std::vector<Case> cases = {{0, 64 * KiB},          {1, 1 * MiB},
-                                   {1000, 1 * MiB},        {700 * KiB, 1 * MiB},
-                                   {1 * MiB - 1, 1 * MiB}, {5 * MiB + 3, 8 * MiB}};
-  PairResult r = run_pair(
-      two_rails(),
-      [&](Endpoint& ep) {
-        auto buf = raw(8 * MiB);
-        for (size_t i = 0; i < cases.size(); ++i) {
-          fill_pattern(buf.get(), cases[i].sent, 200 + i);
-          int sz = -1;
-          ncclResult_t res = ep.send(buf.get(), cases[i].sent, kOpTimeoutMs, &sz);
-          EP_REQUIRE(res == ncclSuccess, 10, "send of %zu bytes: result %d", cases[i].sent, res);
-          EP_REQUIRE(sz == static_cast<int>(cases[i].sent), 11, "send reported %d", sz);
-        }
-        return 0;
-      },
-      [&](Endpoint& ep) {
-        auto buf = raw(8 * MiB);
-        for (size_t i = 0; i < cases.size(); ++i) {
-          memset(buf.get(), kCanary, cases[i].cap);
-          int sz = -1;
-          ncclResult_t res = ep.recv(buf.get(), cases[i].cap, kOpTimeoutMs, &sz);
-          EP_REQUIRE(res == ncclSuccess, 10, "recv into %zu bytes: result %d", cases[i].cap, res);
-          if (int rc = check_received(buf.get(), cases[i].sent, cases[i].cap, 0, sz, 200 + i))
-            return rc;
-        }
-        return 0;
-      });
-  CHECK(r.sender_status == 0);
-  CHECK(r.receiver_status == 0);
-}
-
-TEST_CASE("32 requests in flight per connection (NCCL_NET_MAX_REQUESTS)", "[loopback]") {
-  struct Batch {
-    size_t size;
-    int count;
-    int rounds;  // the second round reuses recycled requests
-  };
-  const std::vector<Batch> batches = {
-      {1 * MiB, 32, 2}, {4 * MiB, 32, 1}, {16 * MiB, 8, 1}, {64 * MiB, 3, 1}};
-  PairResult r = run_pair(
-      two_rails(),
-      [&](Endpoint& ep) {
-        uint64_t seed = 1000;
-        for (const auto& b : batches) {
-          std::vector<std::unique_ptr<char[]>> bufs;
-          for (int i = 0; i < b.count; ++i) bufs.push_back(raw(b.size));
-          for (int round = 0; round < b.rounds; ++round) {
-            std::vector<void*> reqs(b.count, nullptr);
-            for (int i = 0; i < b.count; ++i) fill_pattern(bufs[i].get(), b.size, seed + i);
-            for (int i = 0; i < b.count; ++i) {
-              ncclResult_t res = ep.post_send(bufs[i].get(), b.size, &reqs[i], kOpTimeoutMs);
-              EP_REQUIRE(res == ncclSuccess && reqs[i], 10, "isend %d of %d x %zu: result %d", i,
-                         b.count, b.size, res);
-            }
-            std::vector<int> sizes;
-            ncclResult_t res = wait_all(ep, reqs, kOpTimeoutMs, &sizes);
-            EP_REQUIRE(res == ncclSuccess, 12, "%d sends of %zu: result %d", b.count, b.size, res);
-            for (int i = 0; i < b.count; ++i)
-              EP_REQUIRE(sizes[i] == static_cast<int>(b.size), 11, "send %d reported %d", i, sizes[i]);
-            seed += b.count;
-          }
-        }
-        return 0;
-      },
-      [&](Endpoint& ep) {
-        uint64_t seed = 1000;
-        for (const auto& b : batches) {
-          std::vector<std::unique_ptr<char[]>> bufs;
-          for (int i = 0; i < b.count; ++i) bufs.push_back(raw(b.size));
-          for (int round = 0; round < b.rounds; ++round) {
-            std::vector<void*> reqs(b.count, nullptr);
-            for (int i = 0; i < b.count; ++i) memset(bufs[i].get(), kCanary, b.size);
-            for (int i = 0; i < b.count; ++i) {
-              ncclResult_t res = ep.post_recv(bufs[i].get(), b.size, &reqs[i], kOpTimeoutMs);
-              EP_REQUIRE(res == ncclSuccess && reqs[i], 10, "irecv %d of %d x %zu: result %d", i,
-                         b.count, b.size, res);
-            }
-            std::vector<int> sizes;
-            ncclResult_t res = wait_all(ep, reqs, kOpTimeoutMs, &sizes);
-            EP_REQUIRE(res == ncclSuccess, 12, "%d receives of %zu: result %d", b.count, b.size, res);
-            for (int i = 0; i < b.count; ++i)
-              if (int rc = check_received(bufs[i].get(), b.size, b.size, 0, sizes[i], seed + i))
-                return rc;
-            seed += b.count;
-          }
-        }
-        return 0;
-      });
-  INFO("took " << r.seconds << " s");
-  CHECK(r.sender_status == 0);
-  CHECK(r.receiver_status == 0);
-}
-
-TEST_CASE("8 connections on devices 0 and 1 in one pair of processes", "[loopback]") {
-  PairOptions o = two_rails();
-  o.devs = {0, 1, 0, 1, 0, 1, 0, 1};
-  const int n = static_cast<int>(o.devs.size());
-  constexpr int kRounds = 3;
-  constexpr size_t kSize = 4 * MiB + 17;
-  auto seed = [](int conn, int round) { return static_cast<uint64_t>(5000 + conn * 100 + round); };
-  PairResult r = run_pair(
-      o,
-      [&](Endpoint& ep) {
-        EP_REQUIRE(static_cast<int>(ep.conns.size()) == n, 13, "%zu connections", ep.conns.size());
-        std::vector<std::unique_ptr<char[]>> bufs;
-        for (int c = 0; c < n; ++c) bufs.push_back(raw(kSize));
-        for (int round = 0; round < kRounds; ++round) {
-          std::vector<void*> reqs(n, nullptr);
-          for (int c = 0; c < n; ++c) fill_pattern(bufs[c].get(), kSize, seed(c, round));
-          // Post in the opposite order to the receiver: every connection is independent.
-          for (int c = n - 1; c >= 0; --c) {
-            ncclResult_t res = ep.conns[c].post_send(bufs[c].get(), kSize, &reqs[c], kOpTimeoutMs);
-            EP_REQUIRE(res == ncclSuccess && reqs[c], 10, "isend on connection %d: %d", c, res);
-          }
-          std::vector<int> sizes;
-          ncclResult_t res = wait_all(ep, reqs, kOpTimeoutMs, &sizes);
-          EP_REQUIRE(res == ncclSuccess, 12, "round %d: result %d", round, res);
-        }
-        return 0;
-      },
-      [&](Endpoint& ep) {
-        EP_REQUIRE(static_cast<int>(ep.conns.size()) == n, 13, "%zu connections", ep.conns.size());
-        std::vector<std::unique_ptr<char[]>> bufs;
-        for (int c = 0; c < n; ++c) bufs.push_back(raw(kSize));
-        for (int round = 0; round < kRounds; ++round) {
-          std::vector<void*> reqs(n, nullptr);
-          for (int c = 0; c < n; ++c) memset(bufs[c].get(), kCanary, kSize);
-          for (int c = 0; c < n; ++c) {
-            ncclResult_t res = ep.conns[c].post_recv(bufs[c].get(), kSize, &reqs[c], kOpTimeoutMs);
-            EP_REQUIRE(res == ncclSuccess && reqs[c], 10, "irecv on connection %d: %d", c, res);
-          }
-          std::vector<int> sizes;
-          ncclResult_t res = wait_all(ep, reqs, kOpTimeoutMs, &sizes);
-          EP_REQUIRE(res == ncclSuccess, 12, "round %d: result %d", round, res);
-          for (int c = 0; c < n; ++c) {
-            if (int rc = check_received(bufs[c].get(), kSize, kSize, 0, sizes[c], seed(c, round))) {
-              fprintf(stderr, "(connection %d on device %d, round %d)\n", c, ep.conns[c].dev, round);
-              return rc;
-            }
-          }
-        }
-        return 0;
       });
   INFO("took " << r.seconds << " s");
   CHECK(r.sender_status == 0);
@@ -299,17 +113,3 @@ TEST_CASE("r2ccl_perf: 4 ranks, 2 channels, checked AllReduce", "[loopback][perf
   check_perf("--ranks 4 --channels 2 -b 1K -e 16M -f 16 --check", {1024, 16384, 262144, 4194304});
 }
 
-TEST_CASE("r2ccl_perf: every op, checked", "[loopback][perf]") {
-  // 3 ranks: a ring that is not a power of two; allgather rounds sizes down to a multiple of
-  // the rank count times the element size.
-  for (const char* op : {"allreduce", "allgather", "broadcast", "sendrecv"}) {
-    SECTION(op) {
-      const bool ag = std::string(op) == "allgather";
-      std::vector<long long> want = {0, 16, 256, 4096, 65536, 1048576, 16777216};
-      if (ag)
-        for (auto& s : want) s = s / 12 * 12;
-      check_perf(std::string("--op ") + op + " --ranks 3 --channels 2 -b 0 -e 16M -f 16 --check",
-                 want);
-    }
-  }
-}

@@ -140,11 +140,14 @@ bool load_plugin(Plugin* p, std::string* err, const char* path) {
 }
 
 void* Endpoint::mhandle_for(void* buf, size_t size) {
+  // A registration covers what it was made for: a buffer reused for more bytes (a test's one
+  // big buffer, messages of growing sizes) is registered again, as NCCL registers each
+  // buffer whole. Earlier registrations stay until the endpoint closes (requests may use them).
   for (auto& m : mrs)
-    if (m.first == buf) return m.second;
+    if (m.buf == buf && m.size >= size) return m.mh;
   void* mh = nullptr;
   if (plugin.net->regMr(comm, buf, size, NCCL_PTR_HOST, &mh) != ncclSuccess) return nullptr;
-  mrs.push_back({buf, mh});
+  mrs.push_back({buf, size, mh});
   return mh;
 }
 

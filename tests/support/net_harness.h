@@ -44,7 +44,12 @@ struct Endpoint {
   ncclResult_t post_recv(void* buf, size_t size, void** req, int timeout_ms);
   ncclResult_t wait(void* req, int timeout_ms, int* size_out = nullptr);
   void* mhandle_for(void* buf, size_t size);
-  std::vector<std::pair<void*, void*>> mrs;  // (buffer, mhandle)
+  struct Registration {
+    void* buf;
+    size_t size;
+    void* mh;
+  };
+  std::vector<Registration> mrs;
   // Every connection of the pair, in PairOptions::devs order (one entry, on `dev`, when devs
   // is empty). conns[0] has the same comm and dev as this Endpoint; each entry keeps its own
   // registrations, so use one or the other for a given buffer.

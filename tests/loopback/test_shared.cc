@@ -1,0 +1,534 @@
+// The shared suite: loopback, fault and bad-input cases written once and run over both
+// transports (tests/support/transports.h): TCP on two lo rails ([tcp]) and the verbs
+// transport on the fake verbs provider ([ib]). ctest runs the binary once per transport
+// (loopback_test_shared_tcp, loopback_test_shared_ib). Where the transports differ for a
+// physical reason the case says so and checks each side of it.
+#include <catch2/catch.hpp>
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "r2ccl/nccl_abi.h"
+#include "support/net_harness.h"
+#include "support/stream.h"
+#include "support/transports.h"
+
+using namespace r2ccl::test;
+
+namespace {
+
+constexpr size_t KiB = 1024, MiB = 1024 * KiB;
+constexpr int kOpTimeoutMs = 120000;  // one message; generous for 2 busy cores
+constexpr uint8_t kCanary = 0xA5;
+
+// Registers `fn` as one case per transport: "tcp: NAME" [tcp] and "ib: NAME" [ib].
+#define SHARED_CASE(name, tags, fn)                                         \
+  TEST_CASE("tcp: " name, "[tcp][loopback]" tags) { fn(tcp_lo()); }        \
+  TEST_CASE("ib: " name, "[ib][loopback]" tags) {                           \
+    if (fake_verbs_lib().empty()) {                                         \
+      WARN("R2CCL_TEST_FAKEVERBS is not set (run through ctest)");         \
+      return;                                                               \
+    }                                                                       \
+    fn(ib_fake());                                                          \
+  }
+
+// Endpoint-side checks: print what failed (stderr ends up in the ctest log) and fail the
+// process with a distinct exit code.
+#define EP_REQUIRE(cond, code, ...)                                              \
+  do {                                                                           \
+    if (!(cond)) {                                                               \
+      fprintf(stderr, "[%s:%d] check failed: %s: ", __FILE__, __LINE__, #cond);  \
+      fprintf(stderr, __VA_ARGS__);                                              \
+      fprintf(stderr, "\n");                                                     \
+      return code;                                                               \
+    }                                                                            \
+  } while (0)
+
+PairOptions quiet_pair(const TransportUnderTest& t) {
+  PairOptions o = t.pair();
+  o.timeout_s = 400;
+  o.finish_together = true;  // nobody's exit shows up as a rail failure in the other's log
+  return o;
+}
+
+// Buffers that are not zero-initialised (so a large receive buffer costs nothing until used).
+std::unique_ptr<char[]> raw(size_t n) { return std::unique_ptr<char[]>(new char[n ? n : 1]); }
+
+// The receive side of one message of `sent` bytes into a buffer of `cap` bytes (+ a canary
+// tail of `tail` bytes that must stay untouched): size reported exactly, every byte right.
+int check_received(const char* buf, size_t sent, size_t cap, size_t tail, int reported,
+                   uint64_t seed) {
+  EP_REQUIRE(reported >= 0 && static_cast<size_t>(reported) == sent, 20,
+             "reported size %d, sent %zu (capacity %zu)", reported, sent, cap);
+  long long bad = check_pattern(buf, sent, seed);
+  EP_REQUIRE(bad < 0, 21, "message of %zu bytes (seed %llu): first wrong byte at offset %lld",
+             sent, static_cast<unsigned long long>(seed), bad);
+  for (size_t i = sent; i < cap + tail; ++i)
+    EP_REQUIRE(static_cast<uint8_t>(buf[i]) == kCanary, 22,
+               "message of %zu bytes into %zu: byte %zu past the end was overwritten", sent, cap, i);
+  return 0;
+}
+
+StreamSpec short_stream(double seconds = 1.0) {
+  StreamSpec s;
+  s.msg = 4 * MiB;
+  s.min_messages = 32;
+  s.min_seconds = seconds;
+  s.stall_ms = 20000;
+  return s;
+}
+
+// ------------------------------------------------------------------------------------------
+// Transfers
+
+void sizes_arrive_exact(const TransportUnderTest& t) {
+  // Every buffer lives to the end (the harness caches registrations by address).
+  const std::vector<size_t> sizes = {0,           1,           4095,     4096,
+                                     512 * KiB - 1, 512 * KiB + 1, 4 * MiB, 64 * MiB};
+  constexpr size_t kTail = 4096;
+  PairOptions o = quiet_pair(t);
+  // Verbs: the GPU flush path (a 1-byte RDMA READ through the loopback QP) runs on these host
+  // buffers too and must complete.
+  if (t.name == "ib") o.receiver_env["R2CCL_TEST_HOOKS"] = "force_flush";
+  PairResult r = run_pair(
+      o,
+      [&](Endpoint& ep) {
+        auto buf = raw(64 * MiB);
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          fill_pattern(buf.get(), sizes[i], 100 + i);
+          int sz = -1;
+          ncclResult_t res = ep.send(buf.get(), sizes[i], kOpTimeoutMs, &sz);
+          EP_REQUIRE(res == ncclSuccess, 10, "send of %zu bytes: result %d", sizes[i], res);
+          EP_REQUIRE(sz == static_cast<int>(sizes[i]), 11, "send of %zu reported %d", sizes[i], sz);
+        }
+        return 0;
+      },
+      [&](Endpoint& ep) {
+        auto buf = raw(64 * MiB + kTail);
+        for (size_t i = 0; i < sizes.size(); ++i) {
+          memset(buf.get(), kCanary, sizes[i] + kTail);
+          int sz = -1;
+          ncclResult_t res = ep.recv(buf.get(), sizes[i], kOpTimeoutMs, &sz);
+          EP_REQUIRE(res == ncclSuccess, 10, "recv of %zu bytes: result %d", sizes[i], res);
+          if (int rc = check_received(buf.get(), sizes[i], sizes[i], kTail, sz, 100 + i)) return rc;
+          void* data = buf.get();
+          void* mh = ep.mhandle_for(buf.get(), 64 * MiB + kTail);
+          void* req = nullptr;
+          EP_REQUIRE(ep.plugin.net->iflush(ep.comm, 1, &data, &sz, &mh, &req) == ncclSuccess, 23,
+                     "iflush after %zu bytes", sizes[i]);
+          if (sz > 0 && getenv("R2CCL_TEST_HOOKS"))
+            EP_REQUIRE(req != nullptr, 24, "iflush returned no request under force_flush");
+          if (req) EP_REQUIRE(ep.wait(req, 5000) == ncclSuccess, 25, "iflush did not complete");
+        }
+        return 0;
+      });
+  INFO("took " << r.seconds << " s");
+  CHECK(r.sender_status == 0);
+  CHECK(r.receiver_status == 0);
+}
+SHARED_CASE("message sizes 0 B .. 64 MiB arrive intact with their exact size", "", sizes_arrive_exact)
+
+void larger_receive_buffer(const TransportUnderTest& t) {
+  struct Case {
+    size_t sent, cap;
+  };
+  const std::vector<Case> cases = {{0, 64 * KiB},          {1, 1 * MiB},
+                                   {1000, 1 * MiB},        {700 * KiB, 1 * MiB},
+                                   {1 * MiB - 1, 1 * MiB}, {5 * MiB + 3, 8 * MiB}};
+  PairResult r = run_pair(
+      quiet_pair(t),
+      [&](Endpoint& ep) {
+        auto buf = raw(8 * MiB);
+        for (size_t i = 0; i < cases.size(); ++i) {
+          fill_pattern(buf.get(), cases[i].sent, 200 + i);
+          int sz = -1;
+          ncclResult_t res = ep.send(buf.get(), cases[i].sent, kOpTimeoutMs, &sz);
+          EP_REQUIRE(res == ncclSuccess, 10, "send of %zu bytes: result %d", cases[i].sent, res);
+          EP_REQUIRE(sz == static_cast<int>(cases[i].sent), 11, "send reported %d", sz);
+        }
+        return 0;
+      },
+      [&](Endpoint& ep) {
+        auto buf = raw(8 * MiB);
+        for (size_t i = 0; i < cases.size(); ++i) {
+          memset(buf.get(), kCanary, cases[i].cap);
+          int sz = -1;
+          ncclResult_t res = ep.recv(buf.get(), cases[i].cap, kOpTimeoutMs, &sz);
+          EP_REQUIRE(res == ncclSuccess, 10, "recv into %zu bytes: result %d", cases[i].cap, res);
+          if (int rc = check_received(buf.get(), cases[i].sent, cases[i].cap, 0, sz, 200 + i))
+            return rc;
+        }
+        return 0;
+      });
+  CHECK(r.sender_status == 0);
+  CHECK(r.receiver_status == 0);
+}
+SHARED_CASE("a receive buffer larger than the send reports the send size", "", larger_receive_buffer)
+
+void requests_in_flight(const TransportUnderTest& t) {
+  struct Batch {
+    size_t size;
+    int count;
+    int rounds;  // the second round reuses recycled requests
+  };
+  const std::vector<Batch> batches = {
+      {1 * MiB, 32, 2}, {4 * MiB, 32, 1}, {16 * MiB, 8, 1}, {64 * MiB, 3, 1}};
+  PairResult r = run_pair(
+      quiet_pair(t),
+      [&](Endpoint& ep) {
+        uint64_t seed = 1000;
+        for (const auto& b : batches) {
+          std::vector<std::unique_ptr<char[]>> bufs;
+          for (int i = 0; i < b.count; ++i) bufs.push_back(raw(b.size));
+          for (int round = 0; round < b.rounds; ++round) {
+            std::vector<void*> reqs(b.count, nullptr);
+            for (int i = 0; i < b.count; ++i) fill_pattern(bufs[i].get(), b.size, seed + i);
+            for (int i = 0; i < b.count; ++i) {
+              ncclResult_t res = ep.post_send(bufs[i].get(), b.size, &reqs[i], kOpTimeoutMs);
+              EP_REQUIRE(res == ncclSuccess && reqs[i], 10, "isend %d of %d x %zu: result %d", i,
+                         b.count, b.size, res);
+            }
+            std::vector<int> sizes;
+            ncclResult_t res = wait_all(ep, reqs, kOpTimeoutMs, &sizes);
+            EP_REQUIRE(res == ncclSuccess, 12, "%d sends of %zu: result %d", b.count, b.size, res);
+            for (int i = 0; i < b.count; ++i)
+              EP_REQUIRE(sizes[i] == static_cast<int>(b.size), 11, "send %d reported %d", i, sizes[i]);
+            seed += b.count;
+          }
+        }
+        return 0;
+      },
+      [&](Endpoint& ep) {
+        uint64_t seed = 1000;
+        for (const auto& b : batches) {
+          std::vector<std::unique_ptr<char[]>> bufs;
+          for (int i = 0; i < b.count; ++i) bufs.push_back(raw(b.size));
+          for (int round = 0; round < b.rounds; ++round) {
+            std::vector<void*> reqs(b.count, nullptr);
+            for (int i = 0; i < b.count; ++i) memset(bufs[i].get(), kCanary, b.size);
+            for (int i = 0; i < b.count; ++i) {
+              ncclResult_t res = ep.post_recv(bufs[i].get(), b.size, &reqs[i], kOpTimeoutMs);
+              EP_REQUIRE(res == ncclSuccess && reqs[i], 10, "irecv %d of %d x %zu: result %d", i,
+                         b.count, b.size, res);
+            }
+            std::vector<int> sizes;
+            ncclResult_t res = wait_all(ep, reqs, kOpTimeoutMs, &sizes);
+            EP_REQUIRE(res == ncclSuccess, 12, "%d receives of %zu: result %d", b.count, b.size, res);
+            for (int i = 0; i < b.count; ++i)
+              if (int rc = check_received(bufs[i].get(), b.size, b.size, 0, sizes[i], seed + i))
+                return rc;
+            seed += b.count;
+          }
+        }
+        return 0;
+      });
+  INFO("took " << r.seconds << " s");
+  CHECK(r.sender_status == 0);
+  CHECK(r.receiver_status == 0);
+}
+SHARED_CASE("32 requests in flight per connection (NCCL_NET_MAX_REQUESTS)", "", requests_in_flight)
+
+void many_connections(const TransportUnderTest& t) {
+  PairOptions o = quiet_pair(t);
+  o.devs = {0, 1, 0, 1, 0, 1, 0, 1};
+  const int n = static_cast<int>(o.devs.size());
+  constexpr int kRounds = 3;
+  constexpr size_t kSize = 4 * MiB + 17;
+  auto seed = [](int conn, int round) { return static_cast<uint64_t>(5000 + conn * 100 + round); };
+  PairResult r = run_pair(
+      o,
+      [&](Endpoint& ep) {
+        EP_REQUIRE(static_cast<int>(ep.conns.size()) == n, 13, "%zu connections", ep.conns.size());
+        std::vector<std::unique_ptr<char[]>> bufs;
+        for (int c = 0; c < n; ++c) bufs.push_back(raw(kSize));
+        for (int round = 0; round < kRounds; ++round) {
+          std::vector<void*> reqs(n, nullptr);
+          for (int c = 0; c < n; ++c) fill_pattern(bufs[c].get(), kSize, seed(c, round));
+          // Post in the opposite order to the receiver: every connection is independent.
+          for (int c = n - 1; c >= 0; --c) {
+            ncclResult_t res = ep.conns[c].post_send(bufs[c].get(), kSize, &reqs[c], kOpTimeoutMs);
+            EP_REQUIRE(res == ncclSuccess && reqs[c], 10, "isend on connection %d: %d", c, res);
+          }
+          std::vector<int> sizes;
+          ncclResult_t res = wait_all(ep, reqs, kOpTimeoutMs, &sizes);
+          EP_REQUIRE(res == ncclSuccess, 12, "round %d: result %d", round, res);
+        }
+        return 0;
+      },
+      [&](Endpoint& ep) {
+        EP_REQUIRE(static_cast<int>(ep.conns.size()) == n, 13, "%zu connections", ep.conns.size());
+        std::vector<std::unique_ptr<char[]>> bufs;
+        for (int c = 0; c < n; ++c) bufs.push_back(raw(kSize));
+        for (int round = 0; round < kRounds; ++round) {
+          std::vector<void*> reqs(n, nullptr);
+          for (int c = 0; c < n; ++c) memset(bufs[c].get(), kCanary, kSize);
+          for (int c = 0; c < n; ++c) {
+            ncclResult_t res = ep.conns[c].post_recv(bufs[c].get(), kSize, &reqs[c], kOpTimeoutMs);
+            EP_REQUIRE(res == ncclSuccess && reqs[c], 10, "irecv on connection %d: %d", c, res);
+          }
+          std::vector<int> sizes;
+          ncclResult_t res = wait_all(ep, reqs, kOpTimeoutMs, &sizes);
+          EP_REQUIRE(res == ncclSuccess, 12, "round %d: result %d", round, res);
+          for (int c = 0; c < n; ++c) {
+            if (int rc = check_received(bufs[c].get(), kSize, kSize, 0, sizes[c], seed(c, round))) {
+              fprintf(stderr, "(connection %d on device %d, round %d)\n", c, ep.conns[c].dev, round);
+              return rc;
+            }
+          }
+        }
+        return 0;
+      });
+  INFO("took " << r.seconds << " s");
+  CHECK(r.sender_status == 0);
+  CHECK(r.receiver_status == 0);
+}
+SHARED_CASE("8 connections on devices 0 and 1 in one pair of processes", "", many_connections)
+
+// r2ccl_perf with `args`; requires exit 0, the expected table sizes, 0 wrong everywhere.
+void check_perf(const TransportUnderTest& t, const std::string& args,
+                const std::vector<long long>& want_sizes, const std::string& must_contain = "") {
+  std::string out;
+  std::string cmd = perf_command(t.perf_env(), args);
+  int rc = run_command(cmd, &out);
+  INFO(cmd << "\n" << out);
+  CHECK(rc == 0);
+  std::vector<long long> sizes;
+  for (const auto& row : perf_rows(out)) {
+    sizes.push_back(row.size);
+    INFO("size " << row.size);
+    CHECK(row.wrong == "0");
+  }
+  CHECK(sizes == want_sizes);
+  CHECK(out.find("# wrong total: 0") != std::string::npos);
+  if (!must_contain.empty()) CHECK(out.find(must_contain) != std::string::npos);
+}
+
+void perf_every_op(const TransportUnderTest& t) {
+  // 3 ranks: a ring that is not a power of two; allgather rounds sizes down to a multiple of
+  // the rank count times the element size.
+  for (const char* op : {"allreduce", "allgather", "broadcast", "sendrecv"}) {
+    INFO(op);
+    const bool ag = std::string(op) == "allgather";
+    std::vector<long long> want = {0, 16, 256, 4096, 65536, 1048576, 16777216};
+    if (ag)
+      for (auto& s : want) s = s / 12 * 12;
+    check_perf(t, std::string("--op ") + op + " --ranks 3 --channels 2 -b 0 -e 16M -f 16 --check", want);
+  }
+}
+SHARED_CASE("r2ccl_perf: every op over 3 ranks and 2 channels, checked", "[perf]", perf_every_op)
+
+void perf_every_api(const TransportUnderTest& t) {
+  for (int v : {8, 9, 10, 11}) {
+    INFO("net API v" << v);
+    // --stats: the transport's own rails carried it.
+    check_perf(t, "--ranks 2 --check --net-api " + std::to_string(v) + " -b 8 -e 4M -f 8 -n 3 --stats",
+               {8, 64, 512, 4096, 32768, 262144, 2097152}, "rail " + t.rail0);
+  }
+}
+SHARED_CASE("r2ccl_perf: every NCCL net API version, checked", "[perf]", perf_every_api)
+
+// ------------------------------------------------------------------------------------------
+// Faults
+
+void primary_down_lossless(const TransportUnderTest& t) {
+  // A reset (TCP) finds chunks in flight only when the sender had some queued; should every
+  // chunk happen to be acknowledged at that instant, the run proves nothing about replay, so
+  // it is repeated (at most 3 runs); every run must still be right in every other respect.
+  bool replayed = false;
+  for (int attempt = 1; attempt <= 3 && !replayed; ++attempt) {
+    PairOptions o = t.pair();
+    t.primary_down(&o);
+    StreamSpec s = short_stream();
+    s.stall_ms = 30000;
+    StreamRun r = run_stream(o, s);
+    INFO("attempt " << attempt << "\nsender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+    REQUIRE(r.pair.sender_status == kStreamOk);
+    REQUIRE(r.pair.receiver_status == kStreamOk);
+    if (!t.down_evidence.empty()) CHECK(count_lines_containing(r.sender_log, t.down_evidence) >= 1);
+    CHECK(count_lines_containing(r.sender_log, "switchover:") == 1);
+    CHECK(count_lines_containing(r.sender_log, "switchover: rail " + t.rail0 + " failed") == 1);
+    CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
+    std::vector<int> lost = to_replay_counts(r.sender_log), rec = replayed_counts(r.sender_log);
+    REQUIRE(lost.size() == 1);
+    REQUIRE(rec.size() == 1);
+    CHECK(rec[0] == lost[0]);  // the recovery replayed what the switchover had to replay
+    std::vector<double> secs = log_numbers(r.sender_log, "Successfully recovered in ([0-9.]+) s");
+    REQUIRE(secs.size() == 1);
+    CHECK(secs[0] < 0.5);  // switchover + replay in milliseconds, well under this
+    // Verbs: a sender-side port-down usually finds its chunks landed already (only their
+    // completions are lost), so 0 replays prove the replay as well; TCP must replay.
+    replayed = rec[0] >= 1 || t.name == "ib";
+    if (!replayed) WARN("attempt " << attempt << ": the fault found no chunk in flight; again");
+  }
+  CHECK(replayed);
+}
+SHARED_CASE("the primary rail dies mid-stream: lossless, one switchover, its chunks replayed",
+            "[failover]", primary_down_lossless)
+
+void without_replay_fails(const TransportUnderTest& t) {
+  // With replay off (test hook) the chunks lost with the receiver's rail are never sent again,
+  // so the stream must stall or fail instead of completing. A run where nothing was in flight
+  // is inconclusive and is repeated.
+  bool conclusive = false;
+  for (int attempt = 1; attempt <= 3 && !conclusive; ++attempt) {
+    PairOptions o = t.pair({{"R2CCL_TEST_HOOKS", "no_replay"}});
+    t.far_primary_lost(&o);
+    StreamSpec s = short_stream();
+    s.stall_ms = t.name == "tcp" ? 5000 : 4000;
+    StreamRun r = run_stream(o, s);
+    INFO("attempt " << attempt << "\nsender log:\n" << r.sender_log);
+    std::vector<int> lost = to_replay_counts(r.sender_log);
+    REQUIRE(lost.size() >= 1);  // the fault happened
+    conclusive = lost[0] >= 1;
+    if (!conclusive) {
+      WARN("attempt " << attempt << ": the fault found no chunk in flight; again");
+      continue;
+    }
+    CHECK((r.pair.sender_status == kStreamStalled || r.pair.sender_status == kStreamTestFailed ||
+           r.pair.sender_status == kStreamPostFailed));
+    CHECK(r.pair.receiver_status != kStreamOk);
+  }
+  CHECK(conclusive);
+}
+SHARED_CASE("without replay (R2CCL_TEST_HOOKS=no_replay) the same loss fails the stream",
+            "[failover]", without_replay_fails)
+
+void black_hole_lossless(const TransportUnderTest& t) {
+  PairOptions o = t.pair();
+  t.primary_blackhole(&o);
+  StreamSpec s = short_stream();
+  s.stall_ms = 30000;
+  StreamRun r = run_stream(o, s);
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  CHECK(r.pair.sender_status == kStreamOk);
+  CHECK(r.pair.receiver_status == kStreamOk);
+  // One end's watchdog or heartbeat rule found it (the link stays up).
+  CHECK(count_lines_containing(r.sender_log + r.receiver_log,
+                               "path on rail " + t.rail0 + " failed (acknowledgement timeout") +
+            count_lines_containing(r.sender_log + r.receiver_log,
+                                   "path on rail " + t.rail0 + " failed (heartbeat miss") >= 1);
+  CHECK(count_lines_containing(r.sender_log, "switchover: rail " + t.rail0 + " failed") >= 1);
+  CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
+  std::vector<int> rec = replayed_counts(r.sender_log);
+  REQUIRE(rec.size() >= 1);
+  CHECK(to_replay_counts(r.sender_log) == rec);
+  if (t.name == "tcp") {
+    CHECK(rec[0] >= 1);  // what went into the black hole was lost and had to be replayed
+  } else {
+    // Verbs: chunks whose writes landed before the QP stopped (only their completions were
+    // lost) are in the receiver's landed state and are not replayed; the rest are. The QP's
+    // own retry-exceeded (5 s here) never came first.
+    CHECK(count_lines_containing(r.sender_log + r.receiver_log, "retry counter exceeded") == 0);
+  }
+}
+SHARED_CASE("a black hole on the primary rail mid-stream: the watchdog finds it, lossless",
+            "[failover]", black_hole_lossless)
+
+void all_rails_down(const TransportUnderTest& t) {
+  PairOptions o = t.pair({{"R2CCL_FAILOVER_TIMEOUT", "1s"}});
+  t.all_down(&o);
+  StreamSpec s = short_stream(30.0);  // would run far longer than the failure allows
+  s.stall_ms = 15000;
+  long long t0 = mono_us();
+  StreamRun r = run_stream(o, s);
+  const double secs = (mono_us() - t0) / 1e6;
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  CHECK((r.pair.sender_status == kStreamTestFailed || r.pair.sender_status == kStreamPostFailed));
+  CHECK(r.pair.receiver_status != kStreamOk);
+  CHECK(r.pair.receiver_status != kStreamStalled);
+  CHECK(count_lines_containing(r.sender_log, "give-up:") >= 1);
+  CHECK(secs < 12);  // failover timeout 1 s + the peer's own give-up + teardown
+}
+SHARED_CASE("every rail down: a bounded error, no hang, close returns", "[failover]", all_rails_down)
+
+void peer_killed(const TransportUnderTest& t) {
+  PairOptions o = t.pair({{"R2CCL_FAILOVER_TIMEOUT", "30s"}});  // the error must come from the death
+  std::string slog = temp_path("sender.log");
+  o.sender_env["R2CCL_LOG_FILE"] = slog;
+  StreamSpec s = short_stream(30.0);
+  s.stall_ms = 20000;
+  long long t0 = mono_us();
+  PairResult r = run_pair(
+      o, [&](Endpoint& ep) { return stream_send(ep, s); },
+      [&](Endpoint& ep) {
+        std::vector<char> buf(s.msg);
+        for (int i = 0; i < 10; ++i)
+          if (ep.recv(buf.data(), buf.size(), 20000) != ncclSuccess) return 1;
+        _exit(42);  // killed mid-stream: no close, no BYE
+      });
+  const double secs = (mono_us() - t0) / 1e6;
+  std::string log = read_file(slog);
+  unlink(slog.c_str());
+  INFO("sender log:\n" << log);
+  CHECK(r.receiver_status == 42);
+  CHECK((r.sender_status == kStreamTestFailed || r.sender_status == kStreamPostFailed));
+  // TCP learns it from every reconnect being refused, verbs from the side channel's end.
+  CHECK(count_lines_containing(log, "the peer process is gone") >= 1);
+  CHECK(secs < 15);
+}
+SHARED_CASE("the peer process killed: the sender fails with a bounded error naming it",
+            "[failover]", peer_killed)
+
+// ------------------------------------------------------------------------------------------
+// Bad input
+
+void foreign_handles(const TransportUnderTest& t) {
+  // A handle that is not this transport's (random bytes, zeros): connect fails at once with a
+  // WARN about the handle, never a pending connect.
+  std::map<std::string, std::string> env = t.pair().env;
+  for (const auto& kv : t.pair().sender_env) env[kv.first] = kv.second;
+  for (int variant = 0; variant < 2; ++variant) {
+    INFO((variant == 0 ? "random 128 bytes" : "all zero"));
+    ChildResult c = run_child(env, [variant] {
+      Plugin p;
+      std::string err;
+      if (!load_plugin(&p, &err)) return 90;
+      void* ctx = nullptr;
+      if (p.net->init(&ctx, 1, nullptr, nullptr, nullptr) != ncclSuccess) return 91;
+      char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+      if (variant == 0) fill_pattern(handle, sizeof(handle), 0xbad);
+      void* comm = nullptr;
+      ncclResult_t rc = p.net->connect(ctx, 0, handle, &comm, nullptr);
+      return rc != ncclSuccess && !comm ? 0 : 1;
+    });
+    INFO(c.output);
+    CHECK(c.status == 0);
+    CHECK(c.output.find("WARN") != std::string::npos);
+    CHECK(c.output.find("handle") != std::string::npos);
+  }
+}
+SHARED_CASE("a foreign handle fails connect at once with a WARN about the handle", "[bad_input]",
+            foreign_handles)
+
+void bad_settings(const TransportUnderTest& t) {
+  struct Case {
+    const char* var;
+    const char* value;
+  };
+  for (const Case& c : {Case{"R2CCL_CHUNK_SIZE", "1k"}, Case{"R2CCL_BACKUP_PATHS", "9"},
+                        Case{"R2CCL_HEARTBEAT_INTERVAL", "fast"}}) {
+    std::map<std::string, std::string> env = t.pair().env;
+    for (const auto& kv : t.pair().sender_env) env[kv.first] = kv.second;
+    env[c.var] = c.value;
+    ChildResult r = run_child(env, [] {
+      Plugin p;
+      std::string err;
+      if (!load_plugin(&p, &err)) return 90;
+      void* ctx = nullptr;
+      return p.net->init(&ctx, 1, nullptr, nullptr, nullptr) == ncclInvalidUsage ? 0 : 1;
+    });
+    INFO(c.var << "=" << c.value << "\n" << r.output);
+    CHECK(r.status == 0);
+    CHECK(r.output.find(c.var) != std::string::npos);
+  }
+}
+SHARED_CASE("a bad setting fails init with ncclInvalidUsage and a message naming the variable",
+            "[bad_input]", bad_settings)
+
+}  // namespace
