@@ -862,11 +862,18 @@ void Connection::check_give_up(TimeUs now) {
 
 void Connection::closing_progress(TimeUs now) {
   io_->flush(*this, now);
-  if (active_.empty() || now - bye_at_ <= kByeGrace || error_ != Status::kOk) return;
+  if (!active_.empty() && now - bye_at_ > kByeGrace) (void)peer_closed_error();
+}
+
+// After the peer's BYE: what is still pending (after the grace period) or newly posted can
+// never complete. One line says so; an orderly close, with nothing pending, logs nothing.
+Status Connection::peer_closed_error() {
+  if (error_ != Status::kOk) return error_;
   error_ = Status::kRemote;
   log_event("give-up: %s conn %016" PRIx64 " on device %d: the peer closed the connection (BYE) "
-            "with %zu requests pending; they fail with ncclRemoteError",
+            "with %zu requests pending; they and later ones fail with ncclRemoteError",
             role_ == Role::kSend ? "send" : "recv", id_, dev_, active_.size());
+  return error_;
 }
 
 void Connection::progress(TimeUs now) {
@@ -926,8 +933,8 @@ void Connection::release(Request* r) {
 Status Connection::isend(void* data, uint64_t size, int tag, void* mhandle, Request** req,
                          TimeUs now) {
   *req = nullptr;
-  if (peer_closed_) return Status::kRemote;
   if (error_ != Status::kOk) return error_;
+  if (peer_closed_) return peer_closed_error();
   if (cts_.empty() || cts_.front().seq != next_send_seq_) {
     progress(now);
     if (error_ != Status::kOk) return error_;
@@ -961,8 +968,8 @@ Status Connection::isend(void* data, uint64_t size, int tag, void* mhandle, Requ
 Status Connection::irecv(void* data, uint64_t size, int tag, void* mhandle, Request** req,
                          TimeUs now) {
   *req = nullptr;
-  if (peer_closed_) return Status::kRemote;
   if (error_ != Status::kOk) return error_;
+  if (peer_closed_) return peer_closed_error();
   Request* r = free_request();
   if (!r) return Status::kOk;  // all 32 in use: NCCL calls again
   r->used = true;

@@ -245,6 +245,7 @@ class Connection final : public PathSink {
   void give_up(Status st, const std::string& why, TimeUs now);
   void check_give_up(TimeUs now);
   void closing_progress(TimeUs now);
+  Status peer_closed_error();
   // requests
   Request* free_request();
   Request* find_active(uint64_t seq);

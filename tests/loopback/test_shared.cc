@@ -387,7 +387,8 @@ void without_replay_fails(const TransportUnderTest& t) {
     REQUIRE(lost.size() >= 1);  // the fault happened
     conclusive = lost[0] >= 1;
     if (!conclusive) {
-      WARN("attempt " << attempt << ": the fault found no chunk in flight; again");
+      WARN("attempt " << attempt << ": the fault found no chunk in flight; again\nsender log:\n"
+                      << r.sender_log << "receiver log:\n" << r.receiver_log);
       continue;
     }
     CHECK((r.pair.sender_status == kStreamStalled || r.pair.sender_status == kStreamTestFailed ||
@@ -400,32 +401,44 @@ SHARED_CASE("without replay (R2CCL_TEST_HOOKS=no_replay) the same loss fails the
             "[failover]", without_replay_fails)
 
 void black_hole_lossless(const TransportUnderTest& t) {
-  PairOptions o = t.pair();
-  t.primary_blackhole(&o);
-  StreamSpec s = short_stream();
-  s.stall_ms = 30000;
-  StreamRun r = run_stream(o, s);
-  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
-  CHECK(r.pair.sender_status == kStreamOk);
-  CHECK(r.pair.receiver_status == kStreamOk);
-  // One end's watchdog or heartbeat rule found it (the link stays up).
-  CHECK(count_lines_containing(r.sender_log + r.receiver_log,
-                               "path on rail " + t.rail0 + " failed (acknowledgement timeout") +
-            count_lines_containing(r.sender_log + r.receiver_log,
-                                   "path on rail " + t.rail0 + " failed (heartbeat miss") >= 1);
-  CHECK(count_lines_containing(r.sender_log, "switchover: rail " + t.rail0 + " failed") >= 1);
-  CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
-  std::vector<int> rec = replayed_counts(r.sender_log);
-  REQUIRE(rec.size() >= 1);
-  CHECK(to_replay_counts(r.sender_log) == rec);
-  if (t.name == "tcp") {
-    CHECK(rec[0] >= 1);  // what went into the black hole was lost and had to be replayed
-  } else {
-    // Verbs: chunks whose writes landed before the QP stopped (only their completions were
-    // lost) are in the receiver's landed state and are not replayed; the rest are. The QP's
-    // own retry-exceeded (5 s here) never came first.
-    CHECK(count_lines_containing(r.sender_log + r.receiver_log, "retry counter exceeded") == 0);
+  // TCP: both ends black-hole rail 0 at 150 ms of their own clocks. When the sender's starts
+  // first with a window full of chunks that did land (only their acknowledgements are lost),
+  // the receiver's landed state acknowledges them all and nothing needs replaying: such a run
+  // proves nothing about replay and is repeated (at most 5 runs: under AddressSanitizer about
+  // one run in four is such a run).
+  bool replayed = false;
+  for (int attempt = 1; attempt <= 5 && !replayed; ++attempt) {
+    PairOptions o = t.pair();
+    t.primary_blackhole(&o);
+    StreamSpec s = short_stream();
+    s.stall_ms = 30000;
+    StreamRun r = run_stream(o, s);
+    INFO("attempt " << attempt << "\nsender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+    CHECK(r.pair.sender_status == kStreamOk);
+    CHECK(r.pair.receiver_status == kStreamOk);
+    // One end's watchdog or heartbeat rule found it (the link stays up).
+    CHECK(count_lines_containing(r.sender_log + r.receiver_log,
+                                 "path on rail " + t.rail0 + " failed (acknowledgement timeout") +
+              count_lines_containing(r.sender_log + r.receiver_log,
+                                     "path on rail " + t.rail0 + " failed (heartbeat miss") >= 1);
+    CHECK(count_lines_containing(r.sender_log, "switchover: rail " + t.rail0 + " failed") >= 1);
+    CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
+    std::vector<int> rec = replayed_counts(r.sender_log);
+    REQUIRE(rec.size() >= 1);
+    CHECK(to_replay_counts(r.sender_log) == rec);
+    if (t.name == "tcp") {
+      // What went into the black hole was lost and had to be replayed.
+      replayed = rec[0] >= 1;
+      if (!replayed) WARN("attempt " << attempt << ": everything in flight had landed; again");
+    } else {
+      // Verbs: chunks whose writes landed before the QP stopped (only their completions were
+      // lost) are in the receiver's landed state and are not replayed; the rest are. The QP's
+      // own retry-exceeded (5 s here) never came first.
+      CHECK(count_lines_containing(r.sender_log + r.receiver_log, "retry counter exceeded") == 0);
+      replayed = true;
+    }
   }
+  CHECK(replayed);
 }
 SHARED_CASE("a black hole on the primary rail mid-stream: the watchdog finds it, lossless",
             "[failover]", black_hole_lossless)

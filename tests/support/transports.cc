@@ -91,10 +91,13 @@ void TransportUnderTest::primary_down(PairOptions* o) const {
 }
 
 void TransportUnderTest::far_primary_lost(PairOptions* o) const {
-  // TCP: a black hole at the receiver (it stops reading rail 0: on lo a sender-side fault
-  // often loses nothing, the chunks "in flight" have landed and only their acknowledgements
-  // are lost). Verbs: the receiver's port dies, so writes in flight towards it are lost.
-  if (name == "tcp") o->env["R2CCL_FAULT_INJECT"] = "rank=1,rail=0,at=150,kind=blackhole";
+  // TCP: an abortive reset of the receiver's rail 0 while a receive is partly landed (the
+  // injector waits for one): what its socket had queued and not yet read is lost for sure (on
+  // lo a sender-side fault often loses nothing: the chunks "in flight" have landed and only
+  // their acknowledgements are lost; a receiver-side black hole also swallows its CTS, so the
+  // sender may have nothing in flight). Verbs: the receiver's port dies, so writes in flight
+  // towards it are lost.
+  if (name == "tcp") o->env["R2CCL_FAULT_INJECT"] = "rank=1,rail=0,at=150,kind=reset";
   else o->receiver_env["FAKEVERBS_FAULTS"] = "port_down,dev=mlx5_0,after_ms=400";
 }
 
