@@ -29,7 +29,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ ! -x "$BUILD/bin/r2ccl_perf" ] || [ ! -f "$BUILD/lib/libr2ccl-fakeverbs.so" ]; then
-  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+  source "$ROOT/scripts/build_config.sh"  # build/'s options, as test.sh and demo.sh
+  cmake -S "$ROOT" -B "$BUILD" "${R2CCL_BUILD_OPTS[@]}" >/dev/null &&
     cmake --build "$BUILD" -j"$(nproc)" --target nccl-net-r2ccl r2ccl_perf r2ccl_fakeverbs >/dev/null || exit 1
 fi
 OUT=${OUT:-$BUILD/bench-ib-fake/$(date +%Y%m%d-%H%M%S)}

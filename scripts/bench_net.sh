@@ -94,7 +94,7 @@ PLAIN_SO=$BUILD/lib/libnccl-net-plaintcp.so
 RAILAB=$ROOT/scripts/railab.sh
 for f in "$PERF" "$PLUGIN_SO" "$PLAIN_SO"; do
   if [ ! -e "$f" ]; then
-    echo "$PROG: $f is missing; build first: cmake -S $ROOT -B $BUILD && make -C $BUILD -j2" >&2
+    echo "$PROG: $f is missing; build first: cmake -S $ROOT -B $BUILD -DCMAKE_BUILD_TYPE=Release -DR2CCL_WERROR=ON && make -C $BUILD -j2 (or run scripts/test.sh)" >&2
     exit 1
   fi
 done

@@ -21,7 +21,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 if [ ! -x "$BUILD/bin/r2ccl_predict" ]; then
-  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+  source "$ROOT/scripts/build_config.sh"  # build/'s options, as test.sh and demo.sh
+  cmake -S "$ROOT" -B "$BUILD" "${R2CCL_BUILD_OPTS[@]}" >/dev/null &&
     cmake --build "$BUILD" -j"$(nproc)" --target r2ccl_predict >/dev/null || exit 1
 fi
 TOOL=$BUILD/bin/r2ccl_predict

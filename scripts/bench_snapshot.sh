@@ -40,7 +40,8 @@ done
 case "$BUILD" in /*) ;; *) BUILD=$ROOT/$BUILD ;; esac
 BENCH=$BUILD/bin/r2ccl_snapshot_bench
 if [ ! -x "$BENCH" ] || [ ! -x "$BUILD/bin/r2ccl_snapshotd" ]; then
-  cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null &&
+  source "$ROOT/scripts/build_config.sh"  # build/'s options, as test.sh and demo.sh
+  cmake -S "$ROOT" -B "$BUILD" "${R2CCL_BUILD_OPTS[@]}" >/dev/null &&
     cmake --build "$BUILD" -j"$(nproc)" --target r2ccl_snapshot_bench r2ccl_snapshotd >/dev/null || exit 1
 fi
 if [ $QUICK = 1 ]; then

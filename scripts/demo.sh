@@ -15,7 +15,8 @@ MODE=auto
 
 bash scripts/setup.sh
 echo "[demo] building (cmake, build/)..."
-cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+source scripts/build_config.sh  # build/'s options, the same as test.sh's (no reconfiguring)
+cmake -S . -B build "${R2CCL_BUILD_OPTS[@]}" >/dev/null
 cmake --build build -j "$(nproc)" --target r2ccl_perf nccl-net-r2ccl >/dev/null
 PERF=$PWD/build/bin/r2ccl_perf
 # Like NCCL, show no NCCL-logger output unless NCCL_DEBUG is set: the switchover, failback and

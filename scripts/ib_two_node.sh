@@ -56,7 +56,8 @@ if ! ibv_devinfo 2>/dev/null | grep -q "PORT_ACTIVE"; then
   exit 1
 fi
 if [ ! -x "$build/bin/r2ccl_perf" ]; then
-  cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DR2CCL_BUILD_TESTS=OFF >/dev/null
+  source scripts/build_config.sh  # build/'s options, as test.sh, demo.sh and the benchmarks
+  cmake -S . -B "$build" "${R2CCL_BUILD_OPTS[@]}" >/dev/null
   cmake --build "$build" -j"$(nproc)" --target nccl-net-r2ccl r2ccl_perf >/dev/null
 fi
 

@@ -4,6 +4,9 @@
 # it prints the apt-get command to run and exits 2.
 #   --rdma   also the tools of a real InfiniBand/RoCE host (scripts/ib_two_node.sh):
 #            rdma-core, ibverbs-utils (ibv_devinfo), infiniband-diags (ibportstate)
+#   --ccache also ccache, which CMake then uses (R2CCL_CCACHE): for developers rebuilding the
+#            same tree; not installed by default because the test command on a fresh clone
+#            (CI) compiles everything once and would only pay for filling the cache
 #   --train  kept for scripts/predictor/run_all.sh (retraining the failure predictor); what it
 #            needs, python3-torch, is now a base package
 set -euo pipefail
@@ -26,8 +29,9 @@ PKGS=(
 for opt in "$@"; do
   case "$opt" in
     --rdma) PKGS+=(rdma-core ibverbs-utils infiniband-diags) ;;
+    --ccache) PKGS+=(ccache) ;;
     --train) ;;
-    *) echo "r2ccl setup: unknown option $opt (accepted: --rdma, --train)" >&2; exit 3 ;;
+    *) echo "r2ccl setup: unknown option $opt (accepted: --rdma, --ccache, --train)" >&2; exit 3 ;;
   esac
 done
 

@@ -53,8 +53,17 @@ check_lab_not_skipped() {
   return 0
 }
 
+# Each build directory's cmake options (build/: Release with warnings as errors, shared with
+# demo.sh and the benchmarks; build-asan/; build-cuda/).
+source scripts/build_config.sh
+configure_and_build() {  # configure_and_build DIR "CMAKE_OPTS..." [cmake --build args...]
+  local dir=$1 opts=$2; shift 2
+  local -n o=$opts
+  cmake -S . -B "$dir" "${o[@]}" >/dev/null && cmake --build "$dir" -j "$JOBS" "$@"
+}
+
 phase "setup" bash scripts/setup.sh || exit 1
-phase "build" bash -c "cmake -S . -B build -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null && cmake --build build -j $JOBS" || {
+phase "build" configure_and_build build R2CCL_BUILD_OPTS || {
   printf '%s\n' "${SUMMARY[@]}"; exit 1; }
 phase "unit + abi" run_ctest build unit_abi -j "$JOBS" -L 'unit|abi'
 phase "loopback" run_ctest build loopback -L loopback
@@ -69,13 +78,15 @@ phase "rdma (real HCAs)" rdma_tests
 if [ $LONG -eq 1 ]; then
   phase "long" run_ctest build long -L long
 fi
-phase "asan build" bash -c "cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DSANITIZE=address,undefined >/dev/null && cmake --build build-asan -j $JOBS"
+# Only what the next phase runs (target r2ccl_asan_phase, tests/CMakeLists.txt: keep the two in
+# step).
+phase "asan build" configure_and_build build-asan R2CCL_ASAN_BUILD_OPTS --target r2ccl_asan_phase
 # unit_test_fakeverbs (the fake provider's own timing-based scenarios) is left out here: under
 # ASan on 2 cores its cross-process throughput scenario has missed its deadline; it runs in
 # the plain build above, and the plugin's verbs code runs under ASan through ib_fake.
-phase "bad input, unit, verbs, snapshotd under asan" run_ctest build-asan asan -R 'bad_input|unit_|ib_fake|snapshotd' -E 'unit_test_fakeverbs'
+phase "bad input, unit, shared suite, verbs, snapshotd under asan" run_ctest build-asan asan -R 'bad_input|unit_|shared|ib_fake|snapshotd' -E 'unit_test_fakeverbs'
 if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-  phase "USE_CUDA build (compile only)" bash -c "cmake -S . -B build-cuda -DCMAKE_BUILD_TYPE=RelWithDebInfo -DUSE_CUDA=ON -DR2CCL_BUILD_TESTS=OFF >/dev/null && cmake --build build-cuda -j $JOBS --target nccl-net-r2ccl r2ccl_snapshot"
+  phase "USE_CUDA build (compile only)" configure_and_build build-cuda R2CCL_CUDA_BUILD_OPTS --target nccl-net-r2ccl r2ccl_snapshot
 else
   echo "=== no CUDA toolkit: the USE_CUDA=ON build is not compiled here"
 fi

@@ -1,13 +1,12 @@
 // Catch2 v2 main for the lab suite: exits 77 (ctest SKIP_RETURN_CODE) when this machine cannot
 // build the rail lab (not root, or network namespaces unavailable), before running anything.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
 #include <unistd.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <string>
+
+#include "catch_run.h"
 
 int main(int argc, char** argv) {
   if (geteuid() != 0) {
@@ -20,5 +19,5 @@ int main(int argc, char** argv) {
     fprintf(stderr, "lab tests need network namespaces ('ip netns add' failed): skipped\n");
     return 77;
   }
-  return Catch::Session().run(argc, argv);
+  return r2ccl_catch_run(argc, argv);
 }

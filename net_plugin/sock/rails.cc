@@ -13,6 +13,8 @@
 namespace r2ccl::net {
 namespace {
 
+constexpr const char* kAddrForm = "accepted: IFNAME@ADDR with an IPv4 or IPv6 address";
+
 int netmask_prefix(const sockaddr* mask) {
   if (!mask) return 32;
   int n = 0;
@@ -145,7 +147,7 @@ bool parse_rail_spec(const std::string& spec_in, RailSpec* out, std::string* err
         sockaddr_storage tmp;
         int fam;
         if (!parse_addr(e.addr, &tmp, &fam)) {
-          *err = "bad address '" + e.addr + "' in entry '" + tok + "'; accepted: an IPv4 or IPv6 address";
+          *err = "bad address '" + e.addr + "' in entry '" + tok + "'; " + kAddrForm;
           return false;
         }
         if (s.exclude) {
@@ -235,8 +237,15 @@ bool select_rails(const std::string& spec_str, const std::string& spec_var,
         if (!m || std::find(seen.begin(), seen.end(), i.ifname) != seen.end()) continue;
         if (!e.addr.empty()) {
           sockaddr_storage a;
-          int fam;
-          parse_addr(e.addr, &a, &fam);
+          int fam = AF_UNSPEC;
+          // parse_rail_spec above already rejected an unparsable address; checked again here
+          // so a spec that reaches this point some other way still fails instead of binding
+          // the rail to an uninitialised address.
+          if (!parse_addr(e.addr, &a, &fam)) {
+            *err = spec_var + "='" + spec_str + "': bad address '" + e.addr + "' in entry '" +
+                   e.name + "@" + e.addr + "'; " + kAddrForm;
+            return false;
+          }
           // The interface's own prefix when the address is inside one of its subnets.
           int plen = fam == AF_INET ? 32 : 128;
           for (const auto& j : ifs)

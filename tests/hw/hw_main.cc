@@ -1,12 +1,11 @@
 // Catch2 v2 main for the rdma suite (real InfiniBand/RoCE hardware): exits 77 (ctest
 // SKIP_RETURN_CODE) unless the real verbs library lists an HCA with an active port.
-#define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
-
 #include <cstdio>
+#include <cstdlib>
 #include <memory>
 #include <string>
 
+#include "catch_run.h"
 #include "transport/ib/devices.h"
 #include "transport/ib/verbs_api.h"
 #include "r2ccl/params.h"
@@ -35,5 +34,5 @@ int main(int argc, char** argv) {
     return 77;
   }
   set.reset();
-  return Catch::Session().run(argc, argv);
+  return r2ccl_catch_run(argc, argv);
 }

@@ -1,5 +1,6 @@
 // Shared pieces of the rail-lab suites (lab and long): a RAII rail lab, message streams with
-// every byte checked, and timing helpers. Header-only; each test binary includes it once.
+// every byte checked, and timing helpers. Header-only, every function inline: the files of a
+// suite are linked into one test executable.
 #pragma once
 
 #include <dlfcn.h>
@@ -55,7 +56,7 @@ class Lab {
   bool ok_ = false;
 };
 
-PairOptions lab_pair(const Lab& lab, const std::string& tag) {
+inline PairOptions lab_pair(const Lab& lab, const std::string& tag) {
   PairOptions o;
   o.sender_netns = lab.a();
   o.receiver_netns = lab.b();
@@ -75,7 +76,7 @@ struct Stream {
   std::string started;  // file created once the first send is posted
 };
 
-int send_stream(Endpoint& ep, const Stream& s) {
+inline int send_stream(Endpoint& ep, const Stream& s) {
   std::vector<char> buf(s.bytes);
   for (int i = 0; i < s.count; ++i) {
     fill_pattern(buf.data(), buf.size(), static_cast<uint64_t>(i) + 1);
@@ -92,13 +93,13 @@ int send_stream(Endpoint& ep, const Stream& s) {
 }
 
 // Waits until `path` exists (the transfer started), then `ms` more. Bounded by 60 s.
-void after_start(const std::string& path, int ms) {
+inline void after_start(const std::string& path, int ms) {
   for (int i = 0; i < 6000 && access(path.c_str(), F_OK) != 0; ++i)
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
   std::this_thread::sleep_for(std::chrono::milliseconds(ms));
 }
 
-int recv_stream(Endpoint& ep, const Stream& s) {
+inline int recv_stream(Endpoint& ep, const Stream& s) {
   std::vector<char> buf(s.bytes);
   for (int i = 0; i < s.count; ++i) {
     memset(buf.data(), 0xee, buf.size());

@@ -605,6 +605,9 @@ TEST_CASE("snapshot client: events, kv and misuse") {
 
 // ---- recovery: the C helpers over a fake NCCL (function table) and the fake daemon's KV ----
 
+// File-local (anonymous namespace): the unit suite's files share one executable, and another
+// file has a fake_nccl of its own.
+namespace {
 namespace fake_nccl {
 // A fake NCCL shared by the "ranks" (threads) of one test: versions, ids and communicators.
 std::mutex mu;
@@ -677,6 +680,7 @@ void reset(int v, bool fails) {
   ids_made = 0;
 }
 }  // namespace fake_nccl
+}  // namespace
 
 TEST_CASE("snapshot client: communicator rebuild through a fake NCCL and the daemon's KV") {
   Daemon d;

@@ -517,6 +517,9 @@ TEST_CASE("rebuild: NCCL and exchange failures are reported, bad calls refused u
 // ---------------------------------------------------------------------------------------------
 // NcclLibrary
 
+// File-local (anonymous namespace): the unit suite's files share one executable, and another
+// file has a fake_nccl of its own.
+namespace {
 namespace fake_nccl {
 // A table of fake NCCL entry points with NCCL's C signatures, reached through the resolver.
 int version = nccl_version_code(2, 27, 5);
@@ -577,6 +580,7 @@ NcclLibrary::Resolver table(std::vector<std::string> missing) {
   };
 }
 }  // namespace fake_nccl
+}  // namespace
 
 TEST_CASE("NcclLibrary: a missing library or symbol is a clear error", "[snapshot][rebuild]") {
   std::string err;

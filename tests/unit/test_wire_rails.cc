@@ -270,6 +270,33 @@ TEST_CASE("a spec that matches nothing fails naming the variable and the interfa
   CHECK_THAT(err, Contains("R2CCL_SOCKET_IFNAME='lo@bad'"));
 }
 
+TEST_CASE("an IFNAME@ADDR rail whose address does not parse is rejected with the accepted form",
+          "[rails]") {
+  // The address is checked before any interface is matched: a matching interface (eth0, lo,
+  // eth2) must not turn a bad address into a rail bound to an unset address, and a good entry
+  // before the bad one does not make the spec pass.
+  for (const char* var : {"R2CCL_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"}) {
+    for (const char* spec : {"eth0@10.0.0.300", "lo@127.0.0.1,lo@127.0.0.x", "eth2@fd00::zz",
+                             "=eth0@eth0", "eth2@fd00::2%eth2"}) {
+      INFO(var << "='" << spec << "'");
+      std::vector<Rail> rails;
+      std::string err;
+      CHECK_FALSE(select_rails(spec, var, host(), kSpeed, &rails, &err));
+      CHECK(rails.empty());
+      CHECK_THAT(err, Contains(std::string(var) + "='" + spec + "'"));
+      CHECK_THAT(err, Contains("bad address"));
+      CHECK_THAT(err, Contains("IFNAME@ADDR with an IPv4 or IPv6 address"));
+    }
+  }
+  // The address that failed is named.
+  std::vector<Rail> rails;
+  std::string err;
+  CHECK_FALSE(select_rails("lo@127.0.0.1,lo@127.0.0.x", "NCCL_SOCKET_IFNAME", host(), kSpeed,
+                           &rails, &err));
+  CHECK_THAT(err, Contains("'127.0.0.x'"));
+  CHECK_THAT(err, !Contains("'127.0.0.1'"));
+}
+
 TEST_CASE("same_subnet compares under the shorter prefix", "[rails]") {
   CHECK(subnet("10.0.0.1", 24, "10.0.0.200", 24));
   CHECK_FALSE(subnet("10.0.0.1", 24, "10.0.1.1", 24));
