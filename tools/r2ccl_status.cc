@@ -17,9 +17,9 @@
 
 #include <cmath>
 #include <cstdio>
-#include <exception>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -71,7 +71,8 @@ int parse_args(int argc, char** argv, Options* o) {
            char* end = nullptr;
            o->watch_s = strtod(v.c_str(), &end);
            if (*end || !(o->watch_s > 0) || o->watch_s > 86400)
-             throw CLI::ValidationError("--watch", "'" + v + "' is not a number of seconds in (0, 86400]");
+             throw CLI::ValidationError("--watch",
+                                        "'" + v + "' is not a number of seconds in (0, 86400]");
          },
          "refresh every SEC seconds until interrupted")
       ->type_name("SEC")
@@ -82,7 +83,8 @@ int parse_args(int argc, char** argv, Options* o) {
            char* end = nullptr;
            long ms = strtol(v.c_str(), &end, 10);
            if (*end || v.empty() || ms < 0 || ms > 60000)
-             throw CLI::ValidationError("--sample-ms", "'" + v + "' is not an integer in [0, 60000]");
+             throw CLI::ValidationError("--sample-ms",
+                                        "'" + v + "' is not an integer in [0, 60000]");
            o->sample_ms = static_cast<int>(ms);
          },
          "throughput window: two reads MS apart")
@@ -225,8 +227,10 @@ std::string printable(const char* text) {
 std::string fmt_rate(double mbps) {
   char b[32];
   if (std::isnan(mbps)) return "-";
-  if (mbps >= 1000) snprintf(b, sizeof(b), "%.2f Gb/s", mbps / 1000);
-  else snprintf(b, sizeof(b), "%.1f Mb/s", mbps);
+  if (mbps >= 1000)
+    snprintf(b, sizeof(b), "%.2f Gb/s", mbps / 1000);
+  else
+    snprintf(b, sizeof(b), "%.1f Mb/s", mbps);
   return b;
 }
 
@@ -249,9 +253,9 @@ void print_text(const BoardView& v, const std::map<Key, RailSlot>& prev, int64_t
          v.slot_count, v.rails.size(), v.stale_slots, v.torn_slots.size(),
          printable(fmt_sampler(v, now).c_str()).c_str());
   if (!v.rails.empty())
-    printf("%-8s %-4s %-20s %-5s %-8s %10s %12s %8s %8s %5s %-8s %-5s %5s %5s  %s\n", "PID",
-           "RAIL", "NAME", "TRANS", "STATE", "USABLE", "THROUGHPUT", "REPLAY", "RETRANS", "RISK",
-           "SOURCE", "DRAIN", "SWOV", "FBACK", "LAST SWITCHOVER");
+    printf("%-8s %-4s %-20s %-5s %-8s %10s %12s %8s %8s %5s %-8s %-5s %5s %5s  %s\n", "PID", "RAIL",
+           "NAME", "TRANS", "STATE", "USABLE", "THROUGHPUT", "REPLAY", "RETRANS", "RISK", "SOURCE",
+           "DRAIN", "SWOV", "FBACK", "LAST SWITCHOVER");
   for (const auto& s : v.rails) {
     char last[96] = "-";
     if (s.f.last_switchover_us)
@@ -265,8 +269,8 @@ void print_text(const BoardView& v, const std::map<Key, RailSlot>& prev, int64_t
       snprintf(retrans, sizeof(retrans), "%.3f%%", 100.0 * e->retransmit_ratio);
     if (e && e->risk >= 0) snprintf(risk, sizeof(risk), "%.2f", e->risk);
     const char* source = e && e->source != RiskSource::kNone ? risk_source_name(e->source) : "-";
-    printf("%-8d %-4d %-20s %-5s %-8s %10s %12s %7.3f%% %8s %5s %-8s %-5s %5llu %5llu  %s\n",
-           s.pid, s.rail, printable(s.f.name).c_str(), transport_name(s.f.transport),
+    printf("%-8d %-4d %-20s %-5s %-8s %10s %12s %7.3f%% %8s %5s %-8s %-5s %5llu %5llu  %s\n", s.pid,
+           s.rail, printable(s.f.name).c_str(), transport_name(s.f.transport),
            state_name(s.f.state), usable, fmt_rate(throughput_mbps(prev, s)).c_str(),
            100.0 * ratio(s.f.chunks_replayed, s.f.chunks_sent), retrans, risk, source,
            e && e->drain ? "DRAIN" : "", static_cast<unsigned long long>(s.f.switchovers),
@@ -277,9 +281,10 @@ void print_text(const BoardView& v, const std::map<Key, RailSlot>& prev, int64_t
     std::string unmatched;
     for (const RiskEntry& e : v.sampler.rails) {
       if (e.retransmit_ratio > kRetransWarn)
-        printf("rail %s: retransmit ratio %.1f %% (> %.0f %%): check the physical link (cable, "
-               "transceiver, port)\n",
-               printable(e.rail).c_str(), 100.0 * e.retransmit_ratio, 100 * kRetransWarn);
+        printf(
+            "rail %s: retransmit ratio %.1f %% (> %.0f %%): check the physical link (cable, "
+            "transceiver, port)\n",
+            printable(e.rail).c_str(), 100.0 * e.retransmit_ratio, 100 * kRetransWarn);
       bool on_board = false;
       for (const auto& s : v.rails) on_board |= strcmp(s.f.name, e.rail) == 0;
       if (!on_board) unmatched += (unmatched.empty() ? "" : ", ") + printable(e.rail);
@@ -345,8 +350,12 @@ static int run(int argc, char** argv) {
       have_prev = false;
     } else {
       int64_t now = r2ccl::now_us();
-      if (o.json) printf("%s\n", to_json(v, prev, now).dump(-1, ' ', false, nlohmann::json::error_handler_t::replace).c_str());
-      else print_text(v, prev, now);
+      if (o.json)
+        printf("%s\n", to_json(v, prev, now)
+                           .dump(-1, ' ', false, nlohmann::json::error_handler_t::replace)
+                           .c_str());
+      else
+        print_text(v, prev, now);
       prev = index(v);
       have_prev = true;
       if (o.watch_s <= 0) return 0;

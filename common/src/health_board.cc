@@ -41,8 +41,8 @@ static_assert(offsetof(SamplerBlock, p) == 16 && offsetof(SamplerPayload, e) == 
 
 namespace {
 
-constexpr int kReadRetries = 64;             // seqlock attempts per slot / record
-constexpr int kCreateWaitMs = 1000;          // how long an opener waits for the creator's magic
+constexpr int kReadRetries = 64;     // seqlock attempts per slot / record
+constexpr int kCreateWaitMs = 1000;  // how long an opener waits for the creator's magic
 constexpr TimeUs kAgreedTakeoverUs = 100 * kUsPerMs;  // a dead agreed writer is taken over
 // Sampling intervals above this count as this much in the hung-sampler test (no overflow, and a
 // sampler that claims a day-long interval is still replaced within 10 hours).
@@ -50,11 +50,24 @@ constexpr int64_t kMaxSamplerIntervalUs = 3600 * kUsPerSec;
 
 // Relaxed/acquire/release accesses to plain fields in shared memory (lock-free builtins work
 // across processes; std::atomic objects cannot be placed there portably).
-template <class T> T load_acq(const T* p) { return __atomic_load_n(p, __ATOMIC_ACQUIRE); }
-template <class T> T load_rlx(const T* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
-template <class T> void store_rel(T* p, T v) { __atomic_store_n(p, v, __ATOMIC_RELEASE); }
-template <class T> void store_rlx(T* p, T v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
-template <class T> bool cas(T* p, T expected, T desired) {
+template <class T>
+T load_acq(const T* p) {
+  return __atomic_load_n(p, __ATOMIC_ACQUIRE);
+}
+template <class T>
+T load_rlx(const T* p) {
+  return __atomic_load_n(p, __ATOMIC_RELAXED);
+}
+template <class T>
+void store_rel(T* p, T v) {
+  __atomic_store_n(p, v, __ATOMIC_RELEASE);
+}
+template <class T>
+void store_rlx(T* p, T v) {
+  __atomic_store_n(p, v, __ATOMIC_RELAXED);
+}
+template <class T>
+bool cas(T* p, T expected, T desired) {
   return __atomic_compare_exchange_n(p, &expected, desired, false, __ATOMIC_ACQ_REL,
                                      __ATOMIC_ACQUIRE);
 }
@@ -84,8 +97,9 @@ bool validate(const SegmentHeader& h, uint64_t file_size, const std::string& seg
     return false;
   };
   if (h.magic == 0)
-    return fail(BoardError::kCorrupt, "not initialised (being created, or its creator died; "
-                                      "remove it with r2ccl_status --remove)");
+    return fail(BoardError::kCorrupt,
+                "not initialised (being created, or its creator died; "
+                "remove it with r2ccl_status --remove)");
   if (h.magic != kMagic) return fail(BoardError::kCorrupt, "corrupt (bad magic)");
   if (h.version != kLayoutVersion)
     return fail(BoardError::kVersion,
@@ -145,14 +159,14 @@ bool map_existing(int fd, bool writable, const std::string& seg, Mapping* m, std
       ::pread(fd, &h, sizeof(h), 0) != static_cast<ssize_t>(sizeof(h))) {
     *kind = st.st_size == 0 ? BoardError::kCorrupt : BoardError::kTruncated;
     *err = "health board " + seg + ": " +
-           (st.st_size == 0 ? std::string("not initialised (empty segment)")
-                            : "truncated (" + std::to_string(st.st_size) +
-                                  " bytes, smaller than its header)");
+           (st.st_size == 0
+                ? std::string("not initialised (empty segment)")
+                : "truncated (" + std::to_string(st.st_size) + " bytes, smaller than its header)");
     return false;
   }
   if (!validate(h, static_cast<uint64_t>(st.st_size), seg, err, kind)) return false;
-  void* p = ::mmap(nullptr, h.total_size, writable ? PROT_READ | PROT_WRITE : PROT_READ,
-                   MAP_SHARED, fd, 0);
+  void* p = ::mmap(nullptr, h.total_size, writable ? PROT_READ | PROT_WRITE : PROT_READ, MAP_SHARED,
+                   fd, 0);
   if (p == MAP_FAILED) {
     *kind = BoardError::kSystem;
     *err = errno_text(("mmap " + seg).c_str());
@@ -196,8 +210,8 @@ bool open_for_read(const std::string& board, Mapping* m, std::string* seg, std::
 }
 
 // Opens the board read-write, creating it if absent. The creator makes the file with
-// O_CREAT|O_EXCL, sizes and allocates it (posix_fallocate), writes the header and stores the magic last; others wait up to
-// kCreateWaitMs for the magic.
+// O_CREAT|O_EXCL, sizes and allocates it (posix_fallocate), writes the header and stores the magic
+// last; others wait up to kCreateWaitMs for the magic.
 bool open_for_write(const std::string& board, Mapping* m, std::string* seg, std::string* err) {
   BoardError kind = BoardError::kNone;
   if (!segment_name(board, seg, err)) return false;
@@ -317,9 +331,12 @@ bool sampler_begin(uint64_t* seq, int32_t me, uint64_t* odd_word) {
     const uint32_t s = static_cast<uint32_t>(w);
     const int32_t writer = static_cast<int32_t>(w >> 32);
     uint64_t next;
-    if ((s & 1) == 0) next = sampler_word(s + 1, me);
-    else if (writer == me || !pid_alive(writer)) next = sampler_word(s + 2, me);
-    else return false;
+    if ((s & 1) == 0)
+      next = sampler_word(s + 1, me);
+    else if (writer == me || !pid_alive(writer))
+      next = sampler_word(s + 2, me);
+    else
+      return false;
     if (cas(seq, w, next)) {
       __atomic_thread_fence(__ATOMIC_RELEASE);
       *odd_word = next;
@@ -330,8 +347,8 @@ bool sampler_begin(uint64_t* seq, int32_t me, uint64_t* odd_word) {
 }
 void sampler_end(uint64_t* seq, uint64_t odd_word) {
   // Only the holder of an odd word writes it (others CAS it only once this pid is gone).
-  store_rel(seq, sampler_word(static_cast<uint32_t>(odd_word) + 1,
-                              static_cast<int32_t>(odd_word >> 32)));
+  store_rel(
+      seq, sampler_word(static_cast<uint32_t>(odd_word) + 1, static_cast<int32_t>(odd_word >> 32)));
 }
 
 // Writes `p` if `me` owns the block (checked after taking the seqlock, so a process taken over
@@ -502,8 +519,8 @@ bool read_agreed_record(const std::string& board, AgreedRecord* out, std::string
   bool ok = read_agreed_mapped(m, &rec);
   m.reset();
   if (!ok) {
-    *err = "health board " + seg + ": agreed record torn after " +
-           std::to_string(kReadRetries) + " attempts (its writer died mid-write?)";
+    *err = "health board " + seg + ": agreed record torn after " + std::to_string(kReadRetries) +
+           " attempts (its writer died mid-write?)";
     return false;
   }
   if (rec.n_nodes > static_cast<uint32_t>(kMaxNodes)) {
@@ -690,8 +707,7 @@ int Publisher::claim_locked() {
 }
 
 bool Publisher::write_locked(int rail, const RailFields& f, bool finish) {
-  if (!map_ || rail < 0 || rail >= static_cast<int>(kMaxSlots) || ::getpid() != pid_)
-    return false;
+  if (!map_ || rail < 0 || rail >= static_cast<int>(kMaxSlots) || ::getpid() != pid_) return false;
   if (static_cast<size_t>(rail) >= slot_of_rail_.size()) slot_of_rail_.resize(rail + 1, -1);
   int& idx = slot_of_rail_[rail];
   if (idx < 0) idx = claim_locked();
@@ -794,7 +810,7 @@ void Publisher::close() {
     SamplerBlock* b = map_->m.sampler();
     const int32_t me = static_cast<int32_t>(pid_);
     if (load_acq(&b->owner) == me) {
-      const SamplerPayload empty{};  // pid 0, n 0: no sampler's risks
+      const SamplerPayload empty{};       // pid 0, n 0: no sampler's risks
       write_sampler(b, me, empty, true);  // best effort: owner 0 alone hides the risks too
       cas(&b->owner, me, int32_t{0});
     }

@@ -18,8 +18,8 @@ std::atomic<ncclDebugLogger_t> g_logger[kNumComponents] = {};
 std::atomic<bool> g_stderr_stamp{false};
 std::atomic<int> g_stderr_level{-1};  // -1: from NCCL_DEBUG
 std::mutex g_sink_mu;
-FILE* g_sink = stderr;       // guarded by g_sink_mu
-bool g_sink_owned = false;   // guarded by g_sink_mu
+FILE* g_sink = stderr;      // guarded by g_sink_mu
+bool g_sink_owned = false;  // guarded by g_sink_mu
 
 int index_of(Component c) {
   const int i = static_cast<int>(c);

@@ -52,7 +52,9 @@ std::string range_text(const ParamDef& d) {
   switch (d.type) {
     case ParamType::kInt: o << "[" << (long long)d.min << ", " << (long long)d.max << "]"; break;
     case ParamType::kBool: o << "0 or 1"; break;
-    case ParamType::kSize: o << "[" << (long long)d.min << ", " << (long long)d.max << "] bytes"; break;
+    case ParamType::kSize:
+      o << "[" << (long long)d.min << ", " << (long long)d.max << "] bytes";
+      break;
     case ParamType::kDuration:
       o << "[" << d.min / 1000.0 << " ms, " << d.max / 1000.0 << " ms]";
       break;
@@ -67,8 +69,8 @@ bool assign(const ParamDef& d, const std::string& value, T* field, std::string* 
 
 bool check_range(const ParamDef& d, double v, const std::string& value, std::string* err) {
   if (v < d.min || v > d.max) {
-    *err = std::string(d.name) + "='" + value + "' is out of range; accepted: " + type_form(d.type) +
-           " in " + range_text(d);
+    *err = std::string(d.name) + "='" + value +
+           "' is out of range; accepted: " + type_form(d.type) + " in " + range_text(d);
     return false;
   }
   return true;
@@ -77,7 +79,7 @@ bool check_range(const ParamDef& d, double v, const std::string& value, std::str
 bool bad_form(const ParamDef& d, const std::string& value, std::string* err) {
   *err = std::string(d.name) + "='" + value + "' is not valid; accepted: " + type_form(d.type) +
          (d.type == ParamType::kString || d.type == ParamType::kBool ? std::string()
-                                                                   : " in " + range_text(d));
+                                                                     : " in " + range_text(d));
   return false;
 }
 
@@ -92,9 +94,12 @@ bool assign_value(const ParamDef& d, const std::string& value, int64_t* f, std::
   return true;
 }
 bool assign_value(const ParamDef& d, const std::string& value, bool* f, std::string* err) {
-  if (value == "0") *f = false;
-  else if (value == "1") *f = true;
-  else return bad_form(d, value, err);
+  if (value == "0")
+    *f = false;
+  else if (value == "1")
+    *f = true;
+  else
+    return bad_form(d, value, err);
   return true;
 }
 bool assign_value(const ParamDef& d, const std::string& value, double* f, std::string* err) {
@@ -118,10 +123,14 @@ bool parse_duration_us(const std::string& s, int64_t* out) {
   if (!parse_double(s.substr(0, i), &num) || num < 0) return false;
   std::string unit = s.substr(i);
   double mult;
-  if (unit.empty() || unit == "ms") mult = 1e3;
-  else if (unit == "us") mult = 1;
-  else if (unit == "s") mult = 1e6;
-  else return false;
+  if (unit.empty() || unit == "ms")
+    mult = 1e3;
+  else if (unit == "us")
+    mult = 1;
+  else if (unit == "s")
+    mult = 1e6;
+  else
+    return false;
   double v = num * mult;
   if (v > 9e18) return false;
   *out = static_cast<int64_t>(std::llround(v));
@@ -147,7 +156,13 @@ bool parse_size_bytes(const std::string& s, int64_t* out) {
 const std::vector<ParamDef>& param_table() {
   static const std::vector<ParamDef> table = {
 #define R2CCL_PARAM_DEF(field, name, type, def, min, max, fb, help) \
-  ParamDef{name, ParamType::type, def, static_cast<double>(min), static_cast<double>(max), fb, help, \
+  ParamDef{name,                                                    \
+           ParamType::type,                                         \
+           def,                                                     \
+           static_cast<double>(min),                                \
+           static_cast<double>(max),                                \
+           fb,                                                      \
+           help,                                                    \
            std::string(name) == "R2CCL_TEST_HOOKS"},
       R2CCL_PARAM_TABLE(R2CCL_PARAM_DEF)
 #undef R2CCL_PARAM_DEF
@@ -163,27 +178,30 @@ bool load_config(const EnvLookup& env, const std::vector<std::string>& env_names
                  std::string* err, std::vector<std::string>* warnings) {
   Config c;
   std::set<std::string> known;
-#define R2CCL_PARAM_LOAD(field, name, type, def, min, max, fb, help)                         \
-  {                                                                                          \
-    const ParamDef d{name, ParamType::type, def, static_cast<double>(min),                   \
-                     static_cast<double>(max), fb, help, false};                             \
-    known.insert(name);                                                                      \
-    const char* v = env(name);                                                               \
-    const char* fbn = fb;                                                                    \
-    std::string source = "default";                                                          \
-    if (v) {                                                                                 \
-      source = name;                                                                         \
-    } else if (fbn && env(fbn)) {                                                            \
-      v = env(fbn);                                                                          \
-      source = fbn;                                                                          \
-    }                                                                                        \
-    std::string value = v ? v : def;                                                         \
-    if (!assign_value(d, value, &c.field, err)) {                                            \
-      if (!v) *err += " (built-in default; this is a bug)";                                  \
-      else if (source != name) *err += " (read from " + source + ")";                        \
-      return false;                                                                          \
-    }                                                                                        \
-    if (fbn) c.sources.push_back(std::string(name) + " from " + source);                     \
+#define R2CCL_PARAM_LOAD(field, name, type, def, min, max, fb, help)                              \
+  {                                                                                               \
+    const ParamDef d{                                                                             \
+        name, ParamType::type, def, static_cast<double>(min), static_cast<double>(max), fb, help, \
+        false};                                                                                   \
+    known.insert(name);                                                                           \
+    const char* v = env(name);                                                                    \
+    const char* fbn = fb;                                                                         \
+    std::string source = "default";                                                               \
+    if (v) {                                                                                      \
+      source = name;                                                                              \
+    } else if (fbn && env(fbn)) {                                                                 \
+      v = env(fbn);                                                                               \
+      source = fbn;                                                                               \
+    }                                                                                             \
+    std::string value = v ? v : def;                                                              \
+    if (!assign_value(d, value, &c.field, err)) {                                                 \
+      if (!v)                                                                                     \
+        *err += " (built-in default; this is a bug)";                                             \
+      else if (source != name)                                                                    \
+        *err += " (read from " + source + ")";                                                    \
+      return false;                                                                               \
+    }                                                                                             \
+    if (fbn) c.sources.push_back(std::string(name) + " from " + source);                          \
   }
   R2CCL_PARAM_TABLE(R2CCL_PARAM_LOAD)
 #undef R2CCL_PARAM_LOAD
@@ -198,9 +216,8 @@ bool load_config(const EnvLookup& env, const std::vector<std::string>& env_names
   if (c.predict_window < 2 * c.predict_interval ||
       c.predict_window / c.predict_interval > kMaxPredictWindowSteps) {
     *err = "R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL is " +
-           std::to_string(c.predict_window / c.predict_interval) +
-           " samples (accepted: 2 to " + std::to_string(kMaxPredictWindowSteps) +
-           "; the shipped model was trained on 24)";
+           std::to_string(c.predict_window / c.predict_interval) + " samples (accepted: 2 to " +
+           std::to_string(kMaxPredictWindowSteps) + "; the shipped model was trained on 24)";
     return false;
   }
   if (c.predict_return_threshold > c.predict_threshold) {

@@ -17,15 +17,15 @@ using namespace r2ccl::net;
 
 #define R2CCL_EXPORT extern "C" __attribute__((visibility("default")))
 
-#define FIREWALL(expr)                                                        \
-  try {                                                                       \
-    return to_nccl_result(expr);                                              \
-  } catch (const std::bad_alloc&) {                                           \
-    R2CCL_WARN("%s: out of memory", __func__);                               \
-    return ncclSystemError;                                                   \
-  } catch (...) {                                                             \
-    R2CCL_WARN("%s: internal error (unexpected exception)", __func__);       \
-    return ncclInternalError;                                                 \
+#define FIREWALL(expr)                                                 \
+  try {                                                                \
+    return to_nccl_result(expr);                                       \
+  } catch (const std::bad_alloc&) {                                    \
+    R2CCL_WARN("%s: out of memory", __func__);                         \
+    return ncclSystemError;                                            \
+  } catch (...) {                                                      \
+    R2CCL_WARN("%s: internal error (unexpected exception)", __func__); \
+    return ncclInternalError;                                          \
   }
 
 namespace {
@@ -85,7 +85,8 @@ Status props_v11(int dev, ncclNetProperties_v11_t* p) {
 }
 
 // v8 takes int sizes.
-Status irecv_int_sizes(void* comm, int n, void** data, int* sizes, int* tags, void** mh, void** req) {
+Status irecv_int_sizes(void* comm, int n, void** data, int* sizes, int* tags, void** mh,
+                       void** req) {
   if (n < 1 || n > 64) {
     R2CCL_WARN("irecv: %d buffers (accepted: 1)", n);
     return Status::kInternal;
@@ -115,7 +116,9 @@ ncclResult_t e_accept(void* l, void** r, ncclNetDeviceHandle_v8_t** dev) {
   (void)dev;
   FIREWALL(api_accept(l, r));
 }
-ncclResult_t e_reg_mr(void* c, void* d, size_t s, int t, void** m) { FIREWALL(api_reg_mr(c, d, s, t, m)); }
+ncclResult_t e_reg_mr(void* c, void* d, size_t s, int t, void** m) {
+  FIREWALL(api_reg_mr(c, d, s, t, m));
+}
 #ifdef R2CCL_USE_CUDA
 ncclResult_t e_reg_mr_dmabuf(void* c, void* d, size_t s, int t, uint64_t o, int fd, void** m) {
   FIREWALL(api_reg_mr_dmabuf(c, d, s, t, o, fd, m));
@@ -133,7 +136,9 @@ ncclResult_t e_test(void* r, int* done, int* sizes) { FIREWALL(api_test(r, done,
 ncclResult_t e_close_send(void* c) { FIREWALL(api_close_send(c)); }
 ncclResult_t e_close_recv(void* c) { FIREWALL(api_close_recv(c)); }
 ncclResult_t e_close_listen(void* c) { FIREWALL(api_close_listen(c)); }
-ncclResult_t e_listen_noctx(int dev, void* h, void** l) { FIREWALL(api_listen(nullptr, dev, h, l)); }
+ncclResult_t e_listen_noctx(int dev, void* h, void** l) {
+  FIREWALL(api_listen(nullptr, dev, h, l));
+}
 ncclResult_t e_isend_sz(void* c, void* d, size_t s, int t, void* m, void** r) {
   FIREWALL(api_isend(c, d, s, t, m, r));
 }
@@ -217,25 +222,30 @@ int ext_arm_faults(const char* spec) {
 }  // namespace
 
 R2CCL_EXPORT const ncclNet_v8_t ncclNetPlugin_v8 = {
-    kName, v8_init, e_devices, v8_props, e_listen_noctx, v8_connect, e_accept, e_reg_mr,
-    R2CCL_REG_MR_DMABUF, e_dereg_mr, v8_isend, v8_irecv, e_iflush, e_test,
-    e_close_send, e_close_recv, e_close_listen, nullptr /* getDeviceMr */,
+    kName,        v8_init,        e_devices,
+    v8_props,     e_listen_noctx, v8_connect,
+    e_accept,     e_reg_mr,       R2CCL_REG_MR_DMABUF,
+    e_dereg_mr,   v8_isend,       v8_irecv,
+    e_iflush,     e_test,         e_close_send,
+    e_close_recv, e_close_listen, nullptr /* getDeviceMr */,
     nullptr /* irecvConsumed */};
 
 R2CCL_EXPORT const ncclNet_v9_t ncclNetPlugin_v9 = {
-    kName, v9_init, e_devices, v9_props, e_listen_noctx, v8_connect, e_accept, e_reg_mr, R2CCL_REG_MR_DMABUF,
-    e_dereg_mr, e_isend_sz, e_irecv_sz, e_iflush, e_test, e_close_send, e_close_recv,
-    e_close_listen, nullptr, nullptr, nullptr /* makeVDevice: no NIC fusion */};
+    kName,    v9_init,  e_devices,           v9_props,     e_listen_noctx, v8_connect,
+    e_accept, e_reg_mr, R2CCL_REG_MR_DMABUF, e_dereg_mr,   e_isend_sz,     e_irecv_sz,
+    e_iflush, e_test,   e_close_send,        e_close_recv, e_close_listen, nullptr,
+    nullptr,  nullptr /* makeVDevice: no NIC fusion */};
 
 R2CCL_EXPORT const ncclNet_v10_t ncclNetPlugin_v10 = {
-    kName, v10_init, e_devices, v9_props, e_listen_noctx, v10_connect, e_accept, e_reg_mr, R2CCL_REG_MR_DMABUF,
-    e_dereg_mr, v10_isend, v10_irecv, e_iflush, e_test, e_close_send, e_close_recv,
-    e_close_listen, nullptr, nullptr, nullptr};
+    kName,    v10_init, e_devices,           v9_props,     e_listen_noctx, v10_connect,
+    e_accept, e_reg_mr, R2CCL_REG_MR_DMABUF, e_dereg_mr,   v10_isend,      v10_irecv,
+    e_iflush, e_test,   e_close_send,        e_close_recv, e_close_listen, nullptr,
+    nullptr,  nullptr};
 
 R2CCL_EXPORT const ncclNet_v11_t ncclNetPlugin_v11 = {
-    kName, v11_init, e_devices, v11_props,
-    v11_listen, v11_connect, e_accept, e_reg_mr, R2CCL_REG_MR_DMABUF, e_dereg_mr, v10_isend, v10_irecv,
-    e_iflush, e_test, e_close_send, e_close_recv, e_close_listen, nullptr, nullptr, nullptr,
-    v11_finalize, nullptr /* setNetAttr: hints unused */};
+    kName,    v11_init, e_devices,           v11_props,    v11_listen,     v11_connect,
+    e_accept, e_reg_mr, R2CCL_REG_MR_DMABUF, e_dereg_mr,   v10_isend,      v10_irecv,
+    e_iflush, e_test,   e_close_send,        e_close_recv, e_close_listen, nullptr,
+    nullptr,  nullptr,  v11_finalize,        nullptr /* setNetAttr: hints unused */};
 
 R2CCL_EXPORT const r2cclExt_v1_t r2cclExt_v1 = {1, ext_get_stats, ext_arm_faults};

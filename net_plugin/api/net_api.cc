@@ -124,9 +124,10 @@ Status api_reg_mr(void* comm, void* data, size_t size, int type, void** mhandle)
   Transport* t = nullptr;
   R2CCL_CHECK(transport(&t));
   if ((t->mr_types() & type) != type || type == 0) {
-    R2CCL_WARN("regMr: buffer type %d is not supported by the %s transport of this build "
-               "(supported: 0x%x; GPU buffers need the verbs transport built with USE_CUDA=ON)",
-               type, t->name(), t->mr_types());
+    R2CCL_WARN(
+        "regMr: buffer type %d is not supported by the %s transport of this build "
+        "(supported: 0x%x; GPU buffers need the verbs transport built with USE_CUDA=ON)",
+        type, t->name(), t->mr_types());
     return Status::kInternal;
   }
   return static_cast<Connection*>(comm)->io().reg_mr(data, size, type, mhandle);
@@ -148,7 +149,8 @@ Status api_isend(void* send_comm, void* data, size_t size, int tag, void* mhandl
   *request = nullptr;
   auto* c = static_cast<Connection*>(send_comm);
   Request* r = nullptr;
-  const Status s = with_token(c, [&](TimeUs now) { return c->isend(data, size, tag, mhandle, &r, now); });
+  const Status s =
+      with_token(c, [&](TimeUs now) { return c->isend(data, size, tag, mhandle, &r, now); });
   *request = r;
   return s;
 }
@@ -163,13 +165,15 @@ Status api_irecv(void* recv_comm, int n, void** data, const size_t* sizes, const
   auto* c = static_cast<Connection*>(recv_comm);
   Request* r = nullptr;
   const Status s = with_token(c, [&](TimeUs now) {
-    return c->irecv(data[0], sizes[0], tags ? tags[0] : 0, mhandles ? mhandles[0] : nullptr, &r, now);
+    return c->irecv(data[0], sizes[0], tags ? tags[0] : 0, mhandles ? mhandles[0] : nullptr, &r,
+                    now);
   });
   *request = r;
   return s;
 }
 
-Status api_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles, void** request) {
+Status api_iflush(void* recv_comm, int n, void** data, int* sizes, void** mhandles,
+                  void** request) {
   *request = nullptr;
   auto* c = static_cast<Connection*>(recv_comm);
   std::vector<void*> mh(static_cast<size_t>(n > 0 ? n : 0), nullptr);
@@ -218,7 +222,8 @@ int api_arm_faults(const char* spec) {
 
 size_t api_get_stats(char* buf, size_t len) {
   Transport* t = peek_transport();
-  const std::string s = t ? t->stats_json() : std::string("{\"rails\":[],\"switchovers\":0,\"replays\":0}");
+  const std::string s =
+      t ? t->stats_json() : std::string("{\"rails\":[],\"switchovers\":0,\"replays\":0}");
   if (buf && len > 0) {
     const size_t n = std::min(len - 1, s.size());
     memcpy(buf, s.data(), n);

@@ -11,9 +11,9 @@
 namespace r2ccl::net {
 namespace {
 
-constexpr size_t kHistory = 64;               // completed receives kept for duplicates
-constexpr size_t kMaxQueuedCtrl = 8192;       // bound on control messages waiting for a path
-constexpr TimeUs kByeGrace = 1 * kUsPerSec;   // pending requests after the peer's BYE
+constexpr size_t kHistory = 64;              // completed receives kept for duplicates
+constexpr size_t kMaxQueuedCtrl = 8192;      // bound on control messages waiting for a path
+constexpr TimeUs kByeGrace = 1 * kUsPerSec;  // pending requests after the peer's BYE
 
 std::string cause_text(FailCause c, const std::string& detail) {
   std::string s = fail_cause_name(c);
@@ -59,8 +59,8 @@ Connection::Connection(const ConnEnv& env, Role role, int dev, std::unique_ptr<P
     p.index = i;
     p.rail = d.rail;
     p.label = d.label;
-    p.health = std::make_unique<PathHealth>(env_.health, d.up ? PathState::kHealthy : PathState::kFailed,
-                                            now);
+    p.health = std::make_unique<PathHealth>(env_.health,
+                                            d.up ? PathState::kHealthy : PathState::kFailed, now);
     p.last_alive = p.ack_progress = p.last_probe = now;
     RailLive& rl = live(p);
     p.down_seen = rl.down_events.load();
@@ -173,7 +173,8 @@ void Connection::check_paths(TimeUs now) {
     if (now - p.last_alive > 3 * hb) {
       const TimeUs heard = io_->heard_within(p.index, now);
       if (heard > 3 * hb) {
-        fail_path(p, FailCause::kHeartbeatMiss, silence("silent", now - p.last_alive, heard).c_str(), now);
+        fail_path(p, FailCause::kHeartbeatMiss,
+                  silence("silent", now - p.last_alive, heard).c_str(), now);
         continue;
       }
     }
@@ -184,7 +185,8 @@ void Connection::check_paths(TimeUs now) {
         ack_watchdog_expired(p.inflight_bytes > 0, p.ack_progress, now, cfg_.ack_timeout)) {
       const TimeUs heard = io_->heard_within(p.index, now);
       if (heard > cfg_.ack_timeout || now - p.ack_progress > 10 * cfg_.ack_timeout) {
-        fail_path(p, FailCause::kAckTimeout, silence("none", now - p.ack_progress, heard).c_str(), now);
+        fail_path(p, FailCause::kAckTimeout, silence("none", now - p.ack_progress, heard).c_str(),
+                  now);
         continue;
       }
     }
@@ -220,18 +222,19 @@ void Connection::fail_path(Path& p, FailCause cause, const char* detail_c, TimeU
   TimeUs fault_at = io_->fault_start(p.index, now);
   if (fault_at == 0 || fault_at < last_alive - 1000 * kUsPerMs) fault_at = last_alive;
   const double detect_ms = fault_at > 0 && fault_at <= now ? (now - fault_at) / 1e3 : 0.0;
-  const bool gate = role_ == Role::kSend && caps_.quiesce_before_replay &&
-                    env_.hooks.bilateral_err && !from_peer;
+  const bool gate =
+      role_ == Role::kSend && caps_.quiesce_before_replay && env_.hooks.bilateral_err && !from_peer;
   log_event("path on rail %s failed (%s) at the %s end of conn %016" PRIx64 "%s", rail.c_str(),
             cause_text(cause, detail).c_str(), role_ == Role::kSend ? "sending" : "receiving", id_,
             gate ? "; replay waits for the receiver's QP error transition" : "");
   if (p.health->take_holddown_started())
-    log_event("hold-down: rail %s flapped %d times within %.0f s; not used for %.1f s", rail.c_str(),
-              static_cast<int>(cfg_.holddown_flaps), cfg_.holddown_window / 1e6,
+    log_event("hold-down: rail %s flapped %d times within %.0f s; not used for %.1f s",
+              rail.c_str(), static_cast<int>(cfg_.holddown_flaps), cfg_.holddown_window / 1e6,
               p.health->current_holddown() / 1e6);
   if (role_ == Role::kSend) {
-    Recovery rec{p.index, cause, detail, now, detect_ms,
-                 was_data && (cfg_.stripe || p.index == first_data), 0, {}};
+    Recovery rec{p.index, cause,     detail,
+                 now,     detect_ms, was_data && (cfg_.stripe || p.index == first_data),
+                 0,       {}};
     gated_.erase(std::remove_if(gated_.begin(), gated_.end(),
                                 [&](const Recovery& g) { return g.path == p.index; }),
                  gated_.end());
@@ -259,7 +262,8 @@ void Connection::fail_path(Path& p, FailCause cause, const char* detail_c, TimeU
 void Connection::open_gate(Path& p, TimeUs now) {
   (void)now;
   p.gate_pending = false;
-  auto it = std::find_if(gated_.begin(), gated_.end(), [&](const Recovery& g) { return g.path == p.index; });
+  auto it = std::find_if(gated_.begin(), gated_.end(),
+                         [&](const Recovery& g) { return g.path == p.index; });
   if (it == gated_.end()) return;
   Recovery rec = *it;
   gated_.erase(it);
@@ -277,7 +281,8 @@ void Connection::open_gate(Path& p, TimeUs now) {
   const std::string rail = rail_name(p.rail);
   if (rec.carried || rec.replayed > 0) {
     live(p).switchovers++;
-    log_event("switchover: rail %s failed (%s); path %d of conn %016" PRIx64 " -> %s; %d chunks to replay",
+    log_event("switchover: rail %s failed (%s); path %d of conn %016" PRIx64
+              " -> %s; %d chunks to replay",
               rail.c_str(), cause_text(rec.cause, rec.detail).c_str(), p.index, id_, to.c_str(),
               rec.replayed);
     recoveries_.push_back(std::move(rec));
@@ -298,10 +303,11 @@ void Connection::check_recoveries(TimeUs now) {
       ++it;
       continue;
     }
-    log_event("Successfully recovered in %.3f s (rail %s: %s, detected after %.0f ms, %d chunks "
-              "replayed)",
-              (now - it->detect) / 1e6, rail_name(paths_[it->path].rail).c_str(),
-              fail_cause_name(it->cause), it->detect_ms, it->replayed);
+    log_event(
+        "Successfully recovered in %.3f s (rail %s: %s, detected after %.0f ms, %d chunks "
+        "replayed)",
+        (now - it->detect) / 1e6, rail_name(paths_[it->path].rail).c_str(),
+        fail_cause_name(it->cause), it->detect_ms, it->replayed);
     it = recoveries_.erase(it);
   }
 }
@@ -401,9 +407,12 @@ void Connection::on_ctrl(int via, const CtrlMsg& m, TimeUs now) {
     case CtrlType::kFail: {
       // A notice naming the path it came on is stale (that path works): ignore it.
       if (current && via != p.index) {
-        if (p.health->connected()) fail_path(p, FailCause::kPeerNotice, "the peer declared it failed", now);
-        else if (role_ == Role::kRecv) queue_recv_state(-1);  // its FAIL_ACK promises it
-        else if (p.gate_pending) open_gate(p, now);
+        if (p.health->connected())
+          fail_path(p, FailCause::kPeerNotice, "the peer declared it failed", now);
+        else if (role_ == Role::kRecv)
+          queue_recv_state(-1);  // its FAIL_ACK promises it
+        else if (p.gate_pending)
+          open_gate(p, now);
       } else if (role_ == Role::kRecv) {
         queue_recv_state(-1);
       }
@@ -428,8 +437,7 @@ void Connection::on_ctrl(int via, const CtrlMsg& m, TimeUs now) {
                 m.on ? "drains" : "no longer drains", p.index, p.label.c_str(), id_,
                 m.on ? "no new chunks on it" : "it carries data again");
       break;
-    default:
-      break;
+    default: break;
   }
 }
 
@@ -479,14 +487,16 @@ void Connection::schedule_chunks(TimeUs now) {
     const bool ready = io_->ready(p.index);
     // A rail the failure predictor drains (at either end) is used like a path draining for
     // RTT outliers: only when nothing else can carry data.
-    const bool predicted = p.peer_drain || env_.rails->live(p.rail).predict_drain.load(std::memory_order_relaxed);
-    loads[i] = PathLoad{p.health->carries_data() && ready && !predicted, p.inflight_bytes,
-                        static_cast<uint64_t>(cfg_.path_window),
-                        static_cast<double>(std::max(1, env_.rails->rail_speed_mbps(p.rail))),
-                        (p.health->state() == PathState::kDraining ||
-                         (predicted && p.health->carries_data())) &&
-                            ready,
-                        io_->has_room(p.index)};
+    const bool predicted =
+        p.peer_drain || env_.rails->live(p.rail).predict_drain.load(std::memory_order_relaxed);
+    loads[i] = PathLoad{
+        p.health->carries_data() && ready && !predicted,
+        p.inflight_bytes,
+        static_cast<uint64_t>(cfg_.path_window),
+        static_cast<double>(std::max(1, env_.rails->rail_speed_mbps(p.rail))),
+        (p.health->state() == PathState::kDraining || (predicted && p.health->carries_data())) &&
+            ready,
+        io_->has_room(p.index)};
   }
   for (Request* r : active_) {
     if (r->kind != Request::Kind::kSend) continue;
@@ -637,7 +647,8 @@ ChunkPlace Connection::on_chunk_header(int path, const ChunkHeader& h, TimeUs no
 // complete, and the chunk has not landed on another path meanwhile.
 bool Connection::chunk_wanted(const ChunkPlace& pl) const {
   const auto* r = static_cast<const Request*>(pl.req);
-  if (!r || !r->used || r->done || r->seq != pl.seq || r->kind != Request::Kind::kRecv) return false;
+  if (!r || !r->used || r->done || r->seq != pl.seq || r->kind != Request::Kind::kRecv)
+    return false;
   return !env_.hooks.guard.stale_guard || r->rmsg.wants(pl.idx, env_.hooks.guard.dedup);
 }
 
@@ -663,15 +674,9 @@ void Connection::on_chunk_placed(int path, uint64_t seq_low, int seq_bits, uint3
   }
   const char* why = "";
   switch (r->rmsg.check_placed(idx, len, last, chunk_, env_.hooks.guard, &why)) {
-    case ChunkVerdict::kWrite:
-      landed(r, path, idx);
-      break;
-    case ChunkVerdict::kDuplicate:
-      env_.rails->live(paths_[path].rail).discarded_chunks++;
-      break;
-    case ChunkVerdict::kProtocolError:
-      on_path_error(path, FailCause::kProtocol, why, now);
-      break;
+    case ChunkVerdict::kWrite: landed(r, path, idx); break;
+    case ChunkVerdict::kDuplicate: env_.rails->live(paths_[path].rail).discarded_chunks++; break;
+    case ChunkVerdict::kProtocolError: on_path_error(path, FailCause::kProtocol, why, now); break;
   }
 }
 
@@ -744,7 +749,8 @@ void Connection::on_probe_ok(int path, TimeUs now) {
       live(p).failbacks++;
       io_->path_recovered(p.index, *this, now);
       resend_notices(now);
-      log_event("failback: rail %s is back (path %d of conn %016" PRIx64 " reconnected and passed "
+      log_event("failback: rail %s is back (path %d of conn %016" PRIx64
+                " reconnected and passed "
                 "%d probes); it carries traffic again",
                 rail_name(p.rail).c_str(), p.index, id_, env_.health.probe_count);
     } else {
@@ -758,10 +764,11 @@ void Connection::on_probe_ok(int path, TimeUs now) {
   const TimeUs rtt = now - p.probe_sent;
   const int d = p.health->on_rtt_sample(rtt, now);
   if (d > 0)
-    log_event("shadow routing: rail %s probe RTT %.2f ms exceeds its baseline %.2f ms + %.1f sigma; "
-              "draining it (kept connected)",
-              rail_name(p.rail).c_str(), rtt / 1e3, p.health->rtt_mean_us() / 1e3,
-              env_.health.latency_sigma);
+    log_event(
+        "shadow routing: rail %s probe RTT %.2f ms exceeds its baseline %.2f ms + %.1f sigma; "
+        "draining it (kept connected)",
+        rail_name(p.rail).c_str(), rtt / 1e3, p.health->rtt_mean_us() / 1e3,
+        env_.health.latency_sigma);
   else if (d < 0)
     log_event("shadow routing: rail %s probe RTT is back to its baseline; it carries traffic again",
               rail_name(p.rail).c_str());
@@ -827,7 +834,8 @@ void Connection::give_up(Status st, const std::string& why, TimeUs now) {
   // error is reported), and the peer learns at once instead of after its own timeout.
   io_->abort(now);
   io_->say_goodbye(now);
-  log_event("give-up: %s conn %016" PRIx64 " on device %d (%s): %s; %zu pending requests fail with %s",
+  log_event("give-up: %s conn %016" PRIx64
+            " on device %d (%s): %s; %zu pending requests fail with %s",
             role_ == Role::kSend ? "send" : "recv", id_, dev_,
             paths_.empty() ? "?" : rail_name(paths_[0].rail).c_str(), why.c_str(), active_.size(),
             result_name(st));
@@ -847,16 +855,17 @@ void Connection::check_give_up(TimeUs now) {
     all_refused &= p.refused;
   }
   if (all_refused)
-    give_up(Status::kRemote, "no usable path: every reconnect was refused: the peer process is gone",
-            now);
+    give_up(Status::kRemote,
+            "no usable path: every reconnect was refused: the peer process is gone", now);
   else if (peer_gone_)
-    give_up(Status::kRemote, "no usable path, and the peer process is gone (" + peer_gone_why_ + ")",
-            now);
+    give_up(Status::kRemote,
+            "no usable path, and the peer process is gone (" + peer_gone_why_ + ")", now);
   else if (expired)
     give_up(GiveUpTimer::status(all_gone),
-            all_gone ? "no usable path: the peer closed every path and did not come back within "
-                       "R2CCL_FAILOVER_TIMEOUT"
-                     : "no usable path: no local rail reaches the peer within R2CCL_FAILOVER_TIMEOUT",
+            all_gone
+                ? "no usable path: the peer closed every path and did not come back within "
+                  "R2CCL_FAILOVER_TIMEOUT"
+                : "no usable path: no local rail reaches the peer within R2CCL_FAILOVER_TIMEOUT",
             now);
 }
 
@@ -870,7 +879,8 @@ void Connection::closing_progress(TimeUs now) {
 Status Connection::peer_closed_error() {
   if (error_ != Status::kOk) return error_;
   error_ = Status::kRemote;
-  log_event("give-up: %s conn %016" PRIx64 " on device %d: the peer closed the connection (BYE) "
+  log_event("give-up: %s conn %016" PRIx64
+            " on device %d: the peer closed the connection (BYE) "
             "with %zu requests pending; they and later ones fail with ncclRemoteError",
             role_ == Role::kSend ? "send" : "recv", id_, dev_, active_.size());
   return error_;

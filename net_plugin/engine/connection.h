@@ -172,15 +172,15 @@ class Connection final : public PathSink {
     TimeUs last_probe = 0;
     TimeUs probe_sent = 0;
     bool probe_out = false;
-    bool probe_idle = false;      // nothing was in flight when the probe left: a clean RTT
+    bool probe_idle = false;  // nothing was in flight when the probe left: a clean RTT
     uint32_t down_seen = 0;
     uint32_t up_seen = 0;
     bool counted_failed = false;
-    bool gate_pending = false;    // sender: replay waits for the receiver's FAIL / FAIL_ACK
-    bool reconnecting = false;    // sender: PathIo::reconnect in progress
-    bool refused = false;         // sender: the latest reconnect was refused
-    bool peer_drain = false;      // sender: the receiver's node drains its end
-    bool drain_sent = false;      // receiver: the drain state last told to the sender
+    bool gate_pending = false;  // sender: replay waits for the receiver's FAIL / FAIL_ACK
+    bool reconnecting = false;  // sender: PathIo::reconnect in progress
+    bool refused = false;       // sender: the latest reconnect was refused
+    bool peer_drain = false;    // sender: the receiver's node drains its end
+    bool drain_sent = false;    // receiver: the drain state last told to the sender
     uint64_t chunks_sent = 0;
   };
   struct Notice {
@@ -270,7 +270,7 @@ class Connection final : public PathSink {
   std::deque<Cts> cts_;          // sender: CTS not yet matched, in sequence order
   uint64_t next_send_seq_ = 0;
   uint64_t next_recv_seq_ = 0;
-  std::deque<Done> history_;     // receiver: recently completed receives
+  std::deque<Done> history_;  // receiver: recently completed receives
   std::deque<PendingCtrl> ctrlq_;
   std::deque<Notice> notices_;
   uint64_t next_notice_ = 1;
@@ -283,7 +283,7 @@ class Connection final : public PathSink {
   bool gave_up_ = false;
   bool peer_closed_ = false;  // the peer sent BYE
   TimeUs bye_at_ = 0;
-  bool peer_gone_ = false;    // the transport saw the peer's process end
+  bool peer_gone_ = false;  // the transport saw the peer's process end
   std::string peer_gone_why_;
   TimeUs last_check_ = 0;
   friend class ConnectionTestPeer;

@@ -77,7 +77,8 @@ bool PathHealth::on_failure(FailCause cause, TimeUs now) {
   failures_.push_back(now);
   while (!failures_.empty() && now - failures_.front() > p_.holddown_window) failures_.pop_front();
   if (static_cast<int>(failures_.size()) >= p_.holddown_flaps) {
-    holddown_len_ = holddown_len_ == 0 ? p_.holddown_min : std::min(holddown_len_ * 2, p_.holddown_max);
+    holddown_len_ =
+        holddown_len_ == 0 ? p_.holddown_min : std::min(holddown_len_ * 2, p_.holddown_max);
     holddown_until_ = now + holddown_len_;
     next_attempt_ = std::max(next_attempt_, holddown_until_);
     holddown_started_ = true;

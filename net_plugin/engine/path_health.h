@@ -50,7 +50,7 @@ struct HealthParams {
   TimeUs holddown_reset = 60 * kUsPerSec;
   double latency_sigma = 3.0;  // 0 disables shadow routing
   int rtt_baseline_samples = 8;
-  int rtt_outlier_run = 3;     // consecutive outliers to drain, consecutive normals to return
+  int rtt_outlier_run = 3;          // consecutive outliers to drain, consecutive normals to return
   TimeUs rtt_floor = 5 * kUsPerMs;  // an RTT within baseline + floor is never an outlier
 };
 
@@ -104,7 +104,7 @@ class PathHealth {
   int probes_ = 0;
   std::deque<TimeUs> failures_;  // failure times inside the flap window
   TimeUs holddown_until_ = 0;
-  TimeUs holddown_len_ = 0;      // 0 = next hold-down uses holddown_min
+  TimeUs holddown_len_ = 0;  // 0 = next hold-down uses holddown_min
   bool holddown_started_ = false;
   // RTT baseline (Welford) and outlier runs.
   int rtt_n_ = 0;

@@ -5,7 +5,8 @@
 
 namespace r2ccl::net {
 
-std::vector<int> order_rails(int primary, int n, int want, const std::function<int(int)>& distance) {
+std::vector<int> order_rails(int primary, int n, int want,
+                             const std::function<int(int)>& distance) {
   std::vector<int> out;
   if (n <= 0 || primary < 0 || primary >= n || want <= 0) return out;
   out.push_back(primary);

@@ -35,8 +35,8 @@ class RecvMessage {
 
   // Checks a DATA header. `total` is the message size the sender announced, `nchunks` its
   // chunk count. Sets *why on a protocol error.
-  ChunkVerdict check(uint64_t total, uint32_t nchunks, uint32_t idx, uint64_t offset,
-                     uint32_t len, const GuardOptions& opt, const char** why);
+  ChunkVerdict check(uint64_t total, uint32_t nchunks, uint32_t idx, uint64_t offset, uint32_t len,
+                     const GuardOptions& opt, const char** why);
   // RDMA: the NIC has already placed chunk `idx` (len bytes at idx * chunk) into the buffer;
   // the write-with-immediate names the chunk and whether it is the message's last. The
   // message's size becomes known with its last chunk (total = idx * chunk + len). Checks:

@@ -55,8 +55,8 @@ class SendMessage {
   uint32_t nchunks_ = 0;
   uint32_t next_new_ = 0;
   uint32_t acked_count_ = 0;
-  uint32_t acked_prefix_ = 0;    // every chunk below is acknowledged
-  std::vector<int8_t> path_;     // kNoPath: unsent or queued for replay
+  uint32_t acked_prefix_ = 0;  // every chunk below is acknowledged
+  std::vector<int8_t> path_;   // kNoPath: unsent or queued for replay
   std::vector<uint8_t> acked_;
   std::vector<uint8_t> replayed_;
   uint32_t replay_outstanding_ = 0;

@@ -9,14 +9,20 @@ bool parse_test_hooks(const std::string& s, TestHooks* out, std::string* err) {
   std::string tok;
   while (std::getline(ss, tok, ',')) {
     if (tok.empty()) continue;
-    if (tok == "no_replay") out->replay = false;
-    else if (tok == "no_dedup") out->guard.dedup = false;
-    else if (tok == "no_stale_guard") out->guard.stale_guard = false;
-    else if (tok == "no_bilateral_err") out->bilateral_err = false;
-    else if (tok == "force_flush") out->force_flush = true;
+    if (tok == "no_replay")
+      out->replay = false;
+    else if (tok == "no_dedup")
+      out->guard.dedup = false;
+    else if (tok == "no_stale_guard")
+      out->guard.stale_guard = false;
+    else if (tok == "no_bilateral_err")
+      out->bilateral_err = false;
+    else if (tok == "force_flush")
+      out->force_flush = true;
     else {
       *err = "R2CCL_TEST_HOOKS: unknown hook '" + tok +
-             "'; accepted: comma list of no_replay, no_dedup, no_stale_guard, no_bilateral_err, force_flush";
+             "'; accepted: comma list of no_replay, no_dedup, no_stale_guard, no_bilateral_err, "
+             "force_flush";
       return false;
     }
   }

@@ -18,12 +18,14 @@ bool parse_num(const std::string& v, long long* out) {
 
 bool parse_fault_specs(const std::string& s, std::vector<FaultSpec>* out, std::string* err) {
   const std::string form =
-      "accepted: entries 'rank=R,rail=N,at=MS,kind=reset|blackhole|delay:MS[,for=MS]' separated by ';'";
+      "accepted: entries 'rank=R,rail=N,at=MS,kind=reset|blackhole|delay:MS[,for=MS]' separated by "
+      "';'";
   out->clear();
   size_t start = 0;
   while (start < s.size()) {
     size_t semi = s.find(';', start);
-    std::string entry = s.substr(start, semi == std::string::npos ? std::string::npos : semi - start);
+    std::string entry =
+        s.substr(start, semi == std::string::npos ? std::string::npos : semi - start);
     start = semi == std::string::npos ? s.size() : semi + 1;
     if (entry.empty()) continue;
     FaultSpec f;

@@ -47,7 +47,7 @@ class FaultInjector {
 
   struct RailFault {
     bool blackhole = false;
-    bool down = false;   // reset in effect: connects on the rail fail
+    bool down = false;  // reset in effect: connects on the rail fail
     TimeUs delay = 0;
     uint32_t reset_epoch = 0;  // number of reset faults started so far on the rail
   };

@@ -63,9 +63,10 @@ class LinkMonitor {
   LinkMonitor& operator=(const LinkMonitor&) = delete;
 
   // Opens a non-blocking, close-on-exec netlink socket subscribed to RTNLGRP_LINK in the calling
-  // thread's network namespace (the fd is owned by libnl's socket: never close it yourself). Returns true if already open. Returns false if libnl or the
-  // socket is unavailable; the first such failure in the process logs the one WARN, later ones
-  // are INFO. rcvbuf_bytes: tests pass a tiny value to provoke an overflow.
+  // thread's network namespace (the fd is owned by libnl's socket: never close it yourself).
+  // Returns true if already open. Returns false if libnl or the socket is unavailable; the first
+  // such failure in the process logs the one WARN, later ones are INFO. rcvbuf_bytes: tests pass a
+  // tiny value to provoke an overflow.
   bool open(int rcvbuf_bytes = kDefaultRcvbufBytes);
 
   // For poll(POLLIN); -1 when not open.

@@ -47,8 +47,10 @@ void PredictAgent::tick(TimeUs now) {
     // this process has a full window of its own.
     inherit_ = drained_;
   }
-  if (sampler_) sample_and_publish(now);
-  else follow_board(now);
+  if (sampler_)
+    sample_and_publish(now);
+  else
+    follow_board(now);
 }
 
 void PredictAgent::sample_and_publish(TimeUs now) {
@@ -58,14 +60,16 @@ void PredictAgent::sample_and_publish(TimeUs now) {
     std::string path, err;
     if (predict::load_configured_model(*cfg_, m.get(), &path, &err)) {
       if (m->window != static_cast<uint32_t>(pcfg_.window_steps))
-        log_event("r2ccl predict: %s was trained on %u-sample windows; R2CCL_PREDICT_WINDOW / "
-                  "R2CCL_PREDICT_INTERVAL gives %d: its risks may be off",
-                  path.c_str(), m->window, pcfg_.window_steps);
+        log_event(
+            "r2ccl predict: %s was trained on %u-sample windows; R2CCL_PREDICT_WINDOW / "
+            "R2CCL_PREDICT_INTERVAL gives %d: its risks may be off",
+            path.c_str(), m->window, pcfg_.window_steps);
       if (std::fabs(m->interval_s - pcfg_.interval_s) > 0.01 * m->interval_s)
-        log_event("r2ccl predict: %s was trained on samples %.1f s apart; R2CCL_PREDICT_INTERVAL "
-                  "is %.1f s: the same rates per second, but trends per sample differ and its "
-                  "risks may be off",
-                  path.c_str(), m->interval_s, pcfg_.interval_s);
+        log_event(
+            "r2ccl predict: %s was trained on samples %.1f s apart; R2CCL_PREDICT_INTERVAL "
+            "is %.1f s: the same rates per second, but trends per sample differ and its "
+            "risks may be off",
+            path.c_str(), m->interval_s, pcfg_.interval_s);
       R2CCL_INFO(NCCL_NET, "failure predictor: LSTM weights %s (%zu bytes, hidden %u)",
                  path.c_str(), m->file_bytes, m->hidden);
       model_ = std::move(m);
@@ -125,14 +129,17 @@ void PredictAgent::sample_and_publish(TimeUs now) {
                                                           : board::RiskSource::kNone;
     bool drain = r.a.drain;
     if (inherit_[i]) {
-      if (sampler_state_->predictor(i).window().size() >= pcfg_.window_steps) inherit_[i] = 0;
-      else drain = true;
+      if (sampler_state_->predictor(i).window().size() >= pcfg_.window_steps)
+        inherit_[i] = 0;
+      else
+        drain = true;
     }
     e.drain = drain ? 1 : 0;
     // The top counters are worked out at a transition (occlusion costs 9 inferences) and
     // kept while the rail stays drained.
     if (r.a.transition != 0) top_[i] = r.a.drain ? r.top : "";
-    if (drain && !r.a.drain && top_[i].empty()) top_[i] = "kept drained until this sampler's window fills";
+    if (drain && !r.a.drain && top_[i].empty())
+      top_[i] = "kept drained until this sampler's window fills";
     board::set_text(e.top, sizeof(e.top), top_[i]);
     apply(i, drain, r.a.risk, predict::source_name(r.a.source), top_[i], 0);
   }
@@ -173,17 +180,20 @@ void PredictAgent::apply(size_t i, bool drain, float risk, const char* source,
   if (sampler_pid > 0) snprintf(who, sizeof(who), ", node sampler pid %d", sampler_pid);
   if (drain) {
     rails_[i].live->predict_drains.fetch_add(1, std::memory_order_relaxed);
-    log_event("r2ccl predict: rail %s risk %.2f >= %.2f (%s%s): draining it, no new chunks, "
-              "in-flight ones finish; top counters: %s",
-              name.c_str(), risk, pcfg_.threshold, source, who, top.empty() ? "-" : top.c_str());
+    log_event(
+        "r2ccl predict: rail %s risk %.2f >= %.2f (%s%s): draining it, no new chunks, "
+        "in-flight ones finish; top counters: %s",
+        name.c_str(), risk, pcfg_.threshold, source, who, top.empty() ? "-" : top.c_str());
   } else if (risk >= 0) {
-    log_event("r2ccl predict: rail %s risk %.2f below %.2f for %d samples (%s%s): carrying data "
-              "again",
-              name.c_str(), risk, pcfg_.return_threshold, pcfg_.return_samples, source, who);
+    log_event(
+        "r2ccl predict: rail %s risk %.2f below %.2f for %d samples (%s%s): carrying data "
+        "again",
+        name.c_str(), risk, pcfg_.return_threshold, pcfg_.return_samples, source, who);
   } else {
-    log_event("r2ccl predict: rail %s: no live risk from the node's sampler for %d intervals: "
-              "carrying data again",
-              name.c_str(), static_cast<int>(board::kSamplerStaleIntervals));
+    log_event(
+        "r2ccl predict: rail %s: no live risk from the node's sampler for %d intervals: "
+        "carrying data again",
+        name.c_str(), static_cast<int>(board::kSamplerStaleIntervals));
   }
 }
 

@@ -32,8 +32,8 @@ namespace r2ccl::net {
 class PredictAgent {
  public:
   struct Rail {
-    predict::RailSpec spec;     // name as published on the board, and where its counters are
-    RailCounters* live;         // the transport's counters of this rail (drain flag, TCP_INFO)
+    predict::RailSpec spec;  // name as published on the board, and where its counters are
+    RailCounters* live;      // the transport's counters of this rail (drain flag, TCP_INFO)
   };
 
   // `board` may be null or not open (no board). Does nothing when R2CCL_PREDICT=0.
@@ -64,8 +64,8 @@ class PredictAgent {
   std::vector<predict::RailRisk> risks_;
   std::vector<std::string> notes_;
   std::vector<board::RiskEntry> entries_;
-  std::vector<char> drained_;  // last applied decision per rail
-  std::vector<char> inherit_;  // new sampler: drained by the previous one, until the window fills
+  std::vector<char> drained_;    // last applied decision per rail
+  std::vector<char> inherit_;    // new sampler: drained by the previous one, until the window fills
   TimeUs no_sampler_since_ = 0;  // follower: when the board last had no live sampler
   std::vector<std::string> top_;  // sampler: top counters of each drained rail
 };

@@ -132,14 +132,17 @@ bool parse_rail_spec(const std::string& spec_in, RailSpec* out, std::string* err
   size_t start = 0;
   while (start <= spec.size()) {
     size_t comma = spec.find(',', start);
-    std::string tok = spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    std::string tok =
+        spec.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
     if (!tok.empty()) {
       RailSpec::Entry e;
       size_t at = tok.find('@');
       e.name = tok.substr(0, at);
       if (at != std::string::npos) e.addr = tok.substr(at + 1);
-      if (e.name.empty() || e.name.size() >= IFNAMSIZ || (at != std::string::npos && e.addr.empty())) {
-        *err = "bad entry '" + tok + "'; accepted: IFNAME or IFNAME@ADDR, comma-separated, "
+      if (e.name.empty() || e.name.size() >= IFNAMSIZ ||
+          (at != std::string::npos && e.addr.empty())) {
+        *err = "bad entry '" + tok +
+               "'; accepted: IFNAME or IFNAME@ADDR, comma-separated, "
                "optionally starting with '^' (exclude) or '=' (exact names)";
         return false;
       }
@@ -250,7 +253,8 @@ bool select_rails(const std::string& spec_str, const std::string& spec_var,
           int plen = fam == AF_INET ? 32 : 128;
           for (const auto& j : ifs)
             if (j.ifname == i.ifname && j.family == fam &&
-                same_subnet(fam, addr_bytes(a), j.prefix_len, fam, addr_bytes(j.addr), j.prefix_len))
+                same_subnet(fam, addr_bytes(a), j.prefix_len, fam, addr_bytes(j.addr),
+                            j.prefix_len))
               plen = j.prefix_len;
           seen.push_back(i.ifname);
           rails.push_back(make_rail(i, i.ifname + "@" + e.addr, a, fam, plen, speed_override));
@@ -278,11 +282,15 @@ bool select_rails(const std::string& spec_str, const std::string& spec_var,
       names += (names.empty() ? "" : ", ") + i.ifname + (i.up ? "" : " (down)");
     }
     if (spec.entries.empty())
-      *err = "no usable interface found (up, with an IPv4/IPv6 address, not lo/docker*/virbr*); "
-             "set R2CCL_SOCKET_IFNAME. Interfaces here: " + names;
+      *err =
+          "no usable interface found (up, with an IPv4/IPv6 address, not lo/docker*/virbr*); "
+          "set R2CCL_SOCKET_IFNAME. Interfaces here: " +
+          names;
     else
-      *err = spec_var + "='" + spec_str + "' matches no usable interface (up, with an address). "
-             "Interfaces here: " + names;
+      *err = spec_var + "='" + spec_str +
+             "' matches no usable interface (up, with an address). "
+             "Interfaces here: " +
+             names;
     return false;
   }
   if (unique.size() > 16) unique.resize(16);

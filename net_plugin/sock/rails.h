@@ -15,15 +15,15 @@ namespace r2ccl::net {
 
 struct Rail {
   int index = 0;
-  std::string ifname;     // kernel interface name
-  std::string name;       // unique display name: "eth0", or "lo@127.0.0.2" for an address rail
+  std::string ifname;  // kernel interface name
+  std::string name;    // unique display name: "eth0", or "lo@127.0.0.2" for an address rail
   int ifindex = 0;
   int family = AF_INET;
   sockaddr_storage addr{};  // source address the rail's sockets bind to (port 0)
   socklen_t addrlen = 0;
   int prefix_len = 32;
   int speed_mbps = 10000;
-  std::string pci_path;   // sysfs PCI path, empty for virtual NICs
+  std::string pci_path;  // sysfs PCI path, empty for virtual NICs
 };
 
 // One entry of an interface spec: NCCL syntax. The whole list may start with '^' (exclude
@@ -57,8 +57,8 @@ bool interface_running(const std::string& ifname);
 // Chooses rails from `ifs` by `spec` (empty = auto). `spec_var` names the variable the spec
 // came from, for messages. speed_override_mbps > 0 replaces the link speed.
 bool select_rails(const std::string& spec, const std::string& spec_var,
-                  const std::vector<IfAddr>& ifs, int speed_override_mbps,
-                  std::vector<Rail>* out, std::string* err);
+                  const std::vector<IfAddr>& ifs, int speed_override_mbps, std::vector<Rail>* out,
+                  std::string* err);
 
 std::string addr_to_string(const sockaddr_storage& a);
 // Same subnet under the shorter of the two prefixes.

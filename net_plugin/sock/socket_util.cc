@@ -20,9 +20,10 @@ bool bind_to_device(int fd, const Rail& rail) {
     return true;
   static std::atomic<bool> warned{false};
   if (!warned.exchange(true))
-    R2CCL_WARN("SO_BINDTODEVICE(%s) failed: %s; sockets are bound to the rail's source address "
-               "only, so a dead rail may be rerouted by the kernel (needs CAP_NET_RAW)",
-               rail.ifname.c_str(), strerror(errno));
+    R2CCL_WARN(
+        "SO_BINDTODEVICE(%s) failed: %s; sockets are bound to the rail's source address "
+        "only, so a dead rail may be rerouted by the kernel (needs CAP_NET_RAW)",
+        rail.ifname.c_str(), strerror(errno));
   return false;
 }
 
@@ -46,8 +47,10 @@ int open_rail_socket(const Rail& rail, TimeUs user_timeout, std::string* err) {
   }
   bind_to_device(fd, rail);
   sockaddr_storage a = rail.addr;
-  if (a.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&a)->sin_port = 0;
-  else reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = 0;
+  if (a.ss_family == AF_INET)
+    reinterpret_cast<sockaddr_in*>(&a)->sin_port = 0;
+  else
+    reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = 0;
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), rail.addrlen) != 0) {
     *err = "bind(" + addr_to_string(a) + ") on rail " + rail.name + ": " + strerror(errno);
     close(fd);
@@ -86,8 +89,10 @@ int open_rail_listener(const Rail& rail, std::string* err) {
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   bind_to_device(fd, rail);
   sockaddr_storage a = rail.addr;
-  if (a.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&a)->sin_port = 0;
-  else reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = 0;
+  if (a.ss_family == AF_INET)
+    reinterpret_cast<sockaddr_in*>(&a)->sin_port = 0;
+  else
+    reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = 0;
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), rail.addrlen) != 0 || listen(fd, 256) != 0) {
     *err = "listen on " + addr_to_string(a) + " (rail " + rail.name + "): " + strerror(errno);
     close(fd);

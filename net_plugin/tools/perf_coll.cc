@@ -18,12 +18,8 @@ const char* op_name(Op op) {
   return "?";
 }
 
-const char* redop_name(Op op) {
-  return op == Op::kAllReduce ? "sum" : "none";
-}
-int op_root(Op op) {
-  return op == Op::kBroadcast ? 0 : -1;
-}
+const char* redop_name(Op op) { return op == Op::kAllReduce ? "sum" : "none"; }
+int op_root(Op op) { return op == Op::kBroadcast ? 0 : -1; }
 
 double busbw_factor(Op op, int n) {
   switch (op) {
@@ -77,8 +73,7 @@ Engine::Engine(Net* net, const EngineConfig& cfg, std::vector<Channel>* channels
 
 size_t Engine::slices(size_t elems) const {
   size_t per = cfg_.slice_bytes / sizeof(float);
-  if (per == 0)
-    per = 1;
+  if (per == 0) per = 1;
   return elems == 0 ? 1 : (elems + per - 1) / per;
 }
 
@@ -132,8 +127,7 @@ void Engine::plan(Op op, const Geometry& g) {
     Channel& ch = (*chans_)[c];
     switch (op) {
       case Op::kAllReduce: {
-        if (N == 1)
-          break;
+        if (N == 1) break;
         size_t lo = g.count * c / C, len = g.count * (c + 1) / C - lo;
         auto chunk = [&](int k, size_t* off, size_t* n) {
           *off = lo + len * static_cast<size_t>(k) / N;
@@ -175,16 +169,14 @@ void Engine::plan(Op op, const Geometry& g) {
         break;
       }
       case Op::kBroadcast: {
-        if (N == 1)
-          break;
+        if (N == 1) break;
         size_t lo = g.count * c / C, n = g.count * (c + 1) / C - lo;
         int pos = mod(r - op_root(op));
         if (pos == 0) {
           add_sends(p, sendbuf_ + lo, n, ch.mh_send_sendbuf, -1);
         } else {
           int first = add_recvs(p, recvbuf_ + lo, n, ch.mh_recv_recvbuf, -1);
-          if (pos != N - 1)
-            add_sends(p, recvbuf_ + lo, n, ch.mh_send_recvbuf, first);
+          if (pos != N - 1) add_sends(p, recvbuf_ + lo, n, ch.mh_send_recvbuf, first);
         }
         break;
       }
@@ -210,8 +202,7 @@ void Engine::run() {
   const int prev = (r - 1 + N) % N;
   const int K = cfg_.inflight;
   // The parts that need no network (NCCL's kernels do these copies).
-  if (op_ == Op::kAllReduce && N == 1)
-    memcpy(recvbuf_, sendbuf_, g_.count * sizeof(float));
+  if (op_ == Op::kAllReduce && N == 1) memcpy(recvbuf_, sendbuf_, g_.count * sizeof(float));
   if (op_ == Op::kAllGather)
     memcpy(recvbuf_ + static_cast<size_t>(r) * g_.send_count, sendbuf_,
            g_.send_count * sizeof(float));
@@ -252,29 +243,24 @@ void Engine::run() {
       State& s = st[c];
       Channel& ch = (*chans_)[c];
       const int ci = static_cast<int>(c);
-      if (s.s_finished == p.sends.size() && s.r_finished == p.recvs.size())
-        continue;
+      if (s.s_finished == p.sends.size() && s.r_finished == p.recvs.size()) continue;
       all_done = false;
       ncclResult_t res;
 
       while (s.sn < p.sends.size() && static_cast<int>(s.sp.size()) < K) {
         const SendMsg& m = p.sends[s.sn];
-        if (m.dep >= 0 && !s.r_done[m.dep])
-          break;
+        if (m.dep >= 0 && !s.r_done[m.dep]) break;
         void* req = nullptr;
         res = net_->isend(ch.send_comm, m.ptr, m.bytes, r, m.mh, &req);
-        if (res != ncclSuccess)
-          fail("isend", ci, res);
-        if (!req)
-          break;  // plugin busy: call again later
+        if (res != ncclSuccess) fail("isend", ci, res);
+        if (!req) break;  // plugin busy: call again later
         s.sp.push_back({static_cast<int>(s.sn++), req});
         progress = true;
       }
 
       while (s.rn < p.recvs.size() && static_cast<int>(s.rp.size()) < K) {
         const RecvMsg& m = p.recvs[s.rn];
-        if (m.dep >= 0 && !s.s_done[m.dep])
-          break;
+        if (m.dep >= 0 && !s.s_done[m.dep]) break;
         int slot = -1;
         char* buf = m.ptr;
         if (!buf) {
@@ -283,12 +269,9 @@ void Engine::run() {
         }
         void* req = nullptr;
         res = net_->irecv(ch.recv_comm, buf, m.bytes, prev, m.mh, &req);
-        if (res != ncclSuccess)
-          fail("irecv", ci, res);
-        if (!req)
-          break;
-        if (slot >= 0)
-          s.slots.pop_back();
+        if (res != ncclSuccess) fail("irecv", ci, res);
+        if (!req) break;
+        if (slot >= 0) s.slots.pop_back();
         s.rp.push_back({static_cast<int>(s.rn++), req, nullptr, slot, buf, false});
         progress = true;
       }
@@ -296,8 +279,7 @@ void Engine::run() {
       for (size_t i = 0; i < s.sp.size();) {
         int done = 0, size = 0;
         res = net_->test(s.sp[i].req, &done, &size);
-        if (res != ncclSuccess)
-          fail("test(isend)", ci, res);
+        if (res != ncclSuccess) fail("test(isend)", ci, res);
         if (!done) {
           i++;
           continue;
@@ -314,8 +296,7 @@ void Engine::run() {
         if (!q.data_done) {
           int done = 0, size = -1;
           res = net_->test(q.req, &done, &size);
-          if (res != ncclSuccess)
-            fail("test(irecv)", ci, res);
+          if (res != ncclSuccess) fail("test(irecv)", ci, res);
           if (!done) {
             i++;
             continue;
@@ -331,15 +312,13 @@ void Engine::run() {
           progress = true;
           if (cfg_.flush && m.bytes > 0) {
             res = net_->iflush(ch.recv_comm, q.buf, static_cast<int>(m.bytes), m.mh, &q.flush_req);
-            if (res != ncclSuccess)
-              fail("iflush", ci, res);
+            if (res != ncclSuccess) fail("iflush", ci, res);
           }
         }
         if (q.flush_req) {
           int done = 0;
           res = net_->test(q.flush_req, &done, nullptr);
-          if (res != ncclSuccess)
-            fail("test(iflush)", ci, res);
+          if (res != ncclSuccess) fail("test(iflush)", ci, res);
           if (!done) {
             i++;
             continue;
@@ -358,10 +337,8 @@ void Engine::run() {
         progress = true;
       }
     }
-    if (all_done)
-      return;
-    if (!progress)
-      sched_yield();
+    if (all_done) return;
+    if (!progress) sched_yield();
   }
 }
 

@@ -41,14 +41,10 @@ int g_log_rank = -1;
 int debug_threshold() {
   static const int level = [] {
     const char* v = getenv("NCCL_DEBUG");
-    if (!v)
-      return static_cast<int>(NCCL_LOG_WARN);
-    if (strcasecmp(v, "NONE") == 0)
-      return static_cast<int>(NCCL_LOG_NONE);
-    if (strcasecmp(v, "INFO") == 0)
-      return static_cast<int>(NCCL_LOG_INFO);
-    if (strcasecmp(v, "TRACE") == 0)
-      return static_cast<int>(NCCL_LOG_TRACE);
+    if (!v) return static_cast<int>(NCCL_LOG_WARN);
+    if (strcasecmp(v, "NONE") == 0) return static_cast<int>(NCCL_LOG_NONE);
+    if (strcasecmp(v, "INFO") == 0) return static_cast<int>(NCCL_LOG_INFO);
+    if (strcasecmp(v, "TRACE") == 0) return static_cast<int>(NCCL_LOG_TRACE);
     return static_cast<int>(NCCL_LOG_WARN);
   }();
   return level;
@@ -57,20 +53,16 @@ int debug_threshold() {
 const char* host_name() {
   static char host[256] = "";
   if (!host[0]) {
-    if (gethostname(host, sizeof(host) - 1) != 0)
-      snprintf(host, sizeof(host), "unknown");
+    if (gethostname(host, sizeof(host) - 1) != 0) snprintf(host, sizeof(host), "unknown");
     char* dot = strchr(host, '.');
-    if (dot)
-      *dot = 0;
+    if (dot) *dot = 0;
   }
   return host;
 }
 
 }  // namespace
 
-void set_log_rank(int rank) {
-  g_log_rank = rank;
-}
+void set_log_rank(int rank) { g_log_rank = rank; }
 
 void perf_logger(ncclDebugLogLevel level, unsigned long /*flags*/, const char* /*file*/,
                  int /*line*/, const char* fmt, ...) {
@@ -92,22 +84,18 @@ void perf_logger(ncclDebugLogLevel level, unsigned long /*flags*/, const char* /
       break;
     default: return;  // NONE, VERSION: nothing to say
   }
-  if (debug_threshold() < need)
-    return;
+  if (debug_threshold() < need) return;
   char line[2048];
   int n = snprintf(line, sizeof(line), "%s:%d:%d [%d] NCCL %s ", host_name(),
                    static_cast<int>(getpid()), static_cast<int>(gettid()), g_log_rank, tag);
-  if (n < 0)
-    return;
+  if (n < 0) return;
   va_list ap;
   va_start(ap, fmt);
   int m = vsnprintf(line + n, sizeof(line) - static_cast<size_t>(n) - 1, fmt, ap);
   va_end(ap);
   size_t len = static_cast<size_t>(n) + (m < 0 ? 0 : static_cast<size_t>(m));
-  if (len > sizeof(line) - 2)
-    len = sizeof(line) - 2;
-  if (len == 0 || line[len - 1] != '\n')
-    line[len++] = '\n';
+  if (len > sizeof(line) - 2) len = sizeof(line) - 2;
+  if (len == 0 || line[len - 1] != '\n') line[len++] = '\n';
   // One write so that lines of concurrent ranks do not interleave.
   ssize_t w = write(STDERR_FILENO, line, len);
   (void)w;
@@ -117,9 +105,7 @@ void perf_logger(ncclDebugLogLevel level, unsigned long /*flags*/, const char* /
 
 namespace {
 
-bool starts_with(const std::string& s, const char* p) {
-  return s.rfind(p, 0) == 0;
-}
+bool starts_with(const std::string& s, const char* p) { return s.rfind(p, 0) == 0; }
 bool ends_with(const std::string& s, const char* p) {
   size_t n = strlen(p);
   return s.size() >= n && s.compare(s.size() - n, n, p) == 0;
@@ -128,8 +114,7 @@ bool ends_with(const std::string& s, const char* p) {
 std::string exe_dir() {
   char buf[PATH_MAX];
   ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n <= 0)
-    return "";
+  if (n <= 0) return "";
   buf[n] = 0;
   std::string p(buf);
   size_t slash = p.rfind('/');
@@ -142,12 +127,10 @@ std::string normalize(const std::string& path) {
   size_t i = 0;
   while (i <= path.size()) {
     size_t j = path.find('/', i);
-    if (j == std::string::npos)
-      j = path.size();
+    if (j == std::string::npos) j = path.size();
     std::string part = path.substr(i, j - i);
     if (part == "..") {
-      if (!parts.empty())
-        parts.pop_back();
+      if (!parts.empty()) parts.pop_back();
     } else if (!part.empty() && part != ".") {
       parts.push_back(part);
     }
@@ -167,8 +150,7 @@ std::vector<std::string> candidates(const std::string& spec) {
   bool has_slash = spec.find('/') != std::string::npos;
   bool lib_so = starts_with(spec, "lib") && ends_with(spec, ".so");
   std::string file = lib_so ? spec : "libnccl-net-" + spec + ".so";
-  if (!has_slash && !lib_so)
-    out.push_back(file);
+  if (!has_slash && !lib_so) out.push_back(file);
   if (!has_slash) {
     std::string dir = exe_dir();
     if (!dir.empty()) {
@@ -176,8 +158,7 @@ std::vector<std::string> candidates(const std::string& spec) {
         std::string p = normalize(dir + "/" + rel + "/" + file);
         bool dup = false;
         for (const std::string& q : out) dup = dup || q == p;
-        if (!dup)
-          out.push_back(p);
+        if (!dup) out.push_back(p);
       }
     }
   }
@@ -198,8 +179,7 @@ void Net::load(const std::string& spec, int force_api) {
     const char* e = dlerror();  // names the file already
     errors += "\n  " + (e ? std::string(e) : c + ": dlopen failed");
   }
-  if (!dl_)
-    throw PerfError("cannot load net plugin '" + spec + "':" + errors);
+  if (!dl_) throw PerfError("cannot load net plugin '" + spec + "':" + errors);
 
   path_ = opened;
   struct link_map* lm = nullptr;
@@ -209,12 +189,10 @@ void Net::load(const std::string& spec, int force_api) {
   }
 
   for (int v : {11, 10, 9, 8}) {
-    if (force_api && v != force_api)
-      continue;
+    if (force_api && v != force_api) continue;
     std::string sym = "ncclNetPlugin_v" + std::to_string(v);
     void* p = dlsym(dl_, sym.c_str());
-    if (!p)
-      continue;
+    if (!p) continue;
     api_ = v;
     switch (v) {
       case 11:
@@ -241,9 +219,7 @@ void Net::load(const std::string& spec, int force_api) {
   throw PerfError(path_ + " exports none of ncclNetPlugin_v11, _v10, _v9, _v8");
 }
 
-void* Net::symbol(const char* name) const {
-  return dl_ ? dlsym(dl_, name) : nullptr;
-}
+void* Net::symbol(const char* name) const { return dl_ ? dlsym(dl_, name) : nullptr; }
 
 #define R2PERF_DISPATCH(call11, call10, call9, call8) \
   switch (api_) {                                     \
@@ -261,13 +237,11 @@ void Net::init_process() {
     case 9: r = v9_->init(perf_logger); break;
     default: r = v8_->init(perf_logger); break;
   }
-  if (r != ncclSuccess)
-    throw PerfError(std::string("init failed: ") + nccl_result_name(r));
+  if (r != ncclSuccess) throw PerfError(std::string("init failed: ") + nccl_result_name(r));
 }
 
 void* Net::init_comm(uint64_t comm_id) {
-  if (api_ != 11)
-    return nullptr;
+  if (api_ != 11) return nullptr;
   void* ctx = nullptr;
   ncclNetCommConfig_v11_t config{NCCL_NET_TRAFFIC_CLASS_UNDEF};  // NCCL's stack copy
   ncclResult_t r = v11_->init(&ctx, comm_id, &config, perf_logger, nullptr);
@@ -279,11 +253,9 @@ void* Net::init_comm(uint64_t comm_id) {
 }
 
 void Net::finalize_comm(void* ctx) {
-  if (api_ != 11)
-    return;
+  if (api_ != 11) return;
   ncclResult_t r = v11_->finalize(ctx);
-  if (r != ncclSuccess)
-    throw PerfError(std::string("finalize failed: ") + nccl_result_name(r));
+  if (r != ncclSuccess) throw PerfError(std::string("finalize failed: ") + nccl_result_name(r));
 }
 
 int Net::devices() {
@@ -295,10 +267,8 @@ int Net::devices() {
     case 9: r = v9_->devices(&n); break;
     default: r = v8_->devices(&n); break;
   }
-  if (r != ncclSuccess)
-    throw PerfError(std::string("devices failed: ") + nccl_result_name(r));
-  if (n <= 0)
-    throw PerfError("devices reported " + std::to_string(n) + " devices");
+  if (r != ncclSuccess) throw PerfError(std::string("devices failed: ") + nccl_result_name(r));
+  if (n <= 0) throw PerfError("devices reported " + std::to_string(n) + " devices");
   return n;
 }
 
@@ -328,8 +298,7 @@ DevInfo Net::properties(int dev) {
   } else {
     ncclNetProperties_v8_t p{};
     r = v8_->getProperties(dev, &p);
-    if (r == ncclSuccess)
-      take(p);
+    if (r == ncclSuccess) take(p);
   }
   if (r != ncclSuccess)
     throw PerfError("getProperties(dev " + std::to_string(dev) +
@@ -405,8 +374,7 @@ ncclResult_t Net::irecv(void* rc, void* data, size_t size, int tag, void* mh, vo
     throw PerfError(
         "irecv returned success but left NCCL_NET_OPTIONAL_RECV_COMPLETION (0x1) in "
         "*request; it must store a request or NULL");
-  if (r != ncclSuccess)
-    *req = nullptr;
+  if (r != ncclSuccess) *req = nullptr;
   return r;
 }
 

@@ -23,10 +23,8 @@ bool write_all(int fd, const void* p, size_t n) {
   const char* c = static_cast<const char*>(p);
   while (n > 0) {
     ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
-    if (w < 0 && errno == EINTR)
-      continue;
-    if (w <= 0)
-      return false;
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) return false;
     c += w;
     n -= static_cast<size_t>(w);
   }
@@ -37,10 +35,8 @@ bool read_all(int fd, void* p, size_t n) {
   char* c = static_cast<char*>(p);
   while (n > 0) {
     ssize_t r = recv(fd, c, n, 0);
-    if (r < 0 && errno == EINTR)
-      continue;
-    if (r <= 0)
-      return false;
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) return false;
     c += r;
     n -= static_cast<size_t>(r);
   }
@@ -49,8 +45,7 @@ bool read_all(int fd, void* p, size_t n) {
 
 bool read_blob(int fd, std::string* out) {
   uint32_t len = 0;
-  if (!read_all(fd, &len, sizeof(len)))
-    return false;
+  if (!read_all(fd, &len, sizeof(len))) return false;
   out->resize(len);
   return len == 0 || read_all(fd, &(*out)[0], len);
 }
@@ -69,8 +64,7 @@ void serve_fd(int lfd, int nranks) {
   std::vector<int> fds(static_cast<size_t>(nranks), -1);
   auto close_all = [&] {
     for (int& f : fds) {
-      if (f >= 0)
-        close(f);
+      if (f >= 0) close(f);
       f = -1;
     }
   };
@@ -78,8 +72,7 @@ void serve_fd(int lfd, int nranks) {
   while (joined < nranks) {
     int fd = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
     if (fd < 0) {
-      if (errno == EINTR)
-        continue;
+      if (errno == EINTR) continue;
       break;
     }
     nodelay(fd);
@@ -118,15 +111,13 @@ void serve_fd(int lfd, int nranks) {
       for (int r = 0; r < nranks; r++)
         pf[r] = {fds[r], static_cast<short>(in[r].done ? POLLRDHUP : (POLLIN | POLLRDHUP)), 0};
       if (poll(pf.data(), pf.size(), -1) < 0) {
-        if (errno == EINTR)
-          continue;
+        if (errno == EINTR) continue;
         close_all();
         return;
       }
       for (int r = 0; r < nranks; r++) {
         In& i = in[r];
-        if (!pf[r].revents)
-          continue;
+        if (!pf[r].revents) continue;
         if (i.done) {  // answered its part and hung up: it is gone
           close_all();
           return;
@@ -140,8 +131,7 @@ void serve_fd(int lfd, int nranks) {
           i.blob.resize(len);
           n = recv(fds[r], &i.blob[i.got - 4], len - (i.got - 4), MSG_DONTWAIT);  // len > 0
         }
-        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
-          continue;
+        if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) continue;
         if (n <= 0) {
           close_all();  // a rank left (normally: the end): release everybody
           return;
@@ -177,15 +167,12 @@ void serve_fd(int lfd, int nranks) {
 
 bool parse_host_port(const std::string& s, std::string* host, int* port) {
   size_t colon = s.rfind(':');
-  if (colon == std::string::npos || colon + 1 >= s.size())
-    return false;
+  if (colon == std::string::npos || colon + 1 >= s.size()) return false;
   std::string h = s.substr(0, colon);
-  if (h.size() >= 2 && h.front() == '[' && h.back() == ']')
-    h = h.substr(1, h.size() - 2);
+  if (h.size() >= 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
   char* end = nullptr;
   long p = strtol(s.c_str() + colon + 1, &end, 10);
-  if (*end || p <= 0 || p > 65535)
-    return false;
+  if (*end || p <= 0 || p > 65535) return false;
   *host = h;
   *port = static_cast<int>(p);
   return true;
@@ -193,13 +180,11 @@ bool parse_host_port(const std::string& s, std::string* host, int* port) {
 
 RdvServer::~RdvServer() {
   close_listen();
-  if (thread_.joinable())
-    thread_.detach();  // it owns everything it touches
+  if (thread_.joinable()) thread_.detach();  // it owns everything it touches
 }
 
 void RdvServer::close_listen() {
-  if (fd_ >= 0)
-    close(fd_);
+  if (fd_ >= 0) close(fd_);
   fd_ = -1;
 }
 
@@ -211,13 +196,11 @@ void RdvServer::listen(const std::string& host, int port) {
   addrinfo* res = nullptr;
   std::string ps = std::to_string(port);
   int g = getaddrinfo(host.empty() ? nullptr : host.c_str(), ps.c_str(), &hints, &res);
-  if (g != 0)
-    throw PerfError("rendezvous: cannot resolve '" + host + "': " + gai_strerror(g));
+  if (g != 0) throw PerfError("rendezvous: cannot resolve '" + host + "': " + gai_strerror(g));
   std::string err = "no address";
   for (addrinfo* a = res; a; a = a->ai_next) {
     int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-    if (fd < 0)
-      continue;
+    if (fd < 0) continue;
     int one = 1;
     setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
     if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, 1024) == 0) {
@@ -250,25 +233,20 @@ void RdvServer::start(int nranks) {
 }
 
 bool RdvServer::wait(double timeout_s) {
-  if (!thread_.joinable())
-    return true;
+  if (!thread_.joinable()) return true;
   auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
   while (!done_->load()) {
-    if (std::chrono::steady_clock::now() > deadline)
-      return false;
+    if (std::chrono::steady_clock::now() > deadline) return false;
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   thread_.join();
   return true;
 }
 
-RdvClient::~RdvClient() {
-  close();
-}
+RdvClient::~RdvClient() { close(); }
 
 void RdvClient::close() {
-  if (fd_ >= 0)
-    ::close(fd_);
+  if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
 }
 
@@ -288,8 +266,7 @@ void RdvClient::connect(const std::string& host, int port, int rank, int nranks,
     } else {
       for (addrinfo* a = res; a && fd_ < 0; a = a->ai_next) {
         int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-        if (fd < 0)
-          continue;
+        if (fd < 0) continue;
         if (::connect(fd, a->ai_addr, a->ai_addrlen) == 0) {
           fd_ = fd;
         } else {
@@ -299,26 +276,22 @@ void RdvClient::connect(const std::string& host, int port, int rank, int nranks,
       }
       freeaddrinfo(res);
     }
-    if (fd_ >= 0)
-      break;
+    if (fd_ >= 0) break;
     if (std::chrono::steady_clock::now() > deadline)
       throw PerfError("rendezvous: cannot connect to " + host + ":" + ps + ": " + err);
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   nodelay(fd_);
   uint32_t r = static_cast<uint32_t>(rank);
-  if (!write_all(fd_, &r, sizeof(r)))
-    throw PerfError("rendezvous: hello failed");
+  if (!write_all(fd_, &r, sizeof(r))) throw PerfError("rendezvous: hello failed");
 }
 
 std::vector<std::string> RdvClient::allgather(const std::string& mine) {
   const char* lost = "rendezvous connection lost (another rank failed or exited)";
-  if (fd_ < 0 || !write_blob(fd_, mine))
-    throw PerfError(lost);
+  if (fd_ < 0 || !write_blob(fd_, mine)) throw PerfError(lost);
   std::vector<std::string> out(static_cast<size_t>(nranks_));
   for (auto& b : out)
-    if (!read_blob(fd_, &b))
-      throw PerfError(lost);
+    if (!read_blob(fd_, &b)) throw PerfError(lost);
   return out;
 }
 

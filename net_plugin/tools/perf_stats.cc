@@ -13,16 +13,14 @@ namespace r2perf {
 
 std::string read_plugin_stats(const Net& net) {
   auto* ext = static_cast<const r2cclExt_v1_t*>(net.symbol(R2CCL_EXT_SYMBOL_V1));
-  if (!ext)
-    return "0";
+  if (!ext) return "0";
   if (ext->version < 1 || !ext->getStats)
     return "Er2cclExt_v1 has version " + std::to_string(ext->version) + " or no getStats";
   std::vector<char> buf(4096);
   for (int attempt = 0; attempt < 4; attempt++) {
     buf[0] = 0;
     size_t need = ext->getStats(buf.data(), buf.size());
-    if (need < buf.size())
-      return "1" + std::string(buf.data(), strnlen(buf.data(), buf.size()));
+    if (need < buf.size()) return "1" + std::string(buf.data(), strnlen(buf.data(), buf.size()));
     buf.assign(need + 1, 0);  // the text grew: call again with room for it
   }
   return "EgetStats keeps asking for a bigger buffer";
@@ -33,8 +31,7 @@ namespace {
 #ifdef R2PERF_HAVE_NLOHMANN_JSON
 uint64_t num(const nlohmann::json& j, const char* key) {
   auto it = j.find(key);
-  if (it == j.end() || !it->is_number())
-    return 0;
+  if (it == j.end() || !it->is_number()) return 0;
   return it->is_number_unsigned() || it->is_number_integer()
              ? it->get<uint64_t>()
              : static_cast<uint64_t>(it->get<double>());
@@ -48,14 +45,12 @@ std::string str(const nlohmann::json& j, const char* key) {
 // Returns false when the text is not the documented object.
 bool print_json(int rank, const std::string& text, FILE* out, StatsSummary* sum) {
   nlohmann::json j = nlohmann::json::parse(text, nullptr, false);
-  if (j.is_discarded() || !j.is_object())
-    return false;
+  if (j.is_discarded() || !j.is_object()) return false;
   uint64_t rail_replays = 0, rail_switchovers = 0;
   auto rails = j.find("rails");
   if (rails != j.end() && rails->is_array()) {
     for (const nlohmann::json& r : *rails) {
-      if (!r.is_object())
-        return false;
+      if (!r.is_object()) return false;
       rail_replays += num(r, "chunks_replayed");
       rail_switchovers += num(r, "switchovers");
       if (out)
@@ -81,16 +76,13 @@ bool print_json(int rank, const std::string& text, FILE* out, StatsSummary* sum)
 uint64_t scan(const std::string& text, const char* key) {
   std::string k = std::string("\"") + key + "\":";
   size_t p = text.rfind(k);  // the top-level key comes after the rails array
-  if (p == std::string::npos)
-    return 0;
+  if (p == std::string::npos) return 0;
   return strtoull(text.c_str() + p + k.size(), nullptr, 10);
 }
 
 bool print_json(int rank, const std::string& text, FILE* out, StatsSummary* sum) {
-  if (text.empty() || text[0] != '{')
-    return false;
-  if (out)
-    fprintf(out, "# rank %d stats: %s\n", rank, text.c_str());
+  if (text.empty() || text[0] != '{') return false;
+  if (out) fprintf(out, "# rank %d stats: %s\n", rank, text.c_str());
   sum->replays += scan(text, "replays");
   sum->switchovers += scan(text, "switchovers");
   return true;
@@ -104,21 +96,17 @@ StatsSummary summarize_stats(const std::vector<std::string>& blobs, FILE* out) {
   size_t without = 0;
   for (const std::string& b : blobs) without += b == "0";
   if (without == blobs.size()) {
-    if (out)
-      fprintf(out, "# stats: plugin has no r2cclExt_v1\n");
+    if (out) fprintf(out, "# stats: plugin has no r2cclExt_v1\n");
     return sum;
   }
-  if (out)
-    fprintf(out, "#\n# stats (r2cclExt_v1):\n");
+  if (out) fprintf(out, "#\n# stats (r2cclExt_v1):\n");
   for (size_t r = 0; r < blobs.size(); r++) {
     const std::string& b = blobs[r];
     int rank = static_cast<int>(r);
     if (b == "0") {
-      if (out)
-        fprintf(out, "# rank %d stats: plugin has no r2cclExt_v1\n", rank);
+      if (out) fprintf(out, "# rank %d stats: plugin has no r2cclExt_v1\n", rank);
     } else if (!b.empty() && b[0] == 'E') {
-      if (out)
-        fprintf(out, "# rank %d stats: error: %s\n", rank, b.c_str() + 1);
+      if (out) fprintf(out, "# rank %d stats: error: %s\n", rank, b.c_str() + 1);
       sum.bad = true;
     } else if (b.empty() || !print_json(rank, b.substr(1), out, &sum)) {
       if (out)

@@ -19,9 +19,9 @@
 #include <climits>
 #include <cstdarg>
 #include <cstdio>
-#include <exception>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <random>
 #include <string>
@@ -29,10 +29,10 @@
 #include <vector>
 
 #include "perf_coll.h"
-#include "r2ccl/ext.h"
 #include "perf_net.h"
 #include "perf_rdv.h"
 #include "perf_stats.h"
+#include "r2ccl/ext.h"
 #include "r2ccl/nccl_abi.h"
 #include "r2ccl/params.h"
 
@@ -65,8 +65,8 @@ struct Options {
   int repeat = 1;
   bool stats = false;
   bool expect_replay = false;
-  std::string inject;    // --inject SPEC (armed through r2cclExt_v1.armFaults)
-  int inject_pass = 1;   // --inject-pass K
+  std::string inject;   // --inject SPEC (armed through r2cclExt_v1.armFaults)
+  int inject_pass = 1;  // --inject-pass K
   bool params = false;
   bool markdown = false;
   int timeout = 600;
@@ -170,10 +170,8 @@ Options parse_args(int argc, char** argv) {
       has_eq = true;
     }
     auto value = [&]() -> std::string {
-      if (has_eq)
-        return v;
-      if (i + 1 >= argc)
-        usage_error(a + " needs a value");
+      if (has_eq) return v;
+      if (i + 1 >= argc) usage_error(a + " needs a value");
       return argv[++i];
     };
     if (a == "-h" || a == "--help") {
@@ -217,8 +215,7 @@ Options parse_args(int argc, char** argv) {
       o.step = 0;
     } else if (a == "-i" || a == "--stepbytes") {
       o.step = parse_size(a, value());
-      if (o.step == 0)
-        usage_error(a + " must be > 0");
+      if (o.step == 0) usage_error(a + " must be > 0");
     } else if (a == "-n" || a == "--iters") {
       o.iters = static_cast<int>(parse_long(a, value(), 1, INT_MAX));
     } else if (a == "-w" || a == "--warmup_iters") {
@@ -227,8 +224,7 @@ Options parse_args(int argc, char** argv) {
       o.repeat = static_cast<int>(parse_long(a, value(), 1, INT_MAX));
     } else if (a == "--slice") {
       o.slice = parse_size(a, value());
-      if (o.slice < sizeof(float) || o.slice > kMaxSlice)
-        usage_error("--slice must be in [4, 1G]");
+      if (o.slice < sizeof(float) || o.slice > kMaxSlice) usage_error("--slice must be in [4, 1G]");
     } else if (a == "--inflight") {
       o.inflight = static_cast<int>(parse_long(a, value(), 1, 8));
     } else if (a == "--no-flush") {
@@ -260,17 +256,12 @@ Options parse_args(int argc, char** argv) {
       usage_error("unknown option '" + a + "'");
     }
   }
-  if (o.params)
-    return o;
-  if (o.min_bytes > o.max_bytes)
-    usage_error("-b is larger than -e");
+  if (o.params) return o;
+  if (o.min_bytes > o.max_bytes) usage_error("-b is larger than -e");
   if (!o.rendezvous.empty()) {
-    if (o.ranks_set)
-      usage_error("--ranks is for one host; with --rendezvous use --rank/--nranks");
-    if (o.rank < 0 || o.nranks < 1)
-      usage_error("--rendezvous needs --rank R and --nranks N");
-    if (o.rank >= o.nranks)
-      usage_error("--rank must be < --nranks");
+    if (o.ranks_set) usage_error("--ranks is for one host; with --rendezvous use --rank/--nranks");
+    if (o.rank < 0 || o.nranks < 1) usage_error("--rendezvous needs --rank R and --nranks N");
+    if (o.rank >= o.nranks) usage_error("--rank must be < --nranks");
   } else if (o.rank >= 0 || o.nranks > 0) {
     usage_error("--rank/--nranks need --rendezvous HOST:PORT");
   }
@@ -286,11 +277,9 @@ std::vector<Geometry> sweep_sizes(const Options& o, int nranks) {
   size_t size = o.min_bytes;
   for (;;) {
     Geometry g = geometry(o.op, size, nranks);
-    if (out.empty() || out.back().bytes != g.bytes)
-      out.push_back(g);
+    if (out.empty() || out.back().bytes != g.bytes) out.push_back(g);
     size_t next = o.step ? size + o.step : (size == 0 ? 1 : size * static_cast<size_t>(o.factor));
-    if (next <= size || next > o.max_bytes)
-      break;
+    if (next <= size || next > o.max_bytes) break;
     size = next;
   }
   return out;
@@ -361,8 +350,7 @@ class Watchdog {
   }
   void stop() {
     stop_ = true;
-    if (th_.joinable())
-      th_.join();
+    if (th_.joinable()) th_.join();
   }
 
  private:
@@ -391,16 +379,14 @@ std::string to_blob(const T& t) {
 }
 template <typename T>
 T from_blob(const std::string& s) {
-  if (s.size() < sizeof(T))
-    throw PerfError("rendezvous: short message from a peer");
+  if (s.size() < sizeof(T)) throw PerfError("rendezvous: short message from a peer");
   T t;
   memcpy(&t, s.data(), sizeof(T));
   return t;
 }
 
 void check_call(ncclResult_t r, const char* call, int ch) {
-  if (r == ncclSuccess)
-    return;
+  if (r == ncclSuccess) return;
   char buf[200];
   snprintf(buf, sizeof(buf), "%s(channel %d) failed: %s (%d)", call, ch, nccl_result_name(r),
            static_cast<int>(r));
@@ -434,8 +420,7 @@ struct Buffers {
 
 void* alloc_buf(size_t bytes) {
   void* p = nullptr;
-  if (posix_memalign(&p, 4096, bytes) != 0)
-    throw PerfError("out of memory");
+  if (posix_memalign(&p, 4096, bytes) != 0) throw PerfError("out of memory");
   memset(p, 0, bytes);
   return p;
 }
@@ -521,8 +506,7 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
           throw PerfError("device " + std::to_string(d) + " reports maxRecvs < 1");
         if (net.api() >= 9 && props[d].max_p2p_bytes == 0)
           throw PerfError("device " + std::to_string(d) + " reports maxP2pBytes 0");
-        if (props[d].max_p2p_bytes)
-          slice = std::min(slice, props[d].max_p2p_bytes);
+        if (props[d].max_p2p_bytes) slice = std::min(slice, props[d].max_p2p_bytes);
       }
       dev_names +=
           (c ? "  " : "") + std::string("dev ") + std::to_string(d) + " [" + props[d].name + "]";
@@ -537,8 +521,7 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
     for (int c = 0; c < C; c++) {
       char* h = &blob[sizeof(uint64_t) + static_cast<size_t>(c) * NCCL_NET_HANDLE_MAXSIZE];
       check_call(net.listen(ctx, chans[c].dev, h, &chans[c].listen_comm), "listen", c);
-      if (!chans[c].listen_comm)
-        throw PerfError("listen returned a NULL listenComm");
+      if (!chans[c].listen_comm) throw PerfError("listen returned a NULL listenComm");
     }
     blob += dev_names;
     std::vector<std::string> all = rdv.allgather(blob);
@@ -567,8 +550,7 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
         Channel& ch = chans[c];
         if (!ch.send_comm) {
           check_call(net.connect(ctx, ch.dev, peer[c].data(), &ch.send_comm), "connect", c);
-          if (ch.send_comm)
-            pending--, progress = true;
+          if (ch.send_comm) pending--, progress = true;
         }
         if (!ch.recv_comm) {
           check_call(net.accept(ch.listen_comm, &ch.recv_comm), "accept", c);
@@ -579,8 +561,7 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
           }
         }
       }
-      if (!progress)
-        usleep(100);
+      if (!progress) usleep(100);
     }
 
     // Buffers, registered on the comms that use them.
@@ -591,8 +572,7 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
     Buffers bufs;
     bufs.mem[0] = alloc_buf(buf_bytes);
     bufs.mem[1] = alloc_buf(buf_bytes);
-    if (reduce)
-      bufs.mem[2] = alloc_buf(slot_bytes * static_cast<size_t>(o.inflight) * C);
+    if (reduce) bufs.mem[2] = alloc_buf(slot_bytes * static_cast<size_t>(o.inflight) * C);
     float* sendbuf = static_cast<float*>(bufs.mem[0]);
     float* recvbuf = static_cast<float*>(bufs.mem[1]);
     for (int c = 0; c < C; c++) {
@@ -666,8 +646,10 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
       if (!o.inject.empty() && pass == o.inject_pass) {
         auto* ext = static_cast<const r2cclExt_v1_t*>(net.symbol(R2CCL_EXT_SYMBOL_V1));
         if (!ext || !ext->armFaults || ext->armFaults(o.inject.c_str()) != 0) {
-          fprintf(stderr, "r2ccl_perf: rank %d: --inject: the plugin has no r2cclExt_v1.armFaults "
-                          "or refused '%s'\n", rank, o.inject.c_str());
+          fprintf(stderr,
+                  "r2ccl_perf: rank %d: --inject: the plugin has no r2cclExt_v1.armFaults "
+                  "or refused '%s'\n",
+                  rank, o.inject.c_str());
           return 1;
         }
       }
@@ -744,24 +726,20 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
       printf("# wrong total: %" PRIu64 "%s\n#\n", wrong_total, o.check ? "" : " (not checked)");
       fflush(stdout);
     }
-    if (wrong_total)
-      rc = 1;
+    if (wrong_total) rc = 1;
 
     if (o.stats) {
       set_phase("stats");
       std::vector<std::string> blobs = rdv.allgather(read_plugin_stats(net));
       StatsSummary sum = summarize_stats(blobs, root ? stdout : nullptr);
-      if (sum.bad)
-        rc = 1;
+      if (sum.bad) rc = 1;
       if (o.expect_replay) {
         if (root)
           printf("# expect-replay: %" PRIu64 " replayed chunk(s) over all ranks: %s\n", sum.replays,
                  sum.replays > 0 ? "OK" : "FAILED");
-        if (sum.replays == 0)
-          rc = 1;
+        if (sum.replays == 0) rc = 1;
       }
-      if (root)
-        fflush(stdout);
+      if (root) fflush(stdout);
     }
 
     set_phase("teardown");
@@ -809,8 +787,7 @@ int run_local(const Options& o) {
     if (pid < 0) {
       perror("r2ccl_perf: fork");
       for (pid_t p : pids)
-        if (p > 0)
-          kill(p, SIGKILL);
+        if (p > 0) kill(p, SIGKILL);
       return 1;
     }
     if (pid == 0) {
@@ -835,8 +812,7 @@ int run_local(const Options& o) {
     pid_t pid = waitpid(-1, &status, WNOHANG);
     if (pid > 0) {
       auto it = std::find(pids.begin(), pids.end(), pid);
-      if (it == pids.end())
-        continue;
+      if (it == pids.end()) continue;
       int r = static_cast<int>(it - pids.begin());
       *it = -1;
       left--;
@@ -848,14 +824,12 @@ int run_local(const Options& o) {
         else if (WIFSIGNALED(status))
           fprintf(stderr, "r2ccl_perf: rank %d was killed by signal %d (%s)\n", r, WTERMSIG(status),
                   strsignal(WTERMSIG(status)));
-        if (!failed)
-          first_failure = clk::now();
+        if (!failed) first_failure = clk::now();
         failed = true;
       }
       continue;
     }
-    if (pid < 0 && errno != EINTR)
-      break;
+    if (pid < 0 && errno != EINTR) break;
     usleep(20000);
     bool timeout = clk::now() > deadline;
     bool stuck = failed && clk::now() > first_failure + grace;
@@ -869,8 +843,7 @@ int run_local(const Options& o) {
                 "killing them\n",
                 static_cast<int>(grace.count()));
       for (pid_t p : pids)
-        if (p > 0)
-          kill(p, SIGKILL);
+        if (p > 0) kill(p, SIGKILL);
       killed = true;
       rc = 1;
     }
@@ -885,8 +858,7 @@ int main_impl(int argc, char** argv) {
     return 0;
   }
   try {
-    if (o.rendezvous.empty())
-      return run_local(o);
+    if (o.rendezvous.empty()) return run_local(o);
     std::string host;
     int port = 0;
     if (!parse_host_port(o.rendezvous, &host, &port))
@@ -901,6 +873,4 @@ int main_impl(int argc, char** argv) {
 }  // namespace
 }  // namespace r2perf
 
-int main(int argc, char** argv) {
-  return r2perf::main_impl(argc, argv);
-}
+int main(int argc, char** argv) { return r2perf::main_impl(argc, argv); }

@@ -21,20 +21,20 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <exception>
 #include <cstdlib>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "transport/ib/devices.h"
-#include "transport/ib/verbs_api.h"
 #include "r2ccl/params.h"
 #include "r2ccl/version.h"
 #include "sock/rails.h"
 #include "tools/topology_check.h"
+#include "transport/ib/devices.h"
+#include "transport/ib/verbs_api.h"
 
 namespace {
 

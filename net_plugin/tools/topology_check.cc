@@ -22,10 +22,11 @@ using nlohmann::json;
 namespace {
 
 nlohmann::ordered_json port_to_json(const Port& p, bool hca) {
-  nlohmann::ordered_json j = {{"name", p.name},         {"link_layer", p.link_layer}, {"state", p.state},
-            {"speed_mbps", p.speed_mbps}, {"mtu", p.mtu},           {"address", p.address},
-            {"subnet", p.subnet},     {"pci_bus", p.pci_bus},       {"numa", p.numa},
-            {"pfc", p.pfc}};
+  nlohmann::ordered_json j = {{"name", p.name},     {"link_layer", p.link_layer},
+                              {"state", p.state},   {"speed_mbps", p.speed_mbps},
+                              {"mtu", p.mtu},       {"address", p.address},
+                              {"subnet", p.subnet}, {"pci_bus", p.pci_bus},
+                              {"numa", p.numa},     {"pfc", p.pfc}};
   if (hca) {
     j["gid"] = p.gid;
     j["gid_type"] = p.gid_type;
@@ -178,8 +179,7 @@ void check_attr(Ctx& c, const std::string& group, size_t k, const std::vector<si
                 const std::string& kind, Severity sev, bool prefer_high,
                 const std::function<bool(const Port&, T*)>& get,
                 const std::function<std::string(const T&)>& text,
-                const std::function<bool(const T&, const T&)>& report,
-                const std::string& what) {
+                const std::function<bool(const T&, const T&)>& report, const std::string& what) {
   std::vector<T> vals;
   std::vector<std::pair<size_t, T>> known;
   for (size_t n : have) {
@@ -245,8 +245,7 @@ void compare_group(Ctx& c, const std::string& group) {
         "link layer ");
     check_attr<S>(
         c, group, k, have, "state", Severity::kWarning, false,
-        [](const Port& p, S* v) { return *v = p.state, !v->empty(); }, str_text, differs,
-        "state ");
+        [](const Port& p, S* v) { return *v = p.state, !v->empty(); }, str_text, differs, "state ");
     check_attr<int>(
         c, group, k, have, "speed", Severity::kWarning, true,
         [](const Port& p, int* v) { return *v = p.speed_mbps, *v > 0; }, mbps_text,
@@ -330,8 +329,7 @@ bool from_json(const std::string& text, const std::string& source, NodeDump* out
            " is not supported (this tool reads version " + std::to_string(kSchemaVersion) + ")";
     return false;
   }
-  if (!r.str(j, "", "hostname", &d.hostname) ||
-      !r.str(j, "", "r2ccl_version", &d.r2ccl_version) ||
+  if (!r.str(j, "", "hostname", &d.hostname) || !r.str(j, "", "r2ccl_version", &d.r2ccl_version) ||
       !ports_from_json(r, j, "rails", false, &d.rails, &e) ||
       !ports_from_json(r, j, "hcas", true, &d.hcas, &e)) {
     *err = source + ": " + e;

@@ -21,15 +21,15 @@ struct Port {
   std::string link_layer;  // "ethernet", "infiniband", "loopback", "other"
   std::string state;       // "up" / "down" (TCP carrier; HCA port ACTIVE or not)
   int speed_mbps = 0;
-  int mtu = 0;             // bytes (HCAs: the port's active MTU)
-  std::string address;     // "10.0.0.1/24" (TCP rails, RoCE IPv4 GIDs)
-  std::string subnet;      // "10.0.0.0/24"
-  std::string pci_bus;     // "0000:0b:00.0"
+  int mtu = 0;          // bytes (HCAs: the port's active MTU)
+  std::string address;  // "10.0.0.1/24" (TCP rails, RoCE IPv4 GIDs)
+  std::string subnet;   // "10.0.0.0/24"
+  std::string pci_bus;  // "0000:0b:00.0"
   int numa = -1;
   std::string pfc = "unknown";  // "on", "off", "unknown"
   // HCA ports only (empty / -1 for TCP rails).
-  std::string gid;         // "::ffff:10.0.0.1", "fe80::..."
-  std::string gid_type;    // "IB", "RoCEv1", "RoCEv2"
+  std::string gid;       // "::ffff:10.0.0.1", "fe80::..."
+  std::string gid_type;  // "IB", "RoCEv1", "RoCEv2"
   int gid_index = -1;
 };
 
@@ -48,8 +48,7 @@ std::string to_json(const NodeDump& d);
 // "b.json: field rails[1].mtu: expected an integer". Fails on bad JSON (with the parser's
 // position), a schema_version other than kSchemaVersion, a missing field or a wrong type.
 // *out is set only on success.
-bool from_json(const std::string& text, const std::string& source, NodeDump* out,
-               std::string* err);
+bool from_json(const std::string& text, const std::string& source, NodeDump* out, std::string* err);
 // Reads and parses `path` (an unreadable or empty file is an error naming it).
 bool load_dump_file(const std::string& path, NodeDump* out, std::string* err);
 

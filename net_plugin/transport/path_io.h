@@ -76,12 +76,12 @@ struct ChunkOut {
   const RemoteBuffer* remote = nullptr;
   uint64_t seq = 0;
   uint64_t offset = 0;
-  uint64_t total = 0;         // message bytes
+  uint64_t total = 0;  // message bytes
   uint32_t idx = 0;
   uint32_t nchunks = 0;
   uint32_t len = 0;
   bool last = false;
-  uint64_t chunk_size = 0;    // the connection's chunk size
+  uint64_t chunk_size = 0;  // the connection's chunk size
 };
 
 // One clear-to-send (receiver): the posted buffer of receive `seq`.
@@ -104,7 +104,7 @@ struct ChunkHeader {
 };
 struct ChunkPlace {
   enum class Action : uint8_t { kRead, kDiscard, kProtocolError } action = Action::kDiscard;
-  char* dst = nullptr;     // kRead: buffer + offset
+  char* dst = nullptr;        // kRead: buffer + offset
   const void* req = nullptr;  // opaque request the bytes belong to (for chunk_wanted)
   uint64_t seq = 0;
   uint32_t idx = 0;
@@ -143,8 +143,8 @@ class PathSink {
   virtual void on_chunk_read(int path, const ChunkPlace& place, bool clean, TimeUs now) = 0;
   // Receiver, verbs: the NIC placed chunk `idx` (len bytes) of the receive whose sequence
   // has `seq_low` in its low `seq_bits` bits; `last` marks the message's last chunk.
-  virtual void on_chunk_placed(int path, uint64_t seq_low, int seq_bits, uint32_t idx,
-                               uint32_t len, bool last, TimeUs now) = 0;
+  virtual void on_chunk_placed(int path, uint64_t seq_low, int seq_bits, uint32_t idx, uint32_t len,
+                               bool last, TimeUs now) = 0;
   // Receiver: the CTS of receive `seq` reached the sender (verbs: its write completed).
   virtual void on_cts_delivered(uint64_t seq, TimeUs now) = 0;
   virtual void on_ctrl(int path, const CtrlMsg& m, TimeUs now) = 0;

@@ -11,9 +11,9 @@
 namespace r2ccl::net {
 namespace {
 
-constexpr int kBgPollMs = 2;                      // background loop period
+constexpr int kBgPollMs = 2;  // background loop period
 constexpr TimeUs kIdleProgressAfter = 2 * kUsPerMs;
-constexpr TimeUs kBoardPeriod = 100 * kUsPerMs;   // health board publish period
+constexpr TimeUs kBoardPeriod = 100 * kUsPerMs;  // health board publish period
 
 }  // namespace
 
@@ -43,8 +43,10 @@ Status RuntimeBase::init_base(const Config* cfg, const Traits& traits, std::vect
   for (size_t i = 0; i < rails_.size(); ++i) live_[i].link_up = rails_[i].link_up;
   if (cfg_->health_board != "none") {
     std::string berr;
-    if (board_.open(cfg_->health_board, &berr)) board_rails_.resize(rails_.size());
-    else R2CCL_WARN("health board off: %s", berr.c_str());
+    if (board_.open(cfg_->health_board, &berr))
+      board_rails_.resize(rails_.size());
+    else
+      R2CCL_WARN("health board off: %s", berr.c_str());
   }
   std::vector<PredictAgent::Rail> prails;
   for (size_t i = 0; i < rails_.size(); ++i) prails.push_back({rails_[i].predict, &live_[i]});
@@ -76,9 +78,10 @@ Status RuntimeBase::properties(int dev, DeviceProps* p) const {
 
 int RuntimeBase::arm_faults(const char* spec) {
   (void)spec;
-  R2CCL_WARN("armFaults: the in-process fault injector acts on TCP sockets; this process uses "
-             "the %s transport (verbs faults come from the fake verbs provider, tests/fakeverbs)",
-             traits_.name);
+  R2CCL_WARN(
+      "armFaults: the in-process fault injector acts on TCP sockets; this process uses "
+      "the %s transport (verbs faults come from the fake verbs provider, tests/fakeverbs)",
+      traits_.name);
   return -1;
 }
 
@@ -233,7 +236,7 @@ void RuntimeBase::publish_board(TimeUs now) {
     board::RailFields f;
     board::set_text(f.name, sizeof(f.name), rails_[i].name);
     f.transport = traits_.board_kind;
-    f.state = !up ? board::RailState::kDown
+    f.state = !up                         ? board::RailState::kDown
               : l.failed_paths.load() > 0 ? board::RailState::kFailed
               : l.predict_drain.load()    ? board::RailState::kDraining
                                           : board::RailState::kUp;

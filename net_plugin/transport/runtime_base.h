@@ -90,14 +90,14 @@ class RuntimeBase : public Transport, public RailTable {
  protected:
   // What tells the transports apart in the shared code.
   struct Traits {
-    const char* name;               // "TCP", "IB" (banner, messages)
-    board::Transport board_kind;    // on the health board and in getStats
-    uint64_t connect_magic;         // tells an in-progress connect in NCCL's handle (connect_state.h)
-    const char* down_cause;         // board text for a rail that is down ("link down")
+    const char* name;             // "TCP", "IB" (banner, messages)
+    board::Transport board_kind;  // on the health board and in getStats
+    uint64_t connect_magic;       // tells an in-progress connect in NCCL's handle (connect_state.h)
+    const char* down_cause;       // board text for a rail that is down ("link down")
     const char* link_event_source;  // log text of a link-down notification ("netlink")
   };
   struct RailInfo {
-    std::string name;    // display name (logs, board, stats)
+    std::string name;  // display name (logs, board, stats)
     int speed_mbps = 0;
     std::string ifname;  // netlink interface of the rail, "" when none is known
     bool link_up = true;
@@ -109,7 +109,7 @@ class RuntimeBase : public Transport, public RailTable {
     std::string name;      // "eth0", "mlx5_0" (the port in `port`)
     std::string pci_path;  // "" for a virtual NIC
     uint64_t guid = 0;
-    int port = 0;          // verbs port number, 0 for TCP
+    int port = 0;             // verbs port number, 0 for TCP
     std::string description;  // its part of the init banner
   };
 
@@ -156,7 +156,7 @@ class RuntimeBase : public Transport, public RailTable {
   // Health board (docs/HEALTH-BOARD.md): opened at init unless R2CCL_HEALTH_BOARD=none;
   // published by the background thread.
   board::Publisher board_;
-  PredictAgent predict_;  // the failure predictor (background thread)
+  PredictAgent predict_;                              // the failure predictor (background thread)
   std::vector<board::RailPublishState> board_rails_;  // background thread only
   TimeUs board_next_ = 0;                             // background thread only
 

@@ -8,7 +8,7 @@
 #include <limits>
 namespace r2ccl::predict {
 constexpr float kBaselineUnused = std::numeric_limits<float>::infinity();
-constexpr float kBaselineThreshold[4] = {
-    kBaselineUnused, kBaselineUnused, 5.33498383f, 0.0590677187f};
+constexpr float kBaselineThreshold[4] = {kBaselineUnused, kBaselineUnused, 5.33498383f,
+                                         0.0590677187f};
 constexpr int kBaselineSteps = 3;
 }  // namespace r2ccl::predict

@@ -17,8 +17,8 @@ namespace r2ccl::predict {
 namespace {
 
 const char* const kNames[kNumCounters] = {
-    "retrans",  "tx_packets", "rx_packets",    "tx_bytes",    "rx_bytes",  "symbol_err",
-    "rcv_err",  "link_recovery", "link_downed", "integrity", "buf_overrun"};
+    "retrans", "tx_packets",    "rx_packets",  "tx_bytes",  "rx_bytes",   "symbol_err",
+    "rcv_err", "link_recovery", "link_downed", "integrity", "buf_overrun"};
 
 // Reads at most `cap` bytes of a small sysfs-like file. False when it cannot be opened/read or
 // is not a regular file: opened non-blocking and checked with fstat, so a FIFO, a device or a
@@ -130,8 +130,7 @@ Reading parse_reading(const std::string& text) {
 }
 
 SysfsRail::SysfsRail(const std::string& root, const RailSpec& spec) : spec_(spec) {
-  const Width sat4{4, true}, sat8{8, true}, sat16{16, true}, wrap32{32, false},
-      wrap64{64, false};
+  const Width sat4{4, true}, sat8{8, true}, sat16{16, true}, wrap32{32, false}, wrap64{64, false};
   if (spec.kind == RailSpec::Kind::kIb) {
     dir_ = root + "/class/infiniband/" + spec.device + "/ports/" + std::to_string(spec.port);
     add("hw_counters/local_ack_timeout_err", kRetrans, wrap32);
@@ -229,8 +228,8 @@ bool SysfsRail::read(double now_s, const ExtraCounters& extra, Step* out,
     // "4: ACTIVE" (and "5: ACTIVE_DEFER") is up; "1: DOWN", "2: INIT", "3: ARMED" are not.
     // Missing or unrecognised text: unknown, taken as up (a dead link shows in the transport).
     if (read_small(dir_ + "/state", &text) && text.find("ACTIVE") == std::string::npos)
-      s.link_up = text.find("DOWN") == std::string::npos && text.find("INIT") == std::string::npos &&
-                  text.find("ARMED") == std::string::npos;
+      s.link_up = text.find("DOWN") == std::string::npos &&
+                  text.find("INIT") == std::string::npos && text.find("ARMED") == std::string::npos;
     if (read_small(dir_ + "/rate", &text)) {
       // "400 Gb/sec (4X NDR)"
       char* end = nullptr;

@@ -7,11 +7,16 @@ namespace r2ccl::predict {
 
 namespace {
 const char* const kFeatureNames[kNumFeatures] = {
-    "retrans_rate", "retrans_pct",   "phy_err_rate",  "link_instability",
+    "retrans_rate",     "retrans_pct", "phy_err_rate",  "link_instability",
     "buf_overrun_rate", "utilisation", "phy_err_delta", "retrans_delta"};
-const char* const kFeatureCounters[kNumFeatures] = {
-    "retrans",     "retrans/tx_packets", "symbol_err+rcv_err", "link_recovery+link_downed+integrity",
-    "buf_overrun", "tx_bytes/rx_bytes",  "symbol_err+rcv_err", "retrans"};
+const char* const kFeatureCounters[kNumFeatures] = {"retrans",
+                                                    "retrans/tx_packets",
+                                                    "symbol_err+rcv_err",
+                                                    "link_recovery+link_downed+integrity",
+                                                    "buf_overrun",
+                                                    "tx_bytes/rx_bytes",
+                                                    "symbol_err+rcv_err",
+                                                    "retrans"};
 
 float log_rate(double count, double dt) {
   return static_cast<float>(std::log1p(std::max(0.0, count) / dt));

@@ -101,10 +101,9 @@ bool parse_model(const uint8_t* data, size_t n, Model* out, std::string* err) {
     return false;
   }
   // The checksum first: a damaged file must not be interpreted at all.
-  const uint32_t want = static_cast<uint32_t>(data[n - 4]) |
-                        static_cast<uint32_t>(data[n - 3]) << 8 |
-                        static_cast<uint32_t>(data[n - 2]) << 16 |
-                        static_cast<uint32_t>(data[n - 1]) << 24;
+  const uint32_t want =
+      static_cast<uint32_t>(data[n - 4]) | static_cast<uint32_t>(data[n - 3]) << 8 |
+      static_cast<uint32_t>(data[n - 2]) << 16 | static_cast<uint32_t>(data[n - 1]) << 24;
   const uint32_t got = static_cast<uint32_t>(crc32(0L, data, static_cast<uInt>(n - 4)));
   Reader r(data, n - 4);
   Model m;
@@ -123,8 +122,8 @@ bool parse_model(const uint8_t* data, size_t n, Model* out, std::string* err) {
     return false;
   }
   float steps = 0;
-  if (!r.u32(&m.n_features) || !r.u32(&m.hidden) || !r.u32(&m.window) ||
-      !r.u32(&m.horizon_s) || !r.f32(&m.interval_s)) {
+  if (!r.u32(&m.n_features) || !r.u32(&m.hidden) || !r.u32(&m.window) || !r.u32(&m.horizon_s) ||
+      !r.f32(&m.interval_s)) {
     *err = "truncated header";
     return false;
   }
@@ -133,8 +132,8 @@ bool parse_model(const uint8_t* data, size_t n, Model* out, std::string* err) {
            std::to_string(kNumFeatures);
     return false;
   }
-  if (m.hidden < 1 || m.hidden > 512 || m.window < 1 || m.window > 4096 ||
-      !(m.interval_s > 0) || !std::isfinite(m.interval_s)) {
+  if (m.hidden < 1 || m.hidden > 512 || m.window < 1 || m.window > 4096 || !(m.interval_s > 0) ||
+      !std::isfinite(m.interval_s)) {
     *err = "implausible shape (hidden " + std::to_string(m.hidden) + ", window " +
            std::to_string(m.window) + "; accepted: hidden 1..512, window 1..4096, interval > 0)";
     return false;
@@ -142,9 +141,8 @@ bool parse_model(const uint8_t* data, size_t n, Model* out, std::string* err) {
   const size_t F = m.n_features, H = m.hidden;
   std::vector<float> thr;
   if (!r.floats(&m.mean, F) || !r.floats(&m.stdev, F) || !r.floats(&thr, 4) || !r.f32(&steps) ||
-      !r.floats(&m.w_ih, 4 * H * F) || !r.floats(&m.w_hh, 4 * H * H) ||
-      !r.floats(&m.b_ih, 4 * H) || !r.floats(&m.b_hh, 4 * H) || !r.floats(&m.w_out, H) ||
-      !r.f32(&m.b_out)) {
+      !r.floats(&m.w_ih, 4 * H * F) || !r.floats(&m.w_hh, 4 * H * H) || !r.floats(&m.b_ih, 4 * H) ||
+      !r.floats(&m.b_hh, 4 * H) || !r.floats(&m.w_out, H) || !r.f32(&m.b_out)) {
     *err = "truncated: shorter than its header's shape (hidden " + std::to_string(H) + ")";
     return false;
   }
@@ -157,9 +155,9 @@ bool parse_model(const uint8_t* data, size_t n, Model* out, std::string* err) {
     *err = std::to_string(n - 4 - r.pos()) + " unexpected bytes before the checksum";
     return false;
   }
-  if (!all_finite(m.mean) || !all_finite(m.stdev) || !all_finite(m.w_ih) ||
-      !all_finite(m.w_hh) || !all_finite(m.b_ih) || !all_finite(m.b_hh) ||
-      !all_finite(m.w_out) || !std::isfinite(m.b_out)) {
+  if (!all_finite(m.mean) || !all_finite(m.stdev) || !all_finite(m.w_ih) || !all_finite(m.w_hh) ||
+      !all_finite(m.b_ih) || !all_finite(m.b_hh) || !all_finite(m.w_out) ||
+      !std::isfinite(m.b_out)) {
     *err = "contains a NaN or infinite weight";
     return false;
   }

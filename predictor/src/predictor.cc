@@ -11,7 +11,8 @@ namespace r2ccl::predict {
 PredictorConfig predictor_config_from(const Config& cfg) {
   PredictorConfig p;
   p.interval_s = static_cast<double>(cfg.predict_interval) / 1e6;
-  p.window_steps = static_cast<int>(std::max<int64_t>(2, cfg.predict_window / cfg.predict_interval));
+  p.window_steps =
+      static_cast<int>(std::max<int64_t>(2, cfg.predict_window / cfg.predict_interval));
   p.threshold = static_cast<float>(cfg.predict_threshold);
   p.return_threshold = static_cast<float>(cfg.predict_return_threshold);
   p.return_samples = static_cast<int>(cfg.predict_return_samples);
@@ -101,10 +102,12 @@ std::string RailPredictor::top_contributors(int n) const {
   for (int f = 0; f < kNumFeatures; ++f) {
     if (!model_ && f >= 4) break;  // the baseline looks at features 0..3 only
     const std::string name = feature_counters(f);
-    auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const Group& g) { return g.name == name; });
-    if (it == groups.end()) groups.push_back({name, 1u << f, 0});
-    else it->mask |= 1u << f;
+    auto it =
+        std::find_if(groups.begin(), groups.end(), [&](const Group& g) { return g.name == name; });
+    if (it == groups.end())
+      groups.push_back({name, 1u << f, 0});
+    else
+      it->mask |= 1u << f;
   }
   if (model_) {
     // The risk this rail would lose if those counters had been quiet over the whole window.

@@ -88,14 +88,21 @@ bool TraceReader::parse_header(const std::string& text, std::string* err) {
       *err = where(-1) + ": column '" + shown(h) + "' appears twice";
       return false;
     }
-    if (h == "t_s") col_t_ = col;
-    else if (h == "rail") col_rail_ = col;
-    else if (h == "link") col_link_ = col;
-    else if (h == "speed_mbps") col_speed_ = col;
-    else if (h == "scenario") col_scen_ = col;
-    else if (counter_by_name(h) >= 0) col_counter_[counter_by_name(h)] = col;
+    if (h == "t_s")
+      col_t_ = col;
+    else if (h == "rail")
+      col_rail_ = col;
+    else if (h == "link")
+      col_link_ = col;
+    else if (h == "speed_mbps")
+      col_speed_ = col;
+    else if (h == "scenario")
+      col_scen_ = col;
+    else if (counter_by_name(h) >= 0)
+      col_counter_[counter_by_name(h)] = col;
     else {
-      *err = where(-1) + ": unknown column '" + shown(h) + "' (docs/PREDICTOR.md lists the columns)";
+      *err =
+          where(-1) + ": unknown column '" + shown(h) + "' (docs/PREDICTOR.md lists the columns)";
       return false;
     }
   }

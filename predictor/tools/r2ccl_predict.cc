@@ -15,8 +15,8 @@
 //   r2ccl_predict --bench [--model FILE]     inference cost per rail-sample
 //
 // Exit status: 0 ok, 1 bad input (trace, weights), 3 usage.
-#include <time.h>
 #include <sys/stat.h>
+#include <time.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -81,8 +81,8 @@ bool get_model(const Options& o, Model* m, bool* have, bool required = false) {
   }
   *have = true;
   if (!o.quiet)
-    fprintf(stderr, "r2ccl_predict: weights %s (%zu bytes, hidden %u, window %u)\n",
-            path.c_str(), m->file_bytes, m->hidden, m->window);
+    fprintf(stderr, "r2ccl_predict: weights %s (%zu bytes, hidden %u, window %u)\n", path.c_str(),
+            m->file_bytes, m->hidden, m->window);
   return true;
 }
 
@@ -118,8 +118,8 @@ int run_replay(const Options& o) {
     std::vector<double> leads;
   };
   std::map<int, RailRun> runs;
-  printf("%-10s %-16s %-4s %-7s %-9s %-6s %s\n", "t_s", "rail", "link", "risk", "baseline",
-         "drain", "event");
+  printf("%-10s %-16s %-4s %-7s %-9s %-6s %s\n", "t_s", "rail", "link", "risk", "baseline", "drain",
+         "event");
   TraceRow row;
   while (tr.next(&row, &err)) {
     const std::string& name = tr.rail_names()[static_cast<size_t>(row.rail)];
@@ -156,8 +156,8 @@ int run_replay(const Options& o) {
       printf("%-10.1f %-16s %-4d %-7.3f %-9.3f %-6s %s\n", row.t_s, name.c_str(), 1, a.risk,
              a.baseline_risk, a.drain ? "yes" : "no", event.c_str());
     else
-      printf("%-10.1f %-16s %-4d %-7s %-9s %-6s %s\n", row.t_s, name.c_str(),
-             row.link_up ? 1 : 0, "-", "-", "-", event.c_str());
+      printf("%-10.1f %-16s %-4d %-7s %-9s %-6s %s\n", row.t_s, name.c_str(), row.link_up ? 1 : 0,
+             "-", "-", "-", event.c_str());
   }
   if (!err.empty()) {
     fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
@@ -171,7 +171,8 @@ int run_replay(const Options& o) {
          cfg.threshold);
   for (const auto& [idx, rr] : runs) {
     std::string leads;
-    for (double l : rr.leads) leads += (leads.empty() ? "" : ", ") + std::to_string(l).substr(0, 5) + " s";
+    for (double l : rr.leads)
+      leads += (leads.empty() ? "" : ", ") + std::to_string(l).substr(0, 5) + " s";
     printf("  %-16s failures %d, drained before %d%s%s\n",
            tr.rail_names()[static_cast<size_t>(idx)].c_str(), rr.failures, rr.warned,
            leads.empty() ? "" : ", lead ", leads.c_str());
@@ -185,8 +186,8 @@ bool write_npy(const std::string& path, const char* descr, const void* data, siz
                size_t rows, size_t cols) {
   std::string shape = cols ? "(" + std::to_string(rows) + ", " + std::to_string(cols) + ")"
                            : "(" + std::to_string(rows) + ",)";
-  std::string hdr = std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " +
-                    shape + ", }";
+  std::string hdr =
+      std::string("{'descr': '") + descr + "', 'fortran_order': False, 'shape': " + shape + ", }";
   const size_t base = 10;  // magic(6) + version(2) + header length(2)
   size_t total = base + hdr.size() + 1;
   hdr.append((64 - total % 64) % 64, ' ');
@@ -200,7 +201,8 @@ bool write_npy(const std::string& path, const char* descr, const void* data, siz
                                static_cast<unsigned char>(len >> 8)};
   f.write(reinterpret_cast<const char*>(l2), 2);
   f.write(hdr.data(), static_cast<std::streamsize>(hdr.size()));
-  f.write(static_cast<const char*>(data), static_cast<std::streamsize>(elem * rows * (cols ? cols : 1)));
+  f.write(static_cast<const char*>(data),
+          static_cast<std::streamsize>(elem * rows * (cols ? cols : 1)));
   return static_cast<bool>(f);
 }
 
@@ -256,7 +258,8 @@ int run_features(const Options& o) {
   // Labels: a failure of the same rail within (t, t + horizon]. Events per rail are in time
   // order, so a binary search per row.
   std::vector<std::vector<double>> events(tr.rail_names().size());
-  for (size_t i = 0; i < ev_t.size(); ++i) events[static_cast<size_t>(ev_rail[i])].push_back(ev_t[i]);
+  for (size_t i = 0; i < ev_t.size(); ++i)
+    events[static_cast<size_t>(ev_rail[i])].push_back(ev_t[i]);
   std::vector<int8_t> label(t.size(), 0);
   for (size_t i = 0; i < t.size(); ++i) {
     const auto& e = events[static_cast<size_t>(rail[i])];
@@ -331,7 +334,8 @@ int run_evaluate(const Options& o) {
     prev_link[r] = row.link_up;
     Assessment a;
     if (row.has_step && preds[r]->update(row.step, &a))
-      rows.push_back({row.rail, row.t_s, a.risk >= cfg.threshold, a.baseline_risk >= cfg.threshold});
+      rows.push_back(
+          {row.rail, row.t_s, a.risk >= cfg.threshold, a.baseline_risk >= cfg.threshold});
   }
   if (!err.empty()) {
     fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
@@ -339,9 +343,7 @@ int run_evaluate(const Options& o) {
   }
   struct Confusion {
     double tp = 0, fp = 0, fn = 0, tn = 0;
-    void add(bool alarm, bool label) {
-      (alarm ? (label ? tp : fp) : (label ? fn : tn)) += 1;
-    }
+    void add(bool alarm, bool label) { (alarm ? (label ? tp : fp) : (label ? fn : tn)) += 1; }
     double precision() const { return tp + fp > 0 ? tp / (tp + fp) : 0; }
     double recall() const { return tp + fn > 0 ? tp / (tp + fn) : 0; }
     double f1() const {
@@ -364,8 +366,7 @@ int run_evaluate(const Options& o) {
   printf("%-9s %9s %9s %9s %9s\n", "model", "precision", "recall", "F1", "accuracy");
   for (const auto& [name, c] : {std::pair<const char*, const Confusion&>{"lstm", lstm},
                                 std::pair<const char*, const Confusion&>{"baseline", base}})
-    printf("%-9s %9.4f %9.4f %9.4f %9.5f\n", name, c.precision(), c.recall(), c.f1(),
-           c.accuracy());
+    printf("%-9s %9.4f %9.4f %9.4f %9.5f\n", name, c.precision(), c.recall(), c.f1(), c.accuracy());
   return 0;
 }
 
@@ -384,11 +385,13 @@ int run_live(const Options& o) {
     rails = keep;
   }
   if (rails.empty()) {
-    fprintf(stderr, "r2ccl_predict: no rails under %s (class/infiniband/*/ports/*, class/net/*)%s\n",
+    fprintf(stderr,
+            "r2ccl_predict: no rails under %s (class/infiniband/*/ports/*, class/net/*)%s\n",
             o.sysfs_root.c_str(), o.rails.empty() ? "" : (" matching --rails " + o.rails).c_str());
     return 1;
   }
-  NodeSampler ns(o.sysfs_root, rails, config_of(o, mp), mp, mp ? model.baseline : default_baseline());
+  NodeSampler ns(o.sysfs_root, rails, config_of(o, mp), mp,
+                 mp ? model.baseline : default_baseline());
   std::vector<RailRisk> out;
   std::vector<std::string> notes;
   // --record: a trace of what was sampled (docs/PREDICTOR.md "Trace format"). Each counter
@@ -437,7 +440,8 @@ int run_live(const Options& o) {
       for (size_t k = 0; k < out.size(); ++k) {
         const RailRisk& r = out[k];
         char rt[16] = "-";
-        if (r.a.retransmit_ratio >= 0) snprintf(rt, sizeof(rt), "%.3f%%", 100 * r.a.retransmit_ratio);
+        if (r.a.retransmit_ratio >= 0)
+          snprintf(rt, sizeof(rt), "%.3f%%", 100 * r.a.retransmit_ratio);
         if (ns.blind(k))
           printf("%-16s %-7s %-9s %-8s %-6s %s\n", r.name.c_str(), "-", "-", rt, "-",
                  "no counters readable: not predicted");
@@ -498,9 +502,10 @@ int run_bench(const Options& o) {
   }
   const double us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
-  printf("inference: %.2f us per rail-sample (window %d steps, hidden %u; %d samples; "
-         "features + LSTM + baseline + decision; checksum %.3f)\n",
-         us / iters, cfg.window_steps, m.hidden, iters, sink / iters);
+  printf(
+      "inference: %.2f us per rail-sample (window %d steps, hidden %u; %d samples; "
+      "features + LSTM + baseline + decision; checksum %.3f)\n",
+      us / iters, cfg.window_steps, m.hidden, iters, sink / iters);
   if (o.sysfs_root == "/sys" && !o.bench_sysfs) return 0;
   // A whole sampling round over the rails of a (fake) sysfs tree: file reads + inference.
   const std::vector<RailSpec> rails = discover_rails(o.sysfs_root);
@@ -517,10 +522,11 @@ int run_bench(const Options& o) {
   for (int i = 0; i < rounds; ++i) ns.sample(t += cfg.interval_s, {}, &out, nullptr);
   const double rus =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - r0).count();
-  printf("sampling round: %.1f us for %zu rails (%.1f us per rail: counter files + inference; "
-         "%d rounds over %s)\n",
-         rus / rounds, rails.size(), rus / rounds / static_cast<double>(rails.size()), rounds,
-         o.sysfs_root.c_str());
+  printf(
+      "sampling round: %.1f us for %zu rails (%.1f us per rail: counter files + inference; "
+      "%d rounds over %s)\n",
+      rus / rounds, rails.size(), rus / rounds / static_cast<double>(rails.size()), rounds,
+      o.sysfs_root.c_str());
   return 0;
 }
 
@@ -531,18 +537,21 @@ int main(int argc, char** argv) {
   CLI::App app{"r2ccl failure predictor: replay traces, show live risk, extract features",
                "r2ccl_predict"};
   auto* modes = app.add_option_group("mode", "exactly one of these");
-  modes->add_option("--replay", o.replay, "print the risk over time of a trace (CSV)")->type_name("TRACE");
+  modes->add_option("--replay", o.replay, "print the risk over time of a trace (CSV)")
+      ->type_name("TRACE");
   modes->add_flag("--live", o.live, "sample this node's rails and print their risk");
   modes->add_option("--features", o.features, "write a trace's features and labels (.npy) to --out")
       ->type_name("TRACE");
-  modes->add_option("--evaluate", o.evaluate,
-                    "precision, recall, F1 of the LSTM and the baseline on a labelled trace")
+  modes
+      ->add_option("--evaluate", o.evaluate,
+                   "precision, recall, F1 of the LSTM and the baseline on a labelled trace")
       ->type_name("TRACE");
   modes->add_flag("--info", o.info, "describe the weights file");
   modes->add_flag("--bench", o.bench, "time the inference per rail-sample");
   modes->require_option(1);
   app.add_option("--out", o.out, "output directory for --features")->type_name("DIR");
-  app.add_option("--model", o.model, "weights file (default: $R2CCL_PREDICT_MODEL, else the shipped one)")
+  app.add_option("--model", o.model,
+                 "weights file (default: $R2CCL_PREDICT_MODEL, else the shipped one)")
       ->type_name("FILE");
   app.add_option("--rail", o.rail, "--replay: only this rail")->type_name("NAME");
   app.add_option("--rails", o.rails,
@@ -561,11 +570,13 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.01, 3600.0));
   app.add_option("--count", o.count, "--live: stop after N samples (default: run until killed)")
       ->check(CLI::Range(0, 1000000));
-  app.add_option("--horizon", o.horizon_s, "--features, --evaluate: label horizon, seconds (default 30)")
+  app.add_option("--horizon", o.horizon_s,
+                 "--features, --evaluate: label horizon, seconds (default 30)")
       ->check(CLI::Range(0.001, 86400.0));
   app.add_option("--window-steps", o.window_steps, "samples the model sees (default: the model's)")
       ->check(CLI::Range(2, 4096));
-  app.add_option("--threshold", o.threshold, "drain at risk >= this (default 0.7)")->check(CLI::Range(0.01, 1.0));
+  app.add_option("--threshold", o.threshold, "drain at risk >= this (default 0.7)")
+      ->check(CLI::Range(0.01, 1.0));
   app.add_option("--return-threshold", o.return_threshold, "return below this (default 0.4)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--return-samples", o.return_samples, "low samples before returning (default 6)")

@@ -181,7 +181,6 @@ namespace {
 using r2ccl::snap::CommOps;
 using r2ccl::snap::NcclUniqueId;
 
-
 // CommOps over a caller's table of NCCL-shaped function pointers.
 class TableOps final : public CommOps {
  public:
@@ -197,8 +196,8 @@ class TableOps final : public CommOps {
   ncclResult_t comm_shrink(void* comm, const std::vector<int>& exclude, void** newcomm,
                            int flags) override {
     std::vector<int> ex(exclude);
-    return ncclResult_t(t_.comm_shrink(comm, ex.data(), static_cast<int>(ex.size()), newcomm,
-                                       nullptr, flags));
+    return ncclResult_t(
+        t_.comm_shrink(comm, ex.data(), static_cast<int>(ex.size()), newcomm, nullptr, flags));
   }
   ncclResult_t comm_abort(void* comm) override { return ncclResult_t(t_.comm_abort(comm)); }
   ncclResult_t comm_destroy(void* comm) override { return ncclResult_t(t_.comm_destroy(comm)); }
@@ -287,10 +286,9 @@ R2CCL_SNAP_API int r2ccl_snap_log_recovered(const char* lost_nodes, int n_phases
                      line.c_str() + (tagged ? sizeof(kTag) - 1 : 0));
     if (buf) {
       if (cap < line.size() + 1)
-        return Status{R2CCL_SNAP_ERR_TOO_SMALL, "log_recovered: the line has " +
-                                                    std::to_string(line.size() + 1) +
-                                                    " bytes with its NUL, buf has " +
-                                                    std::to_string(cap)};
+        return Status{R2CCL_SNAP_ERR_TOO_SMALL,
+                      "log_recovered: the line has " + std::to_string(line.size() + 1) +
+                          " bytes with its NUL, buf has " + std::to_string(cap)};
       std::memcpy(buf, line.c_str(), line.size() + 1);
     }
     return Status{};
@@ -330,8 +328,8 @@ R2CCL_SNAP_API int r2ccl_snap_rebuild_comm(r2ccl_snap_t* h, const r2ccl_snap_ncc
     const std::vector<int> lost(lost_ranks, lost_ranks + n_lost);
     const std::vector<int> replaced(replaced_ranks, replaced_ranks + n_replaced);
     r2ccl::snap::RebuildPlan plan;
-    if (!r2ccl::snap::plan_rebuild(version, owned->has_shrink(), old_nranks, lost, replaced,
-                                   &plan, &err))
+    if (!r2ccl::snap::plan_rebuild(version, owned->has_shrink(), old_nranks, lost, replaced, &plan,
+                                   &err))
       return Status{R2CCL_SNAP_ERR_INVALID, "rebuild_comm: " + err};
     KvIds ids(h->c.get());
     r2ccl::snap::RebuildOptions opt;
@@ -341,14 +339,12 @@ R2CCL_SNAP_API int r2ccl_snap_rebuild_comm(r2ccl_snap_t* h, const r2ccl_snap_ncc
     const r2ccl::snap::RebuildStatus st =
         r2ccl::snap::rebuild_communicator(*owned, plan, old_rank, old_comm, ids, opt, &out, &err);
     switch (st) {
-      case r2ccl::snap::RebuildStatus::kOk:
-        break;
+      case r2ccl::snap::RebuildStatus::kOk: break;
       case r2ccl::snap::RebuildStatus::kInvalidArgument:
         return Status{R2CCL_SNAP_ERR_INVALID, "rebuild_comm: " + err};
       case r2ccl::snap::RebuildStatus::kIdTimeout:
         return Status{R2CCL_SNAP_ERR_TIMEOUT, "rebuild_comm: " + err};
-      default:
-        return Status{R2CCL_SNAP_ERR_CONNECTION, "rebuild_comm: " + err};
+      default: return Status{R2CCL_SNAP_ERR_CONNECTION, "rebuild_comm: " + err};
     }
     *new_comm = out.comm;
     *new_rank = out.rank;

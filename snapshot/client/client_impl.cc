@@ -140,9 +140,9 @@ Status Client::open(const Config& cfg, uint32_t rank, uint32_t world,
     return fail(R2CCL_SNAP_ERR_INVALID,
                 "open: world " + std::to_string(world) + " (accepted: 1..65536 ranks)");
   if (rank >= world)
-    return fail(R2CCL_SNAP_ERR_INVALID, "open: rank " + std::to_string(rank) +
-                                            " (accepted: 0.." + std::to_string(world - 1) +
-                                            " for world " + std::to_string(world) + ")");
+    return fail(R2CCL_SNAP_ERR_INVALID, "open: rank " + std::to_string(rank) + " (accepted: 0.." +
+                                            std::to_string(world - 1) + " for world " +
+                                            std::to_string(world) + ")");
   std::string err;
   int fd = connect_unix(cfg.socket_path, &err);
   if (fd < 0) return fail(R2CCL_SNAP_ERR_CONNECT, err);
@@ -180,9 +180,9 @@ Client::~Client() {
 }
 
 Status Client::dead_status() {
-  return fail(R2CCL_SNAP_ERR_CONNECTION,
-              "connection to r2ccl_snapshotd at " + cfg_.socket_path + " lost: " + dead_reason_ +
-                  " (close the handle and open again)");
+  return fail(R2CCL_SNAP_ERR_CONNECTION, "connection to r2ccl_snapshotd at " + cfg_.socket_path +
+                                             " lost: " + dead_reason_ +
+                                             " (close the handle and open again)");
 }
 
 Status Client::send(ClientMsg type, const void* a, size_t na, const void* b, size_t nb) {
@@ -294,11 +294,12 @@ Status Client::register_buffer(uint32_t id, void* ptr, size_t bytes, int dtype, 
     return fail(R2CCL_SNAP_ERR_INVALID, what + "ids are dense in registration order (accepted: " +
                                             std::to_string(n_user_) + ")");
   if (!ptr || bytes == 0)
-    return fail(R2CCL_SNAP_ERR_INVALID, what + "null pointer or 0 bytes (accepted: memory of "
-                                               "> 0 bytes, valid until close)");
+    return fail(R2CCL_SNAP_ERR_INVALID, what +
+                                            "null pointer or 0 bytes (accepted: memory of "
+                                            "> 0 bytes, valid until close)");
   if (dtype < R2CCL_SNAP_DTYPE_BYTES || dtype > R2CCL_SNAP_DTYPE_BF16)
-    return fail(R2CCL_SNAP_ERR_INVALID,
-                what + "dtype " + std::to_string(dtype) + " (accepted: 0 bytes, 1 f32, 2 f16, 3 bf16)");
+    return fail(R2CCL_SNAP_ERR_INVALID, what + "dtype " + std::to_string(dtype) +
+                                            " (accepted: 0 bytes, 1 f32, 2 f16, 3 bf16)");
   if (codec != R2CCL_SNAP_CODEC_LOSSLESS && codec != R2CCL_SNAP_CODEC_LOSSY)
     return fail(R2CCL_SNAP_ERR_INVALID,
                 what + "codec " + std::to_string(codec) + " (accepted: 0 lossless, 1 lossy)");
@@ -309,8 +310,9 @@ Status Client::register_buffer(uint32_t id, void* ptr, size_t bytes, int dtype, 
 #ifndef R2CCL_USE_CUDA
   if (device)
     return fail(R2CCL_SNAP_ERR_UNSUPPORTED,
-                what + "device memory (R2CCL_SNAP_FLAG_DEVICE), but libr2ccl-snapshot was built "
-                       "without USE_CUDA (rebuild with -DUSE_CUDA=ON, or register a host copy)");
+                what +
+                    "device memory (R2CCL_SNAP_FLAG_DEVICE), but libr2ccl-snapshot was built "
+                    "without USE_CUDA (rebuild with -DUSE_CUDA=ON, or register a host copy)");
 #endif
   Buffer b;
   b.ptr = ptr;
@@ -345,8 +347,8 @@ Status Client::freeze() {
         bufs_.pop_back();
         sets_[0].bufs.clear();
         sets_[1].bufs.clear();
-        return fail(R2CCL_SNAP_ERR_NOMEM, "cannot allocate staging of " +
-                                              std::to_string(b.bytes) + " bytes");
+        return fail(R2CCL_SNAP_ERR_NOMEM,
+                    "cannot allocate staging of " + std::to_string(b.bytes) + " bytes");
       }
       st.bufs.push_back(std::move(p));
     }
@@ -507,7 +509,8 @@ Status Client::take(uint64_t step, r2ccl_snap_take_stats_t* st) {
   int64_t t1 = mono_us();
   st->wait_seconds = double(t1 - t0) * 1e-6;
   Status cs;
-  for (uint32_t i = 0; i < n_user_ && cs.ok(); ++i) cs = copy_in(bufs_[i], sets_[set].bufs[i].get());
+  for (uint32_t i = 0; i < n_user_ && cs.ok(); ++i)
+    cs = copy_in(bufs_[i], sets_[set].bufs[i].get());
   if (cs.ok()) fill_meta(sets_[set].bufs[n_user_].get(), step);
   st->copy_seconds = secs_since(t1);
   {
@@ -715,11 +718,11 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
     const Buffer& b = bufs_[i];
     std::string err;
     decs[i] = DeltaDecoder::create(b.dtype, b.bytes, &err);
-    if (!decs[i]) return fail(R2CCL_SNAP_ERR_NOMEM, "restore: decoder for buffer " +
-                                                        std::to_string(i) + ": " + err);
-    std::string where = "restore of step " + std::to_string(S) + ", rank " +
-                        std::to_string(rank_) + ", buffer " + std::to_string(i) +
-                        (i == n_user_ ? " (metadata)" : "");
+    if (!decs[i])
+      return fail(R2CCL_SNAP_ERR_NOMEM,
+                  "restore: decoder for buffer " + std::to_string(i) + ": " + err);
+    std::string where = "restore of step " + std::to_string(S) + ", rank " + std::to_string(rank_) +
+                        ", buffer " + std::to_string(i) + (i == n_user_ ? " (metadata)" : "");
     FetchBody fb{};
     {
       std::lock_guard<std::mutex> l(mu_);
@@ -744,9 +747,10 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
             Status d = dead_status();
             return fail(d.code, where + ": " + d.msg);
           }
-          return fail(R2CCL_SNAP_ERR_TIMEOUT, where + ": the chain did not arrive within the "
-                                                      "timeout (" + std::to_string(idx) +
-                                                      " frame(s) received)");
+          return fail(R2CCL_SNAP_ERR_TIMEOUT, where +
+                                                  ": the chain did not arrive within the "
+                                                  "timeout (" +
+                                                  std::to_string(idx) + " frame(s) received)");
         }
         f = std::move(fetched_.front());
         fetched_.pop_front();
@@ -761,9 +765,9 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
           (idx > 0 && f.head.count != count))
         return fail(R2CCL_SNAP_ERR_CORRUPT,
                     where + ": FETCHED frame index " + std::to_string(f.head.index) + " of " +
-                        std::to_string(f.head.count) + " (expected index " +
-                        std::to_string(idx) + (idx ? " of " + std::to_string(count) : "") +
-                        ", count 1.." + std::to_string(kMaxChainFrames) + ")");
+                        std::to_string(f.head.count) + " (expected index " + std::to_string(idx) +
+                        (idx ? " of " + std::to_string(count) : "") + ", count 1.." +
+                        std::to_string(kMaxChainFrames) + ")");
       count = f.head.count;
       const ShardMeta& m = f.meta;
       if (m.rank != rank_ || m.buffer != i || m.step > S || (idx > 0 && m.step <= last_step))
@@ -776,15 +780,16 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
         return fail(R2CCL_SNAP_ERR_INVALID,
                     where + ": the snapshot has " + std::to_string(m.n_buffers) +
                         " buffers (with the metadata buffer), this process registered " +
-                        std::to_string(n_user_) + " + 1 (register the same buffers, in the same "
+                        std::to_string(n_user_) +
+                        " + 1 (register the same buffers, in the same "
                         "order, as the process that took it)");
       const uint8_t* shard = f.payload.data() + sizeof(FetchedHead) + sizeof(ShardMeta);
       if (shard_crc32(shard, m.payload_bytes) != m.crc)
-        return fail(R2CCL_SNAP_ERR_CORRUPT, where + ": shard of step " + std::to_string(m.step) +
-                                                " fails its CRC-32");
+        return fail(R2CCL_SNAP_ERR_CORRUPT,
+                    where + ": shard of step " + std::to_string(m.step) + " fails its CRC-32");
       if (!decs[i]->apply(shard, m.payload_bytes, &err))
-        return fail(R2CCL_SNAP_ERR_CORRUPT, where + ": shard of step " + std::to_string(m.step) +
-                                                ": " + err);
+        return fail(R2CCL_SNAP_ERR_CORRUPT,
+                    where + ": shard of step " + std::to_string(m.step) + ": " + err);
       last_step = m.step;
       if (idx + 1 == count) break;
     }
@@ -798,11 +803,11 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
   uint32_t rng_n = get_u32(md + 12);
   if (get_u32(md) != kMetaMagic || get_u32(md + 4) != 1 || get_u32(md + 8) != n_user_ ||
       rng_n > R2CCL_SNAP_MAX_RNG_BYTES)
-    return fail(R2CCL_SNAP_ERR_CORRUPT,
-                "restore of step " + std::to_string(S) +
-                    ": the metadata buffer is not valid (magic, version 1, " +
-                    std::to_string(n_user_) + " user buffers, RNG blob <= " +
-                    std::to_string(R2CCL_SNAP_MAX_RNG_BYTES) + " bytes)");
+    return fail(
+        R2CCL_SNAP_ERR_CORRUPT,
+        "restore of step " + std::to_string(S) +
+            ": the metadata buffer is not valid (magic, version 1, " + std::to_string(n_user_) +
+            " user buffers, RNG blob <= " + std::to_string(R2CCL_SNAP_MAX_RNG_BYTES) + " bytes)");
   for (uint32_t i = 0; i < n_user_; ++i) {
     s = copy_out(bufs_[i], decs[i]->state());
     if (!s.ok()) return fail(s.code, "restore: buffer " + std::to_string(i) + ": " + s.msg);
@@ -833,9 +838,9 @@ Status Client::kv_put(const char* key, const void* value, size_t n) {
   if (!key_ok(key, &kn))
     return fail(R2CCL_SNAP_ERR_INVALID, "kv_put: key (accepted: 1..63 bytes, NUL-terminated)");
   if (n > kKvMaxValue || (n && !value))
-    return fail(R2CCL_SNAP_ERR_INVALID, "kv_put '" + std::string(key, kn) + "': " +
-                                            std::to_string(n) + " value bytes (accepted: 0.." +
-                                            std::to_string(kKvMaxValue) + ")");
+    return fail(R2CCL_SNAP_ERR_INVALID,
+                "kv_put '" + std::string(key, kn) + "': " + std::to_string(n) +
+                    " value bytes (accepted: 0.." + std::to_string(kKvMaxValue) + ")");
   auto kv = std::make_unique<KvBody>();
   std::memset(kv.get(), 0, sizeof(KvBody));
   std::memcpy(kv->key, key, kn);

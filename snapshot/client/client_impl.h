@@ -97,15 +97,15 @@ class Client {
   void reader_main();
   void worker_main();
   Status send(ClientMsg type, const void* a, size_t na, const void* b = nullptr, size_t nb = 0);
-  Status dead_status();  // under mu_
+  Status dead_status();                    // under mu_
   Status background_status(bool consume);  // under work_mu_
-  Status freeze();  // first take/restore: metadata encoder, staging sets
+  Status freeze();                         // first take/restore: metadata encoder, staging sets
   Status make_encoder(Buffer* b, uint64_t first_seq, std::string* err);
   void fill_meta(uint8_t* out, uint64_t step) const;
   Status wait_idle(int64_t deadline_us);
   void fill_prev(r2ccl_snap_take_stats_t* st);  // under work_mu_
   void fill_state(const StateBody& s, r2ccl_snap_state_t* out) const;
-  Status copy_in(const Buffer& b, uint8_t* dst);        // registered buffer -> staging
+  Status copy_in(const Buffer& b, uint8_t* dst);         // registered buffer -> staging
   Status copy_out(const Buffer& b, const uint8_t* src);  // scratch -> registered buffer
 
   const Config cfg_;
@@ -149,8 +149,8 @@ class Client {
   std::deque<int> jobs_;
   bool working_ = false;
   bool stop_ = false;
-  Status bg_error_;         // first background error not yet reported
-  FinishedTake finished_;   // the newest take fully sent
+  Status bg_error_;        // first background error not yet reported
+  FinishedTake finished_;  // the newest take fully sent
 
   std::thread reader_, worker_;
 };

@@ -36,8 +36,9 @@ int connect_unix(const std::string& path, std::string* err) {
     ::close(fd);
     *err = "cannot connect to r2ccl_snapshotd at " + path + ": " + std::strerror(e);
     if (e == ENOENT || e == ECONNREFUSED)
-      *err += " (is r2ccl_snapshotd running on this node? it listens on --socket PATH; set "
-              "R2CCL_SNAPSHOT_SOCKET or R2CCL_HEALTH_BOARD to match)";
+      *err +=
+          " (is r2ccl_snapshotd running on this node? it listens on --socket PATH; set "
+          "R2CCL_SNAPSHOT_SOCKET or R2CCL_HEALTH_BOARD to match)";
     else if (e == EACCES)
       *err += " (the socket is mode 0600 for the daemon's user, or 0660 with --socket-group)";
     return -1;

@@ -27,12 +27,12 @@
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <asio.hpp>
 #include <algorithm>
+#include <asio.hpp>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
-#include <cerrno>
 #include <cstring>
 #include <deque>
 #include <fstream>
@@ -144,8 +144,8 @@ struct Conn {
   std::map<uint16_t, Frame> latest;
   std::deque<Frame> queue;
   uint64_t queued_bytes = 0, dropped = 0;
-  int64_t id = -1;       // peer node id (peer connections) or rank (clients), once HELLO checked
-  uint32_t world = 0;    // clients: the job's world size
+  int64_t id = -1;     // peer node id (peer connections) or rank (clients), once HELLO checked
+  uint32_t world = 0;  // clients: the job's world size
   // Set while a frame is being handled: reading the next one. A handler that passes work to
   // the worker thread (a shard) leaves it set and the work's completion calls it, so a
   // connection has at most one such frame in flight (backpressure). Cleared on close.
@@ -320,15 +320,16 @@ class Daemon {
       return;
     }
     c->writing = true;
-    asio::async_write(c->sock, asio::buffer(*f), [this, c, f, bulk](const std::error_code& ec, size_t) {
-      c->writing = false;
-      if (bulk) c->queued_bytes -= f->size();
-      if (ec) {
-        close_conn(c);
-        return;
-      }
-      pump(c);
-    });
+    asio::async_write(c->sock, asio::buffer(*f),
+                      [this, c, f, bulk](const std::error_code& ec, size_t) {
+                        c->writing = false;
+                        if (bulk) c->queued_bytes -= f->size();
+                        if (ec) {
+                          close_conn(c);
+                          return;
+                        }
+                        pump(c);
+                      });
   }
   template <class C>
   void close_conn(const std::shared_ptr<C>& c) {
@@ -362,8 +363,8 @@ class Daemon {
 
   // ---- reading: header, bounds check, body in 1 MiB pieces, dispatch ----
   template <class C, class Check, class Handle, class Progress>
-  void read_loop(std::shared_ptr<C> c, uint32_t magic, uint16_t version, Check check,
-                 Handle handle, Progress progress, const char* what) {
+  void read_loop(std::shared_ptr<C> c, uint32_t magic, uint16_t version, Check check, Handle handle,
+                 Progress progress, const char* what) {
     asio::async_read(c->sock, asio::buffer(&c->h, sizeof(c->h)),
                      [=](const std::error_code& ec, size_t) {
                        if (ec) return close_conn(c);
@@ -384,8 +385,8 @@ class Daemon {
                      });
   }
   template <class C, class Check, class Handle, class Progress>
-  void read_body(std::shared_ptr<C> c, uint32_t magic, uint16_t version, Check check,
-                 Handle handle, Progress progress, const char* what) {
+  void read_body(std::shared_ptr<C> c, uint32_t magic, uint16_t version, Check check, Handle handle,
+                 Progress progress, const char* what) {
     if (c->got == c->body.size()) {
       c->resume = [=] { read_loop(c, magic, version, check, handle, progress, what); };
       if (handle(c)) resume_reading(c);  // false: refused (closed), or deferred to the worker
@@ -449,7 +450,9 @@ class Daemon {
   }
   void accept() {
     acceptor_.async_accept([this](const std::error_code& ec, tcp::socket s) {
-      if (accept_failed(ec, acceptor_, [this] { accept(); }, "peer")) return;
+      if (accept_failed(
+              ec, acceptor_, [this] { accept(); }, "peer"))
+        return;
       {
         auto in = std::make_shared<PeerConn>(std::move(s));
         hello_deadline(in);
@@ -498,8 +501,7 @@ class Daemon {
     heard(peer, now);
     const uint8_t* p = in->body.data();
     switch (type) {
-      case PeerMsg::kHello:
-        break;
+      case PeerMsg::kHello: break;
       case PeerMsg::kHeartbeat: {
         HeartbeatBody b;
         std::memcpy(&b, p, sizeof(b));
@@ -582,12 +584,11 @@ class Daemon {
       case PeerMsg::kFetch: {
         FetchBody b;
         std::memcpy(&b, p, sizeof(b));
-        serve_fetch(b, FrameKind::kPeerFetched, [this, peer](Frame f) { send_peer(peer, std::move(f)); });
+        serve_fetch(b, FrameKind::kPeerFetched,
+                    [this, peer](Frame f) { send_peer(peer, std::move(f)); });
         return true;
       }
-      case PeerMsg::kFetched:
-        on_fetched(peer, in->body);
-        return true;
+      case PeerMsg::kFetched: on_fetched(peer, in->body); return true;
       case PeerMsg::kKv: {
         auto kv = std::make_shared<KvBody>();
         std::memcpy(kv.get(), p, sizeof(KvBody));
@@ -599,7 +600,8 @@ class Daemon {
         // The coordinator sends what others publish on to every live node.
         if (mem_.acts_as_coordinator() && peer != o_.self)
           for (uint32_t id : mem_.live())
-            if (id != o_.self && id != kv->origin_node) send_peer(id, peer_frame(PeerMsg::kKv, *kv));
+            if (id != o_.self && id != kv->origin_node)
+              send_peer(id, peer_frame(PeerMsg::kKv, *kv));
         return true;
       }
     }
@@ -641,16 +643,17 @@ class Daemon {
     fresh->connected = false;
     fresh->id = id;
     outs_[id] = fresh;
-    fresh->sock.async_connect(tcp::endpoint(addr, spec->port), [this, fresh, id](const std::error_code& e) {
-      if (e || !fresh->open) return close_conn(fresh);
-      HelloBody h{};
-      h.node_id = o_.self;
-      h.token_len = static_cast<uint32_t>(o_.token.size());
-      std::memcpy(h.token, o_.token.data(), o_.token.size());
-      fresh->latest[uint16_t(PeerMsg::kHello)] = peer_frame(PeerMsg::kHello, h);
-      fresh->connected = true;
-      pump(fresh);
-    });
+    fresh->sock.async_connect(
+        tcp::endpoint(addr, spec->port), [this, fresh, id](const std::error_code& e) {
+          if (e || !fresh->open) return close_conn(fresh);
+          HelloBody h{};
+          h.node_id = o_.self;
+          h.token_len = static_cast<uint32_t>(o_.token.size());
+          std::memcpy(h.token, o_.token.data(), o_.token.size());
+          fresh->latest[uint16_t(PeerMsg::kHello)] = peer_frame(PeerMsg::kHello, h);
+          fresh->connected = true;
+          pump(fresh);
+        });
   }
 
   // ---- shards ----
@@ -665,8 +668,8 @@ class Daemon {
     asio::post(work_, [this, c, m, body, as, forward] {
       const uint8_t* pay = body->data() + sizeof(ShardMeta);
       std::string err;
-      const StoreStatus st = store_.put(ShardKey{m.rank, m.step, m.buffer}, m.base_step, m.crc,
-                                        pay, m.payload_bytes, &err);  // verifies the CRC
+      const StoreStatus st = store_.put(ShardKey{m.rank, m.step, m.buffer}, m.base_step, m.crc, pay,
+                                        m.payload_bytes, &err);  // verifies the CRC
       Frame f;
       if (st == StoreStatus::kOk && forward)
         f = make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kShard), &m, sizeof(m), pay,
@@ -749,20 +752,21 @@ class Daemon {
       if (done) done(true);
       return;
     }
-    read_chain(std::move(items), FrameKind::kPeerShard, 0,
-               [this, node, done](std::vector<Frame> frames, StoreStatus st, ShardKey, std::string) {
-                 bool ok = st == StoreStatus::kOk;
-                 for (auto& f : frames) {
-                   if (!ok) break;
-                   const uint64_t n = f->size() - sizeof(PeerHeader) - sizeof(ShardMeta);
-                   ok = send_peer(node, std::move(f));
-                   if (ok) {
-                     m_.counter(M::kShardsSent).inc();
-                     m_.counter(M::kShardBytesSent).inc(double(n));
-                   }
-                 }
-                 if (done) done(ok);
-               });
+    read_chain(
+        std::move(items), FrameKind::kPeerShard, 0,
+        [this, node, done](std::vector<Frame> frames, StoreStatus st, ShardKey, std::string) {
+          bool ok = st == StoreStatus::kOk;
+          for (auto& f : frames) {
+            if (!ok) break;
+            const uint64_t n = f->size() - sizeof(PeerHeader) - sizeof(ShardMeta);
+            ok = send_peer(node, std::move(f));
+            if (ok) {
+              m_.counter(M::kShardsSent).inc();
+              m_.counter(M::kShardBytesSent).inc(double(n));
+            }
+          }
+          if (done) done(ok);
+        });
   }
   // How read_chain frames each shard: FETCHED to a client or a peer (FetchedHead + ShardMeta +
   // payload), or SHARD to a replica (ShardMeta + payload).
@@ -851,7 +855,8 @@ class Daemon {
     seen_step_ = std::max(seen_step_, h.step);
   }
   void answer_marker(uint32_t coordinator, const MarkerBody& b) {
-    for (const HeldStep& s : holdings_.full_steps(b.all ? std::nullopt : std::optional<uint64_t>(b.step))) {
+    for (const HeldStep& s :
+         holdings_.full_steps(b.all ? std::nullopt : std::optional<uint64_t>(b.step))) {
       if (s.home_node == o_.self) continue;
       HeldBody h{o_.self, s.rank, s.world, s.home_node, s.step};
       if (coordinator == o_.self)
@@ -893,7 +898,8 @@ class Daemon {
       const StepStatus st = cut_.round_done(round_->step);
       if (!st.complete) {
         std::string miss;
-        for (uint32_t r : cut_.missing(round_->step)) miss += (miss.empty() ? "" : ",") + std::to_string(r);
+        for (uint32_t r : cut_.missing(round_->step))
+          miss += (miss.empty() ? "" : ",") + std::to_string(r);
         SNAP_INFO("round %u: step %llu incomplete (ranks without a live replica: {%s})", round_->id,
                   static_cast<unsigned long long>(round_->step), miss.c_str());
       }
@@ -968,8 +974,10 @@ class Daemon {
     auto refusal = [kind, b](FetchStatus why) {
       FetchedHead head{b.request, uint32_t(why), 0, 0, 0};
       return kind == FrameKind::kClientFetched
-                 ? make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), &head, sizeof(head))
-                 : make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kFetched), &head, sizeof(head));
+                 ? make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), &head,
+                              sizeof(head))
+                 : make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kFetched), &head,
+                              sizeof(head));
     };
     std::vector<ShardMeta> items;
     for (uint64_t st : holdings_.chain(b.rank, b.buffer, b.step)) {
@@ -988,8 +996,10 @@ class Daemon {
                  if (st != StoreStatus::kOk) {
                    SNAP_WARN("cannot serve %s: %s (%s)", to_string(bad).c_str(),
                              store_status_name(st), err.c_str());
-                   if (st == StoreStatus::kCorrupt || st == StoreStatus::kNotFound) holdings_.remove(bad);
-                   out(refusal(st == StoreStatus::kCorrupt ? FetchStatus::kCorrupt : FetchStatus::kNotHeld));
+                   if (st == StoreStatus::kCorrupt || st == StoreStatus::kNotFound)
+                     holdings_.remove(bad);
+                   out(refusal(st == StoreStatus::kCorrupt ? FetchStatus::kCorrupt
+                                                           : FetchStatus::kNotHeld));
                    if (done) done(false);
                    return;
                  }
@@ -1003,14 +1013,15 @@ class Daemon {
       // From the local store (a survivor's home copy, or this node is a replica); frames are
       // kept until the whole chain was read, and a failure falls back to the peers.
       auto local = std::make_shared<std::vector<Frame>>();
-      serve_fetch(b, FrameKind::kClientFetched, [local](Frame f) { local->push_back(std::move(f)); },
-                  [this, c, b, local](bool ok) {
-                    if (ok) {
-                      for (auto& f : *local) send(c, std::move(f), false);
-                    } else {
-                      fetch_from_peers(c, b);
-                    }
-                  });
+      serve_fetch(
+          b, FrameKind::kClientFetched, [local](Frame f) { local->push_back(std::move(f)); },
+          [this, c, b, local](bool ok) {
+            if (ok) {
+              for (auto& f : *local) send(c, std::move(f), false);
+            } else {
+              fetch_from_peers(c, b);
+            }
+          });
       return;
     }
     fetch_from_peers(c, b);
@@ -1042,7 +1053,9 @@ class Daemon {
     if (pf.next >= pf.candidates.size()) {
       FetchedHead h{pf.client_request, uint32_t(FetchStatus::kNotHeld), 0, 0, 0};
       if (auto c = pf.client.lock())
-        send(c, make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), &h, sizeof(h)), false);
+        send(c,
+             make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), &h, sizeof(h)),
+             false);
       SNAP_WARN("restore of rank %u buffer %u step %llu: no live node holds its chain",
                 pf.want.rank, pf.want.buffer, static_cast<unsigned long long>(pf.want.step));
       fetches_.erase(pf.id);
@@ -1071,8 +1084,9 @@ class Daemon {
     std::memcpy(&m, body.data() + sizeof(h), sizeof(m));
     const uint8_t* pay = body.data() + sizeof(h) + sizeof(m);
     const size_t pn = body.size() - sizeof(h) - sizeof(m);
-    if (h.index != pf.frames.size() || h.count == 0 || h.index >= h.count || m.rank != pf.want.rank ||
-        m.buffer != pf.want.buffer || m.payload_bytes != pn || shard_crc32(pay, pn) != m.crc) {
+    if (h.index != pf.frames.size() || h.count == 0 || h.index >= h.count ||
+        m.rank != pf.want.rank || m.buffer != pf.want.buffer || m.payload_bytes != pn ||
+        shard_crc32(pay, pn) != m.crc) {
       SNAP_WARN(
           "restore of rank %u buffer %u step %llu: node %u sent a bad or corrupt shard; asking the "
           "next replica",
@@ -1087,7 +1101,10 @@ class Daemon {
         std::memcpy(&fh, f.data(), sizeof(fh));
         fh.request = pf.client_request;
         std::memcpy(f.data(), &fh, sizeof(fh));
-        send(c, make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), f.data(), f.size()), false);
+        send(c,
+             make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), f.data(),
+                        f.size()),
+             false);
       }
     }
     fetches_.erase(it);
@@ -1099,8 +1116,8 @@ class Daemon {
     return n > 0 && n < kKvKeyBytes && kv.value_bytes <= kKvMaxValue;
   }
   void kv_store(const KvBody& kv) {
-    kv_[std::string(kv.key, strnlen(kv.key, kKvKeyBytes))] = {kv.origin_node,
-        std::vector<uint8_t>(kv.value, kv.value + kv.value_bytes)};
+    kv_[std::string(kv.key, strnlen(kv.key, kKvKeyBytes))] = {
+        kv.origin_node, std::vector<uint8_t>(kv.value, kv.value + kv.value_bytes)};
   }
 
   // ---- local clients ----
@@ -1148,7 +1165,9 @@ class Daemon {
   }
   void accept_local() {
     local_.async_accept([this](const std::error_code& ec, ulocal::socket s) {
-      if (accept_failed(ec, local_, [this] { accept_local(); }, "client")) return;
+      if (accept_failed(
+              ec, local_, [this] { accept_local(); }, "client"))
+        return;
       {
         auto c = std::make_shared<ClientConn>(std::move(s));
         hello_deadline(c);
@@ -1202,9 +1221,9 @@ class Daemon {
         m.home_node = o_.self;
         std::string err;
         if (m.rank != uint32_t(c->id) || m.world != c->world) {
-          refuse(c, "shard of rank " + std::to_string(m.rank) + " world " + std::to_string(m.world) +
-                        " on the connection of rank " + std::to_string(c->id) + " world " +
-                        std::to_string(c->world));
+          refuse(c, "shard of rank " + std::to_string(m.rank) + " world " +
+                        std::to_string(m.world) + " on the connection of rank " +
+                        std::to_string(c->id) + " world " + std::to_string(c->world));
           return false;
         }
         if (m.payload_bytes != c->body.size() - sizeof(m) || !Holdings::valid(m, &err)) {
@@ -1258,8 +1277,7 @@ class Daemon {
         send(c, client_frame(ClientMsg::kKvValue, *out), false);
         return true;
       }
-      default:
-        break;
+      default: break;
     }
     return false;
   }
@@ -1576,28 +1594,43 @@ int main(int argc, char** argv) {
   uint64_t mem_mb = 4096, max_shard_mb = 1024;
   CLI::App app{"r2ccl snapshot sidecar: membership, shard replication, consistent cuts, restore",
                "r2ccl_snapshotd"};
-  app.add_option("--id", id, "this node's id in the peer list")->required()->check(CLI::Range(0, board::kMaxNodes - 1));
-  app.add_option("--peers", peers_file, "peer list: lines 'ID HOST:PORT'")->required()->type_name("FILE");
+  app.add_option("--id", id, "this node's id in the peer list")
+      ->required()
+      ->check(CLI::Range(0, board::kMaxNodes - 1));
+  app.add_option("--peers", peers_file, "peer list: lines 'ID HOST:PORT'")
+      ->required()
+      ->type_name("FILE");
   app.add_option("--token-file", token_file, "the job token shared by all nodes (1-64 bytes)")
-      ->required()->type_name("FILE");
-  app.add_option("--board", o.board, "this node's health board name (default 'default')")->type_name("NAME");
-  app.add_option("--period-ms", period_ms, "heartbeat period (default 500)")->check(CLI::Range(10, 60000));
+      ->required()
+      ->type_name("FILE");
+  app.add_option("--board", o.board, "this node's health board name (default 'default')")
+      ->type_name("NAME");
+  app.add_option("--period-ms", period_ms, "heartbeat period (default 500)")
+      ->check(CLI::Range(10, 60000));
   app.add_option("--socket", o.socket_path,
-                 "client socket (default /tmp/r2ccl-snapshotd-BOARD.sock; mode 0600)")->type_name("PATH");
-  app.add_option("--socket-group", o.socket_group, "make the client socket 0660, owned by this group")
+                 "client socket (default /tmp/r2ccl-snapshotd-BOARD.sock; mode 0600)")
+      ->type_name("PATH");
+  app.add_option("--socket-group", o.socket_group,
+                 "make the client socket 0660, owned by this group")
       ->type_name("GROUP");
-  app.add_option("--spill-dir", spill_dir, "where shards beyond --mem-limit-mb go (default: none, "
-                 "the memory limit is hard)")->type_name("DIR");
+  app.add_option("--spill-dir", spill_dir,
+                 "where shards beyond --mem-limit-mb go (default: none, "
+                 "the memory limit is hard)")
+      ->type_name("DIR");
   app.add_option("--mem-limit-mb", mem_mb, "shard bytes held in memory, MiB (default 4096)")
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 30));
   app.add_option("--max-shard-mb", max_shard_mb, "largest shard accepted, MiB (default 1024)")
       ->check(CLI::Range(uint64_t(1), uint64_t(1) << 20));
-  app.add_option("--replicas", o.replicas, "replica nodes per shard (default 3)")->check(CLI::Range(1, 16));
-  app.add_option("--metrics", o.metrics_addr, "serve Prometheus metrics on ADDR:PORT "
+  app.add_option("--replicas", o.replicas, "replica nodes per shard (default 3)")
+      ->check(CLI::Range(1, 16));
+  app.add_option("--metrics", o.metrics_addr,
+                 "serve Prometheus metrics on ADDR:PORT "
                  "(numeric address, e.g. 127.0.0.1:9464; port 0: any free port)")
       ->type_name("ADDR:PORT");
-  app.add_option("--topology", topo_file, "node places in the network: lines 'ID SWITCH/PATH' "
-                 "(default: nearest by measured round trip)")->type_name("FILE");
+  app.add_option("--topology", topo_file,
+                 "node places in the network: lines 'ID SWITCH/PATH' "
+                 "(default: nearest by measured round trip)")
+      ->type_name("FILE");
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp&) {
@@ -1625,7 +1658,8 @@ int main(int argc, char** argv) {
   bool listed = false;
   for (const auto& p : o.peers) listed |= p.id == id;
   if (!listed) {
-    fprintf(stderr, "r2ccl_snapshotd: --id %u is not in the peer list %s\n", id, peers_file.c_str());
+    fprintf(stderr, "r2ccl_snapshotd: --id %u is not in the peer list %s\n", id,
+            peers_file.c_str());
     return 2;
   }
   std::string seg;
@@ -1633,14 +1667,15 @@ int main(int argc, char** argv) {
     fprintf(stderr, "r2ccl_snapshotd: --board: %s\n", err.c_str());
     return 2;
   }
-  if (!topo_file.empty() &&
-      (!read_text("--topology", topo_file, &text, &err) || !parse_topology(text, &o.topology, &err))) {
+  if (!topo_file.empty() && (!read_text("--topology", topo_file, &text, &err) ||
+                             !parse_topology(text, &o.topology, &err))) {
     fprintf(stderr, "r2ccl_snapshotd: --topology: %s\n", err.c_str());
     return 2;
   }
   if (app.count("--socket") && o.socket_path.empty()) {
-    fprintf(stderr, "r2ccl_snapshotd: --socket is empty (accepted: a path; leave the option out "
-                    "for /tmp/r2ccl-snapshotd-BOARD.sock)\n");
+    fprintf(stderr,
+            "r2ccl_snapshotd: --socket is empty (accepted: a path; leave the option out "
+            "for /tmp/r2ccl-snapshotd-BOARD.sock)\n");
     return 2;
   }
   if (o.socket_path.empty()) o.socket_path = "/tmp/r2ccl-snapshotd-" + o.board + ".sock";
@@ -1657,8 +1692,9 @@ int main(int argc, char** argv) {
     parent = slash == std::string::npos ? "." : slash == 0 ? "/" : parent.substr(0, slash);
     struct stat st;
     if (stat(parent.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) {
-      fprintf(stderr, "r2ccl_snapshotd: --spill-dir %s: its parent directory %s does not exist "
-                      "(the spill directory itself is created if missing)\n",
+      fprintf(stderr,
+              "r2ccl_snapshotd: --spill-dir %s: its parent directory %s does not exist "
+              "(the spill directory itself is created if missing)\n",
               spill_dir.c_str(), parent.c_str());
       return 2;
     }

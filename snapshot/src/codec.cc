@@ -355,37 +355,28 @@ void lossy_apply_chunk(const uint8_t* scales, const int8_t* codes, size_t m, uin
 
 size_t dtype_size(DType t) {
   switch (t) {
-    case DType::kBytes:
-      return 1;
-    case DType::kF32:
-      return 4;
+    case DType::kBytes: return 1;
+    case DType::kF32: return 4;
     case DType::kF16:
-    case DType::kBF16:
-      return 2;
+    case DType::kBF16: return 2;
   }
   return 0;
 }
 
 const char* dtype_name(DType t) {
   switch (t) {
-    case DType::kBytes:
-      return "kBytes";
-    case DType::kF32:
-      return "kF32";
-    case DType::kF16:
-      return "kF16";
-    case DType::kBF16:
-      return "kBF16";
+    case DType::kBytes: return "kBytes";
+    case DType::kF32: return "kF32";
+    case DType::kF16: return "kF16";
+    case DType::kBF16: return "kBF16";
   }
   return "?";
 }
 
 const char* codec_name(Codec c) {
   switch (c) {
-    case Codec::kLossless:
-      return "kLossless";
-    case Codec::kLossyDynRange:
-      return "kLossyDynRange";
+    case Codec::kLossless: return "kLossless";
+    case Codec::kLossyDynRange: return "kLossyDynRange";
   }
   return "?";
 }

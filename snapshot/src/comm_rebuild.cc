@@ -116,8 +116,8 @@ std::unique_ptr<NcclLibrary> NcclLibrary::from_resolver(const Resolver& resolve,
     return nullptr;
   }
   lib->version_ = v;
-  SNAP_INFO("snapshot rebuild: NCCL %s from %s, ncclCommShrink %s",
-            nccl_version_string(v).c_str(), label.c_str(),
+  SNAP_INFO("snapshot rebuild: NCCL %s from %s, ncclCommShrink %s", nccl_version_string(v).c_str(),
+            label.c_str(),
             lib->has_shrink() ? "available"
                               : (lib->shrink_ ? "present but the version is below 2.27"
                                               : "absent (re-init only)"));
@@ -159,26 +159,19 @@ std::string NcclLibrary::error_string(ncclResult_t result) {
 
 const char* to_string(RebuildMode m) {
   switch (m) {
-    case RebuildMode::kShrink:
-      return "shrink";
-    case RebuildMode::kReinit:
-      return "abort + re-init";
+    case RebuildMode::kShrink: return "shrink";
+    case RebuildMode::kReinit: return "abort + re-init";
   }
   return "?";
 }
 
 const char* to_string(RebuildStatus s) {
   switch (s) {
-    case RebuildStatus::kOk:
-      return "ok";
-    case RebuildStatus::kInvalidArgument:
-      return "invalid argument";
-    case RebuildStatus::kNcclError:
-      return "NCCL error";
-    case RebuildStatus::kIdTimeout:
-      return "unique id timeout";
-    case RebuildStatus::kIdExchangeError:
-      return "unique id exchange error";
+    case RebuildStatus::kOk: return "ok";
+    case RebuildStatus::kInvalidArgument: return "invalid argument";
+    case RebuildStatus::kNcclError: return "NCCL error";
+    case RebuildStatus::kIdTimeout: return "unique id timeout";
+    case RebuildStatus::kIdExchangeError: return "unique id exchange error";
   }
   return "?";
 }
@@ -287,8 +280,7 @@ RebuildStatus reinit(CommOps& ops, const RebuildPlan& plan, int old_rank, Unique
   } else {
     std::string why;
     switch (ids.wait(key, timeout_us, &id, &why)) {
-      case UniqueIdExchange::Wait::kOk:
-        break;
+      case UniqueIdExchange::Wait::kOk: break;
       case UniqueIdExchange::Wait::kTimeout:
         *err = "rebuild: no unique id under " + key + " from old rank " +
                std::to_string(plan.id_root) + " within " + std::to_string(timeout_us / kUsPerMs) +

@@ -62,8 +62,7 @@ ReportResult CutTracker::on_held(NodeId node, uint32_t rank, uint64_t step) {
   const uint32_t n = it != steps_.end() ? it->second.ranks : ranks_;
   if (rank >= n) return ReportResult::kUnknownRank;
   StepRecord& r = record(step);
-  return r.holders[rank].insert(node).second ? ReportResult::kRecorded
-                                             : ReportResult::kDuplicate;
+  return r.holders[rank].insert(node).second ? ReportResult::kRecorded : ReportResult::kDuplicate;
 }
 
 uint32_t CutTracker::live_replicas(const StepRecord& r, uint32_t rank) const {

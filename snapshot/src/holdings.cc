@@ -25,10 +25,12 @@ bool Holdings::valid(const ShardMeta& m, std::string* err) {
            std::to_string(m.n_buffers) + " (accepted: n_buffers 1..65536, buffer < n_buffers)";
     return false;
   }
-  if (m.base_step > m.step || m.base_seq > m.seq || (m.step == m.base_step) != (m.seq == m.base_seq)) {
-    *err = who + ": base step " + std::to_string(m.base_step) + ", seq " + std::to_string(m.seq) +
-           ", base seq " + std::to_string(m.base_seq) +
-           " (accepted: a base has step == base_step and seq == base_seq; a delta has both greater)";
+  if (m.base_step > m.step || m.base_seq > m.seq ||
+      (m.step == m.base_step) != (m.seq == m.base_seq)) {
+    *err =
+        who + ": base step " + std::to_string(m.base_step) + ", seq " + std::to_string(m.seq) +
+        ", base seq " + std::to_string(m.base_seq) +
+        " (accepted: a base has step == base_step and seq == base_seq; a delta has both greater)";
     return false;
   }
   if (m.home_node >= static_cast<uint32_t>(board::kMaxNodes)) {
@@ -41,7 +43,8 @@ bool Holdings::valid(const ShardMeta& m, std::string* err) {
 
 bool Holdings::add(const ShardMeta& m) {
   const bool before = held_in_full(m.rank, m.step);
-  entries_[ShardKey{m.rank, m.step, m.buffer}] = ChainEntry{m.base_step, m.seq, m.base_seq, m.payload_bytes};
+  entries_[ShardKey{m.rank, m.step, m.buffer}] =
+      ChainEntry{m.base_step, m.seq, m.base_seq, m.payload_bytes};
   StepInfo& s = steps_[{m.rank, m.step}];
   s.n_buffers = m.n_buffers;
   s.world = m.world;

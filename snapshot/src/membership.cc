@@ -51,9 +51,8 @@ bool parse_peers(const std::string& text, std::vector<PeerSpec>* out, std::strin
     uint64_t id = 0, port = 0;
     const std::string addr = trim(line.substr(sp));
     const size_t colon = addr.rfind(':');
-    if (!parse_uint(line.substr(0, sp), board::kMaxNodes - 1, &id) ||
-        colon == std::string::npos || colon == 0 ||
-        !parse_uint(addr.substr(colon + 1), 65535, &port) || port == 0 ||
+    if (!parse_uint(line.substr(0, sp), board::kMaxNodes - 1, &id) || colon == std::string::npos ||
+        colon == 0 || !parse_uint(addr.substr(colon + 1), 65535, &port) || port == 0 ||
         addr.find_first_of(" \t") != std::string::npos) {
       *err = where + ": malformed (" + form + ")";
       return false;
@@ -87,8 +86,8 @@ bool parse_peers(const std::string& text, std::vector<PeerSpec>* out, std::strin
   return true;
 }
 
-Membership::Membership(uint32_t self, const std::vector<uint32_t>& ids, TimeUs period,
-                       TimeUs now, int miss_limit)
+Membership::Membership(uint32_t self, const std::vector<uint32_t>& ids, TimeUs period, TimeUs now,
+                       int miss_limit)
     : self_(self), period_(period), started_(now), miss_limit_(miss_limit), ids_(ids) {
   std::sort(ids_.begin(), ids_.end());
   ids_.erase(std::unique(ids_.begin(), ids_.end()), ids_.end());

@@ -74,8 +74,7 @@ void write_header(std::string* out, const std::string& name, const std::string& 
 // Checks and sorts a label set; throws std::invalid_argument naming the problem.
 Labels normalise(const std::string& metric, const Labels& in, Type t) {
   Labels l = in;
-  std::sort(l.begin(), l.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
+  std::sort(l.begin(), l.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   for (size_t i = 0; i < l.size(); ++i) {
     const std::string& k = l[i].first;
     if (!valid_label_name(k))
@@ -150,10 +149,14 @@ std::string escape_label_value(const std::string& s) {
   std::string r;
   r.reserve(s.size());
   for (char c : s) {
-    if (c == '\\') r += "\\\\";
-    else if (c == '"') r += "\\\"";
-    else if (c == '\n') r += "\\n";
-    else r += c;
+    if (c == '\\')
+      r += "\\\\";
+    else if (c == '"')
+      r += "\\\"";
+    else if (c == '\n')
+      r += "\\n";
+    else
+      r += c;
   }
   return r;
 }
@@ -162,9 +165,12 @@ std::string escape_help(const std::string& s) {
   std::string r;
   r.reserve(s.size());
   for (char c : s) {
-    if (c == '\\') r += "\\\\";
-    else if (c == '\n') r += "\\n";
-    else r += c;
+    if (c == '\\')
+      r += "\\\\";
+    else if (c == '\n')
+      r += "\\n";
+    else
+      r += c;
   }
   return r;
 }
@@ -205,8 +211,8 @@ Histogram::Histogram(std::vector<double> bounds)
 
 void Histogram::observe(double v) {
   if (std::isnan(v)) return;
-  const size_t i = static_cast<size_t>(
-      std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());  // first b >= v
+  const size_t i = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) -
+                                       bounds_.begin());  // first b >= v
   std::lock_guard<std::mutex> g(mu_);
   if (i < counts_.size()) ++counts_[i];
   ++count_;
@@ -265,9 +271,8 @@ Registry::Family& Registry::family_locked(const std::string& name, Type type,
   for (const auto& f : families_)
     for (const std::string& theirs : written_names(f->name, f->type))
       if (std::find(mine.begin(), mine.end(), theirs) != mine.end())
-        throw std::invalid_argument("metric " + name + " clashes with " + type_name(f->type) +
-                                    " " + f->name + " (both write samples named " + theirs +
-                                    ")");
+        throw std::invalid_argument("metric " + name + " clashes with " + type_name(f->type) + " " +
+                                    f->name + " (both write samples named " + theirs + ")");
   auto f = std::make_unique<Family>();
   f->name = name;
   f->help = help;
@@ -392,13 +397,13 @@ void register_standard(Registry* r) {
       {kTakeFailures, Type::kCounter, "Snapshots that failed."},
       {kReplicationLag, Type::kGauge,
        "Seconds since the newest fully replicated snapshot step was taken (absent until one "
-       "is).", false},
+       "is).",
+       false},
       {kNewestCompleteStep, Type::kGauge,
        "The newest complete (restorable) snapshot step (absent until one is).", false},
       {kHeartbeatsSent, Type::kCounter, "Heartbeats sent to peers."},
       {kHeartbeatsReceived, Type::kCounter, "Heartbeats received from peers."},
-      {kHeartbeatsMissed, Type::kCounter,
-       "Heartbeat periods in which a live peer was not heard."},
+      {kHeartbeatsMissed, Type::kCounter, "Heartbeat periods in which a live peer was not heard."},
       {kNodesFailed, Type::kCounter, "Peers declared failed (3 missed heartbeat periods)."},
       {kNodesRejoined, Type::kCounter, "Failed peers heard again (rejoined)."},
       {kRecoveries, Type::kCounter, "Recoveries (communicator rebuild and restore) run."},
@@ -442,8 +447,10 @@ void append_board_metrics(const board::BoardView& v, std::string* out) {
     return Labels{{"rail", board_text(s.f.name)}, {"pid", std::to_string(s.pid)}};
   };
   {
-    AppendFamily f(out, "r2ccl_rail_up", "1 when the rail is up, else 0 (failed, down, draining, "
-                   "unknown); one series per net plugin process and rail.", Type::kGauge);
+    AppendFamily f(out, "r2ccl_rail_up",
+                   "1 when the rail is up, else 0 (failed, down, draining, "
+                   "unknown); one series per net plugin process and rail.",
+                   Type::kGauge);
     for (const auto* s : slots) {
       Labels l = ids(*s);
       l.emplace_back("transport", board::transport_name(s->f.transport));
@@ -453,7 +460,8 @@ void append_board_metrics(const board::BoardView& v, std::string* out) {
   {
     AppendFamily f(out, "r2ccl_rail_state",
                    "The rail's state as published by its process: 1 for the current state, 0 "
-                   "for the others.", Type::kGauge);
+                   "for the others.",
+                   Type::kGauge);
     const RailState all[] = {RailState::kUp, RailState::kFailed, RailState::kDown,
                              RailState::kDraining, RailState::kUnknown};
     for (const auto* s : slots)

@@ -237,8 +237,10 @@ StoreStatus ShardStore::open(OpenReport* report, std::string* err) {
     return StoreStatus::kClosed;
   }
   if (cfg_.max_shard_bytes == 0 || (cfg_.spill_dir.empty() && cfg_.memory_limit_bytes == 0)) {
-    if (err) *err = "snapshot store: max_shard_bytes and (without a spill directory) "
-                    "memory_limit_bytes must be > 0";
+    if (err)
+      *err =
+          "snapshot store: max_shard_bytes and (without a spill directory) "
+          "memory_limit_bytes must be > 0";
     return StoreStatus::kInvalid;
   }
   OpenReport rep;
@@ -268,8 +270,8 @@ StoreStatus ShardStore::open(OpenReport* report, std::string* err) {
   int lfd = openat(dfd, kLockName, O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lfd < 0 || flock(lfd, LOCK_EX | LOCK_NB) != 0) {
     const bool busy = lfd >= 0 && errno == EWOULDBLOCK;
-    std::string why = busy ? "in use by another store"
-                           : errno_text(("lock " + dir + "/" + kLockName).c_str());
+    std::string why =
+        busy ? "in use by another store" : errno_text(("lock " + dir + "/" + kLockName).c_str());
     if (lfd >= 0) ::close(lfd);
     ::close(dfd);
     if (err) *err = "snapshot store: spill directory " + dir + ": " + why;
@@ -360,8 +362,10 @@ StoreStatus ShardStore::open(OpenReport* report, std::string* err) {
   lock_fd_ = lfd;
   state_ = State::kOpen;
   if (rep.indexed > 0 || !rep.skipped.empty()) {
-    SNAP_INFO("snapshot store: %s: %" PRIu64 " spilled shards indexed, %zu files "
-              "skipped", dir.c_str(), rep.indexed, rep.skipped.size());
+    SNAP_INFO("snapshot store: %s: %" PRIu64
+              " spilled shards indexed, %zu files "
+              "skipped",
+              dir.c_str(), rep.indexed, rep.skipped.size());
   }
   if (report) *report = std::move(rep);
   return StoreStatus::kOk;
@@ -417,8 +421,8 @@ void ShardStore::leave() {
 StoreStatus ShardStore::check_size(uint64_t bytes, std::string* err) const {
   if (bytes > cfg_.max_shard_bytes) {
     if (err) {
-      *err = "snapshot store: shard of " + std::to_string(bytes) +
-             " bytes over the maximum of " + std::to_string(cfg_.max_shard_bytes);
+      *err = "snapshot store: shard of " + std::to_string(bytes) + " bytes over the maximum of " +
+             std::to_string(cfg_.max_shard_bytes);
     }
     return StoreStatus::kTooLarge;
   }
@@ -519,8 +523,8 @@ bool ShardStore::spill(std::vector<Victim>* victims, std::string* err) {
   return all_ok;
 }
 
-StoreStatus ShardStore::put(const ShardKey& key, uint64_t base_step, uint32_t crc,
-                            const void* data, size_t size, std::string* err) {
+StoreStatus ShardStore::put(const ShardKey& key, uint64_t base_step, uint32_t crc, const void* data,
+                            size_t size, std::string* err) {
   StoreStatus st = check_size(size, err);
   if (st != StoreStatus::kOk) return st;
   if (size > 0 && data == nullptr) {
@@ -544,8 +548,9 @@ StoreStatus ShardStore::put(const ShardKey& key, uint64_t base_step, uint32_t cr
 
   const uint64_t size = bytes.size();
   if (base_step > key.step) {
-    if (err) *err = "snapshot store: shard " + to_string(key) + " has base step " +
-                    std::to_string(base_step) + " after its step";
+    if (err)
+      *err = "snapshot store: shard " + to_string(key) + " has base step " +
+             std::to_string(base_step) + " after its step";
     return StoreStatus::kInvalid;
   }
   StoreStatus st = check_size(size, err);
@@ -583,8 +588,8 @@ StoreStatus ShardStore::put(const ShardKey& key, uint64_t base_step, uint32_t cr
     if (cfg_.spill_dir.empty() &&
         stats_.memory_bytes - replaced_in_memory + size > cfg_.memory_limit_bytes) {
       if (err) {
-        *err = "snapshot store: no room for shard " + to_string(key) + " (" +
-               std::to_string(size) + " bytes; " + std::to_string(stats_.memory_bytes) + " of " +
+        *err = "snapshot store: no room for shard " + to_string(key) + " (" + std::to_string(size) +
+               " bytes; " + std::to_string(stats_.memory_bytes) + " of " +
                std::to_string(cfg_.memory_limit_bytes) + " in use, no spill directory)";
       }
       return StoreStatus::kFull;
@@ -625,8 +630,9 @@ StoreStatus ShardStore::put(const ShardKey& key, uint64_t base_step, uint32_t cr
   if (it != index_.end() && it->second.gen == gen && it->second.where == Where::kMemory &&
       stats_.memory_bytes > cfg_.memory_limit_bytes) {
     drop_locked(it);
-    if (err) *err = "snapshot store: shard " + to_string(key) + " refused: memory full and " +
-                    "spilling failed (" + serr + ")";
+    if (err)
+      *err = "snapshot store: shard " + to_string(key) + " refused: memory full and " +
+             "spilling failed (" + serr + ")";
     return StoreStatus::kIoError;
   }
   return StoreStatus::kOk;
@@ -657,8 +663,8 @@ void ShardStore::mark_corrupt(const ShardKey& key, uint64_t gen, const std::stri
   }
 }
 
-StoreStatus ShardStore::read_file(const ShardKey& key, std::vector<uint8_t>* out,
-                                  ShardInfo* info, std::string* why) const {
+StoreStatus ShardStore::read_file(const ShardKey& key, std::vector<uint8_t>* out, ShardInfo* info,
+                                  std::string* why) const {
   const std::string name = file_name(key);
   int fd = openat(dir_fd_, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
@@ -677,8 +683,8 @@ StoreStatus ShardStore::read_file(const ShardKey& key, std::vector<uint8_t>* out
   const uint64_t file_bytes = static_cast<uint64_t>(st.st_size);
   uint8_t h[kHeaderBytes];
   if (file_bytes < kHeaderBytes) {
-    *why = "spill file " + spill_path(key) + " truncated to " + std::to_string(file_bytes) +
-           " bytes";
+    *why =
+        "spill file " + spill_path(key) + " truncated to " + std::to_string(file_bytes) + " bytes";
     return StoreStatus::kCorrupt;
   }
   if (!read_full(fd, h, sizeof(h), 0)) {
@@ -730,8 +736,9 @@ StoreStatus ShardStore::get(const ShardKey& key, std::vector<uint8_t>* out, Shar
   } leave_guard{this};
 
   auto corrupt = [&](const std::string& why) {
-    if (err) *err = "snapshot store: shard " + to_string(key) + " is corrupt (" + why +
-                    "); use another replica";
+    if (err)
+      *err = "snapshot store: shard " + to_string(key) + " is corrupt (" + why +
+             "); use another replica";
     return StoreStatus::kCorrupt;
   };
   // A spilled shard's file can be replaced (a new put, spilled) or removed (prune) while it is
@@ -825,8 +832,7 @@ PruneResult ShardStore::prune(uint64_t keep) {
       while (it != group_end) {
         auto cur = it++;
         const ShardInfo& si = cur->second.info;
-        const bool needed =
-            si.key.step > keep || (si.key.step >= base && si.base_step == base);
+        const bool needed = si.key.step > keep || (si.key.step >= base && si.base_step == base);
         if (!needed) {
           res.bytes += si.size;
           ++res.shards;

@@ -123,10 +123,14 @@ uint64_t parse_size(const std::string& s) {
   const double v = strtod(s.c_str(), &end);
   std::string suf(end);
   double m = 1;
-  if (suf == "K" || suf == "KiB") m = 1024.0;
-  else if (suf == "M" || suf == "MiB") m = 1024.0 * 1024;
-  else if (suf == "G" || suf == "GiB") m = 1024.0 * 1024 * 1024;
-  else if (!suf.empty()) throw CLI::ValidationError("--bytes", "'" + s + "': a number with K, M or G");
+  if (suf == "K" || suf == "KiB")
+    m = 1024.0;
+  else if (suf == "M" || suf == "MiB")
+    m = 1024.0 * 1024;
+  else if (suf == "G" || suf == "GiB")
+    m = 1024.0 * 1024 * 1024;
+  else if (!suf.empty())
+    throw CLI::ValidationError("--bytes", "'" + s + "': a number with K, M or G");
   if (!(v > 0)) throw CLI::ValidationError("--bytes", "'" + s + "': must be > 0");
   return static_cast<uint64_t>(v * m);
 }
@@ -194,7 +198,8 @@ struct State {
     const float lr = static_cast<float>(cfg.lr);
     if (cfg.changed_fraction >= 1) {
       for (size_t i = 0; i < n; ++i)
-        h[i] = r2ccl::snap::float_to_fp16(r2ccl::snap::fp16_to_float(h[i]) + lr * nt[rng.next() >> 44]);
+        h[i] = r2ccl::snap::float_to_fp16(r2ccl::snap::fp16_to_float(h[i]) +
+                                          lr * nt[rng.next() >> 44]);
       return;
     }
     const size_t k = static_cast<size_t>(cfg.changed_fraction * static_cast<double>(n));
@@ -295,9 +300,19 @@ struct Cluster {
   }
   void start(int i) {
     ::unlink(sockets[i].c_str());
-    std::vector<std::string> a{daemon, "--id", std::to_string(i), "--peers", peers,
-                               "--token-file", token, "--board", boards[i], "--period-ms",
-                               std::to_string(period_ms), "--socket", sockets[i]};
+    std::vector<std::string> a{daemon,
+                               "--id",
+                               std::to_string(i),
+                               "--peers",
+                               peers,
+                               "--token-file",
+                               token,
+                               "--board",
+                               boards[i],
+                               "--period-ms",
+                               std::to_string(period_ms),
+                               "--socket",
+                               sockets[i]};
     a.insert(a.end(), extra.begin(), extra.end());
     std::vector<char*> argv;
     for (auto& s : a) argv.push_back(s.data());
@@ -391,15 +406,17 @@ struct Rank {
     uint32_t id = 0;
     for (size_t off = 0; off < total; off += per) {
       const size_t cnt = std::min(per, total - off);
-      check(r2ccl_snap_register(h, id++, st->h.data() + off, cnt * 2, R2CCL_SNAP_DTYPE_F16, codec, 0),
-            "register");
+      check(
+          r2ccl_snap_register(h, id++, st->h.data() + off, cnt * 2, R2CCL_SNAP_DTYPE_F16, codec, 0),
+          "register");
     }
   }
 };
 
 // Waits until h's daemon reports `pred(state)` (wait_event, so no polling delay). Returns the
 // time (steady clock, s) it was seen, or NaN on timeout.
-double wait_for(r2ccl_snap_t* h, double timeout_s, const std::function<bool(const r2ccl_snap_state_t&)>& pred,
+double wait_for(r2ccl_snap_t* h, double timeout_s,
+                const std::function<bool(const r2ccl_snap_state_t&)>& pred,
                 r2ccl_snap_state_t* last = nullptr) {
   const double end = now_s() + timeout_s;
   r2ccl_snap_state_t s{};
@@ -420,12 +437,16 @@ double wait_for(r2ccl_snap_t* h, double timeout_s, const std::function<bool(cons
   return NAN;
 }
 auto complete_at_least(uint64_t step) {
-  return [step](const r2ccl_snap_state_t& s) { return s.has_complete_step && s.complete_step >= step; };
+  return [step](const r2ccl_snap_state_t& s) {
+    return s.has_complete_step && s.complete_step >= step;
+  };
 }
 auto members_are(uint32_t count) {
   return [count](const r2ccl_snap_state_t& s) { return s.epoch > 0 && s.member_count == count; };
 }
-bool has_member(const r2ccl_snap_state_t& s, uint32_t id) { return (s.members[id / 64] >> (id % 64)) & 1u; }
+bool has_member(const r2ccl_snap_state_t& s, uint32_t id) {
+  return (s.members[id / 64] >> (id % 64)) & 1u;
+}
 
 void parallel(size_t n, const std::function<void(size_t)>& f) {
   std::vector<std::thread> t;
@@ -482,7 +503,8 @@ struct StepRec {
 
 void run_take(const Opts& o, const std::string& codec) {
   const std::string k = "take." + o.model.update + "." + codec + ".";
-  note("take, " + codec + ": 2 nodes, rank 0 on node 0 with " + mib(double(o.bytes)) + " MiB of FP16");
+  note("take, " + codec + ": 2 nodes, rank 0 on node 0 with " + mib(double(o.bytes)) +
+       " MiB of FP16");
   Cluster c(o.daemon, o.workdir, 2, o.period_ms, daemon_extra(o), o.keep);
   c.start(0);
   c.start(1);
@@ -493,7 +515,8 @@ void run_take(const Opts& o, const std::string& codec) {
   r.st = std::make_unique<State>(o.bytes, o.model, o.seed);
   out.put(k + "state_init_seconds", secs(t_init, Clock::now()), "s");
   r.open(c.sockets[0], o.buffers, codec_of(codec));
-  if (std::isnan(wait_for(r.h, 20, members_are(2)))) fail("the 2 daemons did not agree on a membership");
+  if (std::isnan(wait_for(r.h, 20, members_are(2))))
+    fail("the 2 daemons did not agree on a membership");
   std::vector<StepRec> recs;
   std::map<uint64_t, size_t> idx;
   auto harvest = [&](const r2ccl_snap_take_stats_t& s) {
@@ -521,7 +544,8 @@ void run_take(const Opts& o, const std::string& codec) {
       x.update = secs(a, Clock::now());
     }
     if (pipelined) {
-      std::this_thread::sleep_until(step_start + std::chrono::microseconds(int64_t(o.step_ms * 1000)));
+      std::this_thread::sleep_until(step_start +
+                                    std::chrono::microseconds(int64_t(o.step_ms * 1000)));
       step_start = Clock::now();
     }
     r2ccl_snap_take_stats_t s{};
@@ -549,11 +573,13 @@ void run_take(const Opts& o, const std::string& codec) {
       }
       recs.back().replicated = t - std::chrono::duration<double>(b.time_since_epoch()).count();
     }
-    fprintf(stderr, "[bench]   step %d: take %.3f s (copy %.3f, wait %.3f)\n", i, x.call, x.copy, x.wait);
+    fprintf(stderr, "[bench]   step %d: take %.3f s (copy %.3f, wait %.3f)\n", i, x.call, x.copy,
+            x.wait);
   }
   // One more take after a flush hands back the stats of the last measured step.
   check(r2ccl_snap_flush(r.h, int64_t(o.timeout_s * 1e6)), "flush");
-  const double t_done = wait_for(r.h, std::min(o.timeout_s, 60.0), complete_at_least(uint64_t(o.steps)));
+  const double t_done =
+      wait_for(r.h, std::min(o.timeout_s, 60.0), complete_at_least(uint64_t(o.steps)));
   if (std::isnan(t_done)) note("the last step did not become complete in time");
   {
     r2ccl_snap_take_stats_t s{};
@@ -613,19 +639,29 @@ void run_take(const Opts& o, const std::string& codec) {
   out.put(k + "bench_peak_rss_mib", maxrss_mib(), "MiB");
 
   out.row("## take, " + codec + ": " + mib(double(o.bytes)) + " MiB FP16, " + o.model.update +
-          (o.model.update == "sparse" ? " (" + fmt(o.model.changed_fraction * 100, "%g") + " % changed)" : "") +
-          ", " + std::to_string(o.buffers) + " buffer(s), " + (pipelined ? "step " + fmt(o.step_ms, "%g") + " ms" : "flush after each take"));
-  out.row("| step | kind | take() s | copy s | wait s | encode s | send s | encoded MiB | ratio | max err | complete after s |");
+          (o.model.update == "sparse"
+               ? " (" + fmt(o.model.changed_fraction * 100, "%g") + " % changed)"
+               : "") +
+          ", " + std::to_string(o.buffers) + " buffer(s), " +
+          (pipelined ? "step " + fmt(o.step_ms, "%g") + " ms" : "flush after each take"));
+  out.row(
+      "| step | kind | take() s | copy s | wait s | encode s | send s | encoded MiB | ratio | max "
+      "err | complete after s |");
   out.row("|---|---|---|---|---|---|---|---|---|---|---|");
   for (const auto& x : recs)
-    out.row("| " + std::to_string(x.step) + " | " + (!x.harvested ? "?" : x.bases ? "base" : "delta") + " | " +
-            fmt(x.call) + " | " + fmt(x.copy) + " | " + fmt(x.wait) + " | " + fmt(x.encode) + " | " +
-            fmt(x.send) + " | " + (x.harvested ? mib(double(x.encoded)) : "-") + " | " +
-            fmt(x.ratio, "%.2f") + " | " + (codec == "lossy" ? fmt(x.err, "%.2e") : "0") + " | " +
-            (std::isnan(x.replicated) && !pipelined ? std::string("not in 60 s") : fmt(x.replicated)) + " |");
+    out.row(
+        "| " + std::to_string(x.step) + " | " +
+        (!x.harvested ? "?"
+         : x.bases    ? "base"
+                      : "delta") +
+        " | " + fmt(x.call) + " | " + fmt(x.copy) + " | " + fmt(x.wait) + " | " + fmt(x.encode) +
+        " | " + fmt(x.send) + " | " + (x.harvested ? mib(double(x.encoded)) : "-") + " | " +
+        fmt(x.ratio, "%.2f") + " | " + (codec == "lossy" ? fmt(x.err, "%.2e") : "0") + " | " +
+        (std::isnan(x.replicated) && !pipelined ? std::string("not in 60 s") : fmt(x.replicated)) +
+        " |");
   out.row("# nodes declared failed during the run (spurious: nothing was killed): " +
-          std::to_string(c.declared_failed(0) + c.declared_failed(1)) + "; steps not complete in time: " +
-          std::to_string(incomplete));
+          std::to_string(c.declared_failed(0) + c.declared_failed(1)) +
+          "; steps not complete in time: " + std::to_string(incomplete));
   r.close();
 }
 
@@ -634,14 +670,16 @@ void run_restore(const Opts& o) {
   const std::string codec = o.codec == "both" ? "lossless" : o.codec;
   const std::string k = "restore." + codec + ".";
   const int steps = std::max(1, std::min(o.steps, 8));
-  note("restore: 3 nodes, rank 0 on node 0 with " + mib(double(o.bytes)) + " MiB, " + std::to_string(steps) + " takes");
+  note("restore: 3 nodes, rank 0 on node 0 with " + mib(double(o.bytes)) + " MiB, " +
+       std::to_string(steps) + " takes");
   Cluster c(o.daemon, o.workdir, 3, o.period_ms, daemon_extra(o), o.keep);
   for (int i = 0; i < 3; ++i) c.start(i);
   for (int i = 0; i < 3; ++i) c.wait_socket(i);
   Rank r;
   r.st = std::make_unique<State>(o.bytes, o.model, o.seed);
   r.open(c.sockets[0], o.buffers, codec_of(codec));
-  if (std::isnan(wait_for(r.h, 20, members_are(3)))) fail("the 3 daemons did not agree on a membership");
+  if (std::isnan(wait_for(r.h, 20, members_are(3))))
+    fail("the 3 daemons did not agree on a membership");
   const uint64_t S = uint64_t(steps);
   for (uint64_t s = 1; s <= S; ++s) {
     if (s > 1) r.st->update();
@@ -651,17 +689,20 @@ void run_restore(const Opts& o) {
   }
   if (std::isnan(wait_for(r.h, o.timeout_s, complete_at_least(S))))
     fail("step " + std::to_string(S) + " not complete in time (logs kept in " + c.dir + ")");
-  out.put(k + "spurious_node_failures", c.declared_failed(0) + c.declared_failed(1) + c.declared_failed(2), "events");
+  out.put(k + "spurious_node_failures",
+          c.declared_failed(0) + c.declared_failed(1) + c.declared_failed(2), "events");
   const bool exact = codec == "lossless";
   auto verify = [&](const char* what) {
     const bool ok = r.st->hash() == r.hash_at[S];
     out.put(k + what + ".verified", exact ? (ok ? 1 : 0) : NAN, "bool");
-    if (exact && !ok) fail(std::string("restore ") + what + ": the state differs from step " + std::to_string(S));
+    if (exact && !ok)
+      fail(std::string("restore ") + what + ": the state differs from step " + std::to_string(S));
   };
   auto timed_restore = [&](const char* what) {
     uint64_t step = 0;
     const auto a = Clock::now();
-    check(r2ccl_snap_restore(r.h, int64_t(o.timeout_s * 1e6), &step), std::string("restore ") + what);
+    check(r2ccl_snap_restore(r.h, int64_t(o.timeout_s * 1e6), &step),
+          std::string("restore ") + what);
     const double t = secs(a, Clock::now());
     if (step != S) fail(std::string("restore ") + what + " gave step " + std::to_string(step));
     out.put(k + what + ".seconds", t, "s");
@@ -701,16 +742,20 @@ void run_restore(const Opts& o) {
           known - std::chrono::duration<double>(t_start.time_since_epoch()).count(), "s");
   const double t_remote = timed_restore("replica_remote");
   r.close();
-  for (int i = 0; i < 3; ++i) out.put(k + "node" + std::to_string(i) + ".daemon_peak_rss_mib", c.hwm_mib(i), "MiB");
+  for (int i = 0; i < 3; ++i)
+    out.put(k + "node" + std::to_string(i) + ".daemon_peak_rss_mib", c.hwm_mib(i), "MiB");
   out.put(k + "bench_peak_rss_mib", maxrss_mib(), "MiB");
-  out.row("## restore, " + codec + ": " + mib(double(o.bytes)) + " MiB FP16, step " + std::to_string(S) +
-          " (chain: base at step 1 + " + std::to_string(S - 1) + " deltas)");
+  out.row("## restore, " + codec + ": " + mib(double(o.bytes)) + " MiB FP16, step " +
+          std::to_string(S) + " (chain: base at step 1 + " + std::to_string(S - 1) + " deltas)");
   out.row("| from | restore() s | GB/s | bit-exact |");
   out.row("|---|---|---|---|");
   const std::string ex = exact ? "yes" : "n/a (lossy)";
-  out.row("| home copy (local daemon) | " + fmt(t_home) + " | " + fmt(double(o.bytes) / t_home / 1e9, "%.2f") + " | " + ex + " |");
-  out.row("| replica on the rank's new node (home node killed) | " + fmt(t_local) + " | " + fmt(double(o.bytes) / t_local / 1e9, "%.2f") + " | " + ex + " |");
-  out.row("| replicas over TCP (replacement daemon) | " + fmt(t_remote) + " | " + fmt(double(o.bytes) / t_remote / 1e9, "%.2f") + " | " + ex + " |");
+  out.row("| home copy (local daemon) | " + fmt(t_home) + " | " +
+          fmt(double(o.bytes) / t_home / 1e9, "%.2f") + " | " + ex + " |");
+  out.row("| replica on the rank's new node (home node killed) | " + fmt(t_local) + " | " +
+          fmt(double(o.bytes) / t_local / 1e9, "%.2f") + " | " + ex + " |");
+  out.row("| replicas over TCP (replacement daemon) | " + fmt(t_remote) + " | " +
+          fmt(double(o.bytes) / t_remote / 1e9, "%.2f") + " | " + ex + " |");
 }
 
 // ---- --mode recovery ----
@@ -720,8 +765,8 @@ void run_recovery(const Opts& o) {
   const std::string codec = o.codec == "both" ? "lossless" : o.codec;
   const std::string k = "recovery.n" + std::to_string(n) + ".p" + std::to_string(o.period_ms) + ".";
   const size_t per = (o.bytes / uint64_t(n)) & ~size_t(511);
-  note("recovery: " + std::to_string(n) + " nodes, period " + std::to_string(o.period_ms) + " ms, " +
-       mib(double(per)) + " MiB per rank, victim node " + std::to_string(victim));
+  note("recovery: " + std::to_string(n) + " nodes, period " + std::to_string(o.period_ms) +
+       " ms, " + mib(double(per)) + " MiB per rank, victim node " + std::to_string(victim));
   Cluster c(o.daemon, o.workdir, n, o.period_ms, daemon_extra(o), o.keep);
   for (int i = 0; i < n; ++i) c.start(i);
   for (int i = 0; i < n; ++i) c.wait_socket(i);
@@ -830,7 +875,8 @@ void run_recovery(const Opts& o) {
           "restore rank " + std::to_string(r.rank));
     rs[j] = now_s() - a;
     if (codec == "lossless" && r.st->hash() != r.hash_at[rstep[j]])
-      fail("rank " + std::to_string(r.rank) + ": restored state differs from step " + std::to_string(rstep[j]));
+      fail("rank " + std::to_string(r.rank) + ": restored state differs from step " +
+           std::to_string(rstep[j]));
   });
   const double restore_wall = now_s() - t_r0;
   out.put(k + "restored_step", double(rstep[0]), "step");
@@ -850,10 +896,14 @@ void run_recovery(const Opts& o) {
   });
   uint64_t vstep = 0;
   const double a = now_s();
-  const int vrc = std::isnan(known) ? R2CCL_SNAP_ERR_TIMEOUT : r2ccl_snap_restore(v.h, int64_t(o.timeout_s * 1e6), &vstep);
+  const int vrc = std::isnan(known) ? R2CCL_SNAP_ERR_TIMEOUT
+                                    : r2ccl_snap_restore(v.h, int64_t(o.timeout_s * 1e6), &vstep);
   const double vt = now_s() - a;
-  if (vrc != R2CCL_SNAP_OK) note(std::string("replacement restore: ") + r2ccl_snap_strerror(vrc) + ": " + r2ccl_snap_last_error(nullptr));
-  const bool vok = vrc == R2CCL_SNAP_OK && (codec != "lossless" || v.st->hash() == v.hash_at[vstep]);
+  if (vrc != R2CCL_SNAP_OK)
+    note(std::string("replacement restore: ") + r2ccl_snap_strerror(vrc) + ": " +
+         r2ccl_snap_last_error(nullptr));
+  const bool vok =
+      vrc == R2CCL_SNAP_OK && (codec != "lossless" || v.st->hash() == v.hash_at[vstep]);
   out.put(k + "replacement_daemon_socket_seconds", up, "s");
   out.put(k + "replacement_rejoined_seconds", known - t_start, "s");
   out.put(k + "replacement_restore_seconds", vrc == R2CCL_SNAP_OK ? vt : NAN, "s");
@@ -864,18 +914,27 @@ void run_recovery(const Opts& o) {
     if (!std::isnan(c.hwm_mib(i))) hwm = std::max(hwm, c.hwm_mib(i));
   out.put(k + "daemon_peak_rss_mib.max", hwm, "MiB");
   out.put(k + "bench_peak_rss_mib", maxrss_mib(), "MiB");
-  out.row("## recovery: " + std::to_string(n) + " nodes, heartbeat " + std::to_string(o.period_ms) + " ms, " +
-          mib(double(per)) + " MiB per rank (" + mib(double(per) * n) + " MiB total), node " +
-          std::to_string(victim) + " SIGKILLed" + (majority ? "" : " (survivors are no majority: nothing is agreed)"));
+  out.row("## recovery: " + std::to_string(n) + " nodes, heartbeat " + std::to_string(o.period_ms) +
+          " ms, " + mib(double(per)) + " MiB per rank (" + mib(double(per) * n) +
+          " MiB total), node " + std::to_string(victim) + " SIGKILLed" +
+          (majority ? "" : " (survivors are no majority: nothing is agreed)"));
   out.row("| phase | s (from the kill unless said) |");
   out.row("|---|---|");
-  out.row("| detection: coordinator (node " + std::to_string(surv[0]) + ") declares node " + std::to_string(victim) + " failed | " + fmt(declared) + " |");
+  out.row("| detection: coordinator (node " + std::to_string(surv[0]) + ") declares node " +
+          std::to_string(victim) + " failed | " + fmt(declared) + " |");
   out.row("| agreement: every survivor wrote the new record | " + fmt(agreed_all) + " |");
   out.row("| notification: every survivor's wait_event() shows it | " + fmt(notified) + " |");
-  out.row("| unique-id exchange, kv_put -> every survivor's kv_get (NCCL init not run) | " + (kv_ok ? fmt(kv_all) : surv.size() > 1 ? "failed" : "n/a (one survivor)") + " (own) |");
-  out.row("| survivors' restore from home copies, parallel (wall) | " + fmt(restore_wall) + " (own; per rank max " + fmt(vmax(rs)) + ") |");
-  out.row("| replacement daemon: spawn -> rejoined, complete step known | " + fmt(known - t_start) + " (own) |");
-  out.row("| replacement rank's restore from replicas | " + (vrc == R2CCL_SNAP_OK ? fmt(vt) : "failed") + " (own) |");
+  out.row("| unique-id exchange, kv_put -> every survivor's kv_get (NCCL init not run) | " +
+          (kv_ok             ? fmt(kv_all)
+           : surv.size() > 1 ? "failed"
+                             : "n/a (one survivor)") +
+          " (own) |");
+  out.row("| survivors' restore from home copies, parallel (wall) | " + fmt(restore_wall) +
+          " (own; per rank max " + fmt(vmax(rs)) + ") |");
+  out.row("| replacement daemon: spawn -> rejoined, complete step known | " + fmt(known - t_start) +
+          " (own) |");
+  out.row("| replacement rank's restore from replicas | " +
+          (vrc == R2CCL_SNAP_OK ? fmt(vt) : "failed") + " (own) |");
 }
 
 }  // namespace
@@ -884,22 +943,37 @@ int main(int argc, char** argv) {
   CLI::App app{"r2ccl_snapshot_bench: the snapshot sidecar's benchmarks on a loopback cluster"};
   Opts o;
   std::string bytes = "1G";
-  app.add_option("--mode", o.mode, "take | restore | recovery")->check(CLI::IsMember({"take", "restore", "recovery"}));
-  app.add_option("--daemon", o.daemon, "r2ccl_snapshotd (default: next to this tool)")->type_name("PATH");
-  app.add_option("--bytes", bytes, "FP16 state: per rank (take, restore) or in total (recovery); K/M/G suffixes (default 1G)");
-  app.add_option("--steps", o.steps, "snapshots taken (take: default 10; restore: chain length, at most 8)")->check(CLI::Range(1, 1000));
-  app.add_option("--codec", o.codec, "lossless | lossy | both (take; restore/recovery use lossless for both)")
+  app.add_option("--mode", o.mode, "take | restore | recovery")
+      ->check(CLI::IsMember({"take", "restore", "recovery"}));
+  app.add_option("--daemon", o.daemon, "r2ccl_snapshotd (default: next to this tool)")
+      ->type_name("PATH");
+  app.add_option(
+      "--bytes", bytes,
+      "FP16 state: per rank (take, restore) or in total (recovery); K/M/G suffixes (default 1G)");
+  app.add_option("--steps", o.steps,
+                 "snapshots taken (take: default 10; restore: chain length, at most 8)")
+      ->check(CLI::Range(1, 1000));
+  app.add_option("--codec", o.codec,
+                 "lossless | lossy | both (take; restore/recovery use lossless for both)")
       ->check(CLI::IsMember({"lossless", "lossy", "both"}));
-  app.add_option("--update", o.model.update, "sparse (weights) | adam (dense FP16 first moment)")->check(CLI::IsMember({"sparse", "adam"}));
-  app.add_option("--changed-fraction", o.model.changed_fraction, "sparse: elements moved per step (default 0.01; >= 1: all)")
+  app.add_option("--update", o.model.update, "sparse (weights) | adam (dense FP16 first moment)")
+      ->check(CLI::IsMember({"sparse", "adam"}));
+  app.add_option("--changed-fraction", o.model.changed_fraction,
+                 "sparse: elements moved per step (default 0.01; >= 1: all)")
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--lr", o.model.lr, "sparse: step size of a moved element (default 1e-4)");
-  app.add_option("--buffers", o.buffers, "registered buffers the state is split into (default 1)")->check(CLI::Range(1, 64));
-  app.add_option("--step-ms", o.step_ms, "take: a training step of this many ms between takes, no flush (default 0: flush after each take)");
-  app.add_option("--nodes", o.nodes, "recovery: nodes, one rank each (2..8)")->check(CLI::Range(2, 8));
+  app.add_option("--buffers", o.buffers, "registered buffers the state is split into (default 1)")
+      ->check(CLI::Range(1, 64));
+  app.add_option("--step-ms", o.step_ms,
+                 "take: a training step of this many ms between takes, no flush (default 0: flush "
+                 "after each take)");
+  app.add_option("--nodes", o.nodes, "recovery: nodes, one rank each (2..8)")
+      ->check(CLI::Range(2, 8));
   app.add_option("--victim", o.victim, "recovery: the node killed (default the last)");
-  app.add_option("--period-ms", o.period_ms, "heartbeat period of the daemons (default 100)")->check(CLI::Range(10, 60000));
-  app.add_option("--mem-limit-mb", o.mem_limit_mb, "daemons' --mem-limit-mb (default: the daemon's)");
+  app.add_option("--period-ms", o.period_ms, "heartbeat period of the daemons (default 100)")
+      ->check(CLI::Range(10, 60000));
+  app.add_option("--mem-limit-mb", o.mem_limit_mb,
+                 "daemons' --mem-limit-mb (default: the daemon's)");
   app.add_option("--timeout-s", o.timeout_s, "bound on each wait (default 120)");
   app.add_option("--workdir", o.workdir, "where the cluster's files go (default /tmp)");
   app.add_option("--seed", o.seed, "state seed");

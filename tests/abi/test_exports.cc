@@ -46,12 +46,12 @@ void stderr_logger(ncclDebugLogLevel level, unsigned long, const char*, int, con
 }
 
 // Child-side checks: print what failed and return 1 from the child function.
-#define CHILD_CHECK(cond)                                                            \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
+#define CHILD_CHECK(cond)                                                              \
+  do {                                                                                 \
+    if (!(cond)) {                                                                     \
       fprintf(stderr, "child check failed at %s:%d: %s\n", __FILE__, __LINE__, #cond); \
-      return 1;                                                                      \
-    }                                                                                \
+      return 1;                                                                        \
+    }                                                                                  \
   } while (0)
 
 void* open_plugin_or_die() {
@@ -155,12 +155,12 @@ int props_child(int version) {
       CHILD_CHECK(t->init(&ctx1, 1, &cfg, stderr_logger, nullptr) == ncclSuccess);
       CHILD_CHECK(t->init(&ctx2, 2, &cfg, stderr_logger, nullptr) == ncclSuccess);
       CHILD_CHECK(ctx1 != nullptr && ctx2 != nullptr && ctx1 != ctx2);
-      int rc = check_devices<ncclNetProperties_v11_t>(
-          t->devices, t->getProperties, [](const ncclNetProperties_v11_t& p, int d) {
-            if (int r = check_v9_props(p, d)) return r;
-            CHILD_CHECK(p.maxMultiRequestSize == 1);
-            return 0;
-          });
+      int rc = check_devices<ncclNetProperties_v11_t>(t->devices, t->getProperties,
+                                                      [](const ncclNetProperties_v11_t& p, int d) {
+                                                        if (int r = check_v9_props(p, d)) return r;
+                                                        CHILD_CHECK(p.maxMultiRequestSize == 1);
+                                                        return 0;
+                                                      });
       if (rc) return rc;
       CHILD_CHECK(t->finalize(ctx2) == ncclSuccess);
       CHILD_CHECK(t->finalize(ctx1) == ncclSuccess);
@@ -395,9 +395,9 @@ TEST_CASE("checked AllReduce through each net API version (r2ccl_perf)", "[abi]"
   REQUIRE_FALSE(perf.empty());
   for (int v : {8, 9, 10, 11}) {
     std::string out;
-    std::string cmd = perf_command({{"R2CCL_SOCKET_IFNAME", kTwoRails}, {"R2CCL_LOG_FILE", "none"}},
-                                   "--ranks 2 --net-api " + std::to_string(v) +
-                                       " -b 8 -e 4M -f 8 --check");
+    std::string cmd =
+        perf_command({{"R2CCL_SOCKET_IFNAME", kTwoRails}, {"R2CCL_LOG_FILE", "none"}},
+                     "--ranks 2 --net-api " + std::to_string(v) + " -b 8 -e 4M -f 8 --check");
     int rc = run_command(cmd, &out);
     INFO("net API v" << v << ": " << cmd << "\n" << out);
     CHECK(rc == 0);
@@ -450,7 +450,8 @@ ChildResult init_child(const std::map<std::string, std::string>& env, double* in
 TEST_CASE("bad configuration fails init with a message naming the variable", "[abi]") {
   double secs = 0;
   SECTION("R2CCL_CHUNK_SIZE=1 is out of range: ncclInvalidUsage") {
-    ChildResult r = init_child({{"R2CCL_SOCKET_IFNAME", kTwoRails}, {"R2CCL_CHUNK_SIZE", "1"}}, &secs);
+    ChildResult r =
+        init_child({{"R2CCL_SOCKET_IFNAME", kTwoRails}, {"R2CCL_CHUNK_SIZE", "1"}}, &secs);
     INFO("child output:\n" << r.output);
     CHECK(r.status == ncclInvalidUsage);
     CHECK(count_lines_containing(r.output, "R2CCL_CHUNK_SIZE") >= 1);
@@ -473,7 +474,8 @@ TEST_CASE("bad configuration fails init with a message naming the variable", "[a
     std::istringstream in(r.output);
     std::string line;
     while (std::getline(in, line))
-      warned |= line.find("WARN") != std::string::npos && line.find("R2CCL_BOGUS") != std::string::npos;
+      warned |=
+          line.find("WARN") != std::string::npos && line.find("R2CCL_BOGUS") != std::string::npos;
     CHECK(warned);
   }
 }

@@ -8,8 +8,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
@@ -48,7 +48,8 @@ std::string tuner_path() { return env_or("R2CCL_TEST_TUNER", ""); }
 std::mutex g_log_mu;
 std::vector<std::string> g_warns;
 
-void capture_logger(ncclDebugLogLevel level, unsigned long, const char*, int, const char* fmt, ...) {
+void capture_logger(ncclDebugLogLevel level, unsigned long, const char*, int, const char* fmt,
+                    ...) {
   if (level != NCCL_LOG_WARN) return;
   char msg[2048];
   va_list ap;
@@ -69,11 +70,14 @@ struct Tuner {
         ncclNvlDomainInfo_v5_t nvl{1, 8, 8};
         static thread_local ncclTunerConstants_v5_t consts{};
         return static_cast<const ncclTuner_v5_t*>(sym)->init(ctx, 0x1234, nranks, nnodes,
-                                                            capture_logger, &nvl, &consts);
+                                                             capture_logger, &nvl, &consts);
       }
-      case 4: return static_cast<const ncclTuner_v4_t*>(sym)->init(nranks, nnodes, capture_logger, ctx);
-      case 3: return static_cast<const ncclTuner_v3_t*>(sym)->init(nranks, nnodes, capture_logger, ctx);
-      default: return static_cast<const ncclTuner_v2_t*>(sym)->init(nranks, nnodes, capture_logger, ctx);
+      case 4:
+        return static_cast<const ncclTuner_v4_t*>(sym)->init(nranks, nnodes, capture_logger, ctx);
+      case 3:
+        return static_cast<const ncclTuner_v3_t*>(sym)->init(nranks, nnodes, capture_logger, ctx);
+      default:
+        return static_cast<const ncclTuner_v2_t*>(sym)->init(nranks, nnodes, capture_logger, ctx);
     }
   }
   // v3+ only.
@@ -82,9 +86,15 @@ struct Tuner {
     float** t = reinterpret_cast<float**>(table);
     auto f = static_cast<ncclFunc_t>(coll);
     switch (v) {
-      case 5: return static_cast<const ncclTuner_v5_t*>(sym)->getCollInfo(ctx, f, bytes, pipe, t, na, np, reg, nch);
-      case 4: return static_cast<const ncclTuner_v4_t*>(sym)->getCollInfo(ctx, f, bytes, pipe, t, na, np, reg, nch);
-      default: return static_cast<const ncclTuner_v3_t*>(sym)->getCollInfo(ctx, f, bytes, pipe, t, na, np, nch);
+      case 5:
+        return static_cast<const ncclTuner_v5_t*>(sym)->getCollInfo(ctx, f, bytes, pipe, t, na, np,
+                                                                    reg, nch);
+      case 4:
+        return static_cast<const ncclTuner_v4_t*>(sym)->getCollInfo(ctx, f, bytes, pipe, t, na, np,
+                                                                    reg, nch);
+      default:
+        return static_cast<const ncclTuner_v3_t*>(sym)->getCollInfo(ctx, f, bytes, pipe, t, na, np,
+                                                                    nch);
     }
   }
   ncclResult_t call_v2(void* ctx, int coll, size_t bytes, int collnet, int nvls, int pipe,
@@ -131,7 +141,7 @@ struct TunerChild {
 
 // Runs fn in a forked child with `env` set; fn writes its answer to the fd it is given.
 TunerChild run_tuner_child(const std::vector<std::pair<std::string, std::string>>& env,
-                      const std::function<int(int fd)>& fn) {
+                           const std::function<int(int fd)>& fn) {
   int p[2];
   REQUIRE(pipe(p) == 0);
   fflush(nullptr);
@@ -225,7 +235,8 @@ Expect expect(int coll, uint64_t bytes, uint64_t ranks, uint64_t nodes, int pipe
   return {};
 }
 
-const uint64_t kSizes[] = {0, 1, 4095, 65536, 65537, 1 << 20, (1 << 20) + 1, 1ull << 30, 16ull << 30};
+const uint64_t kSizes[] = {0,          1,          4095, 65536, 65537, 1 << 20, (1 << 20) + 1,
+                           1ull << 30, 16ull << 30};
 const uint64_t kRanks[] = {1, 2, 8, 16, 17, 1024, 8192};
 
 // The sweep in one child for API version v.
@@ -248,8 +259,8 @@ int sweep_child(int v, int fd) {
                 if (v == 2) {
                   const int collnet = pattern & 1, nvls = (pattern >> 1) & 1;
                   int algo = -1, proto = -1, nch = 0;
-                  CHILD_CHECK(t.call_v2(ctx, coll, bytes, collnet, nvls, pipe, &algo, &proto, &nch) ==
-                              ncclSuccess);
+                  CHILD_CHECK(t.call_v2(ctx, coll, bytes, collnet, nvls, pipe, &algo, &proto,
+                                        &nch) == ncclSuccess);
                   Expect e = expect(coll, bytes, ranks, nodes, pipe, -1, [&](int a, int) {
                     if (a == 6) return false;  // no PAT in v2's table
                     if (a == 2 || a == 3) return collnet != 0;
@@ -257,12 +268,13 @@ int sweep_child(int v, int fd) {
                     return true;
                   });
                   if (algo != e.algo || proto != e.proto || nch != std::max(e.ch, 0)) {
-                    fprintf(stderr,
-                            "v2 coll %d bytes %llu ranks %llu nodes %llu pipe %d collnet %d nvls %d: "
-                            "got %d/%d ch %d, want %d/%d ch %d\n",
-                            coll, (unsigned long long)bytes, (unsigned long long)ranks,
-                            (unsigned long long)nodes, pipe, collnet, nvls, algo, proto, nch, e.algo,
-                            e.proto, e.ch);
+                    fprintf(
+                        stderr,
+                        "v2 coll %d bytes %llu ranks %llu nodes %llu pipe %d collnet %d nvls %d: "
+                        "got %d/%d ch %d, want %d/%d ch %d\n",
+                        coll, (unsigned long long)bytes, (unsigned long long)ranks,
+                        (unsigned long long)nodes, pipe, collnet, nvls, algo, proto, nch, e.algo,
+                        e.proto, e.ch);
                     return 1;
                   }
                   continue;
@@ -274,25 +286,26 @@ int sweep_child(int v, int fd) {
                   for (auto& c : table)
                     if (rng() % 3 == 0) c = NCCL_ALGO_PROTO_IGNORE;
                 if (pattern == 2)
-                  for (int p = 0; p < kP; ++p) table[0 * kP + p] = NCCL_ALGO_PROTO_IGNORE;  // no tree
+                  for (int p = 0; p < kP; ++p)
+                    table[0 * kP + p] = NCCL_ALGO_PROTO_IGNORE;  // no tree
                 const std::vector<float> before = table;
                 int nch = 0;
                 CHILD_CHECK(t.call(ctx, coll, bytes, pipe, table.data(), na, kP, reg, &nch) ==
                             ncclSuccess);
                 const int reg_seen = v >= 4 ? reg : -1;
-                Expect e = expect(coll, bytes, ranks, nodes, pipe, reg_seen, [&](int a, int p) {
-                  return a < na && before[a * kP + p] >= 0;
-                });
+                Expect e = expect(coll, bytes, ranks, nodes, pipe, reg_seen,
+                                  [&](int a, int p) { return a < na && before[a * kP + p] >= 0; });
                 for (int i = 0; i < na * kP; ++i) {
                   const bool chosen = e.algo >= 0 && i == e.algo * kP + e.proto;
                   const float want = chosen ? 0.0f : before[i];
                   if (table[i] != want || (before[i] < 0 && table[i] != NCCL_ALGO_PROTO_IGNORE)) {
-                    fprintf(stderr,
-                            "v%d coll %d bytes %llu ranks %llu nodes %llu pipe %d reg %d pattern %d: "
-                            "cell %d is %g (was %g), want %g\n",
-                            v, coll, (unsigned long long)bytes, (unsigned long long)ranks,
-                            (unsigned long long)nodes, pipe, reg, pattern, i, table[i], before[i],
-                            want);
+                    fprintf(
+                        stderr,
+                        "v%d coll %d bytes %llu ranks %llu nodes %llu pipe %d reg %d pattern %d: "
+                        "cell %d is %g (was %g), want %g\n",
+                        v, coll, (unsigned long long)bytes, (unsigned long long)ranks,
+                        (unsigned long long)nodes, pipe, reg, pattern, i, table[i], before[i],
+                        want);
                     return 1;
                   }
                 }
@@ -315,7 +328,8 @@ std::string decision_digest(const Tuner& t, void* ctx) {
   for (int coll = 0; coll < 5; ++coll)
     for (uint64_t bytes = 1; bytes <= (16ull << 30); bytes *= 4) {
       float table[kA * kP];
-      for (int i = 0; i < kA * kP; ++i) table[i] = (i % 5 == 4) ? NCCL_ALGO_PROTO_IGNORE : 100.0f + i;
+      for (int i = 0; i < kA * kP; ++i)
+        table[i] = (i % 5 == 4) ? NCCL_ALGO_PROTO_IGNORE : 100.0f + i;
       int nch = 0;
       if (t.call(ctx, coll, bytes, 1, table, kA, kP, 0, &nch) != ncclSuccess) return "error";
       int best = -1;
@@ -350,7 +364,7 @@ TEST_CASE("tuner: every API version follows the rules; IGNORE entries never chan
   for (int v : {5, 4, 3, 2}) {
     INFO("API v" << v);
     TunerChild r = run_tuner_child({{"R2CCL_TUNER_CONFIG", rules}, {"R2CCL_HEALTH_BOARD", "none"}},
-                              [v](int fd) { return sweep_child(v, fd); });
+                                   [v](int fd) { return sweep_child(v, fd); });
     CHECK(r.status == 0);
     CHECK(std::atol(r.out.c_str()) > 1000);
   }
@@ -393,92 +407,98 @@ TEST_CASE("tuner: no rules file leaves NCCL's table alone", "[abi][tuner]") {
 
 TEST_CASE("tuner: the cost model rewrites modelled entries only, never IGNORE", "[abi][tuner]") {
   const std::string rules = write_temp("model on net_bw=25 net_lat=5\n");
-  TunerChild r = run_tuner_child({{"R2CCL_TUNER_CONFIG", rules}, {"R2CCL_HEALTH_BOARD", "none"}}, [](int) {
-    Tuner t;
-    CHILD_CHECK(load_tuner(5, &t));
-    std::mt19937 rng(7);
-    for (uint64_t ranks : kRanks) {
-      void* ctx = nullptr;
-      CHILD_CHECK(t.init(ranks, std::max<uint64_t>(1, ranks / 8), &ctx) == ncclSuccess);
-      for (int coll = 0; coll < 5; ++coll)
-        for (uint64_t bytes : kSizes) {
-          float table[kA * kP];
-          for (auto& c : table) c = rng() % 4 == 0 ? -1.0f : 1.25f + static_cast<float>(rng() % 100);
-          float before[kA * kP];
-          memcpy(before, table, sizeof(table));
-          int nch = 0;
-          CHILD_CHECK(t.call(ctx, coll, bytes, 1, table, kA, kP, 1, &nch) == ncclSuccess);
-          CHILD_CHECK(nch == 0);
-          for (int i = 0; i < kA * kP; ++i) {
-            const int a = i / kP;
-            if (before[i] < 0) CHILD_CHECK(table[i] == NCCL_ALGO_PROTO_IGNORE);
-            else CHILD_CHECK(table[i] > 0);
-            if (a >= 2 && a <= 5) CHILD_CHECK(table[i] == before[i]);  // CollNet/NVLS: no model
-          }
-          if (coll == 4 && before[1 * kP + 2] >= 0) CHILD_CHECK(table[1 * kP + 2] != before[1 * kP + 2]);
+  TunerChild r =
+      run_tuner_child({{"R2CCL_TUNER_CONFIG", rules}, {"R2CCL_HEALTH_BOARD", "none"}}, [](int) {
+        Tuner t;
+        CHILD_CHECK(load_tuner(5, &t));
+        std::mt19937 rng(7);
+        for (uint64_t ranks : kRanks) {
+          void* ctx = nullptr;
+          CHILD_CHECK(t.init(ranks, std::max<uint64_t>(1, ranks / 8), &ctx) == ncclSuccess);
+          for (int coll = 0; coll < 5; ++coll)
+            for (uint64_t bytes : kSizes) {
+              float table[kA * kP];
+              for (auto& c : table)
+                c = rng() % 4 == 0 ? -1.0f : 1.25f + static_cast<float>(rng() % 100);
+              float before[kA * kP];
+              memcpy(before, table, sizeof(table));
+              int nch = 0;
+              CHILD_CHECK(t.call(ctx, coll, bytes, 1, table, kA, kP, 1, &nch) == ncclSuccess);
+              CHILD_CHECK(nch == 0);
+              for (int i = 0; i < kA * kP; ++i) {
+                const int a = i / kP;
+                if (before[i] < 0)
+                  CHILD_CHECK(table[i] == NCCL_ALGO_PROTO_IGNORE);
+                else
+                  CHILD_CHECK(table[i] > 0);
+                if (a >= 2 && a <= 5) CHILD_CHECK(table[i] == before[i]);  // CollNet/NVLS: no model
+              }
+              if (coll == 4 && before[1 * kP + 2] >= 0)
+                CHILD_CHECK(table[1 * kP + 2] != before[1 * kP + 2]);
+            }
+          CHILD_CHECK(t.fini(ctx) == ncclSuccess);
         }
-      CHILD_CHECK(t.fini(ctx) == ncclSuccess);
-    }
-    // v2 with the model: some algorithm/protocol is always picked for AllReduce.
-    Tuner t2;
-    CHILD_CHECK(load_tuner(2, &t2));
-    void* ctx = nullptr;
-    CHILD_CHECK(t2.init(64, 8, &ctx) == ncclSuccess);
-    int algo = -1, proto = -1, nch = 0;
-    CHILD_CHECK(t2.call_v2(ctx, 4, 1 << 30, 0, 0, 1, &algo, &proto, &nch) == ncclSuccess);
-    CHILD_CHECK(algo == NCCL_ALGO_RING && proto == NCCL_PROTO_SIMPLE);
-    CHILD_CHECK(t2.fini(ctx) == ncclSuccess);
-    return 0;
-  });
+        // v2 with the model: some algorithm/protocol is always picked for AllReduce.
+        Tuner t2;
+        CHILD_CHECK(load_tuner(2, &t2));
+        void* ctx = nullptr;
+        CHILD_CHECK(t2.init(64, 8, &ctx) == ncclSuccess);
+        int algo = -1, proto = -1, nch = 0;
+        CHILD_CHECK(t2.call_v2(ctx, 4, 1 << 30, 0, 0, 1, &algo, &proto, &nch) == ncclSuccess);
+        CHILD_CHECK(algo == NCCL_ALGO_RING && proto == NCCL_PROTO_SIMPLE);
+        CHILD_CHECK(t2.fini(ctx) == ncclSuccess);
+        return 0;
+      });
   CHECK(r.status == 0);
   unlink(rules.c_str());
 }
 
 TEST_CASE("tuner: many contexts from several threads, finalized in mixed order", "[abi][tuner]") {
   const std::string rules = write_temp(kSweepRules);
-  TunerChild r = run_tuner_child({{"R2CCL_TUNER_CONFIG", rules}, {"R2CCL_HEALTH_BOARD", "none"}}, [](int) {
-    Tuner t5, t4;
-    CHILD_CHECK(load_tuner(5, &t5));
-    CHILD_CHECK(load_tuner(4, &t4));
-    std::atomic<int> failures{0};
-    std::vector<std::thread> threads;
-    for (int th = 0; th < 8; ++th) {
-      threads.emplace_back([&, th] {
-        std::mt19937 rng(th);
-        std::vector<std::pair<const Tuner*, void*>> live;
-        for (int it = 0; it < 300; ++it) {
-          const Tuner* t = rng() % 2 ? &t5 : &t4;
-          void* ctx = nullptr;
-          if (t->init(16, 2, &ctx) != ncclSuccess || !ctx) {
-            ++failures;
-            continue;
-          }
-          live.emplace_back(t, ctx);
-          // Use a random live context (possibly created many iterations ago).
-          auto& [ut, uctx] = live[rng() % live.size()];
-          float table[kA * kP];
-          for (int i = 0; i < kA * kP; ++i) table[i] = 50.0f + i;
-          int nch = 0;
-          if (ut->call(uctx, 4, 1024, 1, table, kA, kP, 0, &nch) != ncclSuccess ||
-              table[0 * kP + 0] != 0.0f || nch != 2)
-            ++failures;
-          // Finalize a random one, not necessarily the newest.
-          if (live.size() > 4 || rng() % 3 == 0) {
-            size_t k = rng() % live.size();
-            if (live[k].first->fini(live[k].second) != ncclSuccess) ++failures;
-            live.erase(live.begin() + static_cast<long>(k));
-          }
+  TunerChild r =
+      run_tuner_child({{"R2CCL_TUNER_CONFIG", rules}, {"R2CCL_HEALTH_BOARD", "none"}}, [](int) {
+        Tuner t5, t4;
+        CHILD_CHECK(load_tuner(5, &t5));
+        CHILD_CHECK(load_tuner(4, &t4));
+        std::atomic<int> failures{0};
+        std::vector<std::thread> threads;
+        for (int th = 0; th < 8; ++th) {
+          threads.emplace_back([&, th] {
+            std::mt19937 rng(th);
+            std::vector<std::pair<const Tuner*, void*>> live;
+            for (int it = 0; it < 300; ++it) {
+              const Tuner* t = rng() % 2 ? &t5 : &t4;
+              void* ctx = nullptr;
+              if (t->init(16, 2, &ctx) != ncclSuccess || !ctx) {
+                ++failures;
+                continue;
+              }
+              live.emplace_back(t, ctx);
+              // Use a random live context (possibly created many iterations ago).
+              auto& [ut, uctx] = live[rng() % live.size()];
+              float table[kA * kP];
+              for (int i = 0; i < kA * kP; ++i) table[i] = 50.0f + i;
+              int nch = 0;
+              if (ut->call(uctx, 4, 1024, 1, table, kA, kP, 0, &nch) != ncclSuccess ||
+                  table[0 * kP + 0] != 0.0f || nch != 2)
+                ++failures;
+              // Finalize a random one, not necessarily the newest.
+              if (live.size() > 4 || rng() % 3 == 0) {
+                size_t k = rng() % live.size();
+                if (live[k].first->fini(live[k].second) != ncclSuccess) ++failures;
+                live.erase(live.begin() + static_cast<long>(k));
+              }
+            }
+            for (auto& [lt, lc] : live)
+              if (lt->fini(lc) != ncclSuccess) ++failures;
+          });
         }
-        for (auto& [lt, lc] : live)
-          if (lt->fini(lc) != ncclSuccess) ++failures;
+        for (auto& th : threads) th.join();
+        CHILD_CHECK(failures.load() == 0);
+        CHILD_CHECK(t5.fini(nullptr) == ncclSuccess);  // finalize of a failed init's NULL context
+        CHILD_CHECK(g_warns.empty());
+        return 0;
       });
-    }
-    for (auto& th : threads) th.join();
-    CHILD_CHECK(failures.load() == 0);
-    CHILD_CHECK(t5.fini(nullptr) == ncclSuccess);  // finalize of a failed init's NULL context
-    CHILD_CHECK(g_warns.empty());
-    return 0;
-  });
   CHECK(r.status == 0);
   unlink(rules.c_str());
 }
@@ -486,60 +506,65 @@ TEST_CASE("tuner: many contexts from several threads, finalized in mixed order",
 TEST_CASE("tuner: malformed rules files warn with file and line, or fail init when strict",
           "[abi][tuner]") {
   const std::vector<std::pair<std::string, std::string>> files = {
-      {"allreduce,0,100,ring,simple,2,1\n", ":1:1:"},                        // wrong column count
-      {"# c\nallreduce,0,-100,ring,simple,2,1,1\n", ":2:13:"},               // negative size
-      {"allreduce 0-1K -> ring/simple\nbcast any -> ring/ll\n", ":2:1:"},    // unknown name
-      {"allreduce 0-1K -> warp/simple\n", ":1:19:"},                         // unknown algorithm
+      {"allreduce,0,100,ring,simple,2,1\n", ":1:1:"},                      // wrong column count
+      {"# c\nallreduce,0,-100,ring,simple,2,1,1\n", ":2:13:"},             // negative size
+      {"allreduce 0-1K -> ring/simple\nbcast any -> ring/ll\n", ":2:1:"},  // unknown name
+      {"allreduce 0-1K -> warp/simple\n", ":1:19:"},                       // unknown algorithm
       {"allreduce,0,123456789012345678901234567890,ring,simple,2,1,1\n", ":1:13:"},  // huge
-      {"allreduce 0-1K -> ring/simple channels=100000\n", ":1:31:"},         // huge channels
-      {std::string("\x7f" "ELF\x02\x01\x01\0\0\0,\xff\xfe\n", 15), ":1:1:"},  // binary junk
+      {"allreduce 0-1K -> ring/simple channels=100000\n", ":1:31:"},  // huge channels
+      {std::string("\x7f"
+                   "ELF\x02\x01\x01\0\0\0,\xff\xfe\n",
+                   15),
+       ":1:1:"},  // binary junk
   };
   for (const auto& [text, where] : files) {
     const std::string path = write_temp(text);
     INFO("file: " << text);
     // Default: init succeeds, one WARN names the file, line and column; no rules apply.
-    TunerChild r = run_tuner_child({{"R2CCL_TUNER_CONFIG", path}, {"R2CCL_HEALTH_BOARD", "none"}},
-                              [&, w = where, p = path](int) {
-      for (int v : {5, 3}) {
-        g_warns.clear();
-        Tuner t;
-        CHILD_CHECK(load_tuner(v, &t));
-        void* ctx = nullptr;
-        CHILD_CHECK(t.init(8, 2, &ctx) == ncclSuccess);
-        CHILD_CHECK(ctx != nullptr);
-        CHILD_CHECK(g_warns.size() == 1);
-        // Through NCCL's logger as common's facade's TUNER/R2CCL component.
-        CHILD_CHECK(g_warns[0].rfind("TUNER/R2CCL rules file " + p, 0) == 0);
-        if (g_warns[0].find(p + w) == std::string::npos) {
-          fprintf(stderr, "WARN '%s' does not name %s%s\n", g_warns[0].c_str(), p.c_str(), w.c_str());
-          return 1;
-        }
-        float table[kA * kP];
-        for (int i = 0; i < kA * kP; ++i) table[i] = 1.0f + i;
-        float before[kA * kP];
-        memcpy(before, table, sizeof(table));
-        int nch = 0;
-        CHILD_CHECK(t.call(ctx, 4, 100, 1, table, kA, kP, 0, &nch) == ncclSuccess);
-        CHILD_CHECK(memcmp(table, before, sizeof(table)) == 0 && nch == 0);
-        CHILD_CHECK(t.fini(ctx) == ncclSuccess);
-      }
-      return 0;
-    });
+    TunerChild r = run_tuner_child(
+        {{"R2CCL_TUNER_CONFIG", path}, {"R2CCL_HEALTH_BOARD", "none"}},
+        [&, w = where, p = path](int) {
+          for (int v : {5, 3}) {
+            g_warns.clear();
+            Tuner t;
+            CHILD_CHECK(load_tuner(v, &t));
+            void* ctx = nullptr;
+            CHILD_CHECK(t.init(8, 2, &ctx) == ncclSuccess);
+            CHILD_CHECK(ctx != nullptr);
+            CHILD_CHECK(g_warns.size() == 1);
+            // Through NCCL's logger as common's facade's TUNER/R2CCL component.
+            CHILD_CHECK(g_warns[0].rfind("TUNER/R2CCL rules file " + p, 0) == 0);
+            if (g_warns[0].find(p + w) == std::string::npos) {
+              fprintf(stderr, "WARN '%s' does not name %s%s\n", g_warns[0].c_str(), p.c_str(),
+                      w.c_str());
+              return 1;
+            }
+            float table[kA * kP];
+            for (int i = 0; i < kA * kP; ++i) table[i] = 1.0f + i;
+            float before[kA * kP];
+            memcpy(before, table, sizeof(table));
+            int nch = 0;
+            CHILD_CHECK(t.call(ctx, 4, 100, 1, table, kA, kP, 0, &nch) == ncclSuccess);
+            CHILD_CHECK(memcmp(table, before, sizeof(table)) == 0 && nch == 0);
+            CHILD_CHECK(t.fini(ctx) == ncclSuccess);
+          }
+          return 0;
+        });
     CHECK(r.status == 0);
     // Strict: init fails with ncclInvalidUsage and leaves no context.
-    r = run_tuner_child({{"R2CCL_TUNER_CONFIG", path}, {"R2CCL_TUNER_STRICT", "1"},
-                   {"R2CCL_HEALTH_BOARD", "none"}},
-                  [](int) {
-                    for (int v : {5, 4, 3, 2}) {
-                      Tuner t;
-                      CHILD_CHECK(load_tuner(v, &t));
-                      void* ctx = reinterpret_cast<void*>(0x1);
-                      CHILD_CHECK(t.init(8, 2, &ctx) == ncclInvalidUsage);
-                      CHILD_CHECK(ctx == nullptr);
-                      CHILD_CHECK(t.fini(ctx) == ncclSuccess);
-                    }
-                    return 0;
-                  });
+    r = run_tuner_child(
+        {{"R2CCL_TUNER_CONFIG", path}, {"R2CCL_TUNER_STRICT", "1"}, {"R2CCL_HEALTH_BOARD", "none"}},
+        [](int) {
+          for (int v : {5, 4, 3, 2}) {
+            Tuner t;
+            CHILD_CHECK(load_tuner(v, &t));
+            void* ctx = reinterpret_cast<void*>(0x1);
+            CHILD_CHECK(t.init(8, 2, &ctx) == ncclInvalidUsage);
+            CHILD_CHECK(ctx == nullptr);
+            CHILD_CHECK(t.fini(ctx) == ncclSuccess);
+          }
+          return 0;
+        });
     CHECK(r.status == 0);
     unlink(path.c_str());
   }
@@ -555,8 +580,7 @@ TEST_CASE("tuner: malformed rules files warn with file and line, or fail init wh
   CHECK(r.status == 0);
 }
 
-TEST_CASE("tuner: identical choices across processes from the agreed record only",
-          "[abi][tuner]") {
+TEST_CASE("tuner: identical choices across processes from the agreed record only", "[abi][tuner]") {
   namespace board = r2ccl::board;
   const std::string name = "tunertest" + std::to_string(getpid());
   const std::string rules = write_temp(
@@ -578,26 +602,28 @@ TEST_CASE("tuner: identical choices across processes from the agreed record only
   // One "rank": its own R2CCL_RANK, its own rail state on the board (node-local), then a
   // tuner context over 32 ranks on 4 nodes; answers with the decisions' digest.
   auto rank_digest = [&](int rank, uint32_t rail_mbps, board::RailState state) {
-    TunerChild r = run_tuner_child({{"R2CCL_TUNER_CONFIG", rules}, {"R2CCL_HEALTH_BOARD", name},
-                               {"R2CCL_RANK", std::to_string(rank)}},
-                              [&](int fd) {
-      board::Publisher pub;
-      std::string e;
-      CHILD_CHECK(pub.open(name, &e));
-      board::RailFields f;
-      board::set_text(f.name, sizeof(f.name), "eth" + std::to_string(rank));
-      f.state = state;
-      f.usable_mbps = rail_mbps;
-      CHILD_CHECK(pub.publish(0, f));
-      Tuner t;
-      CHILD_CHECK(load_tuner(5, &t));
-      void* ctx = nullptr;
-      CHILD_CHECK(t.init(32, 4, &ctx) == ncclSuccess);
-      write_all(fd, decision_digest(t, ctx));
-      CHILD_CHECK(t.fini(ctx) == ncclSuccess);
-      pub.close();
-      return 0;
-    });
+    TunerChild r =
+        run_tuner_child({{"R2CCL_TUNER_CONFIG", rules},
+                         {"R2CCL_HEALTH_BOARD", name},
+                         {"R2CCL_RANK", std::to_string(rank)}},
+                        [&](int fd) {
+                          board::Publisher pub;
+                          std::string e;
+                          CHILD_CHECK(pub.open(name, &e));
+                          board::RailFields f;
+                          board::set_text(f.name, sizeof(f.name), "eth" + std::to_string(rank));
+                          f.state = state;
+                          f.usable_mbps = rail_mbps;
+                          CHILD_CHECK(pub.publish(0, f));
+                          Tuner t;
+                          CHILD_CHECK(load_tuner(5, &t));
+                          void* ctx = nullptr;
+                          CHILD_CHECK(t.init(32, 4, &ctx) == ncclSuccess);
+                          write_all(fd, decision_digest(t, ctx));
+                          CHILD_CHECK(t.fini(ctx) == ncclSuccess);
+                          pub.close();
+                          return 0;
+                        });
     REQUIRE(r.status == 0);
     return r.out;
   };
@@ -623,21 +649,21 @@ TEST_CASE("tuner: identical choices across processes from the agreed record only
 
   // A context keeps the record it read at init; only contexts created afterwards change.
   REQUIRE(board::publish_agreed_record(name, *record(3, 50.0f), &err));
-  TunerChild r = run_tuner_child({{"R2CCL_TUNER_CONFIG", rules}, {"R2CCL_HEALTH_BOARD", name}},
-                            [&](int fd) {
-    Tuner t;
-    CHILD_CHECK(load_tuner(4, &t));
-    void* before = nullptr;
-    CHILD_CHECK(t.init(32, 4, &before) == ncclSuccess);
-    std::string e;
-    CHILD_CHECK(board::publish_agreed_record(name, *record(4, 10.0f), &e));  // fake publisher
-    void* after = nullptr;
-    CHILD_CHECK(t.init(32, 4, &after) == ncclSuccess);
-    write_all(fd, decision_digest(t, before) + "|" + decision_digest(t, after));
-    t.fini(before);
-    t.fini(after);
-    return 0;
-  });
+  TunerChild r =
+      run_tuner_child({{"R2CCL_TUNER_CONFIG", rules}, {"R2CCL_HEALTH_BOARD", name}}, [&](int fd) {
+        Tuner t;
+        CHILD_CHECK(load_tuner(4, &t));
+        void* before = nullptr;
+        CHILD_CHECK(t.init(32, 4, &before) == ncclSuccess);
+        std::string e;
+        CHILD_CHECK(board::publish_agreed_record(name, *record(4, 10.0f), &e));  // fake publisher
+        void* after = nullptr;
+        CHILD_CHECK(t.init(32, 4, &after) == ncclSuccess);
+        write_all(fd, decision_digest(t, before) + "|" + decision_digest(t, after));
+        t.fini(before);
+        t.fini(after);
+        return 0;
+      });
   REQUIRE(r.status == 0);
   CHECK(r.out == d1 + "|" + d2);
   board::remove_board(name);

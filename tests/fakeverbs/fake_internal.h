@@ -90,10 +90,10 @@ struct GidEntry {
 struct Device {
   DevBox box;
   std::string name;
-  bool eth = false;      // RoCE (else InfiniBand)
-  uint16_t lid = 0;      // ib
-  uint32_t ipv4 = 0;     // eth, network byte order
-  uint64_t guid = 0;     // host order
+  bool eth = false;   // RoCE (else InfiniBand)
+  uint16_t lid = 0;   // ib
+  uint32_t ipv4 = 0;  // eth, network byte order
+  uint64_t guid = 0;  // host order
   int speed_mbps = 100000;
   uint8_t active_speed = 32, active_width = 2;
   std::string pci;  // "" = virtual NIC
@@ -214,10 +214,10 @@ struct Qp {
   std::deque<Inbound> inq;
   uint64_t next_seq = 1;
   TimePoint last_progress{};
-  int peer_pid = 0;         // owner of attr.dest_qp_num (0 = not resolved)
-  bool blackholed = false;  // fault: silently stopped
-  bool held_block = false;  // a held write blocks transmission of later WRs
-  bool err_pending = false; // a WR that failed locally waits to complete: transmit nothing
+  int peer_pid = 0;          // owner of attr.dest_qp_num (0 = not resolved)
+  bool blackholed = false;   // fault: silently stopped
+  bool held_block = false;   // a held write blocks transmission of later WRs
+  bool err_pending = false;  // a WR that failed locally waits to complete: transmit nothing
 };
 
 struct Conn {
@@ -279,7 +279,7 @@ struct State {
   int listen_fd = -1;
   int wake_fd = -1;
   std::string sock_path;
-  std::map<int, std::shared_ptr<Conn>> conns;  // by fd
+  std::map<int, std::shared_ptr<Conn>> conns;     // by fd
   std::map<int, std::shared_ptr<Conn>> outbound;  // by peer pid
   TimePoint nic_wake_at = kNever;
   std::vector<int> owned_fds;  // closed in a fork child

@@ -62,8 +62,8 @@ void encode_speed(int mbps, uint8_t* speed, uint8_t* width) {
   static const struct {
     uint8_t code;
     int lane;
-  } speeds[] = {{1, 2500}, {2, 5000}, {4, 10000}, {16, 14000}, {32, 25000}, {64, 50000},
-                {128, 100000}};
+  } speeds[] = {{1, 2500},   {2, 5000},   {4, 10000},   {16, 14000},
+                {32, 25000}, {64, 50000}, {128, 100000}};
   static const struct {
     uint8_t code;
     int lanes;
@@ -73,8 +73,7 @@ void encode_speed(int mbps, uint8_t* speed, uint8_t* width) {
     for (const auto& s : speeds) {
       long long d = llabs(static_cast<long long>(s.lane) * w.lanes - mbps);
       // Ties: prefer 4x (the common HCA width), then fewer, faster lanes.
-      bool better = best < 0 || d < best ||
-                    (d == best && w.lanes == 4 && *width != 2);
+      bool better = best < 0 || d < best || (d == best && w.lanes == 4 && *width != 2);
       if (better) {
         best = d;
         *speed = s.code;
@@ -120,11 +119,12 @@ void write_gid_sysfs(Device* d) {
   for (int i = 0; i < kGidTableLen; ++i) {
     char buf[64];
     const uint8_t* r = d->gids[i].gid.raw;
-    snprintf(buf, sizeof buf, "%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x\n",
-             r[0], r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13],
+    snprintf(buf, sizeof buf,
+             "%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x\n", r[0],
+             r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13],
              r[14], r[15]);
     write_file(ports + "/gids/" + std::to_string(i), buf);
-    std::string type = !d->gids[i].valid ? ""
+    std::string type = !d->gids[i].valid                         ? ""
                        : d->gids[i].type == IBV_GID_TYPE_ROCE_V2 ? "RoCE v2\n"
                                                                  : "IB/RoCE v1\n";
     write_file(ports + "/gid_attrs/types/" + std::to_string(i), type);
@@ -138,8 +138,8 @@ bool parse_device(const std::string& entry, Device* d, std::string* err) {
       "name,ib,<lid>|name,eth,<ipv4>[,speed=<Mbps>][,pci=<path>][,numa=<node>][,state=down]"
       "[,guid=<hex>]";
   auto fail = [&](const std::string& why) {
-    *err = "fakeverbs: bad FAKEVERBS_DEVICES entry '" + entry + "': " + why + " (accepted: " +
-           form + ")";
+    *err = "fakeverbs: bad FAKEVERBS_DEVICES entry '" + entry + "': " + why +
+           " (accepted: " + form + ")";
     return false;
   };
   if (f.size() < 3) return fail("needs name, link layer and address");
@@ -295,8 +295,7 @@ int ensure_init_locked() {
       if (trim(e).empty()) continue;
       auto* d = new Device();
       std::string err;
-      if (!parse_device(e, d, &err) || find_device(d->name) ||
-          !build_sysfs(d, i, &err)) {
+      if (!parse_device(e, d, &err) || find_device(d->name) || !build_sysfs(d, i, &err)) {
         if (err.empty()) err = "fakeverbs: duplicate device name '" + d->name + "'";
         fprintf(stderr, "%s\n", err.c_str());
         delete d;
@@ -357,7 +356,8 @@ void push_cqe(Cq* cq, const ibv_wc& wc) {
 void set_port_locked(Device* d, bool up) {
   if (d->active == up) return;
   d->active = up;
-  for (auto* c : d->contexts) push_event(c, up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR, nullptr, 1);
+  for (auto* c : d->contexts)
+    push_event(c, up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR, nullptr, 1);
 }
 
 void set_ipv4_locked(Device* d, uint32_t addr_be) {
@@ -464,7 +464,8 @@ FV_API int ibv_close_device(ibv_context* ctx) {
   for (int fd : {ctx->async_fd, c->async_wr}) {
     close(fd);
     for (size_t i = 0; i < g->owned_fds.size(); ++i)
-      if (g->owned_fds[i] == fd) g->owned_fds.erase(g->owned_fds.begin() + static_cast<long>(i)), --i;
+      if (g->owned_fds[i] == fd)
+        g->owned_fds.erase(g->owned_fds.begin() + static_cast<long>(i)), --i;
   }
   delete c;
   return 0;
@@ -690,13 +691,26 @@ FV_API void ibv_ack_async_event(ibv_async_event*) {}
 FV_API int ibv_fork_init(void) { return 0; }
 
 FV_API const char* ibv_event_type_str(ibv_event_type t) {
-  static const char* const s[] = {
-      "CQ error", "local work queue catastrophic error", "invalid request local work queue error",
-      "local access violation work queue error", "communication established",
-      "send queue drained", "path migrated", "path migration request error",
-      "local catastrophic error", "port active", "port error", "LID change", "P_Key change",
-      "SM change", "SRQ catastrophic error", "SRQ limit reached", "last WQE reached",
-      "client reregistration", "GID table change", "WQ fatal"};
+  static const char* const s[] = {"CQ error",
+                                  "local work queue catastrophic error",
+                                  "invalid request local work queue error",
+                                  "local access violation work queue error",
+                                  "communication established",
+                                  "send queue drained",
+                                  "path migrated",
+                                  "path migration request error",
+                                  "local catastrophic error",
+                                  "port active",
+                                  "port error",
+                                  "LID change",
+                                  "P_Key change",
+                                  "SM change",
+                                  "SRQ catastrophic error",
+                                  "SRQ limit reached",
+                                  "last WQE reached",
+                                  "client reregistration",
+                                  "GID table change",
+                                  "WQ fatal"};
   unsigned i = static_cast<unsigned>(t);
   return i < sizeof s / sizeof s[0] ? s[i] : "unknown";
 }

@@ -40,9 +40,8 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
   auto fields = split(entry, ',');
   f->text = entry;
   f->kind = trim(fields[0]);
-  static const std::set<std::string> kinds = {"port_down", "port_up",    "flap",
-                                              "blackhole", "hold_write", "rkey_error",
-                                              "lkey_error", "set_ipv4"};
+  static const std::set<std::string> kinds = {"port_down",  "port_up",    "flap",       "blackhole",
+                                              "hold_write", "rkey_error", "lkey_error", "set_ipv4"};
   if (!kinds.count(f->kind)) {
     *why = "unknown kind '" + f->kind + "'";
     return false;

@@ -77,8 +77,8 @@ void kick_at(TimePoint t) {
 void flush_conn(Conn* c) {
   while (!c->dead && !c->out.empty()) {
     auto& b = c->out.front();
-    ssize_t n = send(c->fd, b.data() + c->out_off, b.size() - c->out_off,
-                     MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n =
+        send(c->fd, b.data() + c->out_off, b.size() - c->out_off, MSG_NOSIGNAL | MSG_DONTWAIT);
     if (n > 0) {
       c->out_off += static_cast<size_t>(n);
       if (c->out_off == b.size()) {
@@ -160,8 +160,8 @@ void handle_req(const std::shared_ptr<Conn>& c, const Hdr& h, std::vector<char> 
   auto it = g->qps.find(h.dst_qpn);
   if (it == g->qps.end()) return;
   Qp* q = it->second;
-  if (!q->dev->active || q->blackholed ||
-      (q->state != IBV_QPS_RTR && q->state != IBV_QPS_RTS) || !addr_matches(q->dev, h))
+  if (!q->dev->active || q->blackholed || (q->state != IBV_QPS_RTR && q->state != IBV_QPS_RTS) ||
+      !addr_matches(q->dev, h))
     return;  // lost: no ACK
   Inbound in;
   in.h = h;
@@ -523,8 +523,8 @@ void process_inbound_locked(Qp* q) {
     auto op = static_cast<ibv_wr_opcode>(h.op);
     bool needs_recv =
         op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
-    bool rdma = op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM ||
-                op == IBV_WR_RDMA_READ;
+    bool rdma =
+        op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM || op == IBV_WR_RDMA_READ;
     uint8_t st = kAckOk;
     Mr* m = nullptr;
     uint32_t len = op == IBV_WR_RDMA_READ ? h.rd_len : h.len;

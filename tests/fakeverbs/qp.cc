@@ -47,12 +47,9 @@ uint32_t alloc_qpn() {
 ibv_wc_opcode wc_opcode(ibv_wr_opcode op) {
   switch (op) {
     case IBV_WR_RDMA_WRITE:
-    case IBV_WR_RDMA_WRITE_WITH_IMM:
-      return IBV_WC_RDMA_WRITE;
-    case IBV_WR_RDMA_READ:
-      return IBV_WC_RDMA_READ;
-    default:
-      return IBV_WC_SEND;
+    case IBV_WR_RDMA_WRITE_WITH_IMM: return IBV_WC_RDMA_WRITE;
+    case IBV_WR_RDMA_READ: return IBV_WC_RDMA_READ;
+    default: return IBV_WC_SEND;
   }
 }
 
@@ -99,8 +96,8 @@ char* sge_ptr(const Mr* m, const ibv_sge& s) { return m->addr + (s.addr - m->iov
 long long retry_us(const Qp* qp) {
   if (g->retry_us_env > 0) return g->retry_us_env;
   if (qp->attr.timeout == 0) return -1;  // IB: timeout 0 = wait forever
-  double us = 4.096 * std::ldexp(1.0, std::min<int>(qp->attr.timeout, 40)) *
-              (qp->attr.retry_cnt + 1);
+  double us =
+      4.096 * std::ldexp(1.0, std::min<int>(qp->attr.timeout, 40)) * (qp->attr.retry_cnt + 1);
   return static_cast<long long>(std::min(us, 1e15));
 }
 
@@ -243,14 +240,14 @@ FV_API int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* a, int mask) {
          a->dest_qp_num <= 0xffffff;
     if (ok && q->dev->eth) {
       const ibv_global_route& gr = a->ah_attr.grh;
-      ok = a->ah_attr.is_global && gr.sgid_index < kGidTableLen &&
-           q->dev->gids[gr.sgid_index].valid;
+      ok =
+          a->ah_attr.is_global && gr.sgid_index < kGidTableLen && q->dev->gids[gr.sgid_index].valid;
     } else if (ok) {
       ok = a->ah_attr.dlid != 0 && a->ah_attr.port_num <= 1;
     }
   } else if (cur == IBV_QPS_RTR && to == IBV_QPS_RTS) {
-    ok = has(IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
-             IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC) &&
+    ok = has(IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+             IBV_QP_MAX_QP_RD_ATOMIC) &&
          a->retry_cnt <= 7 && a->rnr_retry <= 7 && a->timeout <= 31;
   } else if (cur == IBV_QPS_RTS && to == IBV_QPS_RTS) {
     ok = !(mask & (IBV_QP_AV | IBV_QP_DEST_QPN | IBV_QP_PORT));
@@ -382,8 +379,8 @@ int fv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     h.rd_len = is_read ? static_cast<uint32_t>(total) : 0;
     h.seq = w.seq;
     long long rt = retry_us(q);
-    h.rnr_limit_us = static_cast<uint32_t>(std::min<long long>(rt < 0 ? 0xffffffffll : 4 * rt,
-                                                                 0xffffffffll));
+    h.rnr_limit_us =
+        static_cast<uint32_t>(std::min<long long>(rt < 0 ? 0xffffffffll : 4 * rt, 0xffffffffll));
     if (!is_send) {
       h.raddr = wr->wr.rdma.remote_addr;
       h.rkey = wr->wr.rdma.rkey;
@@ -393,8 +390,7 @@ int fv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
         h.rkey |= 0x80000000u;  // never a valid key
       }
     }
-    if (d->eth)
-      memcpy(h.dgid, q->attr.ah_attr.grh.dgid.raw, 16);
+    if (d->eth) memcpy(h.dgid, q->attr.ah_attr.grh.dgid.raw, 16);
     h.dlid = q->attr.ah_attr.dlid;
     h.slid = d->lid;
     memcpy(w.pkt.data(), &h, sizeof h);

@@ -8,7 +8,6 @@
 // that need a second "host" fork again: the fake starts from a fresh state in a fork child.
 
 #include <arpa/inet.h>
-#include <catch2/catch.hpp>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <poll.h>
@@ -18,11 +17,12 @@
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <algorithm>
 #include <atomic>
-#include <climits>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -39,23 +39,24 @@ extern "C" int fakeverbs_port_state(const char* dev);
 namespace {
 
 using Ms = std::chrono::milliseconds;
-constexpr int kRetryMs = 300;  // FAKEVERBS_RETRY_US: generous, a 2-core box under ASan must ACK in time
+constexpr int kRetryMs =
+    300;  // FAKEVERBS_RETRY_US: generous, a 2-core box under ASan must ACK in time
 
-#define EXPECT(cond)                                                                \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      fprintf(stderr, "%s:%d: EXPECT failed: %s\n", __FILE__, __LINE__, #cond);     \
-      _exit(1);                                                                     \
-    }                                                                               \
+#define EXPECT(cond)                                                            \
+  do {                                                                          \
+    if (!(cond)) {                                                              \
+      fprintf(stderr, "%s:%d: EXPECT failed: %s\n", __FILE__, __LINE__, #cond); \
+      _exit(1);                                                                 \
+    }                                                                           \
   } while (0)
-#define EXPECT_EQ(a, b)                                                                    \
-  do {                                                                                     \
-    long long _a = static_cast<long long>(a), _b = static_cast<long long>(b);              \
-    if (_a != _b) {                                                                        \
-      fprintf(stderr, "%s:%d: EXPECT_EQ failed: %s (%lld) != %s (%lld)\n", __FILE__, __LINE__, \
-              #a, _a, #b, _b);                                                             \
-      _exit(1);                                                                            \
-    }                                                                                      \
+#define EXPECT_EQ(a, b)                                                                            \
+  do {                                                                                             \
+    long long _a = static_cast<long long>(a), _b = static_cast<long long>(b);                      \
+    if (_a != _b) {                                                                                \
+      fprintf(stderr, "%s:%d: EXPECT_EQ failed: %s (%lld) != %s (%lld)\n", __FILE__, __LINE__, #a, \
+              _a, #b, _b);                                                                         \
+      _exit(1);                                                                                    \
+    }                                                                                              \
   } while (0)
 
 // Runs fn in a child process with the given fake environment; returns its exit status
@@ -174,14 +175,16 @@ Addr addr_of(const Ep& e) {
   return a;
 }
 
-constexpr int kAllAccess = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+constexpr int kAllAccess =
+    IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
 
 int to_init(ibv_qp* qp, int access = kAllAccess) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
   a.port_num = 1;
   a.qp_access_flags = access;
-  return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  return ibv_modify_qp(qp, &a,
+                       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
 }
 
 ibv_qp_attr rtr_attr(const Node& n, const Addr& r) {
@@ -316,7 +319,9 @@ bool all_eq(const char* p, size_t n, char v) {
   return true;
 }
 
-void write_all(int fd, const void* p, size_t n) { EXPECT_EQ(write(fd, p, n), static_cast<ssize_t>(n)); }
+void write_all(int fd, const void* p, size_t n) {
+  EXPECT_EQ(write(fd, p, n), static_cast<ssize_t>(n));
+}
 void read_all(int fd, void* p, size_t n) {
   size_t got = 0;
   while (got < n) {
@@ -338,255 +343,251 @@ TEST_CASE("fakeverbs: devices ports GID table sysfs") {
       "ib0,ib,7,speed=25000;mlx5_2,eth,10.1.2.4,state=down,guid=0x1234abcd;"
       "mlx5_3,eth,10.1.2.5,speed=400000,pci=0000:00:02.0/0000:3b:00.0";
   expect_ok(run_scenario(devs, [] {
-            int n = 0;
-            ibv_device** list = ibv_get_device_list(&n);
-            EXPECT(list != nullptr);
-            EXPECT_EQ(n, 4);
-            EXPECT(list[4] == nullptr);
-            EXPECT(strcmp(ibv_get_device_name(list[0]), "mlx5_0") == 0);
-            EXPECT(strcmp(list[1]->name, "ib0") == 0);
-            EXPECT_EQ(list[0]->node_type, IBV_NODE_CA);
-            EXPECT_EQ(list[0]->transport_type, IBV_TRANSPORT_IB);
-            EXPECT_EQ(be64toh(ibv_get_device_guid(list[2])), 0x1234abcdull);
-            // sysfs: PCI path and NUMA node; no link for a virtual NIC.
-            std::string link = std::string(list[0]->ibdev_path) + "/device";
-            char real[PATH_MAX];
-            EXPECT(realpath(link.c_str(), real) != nullptr);
-            EXPECT(std::string(real).find("/pci0000:00/0000:00:01.0/0000:0b:00.0") !=
-                   std::string::npos);
-            std::ifstream numa(std::string(real) + "/numa_node");
-            int node = -5;
-            numa >> node;
-            EXPECT_EQ(node, 1);
-            std::ifstream numa3(std::string(list[3]->ibdev_path) + "/device/numa_node");
-            numa3 >> node;
-            EXPECT_EQ(node, -1);
-            struct stat st;
-            EXPECT(lstat((std::string(list[1]->ibdev_path) + "/device").c_str(), &st) != 0);
-            ibv_free_device_list(list);
+    int n = 0;
+    ibv_device** list = ibv_get_device_list(&n);
+    EXPECT(list != nullptr);
+    EXPECT_EQ(n, 4);
+    EXPECT(list[4] == nullptr);
+    EXPECT(strcmp(ibv_get_device_name(list[0]), "mlx5_0") == 0);
+    EXPECT(strcmp(list[1]->name, "ib0") == 0);
+    EXPECT_EQ(list[0]->node_type, IBV_NODE_CA);
+    EXPECT_EQ(list[0]->transport_type, IBV_TRANSPORT_IB);
+    EXPECT_EQ(be64toh(ibv_get_device_guid(list[2])), 0x1234abcdull);
+    // sysfs: PCI path and NUMA node; no link for a virtual NIC.
+    std::string link = std::string(list[0]->ibdev_path) + "/device";
+    char real[PATH_MAX];
+    EXPECT(realpath(link.c_str(), real) != nullptr);
+    EXPECT(std::string(real).find("/pci0000:00/0000:00:01.0/0000:0b:00.0") != std::string::npos);
+    std::ifstream numa(std::string(real) + "/numa_node");
+    int node = -5;
+    numa >> node;
+    EXPECT_EQ(node, 1);
+    std::ifstream numa3(std::string(list[3]->ibdev_path) + "/device/numa_node");
+    numa3 >> node;
+    EXPECT_EQ(node, -1);
+    struct stat st;
+    EXPECT(lstat((std::string(list[1]->ibdev_path) + "/device").c_str(), &st) != 0);
+    ibv_free_device_list(list);
 
-            Node e = open_dev("mlx5_0"), ib = open_dev("ib0"), down = open_dev("mlx5_2"),
-                 ndr = open_dev("mlx5_3");
-            // verbs.h inlines must find no extended op and fall back to the exported ones.
-            EXPECT(verbs_get_ctx_op(e.ctx, query_port) == nullptr);
-            EXPECT(fcntl(e.ctx->async_fd, F_GETFD) >= 0);
-            ibv_port_attr pa;
-            EXPECT_EQ(ibv_query_port(e.ctx, 1, &pa), 0);
-            EXPECT_EQ(pa.state, IBV_PORT_ACTIVE);
-            EXPECT_EQ(pa.link_layer, IBV_LINK_LAYER_ETHERNET);
-            EXPECT_EQ(pa.active_mtu, IBV_MTU_4096);
-            EXPECT_EQ(pa.gid_tbl_len, 16);
-            EXPECT_EQ(pa.active_speed, 64);  // HDR
-            EXPECT_EQ(pa.active_width, 2);   // 4x
-            EXPECT_EQ(ibv_query_port(ndr.ctx, 1, &pa), 0);
-            EXPECT_EQ(pa.active_speed, 128);  // NDR
-            EXPECT_EQ(pa.active_width, 2);
-            EXPECT_EQ(ibv_query_port(ib.ctx, 1, &pa), 0);
-            EXPECT_EQ(pa.link_layer, IBV_LINK_LAYER_INFINIBAND);
-            EXPECT_EQ(pa.lid, 7);
-            EXPECT_EQ(pa.active_speed, 32);  // EDR
-            EXPECT_EQ(pa.active_width, 1);   // 1x
-            EXPECT_EQ(ibv_query_port(down.ctx, 1, &pa), 0);
-            EXPECT_EQ(pa.state, IBV_PORT_DOWN);
-            EXPECT_EQ(fakeverbs_port_state("mlx5_2"), 0);
-            EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 1);
-            EXPECT_EQ(fakeverbs_port_state("nope"), -1);
-            ibv_device_attr da;
-            EXPECT_EQ(ibv_query_device(e.ctx, &da), 0);
-            EXPECT_EQ(da.phys_port_cnt, 1);
-            // GID tables.
-            ibv_gid_entry ge;
-            const uint32_t types[] = {IBV_GID_TYPE_ROCE_V1, IBV_GID_TYPE_ROCE_V2,
-                                      IBV_GID_TYPE_ROCE_V1, IBV_GID_TYPE_ROCE_V2};
-            for (uint32_t i = 0; i < 4; ++i) {
-              EXPECT_EQ(ibv_query_gid_ex(e.ctx, 1, i, &ge, 0), 0);
-              EXPECT_EQ(ge.gid_type, types[i]);
-              EXPECT_EQ(ge.gid_index, i);
-              EXPECT_EQ(ge.port_num, 1);
-            }
-            EXPECT_EQ(ibv_query_gid_ex(e.ctx, 1, 4, &ge, 0), ENODATA);
-            ibv_gid gid;
-            EXPECT_EQ(ibv_query_gid(e.ctx, 1, 3, &gid), 0);
-            const uint8_t v4[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 1, 2, 3};
-            EXPECT(memcmp(gid.raw, v4, 16) == 0);
-            EXPECT_EQ(ibv_query_gid(e.ctx, 1, 0, &gid), 0);
-            EXPECT(gid.raw[0] == 0xfe && gid.raw[1] == 0x80);
-            EXPECT_EQ(ibv_query_gid(e.ctx, 1, 7, &gid), 0);
-            EXPECT(all_eq(reinterpret_cast<char*>(gid.raw), 16, 0));
-            EXPECT_EQ(ibv_query_gid_ex(ib.ctx, 1, 0, &ge, 0), 0);
-            EXPECT_EQ(ge.gid_type, IBV_GID_TYPE_IB);
-            EXPECT(ge.gid.raw[0] == 0xfe && ge.gid.raw[1] == 0x80);
-            uint64_t guid;
-            memcpy(&guid, ge.gid.raw + 8, 8);
-            int nd = 0;
-            ibv_device** l2 = ibv_get_device_list(&nd);
-            EXPECT_EQ(guid, ibv_get_device_guid(l2[1]));
-            ibv_free_device_list(l2);
-            EXPECT_EQ(ibv_query_gid_ex(ib.ctx, 1, 1, &ge, 0), ENODATA);
-            // dmabuf is not supported.
-            errno = 0;
-            EXPECT(ibv_reg_dmabuf_mr(e.pd, 0, 4096, 0, 3, IBV_ACCESS_LOCAL_WRITE) == nullptr);
-            EXPECT_EQ(errno, EOPNOTSUPP);
-            EXPECT(strcmp(ibv_wc_status_str(IBV_WC_RETRY_EXC_ERR),
-                          "transport retry counter exceeded") == 0);
-            EXPECT(strcmp(ibv_event_type_str(IBV_EVENT_PORT_ERR), "port error") == 0);
-            EXPECT_EQ(ibv_fork_init(), 0);
-          }));
+    Node e = open_dev("mlx5_0"), ib = open_dev("ib0"), down = open_dev("mlx5_2"),
+         ndr = open_dev("mlx5_3");
+    // verbs.h inlines must find no extended op and fall back to the exported ones.
+    EXPECT(verbs_get_ctx_op(e.ctx, query_port) == nullptr);
+    EXPECT(fcntl(e.ctx->async_fd, F_GETFD) >= 0);
+    ibv_port_attr pa;
+    EXPECT_EQ(ibv_query_port(e.ctx, 1, &pa), 0);
+    EXPECT_EQ(pa.state, IBV_PORT_ACTIVE);
+    EXPECT_EQ(pa.link_layer, IBV_LINK_LAYER_ETHERNET);
+    EXPECT_EQ(pa.active_mtu, IBV_MTU_4096);
+    EXPECT_EQ(pa.gid_tbl_len, 16);
+    EXPECT_EQ(pa.active_speed, 64);  // HDR
+    EXPECT_EQ(pa.active_width, 2);   // 4x
+    EXPECT_EQ(ibv_query_port(ndr.ctx, 1, &pa), 0);
+    EXPECT_EQ(pa.active_speed, 128);  // NDR
+    EXPECT_EQ(pa.active_width, 2);
+    EXPECT_EQ(ibv_query_port(ib.ctx, 1, &pa), 0);
+    EXPECT_EQ(pa.link_layer, IBV_LINK_LAYER_INFINIBAND);
+    EXPECT_EQ(pa.lid, 7);
+    EXPECT_EQ(pa.active_speed, 32);  // EDR
+    EXPECT_EQ(pa.active_width, 1);   // 1x
+    EXPECT_EQ(ibv_query_port(down.ctx, 1, &pa), 0);
+    EXPECT_EQ(pa.state, IBV_PORT_DOWN);
+    EXPECT_EQ(fakeverbs_port_state("mlx5_2"), 0);
+    EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 1);
+    EXPECT_EQ(fakeverbs_port_state("nope"), -1);
+    ibv_device_attr da;
+    EXPECT_EQ(ibv_query_device(e.ctx, &da), 0);
+    EXPECT_EQ(da.phys_port_cnt, 1);
+    // GID tables.
+    ibv_gid_entry ge;
+    const uint32_t types[] = {IBV_GID_TYPE_ROCE_V1, IBV_GID_TYPE_ROCE_V2, IBV_GID_TYPE_ROCE_V1,
+                              IBV_GID_TYPE_ROCE_V2};
+    for (uint32_t i = 0; i < 4; ++i) {
+      EXPECT_EQ(ibv_query_gid_ex(e.ctx, 1, i, &ge, 0), 0);
+      EXPECT_EQ(ge.gid_type, types[i]);
+      EXPECT_EQ(ge.gid_index, i);
+      EXPECT_EQ(ge.port_num, 1);
+    }
+    EXPECT_EQ(ibv_query_gid_ex(e.ctx, 1, 4, &ge, 0), ENODATA);
+    ibv_gid gid;
+    EXPECT_EQ(ibv_query_gid(e.ctx, 1, 3, &gid), 0);
+    const uint8_t v4[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 1, 2, 3};
+    EXPECT(memcmp(gid.raw, v4, 16) == 0);
+    EXPECT_EQ(ibv_query_gid(e.ctx, 1, 0, &gid), 0);
+    EXPECT(gid.raw[0] == 0xfe && gid.raw[1] == 0x80);
+    EXPECT_EQ(ibv_query_gid(e.ctx, 1, 7, &gid), 0);
+    EXPECT(all_eq(reinterpret_cast<char*>(gid.raw), 16, 0));
+    EXPECT_EQ(ibv_query_gid_ex(ib.ctx, 1, 0, &ge, 0), 0);
+    EXPECT_EQ(ge.gid_type, IBV_GID_TYPE_IB);
+    EXPECT(ge.gid.raw[0] == 0xfe && ge.gid.raw[1] == 0x80);
+    uint64_t guid;
+    memcpy(&guid, ge.gid.raw + 8, 8);
+    int nd = 0;
+    ibv_device** l2 = ibv_get_device_list(&nd);
+    EXPECT_EQ(guid, ibv_get_device_guid(l2[1]));
+    ibv_free_device_list(l2);
+    EXPECT_EQ(ibv_query_gid_ex(ib.ctx, 1, 1, &ge, 0), ENODATA);
+    // dmabuf is not supported.
+    errno = 0;
+    EXPECT(ibv_reg_dmabuf_mr(e.pd, 0, 4096, 0, 3, IBV_ACCESS_LOCAL_WRITE) == nullptr);
+    EXPECT_EQ(errno, EOPNOTSUPP);
+    EXPECT(strcmp(ibv_wc_status_str(IBV_WC_RETRY_EXC_ERR), "transport retry counter exceeded") ==
+           0);
+    EXPECT(strcmp(ibv_event_type_str(IBV_EVENT_PORT_ERR), "port error") == 0);
+    EXPECT_EQ(ibv_fork_init(), 0);
+  }));
 
   // No devices configured: an empty list.
   expect_ok(run_scenario("", [] {
-            int n = -1;
-            ibv_device** l = ibv_get_device_list(&n);
-            EXPECT(l != nullptr);
-            EXPECT_EQ(n, 0);
-            ibv_free_device_list(l);
-          }));
+    int n = -1;
+    ibv_device** l = ibv_get_device_list(&n);
+    EXPECT(l != nullptr);
+    EXPECT_EQ(n, 0);
+    ibv_free_device_list(l);
+  }));
   // Bad environments fail ibv_get_device_list with EINVAL.
   for (const char* bad : {"x,foo,1", "x,ib,notanumber", "x,eth,1.2.3.4,colour=red", "x,eth"}) {
     expect_ok(run_scenario(bad, [] {
-              errno = 0;
-              EXPECT(ibv_get_device_list(nullptr) == nullptr);
-              EXPECT_EQ(errno, EINVAL);
-            }));
+      errno = 0;
+      EXPECT(ibv_get_device_list(nullptr) == nullptr);
+      EXPECT_EQ(errno, EINVAL);
+    }));
   }
   expect_ok(run_scenario(
-              "mlx5_0,eth,10.0.0.1",
-              [] {
-                errno = 0;
-                EXPECT(ibv_get_device_list(nullptr) == nullptr);
-                EXPECT_EQ(errno, EINVAL);
-              },
-              "explode,dev=mlx5_0"));
+      "mlx5_0,eth,10.0.0.1",
+      [] {
+        errno = 0;
+        EXPECT(ibv_get_device_list(nullptr) == nullptr);
+        EXPECT_EQ(errno, EINVAL);
+      },
+      "explode,dev=mlx5_0"));
   expect_ok(run_scenario("mlx5_0,eth,10.0.0.1", [] {
-            for (const char* bad :
-                 {"port_down", "port_down,dev=nope", "flap,dev=mlx5_0,down_ms=1",
-                  "port_down,dev=mlx5_0,after_bytes=x", "hold_write,dev=mlx5_0,for_ms=1",
-                  "set_ipv4,dev=mlx5_0,addr=1.2.3", "port_up,dev=mlx5_0;bogus"})
-              EXPECT_EQ(fakeverbs_inject(bad), -1);
-            EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 1);  // nothing applied
-            EXPECT_EQ(fakeverbs_inject("port_down,dev=mlx5_0"), 0);
-            EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 0);
-          }));
+    for (const char* bad : {"port_down", "port_down,dev=nope", "flap,dev=mlx5_0,down_ms=1",
+                            "port_down,dev=mlx5_0,after_bytes=x", "hold_write,dev=mlx5_0,for_ms=1",
+                            "set_ipv4,dev=mlx5_0,addr=1.2.3", "port_up,dev=mlx5_0;bogus"})
+      EXPECT_EQ(fakeverbs_inject(bad), -1);
+    EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 1);  // nothing applied
+    EXPECT_EQ(fakeverbs_inject("port_down,dev=mlx5_0"), 0);
+    EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 0);
+  }));
 }
 
 TEST_CASE("fakeverbs: QP state machine") {
   expect_ok(run_scenario(kTwoEth, [] {
-            Node n = open_dev("mlx5_0");
-            ibv_cq* cq = ibv_create_cq(n.ctx, 16, nullptr, nullptr, 0);
-            ibv_qp_init_attr ia{};
-            ia.send_cq = ia.recv_cq = cq;
-            ia.qp_type = IBV_QPT_UD;
-            ia.cap.max_send_wr = ia.cap.max_recv_wr = 4;
-            ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
-            EXPECT(ibv_create_qp(n.pd, &ia) == nullptr);
-            Ep a = make_ep(n, 4), b = make_ep(n, 4);
-            EXPECT(a.qp->qp_num != b.qp->qp_num);
-            EXPECT(a.qp->qp_num > 0 && a.qp->qp_num <= 0xffffff);
-            Addr ba = addr_of(b);
-            ibv_qp_attr rtr = rtr_attr(n, ba);
-            EXPECT_EQ(ibv_modify_qp(a.qp, &rtr, kRtrMask), EINVAL);  // RESET -> RTR
-            Buf buf(n, 4096);
-            EXPECT_EQ(post_recv(a.qp, 1, &buf, 0, 64), EINVAL);  // RESET
-            ibv_qp_attr ini{};
-            ini.qp_state = IBV_QPS_INIT;
-            ini.port_num = 1;
-            EXPECT_EQ(ibv_modify_qp(a.qp, &ini, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT),
-                      EINVAL);  // no access flags
-            ini.port_num = 2;
-            EXPECT_EQ(ibv_modify_qp(a.qp, &ini,
-                                    IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-                                        IBV_QP_ACCESS_FLAGS),
-                      EINVAL);  // no port 2
-            EXPECT_EQ(to_init(a.qp, IBV_ACCESS_REMOTE_WRITE), 0);
-            ibv_qp_attr q;
-            ibv_qp_init_attr qi;
-            EXPECT_EQ(ibv_query_qp(a.qp, &q, IBV_QP_STATE, &qi), 0);
-            EXPECT_EQ(q.qp_state, IBV_QPS_INIT);
-            EXPECT_EQ(q.qp_access_flags, IBV_ACCESS_REMOTE_WRITE);
-            EXPECT_EQ(q.port_num, 1);
-            EXPECT_EQ(a.qp->state, IBV_QPS_INIT);
-            // Posting sends before RTS fails; receives are fine from INIT on.
-            ibv_sge s{buf.addr(), 8, buf.mr->lkey};
-            ibv_send_wr wr{}, *bad = nullptr;
-            wr.opcode = IBV_WR_SEND;
-            wr.sg_list = &s;
-            wr.num_sge = 1;
-            EXPECT_EQ(ibv_post_send(a.qp, &wr, &bad), EINVAL);
-            EXPECT(bad == &wr);
-            EXPECT_EQ(post_recv(a.qp, 11, &buf, 0, 64), 0);
-            ibv_qp_attr r2 = rtr;
-            EXPECT_EQ(ibv_modify_qp(a.qp, &r2, kRtrMask & ~IBV_QP_MIN_RNR_TIMER), EINVAL);
-            r2.ah_attr.is_global = 0;  // RoCE needs a GRH
-            EXPECT_EQ(ibv_modify_qp(a.qp, &r2, kRtrMask), EINVAL);
-            r2 = rtr;
-            r2.ah_attr.grh.sgid_index = 9;  // empty GID index
-            EXPECT_EQ(ibv_modify_qp(a.qp, &r2, kRtrMask), EINVAL);
-            ibv_qp_attr rts = rts_attr();
-            EXPECT_EQ(ibv_modify_qp(a.qp, &rts, kRtsMask), EINVAL);  // INIT -> RTS
-            EXPECT_EQ(ibv_modify_qp(a.qp, &rtr, kRtrMask), 0);
-            EXPECT_EQ(ibv_post_send(a.qp, &wr, &bad), EINVAL);  // RTR
-            EXPECT_EQ(ibv_modify_qp(a.qp, &rts, kRtsMask & ~IBV_QP_SQ_PSN), EINVAL);
-            EXPECT_EQ(ibv_modify_qp(a.qp, &rts, kRtsMask), 0);
-            EXPECT_EQ(ibv_query_qp(a.qp, &q, IBV_QP_STATE, &qi), 0);
-            EXPECT_EQ(q.qp_state, IBV_QPS_RTS);
-            EXPECT_EQ(q.timeout, 14);
-            EXPECT_EQ(q.dest_qp_num, b.qp->qp_num);
-            EXPECT_EQ(qi.cap.max_send_wr, 4);
-            EXPECT_EQ(ibv_modify_qp(a.qp, &ini, IBV_QP_STATE), EINVAL);  // RTS -> INIT
-            // To ERR: the posted receive flushes; later posts flush too.
-            ibv_qp_attr err{};
-            err.qp_state = IBV_QPS_ERR;
-            EXPECT_EQ(ibv_modify_qp(a.qp, &err, IBV_QP_STATE), 0);
-            ibv_wc wc = poll_one(a.cq);
-            EXPECT_EQ(wc.wr_id, 11);
-            EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
-            wr.wr_id = 12;
-            EXPECT_EQ(ibv_post_send(a.qp, &wr, &bad), 0);
-            wc = poll_one(a.cq);
-            EXPECT_EQ(wc.wr_id, 12);
-            EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
-            EXPECT_EQ(post_recv(a.qp, 13, &buf, 0, 64), 0);
-            wc = poll_one(a.cq);
-            EXPECT_EQ(wc.wr_id, 13);
-            EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
-            // ERR -> RESET -> INIT again.
-            ibv_qp_attr rs{};
-            rs.qp_state = IBV_QPS_RESET;
-            EXPECT_EQ(ibv_modify_qp(a.qp, &rs, IBV_QP_STATE), 0);
-            EXPECT_EQ(a.qp->state, IBV_QPS_RESET);
-            EXPECT_EQ(to_init(a.qp), 0);
-            // The send queue depth is enforced.
-            Ep c = make_ep(n, 2), d = make_ep(n, 2);
-            connect_pair(c, d);
-            EXPECT_EQ(ibv_destroy_cq(c.cq), EBUSY);
-            ibv_qp_attr dq{};
-            dq.qp_state = IBV_QPS_ERR;
-            EXPECT_EQ(ibv_modify_qp(d.qp, &dq, IBV_QP_STATE), 0);  // nothing will be acked
-            EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 1, &buf, 0, 8, buf.addr(), buf.mr->rkey), 0);
-            EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 2, &buf, 0, 8, buf.addr(), buf.mr->rkey), 0);
-            EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 3, &buf, 0, 8, buf.addr(), buf.mr->rkey),
-                      ENOMEM);
-            const uint32_t c_qpn = c.qp->qp_num;  // c.qp is freed by the destroy below
-            EXPECT_EQ(ibv_destroy_qp(c.qp), 0);
-            EXPECT_EQ(ibv_destroy_qp(d.qp), 0);
-            EXPECT(quiet(c.cq, 3 * kRetryMs));  // a destroyed QP completes nothing
-            // QP numbers are unique across processes sharing FAKEVERBS_DIR.
-            int p[2];
-            EXPECT_EQ(pipe(p), 0);
-            pid_t pid = fork();
-            if (pid == 0) {
-              Node m = open_dev("mlx5_1");
-              Ep x = make_ep(m, 4);
-              uint32_t qpn = x.qp->qp_num;
-              write_all(p[1], &qpn, 4);
-              _exit(0);
-            }
-            uint32_t other = 0;
-            read_all(p[0], &other, 4);
-            int st;
-            waitpid(pid, &st, 0);
-            EXPECT(other != a.qp->qp_num && other != b.qp->qp_num && other != c_qpn);
-          }));
+    Node n = open_dev("mlx5_0");
+    ibv_cq* cq = ibv_create_cq(n.ctx, 16, nullptr, nullptr, 0);
+    ibv_qp_init_attr ia{};
+    ia.send_cq = ia.recv_cq = cq;
+    ia.qp_type = IBV_QPT_UD;
+    ia.cap.max_send_wr = ia.cap.max_recv_wr = 4;
+    ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+    EXPECT(ibv_create_qp(n.pd, &ia) == nullptr);
+    Ep a = make_ep(n, 4), b = make_ep(n, 4);
+    EXPECT(a.qp->qp_num != b.qp->qp_num);
+    EXPECT(a.qp->qp_num > 0 && a.qp->qp_num <= 0xffffff);
+    Addr ba = addr_of(b);
+    ibv_qp_attr rtr = rtr_attr(n, ba);
+    EXPECT_EQ(ibv_modify_qp(a.qp, &rtr, kRtrMask), EINVAL);  // RESET -> RTR
+    Buf buf(n, 4096);
+    EXPECT_EQ(post_recv(a.qp, 1, &buf, 0, 64), EINVAL);  // RESET
+    ibv_qp_attr ini{};
+    ini.qp_state = IBV_QPS_INIT;
+    ini.port_num = 1;
+    EXPECT_EQ(ibv_modify_qp(a.qp, &ini, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT),
+              EINVAL);  // no access flags
+    ini.port_num = 2;
+    EXPECT_EQ(ibv_modify_qp(a.qp, &ini,
+                            IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
+              EINVAL);  // no port 2
+    EXPECT_EQ(to_init(a.qp, IBV_ACCESS_REMOTE_WRITE), 0);
+    ibv_qp_attr q;
+    ibv_qp_init_attr qi;
+    EXPECT_EQ(ibv_query_qp(a.qp, &q, IBV_QP_STATE, &qi), 0);
+    EXPECT_EQ(q.qp_state, IBV_QPS_INIT);
+    EXPECT_EQ(q.qp_access_flags, IBV_ACCESS_REMOTE_WRITE);
+    EXPECT_EQ(q.port_num, 1);
+    EXPECT_EQ(a.qp->state, IBV_QPS_INIT);
+    // Posting sends before RTS fails; receives are fine from INIT on.
+    ibv_sge s{buf.addr(), 8, buf.mr->lkey};
+    ibv_send_wr wr{}, *bad = nullptr;
+    wr.opcode = IBV_WR_SEND;
+    wr.sg_list = &s;
+    wr.num_sge = 1;
+    EXPECT_EQ(ibv_post_send(a.qp, &wr, &bad), EINVAL);
+    EXPECT(bad == &wr);
+    EXPECT_EQ(post_recv(a.qp, 11, &buf, 0, 64), 0);
+    ibv_qp_attr r2 = rtr;
+    EXPECT_EQ(ibv_modify_qp(a.qp, &r2, kRtrMask & ~IBV_QP_MIN_RNR_TIMER), EINVAL);
+    r2.ah_attr.is_global = 0;  // RoCE needs a GRH
+    EXPECT_EQ(ibv_modify_qp(a.qp, &r2, kRtrMask), EINVAL);
+    r2 = rtr;
+    r2.ah_attr.grh.sgid_index = 9;  // empty GID index
+    EXPECT_EQ(ibv_modify_qp(a.qp, &r2, kRtrMask), EINVAL);
+    ibv_qp_attr rts = rts_attr();
+    EXPECT_EQ(ibv_modify_qp(a.qp, &rts, kRtsMask), EINVAL);  // INIT -> RTS
+    EXPECT_EQ(ibv_modify_qp(a.qp, &rtr, kRtrMask), 0);
+    EXPECT_EQ(ibv_post_send(a.qp, &wr, &bad), EINVAL);  // RTR
+    EXPECT_EQ(ibv_modify_qp(a.qp, &rts, kRtsMask & ~IBV_QP_SQ_PSN), EINVAL);
+    EXPECT_EQ(ibv_modify_qp(a.qp, &rts, kRtsMask), 0);
+    EXPECT_EQ(ibv_query_qp(a.qp, &q, IBV_QP_STATE, &qi), 0);
+    EXPECT_EQ(q.qp_state, IBV_QPS_RTS);
+    EXPECT_EQ(q.timeout, 14);
+    EXPECT_EQ(q.dest_qp_num, b.qp->qp_num);
+    EXPECT_EQ(qi.cap.max_send_wr, 4);
+    EXPECT_EQ(ibv_modify_qp(a.qp, &ini, IBV_QP_STATE), EINVAL);  // RTS -> INIT
+    // To ERR: the posted receive flushes; later posts flush too.
+    ibv_qp_attr err{};
+    err.qp_state = IBV_QPS_ERR;
+    EXPECT_EQ(ibv_modify_qp(a.qp, &err, IBV_QP_STATE), 0);
+    ibv_wc wc = poll_one(a.cq);
+    EXPECT_EQ(wc.wr_id, 11);
+    EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
+    wr.wr_id = 12;
+    EXPECT_EQ(ibv_post_send(a.qp, &wr, &bad), 0);
+    wc = poll_one(a.cq);
+    EXPECT_EQ(wc.wr_id, 12);
+    EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
+    EXPECT_EQ(post_recv(a.qp, 13, &buf, 0, 64), 0);
+    wc = poll_one(a.cq);
+    EXPECT_EQ(wc.wr_id, 13);
+    EXPECT_EQ(wc.status, IBV_WC_WR_FLUSH_ERR);
+    // ERR -> RESET -> INIT again.
+    ibv_qp_attr rs{};
+    rs.qp_state = IBV_QPS_RESET;
+    EXPECT_EQ(ibv_modify_qp(a.qp, &rs, IBV_QP_STATE), 0);
+    EXPECT_EQ(a.qp->state, IBV_QPS_RESET);
+    EXPECT_EQ(to_init(a.qp), 0);
+    // The send queue depth is enforced.
+    Ep c = make_ep(n, 2), d = make_ep(n, 2);
+    connect_pair(c, d);
+    EXPECT_EQ(ibv_destroy_cq(c.cq), EBUSY);
+    ibv_qp_attr dq{};
+    dq.qp_state = IBV_QPS_ERR;
+    EXPECT_EQ(ibv_modify_qp(d.qp, &dq, IBV_QP_STATE), 0);  // nothing will be acked
+    EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 1, &buf, 0, 8, buf.addr(), buf.mr->rkey), 0);
+    EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 2, &buf, 0, 8, buf.addr(), buf.mr->rkey), 0);
+    EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 3, &buf, 0, 8, buf.addr(), buf.mr->rkey), ENOMEM);
+    const uint32_t c_qpn = c.qp->qp_num;  // c.qp is freed by the destroy below
+    EXPECT_EQ(ibv_destroy_qp(c.qp), 0);
+    EXPECT_EQ(ibv_destroy_qp(d.qp), 0);
+    EXPECT(quiet(c.cq, 3 * kRetryMs));  // a destroyed QP completes nothing
+    // QP numbers are unique across processes sharing FAKEVERBS_DIR.
+    int p[2];
+    EXPECT_EQ(pipe(p), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+      Node m = open_dev("mlx5_1");
+      Ep x = make_ep(m, 4);
+      uint32_t qpn = x.qp->qp_num;
+      write_all(p[1], &qpn, 4);
+      _exit(0);
+    }
+    uint32_t other = 0;
+    read_all(p[0], &other, 4);
+    int st;
+    waitpid(pid, &st, 0);
+    EXPECT(other != a.qp->qp_num && other != b.qp->qp_num && other != c_qpn);
+  }));
 }
 
 TEST_CASE("fakeverbs: data path in one process") {
@@ -698,7 +699,8 @@ TEST_CASE("fakeverbs: data path in one process") {
       }
     }
     // Unsignaled WRs complete silently; a zero-length write with no key is a valid probe.
-    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 105, &la, 0, 100, rb.addr(900000), rb.mr->rkey, 0, 0), 0);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 105, &la, 0, 100, rb.addr(900000), rb.mr->rkey, 0, 0),
+              0);
     EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 106, nullptr, 0, 0, 0, 0), 0);
     wc = poll_one(a.cq);
     EXPECT_EQ(wc.wr_id, 106);
@@ -722,403 +724,405 @@ TEST_CASE("fakeverbs: data path in one process") {
 
 TEST_CASE("fakeverbs: between processes") {
   expect_ok(run_scenario("mlx5_0,eth,10.0.0.1", [] {
-            constexpr int kSlots = 8, kN = 160;
-            constexpr uint32_t kChunk = 512 * 1024;
-            int sp[2];
-            EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sp), 0);
-            Node n = open_dev("mlx5_0");  // the parent's state predates the fork
-            pid_t pid = fork();
-            if (pid == 0) {
-              close(sp[0]);
-              // Another network namespace when allowed (root): the transport must not care.
-              if (unshare(CLONE_NEWNET) == 0) fprintf(stderr, "fakeverbs: peer in its own netns\n");
-              setenv("FAKEVERBS_DEVICES", "mlx5_0,eth,10.0.0.2", 1);
-              Node m = open_dev("mlx5_0");
-              Ep t = make_ep(m, 64);
-              Buf ring(m, kSlots * kChunk), readme(m, 65536), small(m, 4096);
-              for (int i = 0; i < 65536; ++i) readme.mem[i] = static_cast<char>(0x5a ^ i);
-              Addr me = addr_of(t);
-              uint64_t info[2] = {ring.addr(), readme.addr()};
-              uint32_t keys[2] = {ring.mr->rkey, readme.mr->rkey};
-              write_all(sp[1], &me, sizeof me);
-              write_all(sp[1], info, sizeof info);
-              write_all(sp[1], keys, sizeof keys);
-              Addr peer;
-              read_all(sp[1], &peer, sizeof peer);
-              connect_ep(t, peer);
-              for (int i = 0; i < 32; ++i) EXPECT_EQ(post_recv(t.qp, 1, &small, 0, 64), 0);
-              char go = 1;
-              write_all(sp[1], &go, 1);
-              int got = 0;
-              while (got <= kN) {
-                ibv_wc wc = poll_one(t.cq, 10000);
-                EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
-                if (wc.opcode == IBV_WC_SEND) continue;  // our credit went out
-                if (wc.opcode == IBV_WC_RECV) {          // "bye"
-                  EXPECT_EQ(got, kN);
-                  EXPECT_EQ(wc.byte_len, 3);
-                  EXPECT(memcmp(small.mem.data(), "bye", 3) == 0);
-                  _exit(0);
-                }
-                EXPECT_EQ(wc.opcode, IBV_WC_RECV_RDMA_WITH_IMM);
-                uint32_t i = ntohl(wc.imm_data);
-                EXPECT_EQ(i, static_cast<uint32_t>(got));
-                EXPECT_EQ(wc.byte_len, kChunk);
-                const char* slot = ring.mem.data() + (i % kSlots) * kChunk;
-                for (uint32_t j = 0; j < kChunk; j += 4093)
-                  EXPECT_EQ(slot[j], static_cast<char>(i * 131 + j));
-                ++got;
-                EXPECT_EQ(post_recv(t.qp, 1, &small, 0, 64), 0);
-                EXPECT_EQ(post(t.qp, IBV_WR_SEND, 9, &small, 1024, 4, 0, 0, 0, IBV_SEND_SIGNALED), 0);
-              }
-              _exit(1);
-            }
-            close(sp[1]);
-            Ep e = make_ep(n, 64);
-            Addr peer;
-            uint64_t info[2];
-            uint32_t keys[2];
-            read_all(sp[0], &peer, sizeof peer);
-            read_all(sp[0], info, sizeof info);
-            read_all(sp[0], keys, sizeof keys);
-            Addr me = addr_of(e);
-            write_all(sp[0], &me, sizeof me);
-            connect_ep(e, peer);
-            Buf src(n, kSlots * kChunk), small(n, 4096), rd(n, 65536);
-            for (int i = 0; i < 40; ++i) EXPECT_EQ(post_recv(e.qp, 2, &small, 0, 64), 0);
-            char go;
-            read_all(sp[0], &go, 1);
-            // A poller thread counts completions and reposts receives while this thread posts.
-            std::atomic<int> credits{kSlots}, writes_done{0}, errors{0};
-            std::atomic<bool> stop{false};
-            std::thread poller([&] {
-              while (!stop) {
-                ibv_wc wc[8];
-                int k = ibv_poll_cq(e.cq, 8, wc);
-                for (int i = 0; i < k; ++i) {
-                  if (wc[i].status != IBV_WC_SUCCESS) errors++;
-                  if (wc[i].status == IBV_WC_SUCCESS && wc[i].opcode == IBV_WC_RECV) {
-                    credits++;
-                    if (post_recv(e.qp, 2, &small, 0, 64) != 0) errors++;
-                  } else if (wc[i].opcode == IBV_WC_RDMA_WRITE) {
-                    writes_done++;
-                  }
-                }
-                if (!k) std::this_thread::sleep_for(std::chrono::microseconds(50));
-              }
-            });
-            for (uint32_t i = 0; i < kSlots * kChunk; ++i) src.mem[i] = 0;
-            auto t0 = std::chrono::steady_clock::now();
-            for (int i = 0; i < kN; ++i) {
-              auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-              while (credits.load() == 0) {
-                EXPECT(std::chrono::steady_clock::now() < deadline);
-                std::this_thread::sleep_for(std::chrono::microseconds(50));
-              }
-              credits--;
-              uint32_t slot = i % kSlots;
-              char* p = src.mem.data() + slot * kChunk;
-              for (uint32_t j = 0; j < kChunk; j += 4093) p[j] = static_cast<char>(i * 131 + j);
-              int rc;
-              while ((rc = post(e.qp, IBV_WR_RDMA_WRITE_WITH_IMM, i, &src, slot * kChunk, kChunk,
-                                info[0] + slot * kChunk, keys[0], htonl(i))) == ENOMEM)
-                std::this_thread::sleep_for(std::chrono::microseconds(50));
-              EXPECT_EQ(rc, 0);
-            }
-            auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
-            while (writes_done.load() < kN && std::chrono::steady_clock::now() < deadline)
-              std::this_thread::sleep_for(Ms(1));
-            double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-            EXPECT_EQ(writes_done.load(), kN);
-            EXPECT_EQ(errors.load(), 0);
-            fprintf(stderr, "fakeverbs: %d x 512 KiB WRITE_WITH_IMM between processes: %.0f MB/s\n",
-                    kN, kN * 0.524288 / secs);
-            // RDMA READ of the peer's memory.
-            EXPECT_EQ(post(e.qp, IBV_WR_RDMA_READ, 500, &rd, 0, 65536, info[1], keys[1]), 0);
-            deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
-            while (rd.mem[65535] != static_cast<char>(0x5a ^ 65535) &&
-                   std::chrono::steady_clock::now() < deadline)
-              std::this_thread::sleep_for(Ms(1));
-            for (int i = 0; i < 65536; ++i) EXPECT_EQ(rd.mem[i], static_cast<char>(0x5a ^ i));
-            memcpy(small.mem.data() + 2048, "bye", 3);
-            EXPECT_EQ(post(e.qp, IBV_WR_SEND, 501, &small, 2048, 3), 0);
-            int st = 0;
-            EXPECT_EQ(waitpid(pid, &st, 0), pid);
-            EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
-            stop = true;
-            poller.join();
-            EXPECT_EQ(errors.load(), 0);
-          }));
+    constexpr int kSlots = 8, kN = 160;
+    constexpr uint32_t kChunk = 512 * 1024;
+    int sp[2];
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sp), 0);
+    Node n = open_dev("mlx5_0");  // the parent's state predates the fork
+    pid_t pid = fork();
+    if (pid == 0) {
+      close(sp[0]);
+      // Another network namespace when allowed (root): the transport must not care.
+      if (unshare(CLONE_NEWNET) == 0) fprintf(stderr, "fakeverbs: peer in its own netns\n");
+      setenv("FAKEVERBS_DEVICES", "mlx5_0,eth,10.0.0.2", 1);
+      Node m = open_dev("mlx5_0");
+      Ep t = make_ep(m, 64);
+      Buf ring(m, kSlots * kChunk), readme(m, 65536), small(m, 4096);
+      for (int i = 0; i < 65536; ++i) readme.mem[i] = static_cast<char>(0x5a ^ i);
+      Addr me = addr_of(t);
+      uint64_t info[2] = {ring.addr(), readme.addr()};
+      uint32_t keys[2] = {ring.mr->rkey, readme.mr->rkey};
+      write_all(sp[1], &me, sizeof me);
+      write_all(sp[1], info, sizeof info);
+      write_all(sp[1], keys, sizeof keys);
+      Addr peer;
+      read_all(sp[1], &peer, sizeof peer);
+      connect_ep(t, peer);
+      for (int i = 0; i < 32; ++i) EXPECT_EQ(post_recv(t.qp, 1, &small, 0, 64), 0);
+      char go = 1;
+      write_all(sp[1], &go, 1);
+      int got = 0;
+      while (got <= kN) {
+        ibv_wc wc = poll_one(t.cq, 10000);
+        EXPECT_EQ(wc.status, IBV_WC_SUCCESS);
+        if (wc.opcode == IBV_WC_SEND) continue;  // our credit went out
+        if (wc.opcode == IBV_WC_RECV) {          // "bye"
+          EXPECT_EQ(got, kN);
+          EXPECT_EQ(wc.byte_len, 3);
+          EXPECT(memcmp(small.mem.data(), "bye", 3) == 0);
+          _exit(0);
+        }
+        EXPECT_EQ(wc.opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+        uint32_t i = ntohl(wc.imm_data);
+        EXPECT_EQ(i, static_cast<uint32_t>(got));
+        EXPECT_EQ(wc.byte_len, kChunk);
+        const char* slot = ring.mem.data() + (i % kSlots) * kChunk;
+        for (uint32_t j = 0; j < kChunk; j += 4093)
+          EXPECT_EQ(slot[j], static_cast<char>(i * 131 + j));
+        ++got;
+        EXPECT_EQ(post_recv(t.qp, 1, &small, 0, 64), 0);
+        EXPECT_EQ(post(t.qp, IBV_WR_SEND, 9, &small, 1024, 4, 0, 0, 0, IBV_SEND_SIGNALED), 0);
+      }
+      _exit(1);
+    }
+    close(sp[1]);
+    Ep e = make_ep(n, 64);
+    Addr peer;
+    uint64_t info[2];
+    uint32_t keys[2];
+    read_all(sp[0], &peer, sizeof peer);
+    read_all(sp[0], info, sizeof info);
+    read_all(sp[0], keys, sizeof keys);
+    Addr me = addr_of(e);
+    write_all(sp[0], &me, sizeof me);
+    connect_ep(e, peer);
+    Buf src(n, kSlots * kChunk), small(n, 4096), rd(n, 65536);
+    for (int i = 0; i < 40; ++i) EXPECT_EQ(post_recv(e.qp, 2, &small, 0, 64), 0);
+    char go;
+    read_all(sp[0], &go, 1);
+    // A poller thread counts completions and reposts receives while this thread posts.
+    std::atomic<int> credits{kSlots}, writes_done{0}, errors{0};
+    std::atomic<bool> stop{false};
+    std::thread poller([&] {
+      while (!stop) {
+        ibv_wc wc[8];
+        int k = ibv_poll_cq(e.cq, 8, wc);
+        for (int i = 0; i < k; ++i) {
+          if (wc[i].status != IBV_WC_SUCCESS) errors++;
+          if (wc[i].status == IBV_WC_SUCCESS && wc[i].opcode == IBV_WC_RECV) {
+            credits++;
+            if (post_recv(e.qp, 2, &small, 0, 64) != 0) errors++;
+          } else if (wc[i].opcode == IBV_WC_RDMA_WRITE) {
+            writes_done++;
+          }
+        }
+        if (!k) std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    });
+    for (uint32_t i = 0; i < kSlots * kChunk; ++i) src.mem[i] = 0;
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < kN; ++i) {
+      auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (credits.load() == 0) {
+        EXPECT(std::chrono::steady_clock::now() < deadline);
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+      credits--;
+      uint32_t slot = i % kSlots;
+      char* p = src.mem.data() + slot * kChunk;
+      for (uint32_t j = 0; j < kChunk; j += 4093) p[j] = static_cast<char>(i * 131 + j);
+      int rc;
+      while ((rc = post(e.qp, IBV_WR_RDMA_WRITE_WITH_IMM, i, &src, slot * kChunk, kChunk,
+                        info[0] + slot * kChunk, keys[0], htonl(i))) == ENOMEM)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      EXPECT_EQ(rc, 0);
+    }
+    auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (writes_done.load() < kN && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(Ms(1));
+    double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    EXPECT_EQ(writes_done.load(), kN);
+    EXPECT_EQ(errors.load(), 0);
+    fprintf(stderr, "fakeverbs: %d x 512 KiB WRITE_WITH_IMM between processes: %.0f MB/s\n", kN,
+            kN * 0.524288 / secs);
+    // RDMA READ of the peer's memory.
+    EXPECT_EQ(post(e.qp, IBV_WR_RDMA_READ, 500, &rd, 0, 65536, info[1], keys[1]), 0);
+    deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+    while (rd.mem[65535] != static_cast<char>(0x5a ^ 65535) &&
+           std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(Ms(1));
+    for (int i = 0; i < 65536; ++i) EXPECT_EQ(rd.mem[i], static_cast<char>(0x5a ^ i));
+    memcpy(small.mem.data() + 2048, "bye", 3);
+    EXPECT_EQ(post(e.qp, IBV_WR_SEND, 501, &small, 2048, 3), 0);
+    int st = 0;
+    EXPECT_EQ(waitpid(pid, &st, 0), pid);
+    EXPECT(WIFEXITED(st) && WEXITSTATUS(st) == 0);
+    stop = true;
+    poller.join();
+    EXPECT_EQ(errors.load(), 0);
+  }));
 }
 
 TEST_CASE("fakeverbs: local and remote protection errors") {
   expect_ok(run_scenario(kTwoEth, [] {
-            Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
-            Buf la(na, 65536), rb(nb, 65536);
-            Buf ro(nb, 65536, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);  // no remote write
-            Buf wo(nb, 65536, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);  // no remote read
-            memset(la.mem.data(), 'x', la.mem.size());
-            auto expect_one_error = [](Ep& e, uint64_t wr_id, ibv_wc_status st) {
-              ibv_wc wc = poll_one(e.cq);
-              EXPECT_EQ(wc.wr_id, wr_id);
-              EXPECT_EQ(wc.status, st);
-              ibv_qp_attr q;
-              ibv_qp_init_attr qi;
-              EXPECT_EQ(ibv_query_qp(e.qp, &q, IBV_QP_STATE, &qi), 0);
-              EXPECT_EQ(q.qp_state, IBV_QPS_ERR);
-            };
-            {  // bad lkey; the next WR flushes
-              Ep a = make_ep(na), b = make_ep(nb);
-              connect_pair(a, b);
-              ibv_sge s{la.addr(), 64, la.mr->lkey + 1};
-              ibv_send_wr wr{}, *bad;
-              wr.wr_id = 1;
-              wr.opcode = IBV_WR_RDMA_WRITE;
-              wr.sg_list = &s;
-              wr.num_sge = 1;
-              wr.wr.rdma.remote_addr = rb.addr();
-              wr.wr.rdma.rkey = rb.mr->rkey;
-              EXPECT_EQ(ibv_post_send(a.qp, &wr, &bad), 0);
-              expect_one_error(a, 1, IBV_WC_LOC_PROT_ERR);
-              EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 2, &la, 0, 64, rb.addr(), rb.mr->rkey), 0);
-              EXPECT_EQ(poll_one(a.cq).status, IBV_WC_WR_FLUSH_ERR);
-              // An SGE past the end of its MR.
-              Ep c = make_ep(na), d = make_ep(nb);
-              connect_pair(c, d);
-              EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 3, &la, 65000, 1000, rb.addr(), rb.mr->rkey), 0);
-              expect_one_error(c, 3, IBV_WC_LOC_PROT_ERR);
-              EXPECT(all_eq(rb.mem.data(), rb.mem.size(), 0));
-            }
-            struct Case {
-              const char* what;
-              uint64_t raddr;
-              uint32_t rkey;
-              ibv_wr_opcode op;
-              int target_access;
-            };
-            const Case cases[] = {
-                {"wrong rkey", rb.addr(), rb.mr->rkey ^ 0x10, IBV_WR_RDMA_WRITE, kAllAccess},
-                {"out of range", rb.addr(65000), rb.mr->rkey, IBV_WR_RDMA_WRITE, kAllAccess},
-                {"MR without remote write", ro.addr(), ro.mr->rkey, IBV_WR_RDMA_WRITE, kAllAccess},
-                {"MR without remote read", wo.addr(), wo.mr->rkey, IBV_WR_RDMA_READ, kAllAccess},
-                {"QP without remote write", rb.addr(), rb.mr->rkey, IBV_WR_RDMA_WRITE_WITH_IMM,
-                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ},
-                {"QP without remote read", rb.addr(), rb.mr->rkey, IBV_WR_RDMA_READ,
-                 IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE},
-            };
-            for (const auto& c : cases) {
-              fprintf(stderr, "case: %s\n", c.what);
-              Ep a = make_ep(na), b = make_ep(nb);
-              connect_pair(a, b, c.target_access);
-              EXPECT_EQ(post_recv(b.qp, 9, nullptr, 0, 0), 0);
-              EXPECT_EQ(post(a.qp, c.op, 10, &la, 0, 1000, c.raddr, c.rkey), 0);
-              expect_one_error(a, 10, IBV_WC_REM_ACCESS_ERR);
-              EXPECT(all_eq(rb.mem.data(), rb.mem.size(), 0));
-              EXPECT(all_eq(ro.mem.data(), ro.mem.size(), 0));
-              EXPECT(quiet(b.cq, 2));  // the receive was not consumed
-            }
-            // Injected: rkey_error corrupts the next WRITE/READ's key, lkey_error the next WR.
-            {
-              Ep a = make_ep(na), b = make_ep(nb);
-              connect_pair(a, b);
-              EXPECT_EQ(fakeverbs_inject("rkey_error,dev=mlx5_0"), 0);
-              EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 20, &la, 0, 1000, rb.addr(), rb.mr->rkey), 0);
-              expect_one_error(a, 20, IBV_WC_REM_ACCESS_ERR);
-              EXPECT(all_eq(rb.mem.data(), rb.mem.size(), 0));
-              Ep c = make_ep(na), d = make_ep(nb);
-              connect_pair(c, d);
-              EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 21, &la, 0, 1000, rb.addr(), rb.mr->rkey), 0);
-              EXPECT_EQ(poll_one(c.cq).status, IBV_WC_SUCCESS);  // one-shot
-              EXPECT_EQ(fakeverbs_inject("lkey_error,dev=mlx5_0"), 0);
-              EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 22, &la, 0, 1000, rb.addr(2000), rb.mr->rkey), 0);
-              expect_one_error(c, 22, IBV_WC_LOC_PROT_ERR);
-              EXPECT(all_eq(rb.mem.data() + 2000, 1000, 0));
-            }
-          }));
+    Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
+    Buf la(na, 65536), rb(nb, 65536);
+    Buf ro(nb, 65536, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ);   // no remote write
+    Buf wo(nb, 65536, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);  // no remote read
+    memset(la.mem.data(), 'x', la.mem.size());
+    auto expect_one_error = [](Ep& e, uint64_t wr_id, ibv_wc_status st) {
+      ibv_wc wc = poll_one(e.cq);
+      EXPECT_EQ(wc.wr_id, wr_id);
+      EXPECT_EQ(wc.status, st);
+      ibv_qp_attr q;
+      ibv_qp_init_attr qi;
+      EXPECT_EQ(ibv_query_qp(e.qp, &q, IBV_QP_STATE, &qi), 0);
+      EXPECT_EQ(q.qp_state, IBV_QPS_ERR);
+    };
+    {  // bad lkey; the next WR flushes
+      Ep a = make_ep(na), b = make_ep(nb);
+      connect_pair(a, b);
+      ibv_sge s{la.addr(), 64, la.mr->lkey + 1};
+      ibv_send_wr wr{}, *bad;
+      wr.wr_id = 1;
+      wr.opcode = IBV_WR_RDMA_WRITE;
+      wr.sg_list = &s;
+      wr.num_sge = 1;
+      wr.wr.rdma.remote_addr = rb.addr();
+      wr.wr.rdma.rkey = rb.mr->rkey;
+      EXPECT_EQ(ibv_post_send(a.qp, &wr, &bad), 0);
+      expect_one_error(a, 1, IBV_WC_LOC_PROT_ERR);
+      EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 2, &la, 0, 64, rb.addr(), rb.mr->rkey), 0);
+      EXPECT_EQ(poll_one(a.cq).status, IBV_WC_WR_FLUSH_ERR);
+      // An SGE past the end of its MR.
+      Ep c = make_ep(na), d = make_ep(nb);
+      connect_pair(c, d);
+      EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 3, &la, 65000, 1000, rb.addr(), rb.mr->rkey), 0);
+      expect_one_error(c, 3, IBV_WC_LOC_PROT_ERR);
+      EXPECT(all_eq(rb.mem.data(), rb.mem.size(), 0));
+    }
+    struct Case {
+      const char* what;
+      uint64_t raddr;
+      uint32_t rkey;
+      ibv_wr_opcode op;
+      int target_access;
+    };
+    const Case cases[] = {
+        {"wrong rkey", rb.addr(), rb.mr->rkey ^ 0x10, IBV_WR_RDMA_WRITE, kAllAccess},
+        {"out of range", rb.addr(65000), rb.mr->rkey, IBV_WR_RDMA_WRITE, kAllAccess},
+        {"MR without remote write", ro.addr(), ro.mr->rkey, IBV_WR_RDMA_WRITE, kAllAccess},
+        {"MR without remote read", wo.addr(), wo.mr->rkey, IBV_WR_RDMA_READ, kAllAccess},
+        {"QP without remote write", rb.addr(), rb.mr->rkey, IBV_WR_RDMA_WRITE_WITH_IMM,
+         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_READ},
+        {"QP without remote read", rb.addr(), rb.mr->rkey, IBV_WR_RDMA_READ,
+         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE},
+    };
+    for (const auto& c : cases) {
+      fprintf(stderr, "case: %s\n", c.what);
+      Ep a = make_ep(na), b = make_ep(nb);
+      connect_pair(a, b, c.target_access);
+      EXPECT_EQ(post_recv(b.qp, 9, nullptr, 0, 0), 0);
+      EXPECT_EQ(post(a.qp, c.op, 10, &la, 0, 1000, c.raddr, c.rkey), 0);
+      expect_one_error(a, 10, IBV_WC_REM_ACCESS_ERR);
+      EXPECT(all_eq(rb.mem.data(), rb.mem.size(), 0));
+      EXPECT(all_eq(ro.mem.data(), ro.mem.size(), 0));
+      EXPECT(quiet(b.cq, 2));  // the receive was not consumed
+    }
+    // Injected: rkey_error corrupts the next WRITE/READ's key, lkey_error the next WR.
+    {
+      Ep a = make_ep(na), b = make_ep(nb);
+      connect_pair(a, b);
+      EXPECT_EQ(fakeverbs_inject("rkey_error,dev=mlx5_0"), 0);
+      EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 20, &la, 0, 1000, rb.addr(), rb.mr->rkey), 0);
+      expect_one_error(a, 20, IBV_WC_REM_ACCESS_ERR);
+      EXPECT(all_eq(rb.mem.data(), rb.mem.size(), 0));
+      Ep c = make_ep(na), d = make_ep(nb);
+      connect_pair(c, d);
+      EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 21, &la, 0, 1000, rb.addr(), rb.mr->rkey), 0);
+      EXPECT_EQ(poll_one(c.cq).status, IBV_WC_SUCCESS);  // one-shot
+      EXPECT_EQ(fakeverbs_inject("lkey_error,dev=mlx5_0"), 0);
+      EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 22, &la, 0, 1000, rb.addr(2000), rb.mr->rkey), 0);
+      expect_one_error(c, 22, IBV_WC_LOC_PROT_ERR);
+      EXPECT(all_eq(rb.mem.data() + 2000, 1000, 0));
+    }
+  }));
 }
 
 TEST_CASE("fakeverbs: port down flap far end down") {
   expect_ok(run_scenario(kTwoEth, [] {
-            Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
-            Buf la(na, 65536), rb(nb, 65536);
-            memset(la.mem.data(), 'y', la.mem.size());
-            Ep a1 = make_ep(na), a2 = make_ep(na), b1 = make_ep(nb), b2 = make_ep(nb);
-            connect_pair(a1, b1);
-            connect_pair(a2, b2);
-            EXPECT_EQ(post(a1.qp, IBV_WR_RDMA_WRITE, 1, &la, 0, 10, rb.addr(), rb.mr->rkey), 0);
-            EXPECT_EQ(poll_one(a1.cq).status, IBV_WC_SUCCESS);
-            EXPECT_EQ(fakeverbs_inject("port_down,dev=mlx5_0"), 0);
-            ibv_async_event ev;
-            EXPECT_EQ(next_event(na.ctx, 1000, &ev), IBV_EVENT_PORT_ERR);
-            EXPECT_EQ(ev.element.port_num, 1);
-            EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 0);
-            ibv_port_attr pa;
-            EXPECT_EQ(ibv_query_port(na.ctx, 1, &pa), 0);
-            EXPECT_EQ(pa.state, IBV_PORT_DOWN);
-            auto t0 = std::chrono::steady_clock::now();
-            for (int i = 0; i < 3; ++i)
-              EXPECT_EQ(post(a1.qp, IBV_WR_RDMA_WRITE, 10 + i, &la, 0, 1000, rb.addr(100), rb.mr->rkey), 0);
-            for (int i = 0; i < 2; ++i)
-              EXPECT_EQ(post(a2.qp, IBV_WR_RDMA_WRITE, 20 + i, &la, 0, 1000, rb.addr(100), rb.mr->rkey, 0, 0), 0);
-            // Per QP: exactly one RETRY_EXC_ERR (the oldest WR), then flushes, in order.
-            auto w1 = poll_n(a1.cq, 3);
-            EXPECT_EQ(w1.size(), 3);
-            EXPECT(std::chrono::steady_clock::now() - t0 >= Ms(kRetryMs - 2));
-            EXPECT_EQ(w1[0].wr_id, 10);
-            EXPECT_EQ(w1[0].status, IBV_WC_RETRY_EXC_ERR);
-            EXPECT_EQ(w1[1].wr_id, 11);
-            EXPECT_EQ(w1[1].status, IBV_WC_WR_FLUSH_ERR);
-            EXPECT_EQ(w1[2].wr_id, 12);
-            EXPECT_EQ(w1[2].status, IBV_WC_WR_FLUSH_ERR);
-            auto w2 = poll_n(a2.cq, 2);  // unsignaled, but errors always complete
-            EXPECT_EQ(w2.size(), 2);
-            EXPECT_EQ(w2[0].status, IBV_WC_RETRY_EXC_ERR);
-            EXPECT_EQ(w2[1].status, IBV_WC_WR_FLUSH_ERR);
-            EXPECT(quiet(a1.cq, 3 * kRetryMs));
-            EXPECT(all_eq(rb.mem.data() + 100, 1000, 0));
-            // Non-blocking async fd: EAGAIN when empty.
-            int fl = fcntl(na.ctx->async_fd, F_GETFL);
-            fcntl(na.ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
-            errno = 0;
-            EXPECT_EQ(ibv_get_async_event(na.ctx, &ev), -1);
-            EXPECT_EQ(errno, EAGAIN);
-            fcntl(na.ctx->async_fd, F_SETFL, fl);
-            // Back up after for_ms; QPs in ERR stay there, new ones work.
-            EXPECT_EQ(fakeverbs_inject("port_up,dev=mlx5_0"), 0);
-            EXPECT_EQ(next_event(na.ctx, 1000), IBV_EVENT_PORT_ACTIVE);
-            EXPECT_EQ(fakeverbs_inject("port_down,dev=mlx5_0,for_ms=300"), 0);
-            EXPECT_EQ(next_event(na.ctx, 1000), IBV_EVENT_PORT_ERR);
-            EXPECT_EQ(next_event(na.ctx, 50), -1);
-            EXPECT_EQ(next_event(na.ctx, 1000), IBV_EVENT_PORT_ACTIVE);
-            EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 1);
-            EXPECT_EQ(a1.qp->state, IBV_QPS_ERR);
-            Ep a3 = make_ep(na), b3 = make_ep(nb);
-            connect_pair(a3, b3);
-            EXPECT_EQ(post(a3.qp, IBV_WR_RDMA_WRITE, 30, &la, 0, 1000, rb.addr(100), rb.mr->rkey), 0);
-            EXPECT_EQ(poll_one(a3.cq).status, IBV_WC_SUCCESS);
-            EXPECT(all_eq(rb.mem.data() + 100, 1000, 'y'));
-            // Far end down: retry exceeded here, with this port active.
-            EXPECT_EQ(fakeverbs_inject("port_down,dev=mlx5_1"), 0);
-            EXPECT_EQ(next_event(nb.ctx, 1000), IBV_EVENT_PORT_ERR);
-            EXPECT_EQ(next_event(na.ctx, 20), -1);  // nothing on this side
-            EXPECT_EQ(post(a3.qp, IBV_WR_RDMA_WRITE, 31, &la, 0, 1000, rb.addr(5000), rb.mr->rkey), 0);
-            EXPECT_EQ(post(a3.qp, IBV_WR_RDMA_WRITE, 32, &la, 0, 1000, rb.addr(5000), rb.mr->rkey), 0);
-            auto w3 = poll_n(a3.cq, 2);
-            EXPECT_EQ(w3.size(), 2);
-            EXPECT_EQ(w3[0].status, IBV_WC_RETRY_EXC_ERR);
-            EXPECT_EQ(w3[1].status, IBV_WC_WR_FLUSH_ERR);
-            EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 1);
-            EXPECT(all_eq(rb.mem.data() + 5000, 1000, 0));
-            // Flap: count down/up cycles.
-            EXPECT_EQ(fakeverbs_inject("port_up,dev=mlx5_1"), 0);
-            EXPECT_EQ(next_event(nb.ctx, 1000), IBV_EVENT_PORT_ACTIVE);
-            EXPECT_EQ(fakeverbs_inject("flap,dev=mlx5_1,down_ms=20,up_ms=20,count=2"), 0);
-            const int expect[] = {IBV_EVENT_PORT_ERR, IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR,
-                                  IBV_EVENT_PORT_ACTIVE};
-            for (int e : expect) EXPECT_EQ(next_event(nb.ctx, 1000), e);
-            EXPECT_EQ(next_event(nb.ctx, 100), -1);
-            EXPECT_EQ(fakeverbs_port_state("mlx5_1"), 1);
-          }));
+    Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
+    Buf la(na, 65536), rb(nb, 65536);
+    memset(la.mem.data(), 'y', la.mem.size());
+    Ep a1 = make_ep(na), a2 = make_ep(na), b1 = make_ep(nb), b2 = make_ep(nb);
+    connect_pair(a1, b1);
+    connect_pair(a2, b2);
+    EXPECT_EQ(post(a1.qp, IBV_WR_RDMA_WRITE, 1, &la, 0, 10, rb.addr(), rb.mr->rkey), 0);
+    EXPECT_EQ(poll_one(a1.cq).status, IBV_WC_SUCCESS);
+    EXPECT_EQ(fakeverbs_inject("port_down,dev=mlx5_0"), 0);
+    ibv_async_event ev;
+    EXPECT_EQ(next_event(na.ctx, 1000, &ev), IBV_EVENT_PORT_ERR);
+    EXPECT_EQ(ev.element.port_num, 1);
+    EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 0);
+    ibv_port_attr pa;
+    EXPECT_EQ(ibv_query_port(na.ctx, 1, &pa), 0);
+    EXPECT_EQ(pa.state, IBV_PORT_DOWN);
+    auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(post(a1.qp, IBV_WR_RDMA_WRITE, 10 + i, &la, 0, 1000, rb.addr(100), rb.mr->rkey), 0);
+    for (int i = 0; i < 2; ++i)
+      EXPECT_EQ(
+          post(a2.qp, IBV_WR_RDMA_WRITE, 20 + i, &la, 0, 1000, rb.addr(100), rb.mr->rkey, 0, 0), 0);
+    // Per QP: exactly one RETRY_EXC_ERR (the oldest WR), then flushes, in order.
+    auto w1 = poll_n(a1.cq, 3);
+    EXPECT_EQ(w1.size(), 3);
+    EXPECT(std::chrono::steady_clock::now() - t0 >= Ms(kRetryMs - 2));
+    EXPECT_EQ(w1[0].wr_id, 10);
+    EXPECT_EQ(w1[0].status, IBV_WC_RETRY_EXC_ERR);
+    EXPECT_EQ(w1[1].wr_id, 11);
+    EXPECT_EQ(w1[1].status, IBV_WC_WR_FLUSH_ERR);
+    EXPECT_EQ(w1[2].wr_id, 12);
+    EXPECT_EQ(w1[2].status, IBV_WC_WR_FLUSH_ERR);
+    auto w2 = poll_n(a2.cq, 2);  // unsignaled, but errors always complete
+    EXPECT_EQ(w2.size(), 2);
+    EXPECT_EQ(w2[0].status, IBV_WC_RETRY_EXC_ERR);
+    EXPECT_EQ(w2[1].status, IBV_WC_WR_FLUSH_ERR);
+    EXPECT(quiet(a1.cq, 3 * kRetryMs));
+    EXPECT(all_eq(rb.mem.data() + 100, 1000, 0));
+    // Non-blocking async fd: EAGAIN when empty.
+    int fl = fcntl(na.ctx->async_fd, F_GETFL);
+    fcntl(na.ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+    errno = 0;
+    EXPECT_EQ(ibv_get_async_event(na.ctx, &ev), -1);
+    EXPECT_EQ(errno, EAGAIN);
+    fcntl(na.ctx->async_fd, F_SETFL, fl);
+    // Back up after for_ms; QPs in ERR stay there, new ones work.
+    EXPECT_EQ(fakeverbs_inject("port_up,dev=mlx5_0"), 0);
+    EXPECT_EQ(next_event(na.ctx, 1000), IBV_EVENT_PORT_ACTIVE);
+    EXPECT_EQ(fakeverbs_inject("port_down,dev=mlx5_0,for_ms=300"), 0);
+    EXPECT_EQ(next_event(na.ctx, 1000), IBV_EVENT_PORT_ERR);
+    EXPECT_EQ(next_event(na.ctx, 50), -1);
+    EXPECT_EQ(next_event(na.ctx, 1000), IBV_EVENT_PORT_ACTIVE);
+    EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 1);
+    EXPECT_EQ(a1.qp->state, IBV_QPS_ERR);
+    Ep a3 = make_ep(na), b3 = make_ep(nb);
+    connect_pair(a3, b3);
+    EXPECT_EQ(post(a3.qp, IBV_WR_RDMA_WRITE, 30, &la, 0, 1000, rb.addr(100), rb.mr->rkey), 0);
+    EXPECT_EQ(poll_one(a3.cq).status, IBV_WC_SUCCESS);
+    EXPECT(all_eq(rb.mem.data() + 100, 1000, 'y'));
+    // Far end down: retry exceeded here, with this port active.
+    EXPECT_EQ(fakeverbs_inject("port_down,dev=mlx5_1"), 0);
+    EXPECT_EQ(next_event(nb.ctx, 1000), IBV_EVENT_PORT_ERR);
+    EXPECT_EQ(next_event(na.ctx, 20), -1);  // nothing on this side
+    EXPECT_EQ(post(a3.qp, IBV_WR_RDMA_WRITE, 31, &la, 0, 1000, rb.addr(5000), rb.mr->rkey), 0);
+    EXPECT_EQ(post(a3.qp, IBV_WR_RDMA_WRITE, 32, &la, 0, 1000, rb.addr(5000), rb.mr->rkey), 0);
+    auto w3 = poll_n(a3.cq, 2);
+    EXPECT_EQ(w3.size(), 2);
+    EXPECT_EQ(w3[0].status, IBV_WC_RETRY_EXC_ERR);
+    EXPECT_EQ(w3[1].status, IBV_WC_WR_FLUSH_ERR);
+    EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 1);
+    EXPECT(all_eq(rb.mem.data() + 5000, 1000, 0));
+    // Flap: count down/up cycles.
+    EXPECT_EQ(fakeverbs_inject("port_up,dev=mlx5_1"), 0);
+    EXPECT_EQ(next_event(nb.ctx, 1000), IBV_EVENT_PORT_ACTIVE);
+    EXPECT_EQ(fakeverbs_inject("flap,dev=mlx5_1,down_ms=20,up_ms=20,count=2"), 0);
+    const int expect[] = {IBV_EVENT_PORT_ERR, IBV_EVENT_PORT_ACTIVE, IBV_EVENT_PORT_ERR,
+                          IBV_EVENT_PORT_ACTIVE};
+    for (int e : expect) EXPECT_EQ(next_event(nb.ctx, 1000), e);
+    EXPECT_EQ(next_event(nb.ctx, 100), -1);
+    EXPECT_EQ(fakeverbs_port_state("mlx5_1"), 1);
+  }));
 }
 
 TEST_CASE("fakeverbs: triggers GID change CQ overflow RNR") {
   expect_ok(run_scenario(kTwoEth, [] {
-            Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
-            Buf la(na, 1 << 20), rb(nb, 1 << 20);
-            // after_bytes: the port goes down once 100000 bytes were posted on mlx5_0.
-            EXPECT_EQ(fakeverbs_inject("port_down,dev=mlx5_0,after_bytes=100000"), 0);
-            Ep a = make_ep(na), b = make_ep(nb);
-            connect_pair(a, b);
-            EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 1, &la, 0, 65536, rb.addr(), rb.mr->rkey), 0);
-            EXPECT_EQ(poll_one(a.cq).status, IBV_WC_SUCCESS);
-            EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 1);
-            EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 2, &la, 0, 65536, rb.addr(), rb.mr->rkey), 0);
-            EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 0);
-            EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 3, &la, 0, 65536, rb.addr(), rb.mr->rkey), 0);
-            auto w = poll_n(a.cq, 2);
-            EXPECT_EQ(w.size(), 2);
-            EXPECT_EQ(w[0].wr_id, 2);  // left before, but its ACK finds the port down
-            EXPECT_EQ(w[0].status, IBV_WC_RETRY_EXC_ERR);
-            EXPECT_EQ(w[1].wr_id, 3);
-            EXPECT_EQ(w[1].status, IBV_WC_WR_FLUSH_ERR);
-            EXPECT_EQ(next_event(na.ctx, 0), IBV_EVENT_PORT_ERR);
-            EXPECT_EQ(fakeverbs_inject("port_up,dev=mlx5_0"), 0);
-            EXPECT_EQ(next_event(na.ctx, 0), IBV_EVENT_PORT_ACTIVE);
-            // after_ms counts from the first post_send of the process (already past).
-            auto t0 = std::chrono::steady_clock::now();
-            EXPECT_EQ(fakeverbs_inject("port_down,dev=mlx5_1,after_ms=10"), 0);
-            EXPECT_EQ(next_event(nb.ctx, 2000), IBV_EVENT_PORT_ERR);
-            EXPECT(std::chrono::steady_clock::now() - t0 < Ms(1000));
-            EXPECT_EQ(fakeverbs_inject("port_up,dev=mlx5_1"), 0);
-            EXPECT_EQ(next_event(nb.ctx, 1000), IBV_EVENT_PORT_ACTIVE);
-            // set_ipv4 rewrites GIDs 2/3; a peer still using the old address loses packets.
-            Ep c = make_ep(na), d = make_ep(nb);
-            connect_pair(c, d);
-            ibv_gid before0, g3;
-            EXPECT_EQ(ibv_query_gid(na.ctx, 1, 0, &before0), 0);
-            EXPECT_EQ(fakeverbs_inject("set_ipv4,dev=mlx5_0,addr=10.9.8.7"), 0);
-            ibv_async_event ev;
-            EXPECT_EQ(next_event(na.ctx, 1000, &ev), IBV_EVENT_GID_CHANGE);
-            EXPECT_EQ(ibv_query_gid(na.ctx, 1, 3, &g3), 0);
-            const uint8_t v4[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 9, 8, 7};
-            EXPECT(memcmp(g3.raw, v4, 16) == 0);
-            ibv_gid after0;
-            EXPECT_EQ(ibv_query_gid(na.ctx, 1, 0, &after0), 0);
-            EXPECT(memcmp(before0.raw, after0.raw, 16) == 0);
-            EXPECT_EQ(post(d.qp, IBV_WR_RDMA_WRITE, 40, &rb, 0, 100, la.addr(), la.mr->rkey), 0);
-            EXPECT_EQ(poll_one(d.cq).status, IBV_WC_RETRY_EXC_ERR);
-            // CQ overflow: an async CQ_ERR, the extra completions are lost.
-            {
-              ibv_cq* tiny = ibv_create_cq(na.ctx, 2, nullptr, nullptr, 0);
-              ibv_qp_init_attr ia{};
-              ia.send_cq = ia.recv_cq = tiny;
-              ia.qp_type = IBV_QPT_RC;
-              ia.cap.max_send_wr = ia.cap.max_recv_wr = 8;
-              ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
-              Ep e;
-              e.n = &na;
-              e.cq = tiny;
-              e.qp = ibv_create_qp(na.pd, &ia);
-              EXPECT(e.qp != nullptr);
-              Ep f = make_ep(nb);
-              connect_pair(e, f);
-              for (int i = 0; i < 4; ++i)
-                EXPECT_EQ(post(e.qp, IBV_WR_RDMA_WRITE, 50 + i, &la, 0, 10, rb.addr(), rb.mr->rkey), 0);
-              EXPECT_EQ(next_event(na.ctx, 2000, &ev), IBV_EVENT_CQ_ERR);
-              EXPECT(ev.element.cq == tiny);
-              auto got = poll_n(tiny, 4, 100);
-              EXPECT(got.size() >= 2 && got.size() < 4);  // at least one was dropped
-            }
-            // RNR: a SEND waits for its receive; with none, RNR_RETRY_EXC_ERR after 4x the
-            // retry delay.
-            {
-              Ep g = make_ep(na), h = make_ep(nb);
-              connect_pair(g, h);
-              memcpy(la.mem.data(), "hello", 5);
-              EXPECT_EQ(post(g.qp, IBV_WR_SEND, 60, &la, 0, 5), 0);
-              EXPECT_EQ(post(g.qp, IBV_WR_RDMA_WRITE, 61, &la, 0, 5, rb.addr(7000), rb.mr->rkey), 0);
-              std::this_thread::sleep_for(Ms(2 * kRetryMs));
-              EXPECT(quiet(g.cq, 1));
-              EXPECT(all_eq(rb.mem.data() + 7000, 5, 0));  // in order: behind the SEND
-              EXPECT_EQ(post_recv(h.qp, 70, &rb, 8000, 64), 0);
-              ibv_wc wc = poll_one(h.cq);
-              EXPECT_EQ(wc.byte_len, 5);
-              EXPECT(memcmp(rb.mem.data() + 8000, "hello", 5) == 0);
-              auto gw = poll_n(g.cq, 2);
-              EXPECT_EQ(gw.size(), 2);
-              EXPECT_EQ(gw[0].wr_id, 60);
-              EXPECT_EQ(gw[0].status, IBV_WC_SUCCESS);
-              EXPECT_EQ(gw[1].wr_id, 61);
-              EXPECT(memcmp(rb.mem.data() + 7000, "hello", 5) == 0);
-              auto t1 = std::chrono::steady_clock::now();
-              EXPECT_EQ(post(g.qp, IBV_WR_RDMA_WRITE_WITH_IMM, 62, &la, 0, 5, rb.addr(9000), rb.mr->rkey), 0);
-              wc = poll_one(g.cq, 2000);
-              EXPECT_EQ(wc.status, IBV_WC_RNR_RETRY_EXC_ERR);
-              EXPECT(std::chrono::steady_clock::now() - t1 >= Ms(4 * kRetryMs - 2));
-              EXPECT(all_eq(rb.mem.data() + 9000, 5, 0));
-              EXPECT(quiet(h.cq, 5));
-            }
-          }));
+    Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
+    Buf la(na, 1 << 20), rb(nb, 1 << 20);
+    // after_bytes: the port goes down once 100000 bytes were posted on mlx5_0.
+    EXPECT_EQ(fakeverbs_inject("port_down,dev=mlx5_0,after_bytes=100000"), 0);
+    Ep a = make_ep(na), b = make_ep(nb);
+    connect_pair(a, b);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 1, &la, 0, 65536, rb.addr(), rb.mr->rkey), 0);
+    EXPECT_EQ(poll_one(a.cq).status, IBV_WC_SUCCESS);
+    EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 1);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 2, &la, 0, 65536, rb.addr(), rb.mr->rkey), 0);
+    EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 0);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 3, &la, 0, 65536, rb.addr(), rb.mr->rkey), 0);
+    auto w = poll_n(a.cq, 2);
+    EXPECT_EQ(w.size(), 2);
+    EXPECT_EQ(w[0].wr_id, 2);  // left before, but its ACK finds the port down
+    EXPECT_EQ(w[0].status, IBV_WC_RETRY_EXC_ERR);
+    EXPECT_EQ(w[1].wr_id, 3);
+    EXPECT_EQ(w[1].status, IBV_WC_WR_FLUSH_ERR);
+    EXPECT_EQ(next_event(na.ctx, 0), IBV_EVENT_PORT_ERR);
+    EXPECT_EQ(fakeverbs_inject("port_up,dev=mlx5_0"), 0);
+    EXPECT_EQ(next_event(na.ctx, 0), IBV_EVENT_PORT_ACTIVE);
+    // after_ms counts from the first post_send of the process (already past).
+    auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(fakeverbs_inject("port_down,dev=mlx5_1,after_ms=10"), 0);
+    EXPECT_EQ(next_event(nb.ctx, 2000), IBV_EVENT_PORT_ERR);
+    EXPECT(std::chrono::steady_clock::now() - t0 < Ms(1000));
+    EXPECT_EQ(fakeverbs_inject("port_up,dev=mlx5_1"), 0);
+    EXPECT_EQ(next_event(nb.ctx, 1000), IBV_EVENT_PORT_ACTIVE);
+    // set_ipv4 rewrites GIDs 2/3; a peer still using the old address loses packets.
+    Ep c = make_ep(na), d = make_ep(nb);
+    connect_pair(c, d);
+    ibv_gid before0, g3;
+    EXPECT_EQ(ibv_query_gid(na.ctx, 1, 0, &before0), 0);
+    EXPECT_EQ(fakeverbs_inject("set_ipv4,dev=mlx5_0,addr=10.9.8.7"), 0);
+    ibv_async_event ev;
+    EXPECT_EQ(next_event(na.ctx, 1000, &ev), IBV_EVENT_GID_CHANGE);
+    EXPECT_EQ(ibv_query_gid(na.ctx, 1, 3, &g3), 0);
+    const uint8_t v4[16] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 10, 9, 8, 7};
+    EXPECT(memcmp(g3.raw, v4, 16) == 0);
+    ibv_gid after0;
+    EXPECT_EQ(ibv_query_gid(na.ctx, 1, 0, &after0), 0);
+    EXPECT(memcmp(before0.raw, after0.raw, 16) == 0);
+    EXPECT_EQ(post(d.qp, IBV_WR_RDMA_WRITE, 40, &rb, 0, 100, la.addr(), la.mr->rkey), 0);
+    EXPECT_EQ(poll_one(d.cq).status, IBV_WC_RETRY_EXC_ERR);
+    // CQ overflow: an async CQ_ERR, the extra completions are lost.
+    {
+      ibv_cq* tiny = ibv_create_cq(na.ctx, 2, nullptr, nullptr, 0);
+      ibv_qp_init_attr ia{};
+      ia.send_cq = ia.recv_cq = tiny;
+      ia.qp_type = IBV_QPT_RC;
+      ia.cap.max_send_wr = ia.cap.max_recv_wr = 8;
+      ia.cap.max_send_sge = ia.cap.max_recv_sge = 1;
+      Ep e;
+      e.n = &na;
+      e.cq = tiny;
+      e.qp = ibv_create_qp(na.pd, &ia);
+      EXPECT(e.qp != nullptr);
+      Ep f = make_ep(nb);
+      connect_pair(e, f);
+      for (int i = 0; i < 4; ++i)
+        EXPECT_EQ(post(e.qp, IBV_WR_RDMA_WRITE, 50 + i, &la, 0, 10, rb.addr(), rb.mr->rkey), 0);
+      EXPECT_EQ(next_event(na.ctx, 2000, &ev), IBV_EVENT_CQ_ERR);
+      EXPECT(ev.element.cq == tiny);
+      auto got = poll_n(tiny, 4, 100);
+      EXPECT(got.size() >= 2 && got.size() < 4);  // at least one was dropped
+    }
+    // RNR: a SEND waits for its receive; with none, RNR_RETRY_EXC_ERR after 4x the
+    // retry delay.
+    {
+      Ep g = make_ep(na), h = make_ep(nb);
+      connect_pair(g, h);
+      memcpy(la.mem.data(), "hello", 5);
+      EXPECT_EQ(post(g.qp, IBV_WR_SEND, 60, &la, 0, 5), 0);
+      EXPECT_EQ(post(g.qp, IBV_WR_RDMA_WRITE, 61, &la, 0, 5, rb.addr(7000), rb.mr->rkey), 0);
+      std::this_thread::sleep_for(Ms(2 * kRetryMs));
+      EXPECT(quiet(g.cq, 1));
+      EXPECT(all_eq(rb.mem.data() + 7000, 5, 0));  // in order: behind the SEND
+      EXPECT_EQ(post_recv(h.qp, 70, &rb, 8000, 64), 0);
+      ibv_wc wc = poll_one(h.cq);
+      EXPECT_EQ(wc.byte_len, 5);
+      EXPECT(memcmp(rb.mem.data() + 8000, "hello", 5) == 0);
+      auto gw = poll_n(g.cq, 2);
+      EXPECT_EQ(gw.size(), 2);
+      EXPECT_EQ(gw[0].wr_id, 60);
+      EXPECT_EQ(gw[0].status, IBV_WC_SUCCESS);
+      EXPECT_EQ(gw[1].wr_id, 61);
+      EXPECT(memcmp(rb.mem.data() + 7000, "hello", 5) == 0);
+      auto t1 = std::chrono::steady_clock::now();
+      EXPECT_EQ(post(g.qp, IBV_WR_RDMA_WRITE_WITH_IMM, 62, &la, 0, 5, rb.addr(9000), rb.mr->rkey),
+                0);
+      wc = poll_one(g.cq, 2000);
+      EXPECT_EQ(wc.status, IBV_WC_RNR_RETRY_EXC_ERR);
+      EXPECT(std::chrono::steady_clock::now() - t1 >= Ms(4 * kRetryMs - 2));
+      EXPECT(all_eq(rb.mem.data() + 9000, 5, 0));
+      EXPECT(quiet(h.cq, 5));
+    }
+  }));
 }
 
 TEST_CASE("fakeverbs: faults from FAKEVERBS_FAULTS") {
@@ -1144,40 +1148,40 @@ TEST_CASE("fakeverbs: faults from FAKEVERBS_FAULTS") {
 
 TEST_CASE("fakeverbs: blackhole") {
   expect_ok(run_scenario(kTwoEth, [] {
-            Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
-            Buf la(na, 65536), rb(nb, 65536), ra(na, 65536);
-            memset(la.mem.data(), 'z', la.mem.size());
-            memset(rb.mem.data(), 'q', rb.mem.size());
-            Ep a = make_ep(na), b = make_ep(nb);
-            connect_pair(a, b);
-            EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 1, &la, 0, 100, rb.addr(), rb.mr->rkey), 0);
-            EXPECT_EQ(poll_one(a.cq).status, IBV_WC_SUCCESS);
-            memset(rb.mem.data(), 0, rb.mem.size());
-            EXPECT_EQ(fakeverbs_inject("blackhole,dev=mlx5_0"), 0);
-            for (int i = 0; i < 4; ++i)
-              EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 10 + i, &la, 0, 100, rb.addr(1000), rb.mr->rkey), 0);
-            EXPECT(quiet(a.cq, 5 * kRetryMs));  // neither delivered nor completed
-            EXPECT(all_eq(rb.mem.data(), rb.mem.size(), 0));
-            // Packets towards the blackholed QP are dropped: the sender retries out.
-            EXPECT_EQ(post(b.qp, IBV_WR_RDMA_WRITE, 20, &rb, 0, 100, ra.addr(), ra.mr->rkey), 0);
-            EXPECT_EQ(poll_one(b.cq).status, IBV_WC_RETRY_EXC_ERR);
-            // To ERR: everything flushes, in order.
-            ibv_qp_attr err{};
-            err.qp_state = IBV_QPS_ERR;
-            EXPECT_EQ(ibv_modify_qp(a.qp, &err, IBV_QP_STATE), 0);
-            auto w = poll_n(a.cq, 4);
-            EXPECT_EQ(w.size(), 4);
-            for (int i = 0; i < 4; ++i) {
-              EXPECT_EQ(w[i].wr_id, 10 + i);
-              EXPECT_EQ(w[i].status, IBV_WC_WR_FLUSH_ERR);
-            }
-            // A QP created after the trigger works.
-            Ep c = make_ep(na), d = make_ep(nb);
-            connect_pair(c, d);
-            EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 30, &la, 0, 100, rb.addr(2000), rb.mr->rkey), 0);
-            EXPECT_EQ(poll_one(c.cq).status, IBV_WC_SUCCESS);
-            EXPECT(all_eq(rb.mem.data() + 2000, 100, 'z'));
-          }));
+    Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
+    Buf la(na, 65536), rb(nb, 65536), ra(na, 65536);
+    memset(la.mem.data(), 'z', la.mem.size());
+    memset(rb.mem.data(), 'q', rb.mem.size());
+    Ep a = make_ep(na), b = make_ep(nb);
+    connect_pair(a, b);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 1, &la, 0, 100, rb.addr(), rb.mr->rkey), 0);
+    EXPECT_EQ(poll_one(a.cq).status, IBV_WC_SUCCESS);
+    memset(rb.mem.data(), 0, rb.mem.size());
+    EXPECT_EQ(fakeverbs_inject("blackhole,dev=mlx5_0"), 0);
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 10 + i, &la, 0, 100, rb.addr(1000), rb.mr->rkey), 0);
+    EXPECT(quiet(a.cq, 5 * kRetryMs));  // neither delivered nor completed
+    EXPECT(all_eq(rb.mem.data(), rb.mem.size(), 0));
+    // Packets towards the blackholed QP are dropped: the sender retries out.
+    EXPECT_EQ(post(b.qp, IBV_WR_RDMA_WRITE, 20, &rb, 0, 100, ra.addr(), ra.mr->rkey), 0);
+    EXPECT_EQ(poll_one(b.cq).status, IBV_WC_RETRY_EXC_ERR);
+    // To ERR: everything flushes, in order.
+    ibv_qp_attr err{};
+    err.qp_state = IBV_QPS_ERR;
+    EXPECT_EQ(ibv_modify_qp(a.qp, &err, IBV_QP_STATE), 0);
+    auto w = poll_n(a.cq, 4);
+    EXPECT_EQ(w.size(), 4);
+    for (int i = 0; i < 4; ++i) {
+      EXPECT_EQ(w[i].wr_id, 10 + i);
+      EXPECT_EQ(w[i].status, IBV_WC_WR_FLUSH_ERR);
+    }
+    // A QP created after the trigger works.
+    Ep c = make_ep(na), d = make_ep(nb);
+    connect_pair(c, d);
+    EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 30, &la, 0, 100, rb.addr(2000), rb.mr->rkey), 0);
+    EXPECT_EQ(poll_one(c.cq).status, IBV_WC_SUCCESS);
+    EXPECT(all_eq(rb.mem.data() + 2000, 100, 'z'));
+  }));
 }
 
 TEST_CASE("fakeverbs: hold_write delivers a stale write late") {
@@ -1242,58 +1246,58 @@ TEST_CASE("fakeverbs: hold_write delivers a stale write late") {
 
 TEST_CASE("fakeverbs: peer process killed") {
   expect_ok(run_scenario("mlx5_0,eth,10.0.0.1", [] {
-            int sp[2];
-            EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sp), 0);
-            pid_t pid = fork();
-            if (pid == 0) {
-              setenv("FAKEVERBS_DEVICES", "mlx5_0,eth,10.0.0.2", 1);
-              Node m = open_dev("mlx5_0");
-              Ep t = make_ep(m);
-              Buf b(m, 65536);
-              Addr me = addr_of(t), peer;
-              uint64_t addr = b.addr();
-              uint32_t rkey = b.mr->rkey;
-              write_all(sp[1], &me, sizeof me);
-              write_all(sp[1], &addr, 8);
-              write_all(sp[1], &rkey, 4);
-              read_all(sp[1], &peer, sizeof peer);
-              connect_ep(t, peer);
-              char c = 1;
-              write_all(sp[1], &c, 1);
-              for (;;) pause();
-            }
-            Node n = open_dev("mlx5_0");
-            Ep e = make_ep(n), e2 = make_ep(n);
-            Buf la(n, 65536);
-            Addr peer, me = addr_of(e);
-            uint64_t raddr;
-            uint32_t rkey;
-            read_all(sp[0], &peer, sizeof peer);
-            read_all(sp[0], &raddr, 8);
-            read_all(sp[0], &rkey, 4);
-            write_all(sp[0], &me, sizeof me);
-            connect_ep(e, peer);
-            char c;
-            read_all(sp[0], &c, 1);
-            EXPECT_EQ(post(e.qp, IBV_WR_RDMA_WRITE, 1, &la, 0, 4096, raddr, rkey), 0);
-            EXPECT_EQ(poll_one(e.cq).status, IBV_WC_SUCCESS);
-            // Outstanding when it dies (stopped first, so nothing can be acknowledged).
-            kill(pid, SIGSTOP);
-            int st;
-            EXPECT_EQ(waitpid(pid, &st, WUNTRACED), pid);  // really stopped
-            EXPECT(WIFSTOPPED(st));
-            EXPECT_EQ(post(e.qp, IBV_WR_RDMA_WRITE, 2, &la, 0, 4096, raddr, rkey), 0);
-            kill(pid, SIGKILL);
-            EXPECT_EQ(waitpid(pid, &st, 0), pid);
-            EXPECT_EQ(post(e.qp, IBV_WR_RDMA_WRITE, 3, &la, 0, 4096, raddr, rkey), 0);
-            auto w = poll_n(e.cq, 2);
-            EXPECT_EQ(w.size(), 2);
-            EXPECT_EQ(w[0].wr_id, 2);
-            EXPECT_EQ(w[0].status, IBV_WC_RETRY_EXC_ERR);
-            EXPECT_EQ(w[1].status, IBV_WC_WR_FLUSH_ERR);
-            // A QP connected to the dead process afterwards: retry exceeded too.
-            connect_ep(e2, peer);
-            EXPECT_EQ(post(e2.qp, IBV_WR_RDMA_WRITE, 4, &la, 0, 4096, raddr, rkey), 0);
-            EXPECT_EQ(poll_one(e2.cq).status, IBV_WC_RETRY_EXC_ERR);
-          }));
+    int sp[2];
+    EXPECT_EQ(socketpair(AF_UNIX, SOCK_STREAM, 0, sp), 0);
+    pid_t pid = fork();
+    if (pid == 0) {
+      setenv("FAKEVERBS_DEVICES", "mlx5_0,eth,10.0.0.2", 1);
+      Node m = open_dev("mlx5_0");
+      Ep t = make_ep(m);
+      Buf b(m, 65536);
+      Addr me = addr_of(t), peer;
+      uint64_t addr = b.addr();
+      uint32_t rkey = b.mr->rkey;
+      write_all(sp[1], &me, sizeof me);
+      write_all(sp[1], &addr, 8);
+      write_all(sp[1], &rkey, 4);
+      read_all(sp[1], &peer, sizeof peer);
+      connect_ep(t, peer);
+      char c = 1;
+      write_all(sp[1], &c, 1);
+      for (;;) pause();
+    }
+    Node n = open_dev("mlx5_0");
+    Ep e = make_ep(n), e2 = make_ep(n);
+    Buf la(n, 65536);
+    Addr peer, me = addr_of(e);
+    uint64_t raddr;
+    uint32_t rkey;
+    read_all(sp[0], &peer, sizeof peer);
+    read_all(sp[0], &raddr, 8);
+    read_all(sp[0], &rkey, 4);
+    write_all(sp[0], &me, sizeof me);
+    connect_ep(e, peer);
+    char c;
+    read_all(sp[0], &c, 1);
+    EXPECT_EQ(post(e.qp, IBV_WR_RDMA_WRITE, 1, &la, 0, 4096, raddr, rkey), 0);
+    EXPECT_EQ(poll_one(e.cq).status, IBV_WC_SUCCESS);
+    // Outstanding when it dies (stopped first, so nothing can be acknowledged).
+    kill(pid, SIGSTOP);
+    int st;
+    EXPECT_EQ(waitpid(pid, &st, WUNTRACED), pid);  // really stopped
+    EXPECT(WIFSTOPPED(st));
+    EXPECT_EQ(post(e.qp, IBV_WR_RDMA_WRITE, 2, &la, 0, 4096, raddr, rkey), 0);
+    kill(pid, SIGKILL);
+    EXPECT_EQ(waitpid(pid, &st, 0), pid);
+    EXPECT_EQ(post(e.qp, IBV_WR_RDMA_WRITE, 3, &la, 0, 4096, raddr, rkey), 0);
+    auto w = poll_n(e.cq, 2);
+    EXPECT_EQ(w.size(), 2);
+    EXPECT_EQ(w[0].wr_id, 2);
+    EXPECT_EQ(w[0].status, IBV_WC_RETRY_EXC_ERR);
+    EXPECT_EQ(w[1].status, IBV_WC_WR_FLUSH_ERR);
+    // A QP connected to the dead process afterwards: retry exceeded too.
+    connect_ep(e2, peer);
+    EXPECT_EQ(post(e2.qp, IBV_WR_RDMA_WRITE, 4, &la, 0, 4096, raddr, rkey), 0);
+    EXPECT_EQ(poll_one(e2.cq).status, IBV_WC_RETRY_EXC_ERR);
+  }));
 }

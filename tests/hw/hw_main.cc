@@ -6,9 +6,9 @@
 #include <string>
 
 #include "catch_run.h"
+#include "r2ccl/params.h"
 #include "transport/ib/devices.h"
 #include "transport/ib/verbs_api.h"
-#include "r2ccl/params.h"
 
 int main(int argc, char** argv) {
   std::string err;

@@ -34,7 +34,8 @@ TEST_CASE("real HCA: messages of every size arrive exact over verbs", "[rdma]") 
         for (size_t i = 0; i < sizes.size(); ++i) {
           int got = -1;
           if (ep.recv(bufs[i].data(), bufs[i].size(), 30000, &got) != ncclSuccess) return 1;
-          if (got != static_cast<int>(sizes[i]) || check_pattern(bufs[i].data(), sizes[i], i + 1) >= 0) {
+          if (got != static_cast<int>(sizes[i]) ||
+              check_pattern(bufs[i].data(), sizes[i], i + 1) >= 0) {
             fprintf(stderr, "message %zu: %d bytes or wrong bytes\n", i, got);
             return 2;
           }
@@ -48,9 +49,10 @@ TEST_CASE("real HCA: messages of every size arrive exact over verbs", "[rdma]") 
 TEST_CASE("real HCA: r2ccl_perf, every op, checked", "[rdma]") {
   for (const char* op : {"allreduce", "allgather", "broadcast", "sendrecv"}) {
     std::string out;
-    int rc = run_command(perf_command({{"R2CCL_TRANSPORT", "ib"}},
-                                      std::string("--ranks 2 --check --op ") + op + " -b 8 -e 64M -f 4"),
-                         &out);
+    int rc =
+        run_command(perf_command({{"R2CCL_TRANSPORT", "ib"}},
+                                 std::string("--ranks 2 --check --op ") + op + " -b 8 -e 64M -f 4"),
+                    &out);
     INFO(op << "\n" << out);
     REQUIRE(rc == 0);
     for (const auto& row : perf_rows(out)) CHECK(row.wrong == "0");

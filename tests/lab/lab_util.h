@@ -21,7 +21,6 @@
 
 namespace r2ccl::test {
 
-
 // A rail lab for one test case; torn down on destruction.
 class Lab {
  public:
@@ -134,14 +133,13 @@ class Later {
   std::thread t_;
 };
 
-
 // A rail of a 2-rail lab toggled down/up at random every 0.1-1.5 s for `seconds` under
 // traffic: no errors, and the hold-down engages. The seed is printed and settable
 // (R2CCL_TEST_SEED).
 inline void random_toggle_scenario(int seconds, int min_holddowns) {
   Lab lab(2, "2gbit");
-  unsigned seed = static_cast<unsigned>(
-      atoi(env_or("R2CCL_TEST_SEED", std::to_string(std::random_device{}() % 100000).c_str()).c_str()));
+  unsigned seed = static_cast<unsigned>(atoi(
+      env_or("R2CCL_TEST_SEED", std::to_string(std::random_device{}() % 100000).c_str()).c_str()));
   WARN("random flap seed " << seed << " (set R2CCL_TEST_SEED to repeat)");
   PairOptions o = lab_pair(lab, "toggle");
   const double rate_bytes_per_s = 200e6;  // conservative: keep traffic flowing past the flaps
@@ -156,8 +154,9 @@ inline void random_toggle_scenario(int seconds, int min_holddowns) {
       flap_out = lab.fault("flap 0 --for " + std::to_string(seconds) + " --seed " +
                            std::to_string(seed) + " --min-ms 100 --max-ms 1500");
     });
-    r = run_pair(o, [&](Endpoint& ep) { return send_stream(ep, s); },
-                 [&](Endpoint& ep) { return recv_stream(ep, s); });
+    r = run_pair(
+        o, [&](Endpoint& ep) { return send_stream(ep, s); },
+        [&](Endpoint& ep) { return recv_stream(ep, s); });
   }
   std::string slog = read_file(o.sender_env["R2CCL_LOG_FILE"]);
   INFO("seed " << seed << "\nsender log:\n" << slog << "\nflap:\n" << flap_out);

@@ -30,14 +30,16 @@ TEST_CASE("lab: device 1's rail downed mid-transfer of 1 GiB is replayed lossles
           after_start(s.started, 1000);
           fault_out = lab.fault("link-down 1");
         });
-        r = run_pair(o, [&](Endpoint& ep) { return send_stream(ep, s); },
-                     [&](Endpoint& ep) { return recv_stream(ep, s); });
+        r = run_pair(
+            o, [&](Endpoint& ep) { return send_stream(ep, s); },
+            [&](Endpoint& ep) { return recv_stream(ep, s); });
       }
       lab.fault("link-up 1");
       std::string slog = read_file(o.sender_env["R2CCL_LOG_FILE"]);
-      INFO("sender log:\n" << slog << "\nsender stderr:\n" << read_file(o.sender_stderr)
-                           << "\nreceiver stderr:\n" << read_file(o.receiver_stderr)
-                           << "\nfault: " << fault_out);
+      INFO("sender log:\n"
+           << slog << "\nsender stderr:\n"
+           << read_file(o.sender_stderr) << "\nreceiver stderr:\n"
+           << read_file(o.receiver_stderr) << "\nfault: " << fault_out);
       if (!replay) {
         CHECK((r.sender_status != 0 || r.receiver_status != 0));
         continue;
@@ -152,8 +154,9 @@ TEST_CASE("lab: 3 rails against 2: the common rails are used and the missing one
   PairOptions o = lab_pair(lab, "3v2");
   o.receiver_env["R2CCL_SOCKET_IFNAME"] = "rail0,rail1";
   Stream s{4u << 20, 20, 30000, ""};
-  PairResult r = run_pair(o, [&](Endpoint& ep) { return send_stream(ep, s); },
-                          [&](Endpoint& ep) { return recv_stream(ep, s); });
+  PairResult r = run_pair(
+      o, [&](Endpoint& ep) { return send_stream(ep, s); },
+      [&](Endpoint& ep) { return recv_stream(ep, s); });
   std::string serr = read_file(o.sender_stderr);
   INFO("sender stderr:\n" << serr);
   REQUIRE(r.sender_status == 0);
@@ -181,8 +184,9 @@ TEST_CASE("lab: two rails on one subnet: a downed rail's traffic moves, it is no
       after_start(s.started, 800);
       fault_out = lab.fault("link-down 1");
     });
-    r = run_pair(o, [&](Endpoint& ep) { return send_stream(ep, s); },
-                 [&](Endpoint& ep) { return recv_stream(ep, s); });
+    r = run_pair(
+        o, [&](Endpoint& ep) { return send_stream(ep, s); },
+        [&](Endpoint& ep) { return recv_stream(ep, s); });
   }
   std::string slog = read_file(o.sender_env["R2CCL_LOG_FILE"]);
   INFO("sender log:\n" << slog << "\nsender stderr:\n" << read_file(o.sender_stderr));
@@ -196,13 +200,15 @@ TEST_CASE("lab: a wrong interface name fails init fast with a clear message", "[
   PairOptions o = lab_pair(lab, "badif");
   o.env["R2CCL_SOCKET_IFNAME"] = "nosuchif";
   long long t0 = mono_us();
-  PairResult r = run_pair(o, [](Endpoint&) { return 0; }, [](Endpoint&) { return 0; });
+  PairResult r = run_pair(
+      o, [](Endpoint&) { return 0; }, [](Endpoint&) { return 0; });
   double secs = (mono_us() - t0) / 1e6;
   std::string serr = read_file(o.sender_stderr);
   INFO(serr);
   CHECK(r.sender_status == 91);  // init failed
   CHECK(secs < 5);
-  CHECK(serr.find("R2CCL_SOCKET_IFNAME='nosuchif' matches no usable interface") != std::string::npos);
+  CHECK(serr.find("R2CCL_SOCKET_IFNAME='nosuchif' matches no usable interface") !=
+        std::string::npos);
 }
 
 TEST_CASE("lab: both rails down: pending requests fail with ncclSystemError in time", "[lab]") {

@@ -86,8 +86,9 @@ Outcome run(const Lab& lab, const Scenario& sc, const std::string& tag) {
         if (t > healthy_s + degrade_s + 1.0) break;
       }
     });
-    out.r = run_pair(o, [&](Endpoint& ep) { return send_stream(ep, s); },
-                     [&](Endpoint& ep) { return recv_stream(ep, s); });
+    out.r = run_pair(
+        o, [&](Endpoint& ep) { return send_stream(ep, s); },
+        [&](Endpoint& ep) { return recv_stream(ep, s); });
   }
   lab.fault("link-up 0");
   out.slog = read_file(o.sender_env["R2CCL_LOG_FILE"]);
@@ -113,9 +114,10 @@ int chunks_replayed(const std::string& log) {
 
 }  // namespace
 
-TEST_CASE("lab: a degrading rail is drained by the LSTM before its link goes down; the "
-          "link-down costs no replay",
-          "[lab]") {
+TEST_CASE(
+    "lab: a degrading rail is drained by the LSTM before its link goes down; the "
+    "link-down costs no replay",
+    "[lab]") {
   Lab lab(2, "1gbit");
   for (bool at_receiver : {false, true}) {
     DYNAMIC_SECTION((at_receiver ? "the receiver's NIC degrades" : "the sender's NIC degrades")) {
@@ -131,7 +133,8 @@ TEST_CASE("lab: a degrading rail is drained by the LSTM before its link goes dow
       CHECK(count_lines_containing(dlog, "(baseline") == 0);
       REQUIRE(out.drain_t > 0);
       CHECK(out.drain_t < out.down_t);
-      if (at_receiver) CHECK(count_lines_containing(out.slog, "the peer drains its end of path") >= 1);
+      if (at_receiver)
+        CHECK(count_lines_containing(out.slog, "the peer drains its end of path") >= 1);
       // The healthy rail was never drained.
       CHECK(count_lines_containing(out.slog + out.rlog, "rail rail1 risk") == 0);
       // Nothing was in flight on the drained rail when it died.

@@ -37,8 +37,9 @@ std::string devices(int host) {
 // Runs --dump in namespace `ns` into `out`; returns the exit status.
 int dump(const std::string& ns, int host, const std::string& dir, const std::string& out,
          const std::string& extra_env = "") {
-  std::string cmd = "ip netns exec " + ns + " env R2CCL_SOCKET_IFNAME=rail R2CCL_IBVERBS_LIB=" +
-                    shell_quote(fakeverbs()) + " FAKEVERBS_DIR=" + shell_quote(dir) +
+  std::string cmd = "ip netns exec " + ns +
+                    " env R2CCL_SOCKET_IFNAME=rail R2CCL_IBVERBS_LIB=" + shell_quote(fakeverbs()) +
+                    " FAKEVERBS_DIR=" + shell_quote(dir) +
                     " FAKEVERBS_DEVICES=" + shell_quote(devices(host)) + " " + extra_env + " " +
                     shell_quote(tool()) + " --dump --out " + shell_quote(out);
   std::string o;

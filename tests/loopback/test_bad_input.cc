@@ -37,8 +37,8 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cstddef>
 #include <cstdarg>
+#include <cstddef>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -746,8 +746,8 @@ std::vector<char> pattern(size_t n, uint64_t seed) {
   return v;
 }
 
-FrameHeader data_header(uint64_t seq, uint32_t idx, uint32_t nchunks, uint64_t off,
-                        uint64_t total, uint32_t len) {
+FrameHeader data_header(uint64_t seq, uint32_t idx, uint32_t nchunks, uint64_t off, uint64_t total,
+                        uint32_t len) {
   FrameHeader h = FakePeer::frame(FrameType::kData);
   h.seq = seq;
   h.a = idx;
@@ -759,9 +759,8 @@ FrameHeader data_header(uint64_t seq, uint32_t idx, uint32_t nchunks, uint64_t o
 }
 
 auto is_frame(FrameType t, uint64_t seq) {
-  return [t, seq](const FrameHeader& h) {
-    return h.type == static_cast<uint8_t>(t) && h.seq == seq;
-  };
+  return
+      [t, seq](const FrameHeader& h) { return h.type == static_cast<uint8_t>(t) && h.seq == seq; };
 }
 
 // ------------------------------------------------------------------------------------------
@@ -837,15 +836,16 @@ void start_session(ReceiveSession* s, const Env& env, const ChildFn& fn, uint64_
 }
 
 void start_receive(ReceiveSession* s, const Env& env, const RecvPlan& plan) {
-  start_session(s, env, [plan](ChildCtx& c) { return child_receive_one(c, plan); }, plan.cap);
+  start_session(
+      s, env, [plan](ChildCtx& c) { return child_receive_one(c, plan); }, plan.cap);
 }
 
 struct Verdict {
   bool got = false;
   ncclResult_t rc = ncclSuccess;
   bool done = false;
-  int64_t child_ms = 0;    // from posting the receive to test()'s verdict
-  double parent_ms = 0;    // from the bad input to the verdict
+  int64_t child_ms = 0;  // from posting the receive to test()'s verdict
+  double parent_ms = 0;  // from the bad input to the verdict
   int64_t pre_changed = 0;
   int64_t post_changed = 0;
   int64_t written = 0;
@@ -954,8 +954,8 @@ TEST_CASE("bad input: garbage handles make connect fail with a WARN about the ha
     rt::fill_pattern(b.data(), b.size(), 0xbad);
     variants.push_back({"random 128 bytes", b, "not an r2ccl v2 handle"});
   }
-  variants.push_back({"all zero", std::vector<uint8_t>(NCCL_NET_HANDLE_MAXSIZE, 0),
-                      "not an r2ccl v2 handle"});
+  variants.push_back(
+      {"all zero", std::vector<uint8_t>(NCCL_NET_HANDLE_MAXSIZE, 0), "not an r2ccl v2 handle"});
   {
     WireHandle h = good;
     h.n_endpoints = 9;
@@ -1025,8 +1025,8 @@ TEST_CASE("bad input: garbage handles make connect fail with a WARN about the ha
     const int refusals = rt::count_lines_containing(log, "wrong secret");
     CHECK(refusals >= 1);
     // One connect attempt per NCCL connect() call: bounded by the call rate, not a storm.
-    WARN("connect with a wrong secret: " << refusals << " refused hellos logged in "
-                                         << m.v[3] << " ms (" << m.v[2] << " connect calls)");
+    WARN("connect with a wrong secret: " << refusals << " refused hellos logged in " << m.v[3]
+                                         << " ms (" << m.v[2] << " connect calls)");
   }
   child.tell("bye");
   CHECK(child.wait_exit(5000) == 0);
@@ -1196,25 +1196,38 @@ TEST_CASE("bad input: lying chunk headers are protocol errors, never writes", "[
   };
   const uint32_t kChunk = 4096;
   std::vector<Lie> lies = {
-      {"total larger than the posted capacity", {data_header(0, 0, 32, 0, 2 * kCap, kChunk)},
-       "message larger than the posted receive", 0},
+      {"total larger than the posted capacity",
+       {data_header(0, 0, 32, 0, 2 * kCap, kChunk)},
+       "message larger than the posted receive",
+       0},
       {"off + len beyond total (into the guard page)",
        {data_header(0, 15, 16, kCap - kChunk + 64, kCap, kChunk)},
-       "chunk offset/length outside the message", 0},
-      {"offset that wraps around 2^64", {data_header(0, 1, 16, ~0ull - 1023, kCap, kChunk)},
-       "chunk offset/length outside the message", 0},
-      {"chunk index == chunk count", {data_header(0, 16, 16, 0, kCap, kChunk)},
-       "chunk index out of range", 0},
-      {"chunk count absurdly large", {data_header(0, 0, 1000000, 0, kCap, kChunk)},
-       "chunk count does not fit the message size", 0},
-      {"chunk count 0", {data_header(0, 0, 0, 0, kCap, kChunk)},
-       "chunk count does not fit the message size", 0},
+       "chunk offset/length outside the message",
+       0},
+      {"offset that wraps around 2^64",
+       {data_header(0, 1, 16, ~0ull - 1023, kCap, kChunk)},
+       "chunk offset/length outside the message",
+       0},
+      {"chunk index == chunk count",
+       {data_header(0, 16, 16, 0, kCap, kChunk)},
+       "chunk index out of range",
+       0},
+      {"chunk count absurdly large",
+       {data_header(0, 0, 1000000, 0, kCap, kChunk)},
+       "chunk count does not fit the message size",
+       0},
+      {"chunk count 0",
+       {data_header(0, 0, 0, 0, kCap, kChunk)},
+       "chunk count does not fit the message size",
+       0},
       {"total differs between two chunks",
        {data_header(0, 0, 16, 0, kCap, kChunk), data_header(0, 1, 16, kChunk, kCap / 2, kChunk)},
-       "chunk header disagrees with earlier chunks", kChunk},
+       "chunk header disagrees with earlier chunks",
+       kChunk},
       {"chunk count differs between two chunks",
        {data_header(0, 0, 16, 0, kCap, kChunk), data_header(0, 1, 8, kChunk, kCap, kChunk)},
-       "chunk header disagrees with earlier chunks", kChunk},
+       "chunk header disagrees with earlier chunks",
+       kChunk},
   };
   const std::vector<char> payload(kChunk, 0x11);
   for (const auto& lie : lies) {
@@ -1390,9 +1403,11 @@ TEST_CASE("bad input: a duplicate chunk does not complete the receive early", "[
       CHECK(m.v[5] == 1);  // every byte right
       CHECK_FALSE(complete_before_chunk1);
       // The final ACK says every chunk landed.
-      CHECK(f.wait_for([](const FrameHeader& h) {
-        return h.type == static_cast<uint8_t>(FrameType::kAck) && h.seq == 0 && h.a == 2;
-      }, 2000));
+      CHECK(f.wait_for(
+          [](const FrameHeader& h) {
+            return h.type == static_cast<uint8_t>(FrameType::kAck) && h.seq == 0 && h.a == 2;
+          },
+          2000));
     } else {
       CHECK(m.v[3] == 0);  // done before chunk 1 was even sent
       CHECK(m.v[4] == 1);  // bytes 4096..8191 never written

@@ -4,9 +4,9 @@
 // black hole of the primary rail costs no byte and logs exactly one switchover and its
 // recovery; without replay the same loss fails; every rail down; a killed peer) are in
 // test_shared.cc.
-#include <catch2/catch.hpp>
 #include <time.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <cstdint>
 #include <cstdio>
@@ -52,7 +52,6 @@ std::string fault_spec(const std::string& kind) {
   return "rank=-1,rail=0,at=" + std::to_string(kFaultAtMs) + ",kind=" + kind;
 }
 
-
 }  // namespace
 
 TEST_CASE("rail 0 delayed by 60 ms per frame (R2CCL_STRIPE=0): no data lost",
@@ -71,9 +70,9 @@ TEST_CASE("rail 0 dead, then rail 1 black-holed for 500 ms: the connection waits
   // gave up at once when every path read "peer closed" (the sender closes a path it failed,
   // so that alone does not mean the peer is gone), and CTS/ACK frames issued while no path
   // was up were dropped and never re-sent when one came back.
-  FaultRun r = run_stream(
-      "rank=-1,rail=0,at=150,kind=reset;rank=-1,rail=1,at=400,kind=blackhole,for=500",
-      {{"R2CCL_FAILOVER_TIMEOUT", "3s"}}, 10000);
+  FaultRun r =
+      run_stream("rank=-1,rail=0,at=150,kind=reset;rank=-1,rail=1,at=400,kind=blackhole,for=500",
+                 {{"R2CCL_FAILOVER_TIMEOUT", "3s"}}, 10000);
   INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
   CHECK(count_lines_containing(r.receiver_log, "give-up:") == 0);
   CHECK(r.pair.sender_status == kOk);
@@ -101,7 +100,8 @@ TEST_CASE("r2ccl_perf demo: rail 0 reset, --repeat 2 --check --expect-replay exi
     CHECK(row.wrong == "0");
   }
   std::smatch m;
-  REQUIRE(std::regex_search(out, m, std::regex("# expect-replay: ([0-9]+) replayed chunk\\(s\\) over all ranks: OK")));
+  REQUIRE(std::regex_search(
+      out, m, std::regex("# expect-replay: ([0-9]+) replayed chunk\\(s\\) over all ranks: OK")));
   CHECK(std::stoi(m[1]) >= 1);
   CHECK(count_lines_containing(out, "[R2CCL] switchover: rail lo@127.0.0.1 failed") >= 1);
   CHECK(count_lines_containing(out, "[R2CCL] Successfully recovered in") >= 1);

@@ -12,11 +12,11 @@
 // adaptive-routing writes with several QPs and striping, the predictor's DRAIN, and
 // transport/device selection. Each protection switched off through R2CCL_TEST_HOOKS makes its
 // test fail.
-#include <catch2/catch.hpp>
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <catch2/catch.hpp>
 
 #include <atomic>
 #include <chrono>
@@ -46,7 +46,8 @@ std::string fake_lib() { return fake_verbs_lib(); }
 std::string fresh_dir() { return fresh_fake_dir(); }
 
 // Both processes on the fake: verbs transport, side channel on lo, a fast retry-exceeded.
-PairOptions ib_pair(const std::string& sender_faults = "", const std::string& receiver_faults = "") {
+PairOptions ib_pair(const std::string& sender_faults = "",
+                    const std::string& receiver_faults = "") {
   PairOptions o;
   o.env = {{"R2CCL_TRANSPORT", "ib"},
            {"R2CCL_IBVERBS_LIB", fake_lib()},
@@ -75,29 +76,35 @@ StreamSpec short_stream(double seconds = 1.0) {
 std::vector<int> to_replay(const std::string& log) { return to_replay_counts(log); }
 std::vector<int> replayed(const std::string& log) { return replayed_counts(log); }
 
-#define SKIP_WITHOUT_FAKE()                                                 \
-  do {                                                                      \
-    if (fake_lib().empty()) {                                               \
-      WARN("R2CCL_TEST_FAKEVERBS is not set (run through ctest)");          \
-      return;                                                               \
-    }                                                                       \
+#define SKIP_WITHOUT_FAKE()                                        \
+  do {                                                             \
+    if (fake_lib().empty()) {                                      \
+      WARN("R2CCL_TEST_FAKEVERBS is not set (run through ctest)"); \
+      return;                                                      \
+    }                                                              \
   } while (0)
 
 }  // namespace
 
-TEST_CASE("r2ccl_perf over the fake: adaptive-routing writes, 4 QPs per path, striping, odd chunk size",
-          "[loopback][ib]") {
+TEST_CASE(
+    "r2ccl_perf over the fake: adaptive-routing writes, 4 QPs per path, striping, odd chunk size",
+    "[loopback][ib]") {
   SKIP_WITHOUT_FAKE();
   // The other data-path shapes: adaptive-routing writes, several QPs per path, striping over
   // both HCAs, a chunk size that is not a power of two.
-  std::map<std::string, std::string> env = {
-      {"R2CCL_TRANSPORT", "ib"},  {"R2CCL_IBVERBS_LIB", fake_lib()},
-      {"R2CCL_SOCKET_IFNAME", "lo"}, {"FAKEVERBS_DIR", fresh_dir()},
-      {"FAKEVERBS_DEVICES", kSenderHcas}, {"R2CCL_LOG_FILE", "none"},
-      {"R2CCL_IB_ADAPTIVE_ROUTING", "1"}, {"R2CCL_IB_QPS_PER_PATH", "4"},
-      {"R2CCL_STRIPE", "1"}, {"R2CCL_CHUNK_SIZE", "100000"}};
+  std::map<std::string, std::string> env = {{"R2CCL_TRANSPORT", "ib"},
+                                            {"R2CCL_IBVERBS_LIB", fake_lib()},
+                                            {"R2CCL_SOCKET_IFNAME", "lo"},
+                                            {"FAKEVERBS_DIR", fresh_dir()},
+                                            {"FAKEVERBS_DEVICES", kSenderHcas},
+                                            {"R2CCL_LOG_FILE", "none"},
+                                            {"R2CCL_IB_ADAPTIVE_ROUTING", "1"},
+                                            {"R2CCL_IB_QPS_PER_PATH", "4"},
+                                            {"R2CCL_STRIPE", "1"},
+                                            {"R2CCL_CHUNK_SIZE", "100000"}};
   std::string out;
-  int rc = run_command(perf_command(env, "--ranks 2 --check --channels 2 -b 1 -e 16M -f 16 -n 3 --stats"), &out);
+  int rc = run_command(
+      perf_command(env, "--ranks 2 --check --channels 2 -b 1 -e 16M -f 16 -n 3 --stats"), &out);
   INFO("AR + 4 QPs + stripe\n" << out);
   REQUIRE(rc == 0);
   std::vector<PerfRow> rows = perf_rows(out);
@@ -186,7 +193,9 @@ TEST_CASE("verbs: a late write of a failed path cannot land (bilateral ERR); wit
     for (const auto& kv : no_failback) o.env[kv.first] = kv.second;
     o.env["R2CCL_TEST_HOOKS"] = "no_bilateral_err";
     StreamRun r = run_stream(o, s);
-    INFO("no_bilateral_err run\nsender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+    INFO("no_bilateral_err run\nsender log:\n"
+         << r.sender_log << "receiver log:\n"
+         << r.receiver_log);
     CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") == 1);
     CHECK(r.pair.receiver_status == kStreamBadData);  // the late write corrupted a message
   }
@@ -203,15 +212,19 @@ TEST_CASE("verbs: remote access and local protection errors are fatal, not faile
     CHECK((r.pair.sender_status == kStreamTestFailed || r.pair.sender_status == kStreamPostFailed));
     CHECK(count_lines_containing(r.sender_log, "fatal, not failed over") == 1);
     CHECK(count_lines_containing(r.sender_log, "switchover:") == 0);
-    CHECK(count_lines_containing(r.sender_log, kind[0] == 'r' ? "ncclRemoteError" : "ncclInternalError") == 1);
+    CHECK(count_lines_containing(r.sender_log,
+                                 kind[0] == 'r' ? "ncclRemoteError" : "ncclInternalError") == 1);
   }
   // Through r2ccl_perf: the run fails cleanly (exit 1), it does not crash while the peer still
   // writes into buffers the failing rank is about to free.
   for (int attempt = 0; attempt < 3; ++attempt) {
     std::map<std::string, std::string> env = {
-        {"R2CCL_TRANSPORT", "ib"},  {"R2CCL_IBVERBS_LIB", fake_lib()},
-        {"R2CCL_SOCKET_IFNAME", "lo"}, {"FAKEVERBS_DIR", fresh_dir()},
-        {"FAKEVERBS_DEVICES", kSenderHcas}, {"FAKEVERBS_RETRY_US", "250000"},
+        {"R2CCL_TRANSPORT", "ib"},
+        {"R2CCL_IBVERBS_LIB", fake_lib()},
+        {"R2CCL_SOCKET_IFNAME", "lo"},
+        {"FAKEVERBS_DIR", fresh_dir()},
+        {"FAKEVERBS_DEVICES", kSenderHcas},
+        {"FAKEVERBS_RETRY_US", "250000"},
         {"FAKEVERBS_FAULTS", "rkey_error,dev=mlx5_0,after_bytes=10000000"}};
     std::string out;
     int rc = run_command(perf_command(env, "--ranks 2 --check -b 4M -e 4M -n 50", 60), &out);
@@ -222,7 +235,8 @@ TEST_CASE("verbs: remote access and local protection errors are fatal, not faile
   }
 }
 
-TEST_CASE("verbs: a GID change on the receiver: the path is rebuilt on the new GID", "[loopback][ib][failover]") {
+TEST_CASE("verbs: a GID change on the receiver: the path is rebuilt on the new GID",
+          "[loopback][ib][failover]") {
   SKIP_WITHOUT_FAKE();
   PairOptions o = ib_pair("", "set_ipv4,dev=mlx5_0,addr=10.210.1.77,after_ms=400");
   o.env["R2CCL_PROBE_COUNT"] = "2";
@@ -312,8 +326,8 @@ TEST_CASE("R2CCL_IB_HCA selects HCAs with NCCL_IB_HCA's syntax", "[loopback][ib]
   INFO(ex.output);
   CHECK(ex.output.find("ndev=1") != std::string::npos);
   CHECK(ex.output.find("dev 0 name=mlx5_1") != std::string::npos);
-  ChildResult exact = probe({{"FAKEVERBS_DEVICES", kSenderHcas}, {"R2CCL_IB_HCA", "=mlx5"},
-                             {"R2CCL_TRANSPORT", "ib"}});
+  ChildResult exact = probe(
+      {{"FAKEVERBS_DEVICES", kSenderHcas}, {"R2CCL_IB_HCA", "=mlx5"}, {"R2CCL_TRANSPORT", "ib"}});
   INFO(exact.output);
   CHECK(exact.status == 3);
   CHECK(exact.output.find("R2CCL_TRANSPORT=ib: no active HCA port") != std::string::npos);
@@ -326,8 +340,10 @@ TEST_CASE("bad verbs settings fail init with a message naming the variable", "[l
     const char* needle;
   };
   const std::vector<Case> cases = {
-      {{{"R2CCL_TRANSPORT", "rdma"}}, "R2CCL_TRANSPORT='rdma': accepted values are auto, ib and tcp"},
-      {{{"R2CCL_TRANSPORT", "ib"}, {"R2CCL_IBVERBS_LIB", "/nonexistent/libibverbs.so.1"}}, "R2CCL_IBVERBS_LIB"},
+      {{{"R2CCL_TRANSPORT", "rdma"}},
+       "R2CCL_TRANSPORT='rdma': accepted values are auto, ib and tcp"},
+      {{{"R2CCL_TRANSPORT", "ib"}, {"R2CCL_IBVERBS_LIB", "/nonexistent/libibverbs.so.1"}},
+       "R2CCL_IBVERBS_LIB"},
       {{{"R2CCL_IB_HCA", "mlx5_0:x"}}, "R2CCL_IB_HCA"},
       {{{"R2CCL_IB_TIMEOUT", "40"}}, "R2CCL_IB_TIMEOUT"},
       {{{"NCCL_IB_RETRY_CNT", "9"}}, "NCCL_IB_RETRY_CNT"},
@@ -345,9 +361,10 @@ TEST_CASE("bad verbs settings fail init with a message naming the variable", "[l
   }
 }
 
-TEST_CASE("verbs: the receiver's predictor drains its port: the sender is told (DRAIN) and the "
-          "port's later failure costs no replay",
-          "[loopback][ib][predict]") {
+TEST_CASE(
+    "verbs: the receiver's predictor drains its port: the sender is told (DRAIN) and the "
+    "port's later failure costs no replay",
+    "[loopback][ib][predict]") {
   SKIP_WITHOUT_FAKE();
   // The receiver's mlx5_0 port shows thousands of symbol and receive errors a second from the
   // start; its baseline (no weights: deterministic) drains it within a few 100 ms samples.

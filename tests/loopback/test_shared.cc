@@ -28,26 +28,26 @@ constexpr int kOpTimeoutMs = 120000;  // one message; generous for 2 busy cores
 constexpr uint8_t kCanary = 0xA5;
 
 // Registers `fn` as one case per transport: "tcp: NAME" [tcp] and "ib: NAME" [ib].
-#define SHARED_CASE(name, tags, fn)                                         \
-  TEST_CASE("tcp: " name, "[tcp][loopback]" tags) { fn(tcp_lo()); }        \
-  TEST_CASE("ib: " name, "[ib][loopback]" tags) {                           \
-    if (fake_verbs_lib().empty()) {                                         \
-      WARN("R2CCL_TEST_FAKEVERBS is not set (run through ctest)");         \
-      return;                                                               \
-    }                                                                       \
-    fn(ib_fake());                                                          \
+#define SHARED_CASE(name, tags, fn)                                 \
+  TEST_CASE("tcp: " name, "[tcp][loopback]" tags) { fn(tcp_lo()); } \
+  TEST_CASE("ib: " name, "[ib][loopback]" tags) {                   \
+    if (fake_verbs_lib().empty()) {                                 \
+      WARN("R2CCL_TEST_FAKEVERBS is not set (run through ctest)");  \
+      return;                                                       \
+    }                                                               \
+    fn(ib_fake());                                                  \
   }
 
 // Endpoint-side checks: print what failed (stderr ends up in the ctest log) and fail the
 // process with a distinct exit code.
-#define EP_REQUIRE(cond, code, ...)                                              \
-  do {                                                                           \
-    if (!(cond)) {                                                               \
-      fprintf(stderr, "[%s:%d] check failed: %s: ", __FILE__, __LINE__, #cond);  \
-      fprintf(stderr, __VA_ARGS__);                                              \
-      fprintf(stderr, "\n");                                                     \
-      return code;                                                               \
-    }                                                                            \
+#define EP_REQUIRE(cond, code, ...)                                             \
+  do {                                                                          \
+    if (!(cond)) {                                                              \
+      fprintf(stderr, "[%s:%d] check failed: %s: ", __FILE__, __LINE__, #cond); \
+      fprintf(stderr, __VA_ARGS__);                                             \
+      fprintf(stderr, "\n");                                                    \
+      return code;                                                              \
+    }                                                                           \
   } while (0)
 
 PairOptions quiet_pair(const TransportUnderTest& t) {
@@ -67,11 +67,12 @@ int check_received(const char* buf, size_t sent, size_t cap, size_t tail, int re
   EP_REQUIRE(reported >= 0 && static_cast<size_t>(reported) == sent, 20,
              "reported size %d, sent %zu (capacity %zu)", reported, sent, cap);
   long long bad = check_pattern(buf, sent, seed);
-  EP_REQUIRE(bad < 0, 21, "message of %zu bytes (seed %llu): first wrong byte at offset %lld",
-             sent, static_cast<unsigned long long>(seed), bad);
+  EP_REQUIRE(bad < 0, 21, "message of %zu bytes (seed %llu): first wrong byte at offset %lld", sent,
+             static_cast<unsigned long long>(seed), bad);
   for (size_t i = sent; i < cap + tail; ++i)
     EP_REQUIRE(static_cast<uint8_t>(buf[i]) == kCanary, 22,
-               "message of %zu bytes into %zu: byte %zu past the end was overwritten", sent, cap, i);
+               "message of %zu bytes into %zu: byte %zu past the end was overwritten", sent, cap,
+               i);
   return 0;
 }
 
@@ -89,8 +90,8 @@ StreamSpec short_stream(double seconds = 1.0) {
 
 void sizes_arrive_exact(const TransportUnderTest& t) {
   // Every buffer lives to the end (the harness caches registrations by address).
-  const std::vector<size_t> sizes = {0,           1,           4095,     4096,
-                                     512 * KiB - 1, 512 * KiB + 1, 4 * MiB, 64 * MiB};
+  const std::vector<size_t> sizes = {0,       1,       4095, 4096, 512 * KiB - 1, 512 * KiB + 1,
+                                     4 * MiB, 64 * MiB};
   constexpr size_t kTail = 4096;
   PairOptions o = quiet_pair(t);
   // Verbs: the GPU flush path (a 1-byte RDMA READ through the loopback QP) runs on these host
@@ -132,7 +133,8 @@ void sizes_arrive_exact(const TransportUnderTest& t) {
   CHECK(r.sender_status == 0);
   CHECK(r.receiver_status == 0);
 }
-SHARED_CASE("message sizes 0 B .. 64 MiB arrive intact with their exact size", "", sizes_arrive_exact)
+SHARED_CASE("message sizes 0 B .. 64 MiB arrive intact with their exact size", "",
+            sizes_arrive_exact)
 
 void larger_receive_buffer(const TransportUnderTest& t) {
   struct Case {
@@ -169,7 +171,8 @@ void larger_receive_buffer(const TransportUnderTest& t) {
   CHECK(r.sender_status == 0);
   CHECK(r.receiver_status == 0);
 }
-SHARED_CASE("a receive buffer larger than the send reports the send size", "", larger_receive_buffer)
+SHARED_CASE("a receive buffer larger than the send reports the send size", "",
+            larger_receive_buffer)
 
 void requests_in_flight(const TransportUnderTest& t) {
   struct Batch {
@@ -198,7 +201,8 @@ void requests_in_flight(const TransportUnderTest& t) {
             ncclResult_t res = wait_all(ep, reqs, kOpTimeoutMs, &sizes);
             EP_REQUIRE(res == ncclSuccess, 12, "%d sends of %zu: result %d", b.count, b.size, res);
             for (int i = 0; i < b.count; ++i)
-              EP_REQUIRE(sizes[i] == static_cast<int>(b.size), 11, "send %d reported %d", i, sizes[i]);
+              EP_REQUIRE(sizes[i] == static_cast<int>(b.size), 11, "send %d reported %d", i,
+                         sizes[i]);
             seed += b.count;
           }
         }
@@ -219,7 +223,8 @@ void requests_in_flight(const TransportUnderTest& t) {
             }
             std::vector<int> sizes;
             ncclResult_t res = wait_all(ep, reqs, kOpTimeoutMs, &sizes);
-            EP_REQUIRE(res == ncclSuccess, 12, "%d receives of %zu: result %d", b.count, b.size, res);
+            EP_REQUIRE(res == ncclSuccess, 12, "%d receives of %zu: result %d", b.count, b.size,
+                       res);
             for (int i = 0; i < b.count; ++i)
               if (int rc = check_received(bufs[i].get(), b.size, b.size, 0, sizes[i], seed + i))
                 return rc;
@@ -277,7 +282,8 @@ void many_connections(const TransportUnderTest& t) {
           EP_REQUIRE(res == ncclSuccess, 12, "round %d: result %d", round, res);
           for (int c = 0; c < n; ++c) {
             if (int rc = check_received(bufs[c].get(), kSize, kSize, 0, sizes[c], seed(c, round))) {
-              fprintf(stderr, "(connection %d on device %d, round %d)\n", c, ep.conns[c].dev, round);
+              fprintf(stderr, "(connection %d on device %d, round %d)\n", c, ep.conns[c].dev,
+                      round);
               return rc;
             }
           }
@@ -318,7 +324,8 @@ void perf_every_op(const TransportUnderTest& t) {
     std::vector<long long> want = {0, 16, 256, 4096, 65536, 1048576, 16777216};
     if (ag)
       for (auto& s : want) s = s / 12 * 12;
-    check_perf(t, std::string("--op ") + op + " --ranks 3 --channels 2 -b 0 -e 16M -f 16 --check", want);
+    check_perf(t, std::string("--op ") + op + " --ranks 3 --channels 2 -b 0 -e 16M -f 16 --check",
+               want);
   }
 }
 SHARED_CASE("r2ccl_perf: every op over 3 ranks and 2 channels, checked", "[perf]", perf_every_op)
@@ -327,7 +334,8 @@ void perf_every_api(const TransportUnderTest& t) {
   for (int v : {8, 9, 10, 11}) {
     INFO("net API v" << v);
     // --stats: the transport's own rails carried it.
-    check_perf(t, "--ranks 2 --check --net-api " + std::to_string(v) + " -b 8 -e 4M -f 8 -n 3 --stats",
+    check_perf(t,
+               "--ranks 2 --check --net-api " + std::to_string(v) + " -b 8 -e 4M -f 8 -n 3 --stats",
                {8, 64, 512, 4096, 32768, 262144, 2097152}, "rail " + t.rail0);
   }
 }
@@ -347,7 +355,9 @@ void primary_down_lossless(const TransportUnderTest& t) {
     StreamSpec s = short_stream();
     s.stall_ms = 30000;
     StreamRun r = run_stream(o, s);
-    INFO("attempt " << attempt << "\nsender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+    INFO("attempt " << attempt << "\nsender log:\n"
+                    << r.sender_log << "receiver log:\n"
+                    << r.receiver_log);
     REQUIRE(r.pair.sender_status == kStreamOk);
     REQUIRE(r.pair.receiver_status == kStreamOk);
     if (!t.down_evidence.empty()) CHECK(count_lines_containing(r.sender_log, t.down_evidence) >= 1);
@@ -388,7 +398,8 @@ void without_replay_fails(const TransportUnderTest& t) {
     conclusive = lost[0] >= 1;
     if (!conclusive) {
       WARN("attempt " << attempt << ": the fault found no chunk in flight; again\nsender log:\n"
-                      << r.sender_log << "receiver log:\n" << r.receiver_log);
+                      << r.sender_log << "receiver log:\n"
+                      << r.receiver_log);
       continue;
     }
     CHECK((r.pair.sender_status == kStreamStalled || r.pair.sender_status == kStreamTestFailed ||
@@ -413,14 +424,17 @@ void black_hole_lossless(const TransportUnderTest& t) {
     StreamSpec s = short_stream();
     s.stall_ms = 30000;
     StreamRun r = run_stream(o, s);
-    INFO("attempt " << attempt << "\nsender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+    INFO("attempt " << attempt << "\nsender log:\n"
+                    << r.sender_log << "receiver log:\n"
+                    << r.receiver_log);
     CHECK(r.pair.sender_status == kStreamOk);
     CHECK(r.pair.receiver_status == kStreamOk);
     // One end's watchdog or heartbeat rule found it (the link stays up).
     CHECK(count_lines_containing(r.sender_log + r.receiver_log,
                                  "path on rail " + t.rail0 + " failed (acknowledgement timeout") +
               count_lines_containing(r.sender_log + r.receiver_log,
-                                     "path on rail " + t.rail0 + " failed (heartbeat miss") >= 1);
+                                     "path on rail " + t.rail0 + " failed (heartbeat miss") >=
+          1);
     CHECK(count_lines_containing(r.sender_log, "switchover: rail " + t.rail0 + " failed") >= 1);
     CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
     std::vector<int> rec = replayed_counts(r.sender_log);
@@ -458,10 +472,12 @@ void all_rails_down(const TransportUnderTest& t) {
   CHECK(count_lines_containing(r.sender_log, "give-up:") >= 1);
   CHECK(secs < 12);  // failover timeout 1 s + the peer's own give-up + teardown
 }
-SHARED_CASE("every rail down: a bounded error, no hang, close returns", "[failover]", all_rails_down)
+SHARED_CASE("every rail down: a bounded error, no hang, close returns", "[failover]",
+            all_rails_down)
 
 void peer_killed(const TransportUnderTest& t) {
-  PairOptions o = t.pair({{"R2CCL_FAILOVER_TIMEOUT", "30s"}});  // the error must come from the death
+  PairOptions o =
+      t.pair({{"R2CCL_FAILOVER_TIMEOUT", "30s"}});  // the error must come from the death
   std::string slog = temp_path("sender.log");
   o.sender_env["R2CCL_LOG_FILE"] = slog;
   StreamSpec s = short_stream(30.0);

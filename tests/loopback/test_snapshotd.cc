@@ -76,8 +76,8 @@ bool wait_record(const std::string& board, int members, uint64_t after, int ms,
 TEST_CASE("snapshotd: membership, a killed node, a wrong token, a rejoin", "[snapshot]") {
   const std::string tag = "snapd" + std::to_string(getpid());
   const int base = 27000 + (getpid() % 2000) * 3;
-  const std::string peers = test::temp_path(tag + "-peers"), token = test::temp_path(tag + "-token"),
-                    bad = test::temp_path(tag + "-bad");
+  const std::string peers = test::temp_path(tag + "-peers"),
+                    token = test::temp_path(tag + "-token"), bad = test::temp_path(tag + "-bad");
   {
     std::ofstream p(peers);
     for (int i = 0; i < 3; ++i) p << i << " 127.0.0.1:" << base + i << "\n";
@@ -172,7 +172,8 @@ int run_daemon(const std::vector<std::string>& args, const std::string& peers,
     FILE* g = freopen("/dev/null", "w", stdout);
     (void)f;
     (void)g;
-    std::vector<std::string> a{"r2ccl_snapshotd", "--id", "0", "--peers", peers, "--token-file", token};
+    std::vector<std::string> a{"r2ccl_snapshotd", "--id", "0", "--peers", peers,
+                               "--token-file",    token};
     a.insert(a.end(), args.begin(), args.end());
     std::vector<char*> argv;
     for (auto& x : a) argv.push_back(const_cast<char*>(x.c_str()));
@@ -203,27 +204,27 @@ TEST_CASE("snapshotd: bad start-up settings are refused by name; a host name bin
                     sock = test::temp_path(tag + ".sock");
   std::ofstream(token) << "job\n";
   std::string log;
-  {
-    std::ofstream(peers) << "0 127.0.0.1:" << port << "\n";
-  }
-  CHECK(run_daemon({"--socket", sock, "--spill-dir", "/nonexistent-r2ccl/x"}, peers, token, 5000, &log) == 2);
+  { std::ofstream(peers) << "0 127.0.0.1:" << port << "\n"; }
+  CHECK(run_daemon({"--socket", sock, "--spill-dir", "/nonexistent-r2ccl/x"}, peers, token, 5000,
+                   &log) == 2);
   CHECK_THAT(log, Catch::Contains("--spill-dir /nonexistent-r2ccl/x: its parent directory"));
   CHECK(access("/nonexistent-r2ccl", F_OK) != 0);  // nothing created
-  CHECK(run_daemon({"--socket", sock, "--socket-group", "no-such-group-r2ccl"}, peers, token, 5000, &log) == 2);
+  CHECK(run_daemon({"--socket", sock, "--socket-group", "no-such-group-r2ccl"}, peers, token, 5000,
+                   &log) == 2);
   CHECK_THAT(log, Catch::Contains("--socket-group no-such-group-r2ccl: no such group"));
   CHECK(run_daemon({"--socket", ""}, peers, token, 5000, &log) == 2);
   CHECK_THAT(log, Catch::Contains("--socket is empty"));
   CHECK(run_daemon({"--socket", sock}, test::temp_path(tag + "-missing"), token, 5000, &log) == 2);
   CHECK_THAT(log, Catch::Contains("--peers"));
   CHECK_THAT(log, Catch::Contains("No such file or directory"));
-  CHECK(run_daemon({"--socket", sock, "--metrics", "203.0.113.1:9"}, peers, token, 5000, &log) == 1);
+  CHECK(run_daemon({"--socket", sock, "--metrics", "203.0.113.1:9"}, peers, token, 5000, &log) ==
+        1);
   CHECK(access(sock.c_str(), F_OK) != 0);  // a failed start leaves no socket behind
   // A name in this node's own line: it listens on that name's address, not on every interface.
-  {
-    std::ofstream(peers) << "0 localhost:" << port << "\n";
-  }
+  { std::ofstream(peers) << "0 localhost:" << port << "\n"; }
   CHECK(run_daemon({"--socket", sock}, peers, token, 1500, &log) == -1);  // ran until stopped
-  CHECK_THAT(log, Catch::Contains("listening on 127.0.0.1 port") || Catch::Contains("listening on ::1 port"));
+  CHECK_THAT(log, Catch::Contains("listening on 127.0.0.1 port") ||
+                      Catch::Contains("listening on ::1 port"));
   // Every line is common's facade, stamped: "[SEC.USEC] SNAPSHOT/R2CCL LEVEL message".
   {
     std::istringstream lines(log);
@@ -238,9 +239,9 @@ TEST_CASE("snapshotd: bad start-up settings are refused by name; a host name bin
     CHECK(n >= 1);
     CHECK_THAT(log, Catch::Contains("SNAPSHOT/R2CCL INFO node 0 of 1 listening on "));
   }
-  {
-    std::ofstream(peers) << "0 no-such-host.invalid:" << port << "\n";
-  }
+  { std::ofstream(peers) << "0 no-such-host.invalid:" << port << "\n"; }
   CHECK(run_daemon({"--socket", sock}, peers, token, 10000, &log) == 1);
-  CHECK_THAT(log, Catch::Contains("SNAPSHOT/R2CCL WARN cannot resolve this node's host 'no-such-host.invalid'"));
+  CHECK_THAT(log,
+             Catch::Contains(
+                 "SNAPSHOT/R2CCL WARN cannot resolve this node's host 'no-such-host.invalid'"));
 }

@@ -16,11 +16,11 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
 #include <cstring>
-#include <algorithm>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -72,8 +72,9 @@ struct Cluster {
     for (auto& b : boards) board::remove_board(b);
   }
   void start(int i, const std::string& env = "") {
-    ::unlink(sockets[i].c_str());  // a killed daemon's socket file: wait_socket waits for the new one
-    fflush(stdout);  // the child's freopen would write the parent's buffered output again
+    ::unlink(
+        sockets[i].c_str());  // a killed daemon's socket file: wait_socket waits for the new one
+    fflush(stdout);           // the child's freopen would write the parent's buffered output again
     fflush(stderr);
     const pid_t pid = fork();
     if (pid == 0) {
@@ -82,9 +83,19 @@ struct Cluster {
       (void)f;
       (void)g;
       if (!env.empty()) putenv(const_cast<char*>(env.c_str()));
-      std::vector<std::string> a{"r2ccl_snapshotd", "--id", std::to_string(i), "--peers", peers,
-                                 "--token-file", token, "--board", boards[i], "--period-ms", "100",
-                                 "--socket", sockets[i]};
+      std::vector<std::string> a{"r2ccl_snapshotd",
+                                 "--id",
+                                 std::to_string(i),
+                                 "--peers",
+                                 peers,
+                                 "--token-file",
+                                 token,
+                                 "--board",
+                                 boards[i],
+                                 "--period-ms",
+                                 "100",
+                                 "--socket",
+                                 sockets[i]};
       if (!spills[i].empty()) a.insert(a.end(), {"--spill-dir", spills[i]});
       if (!topology.empty()) a.insert(a.end(), {"--topology", topology});
       a.insert(a.end(), extra.begin(), extra.end());
@@ -121,7 +132,8 @@ struct Cluster {
   }
   std::string all_logs() const {
     std::string s;
-    for (int i = 0; i < n; ++i) s += "--- node " + std::to_string(i) + "\n" + test::read_file(logs[i]);
+    for (int i = 0; i < n; ++i)
+      s += "--- node " + std::to_string(i) + "\n" + test::read_file(logs[i]);
     return s;
   }
 };
@@ -147,7 +159,8 @@ struct Rank {
   }
   void fill(uint64_t step) {
     for (size_t i = 0; i < weights.size(); ++i) weights[i] = weight(rank, step, i);
-    for (size_t i = 0; i < state.size(); ++i) state[i] = static_cast<uint8_t>(rank * 31 + step * 7 + i);
+    for (size_t i = 0; i < state.size(); ++i)
+      state[i] = static_cast<uint8_t>(rank * 31 + step * 7 + i);
   }
   bool holds(uint64_t step) const {
     for (size_t i = 0; i < weights.size(); ++i)
@@ -190,9 +203,10 @@ bool wait_state(r2ccl_snap_t* h, int ms, Pred pred, r2ccl_snap_state_t* out) {
 
 bool complete_at_least(r2ccl_snap_t* h, uint64_t step, int ms = 10000) {
   r2ccl_snap_state_t s;
-  return wait_state(h, ms, [&](const r2ccl_snap_state_t& x) {
-    return x.has_complete_step && x.complete_step >= step;
-  }, &s);
+  return wait_state(
+      h, ms,
+      [&](const r2ccl_snap_state_t& x) { return x.has_complete_step && x.complete_step >= step; },
+      &s);
 }
 
 // GET /metrics from the daemon whose log says "Prometheus metrics on ... (port N)".
@@ -286,7 +300,8 @@ TEST_CASE("snapshot cluster: a node lost mid-replication; survivors restore N-1,
     INFO(page);
     CHECK(page.rfind("HTTP/1.0 200", 0) == 0);
     CHECK(metric(page, "r2ccl_snapshot_takes_total") == kN - 1);
-    CHECK(metric(page, "r2ccl_snapshot_shards_sent_total") >= 3 * 3 * (kN - 1));  // 3 replicas, 3 buffers
+    CHECK(metric(page, "r2ccl_snapshot_shards_sent_total") >=
+          3 * 3 * (kN - 1));  // 3 replicas, 3 buffers
     CHECK(metric(page, "r2ccl_snapshot_shards_received_total") >= 3 * 3 * (kN - 1));
     CHECK(metric(page, "r2ccl_snapshot_newest_complete_step") >= kN - 1);
     CHECK(metric(page, "r2ccl_snapshot_live_nodes") == 4);
@@ -301,9 +316,12 @@ TEST_CASE("snapshot cluster: a node lost mid-replication; survivors restore N-1,
   {
     INFO(c.all_logs());
     for (int r = 0; r < 3; ++r)
-      REQUIRE(wait_state(ranks[r]->h, 10000, [](const r2ccl_snap_state_t& x) {
-        return x.member_count == 3 && (x.members[0] & 8u) == 0;
-      }, &st));
+      REQUIRE(wait_state(
+          ranks[r]->h, 10000,
+          [](const r2ccl_snap_state_t& x) {
+            return x.member_count == 3 && (x.members[0] & 8u) == 0;
+          },
+          &st));
   }
   int status = 0;
   REQUIRE(waitpid(c.pids[3], &status, 0) == c.pids[3]);
@@ -399,7 +417,8 @@ TEST_CASE("snapshot cluster: spill beyond the memory limit, a corrupt replica, a
   c.stop(3, SIGKILL);
   ranks[3]->close();
   r2ccl_snap_state_t st;
-  REQUIRE(wait_state(ranks[0]->h, 10000, [](const r2ccl_snap_state_t& x) { return x.member_count == 3; }, &st));
+  REQUIRE(wait_state(
+      ranks[0]->h, 10000, [](const r2ccl_snap_state_t& x) { return x.member_count == 3; }, &st));
   // Corrupt the copies on nodes 0 and 1 (a payload byte: the header stays valid).
   flip_byte(f0, static_cast<long>(sb.st_size / 2));
   flip_byte(f1, static_cast<long>(sb.st_size / 2));
@@ -419,7 +438,8 @@ TEST_CASE("snapshot cluster: spill beyond the memory limit, a corrupt replica, a
     const std::string log3 = test::read_file(c.logs[3]);
     CHECK(log3.find("node 0 answered corrupt (checksum)") != std::string::npos);
     CHECK(log3.find("node 1 answered corrupt (checksum)") != std::string::npos);
-    CHECK(test::read_file(c.logs[0]).find("cannot serve rank 3 step 1 buffer 0: corrupt") != std::string::npos);
+    CHECK(test::read_file(c.logs[0]).find("cannot serve rank 3 step 1 buffer 0: corrupt") !=
+          std::string::npos);
   }
   // Node 2 restarts (clean stop: what was in memory spills); rank 3, now on node 2's daemon,
   // restores from what node 2 serves from its spill directory (0's and 1's copies are bad).
@@ -495,6 +515,7 @@ TEST_CASE("snapshot cluster: a minority partition does not act", "[snapshot]") {
     }
   }
   CHECK(log0.find("not acting as coordinator (2 of 5 live)") != std::string::npos);
-  CHECK(log2.find("coordinator: lowest live id with a majority (3 of 5 live)") != std::string::npos);
+  CHECK(log2.find("coordinator: lowest live id with a majority (3 of 5 live)") !=
+        std::string::npos);
   c.check_clean();
 }

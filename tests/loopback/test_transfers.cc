@@ -23,14 +23,14 @@ constexpr uint8_t kCanary = 0xA5;
 
 // Endpoint-side checks: print what failed (stderr ends up in the ctest log) and fail the
 // process with a distinct exit code.
-#define EP_REQUIRE(cond, code, ...)                                       \
-  do {                                                                    \
-    if (!(cond)) {                                                        \
+#define EP_REQUIRE(cond, code, ...)                                             \
+  do {                                                                          \
+    if (!(cond)) {                                                              \
       fprintf(stderr, "[%s:%d] check failed: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                       \
-      fprintf(stderr, "\n");                                              \
-      return code;                                                        \
-    }                                                                     \
+      fprintf(stderr, __VA_ARGS__);                                             \
+      fprintf(stderr, "\n");                                                    \
+      return code;                                                              \
+    }                                                                           \
   } while (0)
 
 PairOptions two_rails() {
@@ -51,11 +51,12 @@ int check_received(const char* buf, size_t sent, size_t cap, size_t tail, int re
   EP_REQUIRE(reported >= 0 && static_cast<size_t>(reported) == sent, 20,
              "reported size %d, sent %zu (capacity %zu)", reported, sent, cap);
   long long bad = check_pattern(buf, sent, seed);
-  EP_REQUIRE(bad < 0, 21, "message of %zu bytes (seed %llu): first wrong byte at offset %lld",
-             sent, static_cast<unsigned long long>(seed), bad);
+  EP_REQUIRE(bad < 0, 21, "message of %zu bytes (seed %llu): first wrong byte at offset %lld", sent,
+             static_cast<unsigned long long>(seed), bad);
   for (size_t i = sent; i < cap + tail; ++i)
     EP_REQUIRE(static_cast<uint8_t>(buf[i]) == kCanary, 22,
-               "message of %zu bytes into %zu: byte %zu past the end was overwritten", sent, cap, i);
+               "message of %zu bytes into %zu: byte %zu past the end was overwritten", sent, cap,
+               i);
   return 0;
 }
 
@@ -112,4 +113,3 @@ void check_perf(const std::string& args, const std::vector<long long>& want_size
 TEST_CASE("r2ccl_perf: 4 ranks, 2 channels, checked AllReduce", "[loopback][perf]") {
   check_perf("--ranks 4 --channels 2 -b 1K -e 16M -f 16 --check", {1024, 16384, 262144, 4194304});
 }
-

@@ -15,7 +15,7 @@
 
 namespace r2ccl::test {
 
-struct NicRates {          // per second
+struct NicRates {            // per second
   double utilisation = 0.5;  // of the link speed, both directions
   double crc = 0;            // rx CRC errors
   double rx_err = 0;         // rx errors

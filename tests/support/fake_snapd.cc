@@ -309,9 +309,7 @@ void FakeSnapd::conn_main(std::shared_ptr<Conn> c) {
         c->send(ClientMsg::kKvValue, reply.get(), sizeof(KvBody));
         break;
       }
-      default:
-        c->close_now();
-        break;
+      default: c->close_now(); break;
     }
     if (c->closed) break;
   }

@@ -89,7 +89,7 @@ struct PairOptions {
 };
 
 struct PairResult {
-  int sender_status = -1;    // exit code, or 128+signal
+  int sender_status = -1;  // exit code, or 128+signal
   int receiver_status = -1;
   double seconds = 0;
 };
@@ -101,7 +101,7 @@ PairResult run_pair(const PairOptions& o, const EndpointFn& sender, const Endpoi
 // with its stdout and stderr captured, killed after timeout_s. For tests that load the plugin
 // themselves (init failures, properties, symbols) and must assert on what it printed.
 struct ChildResult {
-  int status = -1;  // exit code, or 128+signal
+  int status = -1;     // exit code, or 128+signal
   std::string output;  // stdout and stderr, interleaved
   double seconds = 0;
 };

@@ -45,15 +45,13 @@ constexpr int kMaxRequests = NCCL_NET_MAX_REQUESTS;
 constexpr size_t kMaxMsg = 1ull << 30;
 
 ncclDebugLogger_t g_log = nullptr;
-#define PT_WARN(...)                                                                   \
-  do {                                                                                 \
-    if (g_log)                                                                         \
-      g_log(NCCL_LOG_WARN, NCCL_NET, __FILE__, __LINE__, "NET/PlainTCP " __VA_ARGS__); \
+#define PT_WARN(...)                                                                            \
+  do {                                                                                          \
+    if (g_log) g_log(NCCL_LOG_WARN, NCCL_NET, __FILE__, __LINE__, "NET/PlainTCP " __VA_ARGS__); \
   } while (0)
-#define PT_INFO(...)                                                                   \
-  do {                                                                                 \
-    if (g_log)                                                                         \
-      g_log(NCCL_LOG_INFO, NCCL_NET, __func__, __LINE__, "NET/PlainTCP " __VA_ARGS__); \
+#define PT_INFO(...)                                                                            \
+  do {                                                                                          \
+    if (g_log) g_log(NCCL_LOG_INFO, NCCL_NET, __func__, __LINE__, "NET/PlainTCP " __VA_ARGS__); \
   } while (0)
 
 struct Handle {
@@ -94,15 +92,12 @@ std::atomic<long> g_isends{0};
 long g_null_every = 0;  // PLAINTCP_NULL_EVERY, read at init
 std::atomic<long> g_posts{0};
 
-bool fake_busy() {
-  return g_null_every > 0 && ++g_posts % g_null_every == 0;
-}
+bool fake_busy() { return g_null_every > 0 && ++g_posts % g_null_every == 0; }
 int g_mr_token;  // regMr hands out its address: nothing needs registering
 
 ncclResult_t set_nonblock(int fd) {
   int fl = fcntl(fd, F_GETFL);
-  if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0)
-    return ncclSystemError;
+  if (fl < 0 || fcntl(fd, F_SETFL, fl | O_NONBLOCK) < 0) return ncclSystemError;
   return ncclSuccess;
 }
 
@@ -126,8 +121,7 @@ ncclResult_t fail(Comm* c, ncclResult_t r, const char* what, int e) {
 
 // Moves bytes for the requests at the head of the queue until the socket would block.
 ncclResult_t progress(Comm* c) {
-  if (c->err != ncclSuccess)
-    return c->err;
+  if (c->err != ncclSuccess) return c->err;
   while (!c->queue.empty()) {
     Request* r = c->queue.front();
     while (r->off < 8 + r->size) {
@@ -137,16 +131,13 @@ ncclResult_t progress(Comm* c) {
       ssize_t n = c->is_send ? send(c->fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT)
                              : recv(c->fd, p, len, MSG_DONTWAIT);
       if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK)
-          return ncclSuccess;
-        if (errno == EINTR)
-          continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return ncclSuccess;
+        if (errno == EINTR) continue;
         int e = errno;
         bool remote = e == ECONNRESET || e == EPIPE;
         return fail(c, remote ? ncclRemoteError : ncclSystemError, c->is_send ? "send" : "recv", e);
       }
-      if (n == 0)
-        return fail(c, ncclRemoteError, "recv", 0);
+      if (n == 0) return fail(c, ncclRemoteError, "recv", 0);
       r->off += static_cast<size_t>(n);
       if (!c->is_send && r->off == 8) {
         uint64_t sz = 0;
@@ -185,14 +176,11 @@ Request* get_request(Comm* c) {
 // ---- version-neutral implementation ----
 
 ncclResult_t pt_init(ncclDebugLogger_t log) {
-  if (log)
-    g_log = log;
+  if (log) g_log = log;
   const char* fail = getenv("PLAINTCP_FAIL_SEND_AFTER");
-  if (fail)
-    g_fail_send_after = strtol(fail, nullptr, 10);
+  if (fail) g_fail_send_after = strtol(fail, nullptr, 10);
   const char* busy = getenv("PLAINTCP_NULL_EVERY");
-  if (busy)
-    g_null_every = strtol(busy, nullptr, 10);
+  if (busy) g_null_every = strtol(busy, nullptr, 10);
   PT_INFO("PlainTCP baseline plugin, 1 device (lo 127.0.0.1)");
   return ncclSuccess;
 }
@@ -229,11 +217,9 @@ void fill_v9(P* p) {
 }
 
 ncclResult_t pt_listen(int dev, void* handle, void** listenComm) {
-  if (dev != 0)
-    return ncclInvalidArgument;
+  if (dev != 0) return ncclInvalidArgument;
   int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0)
-    return ncclSystemError;
+  if (fd < 0) return ncclSystemError;
   sockaddr_in a{};
   a.sin_family = AF_INET;
   a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
@@ -257,12 +243,10 @@ ncclResult_t pt_listen(int dev, void* handle, void** listenComm) {
 ncclResult_t pt_connect(int dev, void* handle, void** sendComm) {
   *sendComm = nullptr;
   Handle* h = static_cast<Handle*>(handle);
-  if (dev != 0 || h->magic != kMagic)
-    return ncclInvalidArgument;
+  if (dev != 0 || h->magic != kMagic) return ncclInvalidArgument;
   if (h->stage == 0) {
     int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
-    if (fd < 0)
-      return ncclSystemError;
+    if (fd < 0) return ncclSystemError;
     if (connect(fd, reinterpret_cast<sockaddr*>(&h->addr), sizeof(h->addr)) < 0 &&
         errno != EINPROGRESS) {
       PT_WARN("connect: %s", strerror(errno));
@@ -274,8 +258,7 @@ ncclResult_t pt_connect(int dev, void* handle, void** sendComm) {
     return ncclSuccess;  // NULL comm: call again
   }
   pollfd p{h->fd, POLLOUT, 0};
-  if (poll(&p, 1, 0) <= 0)
-    return ncclSuccess;
+  if (poll(&p, 1, 0) <= 0) return ncclSuccess;
   int err = 0;
   socklen_t len = sizeof(err);
   getsockopt(h->fd, SOL_SOCKET, SO_ERROR, &err, &len);
@@ -297,8 +280,7 @@ ncclResult_t pt_accept(void* listenComm, void** recvComm) {
   int fd = accept4(static_cast<ListenComm*>(listenComm)->fd, nullptr, nullptr,
                    SOCK_NONBLOCK | SOCK_CLOEXEC);
   if (fd < 0) {
-    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)
-      return ncclSuccess;
+    if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return ncclSuccess;
     PT_WARN("accept: %s", strerror(errno));
     return ncclSystemError;
   }
@@ -307,8 +289,7 @@ ncclResult_t pt_accept(void* listenComm, void** recvComm) {
 }
 
 ncclResult_t pt_regMr(void* comm, void*, size_t, int type, void** mhandle) {
-  if (!comm || type != NCCL_PTR_HOST)
-    return ncclInternalError;
+  if (!comm || type != NCCL_PTR_HOST) return ncclInternalError;
   *mhandle = &g_mr_token;
   return ncclSuccess;
 }
@@ -322,20 +303,16 @@ ncclResult_t pt_deregMr(void*, void* mhandle) {
 ncclResult_t pt_isend(void* sendComm, void* data, size_t size, void** request) {
   Comm* c = static_cast<Comm*>(sendComm);
   *request = nullptr;
-  if (size > kMaxMsg)
-    return ncclInternalError;
+  if (size > kMaxMsg) return ncclInternalError;
   if (g_fail_send_after >= 0 && g_isends++ >= g_fail_send_after) {
     PT_WARN("isend fails on purpose (PLAINTCP_FAIL_SEND_AFTER=%ld)", g_fail_send_after);
     return ncclSystemError;
   }
-  if (fake_busy())
-    return ncclSuccess;
+  if (fake_busy()) return ncclSuccess;
   std::lock_guard<std::mutex> lk(c->mu);
-  if (c->err != ncclSuccess)
-    return c->err;
+  if (c->err != ncclSuccess) return c->err;
   Request* r = get_request(c);
-  if (!r)
-    return ncclSuccess;  // pool full: call again
+  if (!r) return ncclSuccess;  // pool full: call again
   r->data = static_cast<char*>(data);
   r->size = size;
   for (int i = 0; i < 8; i++) r->hdr[i] = static_cast<unsigned char>(size >> (8 * i));
@@ -347,16 +324,12 @@ ncclResult_t pt_isend(void* sendComm, void* data, size_t size, void** request) {
 ncclResult_t pt_irecv(void* recvComm, int n, void** data, size_t size, void** request) {
   Comm* c = static_cast<Comm*>(recvComm);
   *request = nullptr;  // overwrites NCCL_NET_OPTIONAL_RECV_COMPLETION too
-  if (n != 1)
-    return ncclInternalError;
-  if (fake_busy())
-    return ncclSuccess;
+  if (n != 1) return ncclInternalError;
+  if (fake_busy()) return ncclSuccess;
   std::lock_guard<std::mutex> lk(c->mu);
-  if (c->err != ncclSuccess)
-    return c->err;
+  if (c->err != ncclSuccess) return c->err;
   Request* r = get_request(c);
-  if (!r)
-    return ncclSuccess;
+  if (!r) return ncclSuccess;
   r->data = static_cast<char*>(data[0]);
   r->size = size;
   c->queue.push_back(r);
@@ -374,15 +347,12 @@ ncclResult_t pt_test(void* request, int* done, int* sizes) {
   Comm* c = r->comm;
   std::lock_guard<std::mutex> lk(c->mu);
   *done = 0;
-  if (!r->used)
-    return ncclInternalError;
+  if (!r->used) return ncclInternalError;
   ncclResult_t res = progress(c);
-  if (res != ncclSuccess)
-    return res;
+  if (res != ncclSuccess) return res;
   if (r->done) {
     *done = 1;
-    if (sizes)
-      sizes[0] = static_cast<int>(r->size);
+    if (sizes) sizes[0] = static_cast<int>(r->size);
     r->used = false;
   }
   return ncclSuccess;
@@ -390,16 +360,14 @@ ncclResult_t pt_test(void* request, int* done, int* sizes) {
 
 ncclResult_t pt_close(void* comm) {
   Comm* c = static_cast<Comm*>(comm);
-  if (!c)
-    return ncclSuccess;
+  if (!c) return ncclSuccess;
   close(c->fd);
   delete c;
   return ncclSuccess;
 }
 ncclResult_t pt_closeListen(void* listenComm) {
   ListenComm* l = static_cast<ListenComm*>(listenComm);
-  if (!l)
-    return ncclSuccess;
+  if (!l) return ncclSuccess;
   close(l->fd);
   delete l;
   return ncclSuccess;
@@ -408,20 +376,17 @@ ncclResult_t pt_closeListen(void* listenComm) {
 // ---- per-version entry points ----
 
 ncclResult_t v8_getProperties(int dev, ncclNetProperties_v8_t* p) {
-  if (dev != 0)
-    return ncclInvalidArgument;
+  if (dev != 0) return ncclInvalidArgument;
   fill_common(p);
   return ncclSuccess;
 }
 ncclResult_t v9_getProperties(int dev, ncclNetProperties_v9_t* p) {
-  if (dev != 0)
-    return ncclInvalidArgument;
+  if (dev != 0) return ncclInvalidArgument;
   fill_v9(p);
   return ncclSuccess;
 }
 ncclResult_t v11_getProperties(int dev, ncclNetProperties_v11_t* p) {
-  if (dev != 0)
-    return ncclInvalidArgument;
+  if (dev != 0) return ncclInvalidArgument;
   fill_v9(p);
   p->maxMultiRequestSize = 1;
   return ncclSuccess;
@@ -446,8 +411,7 @@ ncclResult_t v11_listen(void*, int dev, void* handle, void** listenComm) {
 }
 
 ncclResult_t v8_isend(void* c, void* data, int size, int, void*, void** req) {
-  if (size < 0)
-    return ncclInternalError;
+  if (size < 0) return ncclInternalError;
   return pt_isend(c, data, static_cast<size_t>(size), req);
 }
 ncclResult_t v9_isend(void* c, void* data, size_t size, int, void*, void** req) {
@@ -457,25 +421,20 @@ ncclResult_t v10_isend(void* c, void* data, size_t size, int, void*, void*, void
   return pt_isend(c, data, size, req);
 }
 ncclResult_t v8_irecv(void* c, int n, void** data, int* sizes, int*, void**, void** req) {
-  if (n != 1 || sizes[0] < 0)
-    return ncclInternalError;
+  if (n != 1 || sizes[0] < 0) return ncclInternalError;
   return pt_irecv(c, n, data, static_cast<size_t>(sizes[0]), req);
 }
 ncclResult_t v9_irecv(void* c, int n, void** data, size_t* sizes, int*, void**, void** req) {
-  if (n != 1)
-    return ncclInternalError;
+  if (n != 1) return ncclInternalError;
   return pt_irecv(c, n, data, sizes[0], req);
 }
 ncclResult_t v10_irecv(void* c, int n, void** data, size_t* sizes, int*, void**, void**,
                        void** req) {
-  if (n != 1)
-    return ncclInternalError;
+  if (n != 1) return ncclInternalError;
   return pt_irecv(c, n, data, sizes[0], req);
 }
 
-ncclResult_t v10_init(ncclDebugLogger_t log, ncclProfilerCallback_t) {
-  return pt_init(log);
-}
+ncclResult_t v10_init(ncclDebugLogger_t log, ncclProfilerCallback_t) { return pt_init(log); }
 
 int g_ctx_token;
 ncclResult_t v11_init(void** ctx, uint64_t, ncclNetCommConfig_v11_t*, ncclDebugLogger_t log,
@@ -483,9 +442,7 @@ ncclResult_t v11_init(void** ctx, uint64_t, ncclNetCommConfig_v11_t*, ncclDebugL
   *ctx = &g_ctx_token;
   return pt_init(log);
 }
-ncclResult_t v11_finalize(void*) {
-  return ncclSuccess;
-}
+ncclResult_t v11_finalize(void*) { return ncclSuccess; }
 
 size_t pt_getStats(char* buf, size_t len) {
   uint64_t m = g_msgs_sent.load(), b = g_bytes_sent.load();

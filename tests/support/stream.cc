@@ -49,12 +49,14 @@ int stream_send(Endpoint& ep, const StreamSpec& s) {
         ended = true;
       } else {
         // (message k - kDepth, the slot's previous user, has completed: it was the oldest)
-        if (s.pattern_per_message) fill_pattern(bufs[k % kDepth].get(), kMsg, static_cast<uint64_t>(k));
+        if (s.pattern_per_message)
+          fill_pattern(bufs[k % kDepth].get(), kMsg, static_cast<uint64_t>(k));
         res = ep.post_send(bufs[k % kDepth].get(), kMsg, &req, stall_ms);
         ++k;
       }
       if (res != ncclSuccess) {
-        fprintf(stderr, "sender: isend of message %lld: result %d\n", static_cast<long long>(k), res);
+        fprintf(stderr, "sender: isend of message %lld: result %d\n", static_cast<long long>(k),
+                res);
         return res == ncclInProgress ? kStreamStalled : kStreamPostFailed;
       }
       inflight.push_back(req);
@@ -69,8 +71,8 @@ int stream_send(Endpoint& ep, const StreamSpec& s) {
     }
     inflight.erase(inflight.begin());
   }
-  fprintf(stderr, "sender: %lld messages of %zu bytes in %.2f s\n", static_cast<long long>(k),
-          kMsg, mono_s() - t0);
+  fprintf(stderr, "sender: %lld messages of %zu bytes in %.2f s\n", static_cast<long long>(k), kMsg,
+          mono_s() - t0);
   return kStreamOk;
 }
 
@@ -102,7 +104,8 @@ int stream_recv(Endpoint& ep, const StreamSpec& s) {
     int size = -1;
     ncclResult_t res = ep.wait(reqs[slot], stall_ms, &size);
     if (res != ncclSuccess) {
-      fprintf(stderr, "receiver: waiting for message %lld: result %d\n", static_cast<long long>(k), res);
+      fprintf(stderr, "receiver: waiting for message %lld: result %d\n", static_cast<long long>(k),
+              res);
       return result_code(res);
     }
     if (size == static_cast<int>(sizeof(int64_t))) {  // end of stream
@@ -132,7 +135,8 @@ int stream_recv(Endpoint& ep, const StreamSpec& s) {
   }
   fprintf(stderr, "receiver: %lld messages intact\n", static_cast<long long>(k));
   if (k < s.min_messages) {
-    fprintf(stderr, "receiver: only %lld messages before the end marker\n", static_cast<long long>(k));
+    fprintf(stderr, "receiver: only %lld messages before the end marker\n",
+            static_cast<long long>(k));
     return kStreamBadData;
   }
   return kStreamOk;
@@ -191,8 +195,9 @@ std::vector<int> to_replay_counts(const std::string& log) {
 
 std::vector<int> replayed_counts(const std::string& log) {
   std::vector<int> out;
-  for (double v : log_numbers(log, "Successfully recovered in [0-9.]+ s \\(rail [^ ]+: .*, detected "
-                                   "after [0-9]+ ms, ([0-9]+) chunks replayed\\)"))
+  for (double v : log_numbers(log,
+                              "Successfully recovered in [0-9.]+ s \\(rail [^ ]+: .*, detected "
+                              "after [0-9]+ ms, ([0-9]+) chunks replayed\\)"))
     out.push_back(static_cast<int>(v));
   return out;
 }

@@ -2,7 +2,8 @@
 // tests of every transport: the sender keeps `depth` messages in flight until at least
 // `min_messages` were sent and `min_seconds` passed, then sends an 8-byte end marker holding
 // the message count; the receiver checks every message's size and bytes (message k carries
-// pattern k % depth, or k with pattern_per_message) and the count. Every wait is bounded by `stall_ms`.
+// pattern k % depth, or k with pattern_per_message) and the count. Every wait is bounded by
+// `stall_ms`.
 #pragma once
 
 #include <map>
@@ -22,7 +23,7 @@ constexpr int kStreamBadData = 13;     // wrong size or wrong bytes
 
 struct StreamSpec {
   size_t msg = 4 * 1024 * 1024;
-  int depth = 8;           // NCCL keeps up to 8 per connection
+  int depth = 8;  // NCCL keeps up to 8 per connection
   int min_messages = 64;
   double min_seconds = 1.5;
   int stall_ms = 30000;
@@ -39,7 +40,7 @@ int stream_recv(Endpoint& ep, const StreamSpec& s);
 
 struct StreamRun {
   PairResult pair;
-  std::string sender_log;    // the plugin's event lines (R2CCL_LOG_FILE) until the stream ended
+  std::string sender_log;  // the plugin's event lines (R2CCL_LOG_FILE) until the stream ended
   std::string receiver_log;
 };
 

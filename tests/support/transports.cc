@@ -67,9 +67,12 @@ PairOptions TransportUnderTest::pair(const std::map<std::string, std::string>& e
 
 std::map<std::string, std::string> TransportUnderTest::perf_env() const {
   if (name == "tcp") return {{"R2CCL_TRANSPORT", "tcp"}, {"R2CCL_SOCKET_IFNAME", kTwoLoRails}};
-  return {{"R2CCL_TRANSPORT", "ib"},           {"R2CCL_IBVERBS_LIB", fake_verbs_lib()},
-          {"R2CCL_SOCKET_IFNAME", "lo"},       {"FAKEVERBS_DIR", fresh_fake_dir()},
-          {"FAKEVERBS_DEVICES", kFakeSenderHcas}, {"R2CCL_LOG_FILE", "none"}};
+  return {{"R2CCL_TRANSPORT", "ib"},
+          {"R2CCL_IBVERBS_LIB", fake_verbs_lib()},
+          {"R2CCL_SOCKET_IFNAME", "lo"},
+          {"FAKEVERBS_DIR", fresh_fake_dir()},
+          {"FAKEVERBS_DEVICES", kFakeSenderHcas},
+          {"R2CCL_LOG_FILE", "none"}};
 }
 
 void TransportUnderTest::primary_down(PairOptions* o) const {
@@ -97,8 +100,10 @@ void TransportUnderTest::far_primary_lost(PairOptions* o) const {
   // their acknowledgements are lost; a receiver-side black hole also swallows its CTS, so the
   // sender may have nothing in flight). Verbs: the receiver's port dies, so writes in flight
   // towards it are lost.
-  if (name == "tcp") o->env["R2CCL_FAULT_INJECT"] = "rank=1,rail=0,at=150,kind=reset";
-  else o->receiver_env["FAKEVERBS_FAULTS"] = "port_down,dev=mlx5_0,after_ms=400";
+  if (name == "tcp")
+    o->env["R2CCL_FAULT_INJECT"] = "rank=1,rail=0,at=150,kind=reset";
+  else
+    o->receiver_env["FAKEVERBS_FAULTS"] = "port_down,dev=mlx5_0,after_ms=400";
 }
 
 void TransportUnderTest::primary_blackhole(PairOptions* o) const {
@@ -115,7 +120,8 @@ void TransportUnderTest::primary_blackhole(PairOptions* o) const {
 
 void TransportUnderTest::all_down(PairOptions* o) const {
   if (name == "tcp") {
-    o->env["R2CCL_FAULT_INJECT"] = "rank=-1,rail=0,at=150,kind=reset;rank=-1,rail=1,at=150,kind=reset";
+    o->env["R2CCL_FAULT_INJECT"] =
+        "rank=-1,rail=0,at=150,kind=reset;rank=-1,rail=1,at=150,kind=reset";
   } else {
     o->sender_env["FAKEVERBS_FAULTS"] =
         "port_down,dev=mlx5_0,after_bytes=33554432;port_down,dev=mlx5_1,after_bytes=33554432";

@@ -17,8 +17,8 @@
 namespace r2ccl::test {
 
 struct TransportUnderTest {
-  std::string name;       // "tcp" or "ib"
-  std::string rail0;      // rail of device 0 in event lines: "lo@127.0.0.1", "mlx5_0:1"
+  std::string name;   // "tcp" or "ib"
+  std::string rail0;  // rail of device 0 in event lines: "lo@127.0.0.1", "mlx5_0:1"
   // TCP: the receiver acknowledges chunks (ACK messages); verbs: the sender's RC completion
   // is the acknowledgement, and the receiver's landed state only matters after a failure.
   bool receiver_acks = true;

@@ -74,12 +74,12 @@ struct Item {
 struct MemWire {
   TimeUs latency = 200;
   bool nic_places = false;
-  bool cut[kMaxPathsPerConn] = {};       // black hole: everything posted on it is lost
-  bool refuse[kMaxPathsPerConn] = {};    // reconnects are refused (nothing listens)
-  std::deque<Item> to[2];                // to[side]: in flight towards that side
+  bool cut[kMaxPathsPerConn] = {};     // black hole: everything posted on it is lost
+  bool refuse[kMaxPathsPerConn] = {};  // reconnects are refused (nothing listens)
+  std::deque<Item> to[2];              // to[side]: in flight towards that side
   MemIo* end[2] = {nullptr, nullptr};
   int chunks_posted[kMaxPathsPerConn] = {};
-  int fail_acks_dropped = 0;             // FAIL_ACKs still to drop (tests of re-sent notices)
+  int fail_acks_dropped = 0;  // FAIL_ACKs still to drop (tests of re-sent notices)
 };
 
 class MemIo final : public PathIo {
@@ -87,7 +87,8 @@ class MemIo final : public PathIo {
   MemIo(MemWire* w, int side, int npaths) : w_(w), side_(side) {
     conn_id_ = 0x1234;
     chunk_size_ = 64 * 1024;
-    for (int i = 0; i < npaths; ++i) paths_desc_.push_back(PathDesc{i, "mem" + std::to_string(i), true, 0});
+    for (int i = 0; i < npaths; ++i)
+      paths_desc_.push_back(PathDesc{i, "mem" + std::to_string(i), true, 0});
     stopped_.assign(npaths, false);
     reconnect_at_.assign(npaths, 0);
     peer_reconnected_.assign(npaths, false);
@@ -166,7 +167,8 @@ class MemIo final : public PathIo {
     // What this end had not sent yet is gone with its sockets / QPs.
     auto& out = w_->to[1 - side_];
     for (auto it = out.begin(); it != out.end();)
-      it = it->path == p && it->gen == paths_desc_[p].generation && !w_->nic_places ? out.erase(it) : it + 1;
+      it = it->path == p && it->gen == paths_desc_[p].generation && !w_->nic_places ? out.erase(it)
+                                                                                    : it + 1;
   }
   bool can_reconnect(int, PathSink&) const override { return side_ == 0; }
   void reconnect(int p, PathSink&, TimeUs now) override { reconnect_at_[p] = now + 1000; }
@@ -174,7 +176,9 @@ class MemIo final : public PathIo {
   void say_goodbye(TimeUs) override {}
 
   // The transport resets the path at this end (an error the next poll reports).
-  void reset(int p, PathSink& sink, TimeUs now) { sink.on_path_error(p, FailCause::kSocketError, "reset", now); }
+  void reset(int p, PathSink& sink, TimeUs now) {
+    sink.on_path_error(p, FailCause::kSocketError, "reset", now);
+  }
 
   TimeUs heard = INT64_MAX;
   std::vector<CtrlMsg> sent_ctrl;
@@ -220,12 +224,8 @@ class MemIo final : public PathIo {
         sink.on_chunk_read(it.path, pl, true, now);
         return;
       }
-      case Item::kChunkDone:
-        sink.on_chunk_acked(it.path, it.chunk.seq, it.chunk.idx, now);
-        return;
-      case Item::kCts:
-        sink.on_cts(it.seq, it.cap, it.rb, now);
-        return;
+      case Item::kChunkDone: sink.on_chunk_acked(it.path, it.chunk.seq, it.chunk.idx, now); return;
+      case Item::kCts: sink.on_cts(it.seq, it.cap, it.rb, now); return;
       case Item::kCtrl:
         if (it.ctrl.type == CtrlType::kFailAck && w_->fail_acks_dropped > 0) {
           w_->fail_acks_dropped--;
@@ -239,9 +239,7 @@ class MemIo final : public PathIo {
         reply(it, std::move(ack), now);
         return;
       }
-      case Item::kProbeAck:
-        sink.on_probe_ok(it.path, now);
-        return;
+      case Item::kProbeAck: sink.on_probe_ok(it.path, now); return;
     }
   }
 
@@ -383,7 +381,11 @@ TEST_CASE("connection: a path cut mid-message is detected and its chunks replaye
       EventLog log;
       TestHooks hooks;
       hooks.replay = replay;
-      Pair t(nic, 2, {{"R2CCL_ACK_TIMEOUT", "20ms"}, {"R2CCL_PATH_WINDOW", "256K"}, {"R2CCL_CHUNK_SIZE", "64K"}}, hooks);
+      Pair t(nic, 2,
+             {{"R2CCL_ACK_TIMEOUT", "20ms"},
+              {"R2CCL_PATH_WINDOW", "256K"},
+              {"R2CCL_CHUNK_SIZE", "64K"}},
+             hooks);
       const auto src = pattern(4 << 20, 2);
       std::vector<char> dst(4 << 20, 0);
       Request *s = nullptr, *r = nullptr;
@@ -422,7 +424,10 @@ TEST_CASE("connection: verbs-shaped replay waits for the receiver's quiesce (the
     EventLog log;
     TestHooks hooks;
     hooks.bilateral_err = bilateral;
-    Pair t(true, 2, {{"R2CCL_ACK_TIMEOUT", "20ms"}, {"R2CCL_PATH_WINDOW", "256K"}, {"R2CCL_CHUNK_SIZE", "64K"}}, hooks);
+    Pair t(
+        true, 2,
+        {{"R2CCL_ACK_TIMEOUT", "20ms"}, {"R2CCL_PATH_WINDOW", "256K"}, {"R2CCL_CHUNK_SIZE", "64K"}},
+        hooks);
     const auto src = pattern(4 << 20, 3);
     std::vector<char> dst(4 << 20, 0);
     Request *s = nullptr, *r = nullptr;
@@ -446,7 +451,9 @@ TEST_CASE("connection: verbs-shaped replay waits for the receiver's quiesce (the
 
 TEST_CASE("connection: a lost FAIL_ACK makes the notice go again until answered", "[connection]") {
   EventLog log;
-  Pair t(false, 2, {{"R2CCL_ACK_TIMEOUT", "20ms"}, {"R2CCL_PATH_WINDOW", "256K"}, {"R2CCL_CHUNK_SIZE", "64K"}});
+  Pair t(
+      false, 2,
+      {{"R2CCL_ACK_TIMEOUT", "20ms"}, {"R2CCL_PATH_WINDOW", "256K"}, {"R2CCL_CHUNK_SIZE", "64K"}});
   t.wire.fail_acks_dropped = 2;
   const auto src = pattern(2 << 20, 4);
   std::vector<char> dst(2 << 20, 0);
@@ -461,7 +468,7 @@ TEST_CASE("connection: a lost FAIL_ACK makes the notice go again until answered"
   t.run(kUsPerSec);  // several heartbeat periods: re-sent every 2
   int fails = 0;
   for (const auto& m : t.sio().sent_ctrl) fails += m.type == CtrlType::kFail;
-  CHECK(fails >= 3);                  // the first two answers were lost
+  CHECK(fails >= 3);  // the first two answers were lost
   CHECK(t.wire.fail_acks_dropped == 0);
   const int after = fails;
   t.run(kUsPerSec);
@@ -470,8 +477,10 @@ TEST_CASE("connection: a lost FAIL_ACK makes the notice go again until answered"
   CHECK(fails == after);  // answered: no more re-sends
 }
 
-TEST_CASE("connection: a silent backup path fails by the heartbeat rule, not while the transport "
-          "still hears the peer", "[connection]") {
+TEST_CASE(
+    "connection: a silent backup path fails by the heartbeat rule, not while the transport "
+    "still hears the peer",
+    "[connection]") {
   for (bool transport_hears : {false, true}) {
     INFO(std::string(transport_hears ? "the transport below still hears the peer" : "silent"));
     EventLog log;
@@ -522,12 +531,18 @@ TEST_CASE("connection: a failed path comes back after its probes and carries tra
   CHECK(t.wire.chunks_posted[0] > before);
 }
 
-TEST_CASE("connection: with no path left requests fail after R2CCL_FAILOVER_TIMEOUT, at once when "
-          "every reconnect is refused", "[connection]") {
+TEST_CASE(
+    "connection: with no path left requests fail after R2CCL_FAILOVER_TIMEOUT, at once when "
+    "every reconnect is refused",
+    "[connection]") {
   for (bool refused : {false, true}) {
     INFO(std::string(refused ? "the peer's process is gone (reconnects refused)" : "rails down"));
     EventLog log;
-    Pair t(false, 2, {{"R2CCL_ACK_TIMEOUT", "20ms"}, {"R2CCL_FAILOVER_TIMEOUT", "1s"}, {"R2CCL_PATH_WINDOW", "256K"}, {"R2CCL_CHUNK_SIZE", "64K"}});
+    Pair t(false, 2,
+           {{"R2CCL_ACK_TIMEOUT", "20ms"},
+            {"R2CCL_FAILOVER_TIMEOUT", "1s"},
+            {"R2CCL_PATH_WINDOW", "256K"},
+            {"R2CCL_CHUNK_SIZE", "64K"}});
     const auto src = pattern(2 << 20, 6);
     std::vector<char> dst(2 << 20, 0);
     Request *s = nullptr, *r = nullptr;
@@ -595,7 +610,8 @@ TEST_CASE("connection: a duplicate chunk is discarded and counted, the receive c
   }
 }
 
-TEST_CASE("connection: a receiver's drained rail moves the sender's chunks off it", "[connection]") {
+TEST_CASE("connection: a receiver's drained rail moves the sender's chunks off it",
+          "[connection]") {
   EventLog log;
   Pair t(false);
   t.rrails.live(0).predict_drain = true;  // the receiver's node drains rail 0: only DRAIN tells

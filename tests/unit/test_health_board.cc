@@ -834,9 +834,10 @@ TEST_CASE("sampler: claim, risks round trip, forked child and other processes, c
   CHECK(next.run_body() == 0);
 }
 
-TEST_CASE("sampler: a sampler in another process holds the block while it lives; its risks die "
-          "with it; the next process takes over",
-          "[board][sampler]") {
+TEST_CASE(
+    "sampler: a sampler in another process holds the block while it lives; its risks die "
+    "with it; the next process takes over",
+    "[board][sampler]") {
   TestBoard b("sampler-dead");
   std::string err;
   Kid sampler(
@@ -844,9 +845,9 @@ TEST_CASE("sampler: a sampler in another process holds the block while it lives;
         static Publisher q;  // lives until _exit: the block stays owned by the child
         std::string e2;
         return q.open(b.name, &e2) && q.claim_sampler(kTestIntervalUs) &&
-               q.publish_risks({risk_for("eth0", 0.9f, RiskSource::kLstm, 0.2f, true),
-                                risk_for("eth1", 0.1f)},
-                               r2ccl::now_us());
+               q.publish_risks(
+                   {risk_for("eth0", 0.9f, RiskSource::kLstm, 0.2f, true), risk_for("eth1", 0.1f)},
+                   r2ccl::now_us());
       },
       [] { return 0; });  // exits without close, as a killed process would
   REQUIRE(sampler.wait_ready() == 'y');
@@ -934,9 +935,10 @@ TEST_CASE("sampler: a hung sampler is taken over after 10 intervals and cannot w
   p.close();
 }
 
-TEST_CASE("sampler: an owner that never publishes is taken over after 10 of the claimant's "
-          "intervals",
-          "[board][sampler]") {
+TEST_CASE(
+    "sampler: an owner that never publishes is taken over after 10 of the claimant's "
+    "intervals",
+    "[board][sampler]") {
   TestBoard b("sampler-silent");
   std::string err;
   Publisher p;
@@ -945,12 +947,11 @@ TEST_CASE("sampler: an owner that never publishes is taken over after 10 of the 
   Kid silent([] { return true; }, [] { return 0; });
   REQUIRE(silent.wait_ready() == 'y');
   int32_t owner = silent.pid;
-  write_at(b.seg(), sampler_field(b.seg(), offsetof(SamplerBlock, owner)), &owner,
-           sizeof(owner));
+  write_at(b.seg(), sampler_field(b.seg(), offsetof(SamplerBlock, owner)), &owner, sizeof(owner));
   SamplerView sv;
   REQUIRE(read_sampler(b.name, &sv, &err));
   CHECK(sv.owner == silent.pid);
-  CHECK(sv.publish_us == 0);  // nothing of its own yet
+  CHECK(sv.publish_us == 0);                      // nothing of its own yet
   CHECK_FALSE(p.claim_sampler(kTestIntervalUs));  // starts watching it
   usleep(static_cast<useconds_t>(kTestIntervalUs * 3));
   CHECK_FALSE(p.claim_sampler(kTestIntervalUs));
@@ -1060,8 +1061,7 @@ TEST_CASE("a version-1 board is refused by readers, publishers and r2ccl_status"
   CHECK(err.find("layout version 1") != std::string::npos);
   CHECK_FALSE(p.claim_sampler(kTestIntervalUs));
 #ifdef R2CCL_BINARY_DIR
-  std::string cmd =
-      std::string(R2CCL_BINARY_DIR) + "/bin/r2ccl_status --board " + b.name + " 2>&1";
+  std::string cmd = std::string(R2CCL_BINARY_DIR) + "/bin/r2ccl_status --board " + b.name + " 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   REQUIRE(f);
   std::string out;
@@ -1146,8 +1146,10 @@ TEST_CASE("the TCP runtime publishes each rail; R2CCL_HEALTH_BOARD=none publishe
     ssize_t n;
     while ((n = read(errp[0], buf, sizeof(buf))) > 0) log.append(buf, static_cast<size_t>(n));
     close(errp[0]);
-    if (name == "bad/name") CHECK(log.find("health board off") != std::string::npos);
-    else CHECK(log.find("health board") == std::string::npos);
+    if (name == "bad/name")
+      CHECK(log.find("health board off") != std::string::npos);
+    else
+      CHECK(log.find("health board") == std::string::npos);
     if (name != b.name) continue;
     REQUIRE(ok);
     for (const auto& r : v.rails) {
@@ -1235,10 +1237,10 @@ TEST_CASE("r2ccl_status prints the board, as text and JSON; absent 1, corrupt 2"
   // This process is the sampler: rail0-30 drains at risk 0.83 with 7.2 % retransmits; eth9 has
   // no slot on the board.
   REQUIRE(p.claim_sampler(kTestIntervalUs * 50));  // 5 s: not stale while the tool runs
-  REQUIRE(p.publish_risks({risk_for("rail0-30", 0.83f, RiskSource::kBaseline, 0.072f, true,
-                                    "symbol_err,rcv_err"),
-                           risk_for("eth9", 0.01f, RiskSource::kLstm, 0.001f)},
-                          r2ccl::now_us()));
+  REQUIRE(p.publish_risks(
+      {risk_for("rail0-30", 0.83f, RiskSource::kBaseline, 0.072f, true, "symbol_err,rcv_err"),
+       risk_for("eth9", 0.01f, RiskSource::kLstm, 0.001f)},
+      r2ccl::now_us()));
 
   r = run_status("--board " + b.name + " --sample-ms 0");
   CHECK(r.rc == 0);

@@ -242,11 +242,11 @@ TEST_CASE("gid selection: typical RoCE table") {
     CHECK(select_gid(t, prefs(2, "AF_INET", "10.2.0.0/16")) == -1);
     CHECK(select_gid(t, prefs(2, "AF_INET", "2001:db8::/32")) == 5);  // range beats family
     CHECK(select_gid(t, prefs(1, "AF_INET6", "10.0.0.0/8")) == 2);
-    CHECK(select_gid(t, prefs(2, "AF_INET", "fe80::/10")) == 1);    // link-local asked for
+    CHECK(select_gid(t, prefs(2, "AF_INET", "fe80::/10")) == 1);  // link-local asked for
     CHECK(select_gid(t, prefs(2, "AF_INET", "10.1.0.1/32")) == 3);
     CHECK(select_gid(t, prefs(2, "AF_INET", "10.1.0.0/31")) == 3);
     CHECK(select_gid(t, prefs(2, "AF_INET", "10.1.0.2/31")) == -1);
-    CHECK(select_gid(t, prefs(2, "AF_INET", "0.0.0.0/0")) == 3);  // any IPv4
+    CHECK(select_gid(t, prefs(2, "AF_INET", "0.0.0.0/0")) == 3);       // any IPv4
     CHECK(select_gid(t, prefs(2, "AF_INET6", "::ffff:0:0/96")) == 3);  // v6 form of any IPv4
   }
 }
@@ -314,20 +314,20 @@ TEST_CASE("gid_to_string") {
 
 // ---------------------------------------------------------------------------------------
 TEST_CASE("port speeds (IB PortInfo encodings)") {
-  CHECK(port_speed_mbps(1, 1) == 2500);     // SDR 1x
-  CHECK(port_speed_mbps(1, 2) == 10000);    // SDR 4x
-  CHECK(port_speed_mbps(2, 2) == 20000);    // DDR 4x
-  CHECK(port_speed_mbps(4, 2) == 40000);    // QDR 4x
-  CHECK(port_speed_mbps(8, 2) == 40000);    // FDR10 4x
-  CHECK(port_speed_mbps(16, 2) == 56000);   // FDR 4x
-  CHECK(port_speed_mbps(32, 2) == 100000);  // EDR 4x
-  CHECK(port_speed_mbps(32, 1) == 25000);   // EDR 1x (25GbE)
-  CHECK(port_speed_mbps(64, 2) == 200000);  // HDR 4x
-  CHECK(port_speed_mbps(64, 16) == 100000); // HDR 2x
-  CHECK(port_speed_mbps(128, 2) == 400000); // NDR 4x
-  CHECK(port_speed_mbps(128, 4) == 800000); // NDR 8x
-  CHECK(port_speed_mbps(4, 8) == 120000);   // QDR 12x
-  CHECK(port_speed_mbps(256, 2) == 800000); // XDR 4x (extended field only)
+  CHECK(port_speed_mbps(1, 1) == 2500);      // SDR 1x
+  CHECK(port_speed_mbps(1, 2) == 10000);     // SDR 4x
+  CHECK(port_speed_mbps(2, 2) == 20000);     // DDR 4x
+  CHECK(port_speed_mbps(4, 2) == 40000);     // QDR 4x
+  CHECK(port_speed_mbps(8, 2) == 40000);     // FDR10 4x
+  CHECK(port_speed_mbps(16, 2) == 56000);    // FDR 4x
+  CHECK(port_speed_mbps(32, 2) == 100000);   // EDR 4x
+  CHECK(port_speed_mbps(32, 1) == 25000);    // EDR 1x (25GbE)
+  CHECK(port_speed_mbps(64, 2) == 200000);   // HDR 4x
+  CHECK(port_speed_mbps(64, 16) == 100000);  // HDR 2x
+  CHECK(port_speed_mbps(128, 2) == 400000);  // NDR 4x
+  CHECK(port_speed_mbps(128, 4) == 800000);  // NDR 8x
+  CHECK(port_speed_mbps(4, 8) == 120000);    // QDR 12x
+  CHECK(port_speed_mbps(256, 2) == 800000);  // XDR 4x (extended field only)
   CHECK(port_speed_mbps(0, 2) == 0);
   CHECK(port_speed_mbps(3, 2) == 0);
   CHECK(port_speed_mbps(32, 0) == 0);
@@ -349,11 +349,11 @@ TEST_CASE("pci distance") {
 
   CHECK(pci_distance(nic_a, nic_a) == 0);
   CHECK(pci_distance(nic_a + "/", nic_a) == 0);
-  CHECK(pci_distance(nic_a, nic_a1) == 1);     // two functions of one card
-  CHECK(pci_distance(sw_a, sw_b) == 1);        // same switch, different downstream ports
-  CHECK(pci_distance(nic_a, other_port) == 2); // same root complex only
+  CHECK(pci_distance(nic_a, nic_a1) == 1);      // two functions of one card
+  CHECK(pci_distance(sw_a, sw_b) == 1);         // same switch, different downstream ports
+  CHECK(pci_distance(nic_a, other_port) == 2);  // same root complex only
   CHECK(pci_distance(nic_a, sw_a) == 2);
-  CHECK(pci_distance(nic_a, root1) == 3);      // different root complexes
+  CHECK(pci_distance(nic_a, root1) == 3);  // different root complexes
   CHECK(pci_distance(nic_a, "") == 3);
   CHECK(pci_distance("", "") == 3);
   CHECK(pci_distance(nic_a, "/sys/devices/virtual/net/rxe0") == 3);
@@ -366,10 +366,10 @@ TEST_CASE("pci distance") {
 TEST_CASE("backup order: same switch, then same NUMA, then the rest") {
   const std::string sw = "/sys/devices/pci0000:00/0000:00:03.0/0000:10:00.0";
   std::vector<HcaInfo> h = {
-      hca("mlx5_0", (sw + "/0000:11:01.0/0000:12:00.0").c_str(), 0),         // primary
+      hca("mlx5_0", (sw + "/0000:11:01.0/0000:12:00.0").c_str(), 0),          // primary
       hca("mlx5_1", "/sys/devices/pci0000:80/0000:80:01.0/0000:81:00.0", 1),  // other socket
       hca("mlx5_2", "/sys/devices/pci0000:40/0000:40:01.0/0000:41:00.0", 0),  // same NUMA
-      hca("mlx5_3", (sw + "/0000:11:02.0/0000:13:00.0").c_str(), 0),         // same switch
+      hca("mlx5_3", (sw + "/0000:11:02.0/0000:13:00.0").c_str(), 0),          // same switch
       hca("mlx5_4", "/sys/devices/pci0000:c0/0000:c0:01.0/0000:c1:00.0", 1),  // other socket
       hca("mlx5_5", "/sys/devices/pci0000:00/0000:00:01.0/0000:0b:00.0", 0),  // same root
   };

@@ -29,9 +29,9 @@
 #include <string>
 #include <vector>
 
+#include "netlink/link_monitor.h"
 #include "r2ccl/clock.h"
 #include "r2ccl/log.h"
-#include "netlink/link_monitor.h"
 
 using Catch::Matchers::Contains;
 using r2ccl::TimeUs;

@@ -88,9 +88,9 @@ TEST_CASE("mr_cache: a covered range reuses the registration") {
   MrCache c = f.make();
   std::string err;
   void* a = c.acquire(at(0x10000), 0x4000, &err);
-  void* b = c.acquire(at(0x11008), 0x100, &err);    // inside
-  void* d = c.acquire(at(0x10000), 0x4000, &err);   // identical
-  void* e = c.acquire(at(0x13fff), 1, &err);        // last byte
+  void* b = c.acquire(at(0x11008), 0x100, &err);   // inside
+  void* d = c.acquire(at(0x10000), 0x4000, &err);  // identical
+  void* e = c.acquire(at(0x13fff), 1, &err);       // last byte
   CHECK(a == b);
   CHECK(a == d);
   CHECK(a == e);
@@ -123,10 +123,10 @@ TEST_CASE("mr_cache: partial overlap gets its own registration") {
   FakeReg f;
   MrCache c = f.make();
   std::string err;
-  void* a = c.acquire(at(0x10000), 0x2000, &err);  // pages 0x10000-0x11fff
-  void* b = c.acquire(at(0x11000), 0x2000, &err);  // 0x11000-0x12fff: overlaps, not covered
-  void* d = c.acquire(at(0x0f000), 0x2000, &err);  // 0x0f000-0x10fff: overlaps from below
-  void* big = c.acquire(at(0x0f000), 0x8000, &err); // covers all of them
+  void* a = c.acquire(at(0x10000), 0x2000, &err);    // pages 0x10000-0x11fff
+  void* b = c.acquire(at(0x11000), 0x2000, &err);    // 0x11000-0x12fff: overlaps, not covered
+  void* d = c.acquire(at(0x0f000), 0x2000, &err);    // 0x0f000-0x10fff: overlaps from below
+  void* big = c.acquire(at(0x0f000), 0x8000, &err);  // covers all of them
   REQUIRE(a);
   REQUIRE(b);
   REQUIRE(d);

@@ -1,7 +1,7 @@
 // load_config with an injected environment: defaults, each type's syntax, range and form
 // errors, the NCCL fallback, unknown-variable warnings, cross-checks, and the parameter table.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <map>
 #include <string>
 #include <vector>
@@ -280,7 +280,8 @@ TEST_CASE("cross-checks between parameters", "[params]") {
     CHECK_FALSE(load({{"R2CCL_PREDICT_INTERVAL", "5s"}, {"R2CCL_PREDICT_WINDOW", "5s"}}).ok);
     CHECK(load({{"R2CCL_PREDICT_INTERVAL", "100ms"}, {"R2CCL_PREDICT_WINDOW", "25600ms"}}).ok);
     CHECK_FALSE(load({{"R2CCL_PREDICT_INTERVAL", "10ms"}}).ok);  // below 100 ms
-    Loaded h = load({{"R2CCL_PREDICT_THRESHOLD", "0.5"}, {"R2CCL_PREDICT_RETURN_THRESHOLD", "0.6"}});
+    Loaded h =
+        load({{"R2CCL_PREDICT_THRESHOLD", "0.5"}, {"R2CCL_PREDICT_RETURN_THRESHOLD", "0.6"}});
     CHECK_FALSE(h.ok);
     CHECK_THAT(h.err, Contains("R2CCL_PREDICT_RETURN_THRESHOLD"));
   }

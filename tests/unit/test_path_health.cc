@@ -149,8 +149,7 @@ TEST_CASE("a reconnect that fails while probing goes back to failed and backs of
   CHECK(h.should_reconnect(now + 2 * p.reconnect_min));
 }
 
-TEST_CASE("link up allows an immediate reconnect attempt and resets the backoff",
-          "[path_health]") {
+TEST_CASE("link up allows an immediate reconnect attempt and resets the backoff", "[path_health]") {
   HealthParams p;
   PathHealth h(p, PathState::kHealthy, kT0);
   TimeUs now = kT0;
@@ -393,8 +392,7 @@ TEST_CASE("the RTT limit uses sigma * std when that exceeds the floor", "[path_h
   CHECK(h.on_rtt_sample(100 * kUsPerMs, kT0) == +1);
 }
 
-TEST_CASE("outliers must be consecutive to drain, normals consecutive to return",
-          "[path_health]") {
+TEST_CASE("outliers must be consecutive to drain, normals consecutive to return", "[path_health]") {
   HealthParams p;
   PathHealth h(p, PathState::kHealthy, kT0);
   feed_baseline(h, kT0);

@@ -68,12 +68,15 @@ struct Rig {
 };
 
 const std::map<std::string, std::string> kFast = {
-    {"R2CCL_PREDICT_INTERVAL", "100ms"}, {"R2CCL_PREDICT_WINDOW", "2400ms"},
-    {"R2CCL_PREDICT_RETURN_SAMPLES", "5"}, {"R2CCL_PREDICT_MODEL", "/nonexistent/weights.bin"}};
+    {"R2CCL_PREDICT_INTERVAL", "100ms"},
+    {"R2CCL_PREDICT_WINDOW", "2400ms"},
+    {"R2CCL_PREDICT_RETURN_SAMPLES", "5"},
+    {"R2CCL_PREDICT_MODEL", "/nonexistent/weights.bin"}};
 
 }  // namespace
 
-TEST_CASE("agent: the baseline drains a rail whose errors climb, and returns it after", "[predict]") {
+TEST_CASE("agent: the baseline drains a rail whose errors climb, and returns it after",
+          "[predict]") {
   const std::string log = test::temp_path("agent-events.log");
   std::string err;
   REQUIRE(set_event_sink(log, &err));

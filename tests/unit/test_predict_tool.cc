@@ -92,9 +92,9 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
   CHECK(run("--info --model " + dir + "/short.bin", &out) == 1);
   // Without --model, an unusable R2CCL_PREDICT_MODEL means the baseline, said so.
   write(dir + "/ok.csv", "t_s,rail,symbol_err\n0,a,1\n5,a,2\n");
-  CHECK(run_command("R2CCL_PREDICT_MODEL=" + dir + "/junk.bin " + tool() + " --replay " + dir +
-                        "/ok.csv",
-                    &out) == 0);
+  CHECK(run_command(
+            "R2CCL_PREDICT_MODEL=" + dir + "/junk.bin " + tool() + " --replay " + dir + "/ok.csv",
+            &out) == 0);
   CHECK_THAT(out, Catch::Contains("the threshold baseline decides"));
   CHECK_THAT(out, Catch::Contains("baseline decides; drain at risk"));
 
@@ -131,7 +131,8 @@ TEST_CASE("r2ccl_predict --live and --info", "[predict]") {
   run_command("rm -rf " + root);
   FakeNic nic(root, "eth7", 25000);
   std::string out;
-  CHECK(run("--live --count 2 --interval 0.05 --sysfs-root " + root + " --model " + kModel, &out) == 0);
+  CHECK(run("--live --count 2 --interval 0.05 --sysfs-root " + root + " --model " + kModel, &out) ==
+        0);
   INFO(out);
   CHECK(count_lines_containing(out, "eth7") == 2);
   CHECK_THAT(out, Catch::Contains("lstm"));

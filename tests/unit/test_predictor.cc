@@ -164,10 +164,10 @@ TEST_CASE("SysfsRail reads an InfiniBand port's counters from a fake tree", "[pr
   std::vector<std::string> notes;
   CHECK_FALSE(rail.read(100.0, {}, &s, &notes));  // primes
   set("counters/symbol_error", "25");
-  set("counters/port_xmit_data", "3000");          // 2000 words = 8000 bytes
+  set("counters/port_xmit_data", "3000");  // 2000 words = 8000 bytes
   set("counters/port_xmit_packets", "70");
   set("counters/excessive_buffer_overrun_errors", "15");  // saturates now
-  set("hw_counters/local_ack_timeout_err", "3");   // wrapped: 4 more
+  set("hw_counters/local_ack_timeout_err", "3");          // wrapped: 4 more
   set("hw_counters/packet_seq_err", "9");
   REQUIRE(rail.read(105.0, {}, &s, &notes));
   CHECK(s.dt_s == Approx(5.0));
@@ -178,7 +178,7 @@ TEST_CASE("SysfsRail reads an InfiniBand port's counters from a fake tree", "[pr
   CHECK((s.missing & (1u << kRcvErr)) != 0);  // N/A
   CHECK(s.d[kTxBytes] == 8000);
   CHECK(s.d[kTxPackets] == 20);
-  CHECK(s.d[kRetrans] == 6);   // 4 (wrapped) + 2
+  CHECK(s.d[kRetrans] == 6);  // 4 (wrapped) + 2
   CHECK(s.d[kBufOverrun] == 1);
   CHECK(s.d[kLinkDowned] == 0);
   int saturated = 0;
@@ -193,7 +193,8 @@ TEST_CASE("SysfsRail reads an InfiniBand port's counters from a fake tree", "[pr
   CHECK(s.d[kSymbolErr] == 2);
   bool reset_noted = false, saturated_again = false;
   for (const auto& n : notes) {
-    reset_noted |= n.find("symbol_error") != std::string::npos && n.find("reset") != std::string::npos;
+    reset_noted |=
+        n.find("symbol_error") != std::string::npos && n.find("reset") != std::string::npos;
     saturated_again |= n.find("saturated") != std::string::npos;
   }
   CHECK(reset_noted);
@@ -363,9 +364,9 @@ TEST_CASE("LSTM inference follows the PyTorch equations", "[predictor]") {
   ModelSpec s;
   s.H = 1;
   s.w_ih.assign(4 * kNumFeatures, 0.0f);
-  s.w_ih[0] = 0.5f;                  // i gate <- x0
-  s.w_ih[kNumFeatures + 1] = -0.25f; // f gate <- x1
-  s.w_ih[2 * kNumFeatures] = 1.0f;   // g gate <- x0
+  s.w_ih[0] = 0.5f;                     // i gate <- x0
+  s.w_ih[kNumFeatures + 1] = -0.25f;    // f gate <- x1
+  s.w_ih[2 * kNumFeatures] = 1.0f;      // g gate <- x0
   s.w_ih[3 * kNumFeatures + 2] = 2.0f;  // o gate <- x2
   s.w_hh = {0.3f, 0.1f, -0.2f, 0.4f};
   s.b_ih = {0.1f, 0.2f, 0.3f, 0.4f};
@@ -452,7 +453,8 @@ TEST_CASE("baseline risk and the drain hysteresis", "[predictor]") {
   CHECK_FALSE(a.drain);
 }
 
-TEST_CASE("trace reader: widths, deltas, events, and errors naming line and column", "[predictor]") {
+TEST_CASE("trace reader: widths, deltas, events, and errors naming line and column",
+          "[predictor]") {
   const std::string dir = temp_dir();
   const std::string path = dir + "/t.csv";
   write_file(path,
@@ -524,8 +526,9 @@ TEST_CASE("node sampler: a rail without readable counters is never assessed", "[
   REQUIRE(parse_model(bytes.data(), bytes.size(), &m, &err));
   PredictorConfig cfg;
   cfg.window_steps = 4;
-  NodeSampler ns(root, {{"eth1", RailSpec::Kind::kEth, "eth1", 1}, {"eth9", RailSpec::Kind::kEth, "eth9", 1}},
-                 cfg, &m, m.baseline);
+  NodeSampler ns(
+      root, {{"eth1", RailSpec::Kind::kEth, "eth1", 1}, {"eth9", RailSpec::Kind::kEth, "eth9", 1}},
+      cfg, &m, m.baseline);
   std::vector<RailRisk> out;
   std::vector<std::string> notes;
   ns.sample(10.0, {}, &out, &notes);

@@ -123,8 +123,8 @@ TEST_CASE("golden: replaying the fixture trace reproduces features, labels and r
     Assessment a;
     if (row.has_step && p->update(row.step, &a)) {
       const FeatureWindow& w = p->window();
-      got.push_back({tr.rail_names()[static_cast<size_t>(row.rail)], row.t_s,
-                     w.row(w.size() - 1), a.risk, a.baseline_risk});
+      got.push_back({tr.rail_names()[static_cast<size_t>(row.rail)], row.t_s, w.row(w.size() - 1),
+                     a.risk, a.baseline_risk});
     }
   }
   REQUIRE(err.empty());
@@ -172,9 +172,11 @@ TEST_CASE("golden: the LSTM beats the baseline's F1 on freshly generated held-ou
   }
   const std::string trace = r2ccl::test::temp_path("heldout.csv");
   // Seed 3 (training used 1, the documented evaluation 2) with the held-out parameter ranges.
-  REQUIRE(r2ccl::test::run_command(py + " " R2CCL_SOURCE_DIR "/scripts/predictor/gen_traces.py "
-                                   "--seed 3 --rails 100 --duration-s 5400 --interval-s 5 "
-                                   "--params heldout --out " + trace,
+  REQUIRE(r2ccl::test::run_command(py +
+                                       " " R2CCL_SOURCE_DIR "/scripts/predictor/gen_traces.py "
+                                       "--seed 3 --rails 100 --duration-s 5400 --interval-s 5 "
+                                       "--params heldout --out " +
+                                       trace,
                                    &out) == 0);
   const std::string tool =
       r2ccl::test::env_or("R2CCL_TEST_PREDICT", R2CCL_BINARY_DIR "/bin/r2ccl_predict");

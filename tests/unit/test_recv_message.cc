@@ -30,8 +30,8 @@ struct Posted {
 
   ChunkVerdict check(uint32_t idx, const GuardOptions& opt = kGuarded, const char** why = nullptr) {
     const char* w = nullptr;
-    ChunkVerdict v = m.check(kTotal, kN, idx, idx * kChunk, static_cast<uint32_t>(kChunk), opt,
-                             why ? why : &w);
+    ChunkVerdict v =
+        m.check(kTotal, kN, idx, idx * kChunk, static_cast<uint32_t>(kChunk), opt, why ? why : &w);
     return v;
   }
   // check + mark_landed, as the connection does for a chunk whose payload was read.
@@ -114,12 +114,8 @@ TEST_CASE("a rejected first header does not decide the message's size", "[recv_m
   // The first header to arrive lies about its chunk (index or offset); it is refused, and the
   // genuine chunks that follow (replayed on another path) must still be accepted.
   Posted p;
-  SECTION("bad index") {
-    expect_protocol_error(p.m, kTotal / 2, kN / 2, kN, 0, kChunk);
-  }
-  SECTION("bad offset") {
-    expect_protocol_error(p.m, kTotal / 2, kN / 2, 0, kTotal, kChunk);
-  }
+  SECTION("bad index") { expect_protocol_error(p.m, kTotal / 2, kN / 2, kN, 0, kChunk); }
+  SECTION("bad offset") { expect_protocol_error(p.m, kTotal / 2, kN / 2, 0, kTotal, kChunk); }
   CHECK(p.m.nchunks() == 0);
   CHECK(p.m.total() == 0);
   CHECK_FALSE(p.m.wants(0));
@@ -156,9 +152,7 @@ TEST_CASE("a chunk outside the message is a protocol error", "[recv_message]") {
     auto why = expect_protocol_error(p.m, kTotal, kN, kN - 1, kTotal - kChunk + 1, kChunk);
     CHECK_THAT(why, Contains("outside"));
   }
-  SECTION("offset past the end") {
-    expect_protocol_error(p.m, kTotal, kN, 1, kTotal + 1, 0);
-  }
+  SECTION("offset past the end") { expect_protocol_error(p.m, kTotal, kN, 1, kTotal + 1, 0); }
   SECTION("offset + len wrapping around 64 bits") {
     expect_protocol_error(p.m, kTotal, kN, 1, UINT64_MAX - 10, kChunk);
   }
@@ -176,17 +170,14 @@ TEST_CASE("an absurd chunk count is a protocol error", "[recv_message]") {
     auto why = expect_protocol_error(p.m, kTotal, kTotal / 4096 + 2, 0, 0, kChunk);
     CHECK_THAT(why, Contains("chunk count"));
   }
-  SECTION("huge") {
-    expect_protocol_error(p.m, kTotal, UINT32_MAX, 0, 0, kChunk);
-  }
+  SECTION("huge") { expect_protocol_error(p.m, kTotal, UINT32_MAX, 0, 0, kChunk); }
   SECTION("zero") {
     auto why = expect_protocol_error(p.m, kTotal, 0, 0, 0, kChunk);
     CHECK_THAT(why, Contains("chunk count"));
   }
   SECTION("the largest plausible count is accepted") {
     const char* why = nullptr;
-    CHECK(p.m.check(kTotal, kTotal / 4096 + 1, 0, 0, 4096, kGuarded, &why) ==
-          ChunkVerdict::kWrite);
+    CHECK(p.m.check(kTotal, kTotal / 4096 + 1, 0, 0, 4096, kGuarded, &why) == ChunkVerdict::kWrite);
   }
   CHECK(p.m.nchunks() <= kTotal / 4096 + 1);
 }
@@ -258,8 +249,7 @@ TEST_CASE("the window bitmap covers 64 chunks from its base", "[recv_message]") 
   CHECK(m.prefix() == 0);
 }
 
-TEST_CASE("without dedup a duplicate completes a message that misses a chunk",
-          "[recv_message]") {
+TEST_CASE("without dedup a duplicate completes a message that misses a chunk", "[recv_message]") {
   // The same arrivals with the guard on and off: chunk 9 never arrives, chunk 0 twice.
   auto run = [](const GuardOptions& opt, Posted& p) {
     for (uint32_t i = 0; i < kN - 1; ++i) p.land(i, opt);
@@ -270,8 +260,8 @@ TEST_CASE("without dedup a duplicate completes a message that misses a chunk",
   CHECK_FALSE(with.m.complete());
 
   CHECK(run(kNoDedup, without) == ChunkVerdict::kWrite);
-  CHECK(without.m.complete());      // wrongly: the receive would finish...
-  CHECK(without.m.wants(kN - 1));   // ...with chunk 9 still missing
+  CHECK(without.m.complete());     // wrongly: the receive would finish...
+  CHECK(without.m.wants(kN - 1));  // ...with chunk 9 still missing
   CHECK(without.m.prefix() == kN - 1);
 }
 
@@ -279,7 +269,8 @@ TEST_CASE("without the stale guard lying headers are written", "[recv_message]")
   const char* why = nullptr;
   SECTION("larger than the posted receive") {
     Posted p;
-    CHECK(p.m.check(kTotal * 2, 2 * kN, 0, 0, kChunk, kGuarded, &why) == ChunkVerdict::kProtocolError);
+    CHECK(p.m.check(kTotal * 2, 2 * kN, 0, 0, kChunk, kGuarded, &why) ==
+          ChunkVerdict::kProtocolError);
     CHECK(p.m.check(kTotal * 2, 2 * kN, 0, 0, kChunk, kNoStaleGuard, &why) == ChunkVerdict::kWrite);
     CHECK(p.m.total() > p.m.capacity());
   }

@@ -6,15 +6,17 @@
 
 #include "engine/scheduler.h"
 
-using r2ccl::net::pick_path;
 using r2ccl::net::PathLoad;
+using r2ccl::net::pick_path;
 
 namespace {
 
 constexpr uint64_t kWindow = 4 << 20;
 constexpr uint32_t kChunk = 512 << 10;
 
-PathLoad up(uint64_t inflight = 0, double weight = 1.0) { return {true, inflight, kWindow, weight}; }
+PathLoad up(uint64_t inflight = 0, double weight = 1.0) {
+  return {true, inflight, kWindow, weight};
+}
 PathLoad down(uint64_t inflight = 0, double weight = 1.0) {
   return {false, inflight, kWindow, weight};
 }
@@ -102,6 +104,6 @@ TEST_CASE("every path draining: the draining ones carry; one healthy path wins o
   CHECK(pick_path({down(), d1, d2}, true, kChunk) == 2);  // least loaded among the draining
   CHECK(pick_path({d1, up(), d2}, false, kChunk) == 1);   // a healthy path: drainers get nothing
   CHECK(pick_path({d1, up(), d2}, true, kChunk) == 1);
-  d1.inflight_bytes = kWindow;                             // full window still waits
+  d1.inflight_bytes = kWindow;  // full window still waits
   CHECK(pick_path({down(), d1}, false, kChunk) == -1);
 }

@@ -23,7 +23,9 @@ struct Acked {
 std::vector<Acked> ack(SendMessage& m, uint32_t prefix, uint32_t base, uint64_t bitmap,
                        int* returned = nullptr) {
   std::vector<Acked> v;
-  int n = m.apply_ack(prefix, base, bitmap, [&](int path, uint32_t len) { v.push_back({path, len}); });
+  int n = m.apply_ack(prefix, base, bitmap, [&](int path, uint32_t len) {
+    v.push_back({path, len});
+  });
   if (returned) *returned = n;
   return v;
 }
@@ -47,12 +49,8 @@ TEST_CASE("chunking covers the message with ceil(size / chunk) chunks", "[send_m
     uint32_t last_len;
   };
   const Case cases[] = {
-      {1, 1, 1},
-      {kChunk - 1, 1, kChunk - 1},
-      {kChunk, 1, kChunk},
-      {kChunk + 1, 2, 1},
-      {10 * kChunk, 10, kChunk},
-      {1000 * kChunk + 17, 1001, 17},
+      {1, 1, 1},          {kChunk - 1, 1, kChunk - 1}, {kChunk, 1, kChunk},
+      {kChunk + 1, 2, 1}, {10 * kChunk, 10, kChunk},   {1000 * kChunk + 17, 1001, 17},
   };
   for (const auto& c : cases) {
     INFO("size " << c.size);
@@ -222,8 +220,7 @@ TEST_CASE("bitmap bits beyond the last chunk are ignored", "[send_message]") {
   CHECK(m2.acked() == 0);
 }
 
-TEST_CASE("fail_path requeues exactly the failed path's unacknowledged chunks",
-          "[send_message]") {
+TEST_CASE("fail_path requeues exactly the failed path's unacknowledged chunks", "[send_message]") {
   SendMessage m;
   m.reset(1, 8 * kChunk, kChunk);
   // Chunks 0..5 sent: even ones on path 0, odd ones on path 1; 6, 7 unsent.
@@ -269,8 +266,7 @@ TEST_CASE("a chunk replayed twice is outstanding once", "[send_message]") {
   CHECK(m.complete());
 }
 
-TEST_CASE("replay_outstanding counts down as replayed chunks are acknowledged",
-          "[send_message]") {
+TEST_CASE("replay_outstanding counts down as replayed chunks are acknowledged", "[send_message]") {
   SendMessage m;
   m.reset(1, 5 * kChunk, kChunk);
   for (int i = 0; i < 5; ++i) send_one(m, 0);

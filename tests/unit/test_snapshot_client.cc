@@ -8,13 +8,13 @@
 #include <stdlib.h>
 #include <unistd.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <chrono>
-#include <cstdio>
-#include <mutex>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <mutex>
 #include <random>
 #include <regex>
 #include <string>
@@ -31,8 +31,7 @@ using r2ccl::test::FakeSnapdOptions;
 namespace {
 
 double now_s() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 struct TempDir {
@@ -88,11 +87,11 @@ r2ccl_snap_t* open_ok(const std::string& sock, uint32_t rank = 0, uint32_t world
   return h;
 }
 
-#define SNAP_OK(expr)                             \
-  do {                                            \
-    int rc_ = (expr);                             \
-    INFO(r2ccl_snap_last_error(nullptr));         \
-    REQUIRE(rc_ == R2CCL_SNAP_OK);                \
+#define SNAP_OK(expr)                     \
+  do {                                    \
+    int rc_ = (expr);                     \
+    INFO(r2ccl_snap_last_error(nullptr)); \
+    REQUIRE(rc_ == R2CCL_SNAP_OK);        \
   } while (0)
 
 // A model's state: an f32 "weights" buffer, an opaque byte buffer and an f16 buffer.
@@ -700,8 +699,8 @@ TEST_CASE("snapshot client: communicator rebuild through a fake NCCL and the dae
         if (r2ccl_snap_open(d.dir.sock().c_str(), r, 4, &h) != 0) return;
         void* old = r == 3 ? nullptr : new fake_nccl::Comm{4, r, "old"};
         void* nc = nullptr;
-        rc[r] = r2ccl_snap_rebuild_comm(h, &t, old, r, 4, lost, 1, lost, replacement ? 1 : 0,
-                                        7, 5 * 1000000, &nc, &(*new_ranks)[r], &(*new_sizes)[r]);
+        rc[r] = r2ccl_snap_rebuild_comm(h, &t, old, r, 4, lost, 1, lost, replacement ? 1 : 0, 7,
+                                        5 * 1000000, &nc, &(*new_ranks)[r], &(*new_sizes)[r]);
         if (rc[r] == 0) {
           (*ids)[r] = static_cast<fake_nccl::Comm*>(nc)->id;
           delete static_cast<fake_nccl::Comm*>(nc);
@@ -791,7 +790,8 @@ TEST_CASE("snapshot client: the recovery hint and the recovery line") {
     EnvVar a("R2CCL_RECOVERY_LR_FACTOR", "2"), b("R2CCL_RECOVERY_LR_STEPS", nullptr);
     CHECK(r2ccl_snap_recovery_hint(&f, &steps) == R2CCL_SNAP_ERR_CONFIG);
     CHECK(f == 0.8);  // the default is kept
-    CHECK_THAT(std::string(r2ccl_snap_last_error(nullptr)), Catch::Contains("R2CCL_RECOVERY_LR_FACTOR"));
+    CHECK_THAT(std::string(r2ccl_snap_last_error(nullptr)),
+               Catch::Contains("R2CCL_RECOVERY_LR_FACTOR"));
   }
   const char* names[] = {"detect", "rebuild", "restore"};
   const double secs[] = {0.3, 0.25, 1.5};
@@ -801,7 +801,8 @@ TEST_CASE("snapshot client: the recovery hint and the recovery line") {
         "[R2CCL] Successfully recovered in 2.050 s (node loss: 3; detect 0.300 s, rebuild 0.250 "
         "s, restore 1.500 s)");
   char tiny[8];
-  CHECK(r2ccl_snap_log_recovered("3", 3, names, secs, tiny, sizeof(tiny)) == R2CCL_SNAP_ERR_TOO_SMALL);
+  CHECK(r2ccl_snap_log_recovered("3", 3, names, secs, tiny, sizeof(tiny)) ==
+        R2CCL_SNAP_ERR_TOO_SMALL);
   const double bad[] = {0.1, -1, 0};
   CHECK(r2ccl_snap_log_recovered("3", 3, names, bad, buf, sizeof(buf)) == R2CCL_SNAP_ERR_INVALID);
 }
@@ -843,10 +844,12 @@ TEST_CASE("snapshot client: its stderr lines carry the SNAPSHOT/R2CCL prefix or 
   CHECK(log_rc == R2CCL_SNAP_OK);
   REQUIRE(lines.size() == 2);
   INFO(lines[0] << lines[1]);
-  CHECK(lines[0].rfind("SNAPSHOT/R2CCL WARN recovery hint: R2CCL_RECOVERY_LR_FACTOR=\"2\"", 0) == 0);
+  CHECK(lines[0].rfind("SNAPSHOT/R2CCL WARN recovery hint: R2CCL_RECOVERY_LR_FACTOR=\"2\"", 0) ==
+        0);
   CHECK(std::regex_match(lines[1], std::regex("\\[[0-9]+\\.[0-9]{6}\\] \\[R2CCL\\] Successfully "
                                               "recovered in 0\\.750 s \\(node loss: 3; detect "
                                               "0\\.500 s, restore 0\\.250 s\\)\n")));
-  CHECK(std::string(buf) ==
-        "[R2CCL] Successfully recovered in 0.750 s (node loss: 3; detect 0.500 s, restore 0.250 s)");
+  CHECK(
+      std::string(buf) ==
+      "[R2CCL] Successfully recovered in 0.750 s (node loss: 3; detect 0.500 s, restore 0.250 s)");
 }

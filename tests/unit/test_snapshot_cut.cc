@@ -148,7 +148,7 @@ TEST_CASE("a node killed mid-round: the newest complete step stays N-1, never N"
 TEST_CASE("a lost replica node: counts drop; a step can become incomplete again",
           "[snapshot][cut]") {
   CutTracker t = cluster(5);
-  replicate_all(t, 5, 1);  // rank r on r+1, r+2, r+3
+  replicate_all(t, 5, 1);     // rank r on r+1, r+2, r+3
   replicate_all(t, 5, 2, 1);  // rank r on r+1 only
   CHECK(t.newest_complete() == std::optional<uint64_t>(2));
   CHECK(t.replicas(0, 1) == Nodes{1, 2, 3});

@@ -33,7 +33,7 @@ TEST_CASE("holdings: held in full needs every buffer and each buffer's whole cha
   // Snapshots every 10 steps; base at step 10 (seq 0), deltas at 20 (seq 1), 30 (seq 2).
   CHECK_FALSE(h.add(shard(0, 0, 10, 10, 0, 0)));  // buffer 1 still missing
   CHECK_FALSE(h.held_in_full(0, 10));
-  CHECK(h.add(shard(0, 1, 10, 10, 0, 0)));        // now every buffer: newly held in full
+  CHECK(h.add(shard(0, 1, 10, 10, 0, 0)));  // now every buffer: newly held in full
   CHECK(h.held_in_full(0, 10));
   CHECK_FALSE(h.add(shard(0, 1, 10, 10, 0, 0)));  // again: not "newly"
   // Step 30 arrives without step 20: its chain has a hole.
@@ -114,9 +114,10 @@ TEST_CASE("holdings: shard descriptions are validated with the field named", "[s
 TEST_CASE("topology: hops by the deepest common switch; malformed lines named", "[snapshot]") {
   std::map<uint32_t, std::vector<std::string>> t;
   std::string err;
-  REQUIRE(parse_topology("# pods\n0 spine0/leaf0\n1 spine0/leaf0\n2 spine0/leaf1  # other leaf\n"
-                         "3 spine1/leaf2\n\n",
-                         &t, &err));
+  REQUIRE(
+      parse_topology("# pods\n0 spine0/leaf0\n1 spine0/leaf0\n2 spine0/leaf1  # other leaf\n"
+                     "3 spine1/leaf2\n\n",
+                     &t, &err));
   CHECK(topology_hops(t, 0, 1) == 2);  // one leaf
   CHECK(topology_hops(t, 0, 2) == 4);  // leaf, spine, leaf
   CHECK(topology_hops(t, 0, 3) == 6);  // across the top

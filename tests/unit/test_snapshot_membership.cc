@@ -106,7 +106,8 @@ TEST_CASE("membership: a partition never has two acting coordinators", "[snapsho
   // 4 nodes split 2 | 2: no side has a strict majority, nobody acts.
   TimeUs now = 1000 * kUsPerSec;
   std::vector<Membership> ms;
-  for (uint32_t id = 0; id < 4; ++id) ms.emplace_back(id, std::vector<uint32_t>{0, 1, 2, 3}, kPeriod, now);
+  for (uint32_t id = 0; id < 4; ++id)
+    ms.emplace_back(id, std::vector<uint32_t>{0, 1, 2, 3}, kPeriod, now);
   for (int i = 0; i < 6; ++i) {
     now += kPeriod;
     for (auto& m : ms)
@@ -133,7 +134,7 @@ TEST_CASE("membership: the agreed record carries epoch, members and bandwidth", 
   CHECK((r.members[0] & 2ULL) == 0);
   CHECK((r.members[1] & (1ULL << 6)) != 0);
   CHECK(r.node_usable_gbps[0] == 25.0f);
-  CHECK(r.node_usable_gbps[1] == 0.0f);  // not a member
+  CHECK(r.node_usable_gbps[1] == 0.0f);   // not a member
   CHECK(r.node_usable_gbps[70] == 0.0f);  // unknown
   CHECK(board::agreed_record_consistent(r));
 }
@@ -149,7 +150,7 @@ TEST_CASE("membership: a starting node listens 3 periods before it acts", "[snap
   CHECK(m.has_majority());
   CHECK_FALSE(m.settled());
   CHECK_FALSE(m.acts_as_coordinator());  // a majority, but still listening
-  m.on_heard(0, now + 2 * kPeriod);       // late, within the listening time
+  m.on_heard(0, now + 2 * kPeriod);      // late, within the listening time
   m.on_heard(2, now + 2 * kPeriod);
   m.tick(now + 2 * kPeriod);
   CHECK_FALSE(m.acts_as_coordinator());

@@ -49,11 +49,11 @@ std::string check_page(const std::string& page) {
   static const std::regex help(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) (.*))");
   static const std::regex type(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram))");
   static const std::string kLabel = R"([a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\\\|\\"|\\n)*")";
-  static const std::regex sample(
-      std::string(R"(([a-zA-Z_:][a-zA-Z0-9_:]*))") +  // name
-      R"((\{)" + kLabel + "(," + kLabel + R"()*\})?)" +  // {label="value",...}
-      R"( (\S+))");                                       // value
-  std::set<std::string> done;  // families finished
+  static const std::regex sample(std::string(R"(([a-zA-Z_:][a-zA-Z0-9_:]*))") +  // name
+                                 R"((\{)" + kLabel + "(," + kLabel +
+                                 R"()*\})?)" +  // {label="value",...}
+                                 R"( (\S+))");  // value
+  std::set<std::string> done;                   // families finished
   std::string fam, fam_type;
   std::set<std::string> series;
   std::istringstream in(page);
@@ -113,7 +113,7 @@ TEST_CASE("a small registry renders to the exact text", "[metrics]") {
   r.add_histogram("h_seconds", "H.", {0.25, 1, 10});
   Histogram& h = r.histogram("h_seconds", {{"op", "take"}});
   for (double v : {0.125, 0.25, 0.5, 100.0}) h.observe(v);
-  r.counter("nohelp_total").inc();            // registered by use: no HELP line
+  r.counter("nohelp_total").inc();  // registered by use: no HELP line
   r.add_gauge("empty", "a family with no series writes nothing");
   r.gauge("big").set(1e6);
   r.gauge("small").set(0.1);
@@ -186,12 +186,11 @@ TEST_CASE("invalid names, label names and registrations are refused with clear e
     CHECK_FALSE(valid_label_name(bad));
 
   Registry r;
-  CHECK_THROWS_WITH(r.add_counter("1abc", ""), Contains("invalid metric name '1abc'") &&
-                                                   Contains("[a-zA-Z_:][a-zA-Z0-9_:]*"));
+  CHECK_THROWS_WITH(r.add_counter("1abc", ""),
+                    Contains("invalid metric name '1abc'") && Contains("[a-zA-Z_:][a-zA-Z0-9_:]*"));
   CHECK_THROWS_WITH(r.counter("a-b"), Contains("invalid metric name 'a-b'"));
-  CHECK_THROWS_WITH(r.gauge("g", {{"a:b", "v"}}),
-                    Contains("metric g: invalid label name 'a:b'") &&
-                        Contains("[a-zA-Z_][a-zA-Z0-9_]*"));
+  CHECK_THROWS_WITH(r.gauge("g", {{"a:b", "v"}}), Contains("metric g: invalid label name 'a:b'") &&
+                                                      Contains("[a-zA-Z_][a-zA-Z0-9_]*"));
   CHECK_THROWS_WITH(r.gauge("g", {{"__name__", "v"}}), Contains("not starting with __"));
   CHECK_THROWS_WITH(r.gauge("g", {{"a", "1"}, {"a", "2"}}), Contains("label 'a' given twice"));
   r.add_counter("c_total", "");
@@ -205,7 +204,7 @@ TEST_CASE("invalid names, label names and registrations are refused with clear e
   CHECK_THROWS_WITH(r.add_histogram("h", "", {1, NAN}), Contains("not finite"));
   CHECK_THROWS_WITH(r.add_histogram("h", "", {-INFINITY, 1}), Contains("not finite"));
   r.add_histogram("h", "", {1, 2, INFINITY});  // a trailing +Inf is implicit
-  r.add_histogram("h", "again", {1, 2});      // same buckets: fine
+  r.add_histogram("h", "again", {1, 2});       // same buckets: fine
   CHECK_THROWS_WITH(r.add_histogram("h", "", {1, 3}),
                     Contains("histogram h is registered already with other buckets"));
   CHECK_THROWS_WITH(r.histogram("h", {{"le", "1"}}), Contains("may not have a label named 'le'"));
@@ -390,8 +389,9 @@ TEST_CASE("board metrics from a view: states, risks, retransmit ratio, drain, ag
   CHECK(has_line(page, "r2ccl_rail_state{pid=\"100\",rail=\"mlx5_0:1\",state=\"up\"} 0"));
   CHECK(has_line(page, "r2ccl_rail_state{pid=\"200\",rail=\"eth0\",state=\"failed\"} 1"));
   CHECK(has_line(page, "r2ccl_rail_state{pid=\"300\",rail=\"we\\\"ird\\\\\",state=\"unknown\"} 1"));
-  CHECK(has_line(page, "r2ccl_rail_usable_bandwidth_bytes_per_second{pid=\"100\",rail=\"eth0\"} "
-                       "3125000000"));
+  CHECK(has_line(page,
+                 "r2ccl_rail_usable_bandwidth_bytes_per_second{pid=\"100\",rail=\"eth0\"} "
+                 "3125000000"));
   CHECK(has_line(page, "r2ccl_rail_bytes_sent_total{pid=\"100\",rail=\"eth0\"} 1234"));
   CHECK(has_line(page, "r2ccl_rail_switchovers_total{pid=\"200\",rail=\"eth0\"} 2"));
   CHECK(has_line(page, "# TYPE r2ccl_rail_bytes_sent_total counter"));
@@ -622,9 +622,9 @@ TEST_CASE("metrics endpoint address parsing", "[metrics][http]") {
   REQUIRE(parse_listen_address("[::1]:65535", &ep, &err));
   CHECK(ep.address().is_v6());
   CHECK(ep.port() == 65535);
-  for (const char* bad : {"", "127.0.0.1", "127.0.0.1:", ":9464", "localhost:9464",
-                          "127.0.0.1:65536", "127.0.0.1:-1", "127.0.0.1:12a", "::1:80",
-                          "[127.0.0.1]:80", "[::1]80", "[::1", "1.2.3:80"}) {
+  for (const char* bad :
+       {"", "127.0.0.1", "127.0.0.1:", ":9464", "localhost:9464", "127.0.0.1:65536", "127.0.0.1:-1",
+        "127.0.0.1:12a", "::1:80", "[127.0.0.1]:80", "[::1]80", "[::1", "1.2.3:80"}) {
     INFO(bad);
     err.clear();
     CHECK_FALSE(parse_listen_address(bad, &ep, &err));
@@ -632,9 +632,10 @@ TEST_CASE("metrics endpoint address parsing", "[metrics][http]") {
   }
 }
 
-TEST_CASE("GET /metrics: 200 with the exposition content type and the callback's body; other "
-          "paths 404, other methods 405, junk 400, a throwing callback 500",
-          "[metrics][http]") {
+TEST_CASE(
+    "GET /metrics: 200 with the exposition content type and the callback's body; other "
+    "paths 404, other methods 405, junk 400, a throwing callback 500",
+    "[metrics][http]") {
   Registry reg;
   register_standard(&reg);
   std::atomic<int> fail{0};
@@ -670,9 +671,9 @@ TEST_CASE("GET /metrics: 200 with the exposition content type and the callback's
   r = http_exchange(s.port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
   CHECK(r.status == "HTTP/1.0 405 Method Not Allowed");
   CHECK(r.header("Allow") == "GET, HEAD");
-  for (const char* junk : {"\r\n\r\n", "GET\r\n\r\n", "GET /metrics\r\n\r\n",
-                           "GET  /metrics HTTP/1.1\r\n\r\n", "GET /metrics FTP/1\r\n\r\n",
-                           "GET /metrics HTTP/1.1 extra\r\n\r\n"}) {
+  for (const char* junk :
+       {"\r\n\r\n", "GET\r\n\r\n", "GET /metrics\r\n\r\n", "GET  /metrics HTTP/1.1\r\n\r\n",
+        "GET /metrics FTP/1\r\n\r\n", "GET /metrics HTTP/1.1 extra\r\n\r\n"}) {
     INFO(junk);
     CHECK(http_exchange(s.port, junk).status == "HTTP/1.0 400 Bad Request");
   }
@@ -724,8 +725,8 @@ TEST_CASE("a silent client neither blocks another nor outlives its deadline; con
   Served s([] { return std::string("up 1\n"); }, opt);
 
   auto t0 = std::chrono::steady_clock::now();
-  int silent = connect_to(s.port);               // connects, sends nothing
-  int partial = connect_to(s.port);              // sends half a request line
+  int silent = connect_to(s.port);   // connects, sends nothing
+  int partial = connect_to(s.port);  // sends half a request line
   send_all(partial, "GET /met");
   Response r = http_exchange(s.port, "GET /metrics HTTP/1.1\r\n\r\n");  // a third, served at once
   CHECK(r.status == "HTTP/1.0 200 OK");

@@ -7,8 +7,8 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
@@ -135,8 +135,8 @@ TEST_CASE("put/get round trip, duplicates and replacement", "[snapshot][store]")
   REQUIRE(put_shard(s, a, 10, 1000) == StoreStatus::kOk);
   CHECK(s.stats().memory_bytes == 1333);
   std::vector<uint8_t> other(500, 0xab);
-  REQUIRE(s.put(a, 9, shard_crc32(other.data(), other.size()), other.data(), other.size(),
-                &err) == StoreStatus::kOk);
+  REQUIRE(s.put(a, 9, shard_crc32(other.data(), other.size()), other.data(), other.size(), &err) ==
+          StoreStatus::kOk);
   REQUIRE(s.get(a, &out, &info, &err) == StoreStatus::kOk);
   CHECK(out == other);
   CHECK(info.base_step == 9);
@@ -211,8 +211,7 @@ TEST_CASE("memory only: the limit is a hard limit", "[snapshot][store]") {
   CHECK(err.find("rank 0 step 3 buffer 0") != std::string::npos);
   // Replacing a shard with one of the same size fits.
   std::vector<uint8_t> b(1000, 7);
-  CHECK(s.put(ShardKey{0, 1, 0}, 1, shard_crc32(b.data(), b.size()), b, &err) ==
-        StoreStatus::kOk);
+  CHECK(s.put(ShardKey{0, 1, 0}, 1, shard_crc32(b.data(), b.size()), b, &err) == StoreStatus::kOk);
   CHECK(s.stats().memory_bytes == 3000);
 }
 
@@ -248,9 +247,9 @@ TEST_CASE("beyond the memory limit the least recently used shards spill; get is 
   for (const auto& k : keys) require_shard(s, k, 1000, 1);
   // Reading a spilled shard does not bring it back into memory.
   CHECK(s.stats().shards_spilled == 10);
-  for (const auto& info : s.list()) CHECK(info.spilled == (files.count(
-      "r" + std::to_string(info.key.rank) + "_s" + std::to_string(info.key.step) +
-      "_b0.shard") == 1));
+  for (const auto& info : s.list())
+    CHECK(info.spilled == (files.count("r" + std::to_string(info.key.rank) + "_s" +
+                                       std::to_string(info.key.step) + "_b0.shard") == 1));
 
   // A shard larger than the whole memory limit (but within the maximum) goes straight to disk,
   // and pushes nothing else out.
@@ -260,8 +259,7 @@ TEST_CASE("beyond the memory limit the least recently used shards spill; get is 
   CHECK(fs::exists(s.spill_path(ShardKey{7, 1, 0})));
   require_shard(s, ShardKey{7, 1, 0}, 20000, 1);
   // No temp files are left behind.
-  for (const auto& e : fs::directory_iterator(dir))
-    CHECK(e.path().extension().string() != ".tmp");
+  for (const auto& e : fs::directory_iterator(dir)) CHECK(e.path().extension().string() != ".tmp");
 }
 
 TEST_CASE("a shard corrupted on disk is refused by name; the others are served",
@@ -412,7 +410,7 @@ TEST_CASE("bad, truncated and foreign files in the directory are skipped with a 
     auto src = fs::path(d.sub("r0_s7_b0.shard"));
     std::ifstream in(src, std::ios::binary);
     in.read(reinterpret_cast<char*>(f.data()), kHeader);
-    for (int i = 0; i < 8; ++i) f[40 + i] = 0xff;  // payload bytes: 2^64 - 1
+    for (int i = 0; i < 8; ++i) f[40 + i] = 0xff;     // payload bytes: 2^64 - 1
     const uint32_t hcrc = shard_crc32(f.data(), 60);  // a well-formed header otherwise
     for (int i = 0; i < 4; ++i) f[60 + i] = static_cast<uint8_t>(hcrc >> (8 * i));
     std::ofstream out(d.sub("r0_s9_b0.shard"), std::ios::binary);

@@ -156,7 +156,8 @@ TEST_CASE("topology: subnet mapping") {
     REQUIRE(fs.size() == 1);
     CHECK(fs[0].severity == Severity::kError);
     CHECK(fs[0].kind == "subnet");
-    CHECK(format_finding(fs[0]) == "error: node C rail eth1: subnet 10.0.9.0/24, peers 10.0.1.0/24");
+    CHECK(format_finding(fs[0]) ==
+          "error: node C rail eth1: subnet 10.0.9.0/24, peers 10.0.1.0/24");
   }
   SECTION("crossed rails (swapped subnets) are errors") {
     NodeDump b = node("B");
@@ -249,7 +250,8 @@ TEST_CASE("topology: 3+ nodes, one differs: only that node is named") {
   REQUIRE(fs.size() == 2);
   for (const auto& f : fs) CHECK(f.node == "C");
   CHECK(format_finding(fs[0]) == "error: node C rail eth0: MTU 1500, peers 9000");
-  CHECK(format_finding(fs[1]) == "warning: node C HCA port mlx5_1:1: GID type RoCEv1, peers RoCEv2");
+  CHECK(format_finding(fs[1]) ==
+        "warning: node C HCA port mlx5_1:1: GID type RoCEv1, peers RoCEv2");
   CHECK(format_summary(4, fs) == "4 nodes, 1 error, 1 warning");
   std::string j = findings_to_json(named({node("A"), node("B"), c, node("D")}), fs);
   CHECK(j.find("\"errors\": 1") != std::string::npos);
@@ -284,7 +286,8 @@ TEST_CASE("topology: malformed dumps give a clear error naming the file and the 
     REQUIRE(p != std::string::npos);
     return s.replace(p, from.size(), to);
   };
-  fails(edit("\"schema_version\": 1", "\"schema_version\": 99"), "schema_version: 99 is not supported");
+  fails(edit("\"schema_version\": 1", "\"schema_version\": 99"),
+        "schema_version: 99 is not supported");
   fails(edit("\"schema_version\": 1", "\"schema_version\": \"1\""),
         "field schema_version: expected an integer, got string");
   fails(edit("\"mtu\": 9000", "\"mtu\": \"9000\""), "field rails[0].mtu: expected an integer");
@@ -298,8 +301,10 @@ TEST_CASE("topology: malformed dumps give a clear error naming the file and the 
     s = s.substr(0, p) + "\"rails\": 5, \"x\": [" + s.substr(p + 10);
     fails(s, "field rails: expected an array, got number");
   }
-  fails(edit("\"numa\": 0", "\"numa\": 1.5"), "field rails[0].numa: expected an integer, got number");
-  fails(edit("\"numa\": 0", "\"numa\": null"), "field rails[0].numa: expected an integer, got null");
+  fails(edit("\"numa\": 0", "\"numa\": 1.5"),
+        "field rails[0].numa: expected an integer, got number");
+  fails(edit("\"numa\": 0", "\"numa\": null"),
+        "field rails[0].numa: expected an integer, got null");
   CHECK(from_json(good, "b.json", &d, &err));
 
   // Files: missing, empty, truncated.

@@ -24,7 +24,8 @@ namespace {
 std::mutex g_mu;
 std::vector<std::string> g_logs;
 
-void capture_logger(ncclDebugLogLevel level, unsigned long, const char*, int, const char* fmt, ...) {
+void capture_logger(ncclDebugLogLevel level, unsigned long, const char*, int, const char* fmt,
+                    ...) {
   char msg[2048];
   va_list ap;
   va_start(ap, fmt);
@@ -72,13 +73,14 @@ std::vector<float> table_with(std::vector<std::pair<int, int>> ignore) {
 TEST_CASE("r2ccl rule lines parse into rules", "[unit][tuner]") {
   RuleSet rs;
   std::string err;
-  REQUIRE(parse_rules("# comment\n\n"
-                      "allreduce 0-64K nodes=2+ ranks=any -> tree/ll channels=2  # small\n"
-                      "any 1M+ pipeops=1-4 regbuff=1 -> ring/simple\n"
-                      "broadcast any -> keep channels=3\n"
-                      "allgather 4096 usable=0-20 -> pat/ll128\n"
-                      "model on net_bw=25 net_lat=4 intra_bw=100 intra_lat=0.5 degraded_below=20\n",
-                      "t.conf", &rs, &err));
+  REQUIRE(
+      parse_rules("# comment\n\n"
+                  "allreduce 0-64K nodes=2+ ranks=any -> tree/ll channels=2  # small\n"
+                  "any 1M+ pipeops=1-4 regbuff=1 -> ring/simple\n"
+                  "broadcast any -> keep channels=3\n"
+                  "allgather 4096 usable=0-20 -> pat/ll128\n"
+                  "model on net_bw=25 net_lat=4 intra_bw=100 intra_lat=0.5 degraded_below=20\n",
+                  "t.conf", &rs, &err));
   INFO(err);
   REQUIRE(rs.rules.size() == 4);
   const Rule& r0 = rs.rules[0];
@@ -114,11 +116,12 @@ TEST_CASE("r2ccl rule lines parse into rules", "[unit][tuner]") {
 TEST_CASE("NCCL's example tuner CSV layout is accepted (8, 9 and 10 fields)", "[unit][tuner]") {
   RuleSet rs;
   std::string err;
-  REQUIRE(parse_rules("allreduce,0,65536,tree,simple,2,1,-1,-1,1\n"
-                      "allreduce,65537,1048576,ring,simple,4,4,32,1,0\n"
-                      "allgather,0,4294967295,ring,simple,4,2,-1\n"
-                      "reduce, 0, 4294967295, tree, simple, -1, -1, -1, 2\n",
-                      "nccl.csv", &rs, &err));
+  REQUIRE(
+      parse_rules("allreduce,0,65536,tree,simple,2,1,-1,-1,1\n"
+                  "allreduce,65537,1048576,ring,simple,4,4,32,1,0\n"
+                  "allgather,0,4294967295,ring,simple,4,2,-1\n"
+                  "reduce, 0, 4294967295, tree, simple, -1, -1, -1, 2\n",
+                  "nccl.csv", &rs, &err));
   INFO(err);
   REQUIRE(rs.rules.size() == 4);
   CHECK(rs.rules[0].nodes.lo == 1);
@@ -168,8 +171,7 @@ TEST_CASE("malformed rules name file, line and column", "[unit][tuner]") {
       {"model on net_bw=-3\n", "t.conf:1:10:", "net_bw"},
       {"model on speed=3\n", "t.conf:1:10:", "unknown parameter"},
       {"allreduce 0-1K -> ring/simple\n\x7f\x45\x4c\x46\x02\x01\x01\n", "t.conf:2:1:", "byte 0x7f"},
-      {std::string("allreduce 0-1K -> ring/simple\nall\0reduce\n", 42), "t.conf:2:4:",
-       "byte 0x00"},
+      {std::string("allreduce 0-1K -> ring/simple\nall\0reduce\n", 42), "t.conf:2:4:", "byte 0x00"},
   };
   for (const Case& c : cases) {
     INFO("text: " << c.text);
@@ -216,7 +218,8 @@ TEST_CASE("the cost model prefers low latency for small and bandwidth for large"
   // Degenerate shapes do not blow up.
   for (uint64_t n : {0ull, 1ull, 8192ull})
     for (uint64_t nn : {0ull, 1ull, 8192ull})
-      CHECK(predict_us(m, 50, ncclFuncAllReduce, 16ull << 30, n, nn, NCCL_ALGO_RING, NCCL_PROTO_LL) > 0);
+      CHECK(predict_us(m, 50, ncclFuncAllReduce, 16ull << 30, n, nn, NCCL_ALGO_RING,
+                       NCCL_PROTO_LL) > 0);
 }
 
 TEST_CASE("core: a rule forces its entry to 0, IGNORE entries never change", "[unit][tuner]") {
@@ -236,7 +239,8 @@ TEST_CASE("core: a rule forces its entry to 0, IGNORE entries never change", "[u
   auto t = table_with({{NCCL_ALGO_NVLS, NCCL_PROTO_LL}});
   auto before = t;
   int nch = 0;
-  Choice ch = get_coll_info(c, {ncclFuncAllReduce, 1024, 1, 0}, t.data(), kMaxAlgos, kMaxProtos, &nch);
+  Choice ch =
+      get_coll_info(c, {ncclFuncAllReduce, 1024, 1, 0}, t.data(), kMaxAlgos, kMaxProtos, &nch);
   CHECK(ch.algo == NCCL_ALGO_TREE);
   CHECK(ch.proto == NCCL_PROTO_LL);
   CHECK(nch == 2);
@@ -406,8 +410,8 @@ TEST_CASE("rules: repeated conditions and non-regular files are errors, never si
         std::string::npos);
   RuleSet rs;
   std::string err;
-  const std::string dir = (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp") + std::string("/rules-dir-") +
-                          std::to_string(getpid());
+  const std::string dir = (getenv("TMPDIR") ? getenv("TMPDIR") : "/tmp") +
+                          std::string("/rules-dir-") + std::to_string(getpid());
   REQUIRE(mkdir(dir.c_str(), 0700) == 0);
   CHECK_FALSE(load_rules_file(dir, &rs, &err));
   CHECK(err.find("not a regular file") != std::string::npos);

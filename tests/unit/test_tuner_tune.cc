@@ -49,19 +49,26 @@ TEST_CASE("r2ccl_tune picks the fastest label per size range", "[unit][tuner]") 
   const std::string combined = tmp_file(
       "# Collective test starting: all_reduce_perf\n"
       "# r2ccl_tune: tree/ll\n"
-      "           8             2     float     sum      -1    5.00    0.00    0.00      0     5.0    0.00    0.00      0\n"
-      "        1024           256     float     sum      -1    7.00    0.00    0.00      0     7.0    0.00    0.00      0\n"
-      "       65536         16384     float     sum      -1   80.00    0.00    0.00      0    80.0    0.00    0.00      0\n"
-      "     1048576        262144     float     sum      -1  900.00    0.00    0.00      0   900.0    0.00    0.00      0\n"
+      "           8             2     float     sum      -1    5.00    0.00    0.00      0     5.0 "
+      "   0.00    0.00      0\n"
+      "        1024           256     float     sum      -1    7.00    0.00    0.00      0     7.0 "
+      "   0.00    0.00      0\n"
+      "       65536         16384     float     sum      -1   80.00    0.00    0.00      0    80.0 "
+      "   0.00    0.00      0\n"
+      "     1048576        262144     float     sum      -1  900.00    0.00    0.00      0   900.0 "
+      "   0.00    0.00      0\n"
       "# r2ccl_tune: ring/ll\n"
-      "           8             2     float     sum      -1    4.00    0.00    0.00      0     4.0    0.00    0.00      0\n"
-      "           8             2     float     sum      -1   12.00    0.00    0.00      0    12.0    0.00    0.00      0\n"
-      "        1024           256     float     sum      -1   50.00    0.00    0.00      0    50.0    0.00    0.00      0\n"
+      "           8             2     float     sum      -1    4.00    0.00    0.00      0     4.0 "
+      "   0.00    0.00      0\n"
+      "           8             2     float     sum      -1   12.00    0.00    0.00      0    12.0 "
+      "   0.00    0.00      0\n"
+      "        1024           256     float     sum      -1   50.00    0.00    0.00      0    50.0 "
+      "   0.00    0.00      0\n"
       "# Out of bounds values : 0 OK\n");
   const std::string out = tmp_file("");
-  const std::string cmd = shell_quote(tool) + " -o " + shell_quote(out) + " --nodes 2 ring/simple=" +
-                          shell_quote(ring_simple) + " ring/ll128=" + shell_quote(ring_ll128) + " " +
-                          shell_quote(combined);
+  const std::string cmd = shell_quote(tool) + " -o " + shell_quote(out) +
+                          " --nodes 2 ring/simple=" + shell_quote(ring_simple) +
+                          " ring/ll128=" + shell_quote(ring_ll128) + " " + shell_quote(combined);
   std::string log;
   INFO(cmd);
   REQUIRE(run_command(cmd + " 2>&1", &log) == 0);
@@ -74,7 +81,8 @@ TEST_CASE("r2ccl_tune picks the fastest label per size range", "[unit][tuner]") 
   std::stringstream text;
   text << f.rdbuf();
   INFO("rules:\n" << text.str());
-  // 8 B: ring/ll averages 8 us > tree/ll 5 us; 1 KiB: tree/ll; 64 KiB: ring/ll128; 1 MiB: ring/simple.
+  // 8 B: ring/ll averages 8 us > tree/ll 5 us; 1 KiB: tree/ll; 64 KiB: ring/ll128; 1 MiB:
+  // ring/simple.
   REQUIRE(rs.rules.size() == 3);
   CHECK(rs.rules[0].coll == 4);
   CHECK(rs.rules[0].algo == 0);
@@ -93,7 +101,8 @@ TEST_CASE("r2ccl_tune picks the fastest label per size range", "[unit][tuner]") 
   CHECK(rs.rules[2].bytes.hi == UINT64_MAX);
 
   // Errors: a bad label, a missing file.
-  CHECK(run_command(shell_quote(tool) + " warp/ll=" + shell_quote(ring_simple) + " 2>&1", &log) != 0);
+  CHECK(run_command(shell_quote(tool) + " warp/ll=" + shell_quote(ring_simple) + " 2>&1", &log) !=
+        0);
   CHECK(run_command(shell_quote(tool) + " ring/ll=/nonexistent 2>&1", &log) != 0);
   for (const auto& p : {ring_simple, ring_ll128, combined, out}) unlink(p.c_str());
 }

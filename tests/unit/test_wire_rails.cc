@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "r2ccl/clock.h"
 #include "fault/fault_injector.h"
+#include "r2ccl/clock.h"
 #include "sock/rails.h"
 #include "transport/tcp/wire.h"
 
@@ -239,8 +239,7 @@ TEST_CASE("IFNAME@ADDR rails bind to the given address", "[rails]") {
   }
 }
 
-TEST_CASE("a spec that matches nothing fails naming the variable and the interfaces",
-          "[rails]") {
+TEST_CASE("a spec that matches nothing fails naming the variable and the interfaces", "[rails]") {
   std::vector<Rail> rails;
   std::string err;
   CHECK_FALSE(select_rails("mlx", "NCCL_SOCKET_IFNAME", host(), kSpeed, &rails, &err));
@@ -300,9 +299,9 @@ TEST_CASE("an IFNAME@ADDR rail whose address does not parse is rejected with the
 TEST_CASE("same_subnet compares under the shorter prefix", "[rails]") {
   CHECK(subnet("10.0.0.1", 24, "10.0.0.200", 24));
   CHECK_FALSE(subnet("10.0.0.1", 24, "10.0.1.1", 24));
-  CHECK(subnet("10.0.0.1", 24, "10.0.1.1", 16));   // /16 decides
-  CHECK(subnet("10.0.1.1", 16, "10.0.0.1", 24));   // symmetric
-  CHECK(subnet("10.0.0.1", 23, "10.0.1.1", 24));   // bit-level prefix
+  CHECK(subnet("10.0.0.1", 24, "10.0.1.1", 16));  // /16 decides
+  CHECK(subnet("10.0.1.1", 16, "10.0.0.1", 24));  // symmetric
+  CHECK(subnet("10.0.0.1", 23, "10.0.1.1", 24));  // bit-level prefix
   CHECK_FALSE(subnet("10.0.0.1", 25, "10.0.0.129", 25));
   CHECK(subnet("1.2.3.4", 0, "200.1.1.1", 0));
   CHECK_FALSE(subnet("10.0.0.1", 32, "10.0.0.2", 32));
@@ -329,8 +328,8 @@ TEST_CASE("fault specs parse", "[fault]") {
   CHECK(v[0].kind == FaultSpec::Kind::kReset);
   CHECK(v[0].duration == 0);
 
-  REQUIRE(parse_fault_specs(
-      "rank=1,rail=2,at=0,kind=delay:5,for=300;rail=15,at=7,kind=blackhole;", &v, &err));
+  REQUIRE(parse_fault_specs("rank=1,rail=2,at=0,kind=delay:5,for=300;rail=15,at=7,kind=blackhole;",
+                            &v, &err));
   REQUIRE(v.size() == 2);
   CHECK(v[0].rank == 1);
   CHECK(v[0].rail == 2);
@@ -347,22 +346,22 @@ TEST_CASE("fault specs parse", "[fault]") {
 
 TEST_CASE("bad fault specs fail with the accepted form", "[fault]") {
   const char* bad[] = {
-      "at=0,kind=reset",                     // no rail
-      "rail=0,kind=reset",                   // no at
-      "rail=0,at=0",                         // no kind
-      "rail=0,at=0,kind=explode",            // unknown kind
-      "rail=0,at=0,kind=delay:",             // delay without value
-      "rail=0,at=0,kind=delay:0",            // zero delay
-      "rail=0,at=-5,kind=reset",             // negative time
-      "rail=-1,at=0,kind=reset",             // negative rail
-      "rail=16,at=0,kind=reset",             // beyond the rail limit
-      "rank=-2,rail=0,at=0,kind=reset",      // bad rank
-      "rail=0,at=0,kind=reset,for=0",        // zero duration
-      "rail=0,at=0,kind=reset,for=-10",      // negative duration
-      "rail=0,at=10ms,kind=reset",           // units are not accepted
-      "rail=0,at=0,kind=reset,color=blue",   // unknown key
-      "rail=0 at=0 kind=reset",              // not key=value pairs
-      "rail=0,at=0,kind=reset;rail=1",       // second entry incomplete
+      "at=0,kind=reset",                    // no rail
+      "rail=0,kind=reset",                  // no at
+      "rail=0,at=0",                        // no kind
+      "rail=0,at=0,kind=explode",           // unknown kind
+      "rail=0,at=0,kind=delay:",            // delay without value
+      "rail=0,at=0,kind=delay:0",           // zero delay
+      "rail=0,at=-5,kind=reset",            // negative time
+      "rail=-1,at=0,kind=reset",            // negative rail
+      "rail=16,at=0,kind=reset",            // beyond the rail limit
+      "rank=-2,rail=0,at=0,kind=reset",     // bad rank
+      "rail=0,at=0,kind=reset,for=0",       // zero duration
+      "rail=0,at=0,kind=reset,for=-10",     // negative duration
+      "rail=0,at=10ms,kind=reset",          // units are not accepted
+      "rail=0,at=0,kind=reset,color=blue",  // unknown key
+      "rail=0 at=0 kind=reset",             // not key=value pairs
+      "rail=0,at=0,kind=reset;rail=1",      // second entry incomplete
   };
   for (const char* s : bad) {
     INFO("spec '" << s << "'");
@@ -376,17 +375,17 @@ TEST_CASE("bad fault specs fail with the accepted form", "[fault]") {
 
 // FaultInjector is a process singleton whose schedule starts once (arm() is one-shot), so the
 // whole story is one test case. Times are bracketed around the real arm() instead of waited.
-TEST_CASE("the fault injector is inactive before arm and follows its schedule after",
-          "[fault]") {
+TEST_CASE("the fault injector is inactive before arm and follows its schedule after", "[fault]") {
   FaultInjector& inj = FaultInjector::instance();
   std::vector<FaultSpec> specs;
   std::string err;
-  REQUIRE(parse_fault_specs("rank=0,rail=0,at=0,kind=reset;"
-                            "rank=1,rail=1,at=0,kind=blackhole;"          // another rank
-                            "rail=2,at=0,kind=blackhole,for=3600000;"
-                            "rail=3,at=0,kind=delay:5;rail=3,at=0,kind=delay:7;"
-                            "rail=4,at=1000,kind=reset,for=500",
-                            &specs, &err));
+  REQUIRE(
+      parse_fault_specs("rank=0,rail=0,at=0,kind=reset;"
+                        "rank=1,rail=1,at=0,kind=blackhole;"  // another rank
+                        "rail=2,at=0,kind=blackhole,for=3600000;"
+                        "rail=3,at=0,kind=delay:5;rail=3,at=0,kind=delay:7;"
+                        "rail=4,at=1000,kind=reset,for=500",
+                        &specs, &err));
   inj.configure(specs, /*my_rank=*/0);
   REQUIRE(inj.enabled());
 
@@ -430,7 +429,7 @@ TEST_CASE("the fault injector is inactive before arm and follows its schedule af
   CHECK(inj.query(4, before + kUsPerSec - 1).reset_epoch == 0);
   CHECK(inj.query(4, after + kUsPerSec).down);
   CHECK(inj.query(4, after + kUsPerSec).reset_epoch == 1);
-  CHECK_FALSE(inj.query(4, after + 1500 * kUsPerMs).down);    // over...
+  CHECK_FALSE(inj.query(4, after + 1500 * kUsPerMs).down);        // over...
   CHECK(inj.query(4, after + 1500 * kUsPerMs).reset_epoch == 1);  // ...but it happened
 
   // A configuration for another rank only: disabled.

@@ -52,33 +52,31 @@ Status init_any(void** ctx, size_t n_ranks, size_t n_nodes, ncclDebugLogger_t lo
 }
 
 // init: configuration errors -> ncclInvalidUsage; anything thrown -> a WARN and an error.
-#define INIT_FIREWALL(expr)                                               \
-  try {                                                                   \
-    return to_nccl_result(expr);                                          \
-  } catch (const std::bad_alloc&) {                                       \
-    TUNER_WARN(log, "%s: out of memory", __func__);                      \
-    return ncclSystemError;                                               \
-  } catch (...) {                                                         \
+#define INIT_FIREWALL(expr)                                                 \
+  try {                                                                     \
+    return to_nccl_result(expr);                                            \
+  } catch (const std::bad_alloc&) {                                         \
+    TUNER_WARN(log, "%s: out of memory", __func__);                         \
+    return ncclSystemError;                                                 \
+  } catch (...) {                                                           \
     TUNER_WARN(log, "%s: internal error (unexpected exception)", __func__); \
-    return ncclInternalError;                                             \
+    return ncclInternalError;                                               \
   }
 
 // getCollInfo/finalize: always ncclSuccess (an error would fail the collective or teardown).
-#define CALL_FIREWALL(ctx, ...)                                                            \
-  try {                                                                                    \
-    if (!valid_context(ctx)) {                                                             \
-      static std::once_flag once;                                                          \
-      std::call_once(once, [] {                                                            \
-        TUNER_WARN(nullptr, "not an r2ccl tuner context; call ignored");                   \
-      });                                                                                  \
-      return ncclSuccess;                                                                  \
-    }                                                                                      \
-    __VA_ARGS__;                                                                           \
-    return ncclSuccess;                                                                    \
-  } catch (...) {                                                                          \
-    TUNER_WARN(nullptr, "%s: internal error (exception); NCCL's choice stands",           \
-               __func__);                                                                  \
-    return ncclSuccess;                                                                    \
+#define CALL_FIREWALL(ctx, ...)                                                                \
+  try {                                                                                        \
+    if (!valid_context(ctx)) {                                                                 \
+      static std::once_flag once;                                                              \
+      std::call_once(once,                                                                     \
+                     [] { TUNER_WARN(nullptr, "not an r2ccl tuner context; call ignored"); }); \
+      return ncclSuccess;                                                                      \
+    }                                                                                          \
+    __VA_ARGS__;                                                                               \
+    return ncclSuccess;                                                                        \
+  } catch (...) {                                                                              \
+    TUNER_WARN(nullptr, "%s: internal error (exception); NCCL's choice stands", __func__);     \
+    return ncclSuccess;                                                                        \
   }
 
 Context* as_ctx(void* p) { return static_cast<Context*>(p); }
@@ -105,17 +103,16 @@ ncclResult_t v2_init(size_t n_ranks, size_t n_nodes, ncclDebugLogger_t log, void
 }
 
 // v5 and v4 share getCollInfo's signature.
-ncclResult_t v4_get_coll_info(void* ctx, ncclFunc_t coll, size_t bytes, int pipe_ops,
-                              float** table, int num_algo, int num_proto, int reg_buff,
-                              int* n_channels) {
+ncclResult_t v4_get_coll_info(void* ctx, ncclFunc_t coll, size_t bytes, int pipe_ops, float** table,
+                              int num_algo, int num_proto, int reg_buff, int* n_channels) {
   CALL_FIREWALL(ctx, {
     CallArgs a{static_cast<int>(coll), bytes, pipe_ops, reg_buff};
     (void)get_coll_info(as_ctx(ctx), a, reinterpret_cast<float*>(table), num_algo, num_proto,
                         n_channels);
   });
 }
-ncclResult_t v3_get_coll_info(void* ctx, ncclFunc_t coll, size_t bytes, int pipe_ops,
-                              float** table, int num_algo, int num_proto, int* n_channels) {
+ncclResult_t v3_get_coll_info(void* ctx, ncclFunc_t coll, size_t bytes, int pipe_ops, float** table,
+                              int num_algo, int num_proto, int* n_channels) {
   CALL_FIREWALL(ctx, {
     CallArgs a{static_cast<int>(coll), bytes, pipe_ops, -1};
     (void)get_coll_info(as_ctx(ctx), a, reinterpret_cast<float*>(table), num_algo, num_proto,

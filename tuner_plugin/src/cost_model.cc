@@ -50,8 +50,7 @@ double predict_us(const ModelParams& m, double net_bw_eff, int coll, uint64_t by
       steps = ceil_log2(n);
       volume = (n - 1) / n;
       break;
-    default:
-      return -1;
+    default: return -1;
   }
   const double t = kProtoBaseUs[proto] + steps * hop * kProtoHop[proto] +
                    volume * static_cast<double>(bytes) / (1000.0 * bw * kProtoEff[proto]);

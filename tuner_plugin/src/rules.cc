@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <strings.h>
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -12,7 +13,6 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
-#include <strings.h>
 
 #include "r2ccl/file_util.h"
 
@@ -21,8 +21,8 @@ namespace {
 
 const char* const kCollNames[kNumColls] = {"broadcast", "reduce", "allgather", "reducescatter",
                                            "allreduce"};
-const char* const kAlgoNames[kMaxAlgos] = {"tree", "ring", "collnet_direct", "collnet_chain",
-                                           "nvls", "nvls_tree", "pat"};
+const char* const kAlgoNames[kMaxAlgos] = {
+    "tree", "ring", "collnet_direct", "collnet_chain", "nvls", "nvls_tree", "pat"};
 const char* const kProtoNames[kMaxProtos] = {"ll", "ll128", "simple"};
 
 constexpr size_t kMaxFileBytes = 1 << 20;
@@ -104,10 +104,14 @@ bool parse_u64(const std::string& s, bool allow_suffix, uint64_t* out, std::stri
     int shift = -1;
     if (allow_suffix && i + 1 == s.size()) {
       switch (s[i]) {
-        case 'K': case 'k': shift = 10; break;
-        case 'M': case 'm': shift = 20; break;
-        case 'G': case 'g': shift = 30; break;
-        case 'T': case 't': shift = 40; break;
+        case 'K':
+        case 'k': shift = 10; break;
+        case 'M':
+        case 'm': shift = 20; break;
+        case 'G':
+        case 'g': shift = 30; break;
+        case 'T':
+        case 't': shift = 40; break;
         default: break;
       }
     }
@@ -183,8 +187,7 @@ bool parse_positive_double(const std::string& s, double* out, std::string* why) 
   errno = 0;
   char* end = nullptr;
   double v = strtod(s.c_str(), &end);
-  if (s.empty() || !end || *end != '\0' || errno != 0 || !std::isfinite(v) || v < 0 ||
-      v > 1e9) {
+  if (s.empty() || !end || *end != '\0' || errno != 0 || !std::isfinite(v) || v < 0 || v > 1e9) {
     *why = "expected a number in 0..1e9, got '" + s + "'";
     return false;
   }
@@ -252,11 +255,11 @@ bool parse_model_line(const std::vector<Token>& t, ModelParams* m, Error* e) {
     std::string k = eq == std::string::npos ? t[i].text : t[i].text.substr(0, eq);
     std::string v = eq == std::string::npos ? "" : t[i].text.substr(eq + 1);
     double* dst = k == "net_bw"           ? &m->net_bw
-                  : k == "net_lat"          ? &m->net_lat
-                  : k == "intra_bw"         ? &m->intra_bw
-                  : k == "intra_lat"        ? &m->intra_lat
-                  : k == "degraded_below"   ? &m->degraded_below
-                                            : nullptr;
+                  : k == "net_lat"        ? &m->net_lat
+                  : k == "intra_bw"       ? &m->intra_bw
+                  : k == "intra_lat"      ? &m->intra_lat
+                  : k == "degraded_below" ? &m->degraded_below
+                                          : nullptr;
     e->col = t[i].col;
     if (!dst || eq == std::string::npos) {
       e->msg = "model: unknown parameter '" + t[i].text +
@@ -346,8 +349,7 @@ int parse_coll(const std::string& s) { return find_name(kCollNames, kNumColls, s
 int parse_algo(const std::string& s) { return find_name(kAlgoNames, kMaxAlgos, s); }
 int parse_proto(const std::string& s) { return find_name(kProtoNames, kMaxProtos, s); }
 
-bool parse_rules(const std::string& text, const std::string& name, RuleSet* out,
-                 std::string* err) {
+bool parse_rules(const std::string& text, const std::string& name, RuleSet* out, std::string* err) {
   RuleSet rs;
   rs.source = name;
   auto report = [&](int line, int col, const std::string& msg) {

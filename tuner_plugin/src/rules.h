@@ -39,11 +39,11 @@ struct Rule {
   Range bytes;
   Range nodes;
   Range ranks;
-  Range pipe_ops;   // matched only when the API version passes numPipeOps (all do)
-  Range reg_buff;   // any, [0,0] or [1,1]; a bounded range never matches on v2/v3 (unknown)
-  Range usable;     // GB/s: min agreed usable bandwidth of member nodes; bounded ranges
-                    // never match without an agreed record
-  int algo = -1;    // -1 with proto -1: keep NCCL's choice (only channels)
+  Range pipe_ops;  // matched only when the API version passes numPipeOps (all do)
+  Range reg_buff;  // any, [0,0] or [1,1]; a bounded range never matches on v2/v3 (unknown)
+  Range usable;    // GB/s: min agreed usable bandwidth of member nodes; bounded ranges
+                   // never match without an agreed record
+  int algo = -1;   // -1 with proto -1: keep NCCL's choice (only channels)
   int proto = -1;
   int channels = -1;  // -1: leave nChannels alone
   int line = 0;       // source line, for logs
@@ -54,10 +54,10 @@ struct Rule {
 // latencies in microseconds.
 struct ModelParams {
   bool enabled = false;
-  double net_bw = 50.0;       // net_bw=   per-node network bandwidth, GB/s (400 Gbit/s)
-  double net_lat = 5.0;       // net_lat=  per network hop, us
-  double intra_bw = 150.0;    // intra_bw= per-GPU intra-node bandwidth, GB/s
-  double intra_lat = 1.0;     // intra_lat= per intra-node hop, us
+  double net_bw = 50.0;     // net_bw=   per-node network bandwidth, GB/s (400 Gbit/s)
+  double net_lat = 5.0;     // net_lat=  per network hop, us
+  double intra_bw = 150.0;  // intra_bw= per-GPU intra-node bandwidth, GB/s
+  double intra_lat = 1.0;   // intra_lat= per intra-node hop, us
   // Failure awareness: when the agreed record's minimum usable bandwidth of a member node is
   // below this (GB/s), the network bandwidth of every modelled algorithm becomes that minimum.
   // 0 (default): net_bw is the threshold.
@@ -73,8 +73,7 @@ struct RuleSet {
 
 // Parses `text` (the file's content; `name` is used in messages). On error returns false, sets
 // *err to "NAME:LINE:COL: message" and leaves *out untouched.
-bool parse_rules(const std::string& text, const std::string& name, RuleSet* out,
-                 std::string* err);
+bool parse_rules(const std::string& text, const std::string& name, RuleSet* out, std::string* err);
 // Reads and parses a file; a missing or unreadable file is an error ("NAME:0:0: ...").
 bool load_rules_file(const std::string& path, RuleSet* out, std::string* err);
 

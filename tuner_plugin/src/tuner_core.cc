@@ -29,9 +29,11 @@ bool rule_matches(const Rule& r, const Context& c, const CallArgs& a) {
   if (!r.bytes.contains(a.bytes)) return false;
   if (!r.nodes.contains(c.n_nodes)) return false;
   if (!r.ranks.contains(c.n_ranks)) return false;
-  if (!r.pipe_ops.any() && (a.pipe_ops < 0 || !r.pipe_ops.contains(static_cast<uint64_t>(a.pipe_ops))))
+  if (!r.pipe_ops.any() &&
+      (a.pipe_ops < 0 || !r.pipe_ops.contains(static_cast<uint64_t>(a.pipe_ops))))
     return false;
-  if (!r.reg_buff.any() && (a.reg_buff < 0 || !r.reg_buff.contains(static_cast<uint64_t>(a.reg_buff))))
+  if (!r.reg_buff.any() &&
+      (a.reg_buff < 0 || !r.reg_buff.contains(static_cast<uint64_t>(a.reg_buff))))
     return false;
   if (!r.usable.any()) {
     if (!c.agreed.present || c.agreed.min_usable <= 0) return false;

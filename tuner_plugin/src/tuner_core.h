@@ -23,9 +23,9 @@
 namespace r2ccl::tuner {
 
 struct Options {
-  std::string rules_path;          // R2CCL_TUNER_CONFIG; empty: no rules
-  bool strict = false;             // R2CCL_TUNER_STRICT
-  std::string board = "default";   // R2CCL_HEALTH_BOARD; "none": no agreed record
+  std::string rules_path;         // R2CCL_TUNER_CONFIG; empty: no rules
+  bool strict = false;            // R2CCL_TUNER_STRICT
+  std::string board = "default";  // R2CCL_HEALTH_BOARD; "none": no agreed record
 };
 
 // What the tuner uses of the agreed cluster record (read once, at context init).
@@ -48,7 +48,7 @@ struct Context {
   ncclDebugLogger_t logger = nullptr;
   std::shared_ptr<const RuleSet> rules;  // never null
   AgreedView agreed;
-  double net_bw_eff = 0;  // the model's network bandwidth after failure awareness
+  double net_bw_eff = 0;               // the model's network bandwidth after failure awareness
   std::atomic<uint64_t> skipped{0};    // rule choices skipped (IGNORE entry), for rate limiting
   std::atomic<uint64_t> bad_calls{0};  // calls with unusable arguments
 };
@@ -93,9 +93,9 @@ void get_coll_info_v2(Context* ctx, const CallArgs& a, int coll_net_support, int
 // Logging through common's facade (r2ccl/log.h) as Component::kTuner ("TUNER/R2CCL ..."):
 // through `logger` (a context's, or init's), else the tuner's NCCL logger (the last one an init
 // handed over, set_nccl_logger(Component::kTuner, ...)), else stderr.
-#define TUNER_WARN(logger, ...)                                                                \
+#define TUNER_WARN(logger, ...)                                                                 \
   ::r2ccl::log_from(::r2ccl::Component::kTuner, (logger), NCCL_LOG_WARN, NCCL_TUNING, __FILE__, \
                     __LINE__, __VA_ARGS__)
-#define TUNER_INFO(logger, ...)                                                                \
+#define TUNER_INFO(logger, ...)                                                                 \
   ::r2ccl::log_from(::r2ccl::Component::kTuner, (logger), NCCL_LOG_INFO, NCCL_TUNING, __func__, \
                     __LINE__, __VA_ARGS__)

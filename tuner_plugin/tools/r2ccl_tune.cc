@@ -69,9 +69,11 @@ int label_index(State* st, const Label& l) {
 }
 
 int coll_from_text(const std::string& line) {
-  static const std::pair<const char*, int> names[] = {
-      {"all_reduce_perf", 4}, {"all_gather_perf", 2}, {"reduce_scatter_perf", 3},
-      {"broadcast_perf", 0},  {"reduce_perf", 1}};
+  static const std::pair<const char*, int> names[] = {{"all_reduce_perf", 4},
+                                                      {"all_gather_perf", 2},
+                                                      {"reduce_scatter_perf", 3},
+                                                      {"broadcast_perf", 0},
+                                                      {"reduce_perf", 1}};
   for (auto& [n, c] : names)
     if (line.find(n) != std::string::npos) return c;
   size_t op = line.find("op: ");
@@ -98,11 +100,13 @@ void read_run(State* st, const std::string& path, int label, int coll) {
         std::string l, c;
         in >> l >> c;
         Label lb;
-        if (!parse_label(l, &lb)) die(path + ":" + std::to_string(lineno) + ": bad label '" + l + "'");
+        if (!parse_label(l, &lb))
+          die(path + ":" + std::to_string(lineno) + ": bad label '" + l + "'");
         label = label_index(st, lb);
         if (!c.empty()) {
           coll = parse_coll(c);
-          if (coll < 0) die(path + ":" + std::to_string(lineno) + ": unknown collective '" + c + "'");
+          if (coll < 0)
+            die(path + ":" + std::to_string(lineno) + ": unknown collective '" + c + "'");
         }
         continue;
       }
@@ -124,7 +128,8 @@ void read_run(State* st, const std::string& path, int label, int coll) {
     double us = strtod(tok[5].c_str(), &end);
     if (*end || !(us > 0)) continue;
     if (label < 0) die(path + ":" + std::to_string(lineno) + ": a table row before any label");
-    if (coll < 0) die(path + ": unknown collective (use --coll or a '# r2ccl_tune: A/P COLL' label)");
+    if (coll < 0)
+      die(path + ": unknown collective (use --coll or a '# r2ccl_tune: A/P COLL' label)");
     Sample& s = st->samples[coll][size][label];
     s.sum_us += us;
     ++s.n;
@@ -245,7 +250,8 @@ int main(int argc, char** argv) {
   // Check that what we write reads back.
   RuleSet back;
   std::string err;
-  if (!parse_rules(o.str(), "output", &back, &err)) die("internal error: output does not parse: " + err);
+  if (!parse_rules(o.str(), "output", &back, &err))
+    die("internal error: output does not parse: " + err);
   if (out_path.empty()) {
     fputs(o.str().c_str(), stdout);
   } else {

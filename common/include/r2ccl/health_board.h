@@ -42,11 +42,11 @@ constexpr int kMaxNodes = 1024;
 // The agreed cluster state: published by the snapshot sidecar's coordinator (snapshot/; tests
 // use a fake publisher), identical on every node once agreed. The tuner reads it at init.
 struct AgreedRecord {
-  uint64_t epoch = 0;                     // 0 = nothing agreed yet
-  uint32_t n_nodes = 0;                   // nodes in the job
+  uint64_t epoch = 0;    // 0 = nothing agreed yet
+  uint32_t n_nodes = 0;  // nodes in the job
   uint32_t reserved = 0;
-  uint64_t members[kMaxNodes / 64] = {};  // bitmap of live node ids
-  float node_usable_gbps[kMaxNodes] = {}; // usable network bandwidth per node, GB/s; 0 = unknown
+  uint64_t members[kMaxNodes / 64] = {};   // bitmap of live node ids
+  float node_usable_gbps[kMaxNodes] = {};  // usable network bandwidth per node, GB/s; 0 = unknown
 };
 // Number of bits set in rec.members.
 int member_count(const AgreedRecord& rec);
@@ -88,9 +88,9 @@ void set_text(char* dst, size_t cap, const std::string& s);
 
 // One live slot as read back.
 struct RailSlot {
-  int slot = -1;        // index in the segment
-  int32_t pid = 0;      // owner process
-  int32_t rail = -1;    // the owner's rail index
+  int slot = -1;           // index in the segment
+  int32_t pid = 0;         // owner process
+  int32_t rail = -1;       // the owner's rail index
   int64_t publish_us = 0;  // CLOCK_MONOTONIC time of the last publish
   RailFields f;
 };
@@ -111,9 +111,9 @@ struct RiskEntry {
   // ccl_retransmit_ratio over the predictor window, 0..1; -1 unknown
   float retransmit_ratio = -1;
   RiskSource source = RiskSource::kNone;
-  uint8_t drain = 0;             // 1: the sampler decided to drain this rail (hysteresis applied)
+  uint8_t drain = 0;  // 1: the sampler decided to drain this rail (hysteresis applied)
   uint8_t pad_[6] = {};
-  char top[kCauseLen] = {};      // top contributing counters, e.g. "symbol_err,rcv_err"
+  char top[kCauseLen] = {};  // top contributing counters, e.g. "symbol_err,rcv_err"
 };
 
 // The sampler block as read back (read_sampler, BoardView::sampler).
@@ -126,9 +126,9 @@ struct RiskEntry {
 //   - an owner that has not published since it claimed: owner set, publish_us = 0;
 //   - a hung owner (publish too old): owner, publish_us and interval_us set (its age shows).
 struct SamplerView {
-  int32_t owner = 0;            // sampler pid, 0 none
-  int64_t publish_us = 0;       // CLOCK_MONOTONIC us of the last publish
-  int64_t interval_us = 0;      // the sampler's sampling interval
+  int32_t owner = 0;        // sampler pid, 0 none
+  int64_t publish_us = 0;   // CLOCK_MONOTONIC us of the last publish
+  int64_t interval_us = 0;  // the sampler's sampling interval
   std::vector<RiskEntry> rails;
 };
 
@@ -154,7 +154,7 @@ struct BoardView {
   int stale_slots = 0;          // slots owned by a process that no longer exists
   int agreed_torn = 0;          // 1 if the agreed record was torn after the retries
   uint32_t slot_count = 0;
-  std::string segment;          // "/r2ccl-<uid>-<name>"
+  std::string segment;  // "/r2ccl-<uid>-<name>"
 };
 
 // False when a member bit is set at or beyond n_nodes (a corrupt record). read_* apply it.
@@ -190,9 +190,7 @@ bool read_sampler(const std::string& board, SamplerView* out, std::string* err);
 bool remove_board(const std::string& board);  // shm_unlink, for tests and tools
 
 // Error kinds, so tools can pick an exit code. read_* set *kind when non-null.
-enum class BoardError {
-  kNone = 0, kAbsent, kInvalidName, kVersion, kTruncated, kCorrupt, kSystem
-};
+enum class BoardError { kNone = 0, kAbsent, kInvalidName, kVersion, kTruncated, kCorrupt, kSystem };
 bool read_board(const std::string& board, BoardView* out, std::string* err, BoardError* kind);
 
 // Per-rail publishing by a net plugin process: open once, then publish(rail index, fields) from
@@ -263,7 +261,7 @@ class Publisher {
   Map* map_ = nullptr;
   pid_t pid_ = 0;
   std::string segment_;
-  std::vector<int> slot_of_rail_;  // rail -> slot index, -1 unclaimed
+  std::vector<int> slot_of_rail_;    // rail -> slot index, -1 unclaimed
   int64_t sampler_interval_us_ = 0;  // this process's interval, from claim_sampler
   int32_t watch_owner_ = 0;          // an owner seen without a publish of its own...
   int64_t watch_since_us_ = 0;       // ...since this time (the hung test for it)
@@ -293,10 +291,10 @@ constexpr uint32_t kDefaultSlots = 256;
 constexpr uint32_t kMaxSlots = 65536;
 
 struct SegmentHeader {
-  uint64_t magic;           // kMagic, written last by the creator (release)
-  uint32_t version;         // kLayoutVersion
-  uint32_t header_size;     // sizeof(SegmentHeader)
-  uint64_t total_size;      // bytes of the whole segment
+  uint64_t magic;        // kMagic, written last by the creator (release)
+  uint32_t version;      // kLayoutVersion
+  uint32_t header_size;  // sizeof(SegmentHeader)
+  uint64_t total_size;   // bytes of the whole segment
   uint32_t slot_count;
   uint32_t slot_size;       // sizeof(ShmSlot)
   uint32_t agreed_offset;   // offset of the AgreedBlock

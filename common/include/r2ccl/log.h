@@ -75,7 +75,8 @@ void log_event(Component c, const char* fmt, ...) __attribute__((format(printf, 
 // TUNER_INFO (tuner_plugin/src/tuner_core.h), SNAP_WARN and SNAP_INFO
 // (snapshot/include/r2ccl/snapshot/log.h).
 #define R2CCL_WARN(...) ::r2ccl::log_msg(NCCL_LOG_WARN, NCCL_NET, __FILE__, __LINE__, __VA_ARGS__)
-#define R2CCL_INFO(flags, ...) ::r2ccl::log_msg(NCCL_LOG_INFO, (flags), __func__, __LINE__, __VA_ARGS__)
+#define R2CCL_INFO(flags, ...) \
+  ::r2ccl::log_msg(NCCL_LOG_INFO, (flags), __func__, __LINE__, __VA_ARGS__)
 #ifdef R2CCL_ENABLE_TRACE
 #define R2CCL_TRACE(...) ::r2ccl::log_msg(NCCL_LOG_TRACE, NCCL_NET, __func__, __LINE__, __VA_ARGS__)
 #else

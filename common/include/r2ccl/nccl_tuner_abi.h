@@ -58,13 +58,13 @@ typedef struct {
 #define NCCL_TUNER_SCALE_COUNT 3
 
 typedef struct {
-  double baseLatencies[NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS];  // us
+  double baseLatencies[NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS];                     // us
   double hwLatencies[NCCL_TUNER_HW_COUNT][NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS];  // us
-  double llMaxBws[NCCL_TUNER_CC_COUNT][NCCL_TUNER_SCALE_COUNT];             // GB/s
-  double perChMaxRingLL128Bws[NCCL_TUNER_CC_COUNT][NCCL_TUNER_SCALE_COUNT];  // GB/s
-  double perChMaxTreeLL128Bws[NCCL_TUNER_CC_COUNT][NCCL_TUNER_SCALE_COUNT];  // GB/s
-  double perChMaxTreeBws[NCCL_TUNER_CC_COUNT][NCCL_TUNER_SCALE_COUNT];       // GB/s
-  double perChMaxNVLSTreeBws[NCCL_TUNER_CC_COUNT][NCCL_TUNER_SCALE_COUNT];   // GB/s
+  double llMaxBws[NCCL_TUNER_CC_COUNT][NCCL_TUNER_SCALE_COUNT];                      // GB/s
+  double perChMaxRingLL128Bws[NCCL_TUNER_CC_COUNT][NCCL_TUNER_SCALE_COUNT];          // GB/s
+  double perChMaxTreeLL128Bws[NCCL_TUNER_CC_COUNT][NCCL_TUNER_SCALE_COUNT];          // GB/s
+  double perChMaxTreeBws[NCCL_TUNER_CC_COUNT][NCCL_TUNER_SCALE_COUNT];               // GB/s
+  double perChMaxNVLSTreeBws[NCCL_TUNER_CC_COUNT][NCCL_TUNER_SCALE_COUNT];           // GB/s
 } ncclTunerConstants_v5_t;
 
 // v5: NCCL 2.28+.
@@ -82,8 +82,7 @@ typedef struct {
 // v4: NCCL 2.24-2.27 (accepted by 2.28). ctx is init's LAST argument.
 typedef struct {
   const char* name;
-  ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction,
-                       void** context);
+  ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction, void** context);
   ncclResult_t (*getCollInfo)(void* context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
                               float** collCostTable, int numAlgo, int numProto, int regBuff,
                               int* nChannels);
@@ -93,8 +92,7 @@ typedef struct {
 // v3: NCCL 2.22-2.23 (accepted by 2.24-2.28). No regBuff.
 typedef struct {
   const char* name;
-  ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction,
-                       void** context);
+  ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction, void** context);
   ncclResult_t (*getCollInfo)(void* context, ncclFunc_t collType, size_t nBytes, int numPipeOps,
                               float** collCostTable, int numAlgo, int numProto, int* nChannels);
   ncclResult_t (*destroy)(void* context);
@@ -104,11 +102,10 @@ typedef struct {
 // together or not at all.
 typedef struct {
   const char* name;
-  ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction,
-                       void** context);
-  ncclResult_t (*getCollInfo)(void* context, ncclFunc_t collType, size_t nBytes,
-                              int collNetSupport, int nvlsSupport, int numPipeOps, int* algorithm,
-                              int* protocol, int* nChannels);
+  ncclResult_t (*init)(size_t nRanks, size_t nNodes, ncclDebugLogger_t logFunction, void** context);
+  ncclResult_t (*getCollInfo)(void* context, ncclFunc_t collType, size_t nBytes, int collNetSupport,
+                              int nvlsSupport, int numPipeOps, int* algorithm, int* protocol,
+                              int* nChannels);
   ncclResult_t (*destroy)(void* context);
 } ncclTuner_v2_t;
 

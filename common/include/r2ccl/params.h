@@ -18,14 +18,14 @@ namespace r2ccl {
 enum class ParamType { kInt, kBool, kSize, kDuration, kDouble, kString };
 
 struct ParamDef {
-  const char* name;          // full variable name, R2CCL_...
+  const char* name;  // full variable name, R2CCL_...
   ParamType type;
-  const char* def;           // default, in the variable's own syntax
-  double min;                // inclusive range for numeric types (after unit conversion)
+  const char* def;  // default, in the variable's own syntax
+  double min;       // inclusive range for numeric types (after unit conversion)
   double max;
-  const char* nccl_fallback; // NCCL variable read when ours is unset, or nullptr
+  const char* nccl_fallback;  // NCCL variable read when ours is unset, or nullptr
   const char* help;
-  bool test_only;            // hidden hooks for the test suite; listed separately
+  bool test_only;  // hidden hooks for the test suite; listed separately
 };
 
 // X(field, NAME, type, default, min, max, fallback, help)
@@ -33,147 +33,166 @@ struct ParamDef {
   X(socket_ifname, "R2CCL_SOCKET_IFNAME", kString, "", 0, 0, "NCCL_SOCKET_IFNAME",              \
     "Rails to use, NCCL syntax: comma list of interface-name prefixes, '^' excludes, '=' "      \
     "matches exactly; IFNAME@ADDR binds a rail to a source address (lo@127.0.0.1,lo@127.0.0.2 " \
-    "gives two rails on lo). Empty: every interface that is up with an address, except lo, "   \
-    "docker* and virbr*.")                                                                     \
-  X(backup_paths, "R2CCL_BACKUP_PATHS", kInt, "2", 0, 3, nullptr,                              \
-    "Preheated backup paths per connection, on other rails than the primary.")                \
-  X(nsocks_per_path, "R2CCL_NSOCKS_PER_PATH", kInt, "1", 1, 8, nullptr,                        \
-    "TCP streams per path; more streams fill fast links.")                                     \
-  X(stripe, "R2CCL_STRIPE", kBool, "0", 0, 1, nullptr,                                         \
-    "1: stripe chunks over every healthy path (bandwidth-weighted); 0: primary path only, "    \
-    "backups stay idle and probed.")                                                           \
-  X(chunk_size, "R2CCL_CHUNK_SIZE", kSize, "512K", 4096, 64.0 * 1024 * 1024, nullptr,          \
-    "Bytes per chunk, the unit of scheduling, acknowledgement and replay. 512 KiB keeps a "   \
-    "replay cheap while headers cost under 0.01 %.")                                           \
-  X(path_window, "R2CCL_PATH_WINDOW", kSize, "4M", 64 * 1024, 1024.0 * 1024 * 1024, nullptr,   \
-    "Unacknowledged bytes allowed on one path; bounds what a failure must replay.")           \
-  X(heartbeat_interval, "R2CCL_HEARTBEAT_INTERVAL", kDuration, "100ms", 1000, 10e6, nullptr,   \
-    "Probe period on idle and backup paths. A path silent for 3 periods has failed.")         \
-  X(ack_timeout, "R2CCL_ACK_TIMEOUT", kDuration, "100ms", 1000, 60e6, nullptr,                 \
-    "Acknowledgement watchdog: a busy path whose chunks see no acknowledgement progress for "  \
-    "this long has failed (silent black hole with the link up).")                              \
-  X(tcp_user_timeout, "R2CCL_TCP_USER_TIMEOUT", kDuration, "200ms", 0, 600e6, nullptr,         \
-    "TCP_USER_TIMEOUT on every path socket, so the kernel reports a dead rail in ~0.2-0.4 s "  \
-    "instead of ~15 min. 0 keeps the kernel default.")                                         \
-  X(failover_timeout, "R2CCL_FAILOVER_TIMEOUT", kDuration, "10s", 100e3, 3600e6, nullptr,      \
-    "With no usable path left, pending requests fail after this long (ncclSystemError, or "    \
-    "ncclRemoteError when the peer is gone).")                                                 \
-  X(connect_timeout, "R2CCL_CONNECT_TIMEOUT", kDuration, "120s", 100e3, 86400e6, nullptr,      \
-    "connect/accept return NULL (call again) at most this long, then fail with "              \
-    "ncclRemoteError. NCCL itself retries forever.")                                           \
-  X(probe_count, "R2CCL_PROBE_COUNT", kInt, "3", 1, 100, nullptr,                              \
-    "Consecutive probe round trips a reconnected path must pass before it carries data.")     \
-  X(reconnect_min, "R2CCL_RECONNECT_MIN", kDuration, "50ms", 1000, 60e6, nullptr,              \
-    "First reconnect delay after a path failure; doubles per failed attempt.")                \
-  X(reconnect_max, "R2CCL_RECONNECT_MAX", kDuration, "2s", 1000, 600e6, nullptr,               \
-    "Longest delay between reconnect attempts; a long outage is probed forever at this rate.") \
-  X(holddown_flaps, "R2CCL_HOLDDOWN_FLAPS", kInt, "3", 1, 1000, nullptr,                       \
-    "Down-up cycles within R2CCL_HOLDDOWN_WINDOW that start a hold-down.")                    \
-  X(holddown_window, "R2CCL_HOLDDOWN_WINDOW", kDuration, "10s", 1000, 3600e6, nullptr,         \
-    "Window in which flaps are counted.")                                                      \
-  X(holddown_min, "R2CCL_HOLDDOWN_MIN", kDuration, "1s", 1000, 3600e6, nullptr,                \
-    "First hold-down; doubles on each further flap.")                                         \
-  X(holddown_max, "R2CCL_HOLDDOWN_MAX", kDuration, "60s", 1000, 3600e6, nullptr,               \
-    "Longest hold-down.")                                                                      \
-  X(holddown_reset, "R2CCL_HOLDDOWN_RESET", kDuration, "60s", 1000, 3600e6, nullptr,           \
-    "Stable time after which the hold-down returns to R2CCL_HOLDDOWN_MIN.")                   \
-  X(latency_sigma, "R2CCL_LATENCY_SIGMA", kDouble, "3", 0, 100, nullptr,                       \
-    "Shadow routing: a path whose probe RTT exceeds its baseline mean + this many standard "   \
-    "deviations drains (stays connected, carries no new chunks). 0 disables.")                \
-  X(latency_min_excess, "R2CCL_LATENCY_MIN_EXCESS", kDuration, "20ms", 0, 10e6, nullptr,         \
+    "gives two rails on lo). Empty: every interface that is up with an address, except lo, "    \
+    "docker* and virbr*.")                                                                      \
+  X(backup_paths, "R2CCL_BACKUP_PATHS", kInt, "2", 0, 3, nullptr,                               \
+    "Preheated backup paths per connection, on other rails than the primary.")                  \
+  X(nsocks_per_path, "R2CCL_NSOCKS_PER_PATH", kInt, "1", 1, 8, nullptr,                         \
+    "TCP streams per path; more streams fill fast links.")                                      \
+  X(stripe, "R2CCL_STRIPE", kBool, "0", 0, 1, nullptr,                                          \
+    "1: stripe chunks over every healthy path (bandwidth-weighted); 0: primary path only, "     \
+    "backups stay idle and probed.")                                                            \
+  X(chunk_size, "R2CCL_CHUNK_SIZE", kSize, "512K", 4096, 64.0 * 1024 * 1024, nullptr,           \
+    "Bytes per chunk, the unit of scheduling, acknowledgement and replay. 512 KiB keeps a "     \
+    "replay cheap while headers cost under 0.01 %.")                                            \
+  X(path_window, "R2CCL_PATH_WINDOW", kSize, "4M", 64 * 1024, 1024.0 * 1024 * 1024, nullptr,    \
+    "Unacknowledged bytes allowed on one path; bounds what a failure must replay.")             \
+  X(heartbeat_interval, "R2CCL_HEARTBEAT_INTERVAL", kDuration, "100ms", 1000, 10e6, nullptr,    \
+    "Probe period on idle and backup paths. A path silent for 3 periods has failed.")           \
+  X(ack_timeout, "R2CCL_ACK_TIMEOUT", kDuration, "100ms", 1000, 60e6, nullptr,                  \
+    "Acknowledgement watchdog: a busy path whose chunks see no acknowledgement progress for "   \
+    "this long has failed (silent black hole with the link up).")                               \
+  X(tcp_user_timeout, "R2CCL_TCP_USER_TIMEOUT", kDuration, "200ms", 0, 600e6, nullptr,          \
+    "TCP_USER_TIMEOUT on every path socket, so the kernel reports a dead rail in ~0.2-0.4 s "   \
+    "instead of ~15 min. 0 keeps the kernel default.")                                          \
+  X(failover_timeout, "R2CCL_FAILOVER_TIMEOUT", kDuration, "10s", 100e3, 3600e6, nullptr,       \
+    "With no usable path left, pending requests fail after this long (ncclSystemError, or "     \
+    "ncclRemoteError when the peer is gone).")                                                  \
+  X(connect_timeout, "R2CCL_CONNECT_TIMEOUT", kDuration, "120s", 100e3, 86400e6, nullptr,       \
+    "connect/accept return NULL (call again) at most this long, then fail with "                \
+    "ncclRemoteError. NCCL itself retries forever.")                                            \
+  X(probe_count, "R2CCL_PROBE_COUNT", kInt, "3", 1, 100, nullptr,                               \
+    "Consecutive probe round trips a reconnected path must pass before it carries data.")       \
+  X(reconnect_min, "R2CCL_RECONNECT_MIN", kDuration, "50ms", 1000, 60e6, nullptr,               \
+    "First reconnect delay after a path failure; doubles per failed attempt.")                  \
+  X(reconnect_max, "R2CCL_RECONNECT_MAX", kDuration, "2s", 1000, 600e6, nullptr,                \
+    "Longest delay between reconnect attempts; a long outage is probed forever at this rate.")  \
+  X(holddown_flaps, "R2CCL_HOLDDOWN_FLAPS", kInt, "3", 1, 1000, nullptr,                        \
+    "Down-up cycles within R2CCL_HOLDDOWN_WINDOW that start a hold-down.")                      \
+  X(holddown_window, "R2CCL_HOLDDOWN_WINDOW", kDuration, "10s", 1000, 3600e6, nullptr,          \
+    "Window in which flaps are counted.")                                                       \
+  X(holddown_min, "R2CCL_HOLDDOWN_MIN", kDuration, "1s", 1000, 3600e6, nullptr,                 \
+    "First hold-down; doubles on each further flap.")                                           \
+  X(holddown_max, "R2CCL_HOLDDOWN_MAX", kDuration, "60s", 1000, 3600e6, nullptr,                \
+    "Longest hold-down.")                                                                       \
+  X(holddown_reset, "R2CCL_HOLDDOWN_RESET", kDuration, "60s", 1000, 3600e6, nullptr,            \
+    "Stable time after which the hold-down returns to R2CCL_HOLDDOWN_MIN.")                     \
+  X(latency_sigma, "R2CCL_LATENCY_SIGMA", kDouble, "3", 0, 100, nullptr,                        \
+    "Shadow routing: a path whose probe RTT exceeds its baseline mean + this many standard "    \
+    "deviations drains (stays connected, carries no new chunks). 0 disables.")                  \
+  X(latency_min_excess, "R2CCL_LATENCY_MIN_EXCESS", kDuration, "20ms", 0, 10e6, nullptr,        \
     "Shadow routing ignores RTT excursions smaller than this above the baseline, however many " \
-    "sigma they are: queueing behind a burst on a shared, shaped link is not a sick rail.")    \
-  X(speed_mbps, "R2CCL_SPEED_MBPS", kInt, "0", 0, 1e8, nullptr,                                \
-    "Reported rail speed in Mbps; 0 reads it from the link (sysfs), 10000 when unknown.")     \
-  X(link_events, "R2CCL_LINK_EVENTS", kBool, "1", 0, 1, nullptr,                               \
-    "Watch netlink link notifications (libnl-3, loaded at run time) to detect a downed rail "  \
-    "in milliseconds.")                                                                        \
-  X(log_file, "R2CCL_LOG_FILE", kString, "stderr", 0, 0, nullptr,                              \
-    "Where switchover, failback and give-up lines go besides NCCL's logger: stderr, a file "   \
-    "path (appended), or none.")                                                               \
-  X(fault_inject, "R2CCL_FAULT_INJECT", kString, "", 0, 0, nullptr,                            \
-    "In-process fault schedule, ';'-separated: rank=R,rail=N,at=MS,kind=reset|blackhole|"     \
-    "delay:MS[,for=MS]. Acts on this process's sockets of that rail, 'at' counts from the "   \
-    "first isend or irecv. rank matches R2CCL_RANK (or RANK).")                                         \
-  X(rank, "R2CCL_RANK", kInt, "-1", -1, 1e9, "RANK",                                           \
-    "This process's rank, only used to match R2CCL_FAULT_INJECT entries.")                    \
-  X(transport, "R2CCL_TRANSPORT", kString, "auto", 0, 0, nullptr,                              \
-    "auto, ib or tcp. auto: the verbs transport when any HCA port (after R2CCL_IB_HCA) is "   \
-    "active, else TCP. One transport per process, so a RoCE NIC is never exposed twice.")     \
-  X(ibverbs_lib, "R2CCL_IBVERBS_LIB", kString, "libibverbs.so.1", 0, 0, nullptr,              \
-    "The verbs library the plugin dlopens (tests point it at the fake verbs provider).")     \
-  X(ib_hca, "R2CCL_IB_HCA", kString, "", 0, 0, "NCCL_IB_HCA",                                  \
-    "HCAs and ports to use, NCCL syntax: comma list of name prefixes with optional :port, "    \
-    "'^' excludes, '=' matches names exactly (mlx5_0:1,mlx5_1). Empty: every active port.")   \
-  X(ib_gid_index, "R2CCL_IB_GID_INDEX", kInt, "-1", -1, 1024, "NCCL_IB_GID_INDEX",            \
-    "RoCE GID index; -1 selects one by R2CCL_IB_ROCE_VERSION_NUM, R2CCL_IB_ADDR_FAMILY and "   \
-    "R2CCL_IB_ADDR_RANGE, again after a GID-change event. An index whose GID is empty on a "   \
+    "sigma they are: queueing behind a burst on a shared, shaped link is not a sick rail.")     \
+  X(speed_mbps, "R2CCL_SPEED_MBPS", kInt, "0", 0, 1e8, nullptr,                                 \
+    "Reported rail speed in Mbps; 0 reads it from the link (sysfs), 10000 when unknown.")       \
+  X(link_events, "R2CCL_LINK_EVENTS", kBool, "1", 0, 1, nullptr,                                \
+    "Watch netlink link notifications (libnl-3, loaded at run time) to detect a downed rail "   \
+    "in milliseconds.")                                                                         \
+  X(log_file, "R2CCL_LOG_FILE", kString, "stderr", 0, 0, nullptr,                               \
+    "Where switchover, failback and give-up lines go besides NCCL's logger: stderr, a file "    \
+    "path (appended), or none.")                                                                \
+  X(fault_inject, "R2CCL_FAULT_INJECT", kString, "", 0, 0, nullptr,                             \
+    "In-process fault schedule, ';'-separated: rank=R,rail=N,at=MS,kind=reset|blackhole|"       \
+    "delay:MS[,for=MS]. Acts on this process's sockets of that rail, 'at' counts from the "     \
+    "first isend or irecv. rank matches R2CCL_RANK (or RANK).")                                 \
+  X(rank, "R2CCL_RANK", kInt, "-1", -1, 1e9, "RANK",                                            \
+    "This process's rank, only used to match R2CCL_FAULT_INJECT entries.")                      \
+  X(transport, "R2CCL_TRANSPORT", kString, "auto", 0, 0, nullptr,                               \
+    "auto, ib or tcp. auto: the verbs transport when any HCA port (after R2CCL_IB_HCA) is "     \
+    "active, else TCP. One transport per process, so a RoCE NIC is never exposed twice.")       \
+  X(ibverbs_lib, "R2CCL_IBVERBS_LIB", kString, "libibverbs.so.1", 0, 0, nullptr,                \
+    "The verbs library the plugin dlopens (tests point it at the fake verbs provider).")        \
+  X(ib_hca, "R2CCL_IB_HCA", kString, "", 0, 0, "NCCL_IB_HCA",                                   \
+    "HCAs and ports to use, NCCL syntax: comma list of name prefixes with optional :port, "     \
+    "'^' excludes, '=' matches names exactly (mlx5_0:1,mlx5_1). Empty: every active port.")     \
+  X(ib_gid_index, "R2CCL_IB_GID_INDEX", kInt, "-1", -1, 1024, "NCCL_IB_GID_INDEX",              \
+    "RoCE GID index; -1 selects one by R2CCL_IB_ROCE_VERSION_NUM, R2CCL_IB_ADDR_FAMILY and "    \
+    "R2CCL_IB_ADDR_RANGE, again after a GID-change event. An index whose GID is empty on a "    \
     "port falls back to that selection, with a WARN.")                                          \
-  X(ib_roce_version, "R2CCL_IB_ROCE_VERSION_NUM", kInt, "2", 1, 2, "NCCL_IB_ROCE_VERSION_NUM", \
-    "RoCE version of the automatically selected GID.")                                         \
-  X(ib_addr_family, "R2CCL_IB_ADDR_FAMILY", kString, "AF_INET", 0, 0, "NCCL_IB_ADDR_FAMILY",  \
-    "AF_INET or AF_INET6: address family of the automatically selected RoCE GID.")            \
-  X(ib_addr_range, "R2CCL_IB_ADDR_RANGE", kString, "", 0, 0, "NCCL_IB_ADDR_RANGE",            \
-    "ADDR/PREFIX: the automatically selected RoCE GID must lie in this subnet.")              \
-  X(ib_timeout, "R2CCL_IB_TIMEOUT", kInt, "14", 1, 31, "NCCL_IB_TIMEOUT",                      \
-    "QP local ACK timeout, 4.096 us * 2^N per try (14 = 67 ms). The watchdog "                \
-    "(R2CCL_ACK_TIMEOUT) usually declares a dead path first.")                                 \
-  X(ib_retry_cnt, "R2CCL_IB_RETRY_CNT", kInt, "7", 0, 7, "NCCL_IB_RETRY_CNT",                  \
-    "QP transport retries before a work request completes with retry-exceeded.")              \
-  X(ib_qps_per_path, "R2CCL_IB_QPS_PER_PATH", kInt, "1", 1, 16, "NCCL_IB_QPS_PER_CONNECTION", \
-    "RC QPs per path; chunks are spread over them.")                                           \
-  X(ib_sl, "R2CCL_IB_SL", kInt, "0", 0, 15, "NCCL_IB_SL", "InfiniBand service level.")        \
-  X(ib_tc, "R2CCL_IB_TC", kInt, "0", 0, 255, "NCCL_IB_TC",                                     \
-    "Traffic class (RoCE GRH); the communicator config's traffic class wins when set.")       \
-  X(ib_ar, "R2CCL_IB_ADAPTIVE_ROUTING", kInt, "-1", -1, 1, "NCCL_IB_ADAPTIVE_ROUTING",         \
-    "1: adaptive-routing-safe writes (payload as RDMA WRITE, then a 0-byte write with "       \
-    "immediate); 0: one write with immediate per chunk; -1: 1 on InfiniBand, 0 on RoCE.")    \
-  X(health_board, "R2CCL_HEALTH_BOARD", kString, "default", 0, 0, nullptr,                     \
-    "Name of this node's health board, the shared-memory segment /r2ccl-<uid>-<name> where "   \
-    "net plugins publish rail state and the tuner reads the agreed cluster record; none "      \
-    "turns publishing off.")                                                                   \
-  X(tuner_config, "R2CCL_TUNER_CONFIG", kString, "", 0, 0, nullptr,                            \
+  X(ib_roce_version, "R2CCL_IB_ROCE_VERSION_NUM", kInt, "2", 1, 2, "NCCL_IB_ROCE_VERSION_NUM",  \
+    "RoCE version of the automatically selected GID.")                                          \
+  X(ib_addr_family, "R2CCL_IB_ADDR_FAMILY", kString, "AF_INET", 0, 0, "NCCL_IB_ADDR_FAMILY",    \
+    "AF_INET or AF_INET6: address family of the automatically selected RoCE GID.")              \
+  X(ib_addr_range, "R2CCL_IB_ADDR_RANGE", kString, "", 0, 0, "NCCL_IB_ADDR_RANGE",              \
+    "ADDR/PREFIX: the automatically selected RoCE GID must lie in this subnet.")                \
+  X(ib_timeout, "R2CCL_IB_TIMEOUT", kInt, "14", 1, 31, "NCCL_IB_TIMEOUT",                       \
+    "QP local ACK timeout, 4.096 us * 2^N per try (14 = 67 ms). The watchdog "                  \
+    "(R2CCL_ACK_TIMEOUT) usually declares a dead path first.")                                  \
+  X(ib_retry_cnt, "R2CCL_IB_RETRY_CNT", kInt, "7", 0, 7, "NCCL_IB_RETRY_CNT",                   \
+    "QP transport retries before a work request completes with retry-exceeded.")                \
+  X(ib_qps_per_path, "R2CCL_IB_QPS_PER_PATH", kInt, "1", 1, 16, "NCCL_IB_QPS_PER_CONNECTION",   \
+    "RC QPs per path; chunks are spread over them.")                                            \
+  X(ib_sl, "R2CCL_IB_SL", kInt, "0", 0, 15, "NCCL_IB_SL", "InfiniBand service level.")          \
+  X(ib_tc, "R2CCL_IB_TC", kInt, "0", 0, 255, "NCCL_IB_TC",                                      \
+    "Traffic class (RoCE GRH); the communicator config's traffic class wins when set.")         \
+  X(ib_ar, "R2CCL_IB_ADAPTIVE_ROUTING", kInt, "-1", -1, 1, "NCCL_IB_ADAPTIVE_ROUTING",          \
+    "1: adaptive-routing-safe writes (payload as RDMA WRITE, then a 0-byte write with "         \
+    "immediate); 0: one write with immediate per chunk; -1: 1 on InfiniBand, 0 on RoCE.")       \
+  X(health_board, "R2CCL_HEALTH_BOARD", kString, "default", 0, 0, nullptr,                      \
+    "Name of this node's health board, the shared-memory segment /r2ccl-<uid>-<name> where "    \
+    "net plugins publish rail state and the tuner reads the agreed cluster record; none "       \
+    "turns publishing off.")                                                                    \
+  X(tuner_config, "R2CCL_TUNER_CONFIG", kString, "", 0, 0, nullptr,                             \
     "Tuner rules file (r2ccl's format or the columns of NCCL's example tuner CSV). Empty: no "  \
-    "rules, NCCL's choices stand (unless the cost model is enabled).")                        \
-  X(tuner_strict, "R2CCL_TUNER_STRICT", kBool, "0", 0, 1, nullptr,                             \
-    "1: a malformed rules file fails tuner init (ncclInvalidUsage) instead of a WARN and no "  \
-    "rules.")                                                                                  \
-  X(predict, "R2CCL_PREDICT", kBool, "1", 0, 1, nullptr,                                       \
-    "Run the failure predictor: one process per node samples NIC counters, publishes each "    \
-    "rail's risk on the health board and every process drains a rail at risk.")               \
+    "rules, NCCL's choices stand (unless the cost model is enabled).")                          \
+  X(tuner_strict, "R2CCL_TUNER_STRICT", kBool, "0", 0, 1, nullptr,                              \
+    "1: a malformed rules file fails tuner init (ncclInvalidUsage) instead of a WARN and no "   \
+    "rules.")                                                                                   \
+  X(predict, "R2CCL_PREDICT", kBool, "1", 0, 1, nullptr,                                        \
+    "Run the failure predictor: one process per node samples NIC counters, publishes each "     \
+    "rail's risk on the health board and every process drains a rail at risk.")                 \
   X(predict_interval, "R2CCL_PREDICT_INTERVAL", kDuration, "5s", 100e3, 3600e6, nullptr,        \
-    "Counter sampling period of the failure predictor (the model was trained at 5 s; other "   \
-    "periods get a WARN).")                                                                    \
+    "Counter sampling period of the failure predictor (the model was trained at 5 s; other "    \
+    "periods get a WARN).")                                                                     \
   X(predict_window, "R2CCL_PREDICT_WINDOW", kDuration, "120s", 20e3, 86400e6, nullptr,          \
-    "History the predictor looks at; the model sees WINDOW / INTERVAL samples (24 by default," \
-    " 2 to 256).")                                                                             \
-  X(predict_threshold, "R2CCL_PREDICT_THRESHOLD", kDouble, "0.7", 0.01, 1, nullptr,            \
-    "Risk (probability of a link failure within 30 s) at or above which a rail is drained: "   \
-    "no new chunks, in-flight ones finish.")                                                   \
+    "History the predictor looks at; the model sees WINDOW / INTERVAL samples (24 by default,"  \
+    " 2 to 256).")                                                                              \
+  X(predict_threshold, "R2CCL_PREDICT_THRESHOLD", kDouble, "0.7", 0.01, 1, nullptr,             \
+    "Risk (probability of a link failure within 30 s) at or above which a rail is drained: "    \
+    "no new chunks, in-flight ones finish.")                                                    \
   X(predict_return_threshold, "R2CCL_PREDICT_RETURN_THRESHOLD", kDouble, "0.4", 0, 1, nullptr,  \
-    "A drained rail returns once its risk stays below this for R2CCL_PREDICT_RETURN_SAMPLES "  \
-    "samples (hysteresis; must not exceed R2CCL_PREDICT_THRESHOLD).")                          \
+    "A drained rail returns once its risk stays below this for R2CCL_PREDICT_RETURN_SAMPLES "   \
+    "samples (hysteresis; must not exceed R2CCL_PREDICT_THRESHOLD).")                           \
   X(predict_return_samples, "R2CCL_PREDICT_RETURN_SAMPLES", kInt, "6", 1, 100000, nullptr,      \
-    "Consecutive low-risk samples before a drained rail carries data again.")                 \
-  X(predict_model, "R2CCL_PREDICT_MODEL", kString, "", 0, 0, nullptr,                          \
-    "LSTM weights file. Empty: r2ccl_lstm.bin shipped next to the plugin "                     \
-    "(<prefix>/share/r2ccl/). Missing or corrupt: one WARN, the threshold baseline runs.")    \
-  X(sysfs_root, "R2CCL_SYSFS_ROOT", kString, "/sys", 0, 0, nullptr,                            \
-    "Where the predictor reads NIC counters (class/infiniband, class/net); tests point it at " \
-    "a fake tree.")                                                                            \
-  X(test_hooks, "R2CCL_TEST_HOOKS", kString, "", 0, 0, nullptr,                                \
-    "Test only. Comma list of protections to switch off: no_replay, no_dedup, "               \
-    "no_stale_guard, no_bilateral_err (verbs: replay without moving the peer's QPs to ERR), "  \
-    "force_flush (verbs: iflush reads back host buffers too). "                              \
+    "Consecutive low-risk samples before a drained rail carries data again.")                   \
+  X(predict_model, "R2CCL_PREDICT_MODEL", kString, "", 0, 0, nullptr,                           \
+    "LSTM weights file. Empty: r2ccl_lstm.bin shipped next to the plugin "                      \
+    "(<prefix>/share/r2ccl/). Missing or corrupt: one WARN, the threshold baseline runs.")      \
+  X(sysfs_root, "R2CCL_SYSFS_ROOT", kString, "/sys", 0, 0, nullptr,                             \
+    "Where the predictor reads NIC counters (class/infiniband, class/net); tests point it at "  \
+    "a fake tree.")                                                                             \
+  X(test_hooks, "R2CCL_TEST_HOOKS", kString, "", 0, 0, nullptr,                                 \
+    "Test only. Comma list of protections to switch off: no_replay, no_dedup, "                 \
+    "no_stale_guard, no_bilateral_err (verbs: replay without moving the peer's QPs to ERR), "   \
+    "force_flush (verbs: iflush reads back host buffers too). "                                 \
     "Used by tests to prove each protection matters.")
 
-template <ParamType> struct ParamCType;
-template <> struct ParamCType<ParamType::kInt> { using T = int64_t; };
-template <> struct ParamCType<ParamType::kBool> { using T = bool; };
-template <> struct ParamCType<ParamType::kSize> { using T = int64_t; };      // bytes
-template <> struct ParamCType<ParamType::kDuration> { using T = int64_t; };  // microseconds
-template <> struct ParamCType<ParamType::kDouble> { using T = double; };
-template <> struct ParamCType<ParamType::kString> { using T = std::string; };
+template <ParamType>
+struct ParamCType;
+template <>
+struct ParamCType<ParamType::kInt> {
+  using T = int64_t;
+};
+template <>
+struct ParamCType<ParamType::kBool> {
+  using T = bool;
+};
+template <>
+struct ParamCType<ParamType::kSize> {
+  using T = int64_t;
+};  // bytes
+template <>
+struct ParamCType<ParamType::kDuration> {
+  using T = int64_t;
+};  // microseconds
+template <>
+struct ParamCType<ParamType::kDouble> {
+  using T = double;
+};
+template <>
+struct ParamCType<ParamType::kString> {
+  using T = std::string;
+};
 
 struct Config {
 #define R2CCL_PARAM_FIELD(field, name, type, def, min, max, fb, help) \

@@ -11,13 +11,13 @@
 namespace r2ccl {
 
 struct RailCounters {
-  std::atomic<int> failed_paths{0};        // paths on this rail currently failed
-  std::atomic<uint64_t> chunks_sent{0};    // chunks first sent on this rail
+  std::atomic<int> failed_paths{0};          // paths on this rail currently failed
+  std::atomic<uint64_t> chunks_sent{0};      // chunks first sent on this rail
   std::atomic<uint64_t> chunks_replayed{0};  // chunks replayed on this rail after a failure
   std::atomic<uint64_t> bytes_sent{0};
-  std::atomic<uint64_t> switchovers{0};    // times traffic left this rail
+  std::atomic<uint64_t> switchovers{0};  // times traffic left this rail
   std::atomic<uint64_t> failbacks{0};
-  std::atomic<uint64_t> paths_failed{0};   // path failures, all time
+  std::atomic<uint64_t> paths_failed{0};      // path failures, all time
   std::atomic<uint64_t> discarded_chunks{0};  // stale or duplicate chunks dropped
   // The failure predictor (net_plugin/predict): set by the background thread when the node's
   // predictor drains this rail; the schedulers send no new chunks on it while set.

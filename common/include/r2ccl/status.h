@@ -7,12 +7,12 @@
 
 namespace r2ccl {
 
-enum class [[nodiscard]] Status : int {
-  kOk = 0,
-  kInvalidUsage,   // bad configuration (env, handle from a user) -> ncclInvalidUsage
-  kInternal,       // NCCL misused the API or a bug of ours -> ncclInternalError
-  kSystem,         // no local rail works, OS failure -> ncclSystemError
-  kRemote,         // the peer is gone or broke the protocol -> ncclRemoteError
+enum class [[nodiscard]] Status : int{
+    kOk = 0,
+    kInvalidUsage,  // bad configuration (env, handle from a user) -> ncclInvalidUsage
+    kInternal,      // NCCL misused the API or a bug of ours -> ncclInternalError
+    kSystem,        // no local rail works, OS failure -> ncclSystemError
+    kRemote,        // the peer is gone or broke the protocol -> ncclRemoteError
 };
 
 const char* status_name(Status s);
@@ -21,13 +21,13 @@ ncclResult_t to_nccl_result(Status s);
 }  // namespace r2ccl
 
 // Propagate a non-OK status, leaving one breadcrumb per frame at TRACE level.
-#define R2CCL_CHECK(expr)                                                      \
-  do {                                                                         \
-    ::r2ccl::Status r2ccl_st_ = (expr);                                        \
-    if (r2ccl_st_ != ::r2ccl::Status::kOk) {                                   \
-      ::r2ccl::log_trace_breadcrumb(__FILE__, __LINE__, #expr, r2ccl_st_);     \
-      return r2ccl_st_;                                                        \
-    }                                                                          \
+#define R2CCL_CHECK(expr)                                                  \
+  do {                                                                     \
+    ::r2ccl::Status r2ccl_st_ = (expr);                                    \
+    if (r2ccl_st_ != ::r2ccl::Status::kOk) {                               \
+      ::r2ccl::log_trace_breadcrumb(__FILE__, __LINE__, #expr, r2ccl_st_); \
+      return r2ccl_st_;                                                    \
+    }                                                                      \
   } while (0)
 
 namespace r2ccl {

@@ -19,9 +19,9 @@
 namespace r2ccl::net::ib {
 namespace {
 
-constexpr int kSqDepth = 256;     // send WRs per QP
-constexpr int kRqDepth = 128;     // posted receives per QP (control SENDs and chunk immediates)
-constexpr int kSqReserve = 24;    // send WRs per QP kept for CTS, probes and control messages
+constexpr int kSqDepth = 256;   // send WRs per QP
+constexpr int kRqDepth = 128;   // posted receives per QP (control SENDs and chunk immediates)
+constexpr int kSqReserve = 24;  // send WRs per QP kept for CTS, probes and control messages
 constexpr int kPollBatch = 32;
 constexpr uint64_t kRecvWrFlag = 1ull << 63;
 constexpr uint64_t kMinChunk = 4096, kMaxChunk = 64ull << 20;  // R2CCL_CHUNK_SIZE's range
@@ -38,10 +38,8 @@ Status fatal_status(ibv_wc_status s) {
     case IBV_WC_REM_INV_REQ_ERR:
     case IBV_WC_REM_OP_ERR:
     case IBV_WC_REM_ABORT_ERR:
-    case IBV_WC_REM_INV_RD_REQ_ERR:
-      return Status::kRemote;
-    default:
-      return Status::kInternal;
+    case IBV_WC_REM_INV_RD_REQ_ERR: return Status::kRemote;
+    default: return Status::kInternal;
   }
 }
 
@@ -59,8 +57,9 @@ int qp_to_rts(const VerbsApi& v, ibv_qp* qp, const HcaInfo& h, const IbWireHca& 
               uint32_t dest_qpn, const Config& cfg, int tc) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTR;
-  a.path_mtu = static_cast<ibv_mtu>(std::min<int>(h.active_mtu ? h.active_mtu : static_cast<int>(IBV_MTU_1024),
-                                                  peer.mtu ? peer.mtu : static_cast<int>(IBV_MTU_1024)));
+  a.path_mtu = static_cast<ibv_mtu>(
+      std::min<int>(h.active_mtu ? h.active_mtu : static_cast<int>(IBV_MTU_1024),
+                    peer.mtu ? peer.mtu : static_cast<int>(IBV_MTU_1024)));
   a.dest_qp_num = dest_qpn;
   a.rq_psn = 0;
   a.max_dest_rd_atomic = 1;
@@ -91,14 +90,15 @@ int qp_to_rts(const VerbsApi& v, ibv_qp* qp, const HcaInfo& h, const IbWireHca& 
   b.sq_psn = 0;
   b.max_rd_atomic = 1;
   e = v.modify_qp(qp, &b,
-                  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-                      IBV_QP_MAX_QP_RD_ATOMIC);
+                  IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
+                      IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC);
   if (e != 0) R2CCL_WARN("QP %u on %s to RTS: %s", qp->qp_num, h.name.c_str(), strerror(e));
   return e;
 }
 
 // A new RC QP in INIT on the HCA's port.
-ibv_qp* make_qp(const VerbsApi& v, const HcaInfo& h, ibv_cq* cq, int send_wr, int recv_wr, int access) {
+ibv_qp* make_qp(const VerbsApi& v, const HcaInfo& h, ibv_cq* cq, int send_wr, int recv_wr,
+                int access) {
   ibv_qp_init_attr ia{};
   ia.send_cq = cq;
   ia.recv_cq = cq;
@@ -117,7 +117,8 @@ ibv_qp* make_qp(const VerbsApi& v, const HcaInfo& h, ibv_cq* cq, int send_wr, in
   a.pkey_index = 0;
   a.port_num = static_cast<uint8_t>(h.port);
   a.qp_access_flags = access;
-  const int e = v.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  const int e =
+      v.modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
   if (e != 0) {
     R2CCL_WARN("QP %u on %s to INIT: %s", qp->qp_num, h.name.c_str(), strerror(e));
     v.destroy_qp(qp);
@@ -136,7 +137,9 @@ Listen::Listen(Runtime* r, int d) : rt(r) {
   rt->new_identity(this);
   std::string err;
   fd = open_rail_listener(rt->side_rail(), &err);
-  if (fd < 0) R2CCL_WARN("listen: side-channel listener on %s: %s", rt->side_rail().name.c_str(), err.c_str());
+  if (fd < 0)
+    R2CCL_WARN("listen: side-channel listener on %s: %s", rt->side_rail().name.c_str(),
+               err.c_str());
 }
 
 Listen::~Listen() {
@@ -148,10 +151,12 @@ Listen::~Listen() {
 
 Conn::Conn(Runtime* rt, Role role, int dev, int traffic_class)
     : rt_(rt), cfg_(rt->cfg()), v_(rt->v()), role_(role), dev_(dev) {
-  tc_ = traffic_class != NCCL_NET_TRAFFIC_CLASS_UNDEF ? traffic_class : static_cast<int>(cfg_.ib_tc);
+  tc_ =
+      traffic_class != NCCL_NET_TRAFFIC_CLASS_UNDEF ? traffic_class : static_cast<int>(cfg_.ib_tc);
   nqps_ = static_cast<int>(cfg_.ib_qps_per_path);
   const int primary = rt_->device_rail(dev);
-  ar_ = cfg_.ib_ar < 0 ? rt_->hcas()[primary].link_layer == IBV_LINK_LAYER_INFINIBAND : cfg_.ib_ar == 1;
+  ar_ = cfg_.ib_ar < 0 ? rt_->hcas()[primary].link_layer == IBV_LINK_LAYER_INFINIBAND
+                       : cfg_.ib_ar == 1;
   const size_t area_len = page_round(sizeof(IbArea));
   area_ = static_cast<IbArea*>(aligned_alloc(4096, area_len));
   memset(area_, 0, area_len);
@@ -165,7 +170,8 @@ Conn::Conn(Runtime* rt, const IbWireHandle& h, int dev, int traffic_class)
   handle_ = h;
 }
 
-Conn::Conn(Runtime* rt, Listen* listen) : Conn(rt, Role::kRecv, listen->dev, NCCL_NET_TRAFFIC_CLASS_UNDEF) {
+Conn::Conn(Runtime* rt, Listen* listen)
+    : Conn(rt, Role::kRecv, listen->dev, NCCL_NET_TRAFFIC_CLASS_UNDEF) {
   listen_ = listen;
 }
 
@@ -244,10 +250,9 @@ Status Conn::reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, voi
   m->by_hca.assign(rt_->hcas().size(), nullptr);
   for (const auto& p : paths_) {
     if (m->by_hca[p.hca]) continue;
-    m->by_hca[p.hca] = v_.reg_dmabuf_mr(rt_->hcas()[p.hca].pd, offset, size,
-                                        reinterpret_cast<uintptr_t>(data), fd,
-                                        IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                            IBV_ACCESS_REMOTE_READ);
+    m->by_hca[p.hca] =
+        v_.reg_dmabuf_mr(rt_->hcas()[p.hca].pd, offset, size, reinterpret_cast<uintptr_t>(data), fd,
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
     if (!m->by_hca[p.hca]) {
       R2CCL_WARN("ibv_reg_dmabuf_mr of %zu bytes (fd %d, offset %llu) on %s: %s", size, fd,
                  static_cast<unsigned long long>(offset), rt_->hcas()[p.hca].name.c_str(),
@@ -265,8 +270,10 @@ void Conn::dereg_mr(void* mhandle) {
   if (!m) return;
   for (size_t h = 0; h < m->by_hca.size(); ++h) {
     if (!m->by_hca[h]) continue;
-    if (m->cached) rt_->mr_cache(static_cast<int>(h)).release(m->by_hca[h]);
-    else v_.dereg_mr(m->by_hca[h]);
+    if (m->cached)
+      rt_->mr_cache(static_cast<int>(h)).release(m->by_hca[h]);
+    else
+      v_.dereg_mr(m->by_hca[h]);
   }
   delete m;
 }
@@ -288,8 +295,8 @@ void Conn::fill_wire_hca(int hca, IbWireHca* w) {
 
 void Conn::post_recv_slot(Path& p, int q, int k) {
   const size_t slot = (static_cast<size_t>(p.index) * nqps_ + q) * kRqDepth + k;
-  ibv_sge sge{reinterpret_cast<uintptr_t>(slots_ + slot * kCtrlSlot), static_cast<uint32_t>(kCtrlSlot),
-              slots_mr_[p.hca]->lkey};
+  ibv_sge sge{reinterpret_cast<uintptr_t>(slots_ + slot * kCtrlSlot),
+              static_cast<uint32_t>(kCtrlSlot), slots_mr_[p.hca]->lkey};
   ibv_recv_wr wr{};
   wr.wr_id = kRecvWrFlag | (static_cast<uint64_t>(desc(p).generation) << 32) | slot;
   wr.sg_list = &sge;
@@ -434,8 +441,10 @@ Status Conn::setup_step(bool* done, TimeUs now) {
 Status Conn::connect_step(bool* done, TimeUs now) {
   *done = false;
   if (now - setup_start_ > cfg_.connect_timeout) {
-    R2CCL_WARN("connect: no answer from the peer's side channel within R2CCL_CONNECT_TIMEOUT "
-               "(%.0f s)", cfg_.connect_timeout / 1e6);
+    R2CCL_WARN(
+        "connect: no answer from the peer's side channel within R2CCL_CONNECT_TIMEOUT "
+        "(%.0f s)",
+        cfg_.connect_timeout / 1e6);
     return Status::kRemote;
   }
   if (stage_ == 0) {
@@ -499,8 +508,9 @@ Status Conn::connect_step(bool* done, TimeUs now) {
     if (r == 0) return Status::kOk;
     if (r < 0 || !is_setup(m, SetupType::kReply, secret_) || m.npaths == 0 ||
         m.npaths > kMaxIbPaths || m.qps_per_path != static_cast<uint32_t>(nqps_)) {
-      R2CCL_WARN("connect: the peer's setup reply is missing or invalid (%s)",
-                 r < 0 ? "side channel closed" : "bad magic, version, secret, path count or QP count");
+      R2CCL_WARN(
+          "connect: the peer's setup reply is missing or invalid (%s)",
+          r < 0 ? "side channel closed" : "bad magic, version, secret, path count or QP count");
       return Status::kRemote;
     }
     peer_area_ = m.area_addr;
@@ -572,9 +582,9 @@ Status Conn::accept_step(bool* done, TimeUs now) {
         m.chunk_size < kMinChunk || m.chunk_size > kMaxChunk) {
       R2CCL_WARN("accept: refused a side-channel connection: %s",
                  r < 0 ? "closed before its hello"
-                       : m.qps_per_path != static_cast<uint32_t>(nqps_)
-                           ? "R2CCL_IB_QPS_PER_PATH differs between the two ends"
-                           : "bad magic, version, secret, listen id or chunk size");
+                 : m.qps_per_path != static_cast<uint32_t>(nqps_)
+                     ? "R2CCL_IB_QPS_PER_PATH differs between the two ends"
+                     : "bad magic, version, secret, listen id or chunk size");
       ::close(sc_fd_);
       sc_fd_ = -1;
       stage_ = 0;
@@ -589,11 +599,12 @@ Status Conn::accept_step(bool* done, TimeUs now) {
     // rail-aligned fabric routes rail k only to rail k), else the next one in their order.
     const std::vector<int> mine = rt_->path_set(rt_->device_rail(dev_));
     const int npeer = static_cast<int>(m.npaths);
-    std::vector<RailPair> pairs = pair_rails(static_cast<int>(mine.size()), npeer, false, [&](int i, int j) {
-      const HcaInfo& h = rt_->hcas()[mine[i]];
-      if (m.hca[j].link_layer != h.link_layer || (i == 0) != (j == 0)) return 0;
-      return same_ipv4_24(m.hca[j].gid, h.gid) ? 2 : 1;
-    });
+    std::vector<RailPair> pairs =
+        pair_rails(static_cast<int>(mine.size()), npeer, false, [&](int i, int j) {
+          const HcaInfo& h = rt_->hcas()[mine[i]];
+          if (m.hca[j].link_layer != h.link_layer || (i == 0) != (j == 0)) return 0;
+          return same_ipv4_24(m.hca[j].gid, h.gid) ? 2 : 1;
+        });
     if (pairs.empty() || pairs[0].local != 0) {
       const HcaInfo& h = rt_->hcas()[mine[0]];
       R2CCL_WARN("accept: the peer's primary HCA is %s, ours (%s) is %s: cannot connect",
@@ -650,17 +661,20 @@ void Conn::finish_setup() {
   std::string list;
   for (auto& p : paths_) {
     char peer[64];
-    snprintf(peer, sizeof(peer), "%s", p.peer.link_layer == IBV_LINK_LAYER_ETHERNET
-                                           ? gid_to_string(p.peer.gid).c_str()
-                                           : ("lid " + std::to_string(p.peer.lid)).c_str());
+    snprintf(peer, sizeof(peer), "%s",
+             p.peer.link_layer == IBV_LINK_LAYER_ETHERNET
+                 ? gid_to_string(p.peer.gid).c_str()
+                 : ("lid " + std::to_string(p.peer.lid)).c_str());
     desc(p).label = rail_of(p) + " -> " + peer;
     list += (list.empty() ? "" : ", ") + desc(p).label;
   }
   stage_ = 10;
   listen_ = nullptr;
-  R2CCL_INFO(NCCL_NET | NCCL_INIT, "%s connection on dev %d: %zu paths (%s), %d QPs per path, chunk %llu KiB%s",
+  R2CCL_INFO(NCCL_NET | NCCL_INIT,
+             "%s connection on dev %d: %zu paths (%s), %d QPs per path, chunk %llu KiB%s",
              role_ == Role::kSend ? "send" : "recv", dev_, paths_.size(), list.c_str(), nqps_,
-             static_cast<unsigned long long>(chunk_size_ / 1024), ar_ ? ", adaptive-routing writes" : "");
+             static_cast<unsigned long long>(chunk_size_ / 1024),
+             ar_ ? ", adaptive-routing writes" : "");
 }
 
 // ------------------------------------------------------------------------------------------
@@ -741,7 +755,8 @@ PostResult Conn::post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs 
                       c.seq, c.idx, sink, now);
     }
     if (wi >= 0)
-      wi = post_write(p, q, kWrData, nullptr, 0, 0, raddr, rkey, true, immv, c.seq, c.idx, sink, now);
+      wi = post_write(p, q, kWrData, nullptr, 0, 0, raddr, rkey, true, immv, c.seq, c.idx, sink,
+                      now);
   } else {
     wi = post_write(p, q, kWrData, c.src, c.len, lkey, raddr, rkey, true, immv, c.seq, c.idx, sink,
                     now);
@@ -855,8 +870,10 @@ void Conn::poll_path(Path& p, PathSink& sink, TimeUs now) {
     const int n = ibv_poll_cq(p.cq, kPollBatch, wc);
     if (n <= 0) return;
     for (int i = 0; i < n; ++i) {
-      if (wc[i].wr_id & kRecvWrFlag) on_recv_wc(p, wc[i], sink, now);
-      else on_send_wc(p, wc[i], sink, now);
+      if (wc[i].wr_id & kRecvWrFlag)
+        on_recv_wc(p, wc[i], sink, now);
+      else
+        on_send_wc(p, wc[i], sink, now);
       if (!p.cq) return;  // destroyed by a rebuild triggered from a control message
     }
     if (n < kPollBatch) return;
@@ -869,22 +886,16 @@ void Conn::on_send_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
   wrs_[wc.wr_id] = WrRec{};
   free_wrs_.push_back(static_cast<int>(wc.wr_id));
   if (w.kind == kWrCtrl && w.ctrl_slot >= 0) ctrl_slot_busy_[w.ctrl_slot] = false;
-  if (w.gen != desc(p).generation || w.path != p.index) return;  // an earlier generation of the path
+  if (w.gen != desc(p).generation || w.path != p.index)
+    return;  // an earlier generation of the path
   p.outstanding--;
   if (wc.status == IBV_WC_SUCCESS) {
     sink.on_path_alive(p.index, now);
     switch (w.kind) {
-      case kWrData:
-        sink.on_chunk_acked(p.index, w.seq, w.idx, now);
-        break;
-      case kWrCts:
-        sink.on_cts_delivered(w.seq, now);
-        break;
-      case kWrProbe:
-        sink.on_probe_ok(p.index, now);
-        break;
-      default:
-        break;
+      case kWrData: sink.on_chunk_acked(p.index, w.seq, w.idx, now); break;
+      case kWrCts: sink.on_cts_delivered(w.seq, now); break;
+      case kWrProbe: sink.on_probe_ok(p.index, now); break;
+      default: break;
     }
     return;
   }
@@ -893,7 +904,8 @@ void Conn::on_send_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
     return;
   }
   char why[160];
-  snprintf(why, sizeof(why), "work completion %s (vendor error 0x%x) on path %s: fatal, not failed over",
+  snprintf(why, sizeof(why),
+           "work completion %s (vendor error 0x%x) on path %s: fatal, not failed over",
            v_.wc_status_str(wc.status), wc.vendor_err, desc(p).label.c_str());
   sink.on_fatal(fatal_status(wc.status), why, now);
 }
@@ -924,7 +936,8 @@ void Conn::on_recv_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
       if (last) {
         const uint64_t total = area_->sizes[imm_seq7(imm) % kFifoDepth];
         const uint64_t off = static_cast<uint64_t>(idx) * chunk_size_;
-        len = total >= off ? static_cast<uint32_t>(std::min<uint64_t>(total - off, UINT32_MAX)) : UINT32_MAX;
+        len = total >= off ? static_cast<uint32_t>(std::min<uint64_t>(total - off, UINT32_MAX))
+                           : UINT32_MAX;
       } else {
         len = static_cast<uint32_t>(chunk_size_);
       }
@@ -941,7 +954,8 @@ void Conn::on_recv_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
       on_wire_ctrl(p.index, m, sink, now);
       return;
     }
-    R2CCL_WARN("path %s: malformed control message (%u bytes) ignored", desc(p).label.c_str(), wc.byte_len);
+    R2CCL_WARN("path %s: malformed control message (%u bytes) ignored", desc(p).label.c_str(),
+               wc.byte_len);
     return;
   }
   if (repost) post_recv_slot(p, q, k);
@@ -973,16 +987,16 @@ void Conn::on_wire_ctrl(int via, const IbCtrlMsg& m, PathSink& sink, TimeUs now)
     case WireCtrl::kFail:
     case WireCtrl::kFailAck:
     case WireCtrl::kDrain:
-      c.type = t == WireCtrl::kFail ? CtrlType::kFail : t == WireCtrl::kFailAck ? CtrlType::kFailAck
-                                                                                : CtrlType::kDrain;
+      c.type = t == WireCtrl::kFail      ? CtrlType::kFail
+               : t == WireCtrl::kFailAck ? CtrlType::kFailAck
+                                         : CtrlType::kDrain;
       c.path = m.path;
       c.gen = m.gen;
       c.id = m.id;
       c.on = m.a != 0;
       sink.on_ctrl(via, c, now);
       return;
-    default:
-      break;
+    default: break;
   }
   if (m.path >= paths_.size()) {
     R2CCL_WARN("control message for path %u of %zu ignored", m.path, paths_.size());
@@ -993,14 +1007,14 @@ void Conn::on_wire_ctrl(int via, const IbCtrlMsg& m, PathSink& sink, TimeUs now)
       if (role_ == Role::kRecv) on_rebuild(m, sink, now);
       break;
     case WireCtrl::kRebuildDone:
-      if (role_ == Role::kRecv && m.gen == paths_desc_[m.path].generation) peer_rebuilt(paths_[m.path], sink, now);
+      if (role_ == Role::kRecv && m.gen == paths_desc_[m.path].generation)
+        peer_rebuilt(paths_[m.path], sink, now);
       break;
     case WireCtrl::kRebuildAck:
     case WireCtrl::kRebuildNak:
       if (role_ == Role::kSend) on_rebuild_ack(m, sink, now);
       break;
-    default:
-      R2CCL_WARN("unknown control message type %u ignored", m.type);
+    default: R2CCL_WARN("unknown control message type %u ignored", m.type);
   }
 }
 
@@ -1076,7 +1090,8 @@ void Conn::quiesce(int path, PathSink& sink, TimeUs now) {
 
 bool Conn::can_reconnect(int path, PathSink& sink) const {
   (void)path;
-  return role_ == Role::kSend && !paths_[path].rebuilding && (sink.control_path() >= 0 || sc_fd_ >= 0);
+  return role_ == Role::kSend && !paths_[path].rebuilding &&
+         (sink.control_path() >= 0 || sc_fd_ >= 0);
 }
 
 void Conn::reconnect(int path, PathSink& sink, TimeUs now) {
@@ -1138,8 +1153,8 @@ void Conn::on_rebuild_ack(const IbCtrlMsg& m, PathSink& sink, TimeUs now) {
   Path& p = paths_[m.path];
   if (!p.rebuilding || m.gen != desc(p).generation) return;
   p.rebuilding = false;
-  if (static_cast<WireCtrl>(m.type) == WireCtrl::kRebuildNak || m.n != static_cast<uint32_t>(nqps_) ||
-      connect_path_qps(p, m.qpn, m.hca) != Status::kOk) {
+  if (static_cast<WireCtrl>(m.type) == WireCtrl::kRebuildNak ||
+      m.n != static_cast<uint32_t>(nqps_) || connect_path_qps(p, m.qpn, m.hca) != Status::kOk) {
     destroy_path_qps(p);
     sink.on_reconnect_failed(p.index, false, "the peer could not rebuild the path", now);
     return;
@@ -1195,8 +1210,8 @@ Status Conn::start_flush(int n, void** data, const int* sizes, void** mhandles, 
   if (!flush_qp_) {
     const Status s = make_flush_qp();
     if (s != Status::kOk) {
-      R2CCL_WARN("iflush: cannot set up the loopback flush QP on %s: %s", rail_of(paths_[0]).c_str(),
-                 strerror(errno));
+      R2CCL_WARN("iflush: cannot set up the loopback flush QP on %s: %s",
+                 rail_of(paths_[0]).c_str(), strerror(errno));
       return s;
     }
   }

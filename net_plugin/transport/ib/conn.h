@@ -106,10 +106,10 @@ class Conn final : public ConnIo {
     ibv_cq* cq = nullptr;
     std::vector<ibv_qp*> qps;
     uint32_t rr = 0;
-    int outstanding = 0;        // send WRs not completed
-    bool stopped = false;       // QPs in ERR (or left in RTS by the test hook): out of service
-    bool rebuilding = false;    // sender: REBUILD sent, waiting for the answer
-    bool awaiting_peer = false; // receiver: rebuilt, waiting for the sender's REBUILD_DONE
+    int outstanding = 0;         // send WRs not completed
+    bool stopped = false;        // QPs in ERR (or left in RTS by the test hook): out of service
+    bool rebuilding = false;     // sender: REBUILD sent, waiting for the answer
+    bool awaiting_peer = false;  // receiver: rebuilt, waiting for the sender's REBUILD_DONE
     TimeUs rebuild_deadline = 0;
   };
 
@@ -172,8 +172,8 @@ class Conn final : public ConnIo {
 
   // connection area and control receive slots, registered on every HCA of the path set
   IbArea* area_ = nullptr;
-  std::vector<ibv_mr*> area_mr_;   // by runtime HCA index
-  char* slots_ = nullptr;          // control receive buffers
+  std::vector<ibv_mr*> area_mr_;  // by runtime HCA index
+  char* slots_ = nullptr;         // control receive buffers
   size_t slots_len_ = 0;
   std::vector<ibv_mr*> slots_mr_;  // by runtime HCA index
   uint64_t peer_area_ = 0;

@@ -240,8 +240,7 @@ bool parse_gid_prefs(const Config& c, GidPrefs* out, std::string* err) {
       return bad("'" + addr + "' is not an IPv4 or IPv6 address");
     }
     if (plen.empty() || plen.size() > 3 ||
-        plen.find_first_not_of("0123456789") != std::string::npos ||
-        std::stoi(plen) > max_prefix) {
+        plen.find_first_not_of("0123456789") != std::string::npos || std::stoi(plen) > max_prefix) {
       return bad("bad prefix length '" + plen + "'");
     }
     p.range_prefix = std::stoi(plen);

@@ -26,8 +26,8 @@
 #include <string>
 #include <vector>
 
-#include "transport/ib/verbs_api.h"
 #include "r2ccl/params.h"
+#include "transport/ib/verbs_api.h"
 
 namespace r2ccl::net::ib {
 
@@ -67,10 +67,10 @@ struct GidEntry {
 };
 
 struct GidPrefs {
-  int forced_index = -1;  // R2CCL_IB_GID_INDEX; -1 = select automatically
-  int roce_version = 2;   // R2CCL_IB_ROCE_VERSION_NUM: 1 or 2
-  int family = AF_INET;   // R2CCL_IB_ADDR_FAMILY: AF_INET or AF_INET6
-  bool has_range = false; // R2CCL_IB_ADDR_RANGE set
+  int forced_index = -1;   // R2CCL_IB_GID_INDEX; -1 = select automatically
+  int roce_version = 2;    // R2CCL_IB_ROCE_VERSION_NUM: 1 or 2
+  int family = AF_INET;    // R2CCL_IB_ADDR_FAMILY: AF_INET or AF_INET6
+  bool has_range = false;  // R2CCL_IB_ADDR_RANGE set
   // The range's address as a 16-byte GID: an IPv4 range is stored IPv4-mapped
   // (::ffff:a.b.c.d), so range_prefix then counts bits of the IPv4 address (0..32) and
   // applies to raw[12..15] of IPv4-mapped GIDs only; an IPv6 range prefix (0..128) applies to
@@ -122,14 +122,14 @@ struct HcaInfo {
   int link_layer = 0;   // IBV_LINK_LAYER_INFINIBAND or IBV_LINK_LAYER_ETHERNET
   bool active = false;  // port state IBV_PORT_ACTIVE at discovery (or last refresh)
   uint16_t lid = 0;
-  int gid_index = -1;   // selected (RoCE) or 0 (IB); -1 if no usable GID
-  int gid_type = -1;    // kGidType* of the selected GID, -1 if none
+  int gid_index = -1;  // selected (RoCE) or 0 (IB); -1 if no usable GID
+  int gid_type = -1;   // kGidType* of the selected GID, -1 if none
   uint8_t gid[16] = {};
-  int speed_mbps = 10000;  // from port attrs (or R2CCL_SPEED_MBPS), 10000 if unknown
-  std::string pci_path;    // realpath of <ibdev_path>/device, "" if none (virtual)
-  int numa = -1;           // from <pci_path>/numa_node, -1 unknown
-  uint64_t guid = 0;       // node GUID, host order
-  int active_mtu = 0;      // enum ibv_mtu
+  int speed_mbps = 10000;      // from port attrs (or R2CCL_SPEED_MBPS), 10000 if unknown
+  std::string pci_path;        // realpath of <ibdev_path>/device, "" if none (virtual)
+  int numa = -1;               // from <pci_path>/numa_node, -1 unknown
+  uint64_t guid = 0;           // node GUID, host order
+  int active_mtu = 0;          // enum ibv_mtu
   ibv_context* ctx = nullptr;  // opened, owned by the HcaSet
   ibv_pd* pd = nullptr;        // allocated, owned by the HcaSet
 };

@@ -35,8 +35,10 @@ bool pick_side_rail(const Config& cfg, Rail* out, std::string* err) {
     *err = "verbs side channel: no interface with an address (set R2CCL_SOCKET_IFNAME): " + e;
     return false;
   }
-  R2CCL_WARN("verbs side channel on loopback (%s): no other interface has an address; set "
-             "R2CCL_SOCKET_IFNAME for multi-node jobs", rails[0].name.c_str());
+  R2CCL_WARN(
+      "verbs side channel on loopback (%s): no other interface has an address; set "
+      "R2CCL_SOCKET_IFNAME for multi-node jobs",
+      rails[0].name.c_str());
   *out = rails[0];
   return true;
 }
@@ -109,9 +111,9 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
     mr_cache_of_.push_back(mr_caches_.size());
     mr_caches_.emplace_back(new MrCache(
         [vv, pd](uintptr_t start, size_t len, std::string* e) -> void* {
-          ibv_mr* mr = vv->reg_mr(pd, reinterpret_cast<void*>(start), len,
-                                  IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE |
-                                      IBV_ACCESS_REMOTE_READ);
+          ibv_mr* mr =
+              vv->reg_mr(pd, reinterpret_cast<void*>(start), len,
+                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
           if (!mr) *e = std::string("ibv_reg_mr: ") + strerror(errno);
           return mr;
         },
@@ -119,8 +121,9 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
         static_cast<size_t>(sysconf(_SC_PAGESIZE))));
   }
   if (usable_.empty()) {
-    *err = "no active HCA port has a usable GID (check R2CCL_IB_GID_INDEX / "
-           "R2CCL_IB_ADDR_FAMILY / R2CCL_IB_ADDR_RANGE)";
+    *err =
+        "no active HCA port has a usable GID (check R2CCL_IB_GID_INDEX / "
+        "R2CCL_IB_ADDR_FAMILY / R2CCL_IB_ADDR_RANGE)";
     return Status::kSystem;
   }
   std::vector<Device> devices;  // one NCCL device per active port
@@ -188,9 +191,10 @@ std::unique_ptr<ConnIo> Runtime::new_conn_io(int dev, int traffic_class, const v
   memcpy(&h, handle, sizeof(h));
   if (h.magic != kIbHandleMagic || h.version != kIbWireVersion ||
       (h.family != AF_INET && h.family != AF_INET6)) {
-    R2CCL_WARN("connect: the handle is not an r2ccl verbs v%u handle (magic %08x, version %u, "
-               "family %u); do both ends use the same R2CCL_TRANSPORT?",
-               kIbWireVersion, h.magic, h.version, h.family);
+    R2CCL_WARN(
+        "connect: the handle is not an r2ccl verbs v%u handle (magic %08x, version %u, "
+        "family %u); do both ends use the same R2CCL_TRANSPORT?",
+        kIbWireVersion, h.magic, h.version, h.family);
     *st = Status::kInternal;
     return nullptr;
   }
@@ -200,12 +204,12 @@ std::unique_ptr<ConnIo> Runtime::new_conn_io(int dev, int traffic_class, const v
 std::vector<int> Runtime::path_set(int primary) const {
   const auto& h = hcas();
   const std::vector<int> near = backup_order(h, primary);
-  return order_rails(primary, static_cast<int>(h.size()), 1 + static_cast<int>(cfg().backup_paths),
-                     [&](int i) {
-                       if (h[i].link_layer != h[primary].link_layer || h[i].gid_index < 0) return -1;
-                       if (std::find(usable_.begin(), usable_.end(), i) == usable_.end()) return -1;
-                       return static_cast<int>(std::find(near.begin(), near.end(), i) - near.begin());
-                     });
+  return order_rails(
+      primary, static_cast<int>(h.size()), 1 + static_cast<int>(cfg().backup_paths), [&](int i) {
+        if (h[i].link_layer != h[primary].link_layer || h[i].gid_index < 0) return -1;
+        if (std::find(usable_.begin(), usable_.end(), i) == usable_.end()) return -1;
+        return static_cast<int>(std::find(near.begin(), near.end(), i) - near.begin());
+      });
 }
 
 HcaInfo Runtime::hca_snapshot(int i) {

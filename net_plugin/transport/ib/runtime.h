@@ -65,7 +65,7 @@ class Runtime final : public RuntimeBase {
   std::unique_ptr<HcaSet> set_;
   std::vector<int> usable_;  // HCA ports that are NCCL devices (active with a GID at init)
   std::vector<std::unique_ptr<MrCache>> mr_caches_;  // one per PD (device)
-  std::vector<size_t> mr_cache_of_;                   // HCA port index -> mr_caches_ index
+  std::vector<size_t> mr_cache_of_;                  // HCA port index -> mr_caches_ index
   Rail side_rail_;
   std::mutex hca_mu_;
   std::vector<int> async_owner_;  // background thread: bg fds[k] belongs to this HCA

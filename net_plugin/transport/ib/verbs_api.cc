@@ -37,8 +37,8 @@ const VerbsApi* VerbsApi::load(const std::string& lib, std::string* err) {
   void* h = dlopen(lib.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!h) {
     const char* e = dlerror();
-    *err = "cannot load the verbs library '" + lib + "' (R2CCL_IBVERBS_LIB): " +
-           (e ? e : "unknown error");
+    *err = "cannot load the verbs library '" + lib +
+           "' (R2CCL_IBVERBS_LIB): " + (e ? e : "unknown error");
     return nullptr;
   }
   auto* v = new VerbsApi{};

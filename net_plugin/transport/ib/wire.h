@@ -29,10 +29,10 @@
 namespace r2ccl::net::ib {
 
 constexpr uint32_t kIbHandleMagic = 0x42493252;  // "R2IB"
-constexpr uint16_t kIbWireVersion = 2;  // 2: the connection id in the setup messages
-constexpr int kMaxIbPaths = 4;       // primary + up to 3 backups (R2CCL_BACKUP_PATHS <= 3)
-constexpr int kMaxQpsPerPath = 16;   // R2CCL_IB_QPS_PER_PATH maximum
-constexpr int kFifoDepth = 64;       // CTS slots; > NCCL_NET_MAX_REQUESTS outstanding receives
+constexpr uint16_t kIbWireVersion = 2;           // 2: the connection id in the setup messages
+constexpr int kMaxIbPaths = 4;      // primary + up to 3 backups (R2CCL_BACKUP_PATHS <= 3)
+constexpr int kMaxQpsPerPath = 16;  // R2CCL_IB_QPS_PER_PATH maximum
+constexpr int kFifoDepth = 64;      // CTS slots; > NCCL_NET_MAX_REQUESTS outstanding receives
 
 // The NCCL handle (listen -> connect), 128 bytes with the connect state at its end.
 struct IbWireHandle {
@@ -40,23 +40,24 @@ struct IbWireHandle {
   uint16_t version;
   uint8_t family;  // AF_INET or AF_INET6 of the side-channel listener
   uint8_t reserved0;
-  uint16_t port;   // network order
+  uint16_t port;  // network order
   uint16_t reserved1;
   uint8_t addr[16];
   uint8_t secret[16];
   uint64_t listen_id;
 };
 static_assert(sizeof(IbWireHandle) == 56, "IbWireHandle layout");
-static_assert(sizeof(IbWireHandle) <= NCCL_NET_HANDLE_MAXSIZE - 16, "handle leaves room for connect state");
+static_assert(sizeof(IbWireHandle) <= NCCL_NET_HANDLE_MAXSIZE - 16,
+              "handle leaves room for connect state");
 
 // One HCA port as the peer must see it to address it.
 struct IbWireHca {
   uint8_t link_layer;  // IBV_LINK_LAYER_INFINIBAND (1) or IBV_LINK_LAYER_ETHERNET (2)
   uint8_t port;
-  uint8_t mtu;         // enum ibv_mtu
+  uint8_t mtu;  // enum ibv_mtu
   uint8_t gid_index;
   uint16_t lid;
-  uint16_t pair;       // REPLY: index of the connector's candidate this path pairs with
+  uint16_t pair;  // REPLY: index of the connector's candidate this path pairs with
   uint8_t gid[16];
   uint32_t area_rkey;  // rkey of the sender's/receiver's connection area on this HCA
   uint32_t reserved;
@@ -68,7 +69,7 @@ enum class SetupType : uint16_t { kHello = 1, kReply = 2, kReady = 3, kDone = 4,
 struct IbSetupMsg {
   uint32_t magic;
   uint16_t version;
-  uint16_t type;       // SetupType
+  uint16_t type;  // SetupType
   uint8_t secret[16];
   uint64_t listen_id;
   uint64_t conn_id;     // chosen by the connector; both ends name the connection by it
@@ -85,9 +86,9 @@ static_assert(sizeof(IbSetupMsg) == 64 + 32 * kMaxIbPaths + 4 * kMaxIbPaths * kM
 // A clear-to-send record, written by the receiver into slot seq % kFifoDepth of the sender's
 // FIFO. seq1 = sequence + 1 is the last field, so a record is valid once seq1 matches.
 struct CtsRecord {
-  uint64_t addr;                   // posted buffer
-  uint64_t size;                   // its capacity, bytes
-  uint32_t rkey[kMaxIbPaths];      // the buffer's rkey on the receiver's HCA of each path
+  uint64_t addr;               // posted buffer
+  uint64_t size;               // its capacity, bytes
+  uint32_t rkey[kMaxIbPaths];  // the buffer's rkey on the receiver's HCA of each path
   int32_t tag;
   uint32_t reserved;
   uint64_t seq1;
@@ -96,32 +97,32 @@ static_assert(sizeof(CtsRecord) == 48, "CtsRecord layout");
 
 // Control messages: RDMA SEND on a healthy path, or framed on the side channel.
 enum class WireCtrl : uint16_t {
-  kFail = 1,        // path, gen, id: "I declared this path failed"; the receiver sends it only
-                    // after its QPs of the path are in ERR and its landed state was sent
-  kFailAck = 2,     // id, path, gen: answered FAIL (the receiver: QPs in ERR, state sent)
-  kAckState = 3,    // a = seq, b = prefix | (base << 32), c = 64-chunk bitmap from base;
-                    // b = UINT64_MAX: the whole message has landed
-  kRebuild = 4,     // path, gen, hca, qpn[n]: re-created QPs for a failed path (sender asks)
-  kRebuildAck = 5,  // path, gen, hca, qpn[n]: the peer's re-created QPs, in RTS
-  kRebuildNak = 6,  // path, gen: the peer cannot rebuild now (its port is down)
-  kBye = 7,         // closing on purpose
-  kRebuildDone = 8, // path, gen: the sender's re-created QPs passed their probes; the
-                    // receiver may now post on the path (before, its QPs might still
-                    // address a sender QP that is not connected yet)
-  kDrain = 9,       // path, a = 1 or 0 (receiver -> sender): the receiver's node's failure
-                    // predictor drains (1) or returns (0) the receiver's HCA port of the path;
-                    // the sender moves new chunks off it. Sent on every change.
+  kFail = 1,         // path, gen, id: "I declared this path failed"; the receiver sends it only
+                     // after its QPs of the path are in ERR and its landed state was sent
+  kFailAck = 2,      // id, path, gen: answered FAIL (the receiver: QPs in ERR, state sent)
+  kAckState = 3,     // a = seq, b = prefix | (base << 32), c = 64-chunk bitmap from base;
+                     // b = UINT64_MAX: the whole message has landed
+  kRebuild = 4,      // path, gen, hca, qpn[n]: re-created QPs for a failed path (sender asks)
+  kRebuildAck = 5,   // path, gen, hca, qpn[n]: the peer's re-created QPs, in RTS
+  kRebuildNak = 6,   // path, gen: the peer cannot rebuild now (its port is down)
+  kBye = 7,          // closing on purpose
+  kRebuildDone = 8,  // path, gen: the sender's re-created QPs passed their probes; the
+                     // receiver may now post on the path (before, its QPs might still
+                     // address a sender QP that is not connected yet)
+  kDrain = 9,        // path, a = 1 or 0 (receiver -> sender): the receiver's node's failure
+                     // predictor drains (1) or returns (0) the receiver's HCA port of the path;
+                     // the sender moves new chunks off it. Sent on every change.
 };
 
 struct IbCtrlMsg {
-  uint32_t magic;   // kIbHandleMagic
-  uint16_t type;    // WireCtrl
+  uint32_t magic;  // kIbHandleMagic
+  uint16_t type;   // WireCtrl
   uint16_t path;
   uint32_t gen;
-  uint32_t n;       // QP numbers in qpn[]
+  uint32_t n;  // QP numbers in qpn[]
   uint64_t id;
   uint64_t a, b, c;
-  IbWireHca hca;    // REBUILD / REBUILD_ACK: the sender of the message's HCA, current GID
+  IbWireHca hca;  // REBUILD / REBUILD_ACK: the sender of the message's HCA, current GID
   uint32_t qpn[kMaxQpsPerPath];
 };
 static_assert(sizeof(IbCtrlMsg) == 48 + 32 + 4 * kMaxQpsPerPath, "IbCtrlMsg layout");
@@ -132,8 +133,8 @@ static_assert(sizeof(IbCtrlMsg) <= kCtrlSlot, "control message fits a receive sl
 constexpr uint32_t kImmSeqBits = 7;
 constexpr uint32_t kImmIdxMask = (1u << 24) - 1;
 constexpr uint32_t imm_encode(uint64_t seq, bool last, uint32_t idx) {
-  return (static_cast<uint32_t>(seq & ((1u << kImmSeqBits) - 1)) << 25) |
-         (last ? 1u << 24 : 0u) | (idx & kImmIdxMask);
+  return (static_cast<uint32_t>(seq & ((1u << kImmSeqBits) - 1)) << 25) | (last ? 1u << 24 : 0u) |
+         (idx & kImmIdxMask);
 }
 constexpr uint32_t imm_seq7(uint32_t imm) { return imm >> 25; }
 constexpr bool imm_last(uint32_t imm) { return (imm >> 24) & 1u; }

@@ -253,7 +253,8 @@ int Conn::step_handshake(Handshake* hs, int local_rail, TimeUs now) {
 // Path plan (engine/path_plan.h): the primary on rail dev_, backups on other rails (another
 // interface before an alias of the primary's), each matched to a peer rail on the same subnet
 // (the same index first; by index when no rail pair shares a subnet).
-Status Conn::plan_paths(const HelloBody& peer, int control_rail, int control_peer_rail, TimeUs now) {
+Status Conn::plan_paths(const HelloBody& peer, int control_rail, int control_peer_rail,
+                        TimeUs now) {
   (void)now;
   const auto& rails = rt_->rails();
   const int nl = static_cast<int>(rails.size());
@@ -277,7 +278,8 @@ Status Conn::plan_paths(const HelloBody& peer, int control_rail, int control_pee
     bool found = false;
     for (int p = 0; p < np && !found; ++p) found = score(l, p) > 0;
     if (!found)
-      warn_once("rail " + rails[l].name + " has no peer rail on its subnet; it is not used for "
+      warn_once("rail " + rails[l].name +
+                " has no peer rail on its subnet; it is not used for "
                 "connections to that peer");
   }
   for (int p = 0; p < np; ++p) {
@@ -295,10 +297,11 @@ Status Conn::plan_paths(const HelloBody& peer, int control_rail, int control_pee
     if (!reachable && r != control_rail) return -1;
     return rails[r].ifname == rails[dev_].ifname ? 1 : 0;
   });
-  std::vector<RailPair> pairs = pair_rails(static_cast<int>(order.size()), np, true, [&](int i, int p) {
-    if (order[i] == control_rail) return p == control_peer_rail ? 1 : 0;
-    return score(order[i], p);
-  });
+  std::vector<RailPair> pairs =
+      pair_rails(static_cast<int>(order.size()), np, true, [&](int i, int p) {
+        if (order[i] == control_rail) return p == control_peer_rail ? 1 : 0;
+        return score(order[i], p);
+      });
   std::vector<std::pair<int, int>> plan;
   for (const auto& pr : pairs) {
     if (static_cast<int>(plan.size()) >= want) break;
@@ -308,8 +311,10 @@ Status Conn::plan_paths(const HelloBody& peer, int control_rail, int control_pee
   bool has_control = false;
   for (auto& e : plan) has_control |= e.first == control_rail;
   if (!has_control) {
-    if (plan.empty() || static_cast<int>(plan.size()) < want) plan.push_back({control_rail, control_peer_rail});
-    else plan.back() = {control_rail, control_peer_rail};
+    if (plan.empty() || static_cast<int>(plan.size()) < want)
+      plan.push_back({control_rail, control_peer_rail});
+    else
+      plan.back() = {control_rail, control_peer_rail};
   }
   if (plan.size() < 2)
     warn_once("connections on device " + std::to_string(dev_) + " (" + rails[dev_].name +
@@ -350,10 +355,11 @@ Status Conn::connect_step(bool* done, TimeUs now) {
   }
   if (now - setup_start_ > cfg_.connect_timeout) {
     const int err = control_hs_.err ? control_hs_.err : control_last_err_;
-    R2CCL_WARN("connect on device %d (%s) gave up after %.1f s: no endpoint of the peer answered "
-               "(last: %s: %s)",
-               dev_, rails[dev_].name.c_str(), cfg_.connect_timeout / 1e6, control_hs_.what.c_str(),
-               err ? strerror(err) : "no answer");
+    R2CCL_WARN(
+        "connect on device %d (%s) gave up after %.1f s: no endpoint of the peer answered "
+        "(last: %s: %s)",
+        dev_, rails[dev_].name.c_str(), cfg_.connect_timeout / 1e6, control_hs_.what.c_str(),
+        err ? strerror(err) : "no answer");
     return Status::kRemote;
   }
   if (setup_stage_ == 1) {
@@ -391,8 +397,8 @@ Status Conn::connect_step(bool* done, TimeUs now) {
       control_last_err_ = control_hs_.err;
       control_hs_.err = 0;  // next call starts the next candidate
       control_candidate_++;
-      control_backoff_ = std::min<TimeUs>(control_backoff_ == 0 ? 10 * kUsPerMs : control_backoff_ * 2,
-                                          kUsPerSec);
+      control_backoff_ =
+          std::min<TimeUs>(control_backoff_ == 0 ? 10 * kUsPerMs : control_backoff_ * 2, kUsPerSec);
       control_retry_at_ = now + control_backoff_;
       return Status::kOk;
     }
@@ -514,8 +520,8 @@ Status Conn::accept_step(bool* done, TimeUs now) {
   for (auto& inc : in) {
     const HelloBody& b = inc.hello;
     if (paths_.empty()) {
-      if (b.n_paths == 0 || b.n_paths > kMaxPaths || b.n_streams == 0 || b.n_streams > kMaxStreams ||
-          b.n_rails == 0 || b.n_rails > kMaxRails) {
+      if (b.n_paths == 0 || b.n_paths > kMaxPaths || b.n_streams == 0 ||
+          b.n_streams > kMaxStreams || b.n_rails == 0 || b.n_rails > kMaxRails) {
         R2CCL_WARN("refused a connection on %s: its hello declares %u paths, %u streams, %u rails",
                    rail_name(inc.local_rail).c_str(), b.n_paths, b.n_streams, b.n_rails);
         ::close(inc.fd);
@@ -533,7 +539,8 @@ Status Conn::accept_step(bool* done, TimeUs now) {
         p.streams.resize(n_streams_);
       }
     }
-    if (b.conn_id != conn_id_ || b.path >= paths_.size() || b.stream >= static_cast<uint32_t>(n_streams_)) {
+    if (b.conn_id != conn_id_ || b.path >= paths_.size() ||
+        b.stream >= static_cast<uint32_t>(n_streams_)) {
       ::close(inc.fd);
       continue;
     }
@@ -543,8 +550,10 @@ Status Conn::accept_step(bool* done, TimeUs now) {
     p.peer_rail = b.rail < peer_rails_.size() ? static_cast<int>(b.rail) : 0;
     desc(p).label = rail_name(rail_of(p)) + " <- " + wire_name(peer_rails_[p.peer_rail]);
     p.reset_seen = FaultInjector::instance().query(rail_of(p), now).reset_epoch;
-    if (p.streams[b.stream].fd >= 0) ::close(p.streams[b.stream].fd);
-    else p.attached++;
+    if (p.streams[b.stream].fd >= 0)
+      ::close(p.streams[b.stream].fd);
+    else
+      p.attached++;
     p.streams[b.stream].fd = inc.fd;
   }
   for (auto& p : paths_)
@@ -571,8 +580,8 @@ Status Conn::accept_step(bool* done, TimeUs now) {
   setup_stage_ = 3;
   listen_ = nullptr;
   *done = true;
-  R2CCL_INFO(NCCL_NET | NCCL_INIT, "accepted on device %d: %zu paths (%d up), %d streams each", dev_,
-             paths_.size(), __builtin_popcountll(setup_done_bitmap_), n_streams_);
+  R2CCL_INFO(NCCL_NET | NCCL_INIT, "accepted on device %d: %zu paths (%d up), %d streams each",
+             dev_, paths_.size(), __builtin_popcountll(setup_done_bitmap_), n_streams_);
   return Status::kOk;
 }
 
@@ -639,8 +648,10 @@ bool Conn::flush_stream(Path& p, Stream& s, TimeUs now) {
     }
     if (s.cur_off < total) return true;
     s.cur_active = false;
-    if (s.cur_ctrl) s.ctrlq.pop_front();
-    else s.dataq.pop_front();
+    if (s.cur_ctrl)
+      s.ctrlq.pop_front();
+    else
+      s.dataq.pop_front();
   }
   return true;
 }
@@ -721,9 +732,10 @@ void Conn::flush(PathSink& sink, TimeUs now) {
     for (auto& s : p.streams) {
       if (!flush_stream(p, s, now)) {
         const int e = errno;
-        sink.on_path_error(p.index,
-                           e == EPIPE || e == ECONNRESET ? FailCause::kPeerClosed : FailCause::kSocketError,
-                           strerror(e), now);
+        sink.on_path_error(
+            p.index,
+            e == EPIPE || e == ECONNRESET ? FailCause::kPeerClosed : FailCause::kSocketError,
+            strerror(e), now);
         break;
       }
     }
@@ -767,7 +779,8 @@ bool Conn::read_stream(Path& p, Stream& s, PathSink& sink, TimeUs now, FailCause
     }
     if (n < 0) {
       if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-      *cause = (errno == ECONNRESET || errno == EPIPE) ? FailCause::kPeerClosed : FailCause::kSocketError;
+      *cause = (errno == ECONNRESET || errno == EPIPE) ? FailCause::kPeerClosed
+                                                       : FailCause::kSocketError;
       *why = strerror(errno);
       return false;
     }
@@ -874,14 +887,10 @@ bool Conn::handle_frame(Path& p, Stream& s, PathSink& sink, TimeUs now, const ch
     case FrameType::kPong:
       if (h.seq == p.ping_id) sink.on_probe_ok(p.index, now);
       return true;
-    case FrameType::kBye:
-      sink.on_peer_bye(now);
-      return true;
+    case FrameType::kBye: sink.on_peer_bye(now); return true;
     case FrameType::kSetupDone:
       return true;  // a repeat from the setup (the connector sends one per setup)
-    default:
-      *why = "unknown frame type";
-      return false;
+    default: *why = "unknown frame type"; return false;
   }
 }
 
@@ -940,8 +949,8 @@ void Conn::reconnect(int path, PathSink& sink, TimeUs now) {
   for (int s = 0; s < n_streams_; ++s) {
     p.reconnect[s].path = p.index;
     p.reconnect[s].stream = s;
-    start_handshake(&p.reconnect[s], rail_of(p), p.peer_rail, kHelloReconnect, desc(p).generation + 1,
-                    now);
+    start_handshake(&p.reconnect[s], rail_of(p), p.peer_rail, kHelloReconnect,
+                    desc(p).generation + 1, now);
   }
 }
 
@@ -951,7 +960,8 @@ void Conn::step_reconnect(PathSink& sink, Path& p, TimeUs now) {
   for (auto& hs : p.reconnect) {
     if (hs.stage == 3) continue;
     const int r = step_handshake(&hs, rail_of(p), now);
-    if (r == 0) pending = true;
+    if (r == 0)
+      pending = true;
     else if (r < 0) {
       failed = true;
       err = hs.err;
@@ -1009,13 +1019,16 @@ void Conn::attach_stream(PathSink& sink, int path, int stream, uint32_t gen, int
   }
   if (gen > desc(p).generation) {
     // The peer re-created the path: the old generation has failed at its end.
-    if (p.attached_ok()) sink.on_path_error(p.index, FailCause::kPeerNotice, "peer reconnected the path", now);
+    if (p.attached_ok())
+      sink.on_path_error(p.index, FailCause::kPeerNotice, "peer reconnected the path", now);
     close_streams(p);
     p.streams.assign(n_streams_, Stream{});
     desc(p).generation = gen;
   }
-  if (p.streams[stream].fd >= 0) ::close(p.streams[stream].fd);
-  else p.attached++;
+  if (p.streams[stream].fd >= 0)
+    ::close(p.streams[stream].fd);
+  else
+    p.attached++;
   p.streams[stream] = Stream{};
   p.streams[stream].fd = fd;
   if (p.attached == n_streams_) {

@@ -60,12 +60,14 @@ Status Runtime::init(const Config* cfg, std::string* err) {
                              r.name + " (" + std::to_string(r.speed_mbps) + " Mbps)"});
   }
   char knobs[160];
-  snprintf(knobs, sizeof(knobs), "%lld backup paths, chunk %lld KiB, %lld streams per path, stripe %s",
-           static_cast<long long>(cfg->backup_paths), static_cast<long long>(cfg->chunk_size / 1024),
-           static_cast<long long>(cfg->nsocks_per_path), cfg->stripe ? "on" : "off");
+  snprintf(
+      knobs, sizeof(knobs), "%lld backup paths, chunk %lld KiB, %lld streams per path, stripe %s",
+      static_cast<long long>(cfg->backup_paths), static_cast<long long>(cfg->chunk_size / 1024),
+      static_cast<long long>(cfg->nsocks_per_path), cfg->stripe ? "on" : "off");
   const Traits traits{"TCP", board::Transport::kTcp, 0x52324343434f4e4eull /* "R2CCCONN" */,
                       "link down", "netlink"};
-  R2CCL_CHECK(init_base(cfg, traits, std::move(info), std::move(devices), NCCL_PTR_HOST, knobs, err));
+  R2CCL_CHECK(
+      init_base(cfg, traits, std::move(info), std::move(devices), NCCL_PTR_HOST, knobs, err));
   FaultInjector::instance().configure(faults, rank_);
   if (FaultInjector::instance().enabled())
     R2CCL_WARN("fault injection armed for rank %d: %s", rank_, cfg->fault_inject.c_str());
@@ -119,10 +121,11 @@ std::unique_ptr<ConnIo> Runtime::new_conn_io(int dev, int traffic_class, const v
   memcpy(&h, handle, sizeof(h));
   if (h.magic != kHandleMagic || h.version != kWireVersion || h.n_endpoints == 0 ||
       h.n_endpoints > kMaxHandleEndpoints) {
-    R2CCL_WARN("connect: the handle is not an r2ccl v%u handle of the TCP transport (magic %08x, "
-               "version %u, %u endpoints); was it made by another net plugin, or do both ends use "
-               "the same R2CCL_TRANSPORT?",
-               kWireVersion, h.magic, h.version, h.n_endpoints);
+    R2CCL_WARN(
+        "connect: the handle is not an r2ccl v%u handle of the TCP transport (magic %08x, "
+        "version %u, %u endpoints); was it made by another net plugin, or do both ends use "
+        "the same R2CCL_TRANSPORT?",
+        kWireVersion, h.magic, h.version, h.n_endpoints);
     *st = Status::kInternal;
     return nullptr;
   }
@@ -223,7 +226,8 @@ bool Runtime::answer_hello(const Incoming& in) const {
   fill_wire_rails(&b);
   memcpy(out, &h, sizeof(h));
   memcpy(out + sizeof(h), &b, sizeof(b));
-  return ::send(in.fd, out, sizeof(out), MSG_NOSIGNAL | MSG_DONTWAIT) == static_cast<ssize_t>(sizeof(out));
+  return ::send(in.fd, out, sizeof(out), MSG_NOSIGNAL | MSG_DONTWAIT) ==
+         static_cast<ssize_t>(sizeof(out));
 }
 
 // A checked hello: answered, then handed to its owner (a failed path's new streams to the
@@ -241,8 +245,10 @@ bool Runtime::route_hello(const Incoming& in, const char** why) {
         bad_secret = true;
         return false;
       }
-      if (!answer_hello(in)) unanswered = true;
-      else t.push_incoming(in);
+      if (!answer_hello(in))
+        unanswered = true;
+      else
+        t.push_incoming(in);
       return true;
     });
   } else {
@@ -349,7 +355,8 @@ void Runtime::service_handshakes(TimeUs now) {
           R2CCL_WARN("refused a connection on rail %s from %s: %s%s", rails_[p.rail].name.c_str(),
                      from.c_str(), why ? why : "?",
                      rf.suppressed ? (" (" + std::to_string(rf.suppressed) +
-                                      " more like it in the last second)").c_str()
+                                      " more like it in the last second)")
+                                         .c_str()
                                    : "");
           rf.last_warn = now;
           rf.suppressed = 0;

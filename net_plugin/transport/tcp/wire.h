@@ -32,11 +32,11 @@
 namespace r2ccl::net::tcp {
 
 constexpr uint32_t kHandleMagic = 0x4c433252;  // "R2CL"
-constexpr uint16_t kWireVersion = 2;  // 2: DRAIN frames, generations in FAIL_ACK
+constexpr uint16_t kWireVersion = 2;           // 2: DRAIN frames, generations in FAIL_ACK
 constexpr int kMaxHandleEndpoints = 4;
 constexpr int kMaxRails = 16;
-constexpr int kMaxPaths = 4;     // primary + up to 3 backups
-constexpr int kMaxStreams = 8;   // R2CCL_NSOCKS_PER_PATH maximum
+constexpr int kMaxPaths = 4;    // primary + up to 3 backups
+constexpr int kMaxStreams = 8;  // R2CCL_NSOCKS_PER_PATH maximum
 
 struct WireEndpoint {
   uint8_t family;  // AF_INET or AF_INET6
@@ -52,7 +52,7 @@ struct WireHandle {
   uint16_t version;
   uint8_t n_endpoints;
   uint8_t reserved;
-  uint8_t secret[16];     // random; a peer that does not present it is refused
+  uint8_t secret[16];  // random; a peer that does not present it is refused
   uint64_t listen_id;
   WireEndpoint endpoints[kMaxHandleEndpoints];  // listener addresses on different rails
 };
@@ -90,22 +90,22 @@ static_assert(sizeof(FrameHeader) == 40, "frame header layout");
 struct WireRail {
   uint8_t family;
   uint8_t prefix_len;
-  uint16_t port;   // this process's listener port on the rail, network order
+  uint16_t port;  // this process's listener port on the rail, network order
   uint8_t addr[16];
-  char name[28];   // display name, NUL-terminated
+  char name[28];  // display name, NUL-terminated
 };
 static_assert(sizeof(WireRail) == 48, "rail layout");
 
 // Payload of HELLO (connector -> listener) and HELLO_ACK (listener -> connector).
 struct HelloBody {
   uint8_t secret[16];
-  uint64_t listen_id;   // which NCCL listen comm (new connection)
-  uint64_t conn_id;     // which connection (chosen by the connector)
-  uint32_t path;        // path index inside the connection
-  uint32_t stream;      // stream index inside the path
+  uint64_t listen_id;  // which NCCL listen comm (new connection)
+  uint64_t conn_id;    // which connection (chosen by the connector)
+  uint32_t path;       // path index inside the connection
+  uint32_t stream;     // stream index inside the path
   uint32_t n_paths;
   uint32_t n_streams;
-  uint32_t flags;       // kHelloReconnect
+  uint32_t flags;  // kHelloReconnect
   uint32_t n_rails;
   uint32_t generation;  // incremented on every reconnect of the path
   uint32_t rail;        // connector's rail index for this path

@@ -44,24 +44,28 @@ extern "C" {
 
 /* ---- return codes ---- */
 #define R2CCL_SNAP_OK 0
-#define R2CCL_SNAP_ERR_INVALID (-1)      /* bad argument or call order (misuse) */
-#define R2CCL_SNAP_ERR_CONFIG (-2)       /* an R2CCL_SNAPSHOT_* variable is invalid */
-#define R2CCL_SNAP_ERR_CONNECT (-3)      /* the daemon's socket cannot be reached (not running?) */
-#define R2CCL_SNAP_ERR_CONNECTION (-4)   /* the connection was lost or the daemon broke the
-                                            protocol; sticky: close the handle and open again */
-#define R2CCL_SNAP_ERR_TIMEOUT (-5)      /* the timeout passed first (nothing else wrong) */
-#define R2CCL_SNAP_ERR_NO_SNAPSHOT (-6)  /* restore: the daemon has no complete step */
-#define R2CCL_SNAP_ERR_REFUSED (-7)      /* restore: the daemon refused a FETCH (not held,
-                                            corrupt, busy) */
-#define R2CCL_SNAP_ERR_CORRUPT (-8)      /* restore: a shard failed its checks (CRC, chain,
-                                            sizes); the registered buffers are untouched */
+#define R2CCL_SNAP_ERR_INVALID (-1) /* bad argument or call order (misuse) */
+#define R2CCL_SNAP_ERR_CONFIG (-2)  /* an R2CCL_SNAPSHOT_* variable is invalid */
+#define R2CCL_SNAP_ERR_CONNECT (-3) /* the daemon's socket cannot be reached (not running?) */
+#define R2CCL_SNAP_ERR_CONNECTION                                                          \
+  (-4)                                  /* the connection was lost or the daemon broke the \
+                                           protocol; sticky: close the handle and open again */
+#define R2CCL_SNAP_ERR_TIMEOUT (-5)     /* the timeout passed first (nothing else wrong) */
+#define R2CCL_SNAP_ERR_NO_SNAPSHOT (-6) /* restore: the daemon has no complete step */
+#define R2CCL_SNAP_ERR_REFUSED                           \
+  (-7) /* restore: the daemon refused a FETCH (not held, \
+          corrupt, busy) */
+#define R2CCL_SNAP_ERR_CORRUPT                            \
+  (-8) /* restore: a shard failed its checks (CRC, chain, \
+          sizes); the registered buffers are untouched */
 #define R2CCL_SNAP_ERR_NOMEM (-9)
 #define R2CCL_SNAP_ERR_UNSUPPORTED (-10) /* device memory in a build without USE_CUDA */
 #define R2CCL_SNAP_ERR_TOO_SMALL (-11)   /* the caller's buffer is too small; *n says the size */
-#define R2CCL_SNAP_ERR_ENCODE (-12)      /* a background encode failed (reported by the next
-                                            take/flush; that step's snapshot is incomplete and
-                                            the next one is a base) */
-#define R2CCL_SNAP_ERR_CUDA (-13)        /* a CUDA copy failed */
+#define R2CCL_SNAP_ERR_ENCODE                                                           \
+  (-12)                           /* a background encode failed (reported by the next   \
+                                     take/flush; that step's snapshot is incomplete and \
+                                     the next one is a base) */
+#define R2CCL_SNAP_ERR_CUDA (-13) /* a CUDA copy failed */
 
 /* ---- buffer description ---- */
 #define R2CCL_SNAP_DTYPE_BYTES 0 /* opaque bytes (element size 1) */
@@ -70,8 +74,9 @@ extern "C" {
 #define R2CCL_SNAP_DTYPE_BF16 3
 
 #define R2CCL_SNAP_CODEC_LOSSLESS 0 /* exact (any dtype) */
-#define R2CCL_SNAP_CODEC_LOSSY 1    /* FP16/BF16 deltas as int8 codes with a per-256 scale;
-                                       error reported per take (stats.prev_max_abs_error) */
+#define R2CCL_SNAP_CODEC_LOSSY                              \
+  1 /* FP16/BF16 deltas as int8 codes with a per-256 scale; \
+       error reported per take (stats.prev_max_abs_error) */
 
 #define R2CCL_SNAP_FLAG_DEVICE 1u /* ptr is CUDA device memory (needs a USE_CUDA build) */
 
@@ -83,12 +88,12 @@ typedef struct r2ccl_snap r2ccl_snap_t; /* opaque handle */
 
 /* What take() measured. Filled on every return of take(), also on errors (zeros then). */
 typedef struct r2ccl_snap_take_stats {
-  int skipped;          /* 1: this step is not a multiple of R2CCL_SNAPSHOT_INTERVAL */
+  int skipped; /* 1: this step is not a multiple of R2CCL_SNAPSHOT_INTERVAL */
   uint64_t step;
-  double copy_seconds;  /* copying the registered buffers to staging: the caller's overhead */
-  double wait_seconds;  /* waiting for a free staging set (both still being encoded/sent) */
+  double copy_seconds; /* copying the registered buffers to staging: the caller's overhead */
+  double wait_seconds; /* waiting for a free staging set (both still being encoded/sent) */
   /* The newest take whose shards were all written to the socket before this call: */
-  int prev_valid;       /* 0: none finished yet */
+  int prev_valid; /* 0: none finished yet */
   uint64_t prev_step;
   double prev_encode_seconds;  /* encoding every buffer (background thread) */
   double prev_send_seconds;    /* writing the shards to the socket (background thread) */
@@ -101,15 +106,15 @@ typedef struct r2ccl_snap_take_stats {
 
 /* The daemon's latest STATE. */
 typedef struct r2ccl_snap_state {
-  uint64_t epoch;             /* agreed membership epoch; 0: nothing agreed yet */
-  uint32_t node_id;           /* the local daemon's node */
-  uint32_t n_nodes;           /* nodes in the job */
-  uint32_t member_count;      /* live nodes (bits set in members) */
-  int has_complete_step;      /* 1: complete_step is valid */
-  uint64_t complete_step;     /* newest step held on every rank (what restore() restores) */
+  uint64_t epoch;         /* agreed membership epoch; 0: nothing agreed yet */
+  uint32_t node_id;       /* the local daemon's node */
+  uint32_t n_nodes;       /* nodes in the job */
+  uint32_t member_count;  /* live nodes (bits set in members) */
+  int has_complete_step;  /* 1: complete_step is valid */
+  uint64_t complete_step; /* newest step held on every rank (what restore() restores) */
   uint64_t members[R2CCL_SNAP_MAX_NODES / 64]; /* bitmap of live node ids */
-  uint32_t changes;           /* wait_event(): R2CCL_SNAP_CHANGED_* bits; state(): 0 */
-  uint64_t states_received;   /* STATE frames received on this handle so far */
+  uint32_t changes;         /* wait_event(): R2CCL_SNAP_CHANGED_* bits; state(): 0 */
+  uint64_t states_received; /* STATE frames received on this handle so far */
 } r2ccl_snap_state_t;
 
 #define R2CCL_SNAP_CHANGED_EPOCH 1u
@@ -126,8 +131,8 @@ int r2ccl_snap_open(const char* socket_path, uint32_t rank, uint32_t world, r2cc
  * stay valid until close. Lossy needs F16/BF16. flags: R2CCL_SNAP_FLAG_DEVICE for CUDA memory.
  * Only before the first take() or restore(). Memory: the library holds 3x the registered bytes
  * (two staging sets and the encoder's reconstruction); restore needs 2x more while it runs. */
-int r2ccl_snap_register(r2ccl_snap_t* h, uint32_t id, void* ptr, size_t bytes, int dtype,
-                        int codec, uint32_t flags);
+int r2ccl_snap_register(r2ccl_snap_t* h, uint32_t id, void* ptr, size_t bytes, int dtype, int codec,
+                        uint32_t flags);
 
 /* The loss scale and an opaque RNG-state blob (<= R2CCL_SNAP_MAX_RNG_BYTES), copied into the
  * internal metadata buffer (the last buffer id, n registered) at every take() and given back
@@ -208,8 +213,8 @@ typedef struct r2ccl_snap_nccl_ops {
   int (*get_version)(int* version);
   int (*get_unique_id)(void* unique_id_128);
   int (*comm_init_rank)(void** comm, int nranks, const void* unique_id_128, int rank);
-  int (*comm_shrink)(void* comm, int* exclude_ranks, int n_exclude, void** new_comm,
-                     void* config, int shrink_flags);
+  int (*comm_shrink)(void* comm, int* exclude_ranks, int n_exclude, void** new_comm, void* config,
+                     int shrink_flags);
   int (*comm_abort)(void* comm);
   int (*comm_destroy)(void* comm);
   const char* (*get_error_string)(int result);
@@ -231,8 +236,7 @@ typedef struct r2ccl_snap_nccl_ops {
 int r2ccl_snap_rebuild_comm(r2ccl_snap_t* h, const r2ccl_snap_nccl_ops_t* ops, void* old_comm,
                             int old_rank, int old_nranks, const int* lost_ranks, int n_lost,
                             const int* replaced_ranks, int n_replaced, uint64_t epoch,
-                            int64_t id_timeout_us, void** new_comm, int* new_rank,
-                            int* new_nranks);
+                            int64_t id_timeout_us, void** new_comm, int* new_rank, int* new_nranks);
 
 /* Stops the background threads and closes the connection. Does NOT flush: takes not yet
  * written are dropped (call r2ccl_snap_flush() first). NULL is a no-op. */

@@ -22,18 +22,18 @@ namespace r2ccl::predict {
 
 // The canonical counters. Each is a count of events, packets or bytes.
 enum Counter : int {
-  kRetrans = 0,    // retransmission events (IB: ack timeouts + sequence errors + OOS; TCP)
-  kTxPackets,      // packets (TCP rails: segments) sent
-  kRxPackets,      // packets received
-  kTxBytes,        // bytes sent
-  kRxBytes,        // bytes received
-  kSymbolErr,      // IB symbol errors / Ethernet rx CRC errors
-  kRcvErr,         // IB port receive errors / Ethernet rx errors
-  kLinkRecovery,   // IB link error recovery / Ethernet carrier changes
-  kLinkDowned,     // IB link downed / Ethernet carrier down count
-  kIntegrity,      // IB local link integrity errors (no Ethernet equivalent)
-  kBufOverrun,     // IB excessive buffer overrun + out_of_buffer / Ethernet rx over, fifo,
-                   // missed, tx dropped
+  kRetrans = 0,   // retransmission events (IB: ack timeouts + sequence errors + OOS; TCP)
+  kTxPackets,     // packets (TCP rails: segments) sent
+  kRxPackets,     // packets received
+  kTxBytes,       // bytes sent
+  kRxBytes,       // bytes received
+  kSymbolErr,     // IB symbol errors / Ethernet rx CRC errors
+  kRcvErr,        // IB port receive errors / Ethernet rx errors
+  kLinkRecovery,  // IB link error recovery / Ethernet carrier changes
+  kLinkDowned,    // IB link downed / Ethernet carrier down count
+  kIntegrity,     // IB local link integrity errors (no Ethernet equivalent)
+  kBufOverrun,    // IB excessive buffer overrun + out_of_buffer / Ethernet rx over, fifo,
+                  // missed, tx dropped
   kNumCounters
 };
 
@@ -80,20 +80,20 @@ Reading parse_reading(const std::string& text);
 
 // Deltas of one sampling step of one rail: what the features are computed from.
 struct Step {
-  double dt_s = 0;            // seconds since the previous reading (> 0 for a usable step)
-  bool link_up = true;        // link state at this reading
-  double speed_mbps = 0;      // link speed, Mb/s; 0 unknown
+  double dt_s = 0;              // seconds since the previous reading (> 0 for a usable step)
+  bool link_up = true;          // link state at this reading
+  double speed_mbps = 0;        // link speed, Mb/s; 0 unknown
   double d[kNumCounters] = {};  // deltas; a missing reading counts 0
-  uint32_t missing = 0;       // bit c set: counter c had no usable delta this step
+  uint32_t missing = 0;         // bit c set: counter c had no usable delta this step
 };
 
 // What a rail is, for the live reader.
 struct RailSpec {
   enum class Kind : uint8_t { kIb, kEth };
-  std::string name;     // the rail's name as the transports publish it: "mlx5_0:1", "eth0"
+  std::string name;  // the rail's name as the transports publish it: "mlx5_0:1", "eth0"
   Kind kind = Kind::kEth;
-  std::string device;   // IB device ("mlx5_0") or interface ("eth0")
-  int port = 1;         // IB port number
+  std::string device;  // IB device ("mlx5_0") or interface ("eth0")
+  int port = 1;        // IB port number
 };
 
 // Counters a transport keeps itself and adds to a rail's readings (TCP rails: TCP_INFO
@@ -114,9 +114,10 @@ class SysfsRail {
   // Reads every file. The first call primes: it fills *out with the link state and speed only
   // (no deltas, dt 0) and returns false; later calls fill *out with the deltas since the
   // previous call and return true (also while the link is down, with out->link_up false).
-  // Only regular files are read (non-blocking open): nothing under the root can block. `now_s` is a monotonic time in seconds. Notes about the counters
-  // (a saturated counter, once per file; a reset; a file that disappeared) are appended to
-  // *notes when non-null, one line each, naming the file.
+  // Only regular files are read (non-blocking open): nothing under the root can block. `now_s` is a
+  // monotonic time in seconds. Notes about the counters (a saturated counter, once per file; a
+  // reset; a file that disappeared) are appended to *notes when non-null, one line each, naming the
+  // file.
   bool read(double now_s, const ExtraCounters& extra, Step* out, std::vector<std::string>* notes);
 
   const RailSpec& spec() const { return spec_; }
@@ -127,10 +128,10 @@ class SysfsRail {
 
  private:
   struct File {
-    std::string rel;   // path relative to dir_
-    int counter;       // canonical counter
+    std::string rel;  // path relative to dir_
+    int counter;      // canonical counter
     Width width;
-    uint64_t scale;    // 4 for the IB data counters (4-octet words)
+    uint64_t scale;  // 4 for the IB data counters (4-octet words)
     Reading prev;
     bool warned_saturated = false;
     bool was_present = false;

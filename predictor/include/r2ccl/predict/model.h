@@ -39,11 +39,11 @@ float baseline_risk(const FeatureRow* rows, int n, const BaselineParams& p,
                     float ratio[4] = nullptr);
 
 struct Model {
-  uint32_t n_features = 0;   // kNumFeatures
-  uint32_t hidden = 0;       // H
-  uint32_t window = 0;       // W, the steps the model was trained on
-  uint32_t horizon_s = 0;    // failure horizon, seconds (30)
-  float interval_s = 0;      // sampling interval the model was trained at, seconds
+  uint32_t n_features = 0;         // kNumFeatures
+  uint32_t hidden = 0;             // H
+  uint32_t window = 0;             // W, the steps the model was trained on
+  uint32_t horizon_s = 0;          // failure horizon, seconds (30)
+  float interval_s = 0;            // sampling interval the model was trained at, seconds
   std::vector<float> mean, stdev;  // [F] normalisation
   BaselineParams baseline;
   std::vector<float> w_ih, w_hh, b_ih, b_hh;  // [4H x F], [4H x H], [4H], [4H]

@@ -20,11 +20,11 @@
 namespace r2ccl::predict {
 
 struct PredictorConfig {
-  double interval_s = 5;         // R2CCL_PREDICT_INTERVAL
-  int window_steps = 24;         // R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL
-  float threshold = 0.7f;        // R2CCL_PREDICT_THRESHOLD
-  float return_threshold = 0.4f; // R2CCL_PREDICT_RETURN_THRESHOLD
-  int return_samples = 6;        // R2CCL_PREDICT_RETURN_SAMPLES
+  double interval_s = 5;          // R2CCL_PREDICT_INTERVAL
+  int window_steps = 24;          // R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL
+  float threshold = 0.7f;         // R2CCL_PREDICT_THRESHOLD
+  float return_threshold = 0.4f;  // R2CCL_PREDICT_RETURN_THRESHOLD
+  int return_samples = 6;         // R2CCL_PREDICT_RETURN_SAMPLES
 };
 PredictorConfig predictor_config_from(const Config& cfg);
 
@@ -69,7 +69,7 @@ class RailPredictor {
   FeatureWindow window_;
   Assessment last_;
   int low_run_ = 0;
-  mutable std::vector<float> norm_;  // [window x F] scratch
+  mutable std::vector<float> norm_;      // [window x F] scratch
   mutable std::vector<FeatureRow> raw_;  // scratch for the baseline
   mutable Model::Scratch scratch_;
 };

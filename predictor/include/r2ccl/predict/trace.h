@@ -15,13 +15,13 @@
 namespace r2ccl::predict {
 
 struct TraceRow {
-  int rail = -1;          // index in rail_names(), in order of first appearance
+  int rail = -1;  // index in rail_names(), in order of first appearance
   double t_s = 0;
   bool link_up = true;
   bool has_step = false;  // false for a rail's first row (it only primes the deltas)
   Step step;
-  int scenario = -1;      // index in scenarios()
-  int line = 0;           // 1-based line number in the file
+  int scenario = -1;  // index in scenarios()
+  int line = 0;       // 1-based line number in the file
 };
 
 class TraceReader {

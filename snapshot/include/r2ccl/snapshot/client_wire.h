@@ -59,9 +59,9 @@ struct KvGetBody {
 };
 
 struct StateBody {
-  uint32_t node_id;        // the daemon's node
-  uint32_t has_complete;   // 1: complete_step is valid
-  uint64_t complete_step;  // newest complete step (restore this one)
+  uint32_t node_id;            // the daemon's node
+  uint32_t has_complete;       // 1: complete_step is valid
+  uint64_t complete_step;      // newest complete step (restore this one)
   board::AgreedRecord agreed;  // epoch 0: nothing agreed yet
 };
 

@@ -89,8 +89,7 @@ class Holdings {
 // one. Returns false with *err naming the line and the accepted form.
 bool parse_topology(const std::string& text, std::map<uint32_t, std::vector<std::string>>* out,
                     std::string* err);
-int topology_hops(const std::map<uint32_t, std::vector<std::string>>& topo, uint32_t a,
-                  uint32_t b);
+int topology_hops(const std::map<uint32_t, std::vector<std::string>>& topo, uint32_t a, uint32_t b);
 
 // Up to `want` replica nodes for a rank on `home`: the live nodes other than home, nearest
 // first by (hops when a topology is given, then round trip in microseconds (unknown = last),

@@ -11,9 +11,9 @@
 
 #include "r2ccl/log.h"
 
-#define SNAP_WARN(...)                                                                        \
+#define SNAP_WARN(...)                                                                          \
   ::r2ccl::log_from(::r2ccl::Component::kSnapshot, nullptr, NCCL_LOG_WARN, NCCL_INIT, __FILE__, \
                     __LINE__, __VA_ARGS__)
-#define SNAP_INFO(...)                                                                        \
+#define SNAP_INFO(...)                                                                          \
   ::r2ccl::log_from(::r2ccl::Component::kSnapshot, nullptr, NCCL_LOG_INFO, NCCL_INIT, __func__, \
                     __LINE__, __VA_ARGS__)

@@ -51,10 +51,10 @@ class Membership {
   std::vector<uint32_t> tick(TimeUs now);
 
   bool alive(uint32_t id) const;
-  std::vector<uint32_t> live() const;   // ascending
+  std::vector<uint32_t> live() const;  // ascending
   size_t configured() const { return ids_.size(); }
   uint32_t self() const { return self_; }
-  uint32_t coordinator() const;         // lowest live id (self is always live to itself)
+  uint32_t coordinator() const;  // lowest live id (self is always live to itself)
   bool has_majority() const { return 2 * live().size() > ids_.size(); }
   // True when this node is the coordinator and sees a majority: only then may it act
   // (publish the agreed record, run marker rounds, announce recoveries).

@@ -77,9 +77,9 @@ class Histogram {
   explicit Histogram(std::vector<double> bounds);
   void observe(double v);
   struct Snapshot {
-    std::vector<double> bounds;       // without +Inf
-    std::vector<uint64_t> cumulative; // per bound, cumulative; size() == bounds.size()
-    uint64_t count = 0;               // == the +Inf bucket
+    std::vector<double> bounds;        // without +Inf
+    std::vector<uint64_t> cumulative;  // per bound, cumulative; size() == bounds.size()
+    uint64_t count = 0;                // == the +Inf bucket
     double sum = 0;
   };
   Snapshot snapshot() const;
@@ -137,7 +137,7 @@ bool valid_metric_name(const std::string& s);
 bool valid_label_name(const std::string& s);
 std::string escape_label_value(const std::string& s);  // \ " newline
 std::string escape_help(const std::string& s);         // \ newline
-std::string format_value(double v);                   // "42", "0.25", "NaN", "+Inf", "-Inf"
+std::string format_value(double v);                    // "42", "0.25", "NaN", "+Inf", "-Inf"
 const char* type_name(Type t);                         // "counter", "gauge", "histogram"
 
 // ---- the daemon's standard metrics ------------------------------------------------------------
@@ -146,8 +146,8 @@ inline constexpr const char* kShardBytesReceived = "r2ccl_snapshot_shard_bytes_r
 inline constexpr const char* kShardBytesSent = "r2ccl_snapshot_shard_bytes_sent_total";
 inline constexpr const char* kShardsReceived = "r2ccl_snapshot_shards_received_total";
 inline constexpr const char* kShardsSent = "r2ccl_snapshot_shards_sent_total";
-inline constexpr const char* kTakeBytes = "r2ccl_snapshot_take_bytes";            // histogram
-inline constexpr const char* kTakeSeconds = "r2ccl_snapshot_take_seconds";        // histogram
+inline constexpr const char* kTakeBytes = "r2ccl_snapshot_take_bytes";      // histogram
+inline constexpr const char* kTakeSeconds = "r2ccl_snapshot_take_seconds";  // histogram
 inline constexpr const char* kTakes = "r2ccl_snapshot_takes_total";
 inline constexpr const char* kTakeFailures = "r2ccl_snapshot_take_failures_total";
 inline constexpr const char* kReplicationLag = "r2ccl_snapshot_replication_lag_seconds";

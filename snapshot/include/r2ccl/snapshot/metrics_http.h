@@ -68,8 +68,7 @@ inline bool parse_listen_address(const std::string& s, asio::ip::tcp::endpoint* 
   }
   unsigned long p = 0;
   if (port.empty() || port.size() > 5 ||
-      port.find_first_not_of("0123456789") != std::string::npos ||
-      (p = std::stoul(port)) > 65535) {
+      port.find_first_not_of("0123456789") != std::string::npos || (p = std::stoul(port)) > 65535) {
     *err = "'" + s + "': port '" + port + "' is not 0-65535" + form;
     return false;
   }
@@ -94,12 +93,12 @@ class HttpServer {
   using BodyFn = std::function<std::string()>;
   using Options = HttpServerOptions;
   struct Stats {
-    uint64_t accepted = 0;     // connections accepted (busy ones included)
-    uint64_t ok = 0;           // 200 responses
-    uint64_t not_found = 0;    // 404
-    uint64_t refused = 0;      // 400, 405, 431 and 500 responses
-    uint64_t timeouts = 0;     // connections closed for missing a deadline
-    uint64_t busy = 0;         // connections closed at accept (max_connections open)
+    uint64_t accepted = 0;   // connections accepted (busy ones included)
+    uint64_t ok = 0;         // 200 responses
+    uint64_t not_found = 0;  // 404
+    uint64_t refused = 0;    // 400, 405, 431 and 500 responses
+    uint64_t timeouts = 0;   // connections closed for missing a deadline
+    uint64_t busy = 0;       // connections closed at accept (max_connections open)
   };
 
   HttpServer(asio::io_context& io, BodyFn body, Options opt = Options())
@@ -301,8 +300,7 @@ class HttpServer {
       respond(200, "OK", body, head, "", "text/plain; version=0.0.4; charset=utf-8");
     }
     void respond(int code, const char* reason, const std::string& body, bool head = false,
-                 const std::string& extra = "",
-                 const char* type = "text/plain; charset=utf-8") {
+                 const std::string& extra = "", const char* type = "text/plain; charset=utf-8") {
       if (code != 200 && code != 404) ++srv->refused;
       phase = Phase::kResponse;
       resp = "HTTP/1.0 " + std::to_string(code) + " " + reason + "\r\nContent-Type: " + type +

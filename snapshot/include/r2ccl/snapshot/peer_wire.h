@@ -40,9 +40,9 @@ namespace r2ccl::snap {
 
 constexpr uint32_t kPeerMagic = 0x4e533252;  // "R2SN" little-endian
 constexpr uint16_t kPeerVersion = 2;
-constexpr size_t kTokenBytes = 64;           // tokens are 1..64 bytes, zero-padded on the wire
-constexpr size_t kKvKeyBytes = 64;           // keys are 1..63 bytes, NUL-padded
-constexpr size_t kKvMaxValue = 4096;         // value bytes
+constexpr size_t kTokenBytes = 64;    // tokens are 1..64 bytes, zero-padded on the wire
+constexpr size_t kKvKeyBytes = 64;    // keys are 1..63 bytes, NUL-padded
+constexpr size_t kKvMaxValue = 4096;  // value bytes
 
 enum class PeerMsg : uint16_t {
   kHello = 1,
@@ -76,36 +76,36 @@ static_assert(sizeof(HelloBody) == 72, "hello layout");
 
 struct HeartbeatBody {
   uint32_t node_id;
-  float usable_gbps;       // 0 = unknown
-  uint64_t epoch;          // highest agreed epoch the sender has seen
-  int64_t sent_us;         // the sender's CLOCK_MONOTONIC at sending (microseconds)
-  int64_t echo_us;         // sent_us of the receiver's latest heartbeat the sender got; 0: none
-  int64_t echo_held_us;    // how long the sender held that echo before sending (microseconds)
+  float usable_gbps;     // 0 = unknown
+  uint64_t epoch;        // highest agreed epoch the sender has seen
+  int64_t sent_us;       // the sender's CLOCK_MONOTONIC at sending (microseconds)
+  int64_t echo_us;       // sent_us of the receiver's latest heartbeat the sender got; 0: none
+  int64_t echo_held_us;  // how long the sender held that echo before sending (microseconds)
 };
 static_assert(sizeof(HeartbeatBody) == 40, "heartbeat layout");
 
 // Describes one shard (SHARD, FETCHED, and the client's SHARD): who it belongs to, where it
 // sits in its chain, and its payload (an encoded frame, codec.h), followed by payload_bytes.
 struct ShardMeta {
-  uint32_t rank;          // job-wide rank
-  uint32_t buffer;        // the rank's buffer id
-  uint32_t n_buffers;     // buffers the rank snapshots at this step (all ids < n_buffers)
-  uint32_t world;         // ranks in the job at this step
-  uint32_t home_node;     // the node the rank runs on
-  uint32_t crc;           // CRC-32 (zlib) of the payload
-  uint64_t step;          // training step of the snapshot
-  uint64_t base_step;     // step of its chain's base (== step: a base)
-  uint64_t seq;           // the frame's sequence number (codec.h)
-  uint64_t base_seq;      // the chain base's sequence number
-  uint64_t payload_bytes; // bytes that follow
+  uint32_t rank;           // job-wide rank
+  uint32_t buffer;         // the rank's buffer id
+  uint32_t n_buffers;      // buffers the rank snapshots at this step (all ids < n_buffers)
+  uint32_t world;          // ranks in the job at this step
+  uint32_t home_node;      // the node the rank runs on
+  uint32_t crc;            // CRC-32 (zlib) of the payload
+  uint64_t step;           // training step of the snapshot
+  uint64_t base_step;      // step of its chain's base (== step: a base)
+  uint64_t seq;            // the frame's sequence number (codec.h)
+  uint64_t base_seq;       // the chain base's sequence number
+  uint64_t payload_bytes;  // bytes that follow
 };
 static_assert(sizeof(ShardMeta) == 64, "shard meta layout");
 
 struct HeldBody {
-  uint32_t node_id;   // the replica
+  uint32_t node_id;  // the replica
   uint32_t rank;
-  uint32_t world;     // ranks in the job at that step
-  uint32_t home_node; // the rank's node (its copy there is not a replica)
+  uint32_t world;      // ranks in the job at that step
+  uint32_t home_node;  // the rank's node (its copy there is not a replica)
   uint64_t step;
 };
 static_assert(sizeof(HeldBody) == 24, "held layout");

@@ -73,16 +73,16 @@ struct ShardInfo {
   bool corrupt = false;    // failed its CRC when last served; get() refuses it
 };
 
-enum class [[nodiscard]] StoreStatus : int {
-  kOk = 0,
-  kNotFound,   // no such shard (never stored, pruned, erased)
-  kCorrupt,    // the stored copy failed its check when served: use another replica
-  kBadCrc,     // put(): the bytes do not match the sender's CRC (the sender's copy is bad)
-  kTooLarge,   // over StoreConfig::max_shard_bytes
-  kFull,       // memory limit reached and no spill directory (or spilling failed: kIoError)
-  kIoError,    // the spill directory failed (open, write, fsync, rename, lock)
-  kInvalid,    // bad argument or configuration (base_step > step, zero limits)
-  kClosed,     // open() not called yet, or close() called
+enum class [[nodiscard]] StoreStatus : int{
+    kOk = 0,
+    kNotFound,  // no such shard (never stored, pruned, erased)
+    kCorrupt,   // the stored copy failed its check when served: use another replica
+    kBadCrc,    // put(): the bytes do not match the sender's CRC (the sender's copy is bad)
+    kTooLarge,  // over StoreConfig::max_shard_bytes
+    kFull,      // memory limit reached and no spill directory (or spilling failed: kIoError)
+    kIoError,   // the spill directory failed (open, write, fsync, rename, lock)
+    kInvalid,   // bad argument or configuration (base_step > step, zero limits)
+    kClosed,    // open() not called yet, or close() called
 };
 // "ok", "not-found", "corrupt", "bad-crc", "too-large", "full", "io-error", "invalid", "closed".
 const char* store_status_name(StoreStatus s);
@@ -97,8 +97,8 @@ struct StoreConfig {
 };
 
 struct StoreStats {
-  uint64_t memory_bytes = 0;      // payload bytes in memory (including shards being spilled)
-  uint64_t spilled_bytes = 0;     // payload bytes in the spill directory (indexed shards)
+  uint64_t memory_bytes = 0;   // payload bytes in memory (including shards being spilled)
+  uint64_t spilled_bytes = 0;  // payload bytes in the spill directory (indexed shards)
   uint64_t shards_in_memory = 0;
   uint64_t shards_spilled = 0;
   uint64_t spills = 0;            // shards written to the spill directory since construction
@@ -111,8 +111,8 @@ struct StoreStats {
 
 // What open() found in the spill directory.
 struct OpenReport {
-  uint64_t indexed = 0;               // valid shard files now served
-  std::vector<std::string> skipped;   // one message per file not indexed, naming it and why
+  uint64_t indexed = 0;              // valid shard files now served
+  std::vector<std::string> skipped;  // one message per file not indexed, naming it and why
 };
 
 // What prune() dropped.
@@ -155,8 +155,8 @@ class ShardStore {
   // writes them). Errors: kTooLarge, kBadCrc (logged; counted), kInvalid (base_step > step),
   // kFull (memory only, and the limit would be exceeded), kIoError (spilling failed and memory
   // is over its limit: the shard is not stored), kClosed. Nothing is stored on error.
-  StoreStatus put(const ShardKey& key, uint64_t base_step, uint32_t crc,
-                  std::vector<uint8_t> bytes, std::string* err);
+  StoreStatus put(const ShardKey& key, uint64_t base_step, uint32_t crc, std::vector<uint8_t> bytes,
+                  std::string* err);
   // The same, copying `size` bytes from `data` (size checked first).
   StoreStatus put(const ShardKey& key, uint64_t base_step, uint32_t crc, const void* data,
                   size_t size, std::string* err);
@@ -224,15 +224,15 @@ class ShardStore {
   const StoreConfig cfg_;
   mutable std::mutex mu_;
   std::condition_variable idle_cv_;
-  State state_ = State::kNew;               // guarded by mu_
-  int active_ = 0;                          // calls in progress; guarded by mu_
-  std::map<ShardKey, Entry> index_;         // guarded by mu_
-  std::list<ShardKey> lru_;                 // kMemory shards, most recent first; mu_
-  uint64_t next_gen_ = 1;                   // mu_
-  uint64_t spilling_bytes_ = 0;             // bytes of kSpilling shards; mu_
-  StoreStats stats_;                        // mu_
-  std::mutex io_mu_;                        // serialises spill writes (the temp file name)
-  int dir_fd_ = -1;                         // set by open(), closed by close()
+  State state_ = State::kNew;        // guarded by mu_
+  int active_ = 0;                   // calls in progress; guarded by mu_
+  std::map<ShardKey, Entry> index_;  // guarded by mu_
+  std::list<ShardKey> lru_;          // kMemory shards, most recent first; mu_
+  uint64_t next_gen_ = 1;            // mu_
+  uint64_t spilling_bytes_ = 0;      // bytes of kSpilling shards; mu_
+  StoreStats stats_;                 // mu_
+  std::mutex io_mu_;                 // serialises spill writes (the temp file name)
+  int dir_fd_ = -1;                  // set by open(), closed by close()
   int lock_fd_ = -1;
 };
 
