@@ -45,21 +45,13 @@ const char* const kReceiverHcas = kFakeReceiverHcas;
 std::string fake_lib() { return fake_verbs_lib(); }
 std::string fresh_dir() { return fresh_fake_dir(); }
 
-// Both processes on the fake: verbs transport, side channel on lo, a fast retry-exceeded.
+// Both processes on the fake (support/transports.h: verbs transport, side channel on lo, a
+// fast retry-exceeded), with these faults.
 PairOptions ib_pair(const std::string& sender_faults = "",
                     const std::string& receiver_faults = "") {
-  PairOptions o;
-  o.env = {{"R2CCL_TRANSPORT", "ib"},
-           {"R2CCL_IBVERBS_LIB", fake_lib()},
-           {"R2CCL_SOCKET_IFNAME", "lo"},
-           {"FAKEVERBS_DIR", fresh_dir()},
-           // retry-exceeded 250 ms after a packet is lost (real QPs: R2CCL_IB_TIMEOUT x
-           // retries), and a 600 ms acknowledgement watchdog: a 2-core CI machine running
-           // these under AddressSanitizer must not see a slow ACK as a dead path.
-           {"FAKEVERBS_RETRY_US", "250000"},
-           {"R2CCL_ACK_TIMEOUT", "600ms"}};
-  o.sender_env = {{"FAKEVERBS_DEVICES", kSenderHcas}, {"FAKEVERBS_FAULTS", sender_faults}};
-  o.receiver_env = {{"FAKEVERBS_DEVICES", kReceiverHcas}, {"FAKEVERBS_FAULTS", receiver_faults}};
+  PairOptions o = ib_fake().pair();
+  o.sender_env["FAKEVERBS_FAULTS"] = sender_faults;
+  o.receiver_env["FAKEVERBS_FAULTS"] = receiver_faults;
   o.timeout_s = 120;
   return o;
 }

@@ -15,7 +15,9 @@
 #include <vector>
 
 #include "r2ccl/nccl_abi.h"
+#include "support/endpoint_checks.h"
 #include "support/net_harness.h"
+#include "support/perf_checks.h"
 #include "support/stream.h"
 #include "support/transports.h"
 
@@ -25,7 +27,6 @@ namespace {
 
 constexpr size_t KiB = 1024, MiB = 1024 * KiB;
 constexpr int kOpTimeoutMs = 120000;  // one message; generous for 2 busy cores
-constexpr uint8_t kCanary = 0xA5;
 
 // Registers `fn` as one case per transport: "tcp: NAME" [tcp] and "ib: NAME" [ib].
 #define SHARED_CASE(name, tags, fn)                                 \
@@ -38,42 +39,11 @@ constexpr uint8_t kCanary = 0xA5;
     fn(ib_fake());                                                  \
   }
 
-// Endpoint-side checks: print what failed (stderr ends up in the ctest log) and fail the
-// process with a distinct exit code.
-#define EP_REQUIRE(cond, code, ...)                                             \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      fprintf(stderr, "[%s:%d] check failed: %s: ", __FILE__, __LINE__, #cond); \
-      fprintf(stderr, __VA_ARGS__);                                             \
-      fprintf(stderr, "\n");                                                    \
-      return code;                                                              \
-    }                                                                           \
-  } while (0)
-
 PairOptions quiet_pair(const TransportUnderTest& t) {
   PairOptions o = t.pair();
   o.timeout_s = 400;
   o.finish_together = true;  // nobody's exit shows up as a rail failure in the other's log
   return o;
-}
-
-// Buffers that are not zero-initialised (so a large receive buffer costs nothing until used).
-std::unique_ptr<char[]> raw(size_t n) { return std::unique_ptr<char[]>(new char[n ? n : 1]); }
-
-// The receive side of one message of `sent` bytes into a buffer of `cap` bytes (+ a canary
-// tail of `tail` bytes that must stay untouched): size reported exactly, every byte right.
-int check_received(const char* buf, size_t sent, size_t cap, size_t tail, int reported,
-                   uint64_t seed) {
-  EP_REQUIRE(reported >= 0 && static_cast<size_t>(reported) == sent, 20,
-             "reported size %d, sent %zu (capacity %zu)", reported, sent, cap);
-  long long bad = check_pattern(buf, sent, seed);
-  EP_REQUIRE(bad < 0, 21, "message of %zu bytes (seed %llu): first wrong byte at offset %lld", sent,
-             static_cast<unsigned long long>(seed), bad);
-  for (size_t i = sent; i < cap + tail; ++i)
-    EP_REQUIRE(static_cast<uint8_t>(buf[i]) == kCanary, 22,
-               "message of %zu bytes into %zu: byte %zu past the end was overwritten", sent, cap,
-               i);
-  return 0;
 }
 
 StreamSpec short_stream(double seconds = 1.0) {
@@ -100,7 +70,7 @@ void sizes_arrive_exact(const TransportUnderTest& t) {
   PairResult r = run_pair(
       o,
       [&](Endpoint& ep) {
-        auto buf = raw(64 * MiB);
+        auto buf = raw_buffer(64 * MiB);
         for (size_t i = 0; i < sizes.size(); ++i) {
           fill_pattern(buf.get(), sizes[i], 100 + i);
           int sz = -1;
@@ -111,7 +81,7 @@ void sizes_arrive_exact(const TransportUnderTest& t) {
         return 0;
       },
       [&](Endpoint& ep) {
-        auto buf = raw(64 * MiB + kTail);
+        auto buf = raw_buffer(64 * MiB + kTail);
         for (size_t i = 0; i < sizes.size(); ++i) {
           memset(buf.get(), kCanary, sizes[i] + kTail);
           int sz = -1;
@@ -146,7 +116,7 @@ void larger_receive_buffer(const TransportUnderTest& t) {
   PairResult r = run_pair(
       quiet_pair(t),
       [&](Endpoint& ep) {
-        auto buf = raw(8 * MiB);
+        auto buf = raw_buffer(8 * MiB);
         for (size_t i = 0; i < cases.size(); ++i) {
           fill_pattern(buf.get(), cases[i].sent, 200 + i);
           int sz = -1;
@@ -157,7 +127,7 @@ void larger_receive_buffer(const TransportUnderTest& t) {
         return 0;
       },
       [&](Endpoint& ep) {
-        auto buf = raw(8 * MiB);
+        auto buf = raw_buffer(8 * MiB);
         for (size_t i = 0; i < cases.size(); ++i) {
           memset(buf.get(), kCanary, cases[i].cap);
           int sz = -1;
@@ -188,7 +158,7 @@ void requests_in_flight(const TransportUnderTest& t) {
         uint64_t seed = 1000;
         for (const auto& b : batches) {
           std::vector<std::unique_ptr<char[]>> bufs;
-          for (int i = 0; i < b.count; ++i) bufs.push_back(raw(b.size));
+          for (int i = 0; i < b.count; ++i) bufs.push_back(raw_buffer(b.size));
           for (int round = 0; round < b.rounds; ++round) {
             std::vector<void*> reqs(b.count, nullptr);
             for (int i = 0; i < b.count; ++i) fill_pattern(bufs[i].get(), b.size, seed + i);
@@ -212,7 +182,7 @@ void requests_in_flight(const TransportUnderTest& t) {
         uint64_t seed = 1000;
         for (const auto& b : batches) {
           std::vector<std::unique_ptr<char[]>> bufs;
-          for (int i = 0; i < b.count; ++i) bufs.push_back(raw(b.size));
+          for (int i = 0; i < b.count; ++i) bufs.push_back(raw_buffer(b.size));
           for (int round = 0; round < b.rounds; ++round) {
             std::vector<void*> reqs(b.count, nullptr);
             for (int i = 0; i < b.count; ++i) memset(bufs[i].get(), kCanary, b.size);
@@ -251,7 +221,7 @@ void many_connections(const TransportUnderTest& t) {
       [&](Endpoint& ep) {
         EP_REQUIRE(static_cast<int>(ep.conns.size()) == n, 13, "%zu connections", ep.conns.size());
         std::vector<std::unique_ptr<char[]>> bufs;
-        for (int c = 0; c < n; ++c) bufs.push_back(raw(kSize));
+        for (int c = 0; c < n; ++c) bufs.push_back(raw_buffer(kSize));
         for (int round = 0; round < kRounds; ++round) {
           std::vector<void*> reqs(n, nullptr);
           for (int c = 0; c < n; ++c) fill_pattern(bufs[c].get(), kSize, seed(c, round));
@@ -269,7 +239,7 @@ void many_connections(const TransportUnderTest& t) {
       [&](Endpoint& ep) {
         EP_REQUIRE(static_cast<int>(ep.conns.size()) == n, 13, "%zu connections", ep.conns.size());
         std::vector<std::unique_ptr<char[]>> bufs;
-        for (int c = 0; c < n; ++c) bufs.push_back(raw(kSize));
+        for (int c = 0; c < n; ++c) bufs.push_back(raw_buffer(kSize));
         for (int round = 0; round < kRounds; ++round) {
           std::vector<void*> reqs(n, nullptr);
           for (int c = 0; c < n; ++c) memset(bufs[c].get(), kCanary, kSize);
@@ -296,23 +266,10 @@ void many_connections(const TransportUnderTest& t) {
 }
 SHARED_CASE("8 connections on devices 0 and 1 in one pair of processes", "", many_connections)
 
-// r2ccl_perf with `args`; requires exit 0, the expected table sizes, 0 wrong everywhere.
+// r2ccl_perf over the transport (support/perf_checks.h).
 void check_perf(const TransportUnderTest& t, const std::string& args,
                 const std::vector<long long>& want_sizes, const std::string& must_contain = "") {
-  std::string out;
-  std::string cmd = perf_command(t.perf_env(), args);
-  int rc = run_command(cmd, &out);
-  INFO(cmd << "\n" << out);
-  CHECK(rc == 0);
-  std::vector<long long> sizes;
-  for (const auto& row : perf_rows(out)) {
-    sizes.push_back(row.size);
-    INFO("size " << row.size);
-    CHECK(row.wrong == "0");
-  }
-  CHECK(sizes == want_sizes);
-  CHECK(out.find("# wrong total: 0") != std::string::npos);
-  if (!must_contain.empty()) CHECK(out.find(must_contain) != std::string::npos);
+  r2ccl::test::check_perf(t.perf_env(), args, want_sizes, must_contain);
 }
 
 void perf_every_op(const TransportUnderTest& t) {
@@ -344,30 +301,44 @@ SHARED_CASE("r2ccl_perf: every NCCL net API version, checked", "[perf]", perf_ev
 // ------------------------------------------------------------------------------------------
 // Faults
 
+using Fault = void (TransportUnderTest::*)(PairOptions*) const;
+
+// One stream of 4 MiB messages with `fault` and `extra` settings, every wait bounded by
+// stall_ms.
+StreamRun stream_with(const TransportUnderTest& t, Fault fault, int stall_ms,
+                      const std::map<std::string, std::string>& extra = {}) {
+  PairOptions o = t.pair(extra);
+  (t.*fault)(&o);
+  StreamSpec s = short_stream();
+  s.stall_ms = stall_ms;
+  return run_stream(o, s);
+}
+
+// A lossless failover: both streams complete, one end failed the primary, the sender switched
+// over, nobody gave up, and the recovery replayed what the switchover had to replay.
+void check_lossless(const TransportUnderTest& t, const StreamRun& r) {
+  CHECK(r.pair.sender_status == kStreamOk);
+  CHECK(r.pair.receiver_status == kStreamOk);
+  CHECK(count_lines_containing(r.sender_log, "switchover: rail " + t.rail0 + " failed") >= 1);
+  CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
+  CHECK(to_replay_counts(r.sender_log) == replayed_counts(r.sender_log));
+}
+
 void primary_down_lossless(const TransportUnderTest& t) {
   // A reset (TCP) finds chunks in flight only when the sender had some queued; should every
   // chunk happen to be acknowledged at that instant, the run proves nothing about replay, so
   // it is repeated (at most 3 runs); every run must still be right in every other respect.
   bool replayed = false;
   for (int attempt = 1; attempt <= 3 && !replayed; ++attempt) {
-    PairOptions o = t.pair();
-    t.primary_down(&o);
-    StreamSpec s = short_stream();
-    s.stall_ms = 30000;
-    StreamRun r = run_stream(o, s);
+    StreamRun r = stream_with(t, &TransportUnderTest::primary_down, 30000);
     INFO("attempt " << attempt << "\nsender log:\n"
                     << r.sender_log << "receiver log:\n"
                     << r.receiver_log);
-    REQUIRE(r.pair.sender_status == kStreamOk);
-    REQUIRE(r.pair.receiver_status == kStreamOk);
+    check_lossless(t, r);
     if (!t.down_evidence.empty()) CHECK(count_lines_containing(r.sender_log, t.down_evidence) >= 1);
     CHECK(count_lines_containing(r.sender_log, "switchover:") == 1);
-    CHECK(count_lines_containing(r.sender_log, "switchover: rail " + t.rail0 + " failed") == 1);
-    CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
-    std::vector<int> lost = to_replay_counts(r.sender_log), rec = replayed_counts(r.sender_log);
-    REQUIRE(lost.size() == 1);
+    std::vector<int> rec = replayed_counts(r.sender_log);
     REQUIRE(rec.size() == 1);
-    CHECK(rec[0] == lost[0]);  // the recovery replayed what the switchover had to replay
     std::vector<double> secs = log_numbers(r.sender_log, "Successfully recovered in ([0-9.]+) s");
     REQUIRE(secs.size() == 1);
     CHECK(secs[0] < 0.5);  // switchover + replay in milliseconds, well under this
@@ -387,11 +358,8 @@ void without_replay_fails(const TransportUnderTest& t) {
   // is inconclusive and is repeated.
   bool conclusive = false;
   for (int attempt = 1; attempt <= 3 && !conclusive; ++attempt) {
-    PairOptions o = t.pair({{"R2CCL_TEST_HOOKS", "no_replay"}});
-    t.far_primary_lost(&o);
-    StreamSpec s = short_stream();
-    s.stall_ms = t.name == "tcp" ? 5000 : 4000;
-    StreamRun r = run_stream(o, s);
+    StreamRun r = stream_with(t, &TransportUnderTest::far_primary_lost,
+                              t.name == "tcp" ? 5000 : 4000, {{"R2CCL_TEST_HOOKS", "no_replay"}});
     INFO("attempt " << attempt << "\nsender log:\n" << r.sender_log);
     std::vector<int> lost = to_replay_counts(r.sender_log);
     REQUIRE(lost.size() >= 1);  // the fault happened
@@ -419,27 +387,19 @@ void black_hole_lossless(const TransportUnderTest& t) {
   // one run in four is such a run).
   bool replayed = false;
   for (int attempt = 1; attempt <= 5 && !replayed; ++attempt) {
-    PairOptions o = t.pair();
-    t.primary_blackhole(&o);
-    StreamSpec s = short_stream();
-    s.stall_ms = 30000;
-    StreamRun r = run_stream(o, s);
+    StreamRun r = stream_with(t, &TransportUnderTest::primary_blackhole, 30000);
     INFO("attempt " << attempt << "\nsender log:\n"
                     << r.sender_log << "receiver log:\n"
                     << r.receiver_log);
-    CHECK(r.pair.sender_status == kStreamOk);
-    CHECK(r.pair.receiver_status == kStreamOk);
+    check_lossless(t, r);
     // One end's watchdog or heartbeat rule found it (the link stays up).
     CHECK(count_lines_containing(r.sender_log + r.receiver_log,
                                  "path on rail " + t.rail0 + " failed (acknowledgement timeout") +
               count_lines_containing(r.sender_log + r.receiver_log,
                                      "path on rail " + t.rail0 + " failed (heartbeat miss") >=
           1);
-    CHECK(count_lines_containing(r.sender_log, "switchover: rail " + t.rail0 + " failed") >= 1);
-    CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
     std::vector<int> rec = replayed_counts(r.sender_log);
     REQUIRE(rec.size() >= 1);
-    CHECK(to_replay_counts(r.sender_log) == rec);
     if (t.name == "tcp") {
       // What went into the black hole was lost and had to be replayed.
       replayed = rec[0] >= 1;

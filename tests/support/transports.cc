@@ -1,5 +1,7 @@
 #include "transports.h"
 
+#include "endpoint_checks.h"
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -143,6 +145,24 @@ TransportUnderTest ib_fake() {
   t.receiver_acks = false;
   t.down_evidence = "port error event";
   return t;
+}
+
+}  // namespace r2ccl::test
+
+namespace r2ccl::test {
+
+int check_received(const char* buf, size_t sent, size_t cap, size_t tail, int reported,
+                   uint64_t seed) {
+  EP_REQUIRE(reported >= 0 && static_cast<size_t>(reported) == sent, 20,
+             "reported size %d, sent %zu (capacity %zu)", reported, sent, cap);
+  const long long bad = check_pattern(buf, sent, seed);
+  EP_REQUIRE(bad < 0, 21, "message of %zu bytes (seed %llu): first wrong byte at offset %lld", sent,
+             static_cast<unsigned long long>(seed), bad);
+  for (size_t i = sent; i < cap + tail; ++i)
+    EP_REQUIRE(static_cast<uint8_t>(buf[i]) == kCanary, 22,
+               "message of %zu bytes into %zu: byte %zu past the end was overwritten", sent, cap,
+               i);
+  return 0;
 }
 
 }  // namespace r2ccl::test

@@ -351,6 +351,24 @@ std::vector<char> pattern(size_t n, uint64_t seed) {
   return v;
 }
 
+// One message of `n` bytes (pattern `seed`) posted at both ends of `t`.
+struct Message {
+  Message(Pair& t, size_t n, uint64_t seed) : src(pattern(n, seed)), dst(n, 0) {
+    REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
+  }
+  std::vector<char> src, dst;
+  Request* s = nullptr;
+  Request* r = nullptr;
+};
+
+// Runs `t` until both requests of `m` complete (or `us` pass); true when they did, with every
+// byte right.
+bool arrives(Pair& t, Message& m, TimeUs us) {
+  bool done = false;
+  REQUIRE(t.wait(m.s, m.r, us, &done) == Status::kOk);
+  return done && m.dst == m.src;
+}
+
 const char* shape_name(bool nic) { return nic ? "NIC places (verbs)" : "receiver places (TCP)"; }
 
 }  // namespace
@@ -360,14 +378,8 @@ TEST_CASE("connection: a message arrives intact over the in-memory transport", "
     INFO(shape_name(nic));
     EventLog log;
     Pair t(nic);
-    const auto src = pattern(1 << 20, 1);
-    std::vector<char> dst(1 << 20, 0);
-    Request *s = nullptr, *r = nullptr;
-    REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
-    bool done = false;
-    REQUIRE(t.wait(s, r, 100 * kUsPerMs, &done) == Status::kOk);
-    CHECK(done);
-    CHECK(dst == src);
+    Message m(t, 1 << 20, 1);
+    CHECK(arrives(t, m, 100 * kUsPerMs));
     CHECK(t.wire.chunks_posted[1] == 0);  // stripe off: backups carry nothing
     CHECK(log.count("switchover") == 0);
   }
@@ -386,21 +398,18 @@ TEST_CASE("connection: a path cut mid-message is detected and its chunks replaye
               {"R2CCL_PATH_WINDOW", "256K"},
               {"R2CCL_CHUNK_SIZE", "64K"}},
              hooks);
-      const auto src = pattern(4 << 20, 2);
-      std::vector<char> dst(4 << 20, 0);
-      Request *s = nullptr, *r = nullptr;
-      REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
+      Message m(t, 4 << 20, 2);
       t.run(300);  // some chunks are in flight on path 0
       t.wire.cut[0] = true;
       t.wire.refuse[0] = true;  // no failback during the test
       bool done = false;
-      REQUIRE(t.wait(s, r, 2 * kUsPerSec, &done) == Status::kOk);
+      REQUIRE(t.wait(m.s, m.r, 2 * kUsPerSec, &done) == Status::kOk);
       if (!replay) {
         CHECK_FALSE(done);  // what was lost on path 0 is never sent again
         continue;
       }
       CHECK(done);
-      CHECK(dst == src);
+      CHECK(m.dst == m.src);
       INFO(log.text());
       CHECK(log.count("path on rail mem0 failed (acknowledgement timeout") == 1);
       CHECK(log.count("switchover: rail mem0 failed") == 1);
@@ -428,10 +437,7 @@ TEST_CASE("connection: verbs-shaped replay waits for the receiver's quiesce (the
         true, 2,
         {{"R2CCL_ACK_TIMEOUT", "20ms"}, {"R2CCL_PATH_WINDOW", "256K"}, {"R2CCL_CHUNK_SIZE", "64K"}},
         hooks);
-    const auto src = pattern(4 << 20, 3);
-    std::vector<char> dst(4 << 20, 0);
-    Request *s = nullptr, *r = nullptr;
-    REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
+    Message m(t, 4 << 20, 3);
     t.run(300);
     t.wire.cut[0] = true;
     t.wire.refuse[0] = true;
@@ -441,10 +447,7 @@ TEST_CASE("connection: verbs-shaped replay waits for the receiver's quiesce (the
     INFO(log.text());
     CHECK((log.count("replay waits for the receiver") == 1) == bilateral);
     CHECK((t.srails.live(1).chunks_replayed.load() == 0) == bilateral);
-    bool done = false;
-    REQUIRE(t.wait(s, r, 2 * kUsPerSec, &done) == Status::kOk);
-    CHECK(done);
-    CHECK(dst == src);
+    CHECK(arrives(t, m, 2 * kUsPerSec));
     CHECK(log.count("switchover: rail mem0 failed") == 1);
   }
 }
@@ -455,25 +458,20 @@ TEST_CASE("connection: a lost FAIL_ACK makes the notice go again until answered"
       false, 2,
       {{"R2CCL_ACK_TIMEOUT", "20ms"}, {"R2CCL_PATH_WINDOW", "256K"}, {"R2CCL_CHUNK_SIZE", "64K"}});
   t.wire.fail_acks_dropped = 2;
-  const auto src = pattern(2 << 20, 4);
-  std::vector<char> dst(2 << 20, 0);
-  Request *s = nullptr, *r = nullptr;
-  REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
+  Message m(t, 2 << 20, 4);
   t.run(300);
   t.wire.cut[0] = true;
   t.wire.refuse[0] = true;
-  bool done = false;
-  REQUIRE(t.wait(s, r, 2 * kUsPerSec, &done) == Status::kOk);
-  CHECK(done);
+  CHECK(arrives(t, m, 2 * kUsPerSec));
   t.run(kUsPerSec);  // several heartbeat periods: re-sent every 2
   int fails = 0;
-  for (const auto& m : t.sio().sent_ctrl) fails += m.type == CtrlType::kFail;
+  for (const auto& c : t.sio().sent_ctrl) fails += c.type == CtrlType::kFail;
   CHECK(fails >= 3);  // the first two answers were lost
   CHECK(t.wire.fail_acks_dropped == 0);
   const int after = fails;
   t.run(kUsPerSec);
   fails = 0;
-  for (const auto& m : t.sio().sent_ctrl) fails += m.type == CtrlType::kFail;
+  for (const auto& c : t.sio().sent_ctrl) fails += c.type == CtrlType::kFail;
   CHECK(fails == after);  // answered: no more re-sends
 }
 
@@ -520,14 +518,8 @@ TEST_CASE("connection: a failed path comes back after its probes and carries tra
   CHECK(t.rrails.live(0).failed_paths.load() == 0);
   // Traffic goes back to the primary.
   const int before = t.wire.chunks_posted[0];
-  const auto src = pattern(1 << 20, 5);
-  std::vector<char> dst(1 << 20, 0);
-  Request *s = nullptr, *r = nullptr;
-  REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
-  bool done = false;
-  REQUIRE(t.wait(s, r, kUsPerSec, &done) == Status::kOk);
-  CHECK(done);
-  CHECK(dst == src);
+  Message m(t, 1 << 20, 5);
+  CHECK(arrives(t, m, kUsPerSec));
   CHECK(t.wire.chunks_posted[0] > before);
 }
 
@@ -543,10 +535,7 @@ TEST_CASE(
             {"R2CCL_FAILOVER_TIMEOUT", "1s"},
             {"R2CCL_PATH_WINDOW", "256K"},
             {"R2CCL_CHUNK_SIZE", "64K"}});
-    const auto src = pattern(2 << 20, 6);
-    std::vector<char> dst(2 << 20, 0);
-    Request *s = nullptr, *r = nullptr;
-    REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
+    Message m(t, 2 << 20, 6);
     t.run(300);
     for (int p = 0; p < 2; ++p) {
       t.wire.cut[p] = true;
@@ -560,7 +549,7 @@ TEST_CASE(
     Status st = Status::kOk;
     while (st == Status::kOk && t.now - t0 < 3 * kUsPerSec) {
       t.step();
-      st = t.send->test(s, &sd, &size, t.now);
+      st = t.send->test(m.s, &sd, &size, t.now);
     }
     INFO(log.text());
     CHECK(sd == 0);
@@ -584,10 +573,7 @@ TEST_CASE("connection: a duplicate chunk is discarded and counted, the receive c
   for (bool nic : {false, true}) {
     INFO(shape_name(nic));
     Pair t(nic);
-    const auto src = pattern(256 * 1024, 7);
-    std::vector<char> dst(256 * 1024, 0);
-    Request *s = nullptr, *r = nullptr;
-    REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
+    Message m(t, 256 * 1024, 7);
     // Copy the first chunk in flight and deliver it again right after.
     Item copy;
     bool have = false;
@@ -602,10 +588,7 @@ TEST_CASE("connection: a duplicate chunk is discarded and counted, the receive c
     REQUIRE(have);
     copy.at += 50;
     t.wire.to[1].push_back(copy);
-    bool done = false;
-    REQUIRE(t.wait(s, r, 100 * kUsPerMs, &done) == Status::kOk);
-    CHECK(done);
-    CHECK(dst == src);
+    CHECK(arrives(t, m, 100 * kUsPerMs));
     CHECK(t.rrails.live(0).discarded_chunks.load() == 1);
   }
 }
@@ -617,13 +600,8 @@ TEST_CASE("connection: a receiver's drained rail moves the sender's chunks off i
   t.rrails.live(0).predict_drain = true;  // the receiver's node drains rail 0: only DRAIN tells
   t.run(10 * kUsPerMs);
   CHECK(log.count("r2ccl predict: the peer drains its end of path 0") == 1);
-  const auto src = pattern(1 << 20, 8);
-  std::vector<char> dst(1 << 20, 0);
-  Request *s = nullptr, *r = nullptr;
-  REQUIRE(t.post(src.data(), src.size(), dst.data(), dst.size(), &s, &r));
-  bool done = false;
-  REQUIRE(t.wait(s, r, 100 * kUsPerMs, &done) == Status::kOk);
-  CHECK(done);
+  Message m(t, 1 << 20, 8);
+  CHECK(arrives(t, m, 100 * kUsPerMs));
   CHECK(t.wire.chunks_posted[0] == 0);
   CHECK(t.wire.chunks_posted[1] > 0);
 }
