@@ -26,17 +26,17 @@ a range is given):
   "Failed to initialize any NET plugin"           2.26+ (src/plugin/net.cc): NCCL_NET matched nothing
   "Error: network %s not found."                  2.19-2.25 (src/net.cc): the same
 and r2ccl's own (through NCCL's logger, so prefixed "NCCL INFO"/"NCCL WARN"):
-  "NET/R2CCL r2ccl V (git H), NCCL net API vN, transport TCP (...), K rails: ..."  net_api.cc
+  "NET/R2CCL r2ccl V (git H), NCCL net API vN, transport TCP (...), K rails: ..."  api/net_api.cc
   "TUNER/R2CCL r2ccl V (git H), NCCL tuner API vN, rules file: ..."             abi_tuner.cc
   "[T] [R2CCL] switchover: rail ..." / "[T] [R2CCL] Successfully recovered in X s (...)"
-      (event sink, stderr; T is CLOCK_MONOTONIC, the clock of worker.py's t=)   tcp/conn.cc
+      (event sink, stderr; T is CLOCK_MONOTONIC, the clock of worker.py's t=)   engine/connection.cc
 """
 import argparse
 import os
 import re
 import sys
 
-NET_NAME = "R2CCL"  # ncclNet_t.name of libnccl-net-r2ccl.so (net_plugin/plugin/abi_nccl.cc)
+NET_NAME = "R2CCL"  # ncclNet_t.name of libnccl-net-r2ccl.so (net_plugin/abi/abi_nccl.cc)
 TUNER_NAME = "R2CCL"  # ncclTuner_t.name of libnccl-tuner-r2ccl.so (tuner_plugin/src/abi_tuner.cc)
 
 RE_NCCL = re.compile(r"NCCL (INFO|WARN) (.*)$")

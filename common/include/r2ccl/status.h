@@ -1,5 +1,5 @@
 // Internal status codes and the check macro. Mapped to ncclResult_t only at the ABI edge
-// (net_plugin/plugin/abi_nccl.cc); see to_nccl_result().
+// (net_plugin/abi/abi_nccl.cc); see to_nccl_result().
 // Thread-safety: plain values.
 #pragma once
 
