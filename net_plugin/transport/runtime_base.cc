@@ -11,8 +11,6 @@
 namespace r2ccl::net {
 namespace {
 
-constexpr int kBgPollMs = 2;  // background loop period
-constexpr TimeUs kIdleProgressAfter = 2 * kUsPerMs;
 constexpr TimeUs kBoardPeriod = 100 * kUsPerMs;  // health board publish period
 
 }  // namespace
@@ -173,7 +171,7 @@ void RuntimeBase::progress_idle_conns() {
   const TimeUs now = now_us();
   std::lock_guard<std::mutex> lk(registry_mu_);
   for (Connection* c : conns_) {
-    if (now - c->last_progress() < kIdleProgressAfter) continue;
+    if (now - c->last_progress() < traits_.idle_progress_after) continue;
     if (!c->try_enter()) continue;
     const TimeUs t = now_us();
     c->progress(t);
@@ -204,7 +202,7 @@ void RuntimeBase::bg_loop() {
     bg_add_fds(&fds);
     const size_t own = fds.size();
     if (monitor.fd() >= 0) fds.push_back({monitor.fd(), POLLIN, 0});
-    ::poll(fds.data(), fds.size(), kBgPollMs);
+    ::poll(fds.data(), fds.size(), traits_.bg_poll_ms);
     bg_on_fds(fds.data(), own, now_us());
     if (monitor.fd() >= 0) {
       events.clear();

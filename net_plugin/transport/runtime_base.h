@@ -95,6 +95,12 @@ class RuntimeBase : public Transport, public RailTable {
     uint64_t connect_magic;       // tells an in-progress connect in NCCL's handle (connect_state.h)
     const char* down_cause;       // board text for a rail that is down ("link down")
     const char* link_event_source;  // log text of a link-down notification ("netlink")
+    // The background thread's period and how long the proxy thread must have left a
+    // connection alone before the background thread progresses it. TCP: 2 ms / 2 ms. Verbs:
+    // 5 ms / 10 ms: each pass polls every CQ, and on a 2-core host more frequent passes
+    // cost the fake verbs provider 20 % of its throughput (docs/BENCHMARKS.md).
+    int bg_poll_ms;
+    TimeUs idle_progress_after;
   };
   struct RailInfo {
     std::string name;  // display name (logs, board, stats)

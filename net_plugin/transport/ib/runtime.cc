@@ -142,8 +142,9 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
            static_cast<long long>(cfg->chunk_size / 1024), cfg->stripe ? "on" : "off",
            static_cast<long long>(cfg->ib_timeout), static_cast<long long>(cfg->ib_retry_cnt),
            side_rail_.name.c_str());
-  const Traits traits{"IB", board::Transport::kIb, 0x52324942434f4e4eull /* "R2IBCONN" */,
-                      "port error", "port error event"};
+  const Traits traits{"IB",         board::Transport::kIb, 0x52324942434f4e4eull /* "R2IBCONN" */,
+                      "port error", "port error event",    5,
+                      10 * kUsPerMs};
   R2CCL_CHECK(init_base(cfg, traits, std::move(info), std::move(devices), types, knobs, err));
   // Async events are read without blocking by the background thread, one descriptor per
   // device (its first port).

@@ -64,8 +64,13 @@ Status Runtime::init(const Config* cfg, std::string* err) {
       knobs, sizeof(knobs), "%lld backup paths, chunk %lld KiB, %lld streams per path, stripe %s",
       static_cast<long long>(cfg->backup_paths), static_cast<long long>(cfg->chunk_size / 1024),
       static_cast<long long>(cfg->nsocks_per_path), cfg->stripe ? "on" : "off");
-  const Traits traits{"TCP", board::Transport::kTcp, 0x52324343434f4e4eull /* "R2CCCONN" */,
-                      "link down", "netlink"};
+  const Traits traits{"TCP",
+                      board::Transport::kTcp,
+                      0x52324343434f4e4eull /* "R2CCCONN" */,
+                      "link down",
+                      "netlink",
+                      2,
+                      2 * kUsPerMs};
   R2CCL_CHECK(
       init_base(cfg, traits, std::move(info), std::move(devices), NCCL_PTR_HOST, knobs, err));
   FaultInjector::instance().configure(faults, rank_);
