@@ -719,7 +719,10 @@ void Connection::tell_drains() {
 bool Connection::traffic_in_flight(int path) const {
   if (role_ == Role::kSend) return path >= 0 && path < npaths() && paths_[path].inflight_bytes > 0;
   for (const Request* r : active_)
-    if (r->kind == Request::Kind::kRecv && r->rmsg.landed_count() != 0 && !r->rmsg.complete())
+    // A message is in flight from its first accepted chunk header (TCP: payload may still be
+    // arriving) or its first placed chunk (RDMA: the size is known only with the last).
+    if (r->kind == Request::Kind::kRecv &&
+        (r->rmsg.nchunks() != 0 || r->rmsg.landed_count() != 0) && !r->rmsg.complete())
       return true;
   return false;
 }

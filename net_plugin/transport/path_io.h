@@ -170,7 +170,8 @@ class PathSink {
   // messages, such as a verbs REBUILD).
   virtual int control_path() const = 0;
   // Whether a message is in flight on the path now (sender: unacknowledged chunks on it;
-  // receiver: a receive partly landed). The TCP fault injector's resets wait for it.
+  // receiver: a receive whose first chunk header was accepted or first chunk placed, not yet
+  // complete). The TCP fault injector's resets wait for it.
   virtual bool traffic_in_flight(int path) const = 0;
 };
 

@@ -355,16 +355,17 @@ SHARED_CASE("the primary rail dies mid-stream: lossless, one switchover, its chu
 void without_replay_fails(const TransportUnderTest& t) {
   // With replay off (test hook) the chunks lost with the receiver's rail are never sent again,
   // so the stream must stall or fail instead of completing. A run where nothing was in flight
-  // is inconclusive and is repeated (at most 5 runs: on a loaded 2-core machine under
-  // AddressSanitizer 3 inconclusive verbs runs in a row were seen).
+  // (or that the fault never reached) is inconclusive and is repeated (at most 5 runs: on a
+  // loaded 2-core machine under AddressSanitizer 3 inconclusive verbs runs in a row were seen).
   bool conclusive = false;
   for (int attempt = 1; attempt <= 5 && !conclusive; ++attempt) {
     StreamRun r = stream_with(t, &TransportUnderTest::far_primary_lost,
                               t.name == "tcp" ? 5000 : 4000, {{"R2CCL_TEST_HOOKS", "no_replay"}});
     INFO("attempt " << attempt << "\nsender log:\n" << r.sender_log);
     std::vector<int> lost = to_replay_counts(r.sender_log);
-    REQUIRE(lost.size() >= 1);  // the fault happened
-    conclusive = lost[0] >= 1;
+    // A run where the fault never met traffic (the stream ended first on a loaded machine) or
+    // met none in flight is inconclusive as well.
+    conclusive = !lost.empty() && lost[0] >= 1;
     if (!conclusive) {
       WARN("attempt " << attempt << ": the fault found no chunk in flight; again\nsender log:\n"
                       << r.sender_log << "receiver log:\n"

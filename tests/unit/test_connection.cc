@@ -385,6 +385,32 @@ TEST_CASE("connection: a message arrives intact over the in-memory transport", "
   }
 }
 
+TEST_CASE("connection: traffic in flight from the first chunk until the message completes",
+          "[connection]") {
+  // The TCP fault injector's resets wait for traffic_in_flight, so a receiver that never saw
+  // its message in flight would never be reset (a fault test that proves nothing).
+  for (bool nic : {false, true}) {
+    INFO(shape_name(nic));
+    Pair t(nic, 2, {{"R2CCL_CHUNK_SIZE", "64K"}, {"R2CCL_PATH_WINDOW", "64K"}});
+    CHECK_FALSE(t.recv->traffic_in_flight(0));
+    Message m(t, 1 << 20, 5);
+    bool send_seen = false, recv_seen = false;
+    int sd = 0, rd = 0, size = 0;
+    for (int i = 0; i < 20000 && !(sd && rd); ++i) {
+      t.step();
+      send_seen = send_seen || t.send->traffic_in_flight(0);
+      recv_seen = recv_seen || t.recv->traffic_in_flight(0);
+      if (!sd) REQUIRE(t.send->test(m.s, &sd, &size, t.now) == Status::kOk);
+      if (!rd) REQUIRE(t.recv->test(m.r, &rd, &size, t.now) == Status::kOk);
+    }
+    REQUIRE((sd && rd));
+    CHECK(send_seen);
+    CHECK(recv_seen);  // 16 chunks, one 64 KiB window at a time: seen part-landed
+    CHECK_FALSE(t.recv->traffic_in_flight(0));
+    CHECK_FALSE(t.send->traffic_in_flight(0));
+  }
+}
+
 TEST_CASE("connection: a path cut mid-message is detected and its chunks replayed, exactly once",
           "[connection]") {
   for (bool nic : {false, true}) {
