@@ -159,11 +159,17 @@ void Connection::check_paths(TimeUs now) {
     }
     if (!io_->ready(p.index)) continue;  // the peer is re-creating the path
     const bool probing = p.health->state() == PathState::kProbing;
-    if (!p.probe_out && (probing || now - p.last_probe >= hb)) {
+    // A heartbeat goes every period whether or not the last one was answered: it is how the
+    // peer hears this end (its transport's ACK clock too) while the other direction waits (a
+    // TCP stream in retransmission backoff holds the answer back); the peer's watchdog then
+    // waits 10x before failing a live path. Probing sends the next probe once one is answered.
+    if (now - p.last_probe >= hb || (probing && !p.probe_out)) {
+      const bool superseded = p.probe_out;
       if (io_->probe(p.index, *this, now)) {
         p.probe_out = true;
         p.probe_sent = p.last_probe = now;
-        p.probe_idle = p.inflight_bytes == 0;
+        // The next answer may be the earlier probe's (verbs completions carry no id): no RTT.
+        p.probe_idle = !superseded && p.inflight_bytes == 0;
       }
       if (!p.health->connected()) continue;  // posting the probe failed the path
     }

@@ -74,7 +74,10 @@ struct Item {
 struct MemWire {
   TimeUs latency = 200;
   bool nic_places = false;
-  bool cut[kMaxPathsPerConn] = {};     // black hole: everything posted on it is lost
+  bool cut[kMaxPathsPerConn] = {};  // black hole: everything posted on it is lost
+  // stall[side][path]: what travels towards that side on the path waits, nothing is lost (a
+  // TCP stream in retransmission backoff; the other direction keeps flowing).
+  bool stall[2][kMaxPathsPerConn] = {};
   bool refuse[kMaxPathsPerConn] = {};  // reconnects are refused (nothing listens)
   std::deque<Item> to[2];              // to[side]: in flight towards that side
   MemIo* end[2] = {nullptr, nullptr};
@@ -90,6 +93,7 @@ class MemIo final : public PathIo {
     for (int i = 0; i < npaths; ++i)
       paths_desc_.push_back(PathDesc{i, "mem" + std::to_string(i), true, 0});
     stopped_.assign(npaths, false);
+    last_rx_.assign(npaths, 0);
     reconnect_at_.assign(npaths, 0);
     peer_reconnected_.assign(npaths, false);
     w_->end[side] = this;
@@ -118,10 +122,18 @@ class MemIo final : public PathIo {
       }
     }
     std::deque<Item>& in = w_->to[side_];
-    while (!in.empty() && in.front().at <= now) {
-      Item it = std::move(in.front());
-      in.pop_front();
+    std::vector<Item> due;
+    for (auto i = in.begin(); i != in.end() && i->at <= now;) {
+      if (w_->stall[side_][i->path]) {
+        ++i;
+        continue;
+      }
+      due.push_back(std::move(*i));
+      i = in.erase(i);
+    }
+    for (Item& it : due) {
       if (stopped_[it.path] || it.gen != paths_desc_[it.path].generation) continue;
+      last_rx_[it.path] = now;
       sink.on_path_alive(it.path, now);
       deliver(it, sink, now);
     }
@@ -172,7 +184,10 @@ class MemIo final : public PathIo {
   }
   bool can_reconnect(int, PathSink&) const override { return side_ == 0; }
   void reconnect(int p, PathSink&, TimeUs now) override { reconnect_at_[p] = now + 1000; }
-  TimeUs heard_within(int, TimeUs) const override { return heard; }
+  TimeUs heard_within(int p, TimeUs now) const override {
+    if (!heard_from_items) return heard;
+    return last_rx_[p] ? now - last_rx_[p] : INT64_MAX;
+  }
   void say_goodbye(TimeUs) override {}
 
   // The transport resets the path at this end (an error the next poll reports).
@@ -181,6 +196,9 @@ class MemIo final : public PathIo {
   }
 
   TimeUs heard = INT64_MAX;
+  // true: the transport "hears" the peer whenever anything of the peer's arrives on the path
+  // (TCP's ACK clock), instead of the fixed `heard`.
+  bool heard_from_items = false;
   std::vector<CtrlMsg> sent_ctrl;
 
  private:
@@ -243,6 +261,7 @@ class MemIo final : public PathIo {
     }
   }
 
+  std::vector<TimeUs> last_rx_;  // when the peer's last item arrived, per path
   MemWire* w_;
   int side_;
   std::vector<bool> stopped_;
@@ -408,6 +427,33 @@ TEST_CASE("connection: traffic in flight from the first chunk until the message 
     CHECK(recv_seen);  // 16 chunks, one 64 KiB window at a time: seen part-landed
     CHECK_FALSE(t.recv->traffic_in_flight(0));
     CHECK_FALSE(t.send->traffic_in_flight(0));
+  }
+}
+
+TEST_CASE("connection: a stalled direction is not a dead path while the peer's heartbeats arrive",
+          "[connection]") {
+  // The sender's chunks and the answers to the receiver's probes wait 250 ms on path 0 (a TCP
+  // stream in retransmission backoff); the receiver's own heartbeats still reach the sender,
+  // so its transport hears the peer and the watchdog waits for 10x the acknowledgement
+  // timeout instead of failing a live path. A heartbeat that waited for the answer to the
+  // last one would fall silent here and fail it.
+  for (bool nic : {false, true}) {
+    INFO(shape_name(nic));
+    EventLog log;
+    Pair t(nic, 2,
+           {{"R2CCL_ACK_TIMEOUT", "100ms"},
+            {"R2CCL_PATH_WINDOW", "256K"},
+            {"R2CCL_CHUNK_SIZE", "64K"}});
+    t.sio().heard_from_items = t.rio().heard_from_items = true;
+    Message m(t, 4 << 20, 9);
+    t.run(300);
+    t.wire.stall[1][0] = true;
+    t.run(250 * kUsPerMs);
+    t.wire.stall[1][0] = false;
+    CHECK(arrives(t, m, 2 * kUsPerSec));
+    INFO(log.text());
+    CHECK(log.count("failed (") == 0);
+    CHECK(t.send->path_state(0) == PathState::kHealthy);
   }
 }
 
