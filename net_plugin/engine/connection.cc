@@ -135,6 +135,15 @@ void Connection::check_paths(TimeUs now) {
     }
   }
   last_check_ = now;
+  // A receiver with a receive outstanding beats 4 times per acknowledgement timeout: the
+  // sender's watchdog takes "the transport below heard the peer within the timeout" as proof
+  // that a rail without acknowledgements is alive (TCP recovering a loss), so that proof must
+  // never be a heartbeat period old. Otherwise (and at the sender) one per period.
+  const bool awaiting =
+      role_ == Role::kRecv && std::any_of(active_.begin(), active_.end(), [](const Request* r) {
+        return r->kind == Request::Kind::kRecv && !r->done;
+      });
+  const TimeUs beat = awaiting ? std::min(hb, std::max<TimeUs>(cfg_.ack_timeout / 4, 1)) : hb;
   for (auto& p : paths_) {
     RailLive& rl = live(p);
     const uint32_t down = rl.down_events.load(std::memory_order_relaxed);
@@ -163,7 +172,7 @@ void Connection::check_paths(TimeUs now) {
     // peer hears this end (its transport's ACK clock too) while the other direction waits (a
     // TCP stream in retransmission backoff holds the answer back); the peer's watchdog then
     // waits 10x before failing a live path. Probing sends the next probe once one is answered.
-    if (now - p.last_probe >= hb || (probing && !p.probe_out)) {
+    if (now - p.last_probe >= beat || (probing && !p.probe_out)) {
       const bool superseded = p.probe_out;
       if (io_->probe(p.index, *this, now)) {
         p.probe_out = true;

@@ -436,12 +436,13 @@ TEST_CASE("connection: a stalled direction is not a dead path while the peer's h
   // stream in retransmission backoff); the receiver's own heartbeats still reach the sender,
   // so its transport hears the peer and the watchdog waits for 10x the acknowledgement
   // timeout instead of failing a live path. A heartbeat that waited for the answer to the
-  // last one would fall silent here and fail it.
+  // last one would fall silent here and fail it, and so would one beat per heartbeat period
+  // (100 ms) against a 60 ms timeout: a receiver awaiting data beats 4 times per timeout.
   for (bool nic : {false, true}) {
     INFO(shape_name(nic));
     EventLog log;
     Pair t(nic, 2,
-           {{"R2CCL_ACK_TIMEOUT", "100ms"},
+           {{"R2CCL_ACK_TIMEOUT", "60ms"},
             {"R2CCL_PATH_WINDOW", "256K"},
             {"R2CCL_CHUNK_SIZE", "64K"}});
     t.sio().heard_from_items = t.rio().heard_from_items = true;
