@@ -205,12 +205,25 @@ bool load_config(const EnvLookup& env, const std::vector<std::string>& env_names
   }
   R2CCL_PARAM_TABLE(R2CCL_PARAM_LOAD)
 #undef R2CCL_PARAM_LOAD
+  // Cross-checks name both values and say which came from the defaults, so a user who set
+  // only one of the pair sees what it collided with.
+  auto given = [&](const char* name) {
+    return env(name) ? std::string() : std::string(", the default");
+  };
+  auto ms = [](long long us) { return std::to_string(us / 1000) + " ms"; };
+  auto pair_err = [&](const char* a, const std::string& av, const char* rel, const char* b,
+                      const std::string& bv) {
+    return std::string(a) + " (" + av + given(a) + ") must be " + rel + " " + b + " (" + bv +
+           given(b) + ")";
+  };
   if (c.reconnect_max < c.reconnect_min) {
-    *err = "R2CCL_RECONNECT_MAX must be >= R2CCL_RECONNECT_MIN";
+    *err = pair_err("R2CCL_RECONNECT_MAX", ms(c.reconnect_max), ">=", "R2CCL_RECONNECT_MIN",
+                    ms(c.reconnect_min));
     return false;
   }
   if (c.holddown_max < c.holddown_min) {
-    *err = "R2CCL_HOLDDOWN_MAX must be >= R2CCL_HOLDDOWN_MIN";
+    *err = pair_err("R2CCL_HOLDDOWN_MAX", ms(c.holddown_max), ">=", "R2CCL_HOLDDOWN_MIN",
+                    ms(c.holddown_min));
     return false;
   }
   if (c.predict_window < 2 * c.predict_interval ||
@@ -221,11 +234,18 @@ bool load_config(const EnvLookup& env, const std::vector<std::string>& env_names
     return false;
   }
   if (c.predict_return_threshold > c.predict_threshold) {
-    *err = "R2CCL_PREDICT_RETURN_THRESHOLD must be <= R2CCL_PREDICT_THRESHOLD";
+    auto num = [](double x) {
+      char b[32];
+      snprintf(b, sizeof(b), "%g", x);
+      return std::string(b);
+    };
+    *err = pair_err("R2CCL_PREDICT_RETURN_THRESHOLD", num(c.predict_return_threshold),
+                    "<=", "R2CCL_PREDICT_THRESHOLD", num(c.predict_threshold));
     return false;
   }
   if (c.path_window < c.chunk_size) {
-    *err = "R2CCL_PATH_WINDOW must be >= R2CCL_CHUNK_SIZE";
+    *err = pair_err("R2CCL_PATH_WINDOW", std::to_string(c.path_window) + " bytes",
+                    ">=", "R2CCL_CHUNK_SIZE", std::to_string(c.chunk_size) + " bytes");
     return false;
   }
   if (warnings) {

@@ -1,25 +1,36 @@
 #include "fault_injector.h"
 
+#include <algorithm>
+#include <cerrno>
 #include <cstdlib>
 
 namespace r2ccl::net {
 namespace {
 
-bool parse_num(const std::string& v, long long* out) {
+// A decimal integer in [lo, hi], the whole of `v`: strtoll's ERANGE and the range are both
+// checked, so a product with kUsPerMs below cannot overflow.
+bool parse_num(const std::string& v, long long lo, long long hi, long long* out) {
   if (v.empty()) return false;
+  errno = 0;
   char* end = nullptr;
-  long long x = strtoll(v.c_str(), &end, 10);
-  if (*end) return false;
+  const long long x = strtoll(v.c_str(), &end, 10);
+  if (*end || errno == ERANGE || x < lo || x > hi) return false;
   *out = x;
   return true;
 }
+
+constexpr long long kMaxMs = 86400000;      // at and for: one day, in milliseconds
+constexpr long long kMaxDelayMs = 60000;    // delay:MS
+constexpr long long kMaxRank = 2147483647;  // an int
 
 }  // namespace
 
 bool parse_fault_specs(const std::string& s, std::vector<FaultSpec>* out, std::string* err) {
   const std::string form =
       "accepted: entries 'rank=R,rail=N,at=MS,kind=reset|blackhole|delay:MS[,for=MS]' separated by "
-      "';'";
+      "';', with R in [-1, 2147483647] (-1 or none: every rank), N in [0, 15], at in [0, "
+      "86400000], "
+      "for in [1, 86400000], delay in [1, 60000], each key once";
   out->clear();
   size_t start = 0;
   while (start < s.size()) {
@@ -30,6 +41,7 @@ bool parse_fault_specs(const std::string& s, std::vector<FaultSpec>* out, std::s
     if (entry.empty()) continue;
     FaultSpec f;
     bool have_kind = false, have_rail = false, have_at = false;
+    std::vector<std::string> seen;
     size_t p = 0;
     while (p <= entry.size()) {
       size_t comma = entry.find(',', p);
@@ -41,21 +53,27 @@ bool parse_fault_specs(const std::string& s, std::vector<FaultSpec>* out, std::s
         return false;
       }
       std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
+      if (std::find(seen.begin(), seen.end(), k) != seen.end()) {
+        *err = "R2CCL_FAULT_INJECT: '" + k + "' given twice in entry '" + entry + "'; " + form;
+        return false;
+      }
+      seen.push_back(k);
       long long n = 0;
-      if (k == "rank" && parse_num(v, &n) && n >= -1) {
+      if (k == "rank" && parse_num(v, -1, kMaxRank, &n)) {
         f.rank = static_cast<int>(n);
-      } else if (k == "rail" && parse_num(v, &n) && n >= 0 && n < 16) {
+      } else if (k == "rail" && parse_num(v, 0, 15, &n)) {
         f.rail = static_cast<int>(n);
         have_rail = true;
-      } else if (k == "at" && parse_num(v, &n) && n >= 0) {
+      } else if (k == "at" && parse_num(v, 0, kMaxMs, &n)) {
         f.at = n * kUsPerMs;
         have_at = true;
-      } else if (k == "for" && parse_num(v, &n) && n > 0) {
+      } else if (k == "for" && parse_num(v, 1, kMaxMs, &n)) {
         f.duration = n * kUsPerMs;
       } else if (k == "kind" && (v == "reset" || v == "blackhole")) {
         f.kind = v == "reset" ? FaultSpec::Kind::kReset : FaultSpec::Kind::kBlackhole;
         have_kind = true;
-      } else if (k == "kind" && v.rfind("delay:", 0) == 0 && parse_num(v.substr(6), &n) && n > 0) {
+      } else if (k == "kind" && v.rfind("delay:", 0) == 0 &&
+                 parse_num(v.substr(6), 1, kMaxDelayMs, &n)) {
         f.kind = FaultSpec::Kind::kDelay;
         f.delay = n * kUsPerMs;
         have_kind = true;
@@ -64,8 +82,15 @@ bool parse_fault_specs(const std::string& s, std::vector<FaultSpec>* out, std::s
         return false;
       }
     }
-    if (!have_kind || !have_rail || !have_at) {
-      *err = "R2CCL_FAULT_INJECT: entry '" + entry + "' needs rail, at and kind; " + form;
+    std::vector<const char*> missing;
+    if (!have_rail) missing.push_back("rail");
+    if (!have_at) missing.push_back("at");
+    if (!have_kind) missing.push_back("kind");
+    if (!missing.empty()) {
+      std::string need;
+      for (size_t i = 0; i < missing.size(); ++i)
+        need += std::string(i == 0 ? "" : i + 1 == missing.size() ? " and " : ", ") + missing[i];
+      *err = "R2CCL_FAULT_INJECT: entry '" + entry + "' needs " + need + "; " + form;
       return false;
     }
     out->push_back(f);

@@ -5,6 +5,8 @@
 // Syntax: entries separated by ';', each "rank=R,rail=N,at=MS,kind=K[,for=MS]" with
 //   K = reset | blackhole | delay:MS.  `at` counts from this process's first isend or irecv;
 //   `for` (default: forever) ends the fault. rank=-1 or a missing rank matches every process.
+//   Ranges (anything else, or a key given twice, is an error naming the accepted form): rank
+//   [-1, 2^31-1], rail [0, 15], at [0, 86400000] ms, for [1, 86400000] ms, delay [1, 60000] ms.
 //   reset: each connection shuts its sockets on the rail down at the first moment at or after
 //   `at` when it has a message in flight (so the fault always hits traffic), and no new
 //   connection on the rail succeeds until `for` has passed. blackhole: every byte written is

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -324,30 +325,45 @@ void check_lossless(const TransportUnderTest& t, const StreamRun& r) {
   CHECK(to_replay_counts(r.sender_log) == replayed_counts(r.sender_log));
 }
 
+// Runs `run` up to `most` times until `judge` calls a run conclusive; every run is judged in
+// full (its CHECKs count whatever the verdict), and one run must have been conclusive. For a
+// fault whose proof depends on chance, such as meeting chunks in flight.
+void until_conclusive(int most, const std::function<StreamRun()>& run,
+                      const std::function<bool(const StreamRun&)>& judge, const char* again) {
+  bool conclusive = false;
+  for (int attempt = 1; attempt <= most && !conclusive; ++attempt) {
+    const StreamRun r = run();
+    INFO("attempt " << attempt << "\nsender log:\n"
+                    << r.sender_log << "receiver log:\n"
+                    << r.receiver_log);
+    conclusive = judge(r);
+    if (!conclusive) WARN("attempt " << attempt << ": " << again << "; again");
+  }
+  CHECK(conclusive);
+}
+
 void primary_down_lossless(const TransportUnderTest& t) {
   // A reset (TCP) finds chunks in flight only when the sender had some queued; should every
   // chunk happen to be acknowledged at that instant, the run proves nothing about replay, so
   // it is repeated (at most 3 runs); every run must still be right in every other respect.
-  bool replayed = false;
-  for (int attempt = 1; attempt <= 3 && !replayed; ++attempt) {
-    StreamRun r = stream_with(t, &TransportUnderTest::primary_down, 30000);
-    INFO("attempt " << attempt << "\nsender log:\n"
-                    << r.sender_log << "receiver log:\n"
-                    << r.receiver_log);
-    check_lossless(t, r);
-    if (!t.down_evidence.empty()) CHECK(count_lines_containing(r.sender_log, t.down_evidence) >= 1);
-    CHECK(count_lines_containing(r.sender_log, "switchover:") == 1);
-    std::vector<int> rec = replayed_counts(r.sender_log);
-    REQUIRE(rec.size() == 1);
-    std::vector<double> secs = log_numbers(r.sender_log, "Successfully recovered in ([0-9.]+) s");
-    REQUIRE(secs.size() == 1);
-    CHECK(secs[0] < 0.5);  // switchover + replay in milliseconds, well under this
-    // Verbs: a sender-side port-down usually finds its chunks landed already (only their
-    // completions are lost), so 0 replays prove the replay as well; TCP must replay.
-    replayed = rec[0] >= 1 || t.name == "ib";
-    if (!replayed) WARN("attempt " << attempt << ": the fault found no chunk in flight; again");
-  }
-  CHECK(replayed);
+  until_conclusive(
+      3, [&] { return stream_with(t, &TransportUnderTest::primary_down, 30000); },
+      [&](const StreamRun& r) {
+        check_lossless(t, r);
+        if (!t.down_evidence.empty())
+          CHECK(count_lines_containing(r.sender_log, t.down_evidence) >= 1);
+        CHECK(count_lines_containing(r.sender_log, "switchover:") == 1);
+        std::vector<int> rec = replayed_counts(r.sender_log);
+        REQUIRE(rec.size() == 1);
+        std::vector<double> secs =
+            log_numbers(r.sender_log, "Successfully recovered in ([0-9.]+) s");
+        REQUIRE(secs.size() == 1);
+        CHECK(secs[0] < 0.5);  // switchover + replay in milliseconds, well under this
+        // Verbs: a sender-side port-down usually finds its chunks landed already (only their
+        // completions are lost), so 0 replays prove the replay as well; TCP must replay.
+        return rec[0] >= 1 || t.name == "ib";
+      },
+      "the fault found no chunk in flight");
 }
 SHARED_CASE("the primary rail dies mid-stream: lossless, one switchover, its chunks replayed",
             "[failover]", primary_down_lossless)
@@ -355,28 +371,25 @@ SHARED_CASE("the primary rail dies mid-stream: lossless, one switchover, its chu
 void without_replay_fails(const TransportUnderTest& t) {
   // With replay off (test hook) the chunks lost with the receiver's rail are never sent again,
   // so the stream must stall or fail instead of completing. A run where nothing was in flight
-  // (or that the fault never reached) is inconclusive and is repeated (at most 5 runs: on a
-  // loaded 2-core machine under AddressSanitizer 3 inconclusive verbs runs in a row were seen).
-  bool conclusive = false;
-  for (int attempt = 1; attempt <= 5 && !conclusive; ++attempt) {
-    StreamRun r = stream_with(t, &TransportUnderTest::far_primary_lost,
-                              t.name == "tcp" ? 5000 : 4000, {{"R2CCL_TEST_HOOKS", "no_replay"}});
-    INFO("attempt " << attempt << "\nsender log:\n" << r.sender_log);
-    std::vector<int> lost = to_replay_counts(r.sender_log);
-    // A run where the fault never met traffic (the stream ended first on a loaded machine) or
-    // met none in flight is inconclusive as well.
-    conclusive = !lost.empty() && lost[0] >= 1;
-    if (!conclusive) {
-      WARN("attempt " << attempt << ": the fault found no chunk in flight; again\nsender log:\n"
-                      << r.sender_log << "receiver log:\n"
-                      << r.receiver_log);
-      continue;
-    }
-    CHECK((r.pair.sender_status == kStreamStalled || r.pair.sender_status == kStreamTestFailed ||
-           r.pair.sender_status == kStreamPostFailed));
-    CHECK(r.pair.receiver_status != kStreamOk);
-  }
-  CHECK(conclusive);
+  // (or that the fault never reached: the stream ended first on a loaded machine) is
+  // inconclusive and is repeated (at most 5 runs: on a loaded 2-core machine under
+  // AddressSanitizer 3 inconclusive verbs runs in a row were seen).
+  until_conclusive(
+      5,
+      [&] {
+        return stream_with(t, &TransportUnderTest::far_primary_lost, t.name == "tcp" ? 5000 : 4000,
+                           {{"R2CCL_TEST_HOOKS", "no_replay"}});
+      },
+      [&](const StreamRun& r) {
+        std::vector<int> lost = to_replay_counts(r.sender_log);
+        if (lost.empty() || lost[0] < 1) return false;
+        CHECK((r.pair.sender_status == kStreamStalled ||
+               r.pair.sender_status == kStreamTestFailed ||
+               r.pair.sender_status == kStreamPostFailed));
+        CHECK(r.pair.receiver_status != kStreamOk);
+        return true;
+      },
+      "the fault found no chunk in flight");
 }
 SHARED_CASE("without replay (R2CCL_TEST_HOOKS=no_replay) the same loss fails the stream",
             "[failover]", without_replay_fails)
@@ -387,34 +400,28 @@ void black_hole_lossless(const TransportUnderTest& t) {
   // the receiver's landed state acknowledges them all and nothing needs replaying: such a run
   // proves nothing about replay and is repeated (at most 5 runs: under AddressSanitizer about
   // one run in four is such a run).
-  bool replayed = false;
-  for (int attempt = 1; attempt <= 5 && !replayed; ++attempt) {
-    StreamRun r = stream_with(t, &TransportUnderTest::primary_blackhole, 30000);
-    INFO("attempt " << attempt << "\nsender log:\n"
-                    << r.sender_log << "receiver log:\n"
-                    << r.receiver_log);
-    check_lossless(t, r);
-    // One end's watchdog or heartbeat rule found it (the link stays up).
-    CHECK(count_lines_containing(r.sender_log + r.receiver_log,
-                                 "path on rail " + t.rail0 + " failed (acknowledgement timeout") +
-              count_lines_containing(r.sender_log + r.receiver_log,
-                                     "path on rail " + t.rail0 + " failed (heartbeat miss") >=
-          1);
-    std::vector<int> rec = replayed_counts(r.sender_log);
-    REQUIRE(rec.size() >= 1);
-    if (t.name == "tcp") {
-      // What went into the black hole was lost and had to be replayed.
-      replayed = rec[0] >= 1;
-      if (!replayed) WARN("attempt " << attempt << ": everything in flight had landed; again");
-    } else {
-      // Verbs: chunks whose writes landed before the QP stopped (only their completions were
-      // lost) are in the receiver's landed state and are not replayed; the rest are. The QP's
-      // own retry-exceeded (5 s here) never came first.
-      CHECK(count_lines_containing(r.sender_log + r.receiver_log, "retry counter exceeded") == 0);
-      replayed = true;
-    }
-  }
-  CHECK(replayed);
+  until_conclusive(
+      5, [&] { return stream_with(t, &TransportUnderTest::primary_blackhole, 30000); },
+      [&](const StreamRun& r) {
+        check_lossless(t, r);
+        // One end's watchdog or heartbeat rule found it (the link stays up).
+        const std::string both = r.sender_log + r.receiver_log;
+        CHECK(count_lines_containing(
+                  both, "path on rail " + t.rail0 + " failed (acknowledgement timeout") +
+                  count_lines_containing(both,
+                                         "path on rail " + t.rail0 + " failed (heartbeat miss") >=
+              1);
+        std::vector<int> rec = replayed_counts(r.sender_log);
+        REQUIRE(rec.size() >= 1);
+        // TCP: what went into the black hole was lost and had to be replayed. Verbs: chunks
+        // whose writes landed before the QP stopped (only their completions were lost) are in
+        // the receiver's landed state and are not replayed; the rest are. The QP's own
+        // retry-exceeded (5 s here) never came first.
+        if (t.name == "tcp") return rec[0] >= 1;
+        CHECK(count_lines_containing(both, "retry counter exceeded") == 0);
+        return true;
+      },
+      "everything in flight had landed");
 }
 SHARED_CASE("a black hole on the primary rail mid-stream: the watchdog finds it, lossless",
             "[failover]", black_hole_lossless)

@@ -260,6 +260,8 @@ TEST_CASE("cross-checks between parameters", "[params]") {
     CHECK_FALSE(l.ok);
     CHECK_THAT(l.err, Contains("R2CCL_RECONNECT_MAX"));
     CHECK_THAT(l.err, Contains("R2CCL_RECONNECT_MIN"));
+    CHECK_THAT(l.err, Contains("500 ms"));  // both values, so the user sees which one to move
+    CHECK_THAT(l.err, Contains("1000 ms"));
   }
   SECTION("HOLDDOWN_MAX below HOLDDOWN_MIN") {
     Loaded l = load({{"R2CCL_HOLDDOWN_MIN", "2s"}, {"R2CCL_HOLDDOWN_MAX", "1s"}});
@@ -271,6 +273,12 @@ TEST_CASE("cross-checks between parameters", "[params]") {
     CHECK_FALSE(l.ok);
     CHECK_THAT(l.err, Contains("R2CCL_PATH_WINDOW"));
     CHECK_THAT(l.err, Contains("R2CCL_CHUNK_SIZE"));
+    CHECK_THAT(l.err, Contains("524288 bytes"));
+    CHECK_THAT(l.err, Contains("1048576 bytes"));
+    // A chunk size above the default window names the default it collides with.
+    Loaded d = load({{"R2CCL_CHUNK_SIZE", "64M"}});
+    CHECK_FALSE(d.ok);
+    CHECK_THAT(d.err, Contains("4194304 bytes, the default"));
   }
   SECTION("predictor window: 2 to 256 samples; return threshold <= threshold") {
     Loaded l = load({{"R2CCL_PREDICT_INTERVAL", "100ms"}, {"R2CCL_PREDICT_WINDOW", "86400s"}});
@@ -284,6 +292,8 @@ TEST_CASE("cross-checks between parameters", "[params]") {
         load({{"R2CCL_PREDICT_THRESHOLD", "0.5"}, {"R2CCL_PREDICT_RETURN_THRESHOLD", "0.6"}});
     CHECK_FALSE(h.ok);
     CHECK_THAT(h.err, Contains("R2CCL_PREDICT_RETURN_THRESHOLD"));
+    CHECK_THAT(h.err, Contains("0.6"));
+    CHECK_THAT(h.err, Contains("0.5"));
   }
   SECTION("equal values are fine") {
     CHECK(load({{"R2CCL_RECONNECT_MIN", "1s"}, {"R2CCL_RECONNECT_MAX", "1s"}}).ok);

@@ -362,6 +362,13 @@ TEST_CASE("bad fault specs fail with the accepted form", "[fault]") {
       "rail=0,at=0,kind=reset,color=blue",  // unknown key
       "rail=0 at=0 kind=reset",             // not key=value pairs
       "rail=0,at=0,kind=reset;rail=1",      // second entry incomplete
+      // Numbers beyond the accepted ranges, which a bare strtoll would wrap or truncate:
+      "rail=0,at=99999999999999999999,kind=reset",            // overflows long long
+      "rail=0,at=9300000000000000,kind=reset",                // at * 1000 overflows
+      "rank=4294967296,rail=0,at=0,kind=reset",               // truncated to rank 0
+      "rail=0,at=0,kind=blackhole,for=99999999999999999999",  // overflows
+      "rail=0,at=0,kind=delay:99999999999999,for=10",         // delay overflows
+      "rail=0,rail=1,at=0,kind=reset",                        // a key twice
   };
   for (const char* s : bad) {
     INFO("spec '" << s << "'");
@@ -371,6 +378,27 @@ TEST_CASE("bad fault specs fail with the accepted form", "[fault]") {
     CHECK_THAT(err, Contains("accepted"));
     CHECK_THAT(err, Contains("R2CCL_FAULT_INJECT"));
   }
+}
+
+TEST_CASE("a fault spec's error names what is missing, and the accepted ranges", "[fault]") {
+  std::vector<FaultSpec> v;
+  std::string err;
+  CHECK_FALSE(parse_fault_specs("rank=0,rail=0,at=10", &v, &err));
+  CHECK_THAT(err, Contains("needs kind"));
+  CHECK_FALSE(parse_fault_specs("kind=reset", &v, &err));
+  CHECK_THAT(err, Contains("needs rail and at"));
+  CHECK_FALSE(parse_fault_specs("rail=0,at=86400001,kind=reset", &v, &err));
+  CHECK_THAT(err, Contains("at=86400001"));
+  CHECK_THAT(err, Contains("[0, 86400000]"));
+  CHECK_FALSE(parse_fault_specs("rail=0,rail=1,at=0,kind=reset", &v, &err));
+  CHECK_THAT(err, Contains("'rail' given twice"));
+  // The largest accepted values parse exactly.
+  REQUIRE(parse_fault_specs("rank=2147483647,rail=15,at=86400000,kind=delay:60000,for=86400000", &v,
+                            &err));
+  CHECK(v[0].rank == 2147483647);
+  CHECK(v[0].at == 86400000LL * kUsPerMs);
+  CHECK(v[0].delay == 60000LL * kUsPerMs);
+  CHECK(v[0].duration == 86400000LL * kUsPerMs);
 }
 
 // FaultInjector is a process singleton whose schedule starts once (arm() is one-shot), so the
