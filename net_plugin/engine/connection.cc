@@ -135,14 +135,18 @@ void Connection::check_paths(TimeUs now) {
     }
   }
   last_check_ = now;
-  // A receiver with a receive outstanding beats 4 times per acknowledgement timeout: the
-  // sender's watchdog takes "the transport below heard the peer within the timeout" as proof
-  // that a rail without acknowledgements is alive (TCP recovering a loss), so that proof must
-  // never be a heartbeat period old. Otherwise (and at the sender) one per period.
-  const bool awaiting =
-      role_ == Role::kRecv && std::any_of(active_.begin(), active_.end(), [](const Request* r) {
-        return r->kind == Request::Kind::kRecv && !r->done;
-      });
+  // While the sender may be waiting for acknowledgements (a receive outstanding, or one
+  // completed less than 4 acknowledgement timeouts ago: its last acknowledgement may still be
+  // in a TCP stream recovering a loss) the receiver beats 4 times per timeout. The sender's
+  // watchdog takes "the transport below heard the peer within the timeout" as proof that a
+  // rail without acknowledgements is alive, so that proof must never be a heartbeat period
+  // old; the beats also let the stalled stream's kernel see the loss (SACK) and repair it
+  // sooner than by timeout. Otherwise (and at the sender) one beat per period.
+  const bool awaiting = role_ == Role::kRecv &&
+                        ((last_recv_done_ != 0 && now - last_recv_done_ < 4 * cfg_.ack_timeout) ||
+                         std::any_of(active_.begin(), active_.end(), [](const Request* r) {
+                           return r->kind == Request::Kind::kRecv && !r->done;
+                         }));
   const TimeUs beat = awaiting ? std::min(hb, std::max<TimeUs>(cfg_.ack_timeout / 4, 1)) : hb;
   for (auto& p : paths_) {
     RailLive& rl = live(p);
@@ -588,7 +592,7 @@ void Connection::mark_dirty(Request* r, uint32_t idx, int path) {
   r->ack_path = path;
 }
 
-void Connection::landed(Request* r, int path, uint32_t idx) {
+void Connection::landed(Request* r, int path, uint32_t idx, TimeUs now) {
   r->rmsg.mark_landed(idx, env_.hooks.guard);
   r->ack_path = path;
   if (!r->rmsg.complete()) {
@@ -596,6 +600,7 @@ void Connection::landed(Request* r, int path, uint32_t idx) {
     return;
   }
   r->done = true;
+  last_recv_done_ = now;
   r->dirty_windows.clear();
   if (caps_.receiver_acks) {
     CtrlMsg a;
@@ -668,9 +673,8 @@ bool Connection::chunk_wanted(const ChunkPlace& pl) const {
 }
 
 void Connection::on_chunk_read(int path, const ChunkPlace& pl, bool clean, TimeUs now) {
-  (void)now;
   if (!clean || !chunk_wanted(pl)) return;
-  landed(static_cast<Request*>(const_cast<void*>(pl.req)), path, pl.idx);
+  landed(static_cast<Request*>(const_cast<void*>(pl.req)), path, pl.idx, now);
 }
 
 void Connection::on_chunk_placed(int path, uint64_t seq_low, int seq_bits, uint32_t idx,
@@ -689,7 +693,7 @@ void Connection::on_chunk_placed(int path, uint64_t seq_low, int seq_bits, uint3
   }
   const char* why = "";
   switch (r->rmsg.check_placed(idx, len, last, chunk_, env_.hooks.guard, &why)) {
-    case ChunkVerdict::kWrite: landed(r, path, idx); break;
+    case ChunkVerdict::kWrite: landed(r, path, idx, now); break;
     case ChunkVerdict::kDuplicate: env_.rails->live(paths_[path].rail).discarded_chunks++; break;
     case ChunkVerdict::kProtocolError: on_path_error(path, FailCause::kProtocol, why, now); break;
   }

@@ -239,7 +239,7 @@ class Connection final : public PathSink {
   void post_ctss(TimeUs now);
   void send_acks();
   void tell_drains();
-  void landed(Request* r, int path, uint32_t idx);
+  void landed(Request* r, int path, uint32_t idx, TimeUs now);
   void mark_dirty(Request* r, uint32_t idx, int path);
   // end of the connection
   void give_up(Status st, const std::string& why, TimeUs now);
@@ -286,6 +286,7 @@ class Connection final : public PathSink {
   bool peer_gone_ = false;  // the transport saw the peer's process end
   std::string peer_gone_why_;
   TimeUs last_check_ = 0;
+  TimeUs last_recv_done_ = 0;  // receiver: when a receive last completed (0: never)
   friend class ConnectionTestPeer;
 };
 

@@ -78,6 +78,10 @@ struct MemWire {
   // stall[side][path]: what travels towards that side on the path waits, nothing is lost (a
   // TCP stream in retransmission backoff; the other direction keeps flowing).
   bool stall[2][kMaxPathsPerConn] = {};
+  // A stalled stream behind a lost segment: later segments still reach the kernel, which
+  // "hears" them (TCP's ACK clock) though the application gets nothing until the hole is
+  // repaired. Only with heard_from_items.
+  bool stall_heard = false;
   bool refuse[kMaxPathsPerConn] = {};  // reconnects are refused (nothing listens)
   std::deque<Item> to[2];              // to[side]: in flight towards that side
   MemIo* end[2] = {nullptr, nullptr};
@@ -125,6 +129,7 @@ class MemIo final : public PathIo {
     std::vector<Item> due;
     for (auto i = in.begin(); i != in.end() && i->at <= now;) {
       if (w_->stall[side_][i->path]) {
+        if (w_->stall_heard) last_rx_[i->path] = std::max(last_rx_[i->path], i->at);
         ++i;
         continue;
       }
@@ -456,6 +461,36 @@ TEST_CASE("connection: a stalled direction is not a dead path while the peer's h
     CHECK(log.count("failed (") == 0);
     CHECK(t.send->path_state(0) == PathState::kHealthy);
   }
+}
+
+TEST_CASE("connection: a receiver keeps beating fast while its last acknowledgement may be delayed",
+          "[connection]") {
+  // TCP shape: the receive completes and its final acknowledgement waits 200 ms behind a lost
+  // segment in the stream towards the sender, whose kernel still hears later segments. A
+  // receiver that went back to one beat per 100 ms period once nothing was outstanding let the
+  // sender's 60 ms watchdog fail a live path; beating 4 times per timeout for 4 timeouts
+  // after the completion keeps the proof of life fresh.
+  EventLog log;
+  Pair t(false, 2, {{"R2CCL_ACK_TIMEOUT", "60ms"}, {"R2CCL_CHUNK_SIZE", "64K"}});
+  t.sio().heard_from_items = t.rio().heard_from_items = true;
+  t.wire.stall_heard = true;
+  Message m(t, 256 << 10, 11);
+  int rd = 0, sd = 0, size = 0;
+  for (int i = 0; i < 20000 && !rd; ++i) {
+    t.step();
+    REQUIRE(t.recv->test(m.r, &rd, &size, t.now) == Status::kOk);
+  }
+  REQUIRE(rd);
+  t.wire.stall[0][0] = true;  // the final acknowledgement and everything after it waits
+  t.run(200 * kUsPerMs);
+  t.wire.stall[0][0] = false;
+  for (int i = 0; i < 20000 && !sd; ++i) {
+    t.step();
+    REQUIRE(t.send->test(m.s, &sd, &size, t.now) == Status::kOk);
+  }
+  CHECK(sd);
+  INFO(log.text());
+  CHECK(log.count("failed (") == 0);
 }
 
 TEST_CASE("connection: a path cut mid-message is detected and its chunks replayed, exactly once",
