@@ -53,6 +53,12 @@ Outcome run(const Lab& lab, const Scenario& sc, const std::string& tag) {
   o.env["R2CCL_PREDICT_INTERVAL"] = "100ms";
   o.env["R2CCL_PREDICT_WINDOW"] = "2400ms";
   o.env["R2CCL_PREDICT_MODEL"] = R2CCL_SOURCE_DIR "/predictor/model/r2ccl_lstm.bin";
+  // What this test proves is the predictor's drain ahead of the link-down (found by netlink),
+  // counted as replays that did not happen. The acknowledgement watchdog's 100 ms is not part
+  // of it: on this 2-core machine a peer process not scheduled for 100 ms while TCP recovers a
+  // loss fires it now and then (1 run in 6 here), a replay this test would count against the
+  // predictor. False watchdog failures are measured by scripts/bench_net.sh instead.
+  o.env["R2CCL_ACK_TIMEOUT"] = "1s";
   o.sender_env["R2CCL_SYSFS_ROOT"] = root_a;
   o.receiver_env["R2CCL_SYSFS_ROOT"] = root_b;
   // Two nodes: each side its own health board, so each has its own sampler.
