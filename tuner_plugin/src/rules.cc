@@ -349,12 +349,26 @@ int parse_coll(const std::string& s) { return find_name(kCollNames, kNumColls, s
 int parse_algo(const std::string& s) { return find_name(kAlgoNames, kMaxAlgos, s); }
 int parse_proto(const std::string& s) { return find_name(kProtoNames, kMaxProtos, s); }
 
-bool parse_rules(const std::string& text, const std::string& name, RuleSet* out, std::string* err) {
+bool parse_rules(const std::string& text, const std::string& name, RuleSet* out, std::string* err,
+                 std::vector<std::string>* skipped) {
   RuleSet rs;
   rs.source = name;
+  auto where = [&](int line, int col, const std::string& msg) {
+    return name + ":" + std::to_string(line) + ":" + std::to_string(col) + ": " + msg;
+  };
   auto report = [&](int line, int col, const std::string& msg) {
-    if (err) *err = name + ":" + std::to_string(line) + ":" + std::to_string(col) + ": " + msg;
+    if (err) *err = where(line, col, msg);
     return false;
+  };
+  // A malformed row: the whole file fails, or (lenient) the row alone is dropped.
+  bool failed = false;
+  auto bad_row = [&](int line, int col, const std::string& msg) {
+    if (skipped) {
+      skipped->push_back(where(line, col, msg));
+    } else {
+      report(line, col, msg);
+      failed = true;
+    }
   };
   if (text.size() > kMaxFileBytes) return report(0, 0, "file larger than 1 MiB");
   size_t pos = 0;
@@ -366,39 +380,60 @@ bool parse_rules(const std::string& text, const std::string& name, RuleSet* out,
     ++lineno;
     size_t hash = line.find('#');
     if (hash != std::string::npos) line.resize(hash);
-    if (line.size() > kMaxLineBytes) return report(lineno, 1, "line longer than 4096 bytes");
-    for (size_t i = 0; i < line.size(); ++i) {
+    if (line.size() > kMaxLineBytes) {
+      bad_row(lineno, 1, "line longer than 4096 bytes");
+      if (failed) return false;
+      continue;
+    }
+    size_t bad_byte = line.size();
+    for (size_t i = 0; i < line.size() && bad_byte == line.size(); ++i) {
       unsigned char c = static_cast<unsigned char>(line[i]);
-      if ((c < 0x20 && c != '\t' && c != '\r') || c >= 0x7f) {
-        char b[64];
-        snprintf(b, sizeof(b), "unexpected byte 0x%02x (not a text file?)", c);
-        return report(lineno, static_cast<int>(i) + 1, b);
-      }
+      if ((c < 0x20 && c != '\t' && c != '\r') || c >= 0x7f) bad_byte = i;
+    }
+    if (bad_byte != line.size()) {
+      char b[64];
+      snprintf(b, sizeof(b), "unexpected byte 0x%02x (not a text file?)",
+               static_cast<unsigned char>(line[bad_byte]));
+      // Not a malformed row but not a text file: the whole file goes, lenient or not.
+      return report(lineno, static_cast<int>(bad_byte) + 1, b);
     }
     Error e;
     if (line.find(',') != std::string::npos) {
       Rule r;
       r.line = lineno;
-      if (!parse_csv_line(line, &r, &e)) return report(lineno, e.col, e.msg);
-      rs.rules.push_back(r);
+      if (parse_csv_line(line, &r, &e))
+        rs.rules.push_back(r);
+      else
+        bad_row(lineno, e.col, e.msg);
+      if (failed) return false;
       continue;
     }
     std::vector<Token> t = split_ws(line);
     if (t.empty()) continue;
     if (strcasecmp(t[0].text.c_str(), "model") == 0) {
-      if (!parse_model_line(t, &rs.model, &e)) return report(lineno, e.col, e.msg);
+      // A model line is applied only whole: parsed into a copy first.
+      ModelParams m = rs.model;
+      if (parse_model_line(t, &m, &e))
+        rs.model = m;
+      else
+        bad_row(lineno, e.col, e.msg);
+      if (failed) return false;
       continue;
     }
     Rule r;
     r.line = lineno;
-    if (!parse_native_line(t, &r, &e)) return report(lineno, e.col, e.msg);
-    rs.rules.push_back(r);
+    if (parse_native_line(t, &r, &e))
+      rs.rules.push_back(r);
+    else
+      bad_row(lineno, e.col, e.msg);
+    if (failed) return false;
   }
   *out = std::move(rs);
   return true;
 }
 
-bool load_rules_file(const std::string& path, RuleSet* out, std::string* err) {
+bool load_rules_file(const std::string& path, RuleSet* out, std::string* err,
+                     std::vector<std::string>* skipped) {
   // A regular file only: a directory would read as empty, a FIFO would block tuner init (and
   // so NCCL's communicator creation) forever (read_regular_file opens it non-blocking).
   std::string text, why;
@@ -413,7 +448,7 @@ bool load_rules_file(const std::string& path, RuleSet* out, std::string* err) {
     }
     return false;
   }
-  return parse_rules(text, path, out, err);
+  return parse_rules(text, path, out, err, skipped);
 }
 
 namespace {

@@ -72,10 +72,16 @@ struct RuleSet {
 };
 
 // Parses `text` (the file's content; `name` is used in messages). On error returns false, sets
-// *err to "NAME:LINE:COL: message" and leaves *out untouched.
-bool parse_rules(const std::string& text, const std::string& name, RuleSet* out, std::string* err);
+// *err to "NAME:LINE:COL: message" and leaves *out untouched. With `skipped` (the tuner's
+// lenient mode) a malformed row (a rule, a model line, a line over 4096 bytes) is dropped
+// alone and its "NAME:LINE:COL: message" appended there; a file over 1 MiB or with a non-text
+// byte (not a rules file at all) still fails whole. Any thread; no state.
+bool parse_rules(const std::string& text, const std::string& name, RuleSet* out, std::string* err,
+                 std::vector<std::string>* skipped = nullptr);
 // Reads and parses a file; a missing or unreadable file is an error ("NAME:0:0: ...").
-bool load_rules_file(const std::string& path, RuleSet* out, std::string* err);
+// `skipped` as for parse_rules.
+bool load_rules_file(const std::string& path, RuleSet* out, std::string* err,
+                     std::vector<std::string>* skipped = nullptr);
 
 // Writes a RuleSet in r2ccl's format (what r2ccl_tune emits; parse_rules reads it back).
 std::string format_rules(const RuleSet& rs);

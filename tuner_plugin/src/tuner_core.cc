@@ -7,6 +7,9 @@
 #include <cstring>
 #include <mutex>
 #include <new>
+#include <set>
+#include <string>
+#include <vector>
 
 #include "cost_model.h"
 #include "r2ccl/health_board.h"
@@ -17,6 +20,15 @@ namespace r2ccl::tuner {
 namespace {
 
 std::atomic<int> g_live{0};
+
+// Every communicator's tuner init reads the rules file again: a lenient-mode complaint about
+// it (a skipped row, a file that could not be used) is warned once per process and message.
+bool first_warning(const std::string& msg) {
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lk(mu);
+  return seen.insert(msg).second;
+}
 
 // Warn for the first 3 skipped choices of a context, then every 1000th.
 bool should_warn(std::atomic<uint64_t>* counter, uint64_t* n) {
@@ -97,14 +109,23 @@ Status create_context(const Options& opts, uint64_t n_ranks, uint64_t n_nodes,
   auto rs = std::make_shared<RuleSet>();
   if (!opts.rules_path.empty()) {
     std::string err;
-    if (!load_rules_file(opts.rules_path, rs.get(), &err)) {
+    std::vector<std::string> skipped;
+    if (!load_rules_file(opts.rules_path, rs.get(), &err, opts.strict ? nullptr : &skipped)) {
       if (opts.strict) {
         TUNER_WARN(logger, "rules file %s (R2CCL_TUNER_STRICT=1: tuner init fails)", err.c_str());
         return Status::kInvalidUsage;
       }
-      TUNER_WARN(logger, "rules file %s; the tuner runs with no rules", err.c_str());
+      if (first_warning(err))
+        TUNER_WARN(logger, "rules file %s; the tuner runs with no rules", err.c_str());
       *rs = RuleSet{};
       rs->source = opts.rules_path;
+    }
+    for (const std::string& row : skipped) {
+      if (!first_warning(row)) continue;
+      TUNER_WARN(logger,
+                 "rules file %s; that row is skipped, %zu rules kept (R2CCL_TUNER_STRICT=1 makes "
+                 "a malformed row fail tuner init)",
+                 row.c_str(), rs->rules.size());
     }
   }
   std::string why;

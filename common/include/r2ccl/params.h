@@ -136,8 +136,8 @@ struct ParamDef {
     "Tuner rules file (r2ccl's format or the columns of NCCL's example tuner CSV). Empty: no "  \
     "rules, NCCL's choices stand (unless the cost model is enabled).")                          \
   X(tuner_strict, "R2CCL_TUNER_STRICT", kBool, "0", 0, 1, nullptr,                              \
-    "1: a malformed rules file fails tuner init (ncclInvalidUsage) instead of a WARN and no "   \
-    "rules.")                                                                                   \
+    "1: a malformed rules row fails tuner init (ncclInvalidUsage) instead of a WARN and the "   \
+    "row skipped (the other rows kept).")                                                       \
   X(predict, "R2CCL_PREDICT", kBool, "1", 0, 1, nullptr,                                        \
     "Run the failure predictor: one process per node samples NIC counters, publishes each "     \
     "rail's risk on the health board and every process drains a rail at risk.")                 \
