@@ -147,6 +147,13 @@ Status api_dereg_mr(void* comm, void* mhandle) {
 
 Status api_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void** request) {
   *request = nullptr;
+  if (size > kMaxP2pBytes) {
+    R2CCL_WARN(
+        "isend of %zu bytes: larger than maxP2pBytes (%zu bytes, advertised by "
+        "getProperties); NCCL splits larger transfers",
+        size, kMaxP2pBytes);
+    return Status::kInvalidUsage;
+  }
   auto* c = static_cast<Connection*>(send_comm);
   Request* r = nullptr;
   const Status s =
@@ -161,6 +168,13 @@ Status api_irecv(void* recv_comm, int n, void** data, const size_t* sizes, const
   if (n != 1) {
     R2CCL_WARN("irecv with %d buffers: r2ccl advertises maxRecvs=1", n);
     return Status::kInternal;
+  }
+  if (sizes[0] > kMaxP2pBytes) {
+    R2CCL_WARN(
+        "irecv of %zu bytes: larger than maxP2pBytes (%zu bytes, advertised by "
+        "getProperties); NCCL splits larger transfers",
+        sizes[0], kMaxP2pBytes);
+    return Status::kInvalidUsage;
   }
   auto* c = static_cast<Connection*>(recv_comm);
   Request* r = nullptr;

@@ -24,6 +24,10 @@
 namespace r2ccl::net {
 
 // Device properties, version-neutral (speed in Mbps, latency in microseconds).
+// The largest isend/irecv, bytes: getProperties' maxP2pBytes (v9+; reference §2, field 15,
+// must be in (0, 2^40]).
+constexpr size_t kMaxP2pBytes = size_t{1} << 30;
+
 struct DeviceProps {
   const char* name = nullptr;
   const char* pci_path = nullptr;  // nullptr for virtual NICs
@@ -34,8 +38,9 @@ struct DeviceProps {
   // maxRecvs > 1 would also turn on NCCL's shared comms and multiply the send-side request
   // budget (reference §4.6) for no gain.
   int max_recvs = 1;
-  // NCCL (2.28) never posts more than 1 GiB in one call; test() reports sizes as ints.
-  size_t max_p2p_bytes = 1ull << 30;
+  // NCCL (2.28) never posts more than 1 GiB in one call; test() reports sizes as ints. The
+  // API refuses a larger isend/irecv (ncclInvalidUsage), whatever the API version.
+  size_t max_p2p_bytes = kMaxP2pBytes;
   size_t max_coll_bytes = 1ull << 30;
   int ptr_support = NCCL_PTR_HOST;  // NCCL_PTR_* bits
   int port = 0;                     // verbs port number, 0 for TCP rails

@@ -5,8 +5,10 @@
 // physical reason the case says so and checks each side of it.
 #include <catch2/catch.hpp>
 
+#include <sys/mman.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <functional>
@@ -144,6 +146,49 @@ void larger_receive_buffer(const TransportUnderTest& t) {
 }
 SHARED_CASE("a receive buffer larger than the send reports the send size", "",
             larger_receive_buffer)
+
+void above_max_p2p_bytes(const TransportUnderTest& t) {
+  // getProperties advertises maxP2pBytes (1 GiB): NCCL never posts more in one call, so a
+  // larger isend or irecv is a caller's error (ncclInvalidUsage, reference §2 field 15), not a
+  // transfer to attempt; the connection stays usable. The buffer is reserved, never touched.
+  constexpr size_t kMax = size_t{1} << 30;
+  auto too_big = [&](Endpoint& ep, bool send) {
+    void* big = mmap(nullptr, kMax + 4096, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    EP_REQUIRE(big != MAP_FAILED, 20, "mmap of 1 GiB + 4 KiB: %s", strerror(errno));
+    void* req = nullptr;
+    const ncclResult_t r = send ? ep.post_send(big, kMax + 1, &req, kOpTimeoutMs)
+                                : ep.post_recv(big, kMax + 1, &req, kOpTimeoutMs);
+    EP_REQUIRE(r == ncclInvalidUsage, 21, "%s of 1 GiB + 1 B: result %d, request %p",
+               send ? "isend" : "irecv", r, req);
+    EP_REQUIRE(req == nullptr, 22, "a refused %s left a request", send ? "isend" : "irecv");
+    return 0;
+  };
+  PairResult r = run_pair(
+      quiet_pair(t),
+      [&](Endpoint& ep) {
+        if (int rc = too_big(ep, true)) return rc;
+        auto buf = raw_buffer(1 * MiB);
+        fill_pattern(buf.get(), 1 * MiB, 31);
+        ncclResult_t res = ep.send(buf.get(), 1 * MiB, kOpTimeoutMs);
+        EP_REQUIRE(res == ncclSuccess, 10, "send after the refusal: result %d", res);
+        return 0;
+      },
+      [&](Endpoint& ep) {
+        if (int rc = too_big(ep, false)) return rc;
+        auto buf = raw_buffer(1 * MiB);
+        int sz = -1;
+        ncclResult_t res = ep.recv(buf.get(), 1 * MiB, kOpTimeoutMs, &sz);
+        EP_REQUIRE(res == ncclSuccess, 10, "recv after the refusal: result %d", res);
+        return check_received(buf.get(), 1 * MiB, 1 * MiB, 0, sz, 31);
+      });
+  CHECK(r.sender_status == 0);
+  CHECK(r.receiver_status == 0);
+}
+SHARED_CASE(
+    "an isend or irecv above maxP2pBytes fails with ncclInvalidUsage; the connection "
+    "stays usable",
+    "", above_max_p2p_bytes)
 
 void requests_in_flight(const TransportUnderTest& t) {
   struct Batch {
