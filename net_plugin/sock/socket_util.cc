@@ -27,6 +27,24 @@ bool bind_to_device(int fd, const Rail& rail) {
   return false;
 }
 
+// IP_BIND_ADDRESS_NO_PORT (Linux 4.2+, IPv4 and IPv6 sockets): bind() fixes the source
+// address only and connect() picks the port per 4-tuple, so a rail address is not limited to
+// one ephemeral range per host whatever the peer. Refused: bind takes a port as before.
+void bind_address_no_port(int fd) {
+#ifdef IP_BIND_ADDRESS_NO_PORT
+  const int one = 1;
+  if (setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one)) == 0) return;
+  static std::atomic<bool> warned{false};
+  if (!warned.exchange(true))
+    R2CCL_WARN(
+        "IP_BIND_ADDRESS_NO_PORT refused (%s): every outgoing rail socket holds an ephemeral "
+        "port from bind on, so ports run out sooner (net.ipv4.ip_local_port_range)",
+        strerror(errno));
+#else
+  (void)fd;
+#endif
+}
+
 }  // namespace
 
 void set_socket_options(int fd, TimeUs user_timeout) {
@@ -46,6 +64,7 @@ int open_rail_socket(const Rail& rail, TimeUs user_timeout, std::string* err) {
     return -1;
   }
   bind_to_device(fd, rail);
+  bind_address_no_port(fd);
   sockaddr_storage a = rail.addr;
   if (a.ss_family == AF_INET)
     reinterpret_cast<sockaddr_in*>(&a)->sin_port = 0;
@@ -88,6 +107,7 @@ int open_rail_listener(const Rail& rail, std::string* err) {
   int one = 1;
   setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
   bind_to_device(fd, rail);
+  bind_address_no_port(fd);
   sockaddr_storage a = rail.addr;
   if (a.ss_family == AF_INET)
     reinterpret_cast<sockaddr_in*>(&a)->sin_port = 0;
