@@ -6,9 +6,12 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <climits>
 #include <cstring>
 #include <fstream>
+
+#include "r2ccl/log.h"
 
 namespace r2ccl::net {
 namespace {
@@ -211,7 +214,7 @@ bool interface_running(const std::string& ifname) {
 
 bool select_rails(const std::string& spec_str, const std::string& spec_var,
                   const std::vector<IfAddr>& ifs, int speed_override, std::vector<Rail>* out,
-                  std::string* err) {
+                  std::string* err, std::vector<std::string>* left_out) {
   std::vector<Rail> rails;
   RailSpec spec;
   if (!parse_rail_spec(spec_str, &spec, err)) {
@@ -293,7 +296,24 @@ bool select_rails(const std::string& spec_str, const std::string& spec_var,
              names;
     return false;
   }
-  if (unique.size() > 16) unique.resize(16);
+  if (unique.size() > kMaxRailsPerProcess) {
+    std::vector<std::string> dropped;
+    for (size_t k = kMaxRailsPerProcess; k < unique.size(); ++k) dropped.push_back(unique[k].name);
+    if (left_out) {
+      *left_out = dropped;
+    } else {
+      static std::atomic<bool> warned{false};
+      if (!warned.exchange(true)) {
+        std::string names;
+        for (const auto& n : dropped) names += (names.empty() ? "" : ", ") + n;
+        R2CCL_WARN(
+            "%s selects %zu rails; r2ccl carries at most %zu (the first in name order): "
+            "%s left out",
+            spec_var.c_str(), unique.size(), kMaxRailsPerProcess, names.c_str());
+      }
+    }
+    unique.resize(kMaxRailsPerProcess);
+  }
   for (size_t k = 0; k < unique.size(); ++k) unique[k].index = static_cast<int>(k);
   *out = std::move(unique);
   return true;

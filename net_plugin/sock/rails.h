@@ -54,11 +54,16 @@ std::vector<IfAddr> system_interfaces();
 // always the calling thread's network namespace. Unknown interfaces are reported down.
 bool interface_running(const std::string& ifname);
 
+// The most rails one process carries (TCP's HELLO rail table, the health board's rows).
+constexpr size_t kMaxRailsPerProcess = 16;
+
 // Chooses rails from `ifs` by `spec` (empty = auto). `spec_var` names the variable the spec
-// came from, for messages. speed_override_mbps > 0 replaces the link speed.
+// came from, for messages. speed_override_mbps > 0 replaces the link speed. At most
+// kMaxRailsPerProcess rails, the first in name order: the names of the rest go to *left_out
+// when given, else into one WARN per process naming them. Any thread; no state but that WARN.
 bool select_rails(const std::string& spec, const std::string& spec_var,
                   const std::vector<IfAddr>& ifs, int speed_override_mbps, std::vector<Rail>* out,
-                  std::string* err);
+                  std::string* err, std::vector<std::string>* left_out = nullptr);
 
 std::string addr_to_string(const sockaddr_storage& a);
 // Same subnet under the shorter of the two prefixes.

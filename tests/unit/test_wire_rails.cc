@@ -507,3 +507,29 @@ TEST_CASE("rail sockets bind their address without taking a port until connect",
   close(fd);
   close(lfd);
 }
+
+TEST_CASE("more rails than one process carries: the first 16 in name order, the rest named",
+          "[rails]") {
+  std::vector<IfAddr> ifs;
+  char name[16], addr[32];
+  for (int i = 0; i < 20; ++i) {
+    snprintf(name, sizeof(name), "eth%02d", i);
+    snprintf(addr, sizeof(addr), "10.1.%d.1", i);
+    ifs.push_back(iface(name, 10 + i, true, addr, 24));
+  }
+  std::vector<Rail> rails;
+  std::string err;
+  std::vector<std::string> left_out;
+  REQUIRE(select_rails("eth", "R2CCL_SOCKET_IFNAME", ifs, 0, &rails, &err, &left_out));
+  REQUIRE(rails.size() == kMaxRailsPerProcess);
+  CHECK(rails.front().name == "eth00");
+  CHECK(rails.back().name == "eth15");
+  CHECK(rails.back().index == 15);
+  CHECK(left_out == std::vector<std::string>{"eth16", "eth17", "eth18", "eth19"});
+  // Exactly the limit: nothing left out.
+  ifs.resize(kMaxRailsPerProcess);
+  left_out.clear();
+  REQUIRE(select_rails("eth", "R2CCL_SOCKET_IFNAME", ifs, 0, &rails, &err, &left_out));
+  CHECK(rails.size() == kMaxRailsPerProcess);
+  CHECK(left_out.empty());
+}

@@ -27,6 +27,9 @@ Status Runtime::create(const Config* cfg, std::unique_ptr<Runtime>* out, std::st
   return Status::kOk;
 }
 
+static_assert(kMaxRails == static_cast<int>(kMaxRailsPerProcess),
+              "the HELLO's rail table holds every rail select_rails keeps");
+
 Status Runtime::init(const Config* cfg, std::string* err) {
   std::string var = getenv("R2CCL_SOCKET_IFNAME")  ? "R2CCL_SOCKET_IFNAME"
                     : getenv("NCCL_SOCKET_IFNAME") ? "NCCL_SOCKET_IFNAME"

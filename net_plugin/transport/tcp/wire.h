@@ -34,7 +34,7 @@ namespace r2ccl::net::tcp {
 constexpr uint32_t kHandleMagic = 0x4c433252;  // "R2CL"
 constexpr uint16_t kWireVersion = 2;           // 2: DRAIN frames, generations in FAIL_ACK
 constexpr int kMaxHandleEndpoints = 4;
-constexpr int kMaxRails = 16;
+constexpr int kMaxRails = 16;   // = kMaxRailsPerProcess (sock/rails.h): select_rails keeps no more
 constexpr int kMaxPaths = 4;    // primary + up to 3 backups
 constexpr int kMaxStreams = 8;  // R2CCL_NSOCKS_PER_PATH maximum
 
