@@ -53,6 +53,15 @@ Status with_token(Connection* c, F&& fn) {
   return s;
 }
 
+// An isend/irecv above the advertised maxP2pBytes: the caller's error, nothing is posted.
+Status too_large(const char* op, size_t size) {
+  R2CCL_WARN(
+      "%s of %zu bytes: larger than maxP2pBytes (%zu bytes, advertised by getProperties); "
+      "NCCL splits larger transfers",
+      op, size, kMaxP2pBytes);
+  return Status::kInvalidUsage;
+}
+
 }  // namespace
 
 Status api_init(NetContext** ctx, uint64_t comm_id, int traffic_class, ncclDebugLogger_t logger,
@@ -147,13 +156,7 @@ Status api_dereg_mr(void* comm, void* mhandle) {
 
 Status api_isend(void* send_comm, void* data, size_t size, int tag, void* mhandle, void** request) {
   *request = nullptr;
-  if (size > kMaxP2pBytes) {
-    R2CCL_WARN(
-        "isend of %zu bytes: larger than maxP2pBytes (%zu bytes, advertised by "
-        "getProperties); NCCL splits larger transfers",
-        size, kMaxP2pBytes);
-    return Status::kInvalidUsage;
-  }
+  if (size > kMaxP2pBytes) return too_large("isend", size);
   auto* c = static_cast<Connection*>(send_comm);
   Request* r = nullptr;
   const Status s =
@@ -169,13 +172,7 @@ Status api_irecv(void* recv_comm, int n, void** data, const size_t* sizes, const
     R2CCL_WARN("irecv with %d buffers: r2ccl advertises maxRecvs=1", n);
     return Status::kInternal;
   }
-  if (sizes[0] > kMaxP2pBytes) {
-    R2CCL_WARN(
-        "irecv of %zu bytes: larger than maxP2pBytes (%zu bytes, advertised by "
-        "getProperties); NCCL splits larger transfers",
-        sizes[0], kMaxP2pBytes);
-    return Status::kInvalidUsage;
-  }
+  if (sizes[0] > kMaxP2pBytes) return too_large("irecv", sizes[0]);
   auto* c = static_cast<Connection*>(recv_comm);
   Request* r = nullptr;
   const Status s = with_token(c, [&](TimeUs now) {

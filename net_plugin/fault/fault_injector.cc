@@ -26,11 +26,12 @@ constexpr long long kMaxRank = 2147483647;  // an int
 }  // namespace
 
 bool parse_fault_specs(const std::string& s, std::vector<FaultSpec>* out, std::string* err) {
+  const std::string ms = std::to_string(kMaxMs);
   const std::string form =
-      "accepted: entries 'rank=R,rail=N,at=MS,kind=reset|blackhole|delay:MS[,for=MS]' separated by "
-      "';', with R in [-1, 2147483647] (-1 or none: every rank), N in [0, 15], at in [0, "
-      "86400000], "
-      "for in [1, 86400000], delay in [1, 60000], each key once";
+      "accepted: entries 'rank=R,rail=N,at=MS,kind=reset|blackhole|delay:MS[,for=MS]' separated "
+      "by ';', each key once; R in [-1, " +
+      std::to_string(kMaxRank) + "] (-1: every rank), " + "N in [0, 15], at in [0, " + ms +
+      "], for in [1, " + ms + "], delay in [1, " + std::to_string(kMaxDelayMs) + "] (ms)";
   out->clear();
   size_t start = 0;
   while (start < s.size()) {
