@@ -520,6 +520,132 @@ void peer_killed(const TransportUnderTest& t) {
 SHARED_CASE("the peer process killed: the sender fails with a bounded error naming it",
             "[failover]", peer_killed)
 
+void connects_before_accept(const TransportUnderTest& t) {
+  // NCCL may connect several send comms to one listen comm before its service thread calls
+  // accept (each connect with its own copy of the handle); every one of them is accepted, in
+  // some order, and carries its own data. The handle goes through a file (skip_connect).
+  constexpr int kConns = 4;
+  constexpr size_t kMsg = 256 * KiB;
+  const std::string handle_file = temp_path("connects.handle");
+  const std::string started_file = temp_path("connects.started");
+  unlink(handle_file.c_str());
+  unlink(started_file.c_str());
+  PairOptions o = quiet_pair(t);
+  o.skip_connect = true;
+  auto wait_file = [](const std::string& f, int timeout_ms) {
+    for (long long end = mono_us() + timeout_ms * 1000LL; mono_us() < end; usleep(2000))
+      if (access(f.c_str(), F_OK) == 0) return true;
+    return false;
+  };
+  PairResult r = run_pair(
+      o,
+      [&](Endpoint& ep) {
+        EP_REQUIRE(wait_file(handle_file, 20000), 30, "no handle from the receiver");
+        std::string h = read_file(handle_file);
+        EP_REQUIRE(h.size() == NCCL_NET_HANDLE_MAXSIZE, 31, "handle file of %zu bytes", h.size());
+        std::vector<std::vector<char>> handles(kConns, std::vector<char>(h.begin(), h.end()));
+        std::vector<void*> comms(kConns, nullptr);
+        auto step = [&] {
+          int done = 0;
+          for (int i = 0; i < kConns; ++i) {
+            if (!comms[i] && ep.plugin.net->connect(ep.ctx, 0, handles[i].data(), &comms[i],
+                                                    nullptr) != ncclSuccess)
+              return -1;
+            done += comms[i] != nullptr;
+          }
+          return done;
+        };
+        // Every connect has reached the listen comm (TCP: all done; verbs: the side channels
+        // wait in the listener's queue) before the receiver's first accept.
+        for (long long end = mono_us() + 300000; mono_us() < end;)
+          EP_REQUIRE(step() >= 0, 32, "a connect failed before any accept");
+        FILE* f = fopen(started_file.c_str(), "w");
+        EP_REQUIRE(f != nullptr, 33, "cannot create %s", started_file.c_str());
+        fclose(f);
+        int done = 0;
+        for (long long end = mono_us() + 30000000LL; done < kConns && mono_us() < end;) {
+          done = step();
+          EP_REQUIRE(done >= 0, 34, "a connect failed");
+        }
+        EP_REQUIRE(done == kConns, 35, "%d of %d connects done after 30 s", done, kConns);
+        std::vector<std::unique_ptr<char[]>> bufs;
+        std::vector<void*> reqs(kConns, nullptr);
+        for (int i = 0; i < kConns; ++i) {
+          bufs.push_back(raw_buffer(kMsg));
+          fill_pattern(bufs[i].get(), kMsg, 700 + i);
+          Endpoint c = ep;
+          c.comm = comms[i];
+          c.mrs.clear();
+          EP_REQUIRE(c.post_send(bufs[i].get(), kMsg, &reqs[i], kOpTimeoutMs) == ncclSuccess, 36,
+                     "isend on connection %d", i);
+          ep.mrs.insert(ep.mrs.end(), c.mrs.begin(), c.mrs.end());
+        }
+        EP_REQUIRE(wait_all(ep, reqs, kOpTimeoutMs) == ncclSuccess, 37, "the sends failed");
+        for (void* c : comms) ep.plugin.net->closeSend(c);
+        return 0;
+      },
+      [&](Endpoint& ep) {
+        void* listen = nullptr;
+        char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+        EP_REQUIRE(ep.plugin.net->listen(ep.ctx, 0, handle, &listen) == ncclSuccess, 30,
+                   "listen failed");
+        const std::string tmp = handle_file + ".tmp";
+        FILE* f = fopen(tmp.c_str(), "w");
+        EP_REQUIRE(f && fwrite(handle, sizeof(handle), 1, f) == 1, 31, "cannot write the handle");
+        fclose(f);
+        EP_REQUIRE(rename(tmp.c_str(), handle_file.c_str()) == 0, 32, "rename: %s",
+                   strerror(errno));
+        EP_REQUIRE(wait_file(started_file, 30000), 33, "the sender never started its connects");
+        std::vector<void*> comms;
+        for (long long end = mono_us() + 30000000LL;
+             static_cast<int>(comms.size()) < kConns && mono_us() < end;) {
+          void* c = nullptr;
+          EP_REQUIRE(ep.plugin.net->accept(listen, &c, nullptr) == ncclSuccess, 34,
+                     "accept %zu failed", comms.size());
+          if (c) comms.push_back(c);
+        }
+        EP_REQUIRE(static_cast<int>(comms.size()) == kConns, 35, "accepted %zu of %d after 30 s",
+                   comms.size(), kConns);
+        ep.plugin.net->closeListen(listen);
+        std::vector<std::unique_ptr<char[]>> bufs;
+        std::vector<void*> reqs(kConns, nullptr);
+        for (int i = 0; i < kConns; ++i) {
+          bufs.push_back(raw_buffer(kMsg));
+          memset(bufs[i].get(), kCanary, kMsg);
+          Endpoint c = ep;
+          c.comm = comms[i];
+          c.mrs.clear();
+          EP_REQUIRE(c.post_recv(bufs[i].get(), kMsg, &reqs[i], kOpTimeoutMs) == ncclSuccess, 36,
+                     "irecv on connection %d", i);
+          ep.mrs.insert(ep.mrs.end(), c.mrs.begin(), c.mrs.end());
+        }
+        std::vector<int> sizes;
+        EP_REQUIRE(wait_all(ep, reqs, kOpTimeoutMs, &sizes) == ncclSuccess, 37,
+                   "the receives failed");
+        // Each accepted connection carries exactly one sender connection's pattern.
+        std::vector<int> seen(kConns, 0);
+        for (int i = 0; i < kConns; ++i) {
+          EP_REQUIRE(sizes[i] == static_cast<int>(kMsg), 38, "connection %d got %d bytes", i,
+                     sizes[i]);
+          int which = -1;
+          for (int s = 0; s < kConns; ++s)
+            if (check_pattern(bufs[i].get(), kMsg, 700 + s) < 0) which = s;
+          EP_REQUIRE(which >= 0, 39, "connection %d got no sender's pattern", i);
+          seen[which]++;
+        }
+        for (int s = 0; s < kConns; ++s)
+          EP_REQUIRE(seen[s] == 1, 40, "sender connection %d arrived %d times", s, seen[s]);
+        for (void* c : comms) ep.plugin.net->closeRecv(c);
+        return 0;
+      });
+  unlink(handle_file.c_str());
+  unlink(started_file.c_str());
+  CHECK(r.sender_status == 0);
+  CHECK(r.receiver_status == 0);
+}
+SHARED_CASE("several connects reach one listen comm before accept: every one is accepted", "",
+            connects_before_accept)
+
 // ------------------------------------------------------------------------------------------
 // Bad input
 

@@ -512,13 +512,23 @@ Status Conn::accept_step(bool* done, TimeUs now) {
                dev_, rt_->rails()[dev_].name.c_str(), cfg_.connect_timeout / 1e6);
     return Status::kRemote;
   }
-  std::vector<Incoming> in;
+  // One accept takes one connection: the streams of the first connector in the inbox (its
+  // conn id); those of other connectors stay there, in order, for the next accepts.
+  std::vector<Incoming> in, others;
   {
     std::lock_guard<std::mutex> lk(l->inbox_mu);
     in.swap(l->inbox);
   }
   for (auto& inc : in) {
     const HelloBody& b = inc.hello;
+    if (l->was_accepted(b.conn_id)) {
+      ::close(inc.fd);  // a late stream of a connection already accepted
+      continue;
+    }
+    if (!paths_.empty() && b.conn_id != conn_id_) {
+      others.push_back(inc);
+      continue;
+    }
     if (paths_.empty()) {
       if (b.n_paths == 0 || b.n_paths > kMaxPaths || b.n_streams == 0 ||
           b.n_streams > kMaxStreams || b.n_rails == 0 || b.n_rails > kMaxRails) {
@@ -556,10 +566,25 @@ Status Conn::accept_step(bool* done, TimeUs now) {
       p.attached++;
     p.streams[b.stream].fd = inc.fd;
   }
+  if (!others.empty()) {
+    std::lock_guard<std::mutex> lk(l->inbox_mu);
+    l->inbox.insert(l->inbox.begin(), others.begin(), others.end());
+  }
+  bool any_stream = false;
   for (auto& p : paths_)
-    for (auto& s : p.streams)
+    for (auto& s : p.streams) {
       if (s.fd >= 0 && !setup_done_seen_) peek_setup_done(p, s);
-  if (!setup_done_seen_) return Status::kOk;
+      any_stream |= s.fd >= 0;
+    }
+  if (!setup_done_seen_) {
+    // Every stream of the chosen connector closed before its SETUP_DONE (it gave up, or
+    // starts over with new streams): take whichever connector is first in the inbox now.
+    if (!paths_.empty() && !any_stream) {
+      paths_.clear();
+      paths_desc_.clear();
+    }
+    return Status::kOk;
+  }
   if (setup_done_paths_ == 0 || setup_done_paths_ > paths_.size()) {
     R2CCL_WARN("accept on device %d: the peer declared %u paths", dev_, setup_done_paths_);
     return Status::kRemote;
@@ -578,6 +603,8 @@ Status Conn::accept_step(bool* done, TimeUs now) {
     if (desc(p).label.empty()) desc(p).label = rail_name(rail_of(p)) + " <- ?";
   }
   setup_stage_ = 3;
+  l->accepted.push_back(conn_id_);
+  if (l->accepted.size() > Listen::kRecentAccepts) l->accepted.pop_front();
   listen_ = nullptr;
   *done = true;
   R2CCL_INFO(NCCL_NET | NCCL_INIT, "accepted on device %d: %zu paths (%d up), %d streams each",

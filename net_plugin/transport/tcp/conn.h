@@ -14,6 +14,7 @@
 // the runtime's background thread (locked inbox).
 #pragma once
 
+#include <algorithm>
 #include <deque>
 #include <mutex>
 #include <string>
@@ -40,7 +41,16 @@ class Listen final : public Listener {
   ~Listen() override;
   Runtime* rt;
   std::mutex inbox_mu;
-  std::vector<Incoming> inbox;  // guarded by inbox_mu
+  // Checked hellos of new connections, in arrival order; several connectors may be in it at
+  // once (NCCL can connect several send comms before it calls accept). Guarded by inbox_mu.
+  std::vector<Incoming> inbox;
+  // Connections this listen comm accepted (latest kRecentAccepts; service thread only): a
+  // late stream of one of them is closed, never mistaken for a new connection.
+  static constexpr size_t kRecentAccepts = 64;
+  std::deque<uint64_t> accepted;
+  bool was_accepted(uint64_t conn_id) const {
+    return std::find(accepted.begin(), accepted.end(), conn_id) != accepted.end();
+  }
 };
 
 class Conn final : public ConnIo {
