@@ -415,6 +415,18 @@ void Connection::on_ctrl(int via, const CtrlMsg& m, TimeUs now) {
     on_ack(m.seq, m.prefix, m.base, m.bitmap, now);
     return;
   }
+  if (m.type == CtrlType::kTruncated) {
+    const Request* r = role_ == Role::kRecv ? find_active(m.seq) : nullptr;
+    if (!r) return;  // not ours (any more)
+    char why[160];
+    snprintf(why, sizeof(why),
+             "the isend matching irecv %llu is %llu bytes, larger than the irecv's %llu bytes "
+             "(truncated)",
+             static_cast<unsigned long long>(m.seq), static_cast<unsigned long long>(m.size),
+             static_cast<unsigned long long>(r->size));
+    give_up(Status::kInternal, why, now);
+    return;
+  }
   if (m.path >= paths_.size()) {
     R2CCL_WARN("conn %016" PRIx64 ": control message for path %u of %zu ignored", id_, m.path,
                paths_.size());
@@ -973,10 +985,24 @@ Status Connection::isend(void* data, uint64_t size, int tag, void* mhandle, Requ
     if (cts_.empty() || cts_.front().seq != next_send_seq_) return Status::kOk;  // no CTS yet
   }
   if (size > cts_.front().cap) {
-    R2CCL_WARN("isend of %llu bytes on device %d is larger than the matching irecv (%llu bytes)",
-               static_cast<unsigned long long>(size), dev_,
-               static_cast<unsigned long long>(cts_.front().cap));
-    return Status::kInternal;
+    // A caller's error NCCL would report as truncation. The connection fails at this end
+    // (later calls return the error) and the receiver is told, so its request fails too
+    // instead of waiting; the peer's give-up then closes the connection (BYE).
+    R2CCL_WARN(
+        "isend of %llu bytes on device %d is larger than the matching irecv %llu (%llu "
+        "bytes): the connection fails at both ends",
+        static_cast<unsigned long long>(size), dev_,
+        static_cast<unsigned long long>(next_send_seq_),
+        static_cast<unsigned long long>(cts_.front().cap));
+    CtrlMsg m;
+    m.type = CtrlType::kTruncated;
+    m.seq = next_send_seq_;
+    m.size = size;
+    queue_ctrl(m, -1);
+    flush_ctrl(now);
+    io_->flush(*this, now);
+    error_ = Status::kInternal;
+    return error_;
   }
   Request* r = free_request();
   if (!r) return Status::kOk;  // all 32 in use: NCCL calls again

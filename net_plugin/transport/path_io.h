@@ -55,7 +55,9 @@ struct RemoteBuffer {
 //   kFail     id = notice id, path, gen: "I declared this path failed" (answered by kFailAck)
 //   kFailAck  id, path, gen
 //   kDrain    path, on: the receiver's node drains (1) or returns (0) its rail of the path
-enum class CtrlType : uint8_t { kAck = 1, kFail = 2, kFailAck = 3, kDrain = 4 };
+// kTruncated (sender -> receiver): the isend matching receive `seq` is `size` bytes, more
+// than the receive's capacity; the receive fails (NCCL fails a truncated message too).
+enum class CtrlType : uint8_t { kAck = 1, kFail = 2, kFailAck = 3, kDrain = 4, kTruncated = 5 };
 
 struct CtrlMsg {
   CtrlType type = CtrlType::kAck;
@@ -66,6 +68,7 @@ struct CtrlMsg {
   uint32_t prefix = 0;
   uint32_t base = 0;
   uint64_t bitmap = 0;
+  uint64_t size = 0;  // kTruncated: the isend's bytes
   bool on = false;
 };
 

@@ -520,6 +520,56 @@ void peer_killed(const TransportUnderTest& t) {
 SHARED_CASE("the peer process killed: the sender fails with a bounded error naming it",
             "[failover]", peer_killed)
 
+void truncated_receive(const TransportUnderTest& t) {
+  // A receive smaller than its send is a caller's error (NCCL 2.x fails such a message as
+  // truncated): the isend fails at once, and the receiver's request fails too, within a
+  // bounded time, with both sizes in the message; neither end hangs.
+  constexpr size_t kSend = 1 * MiB, kRecv = 512 * KiB;
+  PairOptions o = quiet_pair(t);
+  o.finish_together = false;
+  o.sender_stderr = temp_path("trunc.sender");
+  o.receiver_stderr = temp_path("trunc.receiver");
+  long long t0 = mono_us();
+  PairResult r = run_pair(
+      o,
+      [&](Endpoint& ep) {
+        auto buf = raw_buffer(kSend);
+        fill_pattern(buf.get(), kSend, 5);
+        void* req = nullptr;
+        ncclResult_t res = ep.post_send(buf.get(), kSend, &req, kOpTimeoutMs);
+        if (res == ncclSuccess) res = ep.wait(req, 20000);
+        EP_REQUIRE(res != ncclSuccess && res != ncclInProgress, 10,
+                   "a send larger than its receive: result %d", res);
+        ep.comm = nullptr;  // failed: NCCL would abort the communicator, not close the comm
+        return 0;
+      },
+      [&](Endpoint& ep) {
+        auto buf = raw_buffer(kRecv);
+        void* req = nullptr;
+        EP_REQUIRE(ep.post_recv(buf.get(), kRecv, &req, kOpTimeoutMs) == ncclSuccess, 20,
+                   "irecv failed to post");
+        const ncclResult_t res = ep.wait(req, 20000);
+        EP_REQUIRE(res != ncclSuccess && res != ncclInProgress, 21,
+                   "a receive smaller than its send: result %d (3 = in progress after 20 s)", res);
+        ep.comm = nullptr;
+        return 0;
+      });
+  const double secs = (mono_us() - t0) / 1e6;
+  const std::string slog = read_file(o.sender_stderr), rlog = read_file(o.receiver_stderr);
+  unlink(o.sender_stderr.c_str());
+  unlink(o.receiver_stderr.c_str());
+  INFO("sender log:\n" << slog << "receiver log:\n" << rlog);
+  CHECK(r.sender_status == 0);
+  CHECK(r.receiver_status == 0);
+  for (const std::string* log : {&slog, &rlog}) {
+    CHECK(log->find(std::to_string(kSend)) != std::string::npos);
+    CHECK(log->find(std::to_string(kRecv)) != std::string::npos);
+  }
+  CHECK(secs < 15);
+}
+SHARED_CASE("a receive smaller than its send fails at both ends, naming both sizes", "",
+            truncated_receive)
+
 void connects_before_accept(const TransportUnderTest& t) {
   // NCCL may connect several send comms to one listen comm before its service thread calls
   // accept (each connect with its own copy of the handle); every one of them is accepted, in

@@ -809,6 +809,11 @@ PostResult Conn::post_ctrl(int path, const CtrlMsg& c, PathSink& sink, TimeUs no
       m = wire_msg(WireCtrl::kDrain, c.path, c.gen);
       m.a = c.on ? 1 : 0;
       break;
+    case CtrlType::kTruncated:
+      m = wire_msg(WireCtrl::kTruncated, 0, 0);
+      m.a = c.seq;
+      m.b = c.size;
+      break;
   }
   if (path < 0) {
     // No RDMA path is usable: the side channel carries control messages.
@@ -982,6 +987,12 @@ void Conn::on_wire_ctrl(int via, const IbCtrlMsg& m, PathSink& sink, TimeUs now)
         c.base = static_cast<uint32_t>(m.b >> 32);
       }
       c.bitmap = m.c;
+      sink.on_ctrl(via, c, now);
+      return;
+    case WireCtrl::kTruncated:
+      c.type = CtrlType::kTruncated;
+      c.seq = m.a;
+      c.size = m.b;
       sink.on_ctrl(via, c, now);
       return;
     case WireCtrl::kFail:

@@ -29,10 +29,10 @@
 namespace r2ccl::net::ib {
 
 constexpr uint32_t kIbHandleMagic = 0x42493252;  // "R2IB"
-constexpr uint16_t kIbWireVersion = 2;           // 2: the connection id in the setup messages
-constexpr int kMaxIbPaths = 4;      // primary + up to 3 backups (R2CCL_BACKUP_PATHS <= 3)
-constexpr int kMaxQpsPerPath = 16;  // R2CCL_IB_QPS_PER_PATH maximum
-constexpr int kFifoDepth = 64;      // CTS slots; > NCCL_NET_MAX_REQUESTS outstanding receives
+constexpr uint16_t kIbWireVersion = 3;  // 2: the connection id in the setup messages; 3: TRUNCATED
+constexpr int kMaxIbPaths = 4;          // primary + up to 3 backups (R2CCL_BACKUP_PATHS <= 3)
+constexpr int kMaxQpsPerPath = 16;      // R2CCL_IB_QPS_PER_PATH maximum
+constexpr int kFifoDepth = 64;          // CTS slots; > NCCL_NET_MAX_REQUESTS outstanding receives
 
 // The NCCL handle (listen -> connect), 128 bytes with the connect state at its end.
 struct IbWireHandle {
@@ -112,6 +112,8 @@ enum class WireCtrl : uint16_t {
   kDrain = 9,        // path, a = 1 or 0 (receiver -> sender): the receiver's node's failure
                      // predictor drains (1) or returns (0) the receiver's HCA port of the path;
                      // the sender moves new chunks off it. Sent on every change.
+  kTruncated = 10,   // a = seq, b = bytes of the isend (sender -> receiver): larger than the
+                     // posted receive of `seq`; the receive fails
 };
 
 struct IbCtrlMsg {

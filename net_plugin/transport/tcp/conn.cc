@@ -738,6 +738,11 @@ PostResult Conn::post_ctrl(int path, const CtrlMsg& m, PathSink& sink, TimeUs no
       h.b = m.gen;
       h.off = m.on ? 1 : 0;
       break;
+    case CtrlType::kTruncated:
+      h = frame(FrameType::kTruncated);
+      h.seq = m.seq;
+      h.total = m.size;
+      break;
   }
   queue_ctrl(paths_[path], h, now);
   return PostResult::kPosted;
@@ -887,6 +892,18 @@ bool Conn::handle_frame(Path& p, Stream& s, PathSink& sink, TimeUs now, const ch
       m.prefix = h.a;
       m.base = h.b;
       m.bitmap = h.total;
+      sink.on_ctrl(p.index, m, now);
+      return true;
+    }
+    case FrameType::kTruncated: {
+      if (role_ != Role::kRecv) {
+        *why = "truncation notice sent to the sending side";
+        return false;
+      }
+      CtrlMsg m;
+      m.type = CtrlType::kTruncated;
+      m.seq = h.seq;
+      m.size = h.total;
       sink.on_ctrl(p.index, m, now);
       return true;
     }

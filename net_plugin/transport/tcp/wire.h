@@ -16,6 +16,8 @@
 //   PING/PONG  seq=probe id, off=sender timestamp (us, echoed)
 //   BYE        the sender of it closed the connection on purpose (NCCL closed the comm):
 //              not a failure, nothing is logged; pending requests fail with a remote error
+//   TRUNCATED  seq=message, total=bytes of the isend (sender -> receiver: larger than the
+//              posted receive; the receive fails)
 //   SETUP_DONE total=bitmap of paths the connector got up, a=number of paths
 //              (first frame on the first path that is up)
 #pragma once
@@ -32,7 +34,7 @@
 namespace r2ccl::net::tcp {
 
 constexpr uint32_t kHandleMagic = 0x4c433252;  // "R2CL"
-constexpr uint16_t kWireVersion = 2;           // 2: DRAIN frames, generations in FAIL_ACK
+constexpr uint16_t kWireVersion = 3;  // 2: DRAIN frames, generations in FAIL_ACK; 3: TRUNCATED
 constexpr int kMaxHandleEndpoints = 4;
 constexpr int kMaxRails = 16;   // = kMaxRailsPerProcess (sock/rails.h): select_rails keeps no more
 constexpr int kMaxPaths = 4;    // primary + up to 3 backups
@@ -71,6 +73,7 @@ enum class FrameType : uint8_t {
   kSetupDone = 10,
   kBye = 11,
   kDrain = 12,
+  kTruncated = 13,
 };
 constexpr uint16_t kFrameMagic = 0x5232;  // "2R"
 
