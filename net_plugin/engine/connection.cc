@@ -117,6 +117,53 @@ int Connection::first_carrier() const {
   return -1;
 }
 
+void Connection::charge_rail(Path& p) {
+  RailLive& rl = live(p);
+  rl.paths_failed++;
+  rl.switchovers += p.pending_switchovers;
+  p.pending_switchovers = 0;
+  p.charge_pending = false;
+  if (!p.counted_failed && !p.health->connected()) {
+    rl.failed_paths++;
+    p.counted_failed = true;
+  }
+}
+
+// A peer-caused failure becomes a rail failure once the peer shows it is alive after it: a
+// frame on another path more than a heartbeat period later (what a process that died sent
+// before it died arrives within that), or any path reconnecting. A gone peer never does.
+void Connection::settle_charges(TimeUs now) {
+  (void)now;
+  if (peer_gone_ || gave_up_) return;
+  for (auto& p : paths_) {
+    if (!p.charge_pending) continue;
+    bool alive = false;
+    for (const auto& q : paths_)
+      if (q.index != p.index && q.health->connected() &&
+          q.last_alive > p.failed_at + cfg_.heartbeat_interval)
+        alive = true;
+    if (alive) charge_rail(p);
+  }
+}
+
+bool Connection::peer_known_gone() const {
+  if (peer_gone_) return true;
+  if (role_ != Role::kSend) return false;
+  bool refused = false;
+  for (const auto& p : paths_) {
+    if (p.health->connected()) return false;
+    const bool local_down = !env_.rails->live(p.rail).link_up.load();
+    if (!p.refused && !p.unreachable && !local_down) return false;
+    refused |= p.refused;
+  }
+  return refused;
+}
+
+std::string Connection::peer_text() const {
+  const std::string n = io_->peer_name();
+  return n.empty() ? "the peer process" : "the peer process at " + n;
+}
+
 void Connection::mark_recovered(Path& p) {
   if (!p.counted_failed) return;
   live(p).failed_paths--;
@@ -230,12 +277,10 @@ void Connection::fail_path(Path& p, FailCause cause, const char* detail_c, TimeU
   p.drain_sent = false;
   p.inflight_bytes = 0;
   io_->stop_path(p.index, from_peer, now);
-  RailLive& rl = live(p);
-  rl.paths_failed++;
-  if (!p.counted_failed) {
-    rl.failed_paths++;
-    p.counted_failed = true;
-  }
+  p.failed_at = now;
+  p.pending_switchovers = 0;
+  p.charge_pending = cause_means_peer_gone(cause) || peer_gone_ || peer_closed_;
+  if (!p.charge_pending) charge_rail(p);
   const std::string rail = rail_name(p.rail);
   // Evidence of the fault's start: an injector knows it; otherwise the last sign of life.
   TimeUs fault_at = io_->fault_start(p.index, now);
@@ -299,7 +344,10 @@ void Connection::open_gate(Path& p, TimeUs now) {
   const std::string to = next >= 0 ? "rail " + rail_name(paths_[next].rail) : "no usable rail";
   const std::string rail = rail_name(p.rail);
   if (rec.carried || rec.replayed > 0) {
-    live(p).switchovers++;
+    if (p.charge_pending)
+      p.pending_switchovers++;
+    else
+      live(p).switchovers++;
     log_event("switchover: rail %s failed (%s); path %d of conn %016" PRIx64
               " -> %s; %d chunks to replay",
               rail.c_str(), cause_text(rec.cause, rec.detail).c_str(), p.index, id_, to.c_str(),
@@ -813,7 +861,11 @@ void Connection::on_reconnected(int path, TimeUs now) {
   Path& p = paths_[path];
   p.reconnecting = false;
   p.refused = false;
+  p.unreachable = false;
   p.health->on_reconnected(now);
+  // The peer answered: whatever it seemed to cause was the rails'.
+  for (auto& q : paths_)
+    if (q.charge_pending) charge_rail(q);
   p.last_alive = p.ack_progress = p.last_probe = now;
   p.probe_out = false;
   p.inflight_bytes = 0;
@@ -829,6 +881,7 @@ void Connection::on_reconnect_failed(int path, bool refused, const char* detail,
   Path& p = paths_[path];
   p.reconnecting = false;
   p.refused = refused;
+  p.unreachable = !refused;
   p.health->on_reconnect_failed(now);
   R2CCL_INFO(NCCL_NET, "reconnect of path %d (%s) of conn %016" PRIx64 " failed: %s", p.index,
              p.label.c_str(), id_, detail ? detail : "?");
@@ -848,8 +901,8 @@ void Connection::on_peer_gone(const char* evidence, TimeUs now) {
   if (peer_gone_ || peer_closed_) return;
   peer_gone_ = true;
   peer_gone_why_ = evidence ? evidence : "";
-  log_event("conn %016" PRIx64 " on device %d: %s: the peer process is gone", id_, dev_,
-            peer_gone_why_.c_str());
+  log_event("conn %016" PRIx64 " on device %d: %s: %s is gone", id_, dev_, peer_gone_why_.c_str(),
+            peer_text().c_str());
 }
 
 void Connection::on_fatal(Status st, const char* why, TimeUs now) {
@@ -876,30 +929,34 @@ void Connection::give_up(Status st, const std::string& why, TimeUs now) {
 }
 
 void Connection::check_give_up(TimeUs now) {
+  // A peer known gone fails everything at once, usable paths or not (what they would carry
+  // has nobody to go to): the transport saw its process end (verbs: the side channel closed
+  // without BYE; TCP: its listener refuses connections), or, once no path is usable, every
+  // path ended at the peer's end or cannot be reached from here and a reconnect was refused
+  // (nothing listens on the peer's rails any more).
+  if (peer_gone_) {
+    give_up(Status::kRemote, peer_text() + " is gone (" + peer_gone_why_ + ")", now);
+    return;
+  }
   const bool expired = give_up_timer_.update(any_usable(), now, cfg_.failover_timeout);
   if (!give_up_timer_.waiting()) return;
-  // The peer is gone when every path ended with its end-of-file, reset or a protocol error.
-  // (A live peer also closes a path it has declared failed, so that alone is not enough.)
-  // The sending side knows for sure once every reconnect was refused: nothing listens on
-  // the peer's rails any more (its process exited), so it fails at once; so does a
-  // transport that saw the peer's process end.
-  bool all_gone = true, all_refused = role_ == Role::kSend;
-  for (const auto& p : paths_) {
-    all_gone &= cause_means_peer_gone(p.health->last_cause());
-    all_refused &= p.refused;
-  }
-  if (all_refused)
+  // Otherwise the peer may be gone when every path ended with its end-of-file, reset or a
+  // protocol error; but a live peer also closes a path it has declared failed, so that alone
+  // is not enough before R2CCL_FAILOVER_TIMEOUT.
+  bool all_gone = true;
+  for (const auto& p : paths_) all_gone &= cause_means_peer_gone(p.health->last_cause());
+  if (peer_known_gone())
     give_up(Status::kRemote,
-            "no usable path: every reconnect was refused: the peer process is gone", now);
-  else if (peer_gone_)
-    give_up(Status::kRemote,
-            "no usable path, and the peer process is gone (" + peer_gone_why_ + ")", now);
+            "no usable path: every path ended at the peer's end or cannot be reached, and a "
+            "reconnect was refused: " +
+                peer_text() + " is gone",
+            now);
   else if (expired)
     give_up(GiveUpTimer::status(all_gone),
-            all_gone
-                ? "no usable path: the peer closed every path and did not come back within "
-                  "R2CCL_FAILOVER_TIMEOUT"
-                : "no usable path: no local rail reaches the peer within R2CCL_FAILOVER_TIMEOUT",
+            all_gone ? "no usable path: " + peer_text() +
+                           " closed every path and did not come back within R2CCL_FAILOVER_TIMEOUT"
+                     : "no usable path: no local rail reaches " + peer_text() +
+                           " within R2CCL_FAILOVER_TIMEOUT",
             now);
 }
 
@@ -940,6 +997,7 @@ void Connection::progress(TimeUs now) {
   io_->flush(*this, now);
   if (gave_up_) return;
   if (role_ == Role::kSend) check_recoveries(now);
+  settle_charges(now);
   check_give_up(now);
 }
 

@@ -179,8 +179,15 @@ class Connection final : public PathSink {
     bool gate_pending = false;  // sender: replay waits for the receiver's FAIL / FAIL_ACK
     bool reconnecting = false;  // sender: PathIo::reconnect in progress
     bool refused = false;       // sender: the latest reconnect was refused
-    bool peer_drain = false;    // sender: the receiver's node drains its end
-    bool drain_sent = false;    // receiver: the drain state last told to the sender
+    bool unreachable = false;   // sender: the latest reconnect failed for another reason
+    // A failure the peer's end caused (end of file, reset, protocol error) is not charged to
+    // the rail (failed_paths, paths_failed, switchovers) until the peer shows it is alive: a
+    // dead peer process is not a bad rail.
+    bool charge_pending = false;
+    TimeUs failed_at = 0;
+    uint32_t pending_switchovers = 0;
+    bool peer_drain = false;  // sender: the receiver's node drains its end
+    bool drain_sent = false;  // receiver: the drain state last told to the sender
     uint64_t chunks_sent = 0;
   };
   struct Notice {
@@ -224,6 +231,15 @@ class Connection final : public PathSink {
   void fail_path(Path& p, FailCause cause, const char* detail, TimeUs now);
   void open_gate(Path& p, TimeUs now);
   void mark_recovered(Path& p);
+  // Rail accounting of a failure: at once, or once the peer is known alive (charge_pending).
+  void charge_rail(Path& p);
+  void settle_charges(TimeUs now);
+  // The peer process is known gone: every path failed with the peer's end of file, reset or
+  // protocol error or cannot be reached from here, and a reconnect was refused (nothing
+  // listens on the peer's rails), or the transport saw the process end.
+  bool peer_known_gone() const;
+  // "ADDR (rail NAME)" of the peer as the transport knows it, for give-up lines.
+  std::string peer_text() const;
   // control traffic
   void queue_ctrl(const CtrlMsg& m, int prefer = -1);
   void flush_ctrl(TimeUs now);

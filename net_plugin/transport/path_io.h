@@ -242,6 +242,9 @@ class PathIo {
 
   // Tells the peer, best effort and without waiting, that this end closes on purpose.
   virtual void say_goodbye(TimeUs now) = 0;
+  // The peer as the logs name it ("10.0.0.2:43210"; "" when unknown). Any thread holding
+  // the connection's progress token.
+  virtual std::string peer_name() const { return ""; }
   // The connection failed for good: nothing more may land in NCCL's buffers. Default:
   // nothing lands by itself.
   virtual void abort(TimeUs now);

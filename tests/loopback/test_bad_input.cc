@@ -941,8 +941,9 @@ TEST_CASE("bad input: garbage handles make connect fail with a WARN about the ha
   struct Variant {
     const char* name;
     std::vector<uint8_t> bytes;
-    const char* warn;  // besides "handle"
+    std::string warn;  // besides "handle"
   };
+  const std::string not_ours = "not an r2ccl v" + std::to_string(kWireVersion) + " handle";
   std::vector<Variant> variants;
   auto as_bytes = [](const WireHandle& h) {
     std::vector<uint8_t> b(NCCL_NET_HANDLE_MAXSIZE, 0);
@@ -952,10 +953,9 @@ TEST_CASE("bad input: garbage handles make connect fail with a WARN about the ha
   {
     std::vector<uint8_t> b(NCCL_NET_HANDLE_MAXSIZE);
     rt::fill_pattern(b.data(), b.size(), 0xbad);
-    variants.push_back({"random 128 bytes", b, "not an r2ccl v2 handle"});
+    variants.push_back({"random 128 bytes", b, not_ours});
   }
-  variants.push_back(
-      {"all zero", std::vector<uint8_t>(NCCL_NET_HANDLE_MAXSIZE, 0), "not an r2ccl v2 handle"});
+  variants.push_back({"all zero", std::vector<uint8_t>(NCCL_NET_HANDLE_MAXSIZE, 0), not_ours});
   {
     WireHandle h = good;
     h.n_endpoints = 9;
@@ -980,8 +980,9 @@ TEST_CASE("bad input: garbage handles make connect fail with a WARN about the ha
   }
   {
     WireHandle h = good;
-    h.version = 3;  // kWireVersion is 2 (DRAIN frames)
-    variants.push_back({"valid magic, version 3", as_bytes(h), "version 3"});
+    h.version = kWireVersion + 1;  // a newer r2ccl's handle
+    variants.push_back({"valid magic, a newer version", as_bytes(h),
+                        "version " + std::to_string(kWireVersion + 1)});
   }
 
   for (const auto& v : variants) {

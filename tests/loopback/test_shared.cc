@@ -5,6 +5,7 @@
 // physical reason the case says so and checks each side of it.
 #include <catch2/catch.hpp>
 
+#include <dlfcn.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "r2ccl/ext.h"
 #include "r2ccl/nccl_abi.h"
 #include "support/endpoint_checks.h"
 #include "support/net_harness.h"
@@ -514,7 +516,7 @@ void peer_killed(const TransportUnderTest& t) {
   CHECK(r.receiver_status == 42);
   CHECK((r.sender_status == kStreamTestFailed || r.sender_status == kStreamPostFailed));
   // TCP learns it from every reconnect being refused, verbs from the side channel's end.
-  CHECK(count_lines_containing(log, "the peer process is gone") >= 1);
+  CHECK(count_lines_containing(log, "the peer process") >= 1);
   CHECK(secs < 15);
 }
 SHARED_CASE("the peer process killed: the sender fails with a bounded error naming it",
@@ -695,6 +697,180 @@ void connects_before_accept(const TransportUnderTest& t) {
 }
 SHARED_CASE("several connects reach one listen comm before accept: every one is accepted", "",
             connects_before_accept)
+
+// Three ranks: A (0) and B (1) stream to each other and each send to C (2), which takes 5
+// messages from each, posts a 6th receive and dies (SIGKILL-like: no close, no BYE). A gone
+// peer is not a bad rail: A's and B's requests to C fail with ncclRemoteError soon after C is
+// known gone (the line names the peer), A<->B carries on intact, and no rail of A or B is
+// marked failed or counted as switched over. With `rail1_down`, A's second rail is down
+// for good before C dies (its paths to C cannot tell anything): the bound holds all the same.
+struct GoneRun {
+  double fail_after_s[2] = {-1, -1};  // from C's death to the failure of A's / B's request
+};
+void peer_gone_not_rail(const TransportUnderTest& t, bool rail1_down) {
+  constexpr size_t kMsg = 256 * KiB;
+  constexpr int kToC = 5;
+  PairOptions pair = t.pair({{"R2CCL_FAILOVER_TIMEOUT", "30s"}});
+  GroupOptions o;
+  o.nranks = 3;
+  o.env = pair.env;
+  o.rank_env = {pair.sender_env, pair.receiver_env, {}};
+  if (t.name == "ib")
+    o.rank_env[2]["FAKEVERBS_DEVICES"] =
+        "mlx5_0,eth,10.210.1.3,pci=0000:00:01.0/0000:0b:00.0,numa=0;"
+        "mlx5_1,eth,10.210.2.3,pci=0000:00:01.0/0000:0c:00.0,numa=0";
+  if (rail1_down) {
+    if (t.name == "tcp")
+      o.rank_env[0]["R2CCL_FAULT_INJECT"] = "rank=-1,rail=1,at=0,kind=reset";
+    else
+      o.rank_env[0]["FAKEVERBS_FAULTS"] = "port_down,dev=mlx5_1";
+  }
+  o.links = {{0, 1}, {1, 0}, {0, 2}, {1, 2}};
+  o.timeout_s = 120;
+  const std::string death = temp_path("peer-gone.death");
+  for (int r = 0; r < 3; ++r) o.stderr_files.push_back(temp_path("peer-gone." + std::to_string(r)));
+  GroupResult g = run_group(o, [&](GroupMember& m) {
+    if (m.rank == 2) {
+      std::vector<std::unique_ptr<char[]>> bufs;
+      for (int from : {0, 1}) {
+        Endpoint& ep = m.recv_from[from];
+        for (int i = 0; i < kToC; ++i) {
+          bufs.push_back(raw_buffer(kMsg));
+          EP_REQUIRE(ep.recv(bufs.back().get(), kMsg, kOpTimeoutMs) == ncclSuccess, 10,
+                     "C: receive %d from %d", i, from);
+          EP_REQUIRE(check_pattern(bufs.back().get(), kMsg, 5000 + from * 100 + i) < 0, 11,
+                     "C: receive %d from %d corrupt", i, from);
+        }
+      }
+      for (int from : {0, 1}) {  // the 6th receives: their CTS are out when C dies
+        bufs.push_back(raw_buffer(kMsg));
+        void* req = nullptr;
+        EP_REQUIRE(
+            m.recv_from[from].post_recv(bufs.back().get(), kMsg, &req, kOpTimeoutMs) == ncclSuccess,
+            12, "C: 6th receive from %d", from);
+      }
+      usleep(200000);
+      FILE* f = fopen(death.c_str(), "w");
+      if (f) {
+        fprintf(f, "%lld\n", mono_us());
+        fclose(f);
+      }
+      _exit(42);
+    }
+    const int peer = 1 - m.rank;
+    Endpoint& to_peer = m.send_to[peer];
+    Endpoint& from_peer = m.recv_from[peer];
+    Endpoint& to_c = m.send_to[2];
+    // A<->B messages carry a trailer: A's "this is the last iteration" flag, which B follows,
+    // so both leave the loop after the same message. A stops 5 s after C died.
+    constexpr size_t kAB = kMsg + sizeof(uint64_t);
+    auto sbuf = raw_buffer(kAB), rbuf = raw_buffer(kAB), cbuf = raw_buffer(kMsg);
+    int sent_c = 0;
+    void* creq = nullptr;
+    long long c_failed_at = 0;
+    ncclResult_t c_result = ncclSuccess;
+    const long long start = mono_us();
+    for (int i = 0;; ++i) {
+      // A<->B: one checked message each way per iteration.
+      fill_pattern(sbuf.get(), kMsg, 100 * m.rank + i);
+      const long long died = atoll(read_file(death).c_str());
+      uint64_t last = m.rank == 0 && died > 0 && mono_us() - died > 5000000LL ? 1 : 0;
+      memcpy(sbuf.get() + kMsg, &last, sizeof(last));
+      void* sreq = nullptr;
+      void* rreq = nullptr;
+      EP_REQUIRE(from_peer.post_recv(rbuf.get(), kAB, &rreq, kOpTimeoutMs) == ncclSuccess, 20,
+                 "rank %d: irecv %d from the peer", m.rank, i);
+      EP_REQUIRE(to_peer.post_send(sbuf.get(), kAB, &sreq, kOpTimeoutMs) == ncclSuccess, 21,
+                 "rank %d: isend %d to the peer", m.rank, i);
+      std::vector<void*> reqs = {sreq, rreq};
+      EP_REQUIRE(wait_all(m.recv_from[peer], reqs, kOpTimeoutMs) == ncclSuccess, 22,
+                 "rank %d: message %d with the peer failed", m.rank, i);
+      EP_REQUIRE(check_pattern(rbuf.get(), kMsg, 100 * peer + i) < 0, 23,
+                 "rank %d: message %d from the peer corrupt", m.rank, i);
+      if (m.rank == 1) memcpy(&last, rbuf.get() + kMsg, sizeof(last));
+      // To C, without blocking: a request once C's CTS is there, then tested.
+      if (!c_failed_at) {
+        ncclResult_t r = ncclSuccess;
+        if (!creq) {
+          fill_pattern(cbuf.get(), kMsg, 5000 + m.rank * 100 + sent_c);
+          r = m.plugin.net->isend(to_c.comm, cbuf.get(), kMsg, 0,
+                                  to_c.mhandle_for(cbuf.get(), kMsg), nullptr, &creq);
+        }
+        if (r == ncclSuccess && creq) {
+          int done = 0, size = 0;
+          r = m.plugin.net->test(creq, &done, &size);
+          if (r == ncclSuccess && done) {
+            creq = nullptr;
+            ++sent_c;
+          }
+        }
+        if (r != ncclSuccess) {
+          c_failed_at = mono_us();
+          c_result = r;
+          // The 6th send may have completed: C's process took it before it died.
+          EP_REQUIRE(sent_c == kToC || sent_c == kToC + 1, 24,
+                     "rank %d: a send to C failed after %d (C takes %d or %d)", m.rank, sent_c,
+                     kToC, kToC + 1);
+        }
+      }
+      if (last) break;
+      EP_REQUIRE(mono_us() - start < 60000000LL, 25,
+                 "rank %d: no failure of the send to C within 60 s (%d sent)", m.rank, sent_c);
+    }
+    EP_REQUIRE(c_failed_at != 0, 28, "rank %d: the send to C had not failed 5 s after C died",
+               m.rank);
+    EP_REQUIRE(c_result == ncclRemoteError, 26, "rank %d: the send to C failed with %d", m.rank,
+               c_result);
+    m.send_to.erase(2);  // failed: not closed again at the end
+    const long long died = atoll(read_file(death).c_str());
+    fprintf(stderr, "rank %d: send to C failed %.3f s after C died\n", m.rank,
+            (c_failed_at - died) / 1e6);
+    auto* ext = static_cast<const r2cclExt_v1_t*>(dlsym(m.plugin.dl, R2CCL_EXT_SYMBOL_V1));
+    EP_REQUIRE(ext != nullptr, 27, "no r2cclExt_v1");
+    char stats[8192];
+    ext->getStats(stats, sizeof(stats));
+    fprintf(stderr, "rank %d stats: %s\n", m.rank, stats);
+    return 0;
+  });
+  std::string logs[3];
+  for (int r = 0; r < 3; ++r) {
+    logs[r] = read_file(o.stderr_files[r]);
+    unlink(o.stderr_files[r].c_str());
+  }
+  unlink(death.c_str());
+  INFO("A:\n" << logs[0] << "B:\n" << logs[1] << "C:\n" << logs[2]);
+  REQUIRE(g.status[2] == 42);
+  CHECK(g.status[0] == 0);
+  CHECK(g.status[1] == 0);
+  for (int r = 0; r < 2; ++r) {
+    const std::string& log = logs[r];
+    // Known gone, then failed within 2 s; C's death to A's/B's failure stays well under the
+    // 30 s failover timeout (generous for 2 busy cores).
+    const std::string mark = "send to C failed ";
+    const size_t at = log.find(mark);
+    REQUIRE(at != std::string::npos);
+    const double after = atof(log.c_str() + at + mark.size());
+    INFO("rank " << r << ": the send to C failed " << after << " s after C died");
+    CHECK(after < 4.0);
+    CHECK(count_lines_containing(log, "the peer process") >= 1);
+    // The rails A and B share stay healthy: nothing on rail 0 is failed or switched over.
+    const size_t st = log.find("stats: ");
+    REQUIRE(st != std::string::npos);
+    const std::string stats = log.substr(st, log.find('\n', st) - st);
+    const std::string rail0 = "\"name\":\"" + t.rail0 + "\",\"state\":\"up\"";
+    CHECK(stats.find(rail0) != std::string::npos);
+    if (!rail1_down) {
+      CHECK(stats.find("\"failed\"") == std::string::npos);
+      CHECK(stats.find("],\"switchovers\":0,") != std::string::npos);
+    }
+  }
+}
+void peer_gone(const TransportUnderTest& t) { peer_gone_not_rail(t, false); }
+void peer_gone_rail_down(const TransportUnderTest& t) { peer_gone_not_rail(t, true); }
+SHARED_CASE("three ranks, one dies: the others' requests to it fail soon, no rail is blamed",
+            "[failover]", peer_gone)
+SHARED_CASE("three ranks, one dies while a rail of another is down: its requests still fail soon",
+            "[failover]", peer_gone_rail_down)
 
 // ------------------------------------------------------------------------------------------
 // Bad input

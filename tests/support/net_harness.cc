@@ -9,6 +9,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <chrono>
 #include <cstdarg>
@@ -424,6 +425,134 @@ PairResult run_pair(const PairOptions& o, const EndpointFn& sender, const Endpoi
   }
   res.sender_status = sst;
   res.receiver_status = rst;
+  res.seconds = now_s() - t0;
+  return res;
+}
+
+// One rank of run_group: handles[k] is the pipe of links[k] (the receiver writes its handle
+// into [1], the sender reads [0]).
+static int group_member_main(const GroupOptions& o, int rank,
+                             const std::vector<std::array<int, 2>>& handles, const GroupFn& fn) {
+  if (rank < static_cast<int>(o.stderr_files.size()) && !o.stderr_files[rank].empty()) {
+    if (!freopen(o.stderr_files[rank].c_str(), "w", stderr)) return 88;
+    setvbuf(stderr, nullptr, _IOLBF, 0);
+  }
+  for (const auto& kv : o.env) setenv(kv.first.c_str(), kv.second.c_str(), 1);
+  if (rank < static_cast<int>(o.rank_env.size()))
+    for (const auto& kv : o.rank_env[rank]) setenv(kv.first.c_str(), kv.second.c_str(), 1);
+  GroupMember m;
+  m.rank = rank;
+  std::string err;
+  if (!load_plugin(&m.plugin, &err)) {
+    fprintf(stderr, "%s\n", err.c_str());
+    return 90;
+  }
+  ncclNetCommConfig_v11_t cfg{-1};
+  if (m.plugin.net->init(&m.ctx, 0x1234, &cfg, child_logger, nullptr) != ncclSuccess) {
+    fprintf(stderr, "rank %d: init failed\n", rank);
+    return 91;
+  }
+  struct Link {
+    int peer;
+    bool send;
+    std::vector<char> handle;
+    void* listen = nullptr;
+    void* comm = nullptr;
+  };
+  std::vector<Link> links;
+  for (size_t k = 0; k < o.links.size(); ++k) {
+    const auto& l = o.links[k];
+    if (l.second == rank) {
+      Link x{l.first, false, std::vector<char>(NCCL_NET_HANDLE_MAXSIZE, 0)};
+      if (m.plugin.net->listen(m.ctx, o.dev, x.handle.data(), &x.listen) != ncclSuccess) return 92;
+      if (!write_all(handles[k][1], x.handle.data(), x.handle.size())) return 93;
+      links.push_back(std::move(x));
+    }
+  }
+  for (size_t k = 0; k < o.links.size(); ++k) {
+    const auto& l = o.links[k];
+    if (l.first == rank) {
+      Link x{l.second, true, std::vector<char>(NCCL_NET_HANDLE_MAXSIZE, 0)};
+      if (!read_all(handles[k][0], x.handle.data(), x.handle.size())) return 93;
+      links.push_back(std::move(x));
+    }
+  }
+  const double end = now_s() + o.connect_timeout_ms / 1e3;
+  for (size_t done = 0; done < links.size();) {
+    done = 0;
+    for (auto& x : links) {
+      if (!x.comm) {
+        const ncclResult_t r =
+            x.send ? m.plugin.net->connect(m.ctx, o.dev, x.handle.data(), &x.comm, nullptr)
+                   : m.plugin.net->accept(x.listen, &x.comm, nullptr);
+        if (r != ncclSuccess) {
+          fprintf(stderr, "rank %d: %s rank %d failed: %d\n", rank,
+                  x.send ? "connect to" : "accept from", x.peer, r);
+          return 94;
+        }
+        if (x.comm && x.listen) m.plugin.net->closeListen(x.listen);
+      }
+      done += x.comm != nullptr;
+    }
+    if (done < links.size() && now_s() > end) {
+      fprintf(stderr, "rank %d: %zu of %zu connections after %d ms\n", rank, done, links.size(),
+              o.connect_timeout_ms);
+      return 95;
+    }
+  }
+  for (auto& x : links) {
+    Endpoint ep;
+    ep.plugin = m.plugin;
+    ep.ctx = m.ctx;
+    ep.comm = x.comm;
+    ep.dev = o.dev;
+    (x.send ? m.send_to : m.recv_from)[x.peer] = ep;
+  }
+  const int rc = fn(m);
+  fflush(stdout);
+  fflush(stderr);
+  if (rc == 0) {
+    for (auto& kv : m.send_to)
+      if (kv.second.comm) m.plugin.net->closeSend(kv.second.comm);
+    for (auto& kv : m.recv_from)
+      if (kv.second.comm) m.plugin.net->closeRecv(kv.second.comm);
+  }
+  return rc;
+}
+
+GroupResult run_group(const GroupOptions& o, const GroupFn& fn) {
+  GroupResult res;
+  res.status.assign(o.nranks, -1);
+  std::vector<std::array<int, 2>> handles(o.links.size());
+  for (auto& h : handles)
+    if (pipe(h.data()) != 0) return res;
+  fflush(stdout);
+  fflush(stderr);
+  const double t0 = now_s();
+  std::vector<pid_t> pids(o.nranks, -1);
+  for (int r = 0; r < o.nranks; ++r) {
+    pids[r] = fork();
+    if (pids[r] == 0) _exit(group_member_main(o, r, handles, fn));
+  }
+  for (auto& h : handles) {
+    close(h[0]);
+    close(h[1]);
+  }
+  int left = o.nranks;
+  while (left > 0) {
+    for (int r = 0; r < o.nranks; ++r) {
+      int st;
+      if (pids[r] > 0 && waitpid(pids[r], &st, WNOHANG) == pids[r]) {
+        res.status[r] = status_code(st);
+        pids[r] = -1;
+        --left;
+      }
+    }
+    if (now_s() - t0 > o.timeout_s)
+      for (pid_t p : pids)
+        if (p > 0) kill(p, SIGKILL);
+    if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
   res.seconds = now_s() - t0;
   return res;
 }

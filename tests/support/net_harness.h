@@ -97,6 +97,36 @@ struct PairResult {
 using EndpointFn = std::function<int(Endpoint&)>;
 PairResult run_pair(const PairOptions& o, const EndpointFn& sender, const EndpointFn& receiver);
 
+// Several processes, each a rank with its own environment, connected as `links` says: one
+// connection per (sender rank, receiver rank) entry, on device `dev`, set up before `fn` runs
+// (handles go through pipes; connects and accepts are interleaved, never blocking). Each
+// process runs fn(member); its exit code is fn's result. Whatever is still open when fn
+// returns 0 is closed, as NCCL would (BYE). For cases a pair cannot show (a third process
+// dies while the other two keep working).
+struct GroupOptions {
+  int nranks = 3;
+  std::map<std::string, std::string> env;                    // every rank
+  std::vector<std::map<std::string, std::string>> rank_env;  // per rank (may be shorter)
+  std::vector<std::pair<int, int>> links;                    // (sender rank, receiver rank)
+  int dev = 0;
+  std::vector<std::string> stderr_files;  // per rank, optional ("" keeps the test's stderr)
+  int connect_timeout_ms = 20000;
+  int timeout_s = 120;  // every rank is killed after this long
+};
+struct GroupMember {
+  int rank = 0;
+  std::map<int, Endpoint> send_to;    // peer rank -> send comm to it
+  std::map<int, Endpoint> recv_from;  // peer rank -> recv comm from it
+  Plugin plugin;
+  void* ctx = nullptr;
+};
+struct GroupResult {
+  std::vector<int> status;  // per rank: exit code, or 128+signal
+  double seconds = 0;
+};
+using GroupFn = std::function<int(GroupMember&)>;
+GroupResult run_group(const GroupOptions& o, const GroupFn& fn);
+
 // Runs `fn` in one forked child (fresh process: set env, then fn, exit code = fn's result)
 // with its stdout and stderr captured, killed after timeout_s. For tests that load the plugin
 // themselves (init failures, properties, symbols) and must assert on what it printed.

@@ -610,6 +610,47 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "connection: a peer-caused path failure is charged to its rail only once the peer "
+    "shows it is alive",
+    "[connection]") {
+  // End of file on a path: the peer's process may have died (then no rail is to blame, and
+  // the rail's failed_paths, paths_failed and switchovers stay untouched) or something broke
+  // that one path (then the peer keeps talking on its other path, and the rail is charged).
+  for (bool peer_alive : {true, false}) {
+    INFO((peer_alive ? "the peer keeps beating on path 1" : "the peer falls silent everywhere"));
+    EventLog log;
+    Pair t(false, 2,
+           {{"R2CCL_ACK_TIMEOUT", "20ms"},
+            {"R2CCL_HEARTBEAT_INTERVAL", "10ms"},
+            {"R2CCL_FAILOVER_TIMEOUT", "10s"}});
+    Message m(t, 4 << 20, 9);
+    t.run(300);               // chunks in flight on path 0
+    t.wire.refuse[0] = true;  // no reconnect of path 0 during the test
+    if (!peer_alive) {
+      t.wire.cut[1] = true;
+      t.wire.refuse[1] = true;
+    }
+    t.send->on_path_error(0, FailCause::kPeerClosed, "end of file", t.now);
+    t.run(5 * kUsPerMs);
+    INFO(log.text());
+    CHECK(t.send->path_state(0) == PathState::kFailed);
+    CHECK(log.count("path on rail mem0 failed (peer closed the connection") == 1);
+    CHECK(t.srails.live(0).failed_paths.load() == 0);  // not yet: nobody knows who is to blame
+    CHECK(t.srails.live(0).paths_failed.load() == 0);
+    t.run(100 * kUsPerMs);  // 10 heartbeat periods
+    if (peer_alive) {
+      CHECK(t.srails.live(0).failed_paths.load() == 1);
+      CHECK(t.srails.live(0).paths_failed.load() == 1);
+      CHECK(t.srails.live(0).switchovers.load() == 1);
+    } else {
+      CHECK(t.srails.live(0).failed_paths.load() == 0);
+      CHECK(t.srails.live(0).paths_failed.load() == 0);
+      CHECK(t.srails.live(0).switchovers.load() == 0);
+    }
+  }
+}
+
 TEST_CASE("connection: a failed path comes back after its probes and carries traffic again",
           "[connection]") {
   EventLog log;
@@ -664,7 +705,7 @@ TEST_CASE(
     if (refused) {
       CHECK(st == Status::kRemote);
       CHECK(t.now - t0 < 500 * kUsPerMs);
-      CHECK(log.count("every reconnect was refused") == 1);
+      CHECK(log.count("a reconnect was refused") == 1);
     } else {
       CHECK(st == Status::kSystem);
       CHECK(t.now - t0 >= 1 * kUsPerSec);

@@ -14,6 +14,7 @@
 #include "engine/path_plan.h"
 #include "r2ccl/log.h"
 #include "r2ccl/random.h"
+#include "sock/rails.h"
 #include "sock/socket_util.h"
 
 namespace r2ccl::net::ib {
@@ -658,6 +659,10 @@ Status Conn::accept_step(bool* done, TimeUs now) {
 }
 
 void Conn::finish_setup() {
+  sockaddr_storage sa;
+  socklen_t sl = sizeof(sa);
+  if (sc_fd_ >= 0 && getpeername(sc_fd_, reinterpret_cast<sockaddr*>(&sa), &sl) == 0)
+    sc_peer_ = addr_to_string(sa);
   std::string list;
   for (auto& p : paths_) {
     char peer[64];

@@ -80,6 +80,7 @@ class Conn final : public ConnIo {
   void reconnect(int path, PathSink& sink, TimeUs now) override;
   void path_recovered(int path, PathSink& sink, TimeUs now) override;
   void say_goodbye(TimeUs now) override;
+  std::string peer_name() const override { return sc_peer_; }
   void abort(TimeUs now) override;
   Status start_flush(int n, void** data, const int* sizes, void** mhandles,
                      uint64_t* token) override;
@@ -192,6 +193,7 @@ class Conn final : public ConnIo {
 
   // side channel
   int sc_fd_ = -1;
+  std::string sc_peer_;  // the side channel's far end ("ADDR:PORT"), set at setup
   std::vector<char> sc_out_;
   char sc_in_[sizeof(IbSetupMsg)];
   size_t sc_got_ = 0;

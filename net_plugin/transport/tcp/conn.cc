@@ -1148,6 +1148,17 @@ void Conn::sample_tcp_info(TimeUs now) {
   }
 }
 
+// The peer's listener on the rail of path 0 ("ADDR:PORT"): it names the peer process.
+std::string Conn::peer_name() const {
+  if (paths_.empty() || peer_rails_.empty()) return "";
+  const int r =
+      paths_[0].peer_rail >= 0 && paths_[0].peer_rail < static_cast<int>(peer_rails_.size())
+          ? paths_[0].peer_rail
+          : 0;
+  const WireRail& w = peer_rails_[r];
+  return addr_to_string(wire_to_sockaddr(w.family, w.addr, w.port));
+}
+
 void Conn::say_goodbye(TimeUs now) {
   for (auto& p : paths_) {
     if (!p.attached_ok()) continue;

@@ -82,6 +82,7 @@ class Conn final : public ConnIo {
   TimeUs heard_within(int path, TimeUs now) const override;
   TimeUs fault_start(int path, TimeUs now) const override;
   void say_goodbye(TimeUs now) override;
+  std::string peer_name() const override;
 
  private:
   struct OutFrame {
