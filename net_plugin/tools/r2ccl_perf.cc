@@ -4,8 +4,9 @@
 // prints nccl-tests' table. See --help and perf_coll.h.
 //
 // Processes: with --ranks N the parent forks N ranks on this host and serves the rendezvous on
-// loopback; with --rendezvous HOST:PORT --rank R --nranks N each rank is started by hand (rank
-// 0 serves the rendezvous). Each rank sets R2CCL_RANK before it dlopens the plugin.
+// loopback; with --rendezvous ADDR --rank R --nranks N each rank is started by hand (rank 0
+// serves the rendezvous; ADDR is HOST:PORT, [IPV6]:PORT or [IPV6%SCOPE]:PORT, perf_rdv.h). Each
+// rank sets R2CCL_RANK before it dlopens the plugin.
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
@@ -48,6 +49,7 @@ struct Options {
   int ranks = 2;
   bool ranks_set = false;
   std::string rendezvous;
+  RdvAddress rdv;  // --rendezvous, parsed
   int rank = -1;
   int nranks = -1;
   int channels = 1;
@@ -91,7 +93,20 @@ const char kUsage[] =
     "\n"
     "Ranks\n"
     "  --ranks N         ranks to fork on this host (default 2)\n"
-    "  --rendezvous H:P  multi-host: rendezvous at HOST:PORT (rank 0 listens on PORT)\n"
+    "  --rendezvous ADDR multi-host: every rank meets at ADDR, rank 0's address, one of\n"
+    "                      HOST:PORT          a host name or an IPv4 address\n"
+    "                      [IPV6]:PORT        an IPv6 address, e.g. [fd00::1]:29500\n"
+    "                      [IPV6%SCOPE]:PORT  SCOPE: an interface of this host, by name or\n"
+    "                                         index; required for a link-local fe80::/10\n"
+    "                                         address, e.g. [fe80::1%eth0]:29500, refused\n"
+    "                                         for any other\n"
+    "                    PORT: 1..65535. Rank 0 listens on PORT: for an IPv6 address on that\n"
+    "                    address (it must be rank 0's), for an IPv4 address on 0.0.0.0, for a\n"
+    "                    name on every address of its families ([::] dual-stack where it has\n"
+    "                    IPv6). Each rank names its own SCOPE (interface names differ by\n"
+    "                    host). Refused at once (exit 2): a missing or out-of-range port,\n"
+    "                    unbalanced brackets, IPv6 without brackets, an empty host, an\n"
+    "                    unknown interface, a name that does not resolve.\n"
     "  --rank R          this process's rank (with --rendezvous)\n"
     "  --nranks N        number of ranks (with --rendezvous)\n"
     "  --timeout SEC     fail a run that takes longer than this (default 600)\n"
@@ -186,6 +201,8 @@ Options parse_args(int argc, char** argv) {
       o.ranks_set = true;
     } else if (a == "--rendezvous") {
       o.rendezvous = value();
+      std::string err;
+      if (!parse_rdv_address(o.rendezvous, &o.rdv, &err)) usage_error("--rendezvous: " + err);
     } else if (a == "--rank") {
       o.rank = static_cast<int>(parse_long(a, value(), 0, 1 << 20));
     } else if (a == "--nranks") {
@@ -263,7 +280,7 @@ Options parse_args(int argc, char** argv) {
     if (o.rank < 0 || o.nranks < 1) usage_error("--rendezvous needs --rank R and --nranks N");
     if (o.rank >= o.nranks) usage_error("--rank must be < --nranks");
   } else if (o.rank >= 0 || o.nranks > 0) {
-    usage_error("--rank/--nranks need --rendezvous HOST:PORT");
+    usage_error("--rank/--nranks need --rendezvous ADDR");
   }
   int n = o.rendezvous.empty() ? o.ranks : o.nranks;
   if (o.check && o.op == Op::kAllReduce && n > kMaxRanksExact)
@@ -425,8 +442,7 @@ void* alloc_buf(size_t bytes) {
   return p;
 }
 
-int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_host, int rdv_port,
-              bool serve) {
+int rank_main(const Options& o, int rank, int nranks, const RdvAddress& rdv_addr, bool serve) {
   g_rank = rank;
   g_timeout = o.timeout;
   set_log_rank(rank);
@@ -439,12 +455,12 @@ int rank_main(const Options& o, int rank, int nranks, const std::string& rdv_hos
     std::unique_ptr<RdvServer> server;
     if (serve) {
       server.reset(new RdvServer);
-      server->listen("", rdv_port);
+      server->listen(rdv_addr);
       server->start(nranks);
     }
-    set_phase("connecting to the rendezvous %s:%d", rdv_host.c_str(), rdv_port);
+    set_phase("connecting to the rendezvous %s", rdv_addr.text().c_str());
     RdvClient rdv;
-    rdv.connect(rdv_host, rdv_port, rank, nranks, o.timeout);
+    rdv.connect(rdv_addr, rank, nranks, o.timeout);
     watchdog.start(rdv.fd());
 
     // Load and initialise the plugin, as one NCCL communicator of nranks ranks.
@@ -792,7 +808,11 @@ int run_local(const Options& o) {
     }
     if (pid == 0) {
       server.close_listen();
-      int rc = rank_main(o, r, n, "127.0.0.1", server.port(), false);
+      RdvAddress local;
+      local.kind = RdvAddress::Kind::kIPv4;
+      local.host = "127.0.0.1";
+      local.port = server.port();
+      int rc = rank_main(o, r, n, local, false);
       fflush(stdout);
       fflush(stderr);
       _exit(rc);
@@ -859,11 +879,7 @@ int main_impl(int argc, char** argv) {
   }
   try {
     if (o.rendezvous.empty()) return run_local(o);
-    std::string host;
-    int port = 0;
-    if (!parse_host_port(o.rendezvous, &host, &port))
-      usage_error("--rendezvous: '" + o.rendezvous + "' is not HOST:PORT");
-    return rank_main(o, o.rank, o.nranks, host, port, o.rank == 0);
+    return rank_main(o, o.rank, o.nranks, o.rdv, o.rank == 0);
   } catch (const PerfError& e) {
     fprintf(stderr, "r2ccl_perf: %s\n", e.what());
     return 1;

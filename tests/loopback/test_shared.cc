@@ -7,6 +7,7 @@
 
 #include <dlfcn.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -345,6 +346,33 @@ void perf_every_api(const TransportUnderTest& t) {
   }
 }
 SHARED_CASE("r2ccl_perf: every NCCL net API version, checked", "[perf]", perf_every_api)
+
+// Ranks started by hand (as on several hosts) meeting at an IPv6 rendezvous, the loopback
+// [::1]:PORT: rank 0 listens on that address, the other rank connects over IPv6. (A listener
+// on 0.0.0.0 only, as before, left rank 1 retrying until --timeout.) Skipped with a WARN on a
+// host without an IPv6 loopback.
+void perf_ipv6_rendezvous(const TransportUnderTest& t) {
+  std::string why;
+  const int port = free_loopback_port(AF_INET6, &why);
+  if (port == 0) {
+    WARN("SKIPPED: no IPv6 loopback (::1) on this host (" << why << "), so no IPv6 rendezvous run");
+    return;
+  }
+  const std::string rdv = "[::1]:" + std::to_string(port);
+  PerfRanksResult r = run_perf_ranks(t.perf_env(), rdv, 2, "--check -b 8 -e 1M -f 32 -n 3", 90);
+  INFO("--rendezvous " << rdv << "\nrank 0:\n" << r.output[0] << "\nrank 1:\n" << r.output[1]);
+  CHECK(r.status[0] == 0);
+  CHECK(r.status[1] == 0);
+  std::vector<long long> sizes;
+  for (const auto& row : perf_rows(r.output[0])) {
+    sizes.push_back(row.size);
+    CHECK(row.wrong == "0");
+  }
+  CHECK(sizes == std::vector<long long>{8, 256, 8192, 262144});
+  CHECK(r.output[0].find("# wrong total: 0") != std::string::npos);
+}
+SHARED_CASE("r2ccl_perf: ranks started by hand meet at an IPv6 rendezvous [::1]:PORT", "[perf]",
+            perf_ipv6_rendezvous)
 
 // ------------------------------------------------------------------------------------------
 // Faults

@@ -1,7 +1,7 @@
 // TCP-only transfers over two rails on lo (lo@127.0.0.1, lo@127.0.0.2): a 1 GiB message and
-// r2ccl_perf with 4 ranks over 2 channels. The transfer cases both transports share (sizes
-// 0 B .. 64 MiB, larger receive buffers, 32 requests in flight, 8 connections, every
-// collective and API version) are in test_shared.cc.
+// r2ccl_perf with 4 ranks over 2 channels; r2ccl_perf's refusals of --rendezvous values. The
+// transfer cases both transports share (sizes 0 B .. 64 MiB, larger receive buffers, 32 requests in
+// flight, 8 connections, every collective and API version) are in test_shared.cc.
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <cstring>
@@ -69,4 +69,34 @@ void check_perf(const std::string& args, const std::vector<long long>& want_size
 
 TEST_CASE("r2ccl_perf: 4 ranks, 2 channels, checked AllReduce", "[loopback][perf]") {
   check_perf("--ranks 4 --channels 2 -b 1K -e 16M -f 16 --check", {1024, 16384, 262144, 4194304});
+}
+
+TEST_CASE("r2ccl_perf --rendezvous refuses what it cannot use at once, naming the value",
+          "[loopback][perf]") {
+  // Each at parse time: exit 2 with "--rendezvous: 'VALUE': problem; accepted: forms", not a
+  // rank retrying a connect until --timeout. (Every form in detail: tests/unit/test_perf_rdv.)
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"127.0.0.1", "missing port"},
+      {"127.0.0.1:70000", "port 70000 is out of range (1..65535)"},
+      {"[::1:29500", "unbalanced brackets"},
+      {"::1:29500", "an IPv6 address needs brackets"},
+      {"[fe80::1%r2ccl-no-if9]:29500", "no interface named 'r2ccl-no-if9' on this host"},
+      {"[fe80::1]:29500", "the link-local address fe80::1 needs a scope"},
+      {":29500", "empty host"},
+      {"r2ccl-no-such-host.invalid:29500", "cannot resolve 'r2ccl-no-such-host.invalid': "}};
+  for (const auto& c : cases) {
+    std::string out;
+    const std::string cmd =
+        perf_command({}, "--rendezvous " + shell_quote(c.first) + " --rank 1 --nranks 2", 20);
+    const int rc = run_command(cmd, &out);
+    INFO(cmd << "\n" << out);
+    CHECK(rc == 2);
+    CHECK(out.find("--rendezvous: '" + c.first + "': " + c.second) != std::string::npos);
+    CHECK(out.find("accepted: HOST:PORT, [IPV6]:PORT or [IPV6%SCOPE]:PORT") != std::string::npos);
+  }
+  // --help documents the forms.
+  std::string help;
+  REQUIRE(run_command(perf_command({}, "--help"), &help) == 0);
+  for (const char* form : {"HOST:PORT", "[IPV6]:PORT", "[IPV6%SCOPE]:PORT", "fe80::/10"})
+    CHECK(help.find(form) != std::string::npos);
 }

@@ -1,10 +1,13 @@
 #include "net_harness.h"
 
+#include <arpa/inet.h>
 #include <dlfcn.h>
 #include <fcntl.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -113,6 +116,71 @@ std::vector<PerfRow> perf_rows(const std::string& output) {
     rows.push_back(r);
   }
   return rows;
+}
+
+PerfRanksResult run_perf_ranks(const std::map<std::string, std::string>& env,
+                               const std::string& rendezvous, int nranks, const std::string& args,
+                               int timeout_s) {
+  PerfRanksResult res;
+  res.status.assign(static_cast<size_t>(nranks), -1);
+  res.output.resize(static_cast<size_t>(nranks));
+  // One shell: every rank in the background, its output and then its exit status in files of
+  // its own; `wait` returns once every rank has exited (each is bounded by --timeout).
+  std::vector<std::string> outs, rcs;
+  std::string script;
+  for (int r = 0; r < nranks; ++r) {
+    outs.push_back(temp_path("perf-rank" + std::to_string(r) + ".out"));
+    rcs.push_back(temp_path("perf-rank" + std::to_string(r) + ".rc"));
+    const std::string cmd =
+        perf_command(env,
+                     "--rendezvous " + shell_quote(rendezvous) + " --rank " + std::to_string(r) +
+                         " --nranks " + std::to_string(nranks) + " " + args,
+                     timeout_s);
+    script += "{ " + cmd + " > " + shell_quote(outs.back()) + " 2>&1; echo $? > " +
+              shell_quote(rcs.back()) + "; } & ";
+  }
+  script += "wait";
+  run_command(script);
+  for (int r = 0; r < nranks; ++r) {
+    res.output[r] = read_file(outs[r]);
+    const std::string rc = read_file(rcs[r]);
+    if (!rc.empty()) res.status[r] = atoi(rc.c_str());
+    unlink(outs[r].c_str());
+    unlink(rcs[r].c_str());
+  }
+  return res;
+}
+
+int free_loopback_port(int family, std::string* err) {
+  int fd = socket(family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) {
+    *err = std::string("socket: ") + strerror(errno);
+    return 0;
+  }
+  sockaddr_storage ss{};
+  socklen_t len;
+  if (family == AF_INET6) {
+    auto* a = reinterpret_cast<sockaddr_in6*>(&ss);
+    a->sin6_family = AF_INET6;
+    a->sin6_addr = in6addr_loopback;
+    len = sizeof(*a);
+  } else {
+    auto* a = reinterpret_cast<sockaddr_in*>(&ss);
+    a->sin_family = AF_INET;
+    a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    len = sizeof(*a);
+  }
+  int port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&ss), len) != 0) {
+    *err = std::string("bind: ") + strerror(errno);
+  } else {
+    len = sizeof(ss);
+    getsockname(fd, reinterpret_cast<sockaddr*>(&ss), &len);
+    port = ntohs(family == AF_INET6 ? reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port
+                                    : reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+  }
+  close(fd);
+  return port;
 }
 
 std::string env_or(const char* name, const char* fallback) {

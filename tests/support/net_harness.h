@@ -174,6 +174,20 @@ struct PerfRow {
   std::string wrong;
 };
 std::vector<PerfRow> perf_rows(const std::string& output);
+// r2ccl_perf ranks started by hand, as on several hosts: nranks processes of perf_command(env,
+// "--rendezvous RDV --rank R --nranks N " + args, timeout_s), all at once on this host.
+// status[r] is rank r's exit status (-1: unknown), output[r] its stdout and stderr.
+struct PerfRanksResult {
+  std::vector<int> status;
+  std::vector<std::string> output;
+};
+PerfRanksResult run_perf_ranks(const std::map<std::string, std::string>& env,
+                               const std::string& rendezvous, int nranks, const std::string& args,
+                               int timeout_s = 120);
+// A TCP port that was free on the loopback address of `family` (AF_INET: 127.0.0.1, AF_INET6:
+// ::1) a moment ago: bound with port 0, read back, closed. 0 with *err (the socket or bind
+// errno text) where that loopback cannot be used, e.g. IPv6 disabled.
+int free_loopback_port(int family, std::string* err);
 std::string env_or(const char* name, const char* fallback);
 
 }  // namespace r2ccl::test
