@@ -753,13 +753,19 @@ void peer_gone_not_rail(const TransportUnderTest& t, bool rail1_down) {
     else
       o.rank_env[0]["FAKEVERBS_FAULTS"] = "port_down,dev=mlx5_1";
   }
-  o.links = {{0, 1}, {1, 0}, {0, 2}, {1, 2}};
+  o.links = {{0, 1}, {1, 0}, {0, 2}, {1, 2}, {2, 0}};
   o.timeout_s = 120;
   const std::string death = temp_path("peer-gone.death");
   for (int r = 0; r < 3; ++r) o.stderr_files.push_back(temp_path("peer-gone." + std::to_string(r)));
   GroupResult g = run_group(o, [&](GroupMember& m) {
     if (m.rank == 2) {
       std::vector<std::unique_ptr<char[]>> bufs;
+      for (int i = 0; i < kToC; ++i) {  // C -> A first: A's 6th receive is pending when C dies
+        bufs.push_back(raw_buffer(kMsg));
+        fill_pattern(bufs.back().get(), kMsg, 7000 + i);
+        EP_REQUIRE(m.send_to[0].send(bufs.back().get(), kMsg, kOpTimeoutMs) == ncclSuccess, 13,
+                   "C: send %d to A", i);
+      }
       for (int from : {0, 1}) {
         Endpoint& ep = m.recv_from[from];
         for (int i = 0; i < kToC; ++i) {
@@ -797,6 +803,12 @@ void peer_gone_not_rail(const TransportUnderTest& t, bool rail1_down) {
     void* creq = nullptr;
     long long c_failed_at = 0;
     ncclResult_t c_result = ncclSuccess;
+    // A only: receives from C, without blocking, until the receive fails.
+    auto from_c_buf = raw_buffer(kMsg);
+    int got_c = 0;
+    void* from_c_req = nullptr;
+    long long c_recv_failed_at = m.rank == 0 ? 0 : 1;
+    ncclResult_t c_recv_result = ncclRemoteError;
     const long long start = mono_us();
     for (int i = 0;; ++i) {
       // A<->B: one checked message each way per iteration.
@@ -841,6 +853,32 @@ void peer_gone_not_rail(const TransportUnderTest& t, bool rail1_down) {
                      kToC, kToC + 1);
         }
       }
+      if (!c_recv_failed_at) {
+        Endpoint& from_c = m.recv_from[2];
+        ncclResult_t r = ncclSuccess;
+        if (!from_c_req) {
+          void* data = from_c_buf.get();
+          size_t size = kMsg;
+          int tag = 0;
+          void* mh = from_c.mhandle_for(from_c_buf.get(), kMsg);
+          r = m.plugin.net->irecv(from_c.comm, 1, &data, &size, &tag, &mh, nullptr, &from_c_req);
+        }
+        if (r == ncclSuccess && from_c_req) {
+          int done = 0, size = 0;
+          r = m.plugin.net->test(from_c_req, &done, &size);
+          if (r == ncclSuccess && done) {
+            from_c_req = nullptr;
+            EP_REQUIRE(check_pattern(from_c_buf.get(), kMsg, 7000 + got_c) < 0, 29,
+                       "A: receive %d from C corrupt", got_c);
+            ++got_c;
+          }
+        }
+        if (r != ncclSuccess) {
+          c_recv_failed_at = mono_us();
+          c_recv_result = r;
+          EP_REQUIRE(got_c == kToC, 30, "A: a receive from C failed after %d of %d", got_c, kToC);
+        }
+      }
       if (last) break;
       EP_REQUIRE(mono_us() - start < 60000000LL, 25,
                  "rank %d: no failure of the send to C within 60 s (%d sent)", m.rank, sent_c);
@@ -849,10 +887,17 @@ void peer_gone_not_rail(const TransportUnderTest& t, bool rail1_down) {
                m.rank);
     EP_REQUIRE(c_result == ncclRemoteError, 26, "rank %d: the send to C failed with %d", m.rank,
                c_result);
+    EP_REQUIRE(c_recv_failed_at != 0, 31, "A: the receive from C had not failed 5 s after C died");
+    EP_REQUIRE(c_recv_result == ncclRemoteError, 32, "A: the receive from C failed with %d",
+               c_recv_result);
     m.send_to.erase(2);  // failed: not closed again at the end
+    m.recv_from.erase(2);
     const long long died = atoll(read_file(death).c_str());
     fprintf(stderr, "rank %d: send to C failed %.3f s after C died\n", m.rank,
             (c_failed_at - died) / 1e6);
+    if (m.rank == 0)
+      fprintf(stderr, "rank 0: receive from C failed %.3f s after C died\n",
+              (c_recv_failed_at - died) / 1e6);
     auto* ext = static_cast<const r2cclExt_v1_t*>(dlsym(m.plugin.dl, R2CCL_EXT_SYMBOL_V1));
     EP_REQUIRE(ext != nullptr, 27, "no r2cclExt_v1");
     char stats[8192];
@@ -880,6 +925,14 @@ void peer_gone_not_rail(const TransportUnderTest& t, bool rail1_down) {
     const double after = atof(log.c_str() + at + mark.size());
     INFO("rank " << r << ": the send to C failed " << after << " s after C died");
     CHECK(after < 4.0);
+    if (r == 0) {
+      const std::string rmark = "receive from C failed ";
+      const size_t rat = log.find(rmark);
+      REQUIRE(rat != std::string::npos);
+      const double rafter = atof(log.c_str() + rat + rmark.size());
+      INFO("rank 0: the receive from C failed " << rafter << " s after C died");
+      CHECK(rafter < 4.0);
+    }
     CHECK(count_lines_containing(log, "the peer process") >= 1);
     // The rails A and B share stay healthy: nothing on rail 0 is failed or switched over.
     const size_t st = log.find("stats: ");

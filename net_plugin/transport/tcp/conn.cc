@@ -98,6 +98,8 @@ Conn::Conn(Runtime* rt, Listen* listen) : Conn(rt, Role::kRecv, listen->dev) { l
 Conn::~Conn() { close_all(); }
 
 void Conn::close_all() {
+  if (peer_check_fd_ >= 0) ::close(peer_check_fd_);
+  peer_check_fd_ = -1;
   for (auto& p : paths_) {
     close_streams(p);
     for (auto& hs : p.reconnect)
@@ -964,6 +966,63 @@ void Conn::poll(PathSink& sink, TimeUs now) {
     }
   }
   if (now >= next_tcp_info_) sample_tcp_info(now);
+  if (role_ == Role::kRecv) check_peer_process(sink, now);
+}
+
+// The acceptor cannot reconnect; with every path down it asks the kernel whether the peer's
+// process still listens on its rail: a refused connect (ECONNREFUSED: no listener on that
+// address and port) means the process is gone, so pending receives need not wait for
+// R2CCL_FAILOVER_TIMEOUT. An accepted one is closed at once (the peer's listener logs it at
+// INFO as closed before its hello); anything else (unreachable, no answer) proves nothing.
+void Conn::check_peer_process(PathSink& sink, TimeUs now) {
+  constexpr TimeUs kPeerCheckPeriod = 200 * kUsPerMs, kPeerCheckTimeout = 1 * kUsPerSec;
+  bool any_attached = false;
+  for (const auto& p : paths_) any_attached |= p.attached > 0 && !p.stopped;
+  if (any_attached || peer_check_done_ || paths_.empty() || peer_rails_.empty()) {
+    if (peer_check_fd_ >= 0) ::close(peer_check_fd_);
+    peer_check_fd_ = -1;
+    peer_check_at_ = any_attached ? 0 : peer_check_at_;
+    return;
+  }
+  if (peer_check_fd_ < 0) {
+    if (peer_check_at_ == 0) peer_check_at_ = now + kPeerCheckPeriod;  // the sender reconnects
+    if (now < peer_check_at_) return;
+    peer_check_path_ = (peer_check_path_ + 1) % static_cast<int>(paths_.size());
+    const Path& p = paths_[peer_check_path_];
+    if (!rt_->live(rail_of(p)).link_up.load() ||
+        FaultInjector::instance().query(rail_of(p), now).down) {
+      peer_check_at_ = now + kPeerCheckPeriod;
+      return;
+    }
+    std::string err;
+    peer_check_fd_ = open_rail_socket(rt_->rails()[rail_of(p)], cfg_.tcp_user_timeout, &err);
+    const WireRail& w = peer_rails_[p.peer_rail >= 0 ? p.peer_rail : 0];
+    if (peer_check_fd_ >= 0 &&
+        start_connect(peer_check_fd_, wire_to_sockaddr(w.family, w.addr, w.port)) ==
+            -ECONNREFUSED) {
+      ::close(peer_check_fd_);
+      peer_check_fd_ = -1;
+      peer_check_done_ = true;
+      sink.on_peer_gone(("its listener on rail " + wire_name(w) + " refuses connections").c_str(),
+                        now);
+      return;
+    }
+    peer_check_at_ = now + kPeerCheckTimeout;
+    return;
+  }
+  const int rc = finish_connect(peer_check_fd_);
+  if (rc == -EINPROGRESS && now < peer_check_at_) return;
+  ::close(peer_check_fd_);
+  peer_check_fd_ = -1;
+  peer_check_at_ = now + kPeerCheckPeriod;
+  if (rc == -ECONNREFUSED) {
+    peer_check_done_ = true;
+    const WireRail& w =
+        peer_rails_[paths_[peer_check_path_].peer_rail >= 0 ? paths_[peer_check_path_].peer_rail
+                                                            : 0];
+    sink.on_peer_gone(("its listener on rail " + wire_name(w) + " refuses connections").c_str(),
+                      now);
+  }
 }
 
 // ------------------------------------------------------------------------------------------

@@ -184,6 +184,13 @@ class Conn final : public ConnIo {
   std::vector<WireRail> peer_rails_;
   std::vector<char> discard_;
   TimeUs next_tcp_info_ = 0;  // next TCP_INFO read for the failure predictor
+  // Acceptor: while no path is attached, whether the peer's process still listens (its
+  // rail listeners live as long as it does): a connect to one, every kPeerCheckPeriod.
+  void check_peer_process(PathSink& sink, TimeUs now);
+  int peer_check_fd_ = -1;
+  int peer_check_path_ = 0;
+  TimeUs peer_check_at_ = 0;      // next check / the pending one's deadline
+  bool peer_check_done_ = false;  // the peer was found gone
 
   // setup
   int setup_stage_ = 0;
