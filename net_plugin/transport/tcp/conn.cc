@@ -984,6 +984,13 @@ void Conn::check_peer_process(PathSink& sink, TimeUs now) {
     peer_check_at_ = any_attached ? 0 : peer_check_at_;
     return;
   }
+  auto gone = [&] {
+    peer_check_done_ = true;
+    const int pr = paths_[peer_check_path_].peer_rail;
+    const WireRail& w = peer_rails_[pr >= 0 ? pr : 0];
+    sink.on_peer_gone(("its listener on rail " + wire_name(w) + " refuses connections").c_str(),
+                      now);
+  };
   if (peer_check_fd_ < 0) {
     if (peer_check_at_ == 0) peer_check_at_ = now + kPeerCheckPeriod;  // the sender reconnects
     if (now < peer_check_at_) return;
@@ -1002,9 +1009,7 @@ void Conn::check_peer_process(PathSink& sink, TimeUs now) {
             -ECONNREFUSED) {
       ::close(peer_check_fd_);
       peer_check_fd_ = -1;
-      peer_check_done_ = true;
-      sink.on_peer_gone(("its listener on rail " + wire_name(w) + " refuses connections").c_str(),
-                        now);
+      gone();
       return;
     }
     peer_check_at_ = now + kPeerCheckTimeout;
@@ -1015,14 +1020,7 @@ void Conn::check_peer_process(PathSink& sink, TimeUs now) {
   ::close(peer_check_fd_);
   peer_check_fd_ = -1;
   peer_check_at_ = now + kPeerCheckPeriod;
-  if (rc == -ECONNREFUSED) {
-    peer_check_done_ = true;
-    const WireRail& w =
-        peer_rails_[paths_[peer_check_path_].peer_rail >= 0 ? paths_[peer_check_path_].peer_rail
-                                                            : 0];
-    sink.on_peer_gone(("its listener on rail " + wire_name(w) + " refuses connections").c_str(),
-                      now);
-  }
+  if (rc == -ECONNREFUSED) gone();
 }
 
 // ------------------------------------------------------------------------------------------
