@@ -170,6 +170,28 @@ void Connection::mark_recovered(Path& p) {
   p.counted_failed = false;
 }
 
+// The peer's process is stalled (stopped, swapping, descheduled), not its rails broken, when
+// no path has heard anything of it for longer than a heartbeat period while the transport
+// below still hears its machine on some path (TCP: its kernel's ACKs of our heartbeats).
+// Failing paths then would turn a pause into reconnects and replays on every rail; the
+// heartbeat rule and the watchdog wait, for at most R2CCL_FAILOVER_TIMEOUT of such silence.
+// A rail that breaks while the peer lives still fails at once: the peer's heartbeats keep
+// arriving on its other paths. One path alone cannot tell the two apart and is never exempt.
+bool Connection::peer_stalled(TimeUs now) const {
+  const TimeUs hb = cfg_.heartbeat_interval;
+  int connected = 0;
+  TimeUs newest = 0, heard = INT64_MAX;
+  for (const auto& p : paths_) {
+    if (!p.health->connected() || !io_->ready(p.index)) continue;
+    ++connected;
+    newest = std::max(newest, p.last_alive);
+    heard = std::min(heard, io_->heard_within(p.index, now));
+  }
+  if (connected < 2) return false;
+  const TimeUs silent = now - newest;
+  return silent > hb && silent < cfg_.failover_timeout && heard <= 3 * hb;
+}
+
 void Connection::check_paths(TimeUs now) {
   const TimeUs hb = cfg_.heartbeat_interval;
   // If this process itself was not scheduled for a while (an overloaded host), the silence
@@ -195,7 +217,10 @@ void Connection::check_paths(TimeUs now) {
                            return r->kind == Request::Kind::kRecv && !r->done;
                          }));
   const TimeUs beat = awaiting ? std::min(hb, std::max<TimeUs>(cfg_.ack_timeout / 4, 1)) : hb;
+  const bool stalled = peer_stalled(now);
   for (auto& p : paths_) {
+    // The watchdog counts again from when the paused peer can answer.
+    if (stalled) p.ack_progress = std::max(p.ack_progress, now);
     RailLive& rl = live(p);
     const uint32_t down = rl.down_events.load(std::memory_order_relaxed);
     if (down != p.down_seen) {
@@ -236,7 +261,7 @@ void Connection::check_paths(TimeUs now) {
     // Heartbeat rule: nothing heard on the path for 3 periods. If the transport below still
     // hears from the peer (TCP: the kernel's ACKs), the rail works and the peer process is
     // merely slow.
-    if (now - p.last_alive > 3 * hb) {
+    if (now - p.last_alive > 3 * hb && !stalled) {
       const TimeUs heard = io_->heard_within(p.index, now);
       if (heard > 3 * hb) {
         fail_path(p, FailCause::kHeartbeatMiss,
@@ -247,7 +272,7 @@ void Connection::check_paths(TimeUs now) {
     // Acknowledgement watchdog (sender): chunks in flight, no acknowledgement progress. A
     // black hole also silences the transport below; a congested or lossy-but-alive rail
     // (TCP recovering a drop) still gets its ACKs, so the watchdog then waits 10x longer.
-    if (role_ == Role::kSend &&
+    if (role_ == Role::kSend && !stalled &&
         ack_watchdog_expired(p.inflight_bytes > 0, p.ack_progress, now, cfg_.ack_timeout)) {
       const TimeUs heard = io_->heard_within(p.index, now);
       if (heard > cfg_.ack_timeout || now - p.ack_progress > 10 * cfg_.ack_timeout) {

@@ -238,6 +238,8 @@ class Connection final : public PathSink {
   // protocol error or cannot be reached from here, and a reconnect was refused (nothing
   // listens on the peer's rails), or the transport saw the process end.
   bool peer_known_gone() const;
+  // The peer process is paused (every path silent, its machine heard): no path is failed.
+  bool peer_stalled(TimeUs now) const;
   // "ADDR (rail NAME)" of the peer as the transport knows it, for give-up lines.
   std::string peer_text() const;
   // control traffic

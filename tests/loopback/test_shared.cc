@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <dlfcn.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -503,6 +504,47 @@ void black_hole_lossless(const TransportUnderTest& t) {
 SHARED_CASE("a black hole on the primary rail mid-stream: the watchdog finds it, lossless",
             "[failover]", black_hole_lossless)
 
+void process_stopped(const TransportUnderTest& t, bool stop_sender) {
+  // A 2 s SIGSTOP of either process (a stall of the whole machine: swapping, a debugger, a
+  // checkpoint) is not a rail failure: the stream completes intact, no path fails, nobody
+  // gives up. A forked stopper (async-signal-safe calls only) stops its target 1 s into the
+  // stream and continues it 2 s later.
+  StreamSpec s = short_stream(5.0);
+  s.stall_ms = 30000;
+  const StreamRun r = run_stream(quiet_pair(t), s, [&](Endpoint& ep, bool sender) {
+    if (!sender) return;
+    const pid_t target = stop_sender ? getpid() : ep.peer_pid;
+    if (fork() == 0) {
+      usleep(1000000);
+      kill(target, SIGSTOP);
+      usleep(2000000);
+      kill(target, SIGCONT);
+      _exit(0);
+    }
+  });
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  CHECK(r.pair.sender_status == kStreamOk);
+  CHECK(r.pair.receiver_status == kStreamOk);
+  for (const std::string* log : {&r.sender_log, &r.receiver_log}) {
+    CHECK(count_lines_containing(*log, "failed (") == 0);
+    CHECK(count_lines_containing(*log, "give-up:") == 0);
+  }
+}
+void receiver_stopped(const TransportUnderTest& t) { process_stopped(t, false); }
+void sender_stopped(const TransportUnderTest& t) { process_stopped(t, true); }
+// TCP only: the fake verbs provider's "NIC" runs inside the process it serves, so stopping
+// the process stops its NIC too (no RC ACKs: retry-exceeded, a real failure), which a real
+// HCA does not do. A paused peer over verbs is the unit test "a paused peer process fails no
+// path" in tests/unit/test_connection.cc.
+TEST_CASE("tcp: a 2 s SIGSTOP of the receiving process fails no path and no request",
+          "[tcp][loopback][failover]") {
+  receiver_stopped(tcp_lo());
+}
+TEST_CASE("tcp: a 2 s SIGSTOP of the sending process fails no path and no request",
+          "[tcp][loopback][failover]") {
+  sender_stopped(tcp_lo());
+}
+
 void all_rails_down(const TransportUnderTest& t) {
   PairOptions o = t.pair({{"R2CCL_FAILOVER_TIMEOUT", "1s"}});
   t.all_down(&o);
@@ -570,6 +612,9 @@ void truncated_receive(const TransportUnderTest& t) {
         if (res == ncclSuccess) res = ep.wait(req, 20000);
         EP_REQUIRE(res != ncclSuccess && res != ncclInProgress, 10,
                    "a send larger than its receive: result %d", res);
+        // NCCL reports the error to the application, which aborts the communicator: the
+        // process lives on meanwhile (the notice to the receiver is on its way).
+        usleep(1000000);
         ep.comm = nullptr;  // failed: NCCL would abort the communicator, not close the comm
         return 0;
       },

@@ -142,7 +142,8 @@ int stream_recv(Endpoint& ep, const StreamSpec& s) {
   return kStreamOk;
 }
 
-StreamRun run_stream(PairOptions o, const StreamSpec& s) {
+StreamRun run_stream(PairOptions o, const StreamSpec& s,
+                     const std::function<void(Endpoint&, bool sender)>& before) {
   std::string slog = temp_path("sender.log"), rlog = temp_path("receiver.log");
   o.sender_env["R2CCL_LOG_FILE"] = slog;
   o.receiver_env["R2CCL_LOG_FILE"] = rlog;
@@ -160,11 +161,13 @@ StreamRun run_stream(PairOptions o, const StreamSpec& s) {
   r.pair = run_pair(
       o,
       [&](Endpoint& ep) {
+        if (before) before(ep, true);
         int rc = stream_send(ep, s);
         snapshot(slog);
         return rc;
       },
       [&](Endpoint& ep) {
+        if (before) before(ep, false);
         int rc = stream_recv(ep, s);
         snapshot(rlog);
         return rc;

@@ -6,6 +6,7 @@
 // `stall_ms`.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -45,8 +46,10 @@ struct StreamRun {
 };
 
 // run_pair with stream_send/stream_recv, each side's R2CCL_LOG_FILE captured, and
-// finish_together (a peer's exit after the stream is not the fault's doing).
-StreamRun run_stream(PairOptions o, const StreamSpec& s);
+// finish_together (a peer's exit after the stream is not the fault's doing). `before`, when
+// set, runs in each process after connect, just before its side of the stream (sender: true).
+StreamRun run_stream(PairOptions o, const StreamSpec& s,
+                     const std::function<void(Endpoint&, bool sender)>& before = {});
 
 // The plugin's event lines (either transport), parsed:
 // capture group 1 of `pattern` (a std::regex) as a number, for every line that matches.

@@ -324,8 +324,9 @@ struct Pair {
   void step() {
     now += kStep;
     send->progress(now);
-    recv->progress(now);
+    if (!recv_paused) recv->progress(now);
   }
+  bool recv_paused = false;  // the receiving process is stopped (SIGSTOP): it runs nothing
   void run(TimeUs us) {
     for (TimeUs end = now + us; now < end;) step();
   }
@@ -460,6 +461,43 @@ TEST_CASE("connection: a stalled direction is not a dead path while the peer's h
     INFO(log.text());
     CHECK(log.count("failed (") == 0);
     CHECK(t.send->path_state(0) == PathState::kHealthy);
+  }
+}
+
+TEST_CASE("connection: a paused peer process fails no path; a silent rail beside a live peer does",
+          "[connection]") {
+  // The receiving process stops for 2 s (SIGSTOP): nothing of it arrives on any path while
+  // the transport below still hears its machine (TCP: its kernel ACKs our heartbeats). That
+  // is a pause, not two broken rails: no path fails, the message completes after it. The
+  // same silence on one path while the peer's heartbeats arrive on the other is a black hole
+  // there, and the watchdog fails that path as before.
+  for (bool whole_process : {true, false}) {
+    INFO((whole_process ? "the whole receiving process pauses" : "only path 0 goes silent"));
+    EventLog log;
+    Pair t(false, 2,
+           {{"R2CCL_ACK_TIMEOUT", "100ms"},
+            {"R2CCL_PATH_WINDOW", "256K"},
+            {"R2CCL_CHUNK_SIZE", "64K"}});
+    t.sio().heard = 1000;  // the sender's kernel hears the peer's machine throughout
+    Message m(t, 4 << 20, 9);
+    t.run(300);
+    if (whole_process) {
+      t.recv_paused = true;
+      t.run(2 * kUsPerSec);
+      t.recv_paused = false;
+    } else {
+      t.wire.cut[0] = true;
+      t.wire.refuse[0] = true;
+      t.run(2 * kUsPerSec);
+    }
+    CHECK(arrives(t, m, 3 * kUsPerSec));
+    INFO(log.text());
+    if (whole_process) {
+      CHECK(log.count("failed (") == 0);
+      CHECK(t.send->path_state(0) == PathState::kHealthy);
+    } else {
+      CHECK(log.count("switchover: rail mem0 failed") == 1);  // whichever end saw it first
+    }
   }
 }
 
