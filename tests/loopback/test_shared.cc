@@ -545,6 +545,69 @@ TEST_CASE("tcp: a 2 s SIGSTOP of the sending process fails no path and no reques
   sender_stopped(tcp_lo());
 }
 
+void nothing_lands_after_error(const TransportUnderTest& t) {
+  // The receiver's rails all go down for 1.5 s; it gives up after 300 ms (its
+  // R2CCL_FAILOVER_TIMEOUT) and its pending receive fails, while the sender (30 s) keeps
+  // trying and reconnects once the rails are back. From the moment test() returned the error
+  // NCCL may free or reuse the buffer: it is made read-only here (a write by the plugin, its
+  // background thread or the NIC would fault: SIGSEGV, or EFAULT in the log) and must still
+  // hold what the application put there after the rails came back, and after close().
+  constexpr size_t kMsg = 8 * MiB;
+  PairOptions o = t.pair({{"R2CCL_HEARTBEAT_INTERVAL", "50ms"}});
+  o.sender_env["R2CCL_FAILOVER_TIMEOUT"] = "30s";
+  o.receiver_env["R2CCL_FAILOVER_TIMEOUT"] = "300ms";
+  if (t.name == "tcp")
+    o.receiver_env["R2CCL_FAULT_INJECT"] =
+        "rail=0,at=100,kind=reset,for=1500;rail=1,at=100,kind=reset,for=1500";
+  else
+    o.receiver_env["FAKEVERBS_FAULTS"] =
+        "port_down,dev=mlx5_0,after_ms=100,for_ms=1500;port_down,dev=mlx5_1,after_ms=100,"
+        "for_ms=1500";
+  o.receiver_stderr = temp_path("after-error.receiver");
+  o.timeout_s = 120;
+  PairResult r = run_pair(
+      o,
+      [&](Endpoint& ep) {
+        auto buf = raw_buffer(kMsg);
+        fill_pattern(buf.get(), kMsg, 77);
+        for (int i = 0; i < 200; ++i)  // until it fails (the receiver gave up) or 200 messages
+          if (ep.send(buf.get(), kMsg, 10000) != ncclSuccess) break;
+        ep.comm = nullptr;
+        return 0;
+      },
+      [&](Endpoint& ep) {
+        char* buf = static_cast<char*>(
+            mmap(nullptr, kMsg, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0));
+        EP_REQUIRE(buf != MAP_FAILED, 30, "mmap: %s", strerror(errno));
+        ncclResult_t res = ncclSuccess;
+        for (int i = 0; i < 200 && res == ncclSuccess; ++i) {
+          void* req = nullptr;
+          res = ep.post_recv(buf, kMsg, &req, 10000);
+          if (res == ncclSuccess) res = ep.wait(req, 10000);
+        }
+        EP_REQUIRE(res != ncclSuccess && res != ncclInProgress, 31,
+                   "the receive did not fail (result %d)", res);
+        // The application's data from here on; any write into it is the plugin's.
+        memset(buf, 0x5a, kMsg);
+        EP_REQUIRE(mprotect(buf, kMsg, PROT_READ) == 0, 32, "mprotect: %s", strerror(errno));
+        usleep(3000000);  // the rails come back; the sender reconnects and replays
+        ep.plugin.net->closeRecv(ep.comm);
+        ep.comm = nullptr;
+        usleep(500000);
+        for (size_t i = 0; i < kMsg; ++i)
+          EP_REQUIRE(buf[i] == 0x5a, 33, "byte %zu changed after the error", i);
+        return 0;
+      });
+  const std::string rlog = read_file(o.receiver_stderr);
+  unlink(o.receiver_stderr.c_str());
+  INFO("receiver log:\n" << rlog);
+  CHECK(r.receiver_status == 0);  // 128+11 would be a write into the read-only buffer
+  CHECK(rlog.find("give-up:") != std::string::npos);
+  CHECK(rlog.find("Bad address") == std::string::npos);
+}
+SHARED_CASE("after a request's error nothing more lands in its buffer, nor after close",
+            "[failover]", nothing_lands_after_error)
+
 void all_rails_down(const TransportUnderTest& t) {
   PairOptions o = t.pair({{"R2CCL_FAILOVER_TIMEOUT", "1s"}});
   t.all_down(&o);
