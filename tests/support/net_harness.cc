@@ -1,17 +1,20 @@
 #include "net_harness.h"
 
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <cerrno>
 #include <chrono>
@@ -495,6 +498,428 @@ PairResult run_pair(const PairOptions& o, const EndpointFn& sender, const Endpoi
   res.receiver_status = rst;
   res.seconds = now_s() - t0;
   return res;
+}
+
+namespace {
+
+// "0100007F:9C41" (/proc/net/tcp, IPv4) -> "127.0.0.1:40001"; IPv6 addresses stay as hex.
+std::string proc_net_addr(const std::string& hexaddr) {
+  const size_t colon = hexaddr.find(':');
+  if (colon == std::string::npos) return hexaddr;
+  const std::string a = hexaddr.substr(0, colon);
+  const unsigned port = static_cast<unsigned>(strtoul(hexaddr.c_str() + colon + 1, nullptr, 16));
+  std::string host = a;
+  if (a.size() == 8) {
+    in_addr ia;
+    ia.s_addr = static_cast<in_addr_t>(strtoul(a.c_str(), nullptr, 16));
+    char b[INET_ADDRSTRLEN] = {};
+    inet_ntop(AF_INET, &ia, b, sizeof(b));
+    host = b;
+  }
+  return host + ":" + std::to_string(port);
+}
+
+const char* tcp_state_name(int st) {
+  static const char* const names[] = {"?",          "ESTABLISHED", "SYN_SENT",  "SYN_RECV",
+                                      "FIN_WAIT1",  "FIN_WAIT2",   "TIME_WAIT", "CLOSE",
+                                      "CLOSE_WAIT", "LAST_ACK",    "LISTEN",    "CLOSING"};
+  return st > 0 && st < 12 ? names[st] : "?";
+}
+
+}  // namespace
+
+std::vector<SocketFd> socket_fds() {
+  // inode -> (kind, state, description), from the kernel's socket tables.
+  struct Entry {
+    std::string kind, state, text;
+  };
+  std::map<std::string, Entry> by_inode;
+  for (const char* table : {"/proc/net/tcp", "/proc/net/tcp6"}) {
+    std::istringstream in(read_file(table));
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      std::vector<std::string> f;
+      std::string t;
+      while (ls >> t) f.push_back(t);
+      if (f.size() < 10) continue;
+      const std::string st = tcp_state_name(static_cast<int>(strtol(f[3].c_str(), nullptr, 16)));
+      by_inode[f[9]] = {"tcp", st,
+                        "tcp " + proc_net_addr(f[1]) + " -> " + proc_net_addr(f[2]) + " " + st};
+    }
+  }
+  for (const char* table : {"/proc/net/unix", "/proc/net/netlink"}) {
+    std::istringstream in(read_file(table));
+    std::string line;
+    std::getline(in, line);
+    const std::string kind = strstr(table, "unix") ? "unix" : "netlink";
+    while (std::getline(in, line)) {
+      std::istringstream ls(line);
+      std::vector<std::string> f;
+      std::string t;
+      while (ls >> t) f.push_back(t);
+      // unix: the inode is field 6; netlink: the last field.
+      if (kind == "unix" && f.size() > 6) by_inode[f[6]] = {kind, "", kind};
+      if (kind == "netlink" && !f.empty()) by_inode[f.back()] = {kind, "", kind};
+    }
+  }
+  std::vector<SocketFd> out;
+  DIR* d = opendir("/proc/self/fd");
+  if (!d) return out;
+  while (dirent* e = readdir(d)) {
+    if (e->d_name[0] == '.') continue;
+    char link[64] = {};
+    const std::string path = std::string("/proc/self/fd/") + e->d_name;
+    if (readlink(path.c_str(), link, sizeof(link) - 1) <= 0 || strncmp(link, "socket:[", 8) != 0)
+      continue;
+    std::string inode(link + 8);
+    if (!inode.empty() && inode.back() == ']') inode.pop_back();
+    SocketFd s;
+    s.fd = atoi(e->d_name);
+    auto it = by_inode.find(inode);
+    s.kind = it != by_inode.end() ? it->second.kind : "other";
+    s.tcp_state = it != by_inode.end() ? it->second.state : "";
+    s.text =
+        std::string("fd ") + e->d_name + ": " + (it != by_inode.end() ? it->second.text : link);
+    out.push_back(s);
+  }
+  closedir(d);
+  return out;
+}
+
+int count_socket_fds() { return static_cast<int>(socket_fds().size()); }
+
+int count_tcp_connections() {
+  int n = 0;
+  for (const SocketFd& s : socket_fds()) n += s.kind == "tcp" && s.tcp_state != "LISTEN";
+  return n;
+}
+
+namespace {
+
+// Waits for a byte (or EOF: the writer is gone) on each of `fds`, for at most timeout_s.
+void wait_readable(const std::vector<int>& fds, int timeout_s) {
+  std::vector<char> seen(fds.size(), 0);
+  size_t left = fds.size();
+  const double end = now_s() + timeout_s;
+  while (left > 0 && now_s() < end) {
+    std::vector<pollfd> p;
+    std::vector<size_t> idx;
+    for (size_t i = 0; i < fds.size(); ++i)
+      if (!seen[i]) {
+        p.push_back({fds[i], POLLIN, 0});
+        idx.push_back(i);
+      }
+    const int r = ::poll(p.data(), p.size(), 100);
+    if (r < 0 && errno != EINTR) return;
+    for (size_t j = 0; r > 0 && j < p.size(); ++j)
+      if (p[j].revents) {
+        seen[idx[j]] = 1;
+        --left;
+      }
+  }
+}
+
+}  // namespace
+
+bool raise_nofile(long n, std::string* err) {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    *err = std::string("getrlimit(RLIMIT_NOFILE): ") + strerror(errno);
+    return false;
+  }
+  const rlimit was = rl;
+  rl.rlim_cur = static_cast<rlim_t>(n);
+  if (rl.rlim_max != RLIM_INFINITY && rl.rlim_max < rl.rlim_cur) rl.rlim_max = rl.rlim_cur;
+  if (setrlimit(RLIMIT_NOFILE, &rl) != 0) {
+    *err = "setrlimit(RLIMIT_NOFILE) to " + std::to_string(n) + " (soft " +
+           std::to_string(static_cast<long long>(was.rlim_cur)) + ", hard " +
+           std::to_string(static_cast<long long>(was.rlim_max)) +
+           "; raising the hard limit needs CAP_SYS_RESOURCE): " + strerror(errno);
+    return false;
+  }
+  return true;
+}
+
+namespace {
+
+// The pipes of one run_hub: per peer, its handles (peer -> hub) and the finish barrier in
+// both directions.
+struct HubPipes {
+  std::vector<std::array<int, 2>> handles, up, down;
+  void close_all_but(const std::vector<int>& keep) const {
+    for (const auto* v : {&handles, &up, &down})
+      for (const auto& p : *v)
+        for (int fd : p)
+          if (std::find(keep.begin(), keep.end(), fd) == keep.end()) ::close(fd);
+  }
+};
+
+// Common to the hub and the peers: namespace, limits, environment, plugin, init.
+int hub_child_setup(const HubOptions& o, Endpoint* ep) {
+  if (!enter_netns(o.netns)) return 89;
+  std::string err;
+  if (o.nofile > 0 && !raise_nofile(o.nofile, &err)) {
+    fprintf(stderr, "[pid %d] %s\n", getpid(), err.c_str());
+    return 88;
+  }
+  for (const auto& kv : o.env) setenv(kv.first.c_str(), kv.second.c_str(), 1);
+  if (!load_plugin(&ep->plugin, &err)) {
+    fprintf(stderr, "%s\n", err.c_str());
+    return 90;
+  }
+  ncclNetCommConfig_v11_t cfg{-1};
+  if (ep->plugin.net->init(&ep->ctx, 0x1234, &cfg, child_logger, nullptr) != ncclSuccess) {
+    fprintf(stderr, "init failed\n");
+    return 91;
+  }
+  return 0;
+}
+
+int dev_of(const HubOptions& o, int k) {
+  return o.devs.empty() ? 0 : o.devs[static_cast<size_t>(k) % o.devs.size()];
+}
+
+// Closes every comm still open, then (check_sockets_released) waits until no TCP socket but
+// the listeners is left.
+int hub_child_close(const HubOptions& o, Endpoint& ep, bool send) {
+  auto close_fn = send ? ep.plugin.net->closeSend : ep.plugin.net->closeRecv;
+  for (auto& c : ep.conns)
+    if (c.comm) close_fn(c.comm);
+  if (!o.check_sockets_released) return 0;
+  const double end = now_s() + 30;
+  int n = count_tcp_connections();
+  while (n > 0 && now_s() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    n = count_tcp_connections();
+  }
+  if (n > 0) {
+    std::string list;
+    for (const SocketFd& s : socket_fds()) list += s.text + "\n";
+    fprintf(stderr,
+            "[pid %d] %s: %d TCP sockets besides the listeners still open 30 s after closing %zu "
+            "connections:\n%s",
+            getpid(), send ? "hub" : "peer", n, ep.conns.size(), list.c_str());
+    return 97;
+  }
+  return 0;
+}
+
+int hub_main(const HubOptions& o, const HubPipes& pp, const std::vector<pid_t>& peer_pids,
+             const EndpointFn& fn) {
+  Endpoint ep;
+  if (int rc = hub_child_setup(o, &ep)) return rc;
+  const int P = o.peers, K = o.conns_per_peer, n = P * K;
+  std::vector<std::vector<char>> handles(static_cast<size_t>(n),
+                                         std::vector<char>(NCCL_NET_HANDLE_MAXSIZE, 0));
+  for (int p = 0; p < P; ++p)
+    for (int k = 0; k < K; ++k)
+      if (!read_all(pp.handles[p][0], handles[p * K + k].data(), NCCL_NET_HANDLE_MAXSIZE)) {
+        fprintf(stderr, "hub: no handle %d from peer %d\n", k, p);
+        return 93;
+      }
+  // Started in peer-interleaved order (connection k of peer 0, of peer 1, ...), so every peer
+  // accepts all along; at most connect_window in progress.
+  std::vector<int> order;
+  for (int k = 0; k < K; ++k)
+    for (int p = 0; p < P; ++p) order.push_back(p * K + k);
+  std::vector<void*> comms(static_cast<size_t>(n), nullptr);
+  std::vector<int> active;
+  size_t next = 0;
+  int done = 0;
+  const double end = now_s() + o.connect_timeout_ms / 1e3;
+  while (done < n) {
+    while (next < order.size() &&
+           (o.connect_window <= 0 || static_cast<int>(active.size()) < o.connect_window))
+      active.push_back(order[next++]);
+    for (size_t j = 0; j < active.size();) {
+      const int i = active[j];
+      if (ep.plugin.net->connect(ep.ctx, dev_of(o, i % K), handles[i].data(), &comms[i], nullptr) !=
+          ncclSuccess) {
+        fprintf(stderr, "hub: connect of connection %d (peer %d) failed after %d connected\n",
+                i % K, i / K, done);
+        return 94;
+      }
+      if (comms[i]) {
+        ++done;
+        active.erase(active.begin() + static_cast<long>(j));
+      } else {
+        ++j;
+      }
+    }
+    if (done < n && now_s() > end) {
+      fprintf(stderr, "hub: %d of %d connections after %d ms\n", done, n, o.connect_timeout_ms);
+      return 95;
+    }
+  }
+  for (int i = 0; i < n; ++i) {
+    Endpoint c;
+    c.plugin = ep.plugin;
+    c.ctx = ep.ctx;
+    c.comm = comms[i];
+    c.dev = dev_of(o, i % K);
+    c.peer_pid = peer_pids[i / K];
+    ep.conns.push_back(std::move(c));
+  }
+  ep.comm = comms[0];
+  int rc = fn(ep);
+  fflush(stdout);
+  fflush(stderr);
+  if (rc != 0) return rc;
+  std::vector<int> ups;
+  for (const auto& u : pp.up) ups.push_back(u[0]);
+  wait_readable(ups, o.timeout_s);
+  char b = 1;
+  for (const auto& d : pp.down)
+    if (::write(d[1], &b, 1) != 1) {
+      // That peer is gone; nothing to tell it.
+    }
+  return hub_child_close(o, ep, true);
+}
+
+int peer_main(const HubOptions& o, const HubPipes& pp, int p, const PeerFn& fn) {
+  Endpoint ep;
+  if (int rc = hub_child_setup(o, &ep)) return rc;
+  const int K = o.conns_per_peer;
+  std::vector<void*> listens(static_cast<size_t>(K), nullptr),
+      comms(static_cast<size_t>(K), nullptr);
+  std::vector<char> h(NCCL_NET_HANDLE_MAXSIZE, 0);
+  for (int k = 0; k < K; ++k) {
+    if (ep.plugin.net->listen(ep.ctx, dev_of(o, k), h.data(), &listens[k]) != ncclSuccess) {
+      fprintf(stderr, "peer %d: listen %d failed\n", p, k);
+      return 92;
+    }
+    if (!write_all(pp.handles[p][1], h.data(), h.size())) return 93;
+  }
+  int done = 0;
+  const double end = now_s() + o.connect_timeout_ms / 1e3;
+  while (done < K) {
+    for (int k = 0; k < K; ++k) {
+      if (comms[k]) continue;
+      if (ep.plugin.net->accept(listens[k], &comms[k], nullptr) != ncclSuccess) {
+        fprintf(stderr, "peer %d: accept of connection %d failed after %d accepted\n", p, k, done);
+        return 94;
+      }
+      if (comms[k]) {
+        ++done;
+        ep.plugin.net->closeListen(listens[k]);
+      }
+    }
+    if (done < K && now_s() > end) {
+      fprintf(stderr, "peer %d: %d of %d connections accepted after %d ms\n", p, done, K,
+              o.connect_timeout_ms);
+      return 95;
+    }
+  }
+  for (int k = 0; k < K; ++k) {
+    Endpoint c;
+    c.plugin = ep.plugin;
+    c.ctx = ep.ctx;
+    c.comm = comms[k];
+    c.dev = dev_of(o, k);
+    c.peer_pid = 0;  // the hub is forked after the peers
+    ep.conns.push_back(std::move(c));
+  }
+  ep.comm = comms[0];
+  int rc = fn(ep, p);
+  fflush(stdout);
+  fflush(stderr);
+  if (rc != 0) return rc;
+  char b = 1;
+  if (::write(pp.up[p][1], &b, 1) == 1) wait_readable({pp.down[p][0]}, o.timeout_s);
+  return hub_child_close(o, ep, false);
+}
+
+}  // namespace
+
+HubResult run_hub(const HubOptions& o, const EndpointFn& hub, const PeerFn& peer) {
+  HubResult res;
+  res.peer_status.assign(static_cast<size_t>(o.peers), -1);
+  HubPipes pp;
+  for (int p = 0; p < o.peers; ++p)
+    for (auto* v : {&pp.handles, &pp.up, &pp.down}) {
+      std::array<int, 2> fds{-1, -1};
+      if (pipe(fds.data()) != 0) {
+        pp.close_all_but({});
+        return res;
+      }
+      v->push_back(fds);
+    }
+  fflush(stdout);
+  fflush(stderr);
+  const double t0 = now_s();
+  std::vector<pid_t> pids;
+  for (int p = 0; p < o.peers; ++p) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+      pp.close_all_but({pp.handles[p][1], pp.up[p][1], pp.down[p][0]});
+      _exit(peer_main(o, pp, p, peer));
+    }
+    pids.push_back(pid);
+  }
+  const pid_t hpid = fork();
+  if (hpid == 0) {
+    std::vector<int> keep;
+    for (int p = 0; p < o.peers; ++p) {
+      keep.push_back(pp.handles[p][0]);
+      keep.push_back(pp.up[p][0]);
+      keep.push_back(pp.down[p][1]);
+    }
+    pp.close_all_but(keep);
+    _exit(hub_main(o, pp, pids, hub));
+  }
+  pp.close_all_but({});
+  std::vector<pid_t> all = pids;
+  all.push_back(hpid);
+  std::vector<int> status(all.size(), -1);
+  size_t left = all.size();
+  bool killed = false;
+  while (left > 0) {
+    for (size_t i = 0; i < all.size(); ++i) {
+      int st;
+      if (status[i] == -1 && all[i] > 0 && waitpid(all[i], &st, WNOHANG) == all[i]) {
+        status[i] = status_code(st);
+        --left;
+      } else if (all[i] <= 0 && status[i] == -1) {
+        status[i] = -2;  // fork failed
+        --left;
+      }
+    }
+    if (!killed && now_s() - t0 > o.timeout_s) {
+      for (size_t i = 0; i < all.size(); ++i)
+        if (status[i] == -1 && all[i] > 0) kill(all[i], SIGKILL);
+      killed = true;
+    }
+    if (left > 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  for (int p = 0; p < o.peers; ++p) res.peer_status[p] = status[p];
+  res.hub_status = status.back();
+  res.seconds = now_s() - t0;
+  return res;
+}
+
+TempNetns::TempNetns(const std::string& tag) {
+  name_ = "r2ccl-" + tag + "-" + std::to_string(getpid());
+  std::string out;
+  run_command("ip netns del " + shell_quote(name_) + " 2>/dev/null");  // a stale one
+  if (run_command("ip netns add " + shell_quote(name_), &out) != 0) {
+    error_ = "ip netns add " + name_ + ": " + out;
+    return;
+  }
+  ok_ = true;
+  if (exec("ip link set lo up", &out) != 0) {
+    error_ = "ip link set lo up in " + name_ + ": " + out;
+    ok_ = false;
+  }
+}
+
+TempNetns::~TempNetns() {
+  if (!name_.empty()) run_command("ip netns del " + shell_quote(name_) + " 2>/dev/null");
+}
+
+int TempNetns::exec(const std::string& cmd, std::string* out) const {
+  return run_command("ip netns exec " + shell_quote(name_) + " sh -c " + shell_quote(cmd), out);
 }
 
 // One rank of run_group: handles[k] is the pipe of links[k] (the receiver writes its handle

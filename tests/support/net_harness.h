@@ -127,6 +127,93 @@ struct GroupResult {
 using GroupFn = std::function<int(GroupMember&)>;
 GroupResult run_group(const GroupOptions& o, const GroupFn& fn);
 
+// One process (the hub) holding send comms to `peers` other processes, each holding the
+// receive comms of its connections: one rank talking to several, each process forked from
+// here with the plugin loaded and initialised as in run_pair. Connection k of peer p is
+// hub.conns[p * conns_per_peer + k] (its peer_pid is that peer's pid) and ep.conns[k] in
+// peer p (ep.comm is conns[0]; peer_pid 0). Each peer listens on every one of its
+// connections first (one listen comm each, closed once accepted) and accepts them
+// round-robin while the hub connects. Bodies run on each child's main thread, as in run_pair:
+// print what went wrong to stderr, return non-zero; no Catch. After every body returned, the
+// processes wait for each other (a body that failed does not wait; a process that exits ends
+// the others' wait), then each closes the comms still open. Harness exit codes: 88 the
+// descriptor limit, 89 the namespace, 90 dlopen, 91 init, 92 listen, 93 handle exchange, 94
+// a failed connect or accept, 95 connections still missing after connect_timeout_ms, 97
+// sockets left after close.
+struct HubOptions {
+  std::map<std::string, std::string> env;  // every process
+  int peers = 4;
+  int conns_per_peer = 1;
+  // The device of connection k of every peer: devs[k % devs.size()] (same index both sides);
+  // empty: device 0.
+  std::vector<int> devs;
+  // A network namespace (name under /var/run/netns) every process enters before loading the
+  // plugin; empty: stay in the current one.
+  std::string netns;
+  // RLIMIT_NOFILE soft limit each process sets before loading the plugin (raising the hard
+  // limit too where it is lower, which needs CAP_SYS_RESOURCE); 0: unchanged.
+  long nofile = 0;
+  // At most this many of the hub's connects in progress at once (started, no comm yet); 0: all
+  // at once. Each connection opens several sockets to a peer's one listener per rail, whose
+  // backlog (256) may otherwise overflow into SYN retransmissions (a second or more each).
+  int connect_window = 0;
+  int connect_timeout_ms = 120000;  // every connect and accept, in all
+  int timeout_s = 300;              // every process is killed after this long
+  // After closing, each process waits (at most 30 s) until it holds no TCP socket but the
+  // plugin's listeners (count_tcp_connections() == 0), and exits 97 listing the sockets left
+  // otherwise: a descriptor leak at close.
+  bool check_sockets_released = false;
+};
+
+struct HubResult {
+  int hub_status = -1;           // exit code, or 128+signal
+  std::vector<int> peer_status;  // by peer
+  double seconds = 0;
+};
+
+using PeerFn = std::function<int(Endpoint&, int peer)>;
+HubResult run_hub(const HubOptions& o, const EndpointFn& hub, const PeerFn& peer);
+
+// Sets this process's RLIMIT_NOFILE soft limit to n, raising the hard limit too where it is
+// lower (that needs CAP_SYS_RESOURCE). False with *err naming both limits and the errno text.
+bool raise_nofile(long n, std::string* err);
+
+// The socket descriptors this process holds (/proc/self/fd entries that are sockets), each
+// described from the kernel's tables (/proc/net/tcp, tcp6, unix, netlink of the current
+// network namespace).
+struct SocketFd {
+  int fd = -1;
+  std::string kind;       // "tcp", "unix", "netlink" or "other"
+  std::string tcp_state;  // "LISTEN", "ESTABLISHED", ... (tcp only)
+  std::string text;       // "fd 7: tcp 127.0.0.1:40001 -> 127.0.0.2:40007 ESTABLISHED"
+};
+std::vector<SocketFd> socket_fds();
+int count_socket_fds();  // socket_fds().size()
+// TCP sockets of this process that are not listeners: connections, open or closing.
+int count_tcp_connections();
+
+// A network namespace of the calling test's own, /var/run/netns/r2ccl-TAG-PID, with lo up;
+// deleted by the destructor (so also when a REQUIRE fails). Needs root: ok() is false, with
+// error(), where it cannot be made. Settings made inside (sysctls of the namespace, such as
+// net.ipv4.ip_local_port_range) leave the host's untouched.
+class TempNetns {
+ public:
+  explicit TempNetns(const std::string& tag);
+  ~TempNetns();
+  TempNetns(const TempNetns&) = delete;
+  TempNetns& operator=(const TempNetns&) = delete;
+  bool ok() const { return ok_; }
+  const std::string& name() const { return name_; }
+  const std::string& error() const { return error_; }
+  // Runs the shell command `cmd` inside the namespace; returns its exit status (output, with
+  // stderr, in *out).
+  int exec(const std::string& cmd, std::string* out = nullptr) const;
+
+ private:
+  std::string name_, error_;
+  bool ok_ = false;
+};
+
 // Runs `fn` in one forked child (fresh process: set env, then fn, exit code = fn's result)
 // with its stdout and stderr captured, killed after timeout_s. For tests that load the plugin
 // themselves (init failures, properties, symbols) and must assert on what it printed.
