@@ -655,6 +655,59 @@ void peer_killed(const TransportUnderTest& t) {
 SHARED_CASE("the peer process killed: the sender fails with a bounded error naming it",
             "[failover]", peer_killed)
 
+void close_right_after_receiving(const TransportUnderTest& t) {
+  // The receiver closes each connection the moment its 16 receives completed; the sender's
+  // 16 isends must all complete with success: their data was taken, whatever happens to the
+  // last acknowledgements at the close. 8 connections, one after the other.
+  constexpr int kConns = 8, kMsgs = 16;
+  constexpr size_t kMsg = 256 * KiB;
+  PairOptions o = quiet_pair(t);
+  o.devs.assign(kConns, 0);
+  o.sender_stderr = temp_path("close-order.sender");
+  PairResult r = run_pair(
+      o,
+      [&](Endpoint& ep) {
+        auto buf = raw_buffer(kMsg);
+        fill_pattern(buf.get(), kMsg, 3);
+        for (int c = 0; c < kConns; ++c) {
+          std::vector<void*> reqs(kMsgs, nullptr);
+          for (int i = 0; i < kMsgs; ++i)
+            EP_REQUIRE(
+                ep.conns[c].post_send(buf.get(), kMsg, &reqs[i], kOpTimeoutMs) == ncclSuccess, 10,
+                "connection %d: isend %d", c, i);
+          const ncclResult_t res = wait_all(ep.conns[c], reqs, kOpTimeoutMs);
+          EP_REQUIRE(res == ncclSuccess, 11,
+                     "connection %d: a send the receiver took failed (%d) at its close", c, res);
+        }
+        return 0;
+      },
+      [&](Endpoint& ep) {
+        std::vector<std::unique_ptr<char[]>> bufs;
+        for (int i = 0; i < kMsgs; ++i) bufs.push_back(raw_buffer(kMsg));
+        for (int c = 0; c < kConns; ++c) {
+          std::vector<void*> reqs(kMsgs, nullptr);
+          for (int i = 0; i < kMsgs; ++i)
+            EP_REQUIRE(
+                ep.conns[c].post_recv(bufs[i].get(), kMsg, &reqs[i], kOpTimeoutMs) == ncclSuccess,
+                10, "connection %d: irecv %d", c, i);
+          EP_REQUIRE(wait_all(ep.conns[c], reqs, kOpTimeoutMs) == ncclSuccess, 11,
+                     "connection %d: the receives failed", c);
+          ep.plugin.net->closeRecv(ep.conns[c].comm);  // at once
+          ep.conns[c].comm = nullptr;
+          if (c == 0) ep.comm = nullptr;
+        }
+        return 0;
+      });
+  const std::string slog = read_file(o.sender_stderr);
+  unlink(o.sender_stderr.c_str());
+  INFO("sender log:\n" << slog);
+  CHECK(r.sender_status == 0);
+  CHECK(r.receiver_status == 0);
+  CHECK(slog.find("give-up:") == std::string::npos);
+}
+SHARED_CASE("the receiver closes right after its receives: every send it took completes", "",
+            close_right_after_receiving)
+
 void truncated_receive(const TransportUnderTest& t) {
   // A receive smaller than its send is a caller's error (NCCL 2.x fails such a message as
   // truncated): the isend fails at once, and the receiver's request fails too, within a
