@@ -283,6 +283,10 @@ struct State {
   std::map<int, std::shared_ptr<Conn>> outbound;  // by peer pid
   TimePoint nic_wake_at = kNever;
   std::vector<int> owned_fds;  // closed in a fork child
+  // $FAKEVERBS_DIR/qpn, the QP number counter shared by the processes of a run: opened once
+  // and kept (a real provider needs no descriptor per QP; one per QP here would make a
+  // process that runs out of descriptors fail where real verbs would not).
+  int qpn_fd = -1;
   // Faults.
   std::vector<Fault> pending;  // faults waiting for their trigger
   std::vector<Scheduled> scheduled;

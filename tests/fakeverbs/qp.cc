@@ -26,10 +26,15 @@ namespace fv {
 
 namespace {
 
+// 0 with errno set when the counter file cannot be opened.
 uint32_t alloc_qpn() {
-  std::string path = g->dir + "/qpn";
-  int fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
-  if (fd < 0) return 0;
+  if (g->qpn_fd < 0) {
+    std::string path = g->dir + "/qpn";
+    g->qpn_fd = open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (g->qpn_fd < 0) return 0;
+    g->owned_fds.push_back(g->qpn_fd);
+  }
+  const int fd = g->qpn_fd;
   uint32_t v = 0;
   if (flock(fd, LOCK_EX) == 0) {
     char buf[32] = {};
@@ -40,7 +45,7 @@ uint32_t alloc_qpn() {
     if (ftruncate(fd, 0) != 0 || pwrite(fd, next.data(), next.size(), 0) < 0) v = 0;
     flock(fd, LOCK_UN);
   }
-  close(fd);
+  if (v == 0) errno = EIO;
   return v;
 }
 
@@ -144,10 +149,7 @@ FV_API ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* ia) {
     return nullptr;
   }
   uint32_t qpn = alloc_qpn();
-  if (!qpn) {
-    errno = EIO;
-    return nullptr;
-  }
+  if (!qpn) return nullptr;  // errno: why the counter could not be read
   std::string reg = g->dir + "/qp-" + std::to_string(qpn);
   unlink(reg.c_str());  // a stale entry from a wrapped counter
   if (symlink(std::to_string(getpid()).c_str(), reg.c_str()) != 0) {

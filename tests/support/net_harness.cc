@@ -290,6 +290,26 @@ ncclResult_t wait_all(Endpoint& ep, std::vector<void*>& reqs, int timeout_ms,
   return ncclSuccess;
 }
 
+bool Endpoint::say(const void* record) { return write_all(to_peer, record, kNoteBytes); }
+
+bool Endpoint::say_text(const char* text) {
+  char rec[kNoteBytes] = {};
+  snprintf(rec, sizeof(rec), "%s", text);
+  return say(rec);
+}
+
+bool Endpoint::hear(void* record, int timeout_ms) {
+  pollfd p{from_peer, POLLIN, 0};
+  const double end = now_s() + timeout_ms / 1e3;
+  for (;;) {
+    const int left = static_cast<int>((end - now_s()) * 1e3);
+    const int r = ::poll(&p, 1, left > 0 ? left : 0);
+    if (r > 0) return read_all(from_peer, record, kNoteBytes);
+    if (r < 0 && errno != EINTR) return false;
+    if (r == 0 && now_s() >= end) return false;
+  }
+}
+
 ncclResult_t Endpoint::send(void* buf, size_t size, int timeout_ms, int* size_out) {
   void* req = nullptr;
   ncclResult_t r = post_send(buf, size, &req, timeout_ms);
@@ -332,7 +352,7 @@ static void finish_barrier(int done_out, int done_in, int timeout_s) {
 }
 
 static int child_main(const PairOptions& o, bool is_sender, int handle_fd, int peer_pid,
-                      const EndpointFn& fn, int done_out, int done_in) {
+                      const EndpointFn& fn, int done_out, int done_in, int note_fd) {
   if (!enter_netns(is_sender ? o.sender_netns : o.receiver_netns)) return 89;
   const std::string& errfile = is_sender ? o.sender_stderr : o.receiver_stderr;
   if (!errfile.empty() && !freopen(errfile.c_str(), "w", stderr)) return 88;
@@ -343,6 +363,9 @@ static int child_main(const PairOptions& o, bool is_sender, int handle_fd, int p
   Endpoint ep;
   ep.dev = o.dev;
   ep.peer_pid = peer_pid;
+  // Receiver -> sender records go through the handle pipe, sender -> receiver through note_fd.
+  ep.to_peer = is_sender ? note_fd : handle_fd;
+  ep.from_peer = is_sender ? handle_fd : note_fd;
   std::string err;
   if (!load_plugin(&ep.plugin, &err)) {
     fprintf(stderr, "%s\n", err.c_str());
@@ -443,6 +466,12 @@ PairResult run_pair(const PairOptions& o, const EndpointFn& sender, const Endpoi
   PairResult res;
   int fds[2];
   if (pipe(fds) != 0) return res;
+  int notes[2];  // sender -> receiver (Endpoint::say/hear)
+  if (pipe(notes) != 0) {
+    close(fds[0]);
+    close(fds[1]);
+    return res;
+  }
   // finish_together: one pipe per direction, each child writes "done" into its own and
   // polls the other's.
   int s2r[2] = {-1, -1}, r2s[2] = {-1, -1};
@@ -457,23 +486,27 @@ PairResult run_pair(const PairOptions& o, const EndpointFn& sender, const Endpoi
   pid_t rpid = fork();
   if (rpid == 0) {
     close(fds[0]);
+    close(notes[1]);
     if (o.finish_together) {
       close(r2s[0]);
       close(s2r[1]);
     }
-    _exit(child_main(o, false, fds[1], 0, receiver, r2s[1], s2r[0]));
+    _exit(child_main(o, false, fds[1], 0, receiver, r2s[1], s2r[0], notes[0]));
   }
   pid_t spid = fork();
   if (spid == 0) {
     close(fds[1]);
+    close(notes[0]);
     if (o.finish_together) {
       close(s2r[0]);
       close(r2s[1]);
     }
-    _exit(child_main(o, true, fds[0], rpid, sender, s2r[1], r2s[0]));
+    _exit(child_main(o, true, fds[0], rpid, sender, s2r[1], r2s[0], notes[1]));
   }
   close(fds[0]);
   close(fds[1]);
+  close(notes[0]);
+  close(notes[1]);
   for (int fd : {s2r[0], s2r[1], r2s[0], r2s[1]})
     if (fd >= 0) close(fd);
   int sst = -1, rst = -1;

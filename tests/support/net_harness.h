@@ -54,6 +54,16 @@ struct Endpoint {
   // is empty). conns[0] has the same comm and dev as this Endpoint; each entry keeps its own
   // registrations, so use one or the other for a given buffer.
   std::vector<Endpoint> conns;
+  // A channel to the other process of run_pair, for cases that run their own listen, connect
+  // and accept (PairOptions::skip_connect): records of kNoteBytes, delivered in order. A
+  // handle fits one record; so does a short text (note_text). hear: false when nothing came
+  // within timeout_ms (0: do not wait) or the other process exited.
+  static constexpr size_t kNoteBytes = NCCL_NET_HANDLE_MAXSIZE;
+  bool say(const void* record);
+  bool say_text(const char* text);
+  bool hear(void* record, int timeout_ms);
+  int to_peer = -1;    // write end (set by run_pair)
+  int from_peer = -1;  // read end
 };
 
 // Waits for every request in `reqs` (skipping NULL entries), testing them round-robin so no
@@ -76,7 +86,9 @@ struct PairOptions {
   std::string receiver_stderr;
   int connect_timeout_ms = 20000;
   int timeout_s = 300;  // both children are killed after this long
-  // Runs in the receiver process after connect (or instead of it when skip_connect).
+  // Runs in the receiver process after connect (or instead of it when skip_connect). With
+  // skip_connect neither process listens or connects: the functions do it themselves and
+  // exchange handles over Endpoint::say/hear.
   bool skip_connect = false;
   // When true, a process whose function returned waits (at most timeout_s) until the other
   // one's function returned too, before it exits: a peer that exits early closes its sockets,
