@@ -1,0 +1,162 @@
+#include "sock/sock_errors.h"
+
+#include <sys/resource.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <mutex>
+#include <set>
+
+#include "r2ccl/log.h"
+
+namespace r2ccl::net {
+namespace {
+
+constexpr int kAnyOp = -1;
+
+// One row per (errno, operation); kAnyOp matches every operation, and the first row that
+// matches decides. The operations a row names are the ones whose meaning differs.
+struct ErrnoRule {
+  int err;
+  int op;  // SockOp, or kAnyOp
+  ErrClass cls;
+  const char* why;  // what it means here (docs/ARCHITECTURE.md, "Errors at setup")
+};
+
+constexpr ErrnoRule kErrnoRules[] = {
+    // Nothing listens at the address: the peer is starting or, after kRefusedGrace, gone.
+    {ECONNREFUSED, kAnyOp, ErrClass::kBounded, "nothing listens there"},
+    // The network: a flap, a route being re-established, a slow or lost answer.
+    {EHOSTUNREACH, kAnyOp, ErrClass::kTransient, "no route to the host now"},
+    {ENETUNREACH, kAnyOp, ErrClass::kTransient, "no route to the network now"},
+    {ENETDOWN, kAnyOp, ErrClass::kTransient, "the interface is down"},
+    {EHOSTDOWN, kAnyOp, ErrClass::kTransient, "the host is down"},
+    {ETIMEDOUT, kAnyOp, ErrClass::kTransient, "no answer in time"},
+    {ECONNRESET, kAnyOp, ErrClass::kTransient, "reset by the peer or the network"},
+    {EPIPE, kAnyOp, ErrClass::kTransient, "the connection is closed"},
+    {ECONNABORTED, kAnyOp, ErrClass::kTransient, "the connection was aborted"},
+    {ENOBUFS, kAnyOp, ErrClass::kTransient, "kernel memory pressure"},
+    {ENOMEM, kAnyOp, ErrClass::kTransient, "kernel memory pressure"},
+    {EINTR, kAnyOp, ErrClass::kTransient, "interrupted"},
+    {EAGAIN, kAnyOp, ErrClass::kTransient, "try again"},
+    {EINPROGRESS, kAnyOp, ErrClass::kTransient, "in progress"},
+    {EALREADY, kAnyOp, ErrClass::kTransient, "in progress"},
+    // An address: at bind the rail's own address is not assigned (being renumbered); at
+    // connect no local port is free towards that destination (the ephemeral range).
+    {EADDRNOTAVAIL, static_cast<int>(SockOp::kBind), ErrClass::kTransient,
+     "the rail's address is not assigned"},
+    {EADDRNOTAVAIL, kAnyOp, ErrClass::kPermanent, "no free local port"},
+    {EADDRINUSE, kAnyOp, ErrClass::kPermanent, "no free local port"},
+    // Local limits: they free up only when this process (or the host) closes descriptors.
+    {EMFILE, kAnyOp, ErrClass::kPermanent, "the process's descriptor limit"},
+    {ENFILE, kAnyOp, ErrClass::kPermanent, "the system's descriptor limit"},
+    // Permissions and configuration.
+    {EACCES, kAnyOp, ErrClass::kPermanent, "not permitted"},
+    {EPERM, kAnyOp, ErrClass::kPermanent, "not permitted"},
+    {EAFNOSUPPORT, kAnyOp, ErrClass::kPermanent, "address family not supported"},
+    {EPROTONOSUPPORT, kAnyOp, ErrClass::kPermanent, "protocol not supported"},
+    {EINVAL, kAnyOp, ErrClass::kPermanent, "invalid argument"},
+    {ENODEV, kAnyOp, ErrClass::kPermanent, "no such device (SO_BINDTODEVICE)"},
+    {EPROTO, kAnyOp, ErrClass::kPermanent, "protocol error"},
+};
+
+const ErrnoRule* find_rule(int err, SockOp op) {
+  for (const auto& r : kErrnoRules)
+    if (r.err == err && (r.op == kAnyOp || r.op == static_cast<int>(op))) return &r;
+  return nullptr;
+}
+
+std::string read_line(const char* path) {
+  std::ifstream f(path);
+  std::string s;
+  std::getline(f, s);
+  for (char& c : s)
+    if (c == '\t') c = ' ';
+  return s;
+}
+
+}  // namespace
+
+const char* sock_op_name(SockOp op) {
+  switch (op) {
+    case SockOp::kSocket: return "socket";
+    case SockOp::kBind: return "bind";
+    case SockOp::kListen: return "listen";
+    case SockOp::kConnect: return "connect";
+    case SockOp::kAccept: return "accept";
+    case SockOp::kIo: return "I/O";
+  }
+  return "?";
+}
+
+const char* err_class_name(ErrClass c) {
+  switch (c) {
+    case ErrClass::kTransient: return "transient";
+    case ErrClass::kBounded: return "transient (bounded)";
+    case ErrClass::kPermanent: return "permanent";
+  }
+  return "?";
+}
+
+ErrClass classify_errno(int err, SockOp op) {
+  const ErrnoRule* r = find_rule(err, op);
+  return r ? r->cls : ErrClass::kTransient;
+}
+
+const char* errno_meaning(int err, SockOp op) {
+  const ErrnoRule* r = find_rule(err, op);
+  return r ? r->why : "";
+}
+
+std::string nofile_limit_text() {
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) != 0) return "RLIMIT_NOFILE unreadable";
+  auto v = [](rlim_t x) {
+    return x == RLIM_INFINITY ? std::string("unlimited") : std::to_string(x);
+  };
+  return "RLIMIT_NOFILE soft " + v(rl.rlim_cur) + ", hard " + v(rl.rlim_max);
+}
+
+std::string port_range_text() {
+  const std::string r = read_line("/proc/sys/net/ipv4/ip_local_port_range");
+  return "net.ipv4.ip_local_port_range " + (r.empty() ? std::string("unreadable") : r);
+}
+
+std::string describe_errno(int err, SockOp op) {
+  std::string s = strerror(err);
+  switch (err) {
+    case EMFILE: return s + " (" + nofile_limit_text() + ")";
+    case ENFILE: {
+      const std::string m = read_line("/proc/sys/fs/file-max");
+      return s + " (fs.file-max " + (m.empty() ? std::string("unreadable") : m) + ")";
+    }
+    case EADDRINUSE: return s + " (no free local port: " + port_range_text() + ")";
+    case EADDRNOTAVAIL:
+      if (op == SockOp::kBind) return s + " (the rail's address is not assigned)";
+      return s + " (no free local port: " + port_range_text() + ")";
+    default: return s;
+  }
+}
+
+bool first_time(const std::string& key) {
+  static std::mutex mu;
+  static std::set<std::string> seen;
+  std::lock_guard<std::mutex> lk(mu);
+  return seen.insert(key).second;
+}
+
+bool AcceptGate::on_error(int err, const std::string& where, TimeUs now) {
+  if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM) return false;
+  until_ = now + kAcceptPause;
+  if (first_time("accept:" + std::to_string(err)))
+    R2CCL_WARN(
+        "accept on %s: %s; accepting pauses for %lld ms at a time until the process has "
+        "descriptors again (connectors retry meanwhile; warned once per process)",
+        where.c_str(), describe_errno(err, SockOp::kAccept).c_str(),
+        static_cast<long long>(kAcceptPause / kUsPerMs));
+  return true;
+}
+
+}  // namespace r2ccl::net
