@@ -109,6 +109,15 @@ std::string addr_to_string(const sockaddr_storage& a) {
   return buf;
 }
 
+std::string addr_port_string(const sockaddr_storage& a) {
+  const uint16_t port = a.ss_family == AF_INET6
+                            ? reinterpret_cast<const sockaddr_in6*>(&a)->sin6_port
+                            : reinterpret_cast<const sockaddr_in*>(&a)->sin_port;
+  const std::string host =
+      a.ss_family == AF_INET6 ? "[" + addr_to_string(a) + "]" : addr_to_string(a);
+  return host + ":" + std::to_string(ntohs(port));
+}
+
 bool same_subnet(int fam_a, const uint8_t* a, int plen_a, int fam_b, const uint8_t* b, int plen_b) {
   if (fam_a != fam_b) return false;
   int bits = std::min(plen_a, plen_b);

@@ -66,6 +66,8 @@ bool select_rails(const std::string& spec, const std::string& spec_var,
                   std::string* err, std::vector<std::string>* left_out = nullptr);
 
 std::string addr_to_string(const sockaddr_storage& a);
+// "127.0.0.1:5000", "[fe80::1]:5000".
+std::string addr_port_string(const sockaddr_storage& a);
 // Same subnet under the shorter of the two prefixes.
 bool same_subnet(int fam_a, const uint8_t* a, int plen_a, int fam_b, const uint8_t* b, int plen_b);
 // Raw address bytes (4 or 16) of a sockaddr_storage.

@@ -57,10 +57,12 @@ void set_socket_options(int fd, TimeUs user_timeout) {
   }
 }
 
-int open_rail_socket(const Rail& rail, TimeUs user_timeout, std::string* err) {
+int open_rail_socket(const Rail& rail, TimeUs user_timeout, SockFailure* why) {
   int fd = socket(rail.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
-    *err = std::string("socket(): ") + strerror(errno);
+    why->err = errno;
+    why->op = SockOp::kSocket;
+    why->text = "socket() on rail " + rail.name + ": " + describe_errno(why->err, why->op);
     return -1;
   }
   bind_to_device(fd, rail);
@@ -71,7 +73,10 @@ int open_rail_socket(const Rail& rail, TimeUs user_timeout, std::string* err) {
   else
     reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = 0;
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), rail.addrlen) != 0) {
-    *err = "bind(" + addr_to_string(a) + ") on rail " + rail.name + ": " + strerror(errno);
+    why->err = errno;
+    why->op = SockOp::kBind;
+    why->text = "bind(" + addr_to_string(a) + ") on rail " + rail.name + ": " +
+                describe_errno(why->err, why->op);
     close(fd);
     return -1;
   }

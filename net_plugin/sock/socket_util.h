@@ -11,11 +11,19 @@
 
 #include "r2ccl/clock.h"
 #include "rails.h"
+#include "sock_errors.h"
 
 namespace r2ccl::net {
 
-// Non-blocking TCP socket bound to the rail (device + address, port 0). -1 and *err on failure.
-int open_rail_socket(const Rail& rail, TimeUs user_timeout, std::string* err);
+// Why a socket could not be opened: the errno kept as the kernel gave it, the call that
+// failed, and a message naming the call, the rail and the limit involved (describe_errno).
+struct SockFailure {
+  int err = 0;
+  SockOp op = SockOp::kSocket;
+  std::string text;  // "socket() on rail eth0: Too many open files (RLIMIT_NOFILE soft 64, ...)"
+};
+// Non-blocking TCP socket bound to the rail (device + address, port 0). -1 and *why on failure.
+int open_rail_socket(const Rail& rail, TimeUs user_timeout, SockFailure* why);
 // Starts a non-blocking connect. Returns 0 (connected or in progress) or -errno.
 int start_connect(int fd, const sockaddr_storage& peer);
 // 0 when the connect finished, -EINPROGRESS while pending, -errno on failure.

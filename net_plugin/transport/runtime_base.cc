@@ -1,17 +1,124 @@
 #include "transport/runtime_base.h"
 
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <sstream>
 
 #include "netlink/link_monitor.h"
 #include "r2ccl/log.h"
 #include "sock/rails.h"
+#include "sock/socket_util.h"
 
 namespace r2ccl::net {
 namespace {
 
-constexpr TimeUs kBoardPeriod = 100 * kUsPerMs;  // health board publish period
+constexpr TimeUs kBoardPeriod = 100 * kUsPerMs;     // health board publish period
+constexpr TimeUs kTellTimeout = 1 * kUsPerSec;      // a refusing connector's try to tell the peer
+constexpr uint32_t kOldIbHandleMagic = 0x42493252;  // "R2IB": verbs handles of wire version <= 2
+
+// The connector of a handle it cannot use (the other transport's, another wire version's):
+// it tells the listening process (a WireRefusal with the handle's secret, to the handle's
+// listener address) so that process's accept() fails at once too, then fails its own connect
+// with the same message. Never becomes a connection: every PathIo call is a no-op.
+class RefusingConnect final : public ConnIo {
+ public:
+  RefusingConnect(int dev, const HandleHead& head, const WireRefusal& refusal, Status st)
+      : dev_(dev), head_(head), refusal_(refusal), st_(st) {}
+  ~RefusingConnect() override {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
+  Status setup_step(bool* done, TimeUs now) override {
+    *done = false;
+    if (start_ == 0) {
+      start_ = now;
+      sockaddr_storage peer{};
+      if (!to_sockaddr(&peer)) return finish("the handle's listener address is not IPv4/IPv6");
+      fd_ = ::socket(peer.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+      if (fd_ < 0) return finish(describe_errno(errno, SockOp::kSocket));
+      const int e = start_connect(fd_, peer);
+      if (e != 0) return finish(describe_errno(-e, SockOp::kConnect));
+    }
+    if (!connected_) {
+      const int e = finish_connect(fd_);
+      if (e == -EINPROGRESS) return now - start_ > kTellTimeout ? finish("no answer") : Status::kOk;
+      if (e != 0) return finish(describe_errno(-e, SockOp::kConnect));
+      connected_ = true;
+    }
+    const char* b = reinterpret_cast<const char*>(&refusal_);
+    while (sent_ < sizeof(refusal_)) {
+      const ssize_t n = ::send(fd_, b + sent_, sizeof(refusal_) - sent_, MSG_NOSIGNAL);
+      if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR))
+        return now - start_ > kTellTimeout ? finish("no room to send") : Status::kOk;
+      if (n <= 0) return finish(describe_errno(errno, SockOp::kIo));
+      sent_ += static_cast<size_t>(n);
+    }
+    return finish("");
+  }
+
+  PathCaps caps() const override { return PathCaps{}; }
+  void poll(PathSink&, TimeUs) override {}
+  void flush(PathSink&, TimeUs) override {}
+  bool ready(int) const override { return false; }
+  PostResult post_chunk(int, const ChunkOut&, PathSink&, TimeUs) override {
+    return PostResult::kFull;
+  }
+  PostResult post_cts(int, const CtsOut&, PathSink&, TimeUs) override { return PostResult::kFull; }
+  PostResult post_ctrl(int, const CtrlMsg&, PathSink&, TimeUs) override {
+    return PostResult::kFull;
+  }
+  bool probe(int, PathSink&, TimeUs) override { return false; }
+  void stop_path(int, bool, TimeUs) override {}
+  bool can_reconnect(int, PathSink&) const override { return false; }
+  void reconnect(int, PathSink&, TimeUs) override {}
+  void say_goodbye(TimeUs) override {}
+
+ private:
+  bool to_sockaddr(sockaddr_storage* s) const {
+    const WireAddr& a = head_.listener;
+    if (a.family == AF_INET) {
+      auto* v4 = reinterpret_cast<sockaddr_in*>(s);
+      v4->sin_family = AF_INET;
+      v4->sin_port = a.port;
+      memcpy(&v4->sin_addr, a.addr, 4);
+      return true;
+    }
+    if (a.family == AF_INET6) {
+      auto* v6 = reinterpret_cast<sockaddr_in6*>(s);
+      v6->sin6_family = AF_INET6;
+      v6->sin6_port = a.port;
+      memcpy(&v6->sin6_addr, a.addr, 16);
+      return true;
+    }
+    return false;
+  }
+  // The connect fails with the refusal's message; `untold` says why the listener could not
+  // be told ("" when it was).
+  Status finish(const std::string& untold) {
+    if (fd_ >= 0) ::close(fd_);  // everything was sent (or nothing can be): a plain close
+    fd_ = -1;
+    const std::string where = wire_addr_string(head_.listener);
+    R2CCL_WARN("connect on device %d: %s (%s %s%s%s)", dev_, refusal_.text,
+               untold.empty() ? "told the listening process at"
+                              : "could not tell the listening "
+                                "process at",
+               where.c_str(), untold.empty() ? "" : ": ", untold.c_str());
+    return st_;
+  }
+
+  int dev_;
+  HandleHead head_;
+  WireRefusal refusal_;
+  Status st_;
+  int fd_ = -1;
+  TimeUs start_ = 0;
+  bool connected_ = false;
+  size_t sent_ = 0;
+};
 
 }  // namespace
 
@@ -117,7 +224,8 @@ Status RuntimeBase::connect(int dev, int traffic_class, void* handle, Connection
   ConnIo* io = State::get(handle, traits_.connect_magic);
   if (!io) {
     Status st = Status::kOk;
-    std::unique_ptr<ConnIo> made = new_conn_io(dev, traffic_class, handle, nullptr, &st);
+    std::unique_ptr<ConnIo> made = refuse_handle(dev, handle, &st);
+    if (!made && st == Status::kOk) made = new_conn_io(dev, traffic_class, handle, nullptr, &st);
     if (!made) return st;
     io = made.release();
     State::set(handle, traits_.connect_magic, io);
@@ -135,6 +243,16 @@ Status RuntimeBase::connect(int dev, int traffic_class, void* handle, Connection
 
 Status RuntimeBase::accept(Listener* l, Connection** out) {
   *out = nullptr;
+  // Refused by the peer that holds the handle (a transport or version mismatch): at once,
+  // on every call, with the peer's message (logged once).
+  std::string why;
+  Status rs = l->refusal(&why);
+  if (rs != Status::kOk) {
+    if (l->building) l->building.reset();
+    if (!l->refusal_logged) R2CCL_WARN("accept on device %d: %s", l->dev, why.c_str());
+    l->refusal_logged = true;
+    return rs;
+  }
   if (!l->building) {
     Status st = Status::kOk;
     l->building = new_conn_io(l->dev, NCCL_NET_TRAFFIC_CLASS_UNDEF, nullptr, l, &st);
@@ -144,6 +262,11 @@ Status RuntimeBase::accept(Listener* l, Connection** out) {
   const Status s = l->building->setup_step(&done, now_us());
   if (s != Status::kOk) {
     l->building.reset();
+    rs = l->refusal(&why);  // the transport took it from the peer during this step
+    if (rs != Status::kOk && !l->refusal_logged) {
+      R2CCL_WARN("accept on device %d: %s", l->dev, why.c_str());
+      l->refusal_logged = true;
+    }
     return s;
   }
   if (!done) return Status::kOk;
@@ -151,6 +274,40 @@ Status RuntimeBase::accept(Listener* l, Connection** out) {
   register_conn(c);
   *out = c;
   return Status::kOk;
+}
+
+std::unique_ptr<ConnIo> RuntimeBase::refuse_handle(int dev, const void* handle, Status* st) {
+  HandleHead head;
+  memcpy(&head, handle, sizeof(head));
+  const uint8_t mine = static_cast<uint8_t>(traits_.kind);
+  if (head.magic == kOldIbHandleMagic || (head.magic == kHandleMagic && head.version < 3)) {
+    // Before the common head (wire version 3): the listener cannot read a refusal either.
+    R2CCL_WARN(
+        "connect on device %d: the handle is an r2ccl %s handle of wire version %u; this process "
+        "speaks %s version %u: every process of a job must run the same r2ccl",
+        dev, head.magic == kOldIbHandleMagic ? "verbs" : "TCP", head.version,
+        transport_kind_name(mine).c_str(), traits_.wire_version);
+    *st = Status::kInvalidUsage;
+    return nullptr;
+  }
+  if (head.magic != kHandleMagic || (head.kind == mine && head.version == traits_.wire_version))
+    return nullptr;  // this transport's own handle, or no r2ccl handle: the transport checks
+  const Refusal why = head.kind != mine ? Refusal::kTransport : Refusal::kVersion;
+  const std::string text = why == Refusal::kTransport
+                               ? transport_mismatch_text(mine, head.kind)
+                               : version_mismatch_text(mine, traits_.wire_version, head.version);
+  const WireRefusal r = make_refusal(why, traits_.kind, true, head.secret, head.listen_id, 0, text);
+  return std::unique_ptr<ConnIo>(new RefusingConnect(dev, head, r, refusal_status(why)));
+}
+
+WireKnobs RuntimeBase::own_knobs(int streams) const {
+  WireKnobs k{};
+  k.chunk_size = static_cast<uint64_t>(cfg_->chunk_size);
+  k.backup_paths = static_cast<uint8_t>(cfg_->backup_paths);
+  k.streams = static_cast<uint8_t>(streams);
+  k.stripe = cfg_->stripe ? 1 : 0;
+  k.kind = static_cast<uint8_t>(traits_.kind);
+  return k;
 }
 
 void RuntimeBase::close(Connection* c) {

@@ -36,6 +36,7 @@
 #include "r2ccl/health_board.h"
 #include "r2ccl/params.h"
 #include "r2ccl/random.h"
+#include "transport/handshake.h"
 #include "transport/transport.h"
 
 namespace r2ccl::net {
@@ -101,6 +102,8 @@ class RuntimeBase : public Transport, public RailTable {
     // cost the fake verbs provider 20 % of its throughput (docs/BENCHMARKS.md).
     int bg_poll_ms;
     TimeUs idle_progress_after;
+    TransportKind kind;     // in the handle head (transport/handshake.h)
+    uint16_t wire_version;  // the transport's wire version, in the handle head
   };
   struct RailInfo {
     std::string name;  // display name (logs, board, stats)
@@ -129,7 +132,9 @@ class RuntimeBase : public Transport, public RailTable {
 
   // The transport's half of connect and accept: a connector for NCCL's `handle` (when
   // `accept` is null), or the acceptor of listen comm `accept`. A foreign handle: nullptr,
-  // *st = kInternal, and a WARN naming what is wrong. Service thread.
+  // *st = kInternal, and a WARN naming what is wrong. Service thread. Handles of the other
+  // transport or another wire version never get here (connect() refuses them, telling the
+  // listener: transport/handshake.h).
   virtual std::unique_ptr<ConnIo> new_conn_io(int dev, int traffic_class, const void* handle,
                                               Listener* accept, Status* st) = 0;
   // The transport's own descriptors for the background thread's poll, and their events.
@@ -141,8 +146,15 @@ class RuntimeBase : public Transport, public RailTable {
   }
   void register_conn(Connection* c);
   void unregister_conn(Connection* c);
+  // This process's knobs as the setup exchanges them (transport/handshake.h); the transport
+  // fills in what only it knows (verbs: the adaptive-routing mode of a connection).
+  WireKnobs own_knobs(int streams) const;
 
  private:
+  // A handle of the other transport or another wire version (HandleHead): a connector that
+  // tells the listening process why, then fails; nullptr (st untouched) for this transport's
+  // own handles and for what is no r2ccl handle. Old handles without a head fail at once.
+  std::unique_ptr<ConnIo> refuse_handle(int dev, const void* handle, Status* st);
   void bg_loop();
   void progress_idle_conns();
   void publish_board(TimeUs now);

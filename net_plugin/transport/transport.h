@@ -15,6 +15,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "engine/connection.h"
@@ -63,6 +64,28 @@ class Listener {
   uint64_t listen_id = 0;
   uint8_t secret[16] = {};
   std::unique_ptr<ConnIo> building;  // the accept in progress
+  bool refusal_logged = false;       // the refusal below was warned about (service thread)
+
+  // The peer that holds this listen comm's handle refused it (transport/handshake.h: a
+  // transport or version mismatch told by the connector): every accept() from now on fails
+  // with `st` and the message, at once. Any thread (TCP: the background thread).
+  void refuse(Status st, const std::string& why) {
+    std::lock_guard<std::mutex> lk(refusal_mu_);
+    if (refusal_st_ != Status::kOk) return;  // the first cause stays
+    refusal_st_ = st;
+    refusal_ = why;
+  }
+  // kOk, or the refusal's status with *why.
+  Status refusal(std::string* why) {
+    std::lock_guard<std::mutex> lk(refusal_mu_);
+    *why = refusal_;
+    return refusal_st_;
+  }
+
+ private:
+  std::mutex refusal_mu_;
+  Status refusal_st_ = Status::kOk;  // guarded by refusal_mu_
+  std::string refusal_;              // guarded by refusal_mu_
 };
 
 class Transport {

@@ -553,6 +553,10 @@ class FakePeer {
     b.flags = flags;
     b.generation = 0;
     b.rail = 0;
+    b.knobs.chunk_size = 512 * 1024;
+    b.knobs.backup_paths = 0;
+    b.knobs.streams = 1;
+    b.knobs.kind = static_cast<uint8_t>(TransportKind::kTcp);
     b.n_rails = 1;
     WireRail& r = b.rails[0];
     r.family = AF_INET;
@@ -563,10 +567,33 @@ class FakePeer {
     snprintf(r.name, sizeof(r.name), "fake@127.0.0.1");
     return b;
   }
-  bool send_hello(const HelloBody& b) {
+  bool send_hello(const HelloBody& b, uint32_t version = kWireVersion) {
     FrameHeader h = frame(FrameType::kHello);
     h.len = sizeof(HelloBody);
+    h.a = version;
     return send_frame(h, &b);
+  }
+
+  // The listener's answer to a refused hello: a WireRefusal (transport/handshake.h), then the
+  // close. False when something else came, or nothing within timeout_ms.
+  bool wait_refusal(WireRefusal* out, int timeout_ms) {
+    const double end = now_ms() + timeout_ms;
+    for (;;) {
+      if (in_.size() >= sizeof(WireRefusal)) {
+        const bool ok = read_refusal(in_.data(), in_.size(), out);
+        in_.erase(in_.begin(), in_.begin() + sizeof(WireRefusal));
+        return ok;
+      }
+      const double left = end - now_ms();
+      if (closed_ || fd_ < 0 || left <= 0) return false;
+      if (!readable(fd_, static_cast<int>(left) + 1)) continue;
+      char buf[4096];
+      ssize_t n = ::recv(fd_, buf, sizeof(buf), MSG_DONTWAIT);
+      if (n == 0 || (n < 0 && (errno == ECONNRESET || errno == EPIPE)))
+        closed_ = true;
+      else if (n > 0)
+        in_.insert(in_.end(), buf, buf + n);
+    }
   }
 
   // The next frame, whatever its type (no ping handling).
@@ -932,6 +959,7 @@ TEST_CASE("bad input: garbage handles make connect fail with a WARN about the ha
   WireHandle good{};
   good.magic = kHandleMagic;
   good.version = kWireVersion;
+  good.kind = static_cast<uint8_t>(TransportKind::kTcp);
   good.n_endpoints = 1;
   good.endpoints[0].family = AF_INET;
   good.endpoints[0].port = htons(9);
@@ -939,9 +967,10 @@ TEST_CASE("bad input: garbage handles make connect fail with a WARN about the ha
   good.endpoints[0].addr[3] = 1;
 
   struct Variant {
-    const char* name;
+    std::string name;
     std::vector<uint8_t> bytes;
-    std::string warn;  // besides "handle"
+    std::string warn;    // besides "handle"
+    bool tells = false;  // an r2ccl handle of another version: the listener is told first
   };
   const std::string not_ours = "not an r2ccl v" + std::to_string(kWireVersion) + " handle";
   std::vector<Variant> variants;
@@ -979,10 +1008,20 @@ TEST_CASE("bad input: garbage handles make connect fail with a WARN about the ha
     variants.push_back({"second endpoint with family 77", as_bytes(h), "address family 77"});
   }
   {
+    // Another wire version of r2ccl: the connector tells the handle's listener (nothing
+    // listens at port 9: it cannot), then fails naming both versions.
     WireHandle h = good;
-    h.version = kWireVersion + 1;  // a newer r2ccl's handle
-    variants.push_back({"valid magic, a newer version", as_bytes(h),
-                        "version " + std::to_string(kWireVersion + 1)});
+    h.version = kWireVersion + 1;
+    variants.push_back({"valid magic, the next version", as_bytes(h),
+                        "wire version mismatch (TCP): the connecting process speaks version " +
+                            std::to_string(kWireVersion) + ", the listening process version " +
+                            std::to_string(kWireVersion + 1),
+                        true});
+  }
+  {
+    WireHandle h = good;
+    h.version = 2;  // before the common handle head: nobody to tell
+    variants.push_back({"valid magic, version 2", as_bytes(h), "wire version 2", false});
   }
 
   for (const auto& v : variants) {
@@ -995,18 +1034,19 @@ TEST_CASE("bad input: garbage handles make connect fail with a WARN about the ha
     REQUIRE(ok);
     const std::string log = child.err_log().substr(before);
     INFO("new log:\n" << log);
-    CHECK(m.v[0] != ncclSuccess);  // an error, not a pending connect
-    CHECK(m.v[1] == 0);            // no comm
-    CHECK(m.v[2] == 1);            // refused on the first call
-    CHECK(m.v[3] < 1000);
+    CHECK(m.v[0] != ncclSuccess);      // an error, not a pending connect
+    CHECK(m.v[1] == 0);                // no comm
+    if (!v.tells) CHECK(m.v[2] == 1);  // refused on the first call
+    CHECK(m.v[3] < (v.tells ? 2000 : 1000));
     CHECK(has(log, "WARN"));
-    CHECK(has(log, "handle"));
+    CHECK(has(log, v.tells ? "listening process" : "handle"));
     CHECK(has(log, v.warn));
   }
 
-  SECTION("well-formed handle with a wrong secret: connect gives up at R2CCL_CONNECT_TIMEOUT") {
+  SECTION("well-formed handle with a wrong secret: the listener says so, connect fails at once") {
     // A real handle of the child's own listener with the secret flipped: the listener refuses
-    // every hello, the connector retries its candidates until the 1 s connect timeout.
+    // the rail query and answers why; the connect fails with ncclRemoteError on the spot
+    // (it was retried until R2CCL_CONNECT_TIMEOUT), naming the cause and the address.
     child.tell("listen");
     Msg m;
     REQUIRE(child.expect("handle", &m, 5000));
@@ -1019,15 +1059,11 @@ TEST_CASE("bad input: garbage handles make connect fail with a WARN about the ha
     INFO("new log:\n" << log.substr(0, 4000));
     CHECK(m.v[0] == ncclRemoteError);
     CHECK(m.v[1] == 0);
-    CHECK(m.v[3] >= 900);
-    CHECK(m.v[3] < 3000);
-    CHECK(has(log, "gave up after 1.0 s"));
-    CHECK_FALSE(has(log, ": Success)"));  // the WARN names the last real error
-    const int refusals = rt::count_lines_containing(log, "wrong secret");
-    CHECK(refusals >= 1);
-    // One connect attempt per NCCL connect() call: bounded by the call rate, not a storm.
-    WARN("connect with a wrong secret: " << refusals << " refused hellos logged in " << m.v[3]
-                                         << " ms (" << m.v[2] << " connect calls)");
+    CHECK(m.v[3] < 900);  // well before the 1 s connect timeout
+    CHECK_FALSE(has(log, "gave up after"));
+    CHECK(has(log, "refused by the peer: wrong secret"));
+    CHECK(has(log, "-> 127.0.0.1:"));
+    CHECK(rt::count_lines_containing(log, "wrong secret") >= 1);
   }
   child.tell("bye");
   CHECK(child.wait_exit(5000) == 0);
@@ -1062,7 +1098,14 @@ TEST_CASE("bad input: a hello with a wrong secret is refused and the listener su
     HelloBody b = FakePeer::hello_body(h, 0, 0x1111);
     b.secret[3] ^= 0x40;
     REQUIRE(bad.send_hello(b));
-    CHECK(bad.wait_closed(3000));  // closed by the plugin, no HELLO_ACK
+    // No HELLO_ACK: the cause (WireRefusal), then the close.
+    WireRefusal r;
+    REQUIRE(bad.wait_refusal(&r, 3000));
+    CHECK(r.reason == static_cast<uint8_t>(Refusal::kWrongSecret));
+    CHECK(r.from_connector == 0);
+    CHECK(has(r.text, "wrong secret"));
+    for (uint8_t x : r.secret) CHECK(x == 0);  // the listener never sends its secret
+    CHECK(bad.wait_closed(3000));
     CHECK(bad.frames().empty());
     CHECK(wait_log(child, "wrong secret", 2000));
   }
@@ -1073,8 +1116,22 @@ TEST_CASE("bad input: a hello with a wrong secret is refused and the listener su
     HelloBody b = FakePeer::hello_body(h, kHelloQuery, 0);
     b.secret[0] ^= 1;
     REQUIRE(bad.send_hello(b));
+    WireRefusal r;
+    REQUIRE(bad.wait_refusal(&r, 3000));
+    CHECK(r.reason == static_cast<uint8_t>(Refusal::kWrongSecret));
     CHECK(bad.wait_closed(3000));
     CHECK(bad.frames().empty());
+  }
+  {
+    // Another wire version's hello: refused, naming both versions.
+    FakePeer bad;
+    REQUIRE(bad.dial(h));
+    REQUIRE(bad.send_hello(FakePeer::hello_body(h, kHelloQuery, 0), kWireVersion + 1));
+    WireRefusal r;
+    REQUIRE(bad.wait_refusal(&r, 3000));
+    CHECK(r.reason == static_cast<uint8_t>(Refusal::kVersion));
+    CHECK(has(r.text, "version " + std::to_string(kWireVersion + 1)));
+    CHECK(bad.wait_closed(3000));
   }
   {
     // Not a hello at all.
@@ -1092,8 +1149,11 @@ TEST_CASE("bad input: a hello with a wrong secret is refused and the listener su
     HelloBody b = FakePeer::hello_body(h, 0, 0x2222);
     b.listen_id ^= 0x5555;
     REQUIRE(bad.send_hello(b));
+    WireRefusal r;
+    REQUIRE(bad.wait_refusal(&r, 3000));
+    CHECK(r.reason == static_cast<uint8_t>(Refusal::kUnknownListen));
     CHECK(bad.wait_closed(3000));
-    CHECK(wait_log(child, "unknown connection or listen id", 2000));
+    CHECK(wait_log(child, "unknown listen id", 2000));
   }
   const std::string log = child.log();
   INFO("child log:\n" << log);

@@ -9,9 +9,9 @@
 //                       exactly once
 //   flaps            -> port down/up trains (failback by re-created QPs, hold-down)
 // plus the late write (bilateral ERR transition), fatal completion errors, GID change,
-// adaptive-routing writes with several QPs and striping, the predictor's DRAIN, and
-// transport/device selection. Each protection switched off through R2CCL_TEST_HOOKS makes its
-// test fail.
+// adaptive-routing writes with several QPs and striping, the predictor's DRAIN, a link-layer
+// mismatch refused at both ends, and transport/device selection. Each protection switched
+// off through R2CCL_TEST_HOOKS makes its test fail.
 #include <dlfcn.h>
 #include <stdarg.h>
 #include <sys/stat.h>
@@ -400,4 +400,55 @@ TEST_CASE(
   int lost = 0;
   for (int n : to_replay(r.sender_log)) lost += n;
   CHECK(lost == 0);
+}
+
+TEST_CASE(
+    "verbs: a link-layer mismatch (IB at one end, RoCE at the other) fails connect and "
+    "accept within 2 s with one message",
+    "[loopback][ib][setup]") {
+  SKIP_WITHOUT_FAKE();
+  // The two ends must agree on the primary HCA's link layer (docs/ARCHITECTURE.md, "What the
+  // two ends negotiate"): the acceptor refuses and tells the connector, so neither waits
+  // R2CCL_CONNECT_TIMEOUT (the connector did, for the REPLY), and both name both.
+  PairOptions o = ib_pair();
+  o.sender_env["FAKEVERBS_DEVICES"] = "mlx5_0,ib,7";
+  o.skip_connect = true;
+  o.finish_together = true;
+  const std::string slog = temp_path("sender.err"), rlog = temp_path("receiver.err");
+  o.sender_stderr = slog;
+  o.receiver_stderr = rlog;
+  PairResult r = run_pair(
+      o,
+      [&](Endpoint& ep) {
+        char handle[NCCL_NET_HANDLE_MAXSIZE];
+        if (!ep.hear(handle, 30000)) return 50;
+        void* comm = nullptr;
+        double secs = 0;
+        const ncclResult_t res = connect_until(ep, 0, handle, 30, &comm, &secs);
+        fprintf(stderr, "connect: result %d after %.3f s\n", res, secs);
+        return res == ncclInvalidUsage && !comm && secs < 2.0 ? 0 : 51;
+      },
+      [&](Endpoint& ep) {
+        char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+        void* listen = nullptr;
+        if (ep.plugin.net->listen(ep.ctx, 0, handle, &listen) != ncclSuccess || !ep.say(handle))
+          return 50;
+        void* comm = nullptr;
+        double secs = 0;
+        const ncclResult_t res = accept_until(ep, listen, 30, &comm, &secs);
+        fprintf(stderr, "accept: result %d after %.3f s\n", res, secs);
+        ep.plugin.net->closeListen(listen);
+        return res == ncclInvalidUsage && !comm && secs < 2.0 ? 0 : 52;
+      });
+  const std::string s = read_file(slog), rv = read_file(rlog);
+  unlink(slog.c_str());
+  unlink(rlog.c_str());
+  INFO("connector's log:\n" << s << "acceptor's log:\n" << rv);
+  CHECK(r.sender_status == 0);
+  CHECK(r.receiver_status == 0);
+  const std::string text =
+      "link layer mismatch: the connecting process's primary HCA port is IB, the listening "
+      "process's (mlx5_0) is RoCE";
+  CHECK(s.find(text) != std::string::npos);
+  CHECK(rv.find(text) != std::string::npos);
 }

@@ -324,6 +324,45 @@ ncclResult_t Endpoint::recv(void* buf, size_t size, int timeout_ms, int* size_ou
   return wait(req, timeout_ms, size_out);
 }
 
+ncclResult_t connect_until(Endpoint& ep, int dev, void* handle, double limit_s, void** comm,
+                           double* secs) {
+  *comm = nullptr;
+  const double t0 = now_s();
+  ncclResult_t r = ncclSuccess;
+  while (!*comm) {
+    r = ep.plugin.net->connect(ep.ctx, dev, handle, comm, nullptr);
+    if (r != ncclSuccess) break;
+    if (!*comm && now_s() - t0 > limit_s) {
+      r = ncclInProgress;
+      break;
+    }
+    if (!*comm) usleep(200);
+  }
+  *secs = now_s() - t0;
+  return r;
+}
+
+ncclResult_t accept_until(Endpoint& ep, void* listen, double limit_s, void** comm, double* secs,
+                          double* slowest) {
+  *comm = nullptr;
+  const double t0 = now_s();
+  ncclResult_t r = ncclSuccess;
+  if (slowest) *slowest = 0;
+  while (!*comm) {
+    const double c0 = now_s();
+    r = ep.plugin.net->accept(listen, comm, nullptr);
+    if (slowest && now_s() - c0 > *slowest) *slowest = now_s() - c0;
+    if (r != ncclSuccess) break;
+    if (!*comm && now_s() - t0 > limit_s) {
+      r = ncclInProgress;
+      break;
+    }
+    if (!*comm) usleep(200);
+  }
+  *secs = now_s() - t0;
+  return r;
+}
+
 static bool enter_netns(const std::string& name) {
   if (name.empty()) return true;
   std::string path = "/var/run/netns/" + name;

@@ -72,6 +72,15 @@ struct Endpoint {
 ncclResult_t wait_all(Endpoint& ep, std::vector<void*>& reqs, int timeout_ms,
                       std::vector<int>* sizes_out = nullptr);
 
+// connect() until it returns a comm or an error, or `limit_s` passes (then ncclInProgress);
+// *secs: how long it took. For cases that connect themselves (PairOptions::skip_connect).
+ncclResult_t connect_until(Endpoint& ep, int dev, void* handle, double limit_s, void** comm,
+                           double* secs);
+// accept() the same way; *slowest (optional): the longest single accept() call (accept never
+// blocks).
+ncclResult_t accept_until(Endpoint& ep, void* listen, double limit_s, void** comm, double* secs,
+                          double* slowest = nullptr);
+
 struct PairOptions {
   std::map<std::string, std::string> env;           // both processes
   std::map<std::string, std::string> sender_env;    // sender only

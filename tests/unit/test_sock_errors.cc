@@ -2,14 +2,21 @@
 // which it retries only briefly, which fail it at once, and the limits the messages name.
 #include <catch2/catch.hpp>
 
+#include <dirent.h>
+#include <netinet/in.h>
 #include <sys/resource.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <string>
+#include <vector>
 
 #include "sock/sock_errors.h"
+#include "sock/socket_util.h"
 
 using namespace r2ccl::net;
 
@@ -83,4 +90,43 @@ TEST_CASE("first_time says yes once per key", "[sock_errors]") {
   CHECK(first_time("test_sock_errors: a"));
   CHECK_FALSE(first_time("test_sock_errors: a"));
   CHECK(first_time("test_sock_errors: b"));
+}
+
+TEST_CASE("a rail socket that cannot be opened keeps its errno and names the limit",
+          "[sock_errors]") {
+  // EMFILE at socket() was reported as ENETDOWN ("Network is down") and retried until the
+  // connect timeout; it must stay EMFILE, from socket(), with RLIMIT_NOFILE in the message.
+  Rail rail;
+  rail.ifname = "lo";
+  rail.name = "lo@127.0.0.1";
+  rail.family = AF_INET;
+  auto* a = reinterpret_cast<sockaddr_in*>(&rail.addr);
+  a->sin_family = AF_INET;
+  a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  rail.addrlen = sizeof(sockaddr_in);
+  int top = 0;
+  DIR* d = opendir("/proc/self/fd");
+  REQUIRE(d);
+  while (dirent* e = readdir(d)) top = std::max(top, atoi(e->d_name) + 1);
+  closedir(d);
+  rlimit saved{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &saved) == 0);
+  // Every descriptor below the new soft limit is taken: the next socket() fails.
+  std::vector<int> filler;
+  rlimit low = saved;
+  low.rlim_cur = static_cast<rlim_t>(top + 2);
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+  for (int fd; (fd = dup(0)) >= 0;) filler.push_back(fd);
+  SockFailure why;
+  const int fd = open_rail_socket(rail, 0, &why);
+  for (int f : filler) close(f);
+  REQUIRE(setrlimit(RLIMIT_NOFILE, &saved) == 0);
+  if (fd >= 0) close(fd);
+  INFO(why.text);
+  CHECK(fd < 0);
+  CHECK(why.err == EMFILE);
+  CHECK(why.op == SockOp::kSocket);
+  CHECK(classify_errno(why.err, why.op) == ErrClass::kPermanent);
+  CHECK(why.text.find("lo@127.0.0.1") != std::string::npos);
+  CHECK(why.text.find("RLIMIT_NOFILE soft " + std::to_string(top + 2)) != std::string::npos);
 }

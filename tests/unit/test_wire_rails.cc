@@ -109,7 +109,7 @@ TEST_CASE("wire structures have their fixed layout", "[wire]") {
   STATIC_REQUIRE(sizeof(FrameHeader) == 40);
   STATIC_REQUIRE(sizeof(WireEndpoint) == 20);
   STATIC_REQUIRE(sizeof(WireRail) == 48);
-  STATIC_REQUIRE(sizeof(HelloBody) == 64 + 48 * kMaxRails);
+  STATIC_REQUIRE(sizeof(HelloBody) == 80 + 48 * kMaxRails);
   STATIC_REQUIRE(offsetof(FrameHeader, len) == 4);
   STATIC_REQUIRE(offsetof(FrameHeader, seq) == 8);
   STATIC_REQUIRE(offsetof(FrameHeader, b) == 36);
@@ -481,9 +481,9 @@ TEST_CASE("rail sockets bind their address without taking a port until connect",
   rail.family = AF_INET;
   rail.addr = make_addr("127.0.0.1");
   rail.addrlen = sizeof(sockaddr_in);
-  std::string err;
-  const int fd = open_rail_socket(rail, 0, &err);
-  INFO(err);
+  SockFailure why;
+  const int fd = open_rail_socket(rail, 0, &why);
+  INFO(why.text);
   REQUIRE(fd >= 0);
   int on = 0;
   socklen_t len = sizeof(on);
@@ -494,6 +494,7 @@ TEST_CASE("rail sockets bind their address without taking a port until connect",
   REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&local), &ll) == 0);
   CHECK(ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port) == 0);  // no port held yet
   // A connect still gets a port from the rail's address.
+  std::string err;
   const int lfd = open_rail_listener(rail, &err);
   REQUIRE(lfd >= 0);
   sockaddr_storage la{};

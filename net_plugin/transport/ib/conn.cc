@@ -25,7 +25,6 @@ constexpr int kRqDepth = 128;   // posted receives per QP (control SENDs and chu
 constexpr int kSqReserve = 24;  // send WRs per QP kept for CTS, probes and control messages
 constexpr int kPollBatch = 32;
 constexpr uint64_t kRecvWrFlag = 1ull << 63;
-constexpr uint64_t kMinChunk = 4096, kMaxChunk = 64ull << 20;  // R2CCL_CHUNK_SIZE's range
 
 enum WrKind : uint8_t { kWrData = 1, kWrDataPart, kWrCts, kWrProbe, kWrCtrl };
 
@@ -393,13 +392,48 @@ bool Conn::sc_write(const void* buf, size_t len) {
   return true;
 }
 
-int Conn::read_setup(IbSetupMsg* m) {
-  const int r = sc_read_exact(sc_in_, sizeof(IbSetupMsg), &sc_got_);
-  if (r > 0) {
-    memcpy(m, sc_in_, sizeof(*m));
-    sc_got_ = 0;
+int Conn::read_setup(IbSetupMsg* m, WireRefusal* refusal) {
+  // A setup message, or a WireRefusal (shorter: its magic says so after 4 bytes).
+  for (;;) {
+    const size_t want =
+        looks_like_refusal(sc_in_, sc_got_) ? sizeof(WireRefusal) : sizeof(IbSetupMsg);
+    if (sc_got_ >= want) break;
+    const ssize_t n = ::recv(sc_fd_, sc_in_ + sc_got_, want - sc_got_, MSG_DONTWAIT);
+    if (n > 0) {
+      sc_got_ += static_cast<size_t>(n);
+      continue;
+    }
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) return 0;
+    return -1;
   }
-  return r;
+  const bool refused = looks_like_refusal(sc_in_, sc_got_);
+  const size_t got = sc_got_;
+  sc_got_ = 0;
+  if (refused) return read_refusal(sc_in_, got, refusal) ? 2 : -1;
+  memcpy(m, sc_in_, sizeof(*m));
+  return 1;
+}
+
+// The peer is told why this end ends the setup, then the side channel closes (best effort:
+// the refusal fits an empty socket buffer).
+void Conn::refuse_peer(Refusal r, const std::string& text) {
+  if (sc_fd_ < 0) return;
+  const WireRefusal w = make_refusal(r, TransportKind::kIb, role_ == Role::kSend, nullptr,
+                                     listen_id_, conn_id_, text);
+  sc_write(&w, sizeof(w));
+  ::close(sc_fd_);
+  sc_fd_ = -1;
+  sc_out_.clear();
+  peer_told_ = true;
+}
+
+std::string Conn::side_peer() const {
+  if (role_ == Role::kSend) return wire_addr_string(handle_.listener);
+  sockaddr_storage a;
+  socklen_t l = sizeof(a);
+  if (sc_fd_ >= 0 && getpeername(sc_fd_, reinterpret_cast<sockaddr*>(&a), &l) == 0)
+    return addr_port_string(a);
+  return "?";
 }
 
 // 1: `len` bytes are in buf; 0: not yet; -1: end-of-file or error.
@@ -421,7 +455,7 @@ int Conn::sc_read_exact(void* buf, size_t len, size_t* got) {
 
 IbSetupMsg Conn::setup_msg(SetupType t) const {
   IbSetupMsg m{};
-  m.magic = kIbHandleMagic;
+  m.magic = kIbMsgMagic;
   m.version = kIbWireVersion;
   m.type = static_cast<uint16_t>(t);
   memcpy(m.secret, secret_, 16);
@@ -430,13 +464,53 @@ IbSetupMsg Conn::setup_msg(SetupType t) const {
 }
 
 bool Conn::is_setup(const IbSetupMsg& m, SetupType t, const uint8_t* secret) const {
-  return m.magic == kIbHandleMagic && m.version == kIbWireVersion &&
+  return m.magic == kIbMsgMagic && m.version == kIbWireVersion &&
          m.type == static_cast<uint16_t>(t) && secrets_equal(m.secret, secret, 16);
 }
 
 Status Conn::setup_step(bool* done, TimeUs now) {
   if (setup_start_ == 0) setup_start_ = now;
-  return role_ == Role::kSend ? connect_step(done, now) : accept_step(done, now);
+  const Status st = role_ == Role::kSend ? connect_step(done, now) : accept_step(done, now);
+  // Once both ends are engaged (HELLO sent / a valid HELLO taken), a failure here must not
+  // leave the peer waiting R2CCL_CONNECT_TIMEOUT: it is told (its setup fails at once too).
+  if (st != Status::kOk && engaged_ && !peer_told_)
+    refuse_peer(Refusal::kAborted, std::string("setup aborted: the ") +
+                                       (role_ == Role::kSend ? "connecting" : "listening") +
+                                       " process could not finish its half of the setup (" +
+                                       status_name(st) + "; its log says why)");
+  return st;
+}
+
+Status Conn::fail_connect(const std::string& why, Status st) {
+  R2CCL_WARN("connect on device %d (side channel %s -> %s) failed: %s; not retried", dev_,
+             rt_->side_rail().name.c_str(), side_peer().c_str(), why.c_str());
+  return st;
+}
+
+// A side-channel connect that did not get through: permanent causes fail, refusals fail once
+// they have lasted kRefusedGrace, others are retried from a fresh socket with backoff
+// (sock/sock_errors.h).
+Status Conn::connect_failed(int err, SockOp op, const std::string& text, TimeUs now) {
+  if (sc_fd_ >= 0) ::close(sc_fd_);
+  sc_fd_ = -1;
+  stage_ = 0;
+  const ErrClass cls = classify_errno(err, op);
+  if (cls == ErrClass::kPermanent) return fail_connect(text, Status::kSystem);
+  if (cls == ErrClass::kBounded) {
+    if (refused_since_ == 0) refused_since_ = now;
+    if (now - refused_since_ >= kRefusedGrace) {
+      char t[128];
+      snprintf(t, sizeof(t), " for %.1f s", (now - refused_since_) / 1e6);
+      return fail_connect("nothing listens there (" + text + t +
+                              "): the listen comm was closed or its process exited",
+                          Status::kRemote);
+    }
+  } else {
+    refused_since_ = 0;
+  }
+  backoff_ = std::min<TimeUs>(backoff_ == 0 ? 10 * kUsPerMs : backoff_ * 2, kUsPerSec);
+  retry_at_ = now + backoff_;
+  return Status::kOk;
 }
 
 Status Conn::connect_step(bool* done, TimeUs now) {
@@ -449,50 +523,43 @@ Status Conn::connect_step(bool* done, TimeUs now) {
     return Status::kRemote;
   }
   if (stage_ == 0) {
+    if (now < retry_at_) return Status::kOk;
     memcpy(secret_, handle_.secret, 16);
     listen_id_ = handle_.listen_id;
     if (conn_id_ == 0) conn_id_ = rt_->random_u64();
-    std::string err;
-    sc_fd_ = open_rail_socket(rt_->side_rail(), cfg_.tcp_user_timeout, &err);
-    if (sc_fd_ < 0) {
-      R2CCL_WARN("connect: side channel: %s", err.c_str());
-      return Status::kSystem;
-    }
+    SockFailure why;
+    sc_fd_ = open_rail_socket(rt_->side_rail(), cfg_.tcp_user_timeout, &why);
+    if (sc_fd_ < 0) return connect_failed(why.err, why.op, why.text, now);
     sockaddr_storage peer{};
-    if (handle_.family == AF_INET) {
+    if (handle_.listener.family == AF_INET) {
       auto* s = reinterpret_cast<sockaddr_in*>(&peer);
       s->sin_family = AF_INET;
-      s->sin_port = handle_.port;
-      memcpy(&s->sin_addr, handle_.addr, 4);
+      s->sin_port = handle_.listener.port;
+      memcpy(&s->sin_addr, handle_.listener.addr, 4);
     } else {
       auto* s = reinterpret_cast<sockaddr_in6*>(&peer);
       s->sin6_family = AF_INET6;
-      s->sin6_port = handle_.port;
-      memcpy(&s->sin6_addr, handle_.addr, 16);
+      s->sin6_port = handle_.listener.port;
+      memcpy(&s->sin6_addr, handle_.listener.addr, 16);
     }
     const int e = start_connect(sc_fd_, peer);
-    if (e != 0) {
-      R2CCL_WARN("connect: side channel to %s: %s", addr_to_string(peer).c_str(), strerror(-e));
-      return Status::kRemote;
-    }
+    if (e != 0)
+      return connect_failed(-e, SockOp::kConnect, describe_errno(-e, SockOp::kConnect), now);
     stage_ = 1;
   }
   if (stage_ == 1) {
     const int e = finish_connect(sc_fd_);
     if (e == -EINPROGRESS) return Status::kOk;
-    if (e != 0) {
-      // The peer's listener is not there (yet): retry from a fresh socket.
-      ::close(sc_fd_);
-      sc_fd_ = -1;
-      stage_ = 0;
-      return Status::kOk;
-    }
+    if (e != 0)
+      return connect_failed(-e, SockOp::kConnect, describe_errno(-e, SockOp::kConnect), now);
+    refused_since_ = 0;
     candidates_ = rt_->path_set(rt_->device_rail(dev_));
     IbSetupMsg m = setup_msg(SetupType::kHello);
     m.listen_id = listen_id_;
     m.chunk_size = static_cast<uint64_t>(cfg_.chunk_size);
     m.area_addr = reinterpret_cast<uintptr_t>(area_);
     m.qps_per_path = static_cast<uint32_t>(nqps_);
+    m.knobs = rt_->knobs(nqps_, ar_);
     m.npaths = static_cast<uint32_t>(std::min<size_t>(candidates_.size(), kMaxIbPaths));
     for (uint32_t i = 0; i < m.npaths; ++i) {
       R2CCL_CHECK(register_area_on(candidates_[i]));
@@ -500,20 +567,41 @@ Status Conn::connect_step(bool* done, TimeUs now) {
     }
     chunk_size_ = m.chunk_size;
     if (!sc_write(&m, sizeof(m))) return Status::kRemote;
+    engaged_ = true;
     stage_ = 2;
   }
   if (!sc_write(nullptr, 0)) return Status::kRemote;
   if (stage_ == 2) {
     IbSetupMsg m;
-    const int r = read_setup(&m);
+    WireRefusal refusal;
+    const int r = read_setup(&m, &refusal);
     if (r == 0) return Status::kOk;
+    if (r == 2) {
+      peer_told_ = true;  // the peer ended it: nothing to tell back
+      return fail_connect(std::string("refused by the peer: ") + refusal.text,
+                          refusal_status(static_cast<Refusal>(refusal.reason)));
+    }
+    std::string bad;
     if (r < 0 || !is_setup(m, SetupType::kReply, secret_) || m.npaths == 0 ||
-        m.npaths > kMaxIbPaths || m.qps_per_path != static_cast<uint32_t>(nqps_)) {
-      R2CCL_WARN(
-          "connect: the peer's setup reply is missing or invalid (%s)",
-          r < 0 ? "side channel closed" : "bad magic, version, secret, path count or QP count");
+        m.npaths > kMaxIbPaths || !knobs_valid(m.knobs, kMaxQpsPerPath, &bad)) {
+      R2CCL_WARN("connect: the peer's setup reply is missing or invalid (%s)",
+                 r < 0         ? "side channel closed"
+                 : bad.empty() ? "bad magic, version, secret or path count"
+                               : bad.c_str());
       return Status::kRemote;
     }
+    // Both ends' knobs (transport/handshake.h); the acceptor chose the same from them.
+    const Negotiated n = negotiate(rt_->knobs(nqps_, ar_), m.knobs);
+    if (m.qps_per_path != static_cast<uint32_t>(n.streams) || m.chunk_size != n.chunk_size) {
+      R2CCL_WARN(
+          "connect: the peer's setup reply uses %u QPs per path and %llu-byte chunks; the "
+          "negotiated values are %d and %llu",
+          m.qps_per_path, static_cast<unsigned long long>(m.chunk_size), n.streams,
+          static_cast<unsigned long long>(n.chunk_size));
+      return Status::kRemote;
+    }
+    nqps_ = n.streams;
+    chunk_size_ = n.chunk_size;
     peer_area_ = m.area_addr;
     slots_len_ = static_cast<size_t>(m.npaths) * nqps_ * kRqDepth * kCtrlSlot;
     slots_ = static_cast<char*>(aligned_alloc(4096, page_round(slots_len_)));
@@ -544,8 +632,14 @@ Status Conn::connect_step(bool* done, TimeUs now) {
   }
   if (stage_ == 3) {
     IbSetupMsg m;
-    const int r = read_setup(&m);
+    WireRefusal refusal;
+    const int r = read_setup(&m, &refusal);
     if (r == 0) return Status::kOk;
+    if (r == 2) {
+      peer_told_ = true;
+      return fail_connect(std::string("refused by the peer: ") + refusal.text,
+                          refusal_status(static_cast<Refusal>(refusal.reason)));
+    }
     if (r < 0 || !is_setup(m, SetupType::kDone, secret_)) {
       R2CCL_WARN("connect: the peer did not confirm the connection");
       return Status::kRemote;
@@ -556,13 +650,36 @@ Status Conn::connect_step(bool* done, TimeUs now) {
   return Status::kOk;
 }
 
+// A side-channel connection that is not this listen comm's peer: told why when it speaks our
+// protocol, closed, and the listen comm waits for the next one.
+void Conn::refuse_stranger(Refusal r, const std::string& text) {
+  R2CCL_WARN("accept on device %d: refused a side-channel connection from %s: %s", dev_,
+             side_peer().c_str(), text.c_str());
+  if (r != Refusal::kAborted) {
+    refuse_peer(r, text);
+  } else if (sc_fd_ >= 0) {
+    ::close(sc_fd_);
+    sc_fd_ = -1;
+  }
+  sc_out_.clear();
+  peer_told_ = false;
+  stage_ = 0;
+}
+
 Status Conn::accept_step(bool* done, TimeUs now) {
   *done = false;
   Listen* l = listen_;
   if (stage_ == 0) {
     if (l->fd < 0) return Status::kSystem;
+    // Out of descriptors: the connection waits in the accept queue; accept() does not spin
+    // on it (sock/sock_errors.h).
+    if (l->gate.paused(now)) return Status::kOk;
     const int fd = ::accept4(l->fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return Status::kOk;
+    if (fd < 0) {
+      l->gate.on_error(errno, "the side channel of a listen comm on device " + std::to_string(dev_),
+                       now);
+      return Status::kOk;
+    }
     set_socket_options(fd, cfg_.tcp_user_timeout);
     sc_fd_ = fd;
     sc_got_ = 0;
@@ -576,24 +693,63 @@ Status Conn::accept_step(bool* done, TimeUs now) {
   if (!sc_write(nullptr, 0)) return Status::kRemote;
   if (stage_ == 1) {
     IbSetupMsg m;
-    const int r = read_setup(&m);
+    WireRefusal refusal;
+    const int r = read_setup(&m, &refusal);
     if (r == 0) return Status::kOk;
-    if (r < 0 || !is_setup(m, SetupType::kHello, l->secret) || m.listen_id != l->listen_id ||
-        m.npaths == 0 || m.npaths > kMaxIbPaths || m.qps_per_path != static_cast<uint32_t>(nqps_) ||
-        m.chunk_size < kMinChunk || m.chunk_size > kMaxChunk) {
-      R2CCL_WARN("accept: refused a side-channel connection: %s",
-                 r < 0 ? "closed before its hello"
-                 : m.qps_per_path != static_cast<uint32_t>(nqps_)
-                     ? "R2CCL_IB_QPS_PER_PATH differs between the two ends"
-                     : "bad magic, version, secret, listen id or chunk size");
-      ::close(sc_fd_);
-      sc_fd_ = -1;
-      stage_ = 0;
+    if (r == 2) {
+      // A connector that cannot use our handle (the other transport, another wire version)
+      // says why: with our secret, this listen comm's accept fails (now and from now on).
+      if (refusal.listen_id == l->listen_id && secrets_equal(refusal.secret, l->secret, 16)) {
+        const Status st = refusal_status(static_cast<Refusal>(refusal.reason));
+        l->refuse(st, refusal.text);
+        peer_told_ = true;
+        return st;
+      }
+      refuse_stranger(Refusal::kAborted, "a refusal without this listen comm's id and secret");
       return Status::kOk;
     }
+    if (r < 0) {
+      refuse_stranger(Refusal::kAborted, "closed before its hello");
+      return Status::kOk;
+    }
+    std::string bad;
+    if (m.magic != kIbMsgMagic || m.type != static_cast<uint16_t>(SetupType::kHello)) {
+      refuse_stranger(Refusal::kAborted, "not an r2ccl verbs hello");
+      return Status::kOk;
+    }
+    if (m.version != kIbWireVersion) {
+      refuse_stranger(Refusal::kVersion,
+                      version_mismatch_text(static_cast<uint8_t>(TransportKind::kIb), m.version,
+                                            kIbWireVersion));
+      return Status::kOk;
+    }
+    if (!secrets_equal(m.secret, l->secret, 16)) {
+      refuse_stranger(Refusal::kWrongSecret,
+                      "wrong secret (the handle is not this listen comm's, or it is corrupted)");
+      return Status::kOk;
+    }
+    if (m.listen_id != l->listen_id) {
+      refuse_stranger(Refusal::kUnknownListen, "no such listen comm (a stale handle)");
+      return Status::kOk;
+    }
+    if (m.npaths == 0 || m.npaths > kMaxIbPaths || !knobs_valid(m.knobs, kMaxQpsPerPath, &bad) ||
+        m.chunk_size != m.knobs.chunk_size) {
+      refuse_stranger(
+          Refusal::kMalformed,
+          "malformed hello: " + (bad.empty() ? std::to_string(m.npaths) + " candidate HCAs" : bad));
+      return Status::kOk;
+    }
+    engaged_ = true;  // our peer: from here on a failure is told to it
+    listen_id_ = l->listen_id;
+    // Both ends' knobs (transport/handshake.h): the smaller chunk size and QP count, the
+    // sender's adaptive-routing write mode.
+    const WireKnobs own = rt_->knobs(nqps_, ar_);
+    const Negotiated n = negotiate(m.knobs, own);
+    nqps_ = n.streams;
+    ar_ = n.adaptive_routing;
     memcpy(secret_, l->secret, 16);
     conn_id_ = m.conn_id;
-    chunk_size_ = m.chunk_size;
+    chunk_size_ = n.chunk_size;
     peer_area_ = m.area_addr;
     // Pair paths (engine/path_plan.h): our primary with theirs; each of our backups with an
     // unused candidate of theirs on the same link layer, preferring the same IPv4 /24 (a
@@ -607,10 +763,17 @@ Status Conn::accept_step(bool* done, TimeUs now) {
           return same_ipv4_24(m.hca[j].gid, h.gid) ? 2 : 1;
         });
     if (pairs.empty() || pairs[0].local != 0) {
+      // Both ends must agree (docs/ARCHITECTURE.md): refused at both, one message.
       const HcaInfo& h = rt_->hcas()[mine[0]];
-      R2CCL_WARN("accept: the peer's primary HCA is %s, ours (%s) is %s: cannot connect",
-                 ll_name(m.hca[0].link_layer), h.name.c_str(), ll_name(h.link_layer));
-      return Status::kInternal;
+      const std::string text = std::string(
+                                   "link layer mismatch: the connecting process's "
+                                   "primary HCA port is ") +
+                               ll_name(m.hca[0].link_layer) + ", the listening process's (" +
+                               h.name + ") is " + ll_name(h.link_layer) +
+                               "; both ends of a connection need the same link layer";
+      R2CCL_WARN("accept on device %d: %s", dev_, text.c_str());
+      refuse_peer(Refusal::kMismatch, text);
+      return refusal_status(Refusal::kMismatch);
     }
     IbSetupMsg reply = setup_msg(SetupType::kReply);
     for (const auto& pr : pairs) {
@@ -636,6 +799,7 @@ Status Conn::accept_step(bool* done, TimeUs now) {
     }
     reply.npaths = static_cast<uint32_t>(paths_.size());
     reply.qps_per_path = static_cast<uint32_t>(nqps_);
+    reply.knobs = own;
     reply.area_addr = reinterpret_cast<uintptr_t>(area_);
     reply.chunk_size = chunk_size_;
     if (!sc_write(&reply, sizeof(reply))) return Status::kRemote;
@@ -643,8 +807,15 @@ Status Conn::accept_step(bool* done, TimeUs now) {
   }
   if (stage_ == 2) {
     IbSetupMsg m;
-    const int r = read_setup(&m);
+    WireRefusal refusal;
+    const int r = read_setup(&m, &refusal);
     if (r == 0) return Status::kOk;
+    if (r == 2) {
+      peer_told_ = true;
+      R2CCL_WARN("accept on device %d: the connecting peer ended the setup: %s", dev_,
+                 refusal.text);
+      return refusal_status(static_cast<Refusal>(refusal.reason));
+    }
     if (r < 0 || !is_setup(m, SetupType::kReady, secret_) || m.npaths != paths_.size()) {
       R2CCL_WARN("accept: the peer's READY is missing or invalid");
       return Status::kRemote;
@@ -789,7 +960,7 @@ PostResult Conn::post_cts(int path, const CtsOut& c, PathSink& sink, TimeUs now)
 
 IbCtrlMsg Conn::wire_msg(WireCtrl t, int path, uint32_t gen) const {
   IbCtrlMsg m{};
-  m.magic = kIbHandleMagic;
+  m.magic = kIbMsgMagic;
   m.type = static_cast<uint16_t>(t);
   m.path = static_cast<uint16_t>(path);
   m.gen = gen;
@@ -959,7 +1130,7 @@ void Conn::on_recv_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
     IbCtrlMsg m;
     memcpy(&m, slots_ + slot * kCtrlSlot, sizeof(m));
     if (repost) post_recv_slot(p, q, k);
-    if (wc.byte_len >= sizeof(m) && m.magic == kIbHandleMagic) {
+    if (wc.byte_len >= sizeof(m) && m.magic == kIbMsgMagic) {
       sink.on_path_alive(p.index, now);
       on_wire_ctrl(p.index, m, sink, now);
       return;
@@ -1048,7 +1219,7 @@ void Conn::read_side_channel(PathSink& sink, TimeUs now) {
     sc_got_ = 0;
     IbCtrlMsg m;
     memcpy(&m, sc_in_, sizeof(m));
-    if (m.magic != kIbHandleMagic) {
+    if (m.magic != kIbMsgMagic) {
       R2CCL_WARN("side channel: malformed control message ignored");
       continue;
     }

@@ -29,6 +29,7 @@
 #include <vector>
 
 #include "engine/connection.h"
+#include "sock/sock_errors.h"
 #include "transport/ib/runtime.h"
 #include "transport/ib/wire.h"
 #include "transport/transport.h"
@@ -50,7 +51,8 @@ class Listen final : public Listener {
   Listen(Runtime* rt, int dev);
   ~Listen() override;
   Runtime* rt;
-  int fd = -1;  // side-channel listener
+  int fd = -1;      // side-channel listener
+  AcceptGate gate;  // accept4 out of descriptors: paused (service thread)
 };
 
 class Conn final : public ConnIo {
@@ -130,8 +132,18 @@ class Conn final : public ConnIo {
   void finish_setup();
   bool sc_write(const void* buf, size_t len);
   int sc_read_exact(void* buf, size_t len, size_t* got);
-  // The next setup message from the side channel: 1 read (into *m), 0 not yet, -1 closed.
-  int read_setup(IbSetupMsg* m);
+  // The next setup message from the side channel: 1 read (into *m), 2 the peer's refusal
+  // (into *refusal), 0 not yet, -1 closed.
+  int read_setup(IbSetupMsg* m, WireRefusal* refusal);
+  // Tells the peer why this end ends the setup and closes the side channel.
+  void refuse_peer(Refusal r, const std::string& text);
+  // Acceptor: refuses a side-channel connection that is not this listen comm's peer (told
+  // why unless r is kAborted) and waits for the next.
+  void refuse_stranger(Refusal r, const std::string& text);
+  // Connector: a failed side-channel connect, classified (sock/sock_errors.h): kOk to retry.
+  Status connect_failed(int err, SockOp op, const std::string& text, TimeUs now);
+  Status fail_connect(const std::string& why, Status st);
+  std::string side_peer() const;  // the side channel's peer address
   void post_recv_slot(Path& p, int q, int k);
   // data path
   int alloc_wr();
@@ -198,6 +210,11 @@ class Conn final : public ConnIo {
   char sc_in_[sizeof(IbSetupMsg)];
   size_t sc_got_ = 0;
   bool bye_seen_ = false;
+  bool engaged_ = false;      // setup: both ends are committed (HELLO sent / a valid one taken)
+  bool peer_told_ = false;    // setup: the peer was told why it ends, or told us
+  TimeUs refused_since_ = 0;  // connector: its side-channel connects are refused since then
+  TimeUs retry_at_ = 0;       // connector: the next side-channel connect, after a failure
+  TimeUs backoff_ = 0;
 
   // setup state
   int stage_ = 0;

@@ -142,9 +142,9 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
            static_cast<long long>(cfg->chunk_size / 1024), cfg->stripe ? "on" : "off",
            static_cast<long long>(cfg->ib_timeout), static_cast<long long>(cfg->ib_retry_cnt),
            side_rail_.name.c_str());
-  const Traits traits{"IB",         board::Transport::kIb, 0x52324942434f4e4eull /* "R2IBCONN" */,
-                      "port error", "port error event",    5,
-                      10 * kUsPerMs};
+  const Traits traits{"IB",          board::Transport::kIb, 0x52324942434f4e4eull /* "R2IBCONN" */,
+                      "port error",  "port error event",    5,
+                      10 * kUsPerMs, TransportKind::kIb,    kIbWireVersion};
   R2CCL_CHECK(init_base(cfg, traits, std::move(info), std::move(devices), types, knobs, err));
   // Async events are read without blocking by the background thread, one descriptor per
   // device (its first port).
@@ -172,11 +172,12 @@ Status Runtime::listen(int dev, void* handle, Listener** out) {
     return Status::kSystem;
   }
   IbWireHandle h{};
-  h.magic = kIbHandleMagic;
+  h.magic = kHandleMagic;
   h.version = kIbWireVersion;
-  h.family = static_cast<uint8_t>(side_rail_.family);
-  h.port = local_port(l->fd);  // network order
-  memcpy(h.addr, addr_bytes(side_rail_.addr), side_rail_.family == AF_INET ? 4 : 16);
+  h.kind = static_cast<uint8_t>(TransportKind::kIb);
+  h.listener.family = static_cast<uint8_t>(side_rail_.family);
+  h.listener.port = local_port(l->fd);  // network order
+  memcpy(h.listener.addr, addr_bytes(side_rail_.addr), side_rail_.family == AF_INET ? 4 : 16);
   memcpy(h.secret, l->secret, 16);
   h.listen_id = l->listen_id;
   memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
@@ -190,12 +191,13 @@ std::unique_ptr<ConnIo> Runtime::new_conn_io(int dev, int traffic_class, const v
   if (accept) return std::unique_ptr<ConnIo>(new Conn(this, static_cast<Listen*>(accept)));
   IbWireHandle h;
   memcpy(&h, handle, sizeof(h));
-  if (h.magic != kIbHandleMagic || h.version != kIbWireVersion ||
-      (h.family != AF_INET && h.family != AF_INET6)) {
+  if (h.magic != kHandleMagic || h.version != kIbWireVersion ||
+      h.kind != static_cast<uint8_t>(TransportKind::kIb) ||
+      (h.listener.family != AF_INET && h.listener.family != AF_INET6)) {
     R2CCL_WARN(
         "connect: the handle is not an r2ccl verbs v%u handle (magic %08x, version %u, "
         "family %u); do both ends use the same R2CCL_TRANSPORT?",
-        kIbWireVersion, h.magic, h.version, h.family);
+        kIbWireVersion, h.magic, h.version, h.listener.family);
     *st = Status::kInternal;
     return nullptr;
   }

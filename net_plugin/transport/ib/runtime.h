@@ -43,6 +43,13 @@ class Runtime final : public RuntimeBase {
   std::vector<int> path_set(int primary_hca) const;
   // A copy of HCA i's current addressing (the GID may change at run time).
   HcaInfo hca_snapshot(int i);
+  // This process's knobs as HELLO and REPLY carry them, with a connection's QPs per path and
+  // adaptive-routing mode (transport/handshake.h).
+  WireKnobs knobs(int qps_per_path, bool adaptive_routing) const {
+    WireKnobs k = own_knobs(qps_per_path);
+    k.adaptive_routing = adaptive_routing ? 1 : 0;
+    return k;
+  }
 
   // --- Transport ---
   Status listen(int dev, void* handle, Listener** out) override;

@@ -1,7 +1,8 @@
 // Wire formats of the verbs transport. Everything here crosses process boundaries (the NCCL
 // handle, the TCP side channel, RDMA SENDs and RDMA writes into the peer's connection area),
 // so every struct is fixed-size, trivially copyable and checked at compile time. Both ends
-// run the same r2ccl version (kIbWireVersion is checked in the handle and the hello).
+// run the same r2ccl version (kIbWireVersion is checked in the handle and the hello; a
+// mismatch is refused at both ends, transport/handshake.h).
 //
 // Connection setup over the side channel (non-blocking on both ends, authenticated by the
 // handle's 128-bit secret):
@@ -11,6 +12,13 @@
 //                                  candidate it pairs with, its QP numbers, area rkey
 //   connector -> acceptor  READY   the connector's QP numbers (QPs now in RTS)
 //   acceptor -> connector  DONE    the acceptor's QPs are in RTS; both ends return the comm
+// HELLO carries the connector's knobs, REPLY the acceptor's and the negotiated chunk size and
+// QPs per path (transport/handshake.h: the smaller of both ends; the adaptive-routing write
+// mode is the sender's). Instead of any of these, either end may send a WireRefusal
+// (handshake.h) naming why it ends the setup (the acceptor: a wrong secret, a malformed or
+// mismatched hello, a setup it could not finish; the connector: one it could not finish), and
+// the other end fails its connect or accept at once with that message. A connector of the
+// other transport sends one too, instead of HELLO.
 // The side channel then stays open: it carries control messages when no RDMA path is healthy
 // (rebuilding paths after every HCA failed), BYE, and its end-of-file tells a peer process
 // exited.
@@ -25,28 +33,22 @@
 #include <type_traits>
 
 #include "r2ccl/nccl_abi.h"
+#include "transport/handshake.h"
 
 namespace r2ccl::net::ib {
 
-constexpr uint32_t kIbHandleMagic = 0x42493252;  // "R2IB"
-constexpr uint16_t kIbWireVersion = 3;  // 2: the connection id in the setup messages; 3: TRUNCATED
-constexpr int kMaxIbPaths = 4;          // primary + up to 3 backups (R2CCL_BACKUP_PATHS <= 3)
-constexpr int kMaxQpsPerPath = 16;      // R2CCL_IB_QPS_PER_PATH maximum
-constexpr int kFifoDepth = 64;          // CTS slots; > NCCL_NET_MAX_REQUESTS outstanding receives
+constexpr uint32_t kIbMsgMagic = 0x42493252;  // "R2IB": setup and control messages
+// 3: the handle starts with the common head (transport/handshake.h), knobs in HELLO/REPLY,
+//    refusals (WireRefusal), TRUNCATED control messages; 2: the connection id in the setup
+//    messages.
+constexpr uint16_t kIbWireVersion = 3;
+constexpr int kMaxIbPaths = 4;      // primary + up to 3 backups (R2CCL_BACKUP_PATHS <= 3)
+constexpr int kMaxQpsPerPath = 16;  // R2CCL_IB_QPS_PER_PATH maximum
+constexpr int kFifoDepth = 64;      // CTS slots; > NCCL_NET_MAX_REQUESTS outstanding receives
 
-// The NCCL handle (listen -> connect), 128 bytes with the connect state at its end.
-struct IbWireHandle {
-  uint32_t magic;
-  uint16_t version;
-  uint8_t family;  // AF_INET or AF_INET6 of the side-channel listener
-  uint8_t reserved0;
-  uint16_t port;  // network order
-  uint16_t reserved1;
-  uint8_t addr[16];
-  uint8_t secret[16];
-  uint64_t listen_id;
-};
-static_assert(sizeof(IbWireHandle) == 56, "IbWireHandle layout");
+// The NCCL handle (listen -> connect), 128 bytes with the connect state at its end: the
+// common head and nothing more (its listener address is the side channel's).
+using IbWireHandle = HandleHead;
 static_assert(sizeof(IbWireHandle) <= NCCL_NET_HANDLE_MAXSIZE - 16,
               "handle leaves room for connect state");
 
@@ -76,12 +78,14 @@ struct IbSetupMsg {
   uint64_t chunk_size;  // the connector's R2CCL_CHUNK_SIZE: the connection's chunk size
   uint64_t area_addr;   // the sender's connection area (its CTS FIFO) / the receiver's
   uint32_t npaths;
-  uint32_t qps_per_path;
+  uint32_t qps_per_path;  // HELLO: the connector's; REPLY: the negotiated count
+  WireKnobs knobs;        // HELLO: the connector's own; REPLY: the acceptor's own
   IbWireHca hca[kMaxIbPaths];
   uint32_t qpn[kMaxIbPaths][kMaxQpsPerPath];
 };
-static_assert(sizeof(IbSetupMsg) == 64 + 32 * kMaxIbPaths + 4 * kMaxIbPaths * kMaxQpsPerPath,
+static_assert(sizeof(IbSetupMsg) == 80 + 32 * kMaxIbPaths + 4 * kMaxIbPaths * kMaxQpsPerPath,
               "IbSetupMsg layout");
+static_assert(sizeof(IbSetupMsg) >= sizeof(WireRefusal), "a setup read holds a refusal");
 
 // A clear-to-send record, written by the receiver into slot seq % kFifoDepth of the sender's
 // FIFO. seq1 = sequence + 1 is the last field, so a record is valid once seq1 matches.
@@ -117,7 +121,7 @@ enum class WireCtrl : uint16_t {
 };
 
 struct IbCtrlMsg {
-  uint32_t magic;  // kIbHandleMagic
+  uint32_t magic;  // kIbMsgMagic
   uint16_t type;   // WireCtrl
   uint16_t path;
   uint32_t gen;

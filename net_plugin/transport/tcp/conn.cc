@@ -86,8 +86,10 @@ Listen::~Listen() {
 Conn::Conn(Runtime* rt, Role role, int dev)
     : rt_(rt), cfg_(rt->cfg()), role_(role), dev_(dev), discard_(kDiscardBytes) {
   n_streams_ = static_cast<int>(cfg_.nsocks_per_path);
-  // The sender cuts messages into its R2CCL_CHUNK_SIZE; the receiver places chunks by the
-  // offsets in their headers.
+  backups_ = static_cast<int>(cfg_.backup_paths);
+  // The sender cuts messages into the connection's chunk size (the smaller of both ends'
+  // R2CCL_CHUNK_SIZE, negotiated at setup); the receiver places chunks by the offsets in
+  // their headers.
   chunk_size_ = static_cast<uint64_t>(cfg_.chunk_size);
 }
 
@@ -145,19 +147,21 @@ void Conn::start_handshake(Handshake* hs, int local_rail, int peer_rail, uint32_
   hs->stage = 0;
   hs->off = hs->got = 0;
   hs->err = 0;
+  hs->op = SockOp::kConnect;
+  hs->refused = false;
   hs->deadline = now + kPathHandshakeTimeout;
-  hs->what = rail_name(local_rail) + " -> " + addr_to_string(peer);
+  hs->what = rail_name(local_rail) + " -> " + addr_port_string(peer);
   if (FaultInjector::instance().query(local_rail, now).down) {
     hs->stage = -1;
     hs->err = ENETUNREACH;
     return;
   }
-  std::string err;
-  hs->fd = open_rail_socket(rt_->rails()[local_rail], cfg_.tcp_user_timeout, &err);
+  SockFailure why;
+  hs->fd = open_rail_socket(rt_->rails()[local_rail], cfg_.tcp_user_timeout, &why);
   if (hs->fd < 0) {
     hs->stage = -1;
-    hs->err = ENETDOWN;
-    hs->what += ": " + err;
+    hs->err = why.err;  // as the kernel said it (EMFILE, EADDRNOTAVAIL, ...), classified later
+    hs->op = why.op;
     return;
   }
   int rc = start_connect(hs->fd, peer);
@@ -168,6 +172,7 @@ void Conn::start_handshake(Handshake* hs, int local_rail, int peer_rail, uint32_
   }
   FrameHeader h = frame(FrameType::kHello);
   h.len = sizeof(HelloBody);
+  h.a = kWireVersion;
   HelloBody b{};
   memcpy(b.secret, secret_, 16);
   b.listen_id = listen_id_;
@@ -179,13 +184,22 @@ void Conn::start_handshake(Handshake* hs, int local_rail, int peer_rail, uint32_
   b.flags = flags;
   b.generation = gen;
   b.rail = static_cast<uint32_t>(local_rail);
+  b.knobs = rt_->knobs();
   rt_->fill_wire_rails(&b);
   hs->out.resize(sizeof(h) + sizeof(b));
   memcpy(hs->out.data(), &h, sizeof(h));
   memcpy(hs->out.data() + sizeof(h), &b, sizeof(b));
 }
 
-// 1 done, 0 pending, -1 failed (hs->err).
+std::string Conn::Handshake::cause() const {
+  if (refused) return std::string("refused by the peer: ") + refusal.text;
+  if (err == 0) return "no answer";
+  const std::string d = describe_errno(err, op);
+  return op == SockOp::kSocket || op == SockOp::kBind ? std::string(sock_op_name(op)) + "(): " + d
+                                                      : d;
+}
+
+// 1 done, 0 pending, -1 failed (hs->err and hs->op, or hs->refused).
 int Conn::step_handshake(Handshake* hs, int local_rail, TimeUs now) {
   if (hs->stage < 0) return -1;
   auto fault = FaultInjector::instance().query(local_rail, now);
@@ -207,6 +221,7 @@ int Conn::step_handshake(Handshake* hs, int local_rail, TimeUs now) {
     hs->stage = 1;
   }
   if (fault.blackhole) return 0;
+  hs->op = SockOp::kIo;
   if (hs->stage == 1) {
     while (hs->off < hs->out.size()) {
       ssize_t n = ::send(hs->fd, hs->out.data() + hs->off, hs->out.size() - hs->off, MSG_NOSIGNAL);
@@ -219,8 +234,11 @@ int Conn::step_handshake(Handshake* hs, int local_rail, TimeUs now) {
     }
     hs->stage = 2;
   }
-  while (hs->got < sizeof(hs->in)) {
-    ssize_t n = ::recv(hs->fd, hs->in + hs->got, sizeof(hs->in) - hs->got, 0);
+  // The answer: a HELLO_ACK, or a refusal naming why (then the listener closes).
+  for (;;) {
+    const size_t want = looks_like_refusal(hs->in, hs->got) ? sizeof(WireRefusal) : sizeof(hs->in);
+    if (hs->got >= want) break;
+    ssize_t n = ::recv(hs->fd, hs->in + hs->got, want - hs->got, 0);
     if (n == 0) {
       hs->err = ECONNRESET;
       return -1;
@@ -231,15 +249,20 @@ int Conn::step_handshake(Handshake* hs, int local_rail, TimeUs now) {
       return -1;
     }
     hs->got += static_cast<size_t>(n);
-    if (hs->got >= sizeof(FrameHeader)) {
+    if (!looks_like_refusal(hs->in, hs->got) && hs->got >= sizeof(FrameHeader)) {
       FrameHeader h;
       memcpy(&h, hs->in, sizeof(h));
       if (h.magic != kFrameMagic || h.type != static_cast<uint8_t>(FrameType::kHelloAck) ||
-          h.len != sizeof(HelloBody)) {
+          h.len != sizeof(HelloBody) || h.a != kWireVersion) {
         hs->err = EPROTO;
         return -1;
       }
     }
+  }
+  if (looks_like_refusal(hs->in, hs->got)) {
+    hs->err = EPROTO;
+    hs->refused = read_refusal(hs->in, hs->got, &hs->refusal);
+    return -1;
   }
   HelloBody b;
   memcpy(&b, hs->in + sizeof(FrameHeader), sizeof(b));
@@ -291,7 +314,7 @@ Status Conn::plan_paths(const HelloBody& peer, int control_rail, int control_pee
       warn_once("peer rail " + wire_name(peer_rails_[p]) +
                 " has no local rail on its subnet; it is not used");
   }
-  const int want = 1 + static_cast<int>(cfg_.backup_paths);
+  const int want = 1 + backups_;
   // Nearest: another interface first (an alias shares the primary's NIC and fails with it).
   std::vector<int> order = order_rails(dev_, nl, nl, [&](int r) {
     bool reachable = false;
@@ -341,6 +364,18 @@ Status Conn::setup_step(bool* done, TimeUs now) {
   return role_ == Role::kSend ? connect_step(done, now) : accept_step(done, now);
 }
 
+// A setup that cannot heal: the WARN names the device, the rail, the peer's address and the
+// cause (the refusal's text, or the errno with the limit involved).
+Status Conn::setup_failed(const Handshake& hs, const char* what) {
+  const auto& rails = rt_->rails();
+  R2CCL_WARN("connect on device %d (%s) failed: %s %s: %s; not retried", dev_,
+             rails[dev_].name.c_str(), what, hs.what.c_str(), hs.cause().c_str());
+  if (hs.refused) return refusal_status(static_cast<Refusal>(hs.refusal.reason));
+  // A local limit or permission (socket, bind, connect) is this host's; a malformed answer
+  // (EPROTO, a secret not echoed) is the peer's.
+  return hs.op == SockOp::kIo ? Status::kRemote : Status::kSystem;
+}
+
 Status Conn::connect_step(bool* done, TimeUs now) {
   *done = false;
   const auto& rails = rt_->rails();
@@ -367,8 +402,8 @@ Status Conn::connect_step(bool* done, TimeUs now) {
   if (setup_stage_ == 1) {
     // The control connection: try the handle's endpoints in turn from the matching local rail.
     if (control_hs_.fd < 0 && control_hs_.stage == -1 && control_hs_.err == 0) {
-      // Failed attempts back off (10 ms doubling to 1 s), so a peer that refuses us (a stale
-      // handle, a wrong secret) is not flooded with connections until the connect timeout.
+      // Failed attempts back off (10 ms doubling to 1 s), so a peer that is unreachable for a
+      // while is not flooded with connections until the connect timeout.
       if (now < control_retry_at_) return Status::kOk;
       const WireEndpoint& e = handle_.endpoints[control_candidate_ % handle_.n_endpoints];
       int local = dev_;
@@ -396,6 +431,24 @@ Status Conn::connect_step(bool* done, TimeUs now) {
       if (control_hs_.fd >= 0) ::close(control_hs_.fd);
       control_hs_.fd = -1;
       control_hs_.stage = -1;
+      // What cannot heal fails now (sock/sock_errors.h); a refusal lasting kRefusedGrace
+      // means nothing listens at any of the handle's addresses any more.
+      const ErrClass cls = control_hs_.refused ? ErrClass::kPermanent
+                                               : classify_errno(control_hs_.err, control_hs_.op);
+      if (cls == ErrClass::kPermanent) return setup_failed(control_hs_, "asking");
+      if (cls == ErrClass::kBounded) {
+        if (refused_since_ == 0) refused_since_ = now;
+        if (now - refused_since_ >= kRefusedGrace) {
+          R2CCL_WARN(
+              "connect on device %d (%s) failed: nothing listens at the handle's addresses "
+              "(last: %s: %s, for %.1f s): the listen comm's process exited; not retried",
+              dev_, rails[dev_].name.c_str(), control_hs_.what.c_str(), strerror(control_hs_.err),
+              (now - refused_since_) / 1e6);
+          return Status::kRemote;
+        }
+      } else {
+        refused_since_ = 0;
+      }
       control_last_err_ = control_hs_.err;
       control_hs_.err = 0;  // next call starts the next candidate
       control_candidate_++;
@@ -409,6 +462,17 @@ Status Conn::connect_step(bool* done, TimeUs now) {
     memcpy(&peer, control_hs_.in + sizeof(FrameHeader), sizeof(peer));
     ::close(control_hs_.fd);  // the query connection only fetched the peer's rails
     control_hs_.fd = -1;
+    // Both ends' knobs: this connection uses the negotiated ones (transport/handshake.h).
+    std::string bad;
+    if (!knobs_valid(peer.knobs, kMaxStreams, &bad)) {
+      R2CCL_WARN("connect on device %d (%s) failed: the peer's answer (%s) is malformed: %s", dev_,
+                 rails[dev_].name.c_str(), control_hs_.what.c_str(), bad.c_str());
+      return Status::kRemote;
+    }
+    const Negotiated n = negotiate(rt_->knobs(), peer.knobs);
+    n_streams_ = n.streams;
+    backups_ = n.backup_paths;
+    chunk_size_ = n.chunk_size;
     int peer_rail = handle_.endpoints[control_candidate_ % handle_.n_endpoints].rail;
     if (peer_rail >= static_cast<int>(peer.n_rails)) peer_rail = 0;
     R2CCL_CHECK(plan_paths(peer, control_rail_, peer_rail, now));
@@ -426,8 +490,14 @@ Status Conn::connect_step(bool* done, TimeUs now) {
   }
   if (setup_stage_ == 2) {
     bool pending = false;
+    const Handshake* permanent = nullptr;  // a path that failed for a cause that cannot heal
     for (auto& hs : setup_hs_) {
-      if (hs.stage == 3 || hs.stage == -2) continue;
+      if (hs.stage == 3 || hs.stage == -2) {
+        if (hs.stage == -2 && !permanent && !hs.refused &&
+            classify_errno(hs.err, hs.op) == ErrClass::kPermanent)
+          permanent = &hs;
+        continue;
+      }
       int r = step_handshake(&hs, paths_desc_[hs.path].rail, now);
       if (r == 0) {
         pending = true;
@@ -438,8 +508,19 @@ Status Conn::connect_step(bool* done, TimeUs now) {
         if (hs.fd >= 0) ::close(hs.fd);
         hs.fd = -1;
         hs.stage = -2;
+        // The listener refused a path it answered the query for (its listen comm closed
+        // meanwhile, a malformed hello): the setup cannot succeed.
+        if (hs.refused) return setup_failed(hs, "connecting");
+        const bool perm = classify_errno(hs.err, hs.op) == ErrClass::kPermanent;
+        if (perm && !permanent) permanent = &hs;
         R2CCL_INFO(NCCL_NET | NCCL_INIT, "path %d (%s) not connected at setup: %s", hs.path,
-                   hs.what.c_str(), strerror(hs.err));
+                   hs.what.c_str(), hs.cause().c_str());
+        if (perm && first_time("setup path:" + rails[paths_desc_[hs.path].rail].name + ":" +
+                               std::to_string(hs.err)))
+          R2CCL_WARN(
+              "path %d (%s) not connected at setup: %s; it is retried in the background, slowly "
+              "(warned once per rail and cause)",
+              hs.path, hs.what.c_str(), hs.cause().c_str());
       }
     }
     if (pending) return Status::kOk;
@@ -458,8 +539,10 @@ Status Conn::connect_step(bool* done, TimeUs now) {
       }
     }
     if (bitmap == 0) {
-      // Nothing came up: start over (the connect timeout bounds the retries).
       for (auto& p : paths_) close_streams(p);
+      // No path came up, one for a cause that cannot heal (descriptors, ports): fail now.
+      if (permanent) return setup_failed(*permanent, "connecting");
+      // Otherwise start over (the connect timeout bounds the retries).
       setup_stage_ = 1;
       control_candidate_++;
       return Status::kOk;
@@ -474,8 +557,10 @@ Status Conn::connect_step(bool* done, TimeUs now) {
     setup_hs_.clear();
     setup_stage_ = 3;
     *done = true;
-    R2CCL_INFO(NCCL_NET | NCCL_INIT, "connected on device %d: %zu paths (%d up), %d streams each",
-               dev_, paths_.size(), __builtin_popcountll(bitmap), n_streams_);
+    R2CCL_INFO(NCCL_NET | NCCL_INIT,
+               "connected on device %d: %zu paths (%d up), %d streams each, chunk %llu KiB", dev_,
+               paths_.size(), __builtin_popcountll(bitmap), n_streams_,
+               static_cast<unsigned long long>(chunk_size_ / 1024));
   }
   return Status::kOk;
 }
@@ -541,6 +626,7 @@ Status Conn::accept_step(bool* done, TimeUs now) {
       }
       conn_id_ = b.conn_id;
       n_streams_ = static_cast<int>(b.n_streams);
+      chunk_size_ = negotiate(b.knobs, rt_->knobs()).chunk_size;  // the listener checked them
       peer_rails_.assign(b.rails, b.rails + b.n_rails);
       paths_.resize(b.n_paths);
       paths_desc_.assign(b.n_paths, PathDesc{});
@@ -1001,8 +1087,8 @@ void Conn::check_peer_process(PathSink& sink, TimeUs now) {
       peer_check_at_ = now + kPeerCheckPeriod;
       return;
     }
-    std::string err;
-    peer_check_fd_ = open_rail_socket(rt_->rails()[rail_of(p)], cfg_.tcp_user_timeout, &err);
+    SockFailure why;  // cannot open one now (descriptors): try again later, proves nothing
+    peer_check_fd_ = open_rail_socket(rt_->rails()[rail_of(p)], cfg_.tcp_user_timeout, &why);
     const WireRail& w = peer_rails_[p.peer_rail >= 0 ? p.peer_rail : 0];
     if (peer_check_fd_ >= 0 &&
         start_connect(peer_check_fd_, wire_to_sockaddr(w.family, w.addr, w.port)) ==
@@ -1069,10 +1155,30 @@ void Conn::step_reconnect(PathSink& sink, Path& p, TimeUs now) {
     }
   }
   if (failed) {
+    const Handshake* f = nullptr;
+    for (auto& hs : p.reconnect)
+      if (hs.stage != 3 && (hs.err != 0 || hs.refused) && !f) f = &hs;
+    const std::string cause = f ? f->cause() : std::string(strerror(err));
+    // Nothing accepts this path any more when nothing listens (the peer's process is gone) or
+    // the peer has no such connection (it closed it).
+    const bool refused =
+        f && (f->refused ? f->refusal.reason == static_cast<uint8_t>(Refusal::kUnknownConn)
+                         : f->err == ECONNREFUSED);
+    // A cause that cannot heal soon (descriptors, ports, a refusal): warned once per rail and
+    // cause; the path stays down and the engine retries it with its backoff (slowly), so a
+    // backup path that hits EMFILE never ends a running connection.
+    if (f && (f->refused || classify_errno(f->err, f->op) == ErrClass::kPermanent) &&
+        first_time("reconnect:" + rt_->rails()[rail_of(p)].name + ":" +
+                   (f->refused ? std::string(refusal_name(static_cast<Refusal>(f->refusal.reason)))
+                               : std::to_string(f->err))))
+      R2CCL_WARN(
+          "reconnect of path %d (%s) of conn %016llx: %s; the path stays down and is retried "
+          "slowly (warned once per rail and cause)",
+          p.index, f->what.c_str(), static_cast<unsigned long long>(conn_id_), cause.c_str());
     for (auto& hs : p.reconnect)
       if (hs.fd >= 0) ::close(hs.fd);
     p.reconnect.clear();
-    sink.on_reconnect_failed(p.index, err == ECONNREFUSED, strerror(err), now);
+    sink.on_reconnect_failed(p.index, refused, cause.c_str(), now);
     return;
   }
   if (pending) return;

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/connection.h"
+#include "sock/sock_errors.h"
 #include "transport/tcp/wire.h"
 #include "transport/transport.h"
 
@@ -118,11 +119,18 @@ class Conn final : public ConnIo {
     TimeUs deadline = 0;
     std::vector<char> out;
     size_t off = 0;
-    char in[sizeof(FrameHeader) + sizeof(HelloBody)];
+    char in[sizeof(FrameHeader) + sizeof(HelloBody)];  // HELLO_ACK, or a WireRefusal
     size_t got = 0;
-    int err = 0;
-    std::string what;
+    int err = 0;                   // failed: the errno (sock/sock_errors.h classifies it)
+    SockOp op = SockOp::kConnect;  // ... and the call it came from
+    bool refused = false;          // failed: the listener refused the hello (refusal below)
+    WireRefusal refusal{};
+    std::string what;  // "RAIL -> PEER ADDRESS"
+    // Why it failed, for a message: the refusal's text, or the errno with its limit.
+    std::string cause() const;
   };
+  static_assert(sizeof(FrameHeader) + sizeof(HelloBody) >= sizeof(WireRefusal),
+                "a handshake's buffer holds a refusal");
   // A path's rail, label, generation and setup state are in PathIo::paths_desc_.
   struct Path {
     int index = 0;
@@ -146,6 +154,7 @@ class Conn final : public ConnIo {
   Conn(Runtime* rt, Role role, int dev);
   // setup
   Status connect_step(bool* done, TimeUs now);
+  Status setup_failed(const Handshake& hs, const char* what);
   Status accept_step(bool* done, TimeUs now);
   Status plan_paths(const HelloBody& peer, int control_rail, int control_peer_rail, TimeUs now);
   void start_handshake(Handshake* hs, int local_rail, int peer_rail, uint32_t flags, uint32_t gen,
@@ -201,6 +210,8 @@ class Conn final : public ConnIo {
   TimeUs control_retry_at_ = 0;
   TimeUs control_backoff_ = 0;
   int control_last_err_ = 0;  // errno of the latest failed control handshake (timeout WARN)
+  TimeUs refused_since_ = 0;  // the control handshakes are refused (ECONNREFUSED) since then
+  int backups_ = 0;           // backup paths: R2CCL_BACKUP_PATHS negotiated with the listener
   int control_rail_ = -1;
   std::vector<Handshake> setup_hs_;
   uint64_t setup_done_bitmap_ = 0;

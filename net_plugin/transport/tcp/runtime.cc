@@ -73,7 +73,9 @@ Status Runtime::init(const Config* cfg, std::string* err) {
                       "link down",
                       "netlink",
                       2,
-                      2 * kUsPerMs};
+                      2 * kUsPerMs,
+                      TransportKind::kTcp,
+                      kWireVersion};
   R2CCL_CHECK(
       init_base(cfg, traits, std::move(info), std::move(devices), NCCL_PTR_HOST, knobs, err));
   FaultInjector::instance().configure(faults, rank_);
@@ -89,6 +91,7 @@ Status Runtime::init(const Config* cfg, std::string* err) {
     listen_fds_.push_back(fd);
     listen_ports_.push_back(local_port(fd));
   }
+  accept_gates_.resize(listen_fds_.size());
   start_background();
   return Status::kOk;
 }
@@ -104,6 +107,7 @@ Status Runtime::listen(int dev, void* handle, Listener** out) {
   WireHandle h{};
   h.magic = kHandleMagic;
   h.version = kWireVersion;
+  h.kind = static_cast<uint8_t>(TransportKind::kTcp);
   memcpy(h.secret, l->secret, 16);
   h.listen_id = l->listen_id;
   for (int k = 0; k < n && h.n_endpoints < kMaxHandleEndpoints; ++k) {
@@ -127,7 +131,8 @@ std::unique_ptr<ConnIo> Runtime::new_conn_io(int dev, int traffic_class, const v
   if (accept) return std::unique_ptr<ConnIo>(new Conn(this, static_cast<Listen*>(accept)));
   WireHandle h;
   memcpy(&h, handle, sizeof(h));
-  if (h.magic != kHandleMagic || h.version != kWireVersion || h.n_endpoints == 0 ||
+  if (h.magic != kHandleMagic || h.version != kWireVersion ||
+      h.kind != static_cast<uint8_t>(TransportKind::kTcp) || h.n_endpoints == 0 ||
       h.n_endpoints > kMaxHandleEndpoints) {
     R2CCL_WARN(
         "connect: the handle is not an r2ccl v%u handle of the TCP transport (magic %08x, "
@@ -194,7 +199,11 @@ void Runtime::unregister_listen(Listen* l) {
 // Background thread: the listeners and the hellos of incoming streams.
 
 void Runtime::bg_add_fds(std::vector<pollfd>* fds) {
-  for (int fd : listen_fds_) fds->push_back({fd, POLLIN, 0});
+  // A listener that cannot accept for want of descriptors sits out its pause: it would stay
+  // readable and spin the poll (-1: poll ignores the entry, the indices stay per rail).
+  const TimeUs now = now_us();
+  for (size_t r = 0; r < listen_fds_.size(); ++r)
+    fds->push_back({accept_gates_[r].paused(now) ? -1 : listen_fds_[r], POLLIN, 0});
   for (const auto& p : pending_) fds->push_back({p.fd, POLLIN, 0});
 }
 
@@ -210,7 +219,12 @@ void Runtime::accept_new(int rail, TimeUs now) {
     socklen_t fl = sizeof(from);
     const int fd = ::accept4(listen_fds_[rail], reinterpret_cast<sockaddr*>(&from), &fl,
                              SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) return;
+    if (fd < 0) {
+      // EAGAIN: drained. EMFILE and the like: pause this listener (warned once per cause).
+      // Anything else (a connector that gave up meanwhile): the next poll tries again.
+      accept_gates_[rail].on_error(errno, "rail " + rails_[rail].name, now);
+      return;
+    }
     set_socket_options(fd, cfg().tcp_user_timeout);
     Pending p;
     p.fd = fd;
@@ -221,16 +235,18 @@ void Runtime::accept_new(int rail, TimeUs now) {
   }
 }
 
-// HELLO_ACK: our rails, and the secret echoed back (the connector checks it).
+// HELLO_ACK: our rails and knobs, and the secret echoed back (the connector checks it).
 bool Runtime::answer_hello(const Incoming& in) const {
   char out[sizeof(FrameHeader) + sizeof(HelloBody)];
   FrameHeader h{};
   h.magic = kFrameMagic;
   h.type = static_cast<uint8_t>(FrameType::kHelloAck);
   h.len = sizeof(HelloBody);
+  h.a = kWireVersion;
   HelloBody b{};
   memcpy(b.secret, in.hello.secret, 16);
   b.conn_id = in.hello.conn_id;
+  b.knobs = knobs();
   fill_wire_rails(&b);
   memcpy(out, &h, sizeof(h));
   memcpy(out + sizeof(h), &b, sizeof(b));
@@ -238,11 +254,15 @@ bool Runtime::answer_hello(const Incoming& in) const {
          static_cast<ssize_t>(sizeof(out));
 }
 
+WireKnobs Runtime::knobs() const { return own_knobs(static_cast<int>(cfg().nsocks_per_path)); }
+
 // A checked hello: answered, then handed to its owner (a failed path's new streams to the
 // receiving connection, a new connection's to its listen comm) under the owner's registry
 // lock, so the owner cannot be closed meanwhile; a rail query is answered and closed. False
-// with *why when the hello is refused (the caller closes the socket).
-bool Runtime::route_hello(const Incoming& in, const char** why) {
+// with *why and *refusal when the hello is refused (the caller answers the refusal when it
+// has one, and closes the socket).
+bool Runtime::route_hello(const Incoming& in, const char** why, Refusal* refusal) {
+  *refusal = Refusal::kAborted;
   bool bad_secret = false, unanswered = false;
   bool found;
   if (in.hello.flags & kHelloReconnect) {
@@ -281,7 +301,13 @@ bool Runtime::route_hello(const Incoming& in, const char** why) {
     }
   }
   if (!found) {
-    *why = bad_secret ? "wrong secret" : "unknown connection or listen id";
+    const bool reconnect = (in.hello.flags & kHelloReconnect) != 0;
+    *why = bad_secret  ? "wrong secret (the handle is not that listen comm's, or it is corrupted)"
+           : reconnect ? "unknown connection id (the connection was closed)"
+                       : "unknown listen id (the listen comm was closed, or the handle is stale)";
+    *refusal = bad_secret  ? Refusal::kWrongSecret
+               : reconnect ? Refusal::kUnknownConn
+                           : Refusal::kUnknownListen;
     return false;
   }
   if (unanswered) {
@@ -289,6 +315,32 @@ bool Runtime::route_hello(const Incoming& in, const char** why) {
     return false;
   }
   return true;
+}
+
+// A WireRefusal from a connector that cannot use this listen comm's handle (the other
+// transport, another wire version): the listen comm with that id and secret fails its
+// accept() with the connector's message. False with *why when it names none of ours.
+bool Runtime::take_refusal(const WireRefusal& r, const char** why) {
+  std::lock_guard<std::mutex> lk(listens_mu_);
+  for (Listen* l : listens_) {
+    if (l->listen_id != r.listen_id) continue;
+    if (!secrets_equal(l->secret, r.secret, 16)) {
+      *why = "a refusal with a wrong secret";
+      return false;
+    }
+    l->refuse(refusal_status(static_cast<Refusal>(r.reason)), r.text);
+    return true;
+  }
+  *why = "a refusal for an unknown listen id";
+  return false;
+}
+
+// Answers a refused hello with the cause (best effort: the socket closes right after).
+void Runtime::send_refusal(int fd, Refusal r, const Incoming& in, const std::string& text) const {
+  const WireRefusal w = make_refusal(r, TransportKind::kTcp, false, nullptr, in.hello.listen_id,
+                                     in.hello.conn_id, text);
+  if (::send(fd, &w, sizeof(w), MSG_NOSIGNAL | MSG_DONTWAIT) != static_cast<ssize_t>(sizeof(w)))
+    R2CCL_INFO(NCCL_NET, "could not send the refusal (%s): %s", refusal_name(r), strerror(errno));
 }
 
 void Runtime::service_handshakes(TimeUs now) {
@@ -309,8 +361,14 @@ void Runtime::service_handshakes(TimeUs now) {
       }
       continue;
     }
-    while (!drop && p.got < sizeof(p.buf)) {
-      ssize_t n = ::recv(p.fd, p.buf + p.got, sizeof(p.buf) - p.got, MSG_DONTWAIT);
+    // What arrives is a HELLO (frame header + body) or a connector's WireRefusal.
+    bool refusal_msg = looks_like_refusal(p.buf, p.got);
+    bool answer = false;  // refused with a reason the connector is told
+    Refusal reason = Refusal::kAborted;
+    std::string reason_text;
+    auto want = [&] { return refusal_msg ? sizeof(WireRefusal) : sizeof(p.buf); };
+    while (!drop && p.got < want()) {
+      ssize_t n = ::recv(p.fd, p.buf + p.got, want() - p.got, MSG_DONTWAIT);
       if (n == 0) {
         drop = true;
         why = "closed before its hello";
@@ -322,29 +380,58 @@ void Runtime::service_handshakes(TimeUs now) {
         break;
       } else {
         p.got += static_cast<size_t>(n);
-        if (p.got >= sizeof(FrameHeader)) {
+        refusal_msg = looks_like_refusal(p.buf, p.got);
+        if (!refusal_msg && p.got >= sizeof(FrameHeader)) {
           FrameHeader h;
           memcpy(&h, p.buf, sizeof(h));
-          if (h.magic != kFrameMagic || h.type != static_cast<uint8_t>(FrameType::kHello) ||
-              h.len != sizeof(HelloBody)) {
+          if (h.magic != kFrameMagic || h.type != static_cast<uint8_t>(FrameType::kHello)) {
+            drop = true;
+            why = "not an r2ccl hello";
+          } else if (h.a != kWireVersion) {
+            drop = answer = true;
+            reason = Refusal::kVersion;
+            reason_text = version_mismatch_text(static_cast<uint8_t>(TransportKind::kTcp),
+                                                h.a ? h.a : 2, kWireVersion);
+            why = "wire version mismatch";
+          } else if (h.len != sizeof(HelloBody)) {
             drop = true;
             why = "not an r2ccl hello";
           }
         }
       }
     }
-    if (!drop && p.got == sizeof(p.buf)) complete = true;
+    if (!drop && p.got == want()) complete = true;
     if (!drop && !complete && now > p.deadline) {
       drop = true;
       why = "no hello within 2 s";
     }
-    if (complete) {
-      Incoming in;
-      in.fd = p.fd;
-      in.local_rail = p.rail;
+    Incoming in;
+    in.fd = p.fd;
+    in.local_rail = p.rail;
+    if (complete && refusal_msg) {
+      // A connector that cannot use the handle told us why: that listen comm's accept fails.
+      WireRefusal r;
+      if (!read_refusal(p.buf, p.got, &r))
+        why = "a refusal of an unknown version";
+      else if (take_refusal(r, &why))
+        why = nullptr;
+      drop = true;
+      complete = false;
+    } else if (complete) {
       memcpy(&in.hello, p.buf + sizeof(FrameHeader), sizeof(HelloBody));
-      if (!route_hello(in, &why)) drop = true;
+      std::string bad;
+      if (!(in.hello.flags & kHelloReconnect) && !knobs_valid(in.hello.knobs, kMaxStreams, &bad)) {
+        drop = answer = true;
+        reason = Refusal::kMalformed;
+        reason_text = "malformed hello: " + bad;
+        why = "malformed hello (knobs)";
+      } else if (!route_hello(in, &why, &reason)) {
+        drop = true;
+        answer = reason != Refusal::kAborted;
+        reason_text = why;
+      }
     }
+    if (answer) send_refusal(p.fd, reason, in, reason_text);
     if (drop) {
       sockaddr_storage peer;
       socklen_t pl = sizeof(peer);
@@ -352,7 +439,9 @@ void Runtime::service_handshakes(TimeUs now) {
                                    ? addr_to_string(peer)
                                    : std::string("?");
       // An aborted reconnect (closed before its hello) is routine; anything else is not.
-      if (why && strcmp(why, "closed before its hello") == 0) {
+      if (!why) {
+        // a refusal taken: the listen comm's accept() says it
+      } else if (strcmp(why, "closed before its hello") == 0) {
         R2CCL_INFO(NCCL_NET, "connection on rail %s from %s closed before its hello",
                    rails_[p.rail].name.c_str(), from.c_str());
       } else {

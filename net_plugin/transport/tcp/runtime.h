@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "sock/rails.h"
+#include "sock/sock_errors.h"
 #include "transport/runtime_base.h"
 #include "transport/tcp/wire.h"
 
@@ -37,6 +38,9 @@ class Runtime final : public RuntimeBase {
   // Listener endpoint of rail r (port in network order).
   uint16_t listener_port(int r) const { return listen_ports_[r]; }
   void fill_wire_rails(HelloBody* h) const;
+  // This process's knobs (R2CCL_CHUNK_SIZE, _BACKUP_PATHS, _NSOCKS_PER_PATH, _STRIPE), as the
+  // HELLO and its answer carry them.
+  WireKnobs knobs() const;
   void register_listen(Listen* l);
   void unregister_listen(Listen* l);
 
@@ -57,14 +61,18 @@ class Runtime final : public RuntimeBase {
   void accept_new(int rail, TimeUs now);
   void bg_on_fds(const pollfd* fds, size_t n, TimeUs now) override;
   void service_handshakes(TimeUs now);
-  // Routes a checked hello to its listen comm or connection; false with *why when none.
-  bool route_hello(const Incoming& in, const char** why);
+  // Routes a checked hello to its listen comm or connection; false with *why (and the
+  // refusal to answer, kAborted for none) when refused.
+  bool route_hello(const Incoming& in, const char** why, Refusal* refusal);
   bool answer_hello(const Incoming& in) const;
+  bool take_refusal(const WireRefusal& r, const char** why);
+  void send_refusal(int fd, Refusal r, const Incoming& in, const std::string& text) const;
 
   std::vector<Rail> rails_;
   int rank_ = -1;
   std::vector<int> listen_fds_;
   std::vector<uint16_t> listen_ports_;
+  std::vector<AcceptGate> accept_gates_;  // per listener; background thread only
 
   std::mutex listens_mu_;
   std::vector<Listen*> listens_;  // guarded by listens_mu_

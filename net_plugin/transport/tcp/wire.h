@@ -4,6 +4,8 @@
 //
 // Frame = 40-byte header, then `len` payload bytes (DATA: chunk payload; HELLO/HELLO_ACK:
 // a HelloBody). Field use per type:
+//   HELLO      a=the connector's wire version (kWireVersion), len=sizeof(HelloBody)
+//   HELLO_ACK  a=the listener's wire version, len=sizeof(HelloBody)
 //   DATA       seq=message, a=chunk index, b=chunk count, off=offset, total=message bytes
 //   CTS        seq=message, total=posted receive capacity, a=tag
 //   ACK        seq=message, a=prefix (every chunk below landed; the chunk count: all), b=window
@@ -20,12 +22,17 @@
 //              posted receive; the receive fails)
 //   SETUP_DONE total=bitmap of paths the connector got up, a=number of paths
 //              (first frame on the first path that is up)
+// A listener that refuses a HELLO answers a WireRefusal (transport/handshake.h, 256 bytes, no
+// frame header: its magic is not a frame's) naming why, then closes; so does the per-process
+// listener get one from a connector of the other transport or wire version, which fails the
+// listen comm's accept().
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 #include "r2ccl/nccl_abi.h"
+#include "transport/handshake.h"
 
 #if __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "r2ccl wire formats assume a little-endian host"
@@ -33,32 +40,39 @@
 
 namespace r2ccl::net::tcp {
 
-constexpr uint32_t kHandleMagic = 0x4c433252;  // "R2CL"
-constexpr uint16_t kWireVersion = 3;  // 2: DRAIN frames, generations in FAIL_ACK; 3: TRUNCATED
+// 3: the handle starts with the common head (transport kind; transport/handshake.h), the
+//    HELLO carries the wire version and the knobs, a refused HELLO is answered (WireRefusal),
+//    TRUNCATED frames;
+// 2: DRAIN frames, generations in FAIL_ACK.
+constexpr uint16_t kWireVersion = 3;
 constexpr int kMaxHandleEndpoints = 4;
 constexpr int kMaxRails = 16;   // = kMaxRailsPerProcess (sock/rails.h): select_rails keeps no more
 constexpr int kMaxPaths = 4;    // primary + up to 3 backups
 constexpr int kMaxStreams = 8;  // R2CCL_NSOCKS_PER_PATH maximum
 
-struct WireEndpoint {
-  uint8_t family;  // AF_INET or AF_INET6
-  uint8_t rail;    // rail index on the listening process
-  uint16_t port;   // network byte order
-  uint8_t addr[16];
-};
-static_assert(sizeof(WireEndpoint) == 20, "endpoint layout");
+// A listener address: family, the listening process's rail index, port, address.
+using WireEndpoint = WireAddr;
 
-// The handle NCCL's listen() gets, self-contained so another process can use it (PXN).
+// The handle NCCL's listen() gets, self-contained so another process can use it (PXN). Its
+// first 52 bytes are the common HandleHead (endpoint 0 is the head's listener address).
 struct WireHandle {
-  uint32_t magic;
+  uint32_t magic;  // kHandleMagic
   uint16_t version;
   uint8_t n_endpoints;
-  uint8_t reserved;
+  uint8_t kind;        // TransportKind::kTcp
   uint8_t secret[16];  // random; a peer that does not present it is refused
   uint64_t listen_id;
   WireEndpoint endpoints[kMaxHandleEndpoints];  // listener addresses on different rails
 };
-static_assert(sizeof(WireHandle) <= NCCL_NET_HANDLE_MAXSIZE, "handle must fit NCCL's 128 bytes");
+static_assert(sizeof(WireHandle) <= NCCL_NET_HANDLE_MAXSIZE - 16,
+              "handle must fit NCCL's 128 bytes and leave the connect state's 16");
+static_assert(offsetof(WireHandle, version) == offsetof(HandleHead, version) &&
+                  offsetof(WireHandle, n_endpoints) == offsetof(HandleHead, spare) &&
+                  offsetof(WireHandle, kind) == offsetof(HandleHead, kind) &&
+                  offsetof(WireHandle, secret) == offsetof(HandleHead, secret) &&
+                  offsetof(WireHandle, listen_id) == offsetof(HandleHead, listen_id) &&
+                  offsetof(WireHandle, endpoints) == offsetof(HandleHead, listener),
+              "a TCP handle starts with the common head");
 
 enum class FrameType : uint8_t {
   kData = 1,
@@ -112,13 +126,14 @@ struct HelloBody {
   uint32_t n_rails;
   uint32_t generation;  // incremented on every reconnect of the path
   uint32_t rail;        // connector's rail index for this path
+  WireKnobs knobs;      // HELLO: the connector's own; HELLO_ACK: the listening process's
   WireRail rails[kMaxRails];
 };
 constexpr uint32_t kHelloReconnect = 1;
 // Rail query: the listener answers HELLO_ACK (its rails) and closes; the connector plans its
 // paths from the answer before opening them.
 constexpr uint32_t kHelloQuery = 2;
-static_assert(sizeof(HelloBody) == 64 + 48 * kMaxRails, "hello layout");
+static_assert(sizeof(HelloBody) == 80 + 48 * kMaxRails, "hello layout");
 
 // Largest payload a frame may announce: the largest chunk (R2CCL_CHUNK_SIZE max, 64 MiB).
 constexpr uint32_t kMaxFramePayload = 64u * 1024 * 1024;
