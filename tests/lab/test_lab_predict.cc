@@ -150,12 +150,20 @@ TEST_CASE(
 }
 
 TEST_CASE("lab: without the predictor the same link-down costs replays", "[lab]") {
+  // A link-down that meets a moment with nothing unacknowledged on rail 0 (the stream paused
+  // on a loaded machine: seen once in a CI-like run) proves nothing about replay: such a run
+  // is repeated, at most 3 runs; every run must be right in every other respect.
   Lab lab(2, "1gbit");
-  Outcome out = run(lab, Scenario{false, false}, "pred-off");
-  INFO(out.why);
-  REQUIRE(out.r.sender_status == 0);
-  REQUIRE(out.r.receiver_status == 0);
-  CHECK(count_lines_containing(out.slog, "r2ccl predict:") == 0);
-  CHECK(count_lines_containing(out.slog, "switchover: rail rail0") == 1);
-  CHECK(chunks_replayed(out.slog) > 0);
+  bool replayed = false;
+  for (int attempt = 1; attempt <= 3 && !replayed; ++attempt) {
+    Outcome out = run(lab, Scenario{false, false}, "pred-off");
+    INFO("attempt " << attempt << "\n" << out.why);
+    REQUIRE(out.r.sender_status == 0);
+    REQUIRE(out.r.receiver_status == 0);
+    CHECK(count_lines_containing(out.slog, "r2ccl predict:") == 0);
+    CHECK(count_lines_containing(out.slog, "switchover: rail rail0") == 1);
+    replayed = chunks_replayed(out.slog) > 0;
+    if (!replayed) WARN("attempt " << attempt << ": the link-down met nothing in flight; again");
+  }
+  CHECK(replayed);
 }
