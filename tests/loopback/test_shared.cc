@@ -539,8 +539,8 @@ void receiver_stopped(const TransportUnderTest& t) { process_stopped(t, false); 
 void sender_stopped(const TransportUnderTest& t) { process_stopped(t, true); }
 // TCP only: the fake verbs provider's "NIC" runs inside the process it serves, so stopping
 // the process stops its NIC too (no RC ACKs: retry-exceeded, a real failure), which a real
-// HCA does not do. A paused peer over verbs is the unit test "a paused peer process fails no
-// path" in tests/unit/test_connection.cc.
+// HCA does not do (its completions of our writes and probes keep the paths alive). The
+// engine's rule is the unit test "a paused peer process fails no path" (test_connection.cc).
 TEST_CASE("tcp: a 2 s SIGSTOP of the receiving process fails no path and no request",
           "[tcp][loopback][failover]") {
   receiver_stopped(tcp_lo());
