@@ -178,18 +178,22 @@ void Connection::mark_recovered(Path& p) {
 // A rail that breaks while the peer lives still fails at once: the peer's heartbeats keep
 // arriving on its other paths. One path alone cannot tell the two apart and is never exempt.
 bool Connection::peer_stalled(TimeUs now) const {
+  // Runs on every progress pass: the transport is asked (TCP: a TCP_INFO read per stream)
+  // only once the peer has been silent everywhere for a heartbeat period.
   const TimeUs hb = cfg_.heartbeat_interval;
   int connected = 0;
-  TimeUs newest = 0, heard = INT64_MAX;
+  TimeUs newest = 0;
   for (const auto& p : paths_) {
     if (!p.health->connected() || !io_->ready(p.index)) continue;
     ++connected;
     newest = std::max(newest, p.last_alive);
-    heard = std::min(heard, io_->heard_within(p.index, now));
   }
-  if (connected < 2) return false;
   const TimeUs silent = now - newest;
-  return silent > hb && silent < cfg_.failover_timeout && heard <= 3 * hb;
+  if (connected < 2 || silent <= hb || silent >= cfg_.failover_timeout) return false;
+  for (const auto& p : paths_)
+    if (p.health->connected() && io_->ready(p.index) && io_->heard_within(p.index, now) <= 3 * hb)
+      return true;
+  return false;
 }
 
 void Connection::check_paths(TimeUs now) {
