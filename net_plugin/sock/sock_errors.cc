@@ -1,6 +1,10 @@
 #include "sock/sock_errors.h"
 
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cerrno>
 #include <cstdio>
@@ -148,15 +152,74 @@ bool first_time(const std::string& key) {
 }
 
 bool AcceptGate::on_error(int err, const std::string& where, TimeUs now) {
+  // EAGAIN and the like: nothing waits. That does not end a shortage (the process may still
+  // be out of descriptors); only an accept4 that succeeds does (on_accepted).
   if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM) return false;
   until_ = now + kAcceptPause;
+  // One shortage is a run of failures less than kAcceptStarvedLimit apart: a connector whose
+  // hello went unanswered retries within about a second (verbs tries only while an accept()
+  // is in progress: a failure long ago belongs to an earlier shortage).
+  if (since_.load(std::memory_order_relaxed) == 0 ||
+      now - last_.load(std::memory_order_relaxed) > kAcceptStarvedLimit) {
+    err_.store(err, std::memory_order_relaxed);
+    since_.store(now, std::memory_order_relaxed);
+  }
+  last_.store(now, std::memory_order_relaxed);
   if (first_time("accept:" + std::to_string(err)))
     R2CCL_WARN(
         "accept on %s: %s; accepting pauses for %lld ms at a time until the process has "
-        "descriptors again (connectors retry meanwhile; warned once per process)",
+        "descriptors again (connectors retry meanwhile; after %.1f s the accept and the "
+        "connectors fail; warned once per process)",
         where.c_str(), describe_errno(err, SockOp::kAccept).c_str(),
-        static_cast<long long>(kAcceptPause / kUsPerMs));
+        static_cast<long long>(kAcceptPause / kUsPerMs), kAcceptStarvedLimit / 1e6);
   return true;
+}
+
+bool AcceptGate::starved(TimeUs now, TimeUs since) const {
+  const TimeUs s = since_.load(std::memory_order_relaxed);
+  return s != 0 && now - s >= kAcceptStarvedLimit && last_.load(std::memory_order_relaxed) >= since;
+}
+
+std::string AcceptGate::starved_text(TimeUs now) const {
+  const TimeUs s = since_.load(std::memory_order_relaxed);
+  char t[32];
+  snprintf(t, sizeof(t), " for %.1f s", s ? (now - s) / 1e6 : 0.0);
+  return describe_errno(err_.load(std::memory_order_relaxed), SockOp::kAccept) + t;
+}
+
+namespace {
+std::mutex g_spare_mu;
+int g_spare_fd = -1;  // guarded by g_spare_mu
+}  // namespace
+
+void keep_spare_descriptor() {
+  std::lock_guard<std::mutex> lk(g_spare_mu);
+  if (g_spare_fd < 0) g_spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+}
+
+bool refuse_with_spare(int listen_fd, const void* msg, size_t len) {
+  std::lock_guard<std::mutex> lk(g_spare_mu);
+  if (g_spare_fd < 0) return false;
+  // Only when a connection waits: a blocking listener's accept4 would block here otherwise.
+  pollfd p{listen_fd, POLLIN, 0};
+  if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLIN)) return false;
+  ::close(g_spare_fd);
+  g_spare_fd = -1;
+  const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+  bool refused = false;
+  if (fd >= 0) {
+    // Read what the connector sent first: closing a socket with unread data resets it, and
+    // the reset may overtake the refusal.
+    char sink[4096];
+    while (::recv(fd, sink, sizeof(sink), MSG_DONTWAIT) > 0) {
+    }
+    (void)!::send(fd, msg, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ::shutdown(fd, SHUT_WR);
+    ::close(fd);
+    refused = true;
+  }
+  g_spare_fd = ::open("/dev/null", O_RDONLY | O_CLOEXEC);
+  return refused;
 }
 
 }  // namespace r2ccl::net

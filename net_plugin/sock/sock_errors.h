@@ -24,6 +24,8 @@
 // Thread-safety: everything here may be called from any thread (first_time() locks).
 #pragma once
 
+#include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -66,16 +68,49 @@ bool first_time(const std::string& key);
 // readable, so whoever polls it would spin. It pauses for kAcceptPause instead (TCP: the
 // background thread leaves it out of its poll; verbs: accept() does not try), warned once per
 // process and cause, naming the limit, and accepts again after: once descriptors are free,
-// the connectors' retries get through. Thread: the one that owns the listener.
+// the connectors' retries get through.
+// A shortage that lasts kAcceptStarvedLimit (no accept4 succeeded since, and the failures
+// came less than that apart) cannot be waited out: the process holds its own descriptors. Then the
+// accept() in progress fails (kSystem, starved_text() names the limit) and the waiting connectors
+// are refused with the same cause (refuse_with_spare), so both ends fail within 2 s of the first
+// failed accept4 instead of R2CCL_CONNECT_TIMEOUT.
+// Thread: on_error() and paused() on the thread that owns the listener; starved() and
+// starved_text() on any thread (TCP: the accept() threads read the background thread's gates).
 constexpr TimeUs kAcceptPause = 100 * kUsPerMs;
+constexpr TimeUs kAcceptStarvedLimit = 1500 * kUsPerMs;  // + one pause: within 2 s (issue 13)
 class AcceptGate {
  public:
+  AcceptGate() = default;
+  AcceptGate(const AcceptGate& o)
+      : until_(o.until_), last_(o.last_.load()), since_(o.since_.load()), err_(o.err_.load()) {}
   bool paused(TimeUs now) const { return now < until_; }
-  // accept4 on `where` ("rail eth0") failed with err: true when the listener pauses.
+  // accept4 on `where` ("rail eth0") failed with err: true when the listener pauses (any
+  // other errno, EAGAIN included, leaves the gate as it was).
   bool on_error(int err, const std::string& where, TimeUs now);
+  // accept4 succeeded: the shortage, if any, is over.
+  void on_accepted() { since_.store(0, std::memory_order_relaxed); }
+  // A connection has been waiting for a descriptor for kAcceptStarvedLimit or longer, and
+  // accept4 failed so again at or after `since` (an accept() in progress passes its start:
+  // a shortage that ended meanwhile, not yet seen by the listener's owner, does not count).
+  bool starved(TimeUs now, TimeUs since = 0) const;
+  // "Too many open files (RLIMIT_NOFILE soft 32, hard 524288) for 2.1 s".
+  std::string starved_text(TimeUs now) const;
 
  private:
   TimeUs until_ = 0;
+  std::atomic<TimeUs> last_{0};   // the latest failed accept4
+  std::atomic<TimeUs> since_{0};  // the first accept4 of the current shortage failed then
+  std::atomic<int> err_{0};       // its errno
 };
+
+// One descriptor the process keeps in reserve (/dev/null, opened by keep_spare_descriptor()
+// while descriptors are plentiful, at transport init) so that a listener out of descriptors
+// can still take one waiting connection to refuse it: the spare is closed, the connection
+// accepted, whatever it sent discarded, `msg` (len bytes, at most a socket buffer) sent, the
+// connection closed and the spare reopened. True when a connection was refused; false when
+// none waits, the spare is missing, or another thread took the freed descriptor meanwhile.
+// Thread-safe (one lock for the spare).
+void keep_spare_descriptor();
+bool refuse_with_spare(int listen_fd, const void* msg, size_t len);
 
 }  // namespace r2ccl::net

@@ -65,6 +65,7 @@ const char* refusal_name(Refusal r) {
     case Refusal::kMismatch: return "setting mismatch";
     case Refusal::kMalformed: return "malformed setup message";
     case Refusal::kAborted: return "setup aborted";
+    case Refusal::kNoResources: return "out of descriptors";
   }
   return "refused";
 }

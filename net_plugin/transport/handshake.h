@@ -70,6 +70,10 @@ enum class Refusal : uint8_t {
   kMismatch = 6,       // either way: a setting both ends must agree on differs
   kMalformed = 7,      // listener -> connector: the hello's fields are out of range
   kAborted = 8,        // either way: the sender could not finish its half of the setup
+  kNoResources = 9,    // listener -> connector: the listening process has been out of
+                       // descriptors for kAcceptStarvedLimit (sock/sock_errors.h); the text
+                       // names its limit. Setup: fatal for the query, a path waits in the
+                       // background; a running connection's reconnect retries slowly
 };
 const char* refusal_name(Refusal r);  // "wrong secret", "no such listen comm", ...
 

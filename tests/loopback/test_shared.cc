@@ -1670,11 +1670,24 @@ SHARED_CASE(
     "RLIMIT_NOFILE; after closing comms it connects again",
     "[setup][nofile]", nofile_connector)
 
-void nofile_listener(const TransportUnderTest& t) {
-  // The listening process runs out of descriptors while a peer keeps connecting: accepting
-  // backs off instead of spinning (the background thread's CPU over 1.5 s with the accept
-  // queue full stays well under 20 % of a core), one WARN names RLIMIT_NOFILE, and once
-  // comms are closed the pending connect completes.
+// How long the listener stays out of descriptors in nofile_listener.
+enum class Shortage { kBrief, kLasting };
+
+// The listening process runs out of descriptors while a peer keeps connecting.
+//  - kBrief: it frees descriptors within 1.5 s (kAcceptStarvedLimit). Accepting backs off
+//    instead of spinning (the background thread's CPU while the accept queue is full stays
+//    well under 20 % of a core), one WARN names RLIMIT_NOFILE, and once comms are closed the
+//    pending connect completes and carries data.
+//  - kLasting: it holds them (as a process whose own connections used them up). The pending
+//    accept fails with ncclSystemError and the pending connect with ncclRemoteError, each
+//    within 2 s of getting stuck and naming the listener's RLIMIT_NOFILE and its soft value
+//    (before, both waited R2CCL_CONNECT_TIMEOUT); once comms are closed, a new connection on
+//    another listen comm comes up and carries data.
+void nofile_listener(const TransportUnderTest& t, Shortage shortage) {
+  const bool lasting = shortage == Shortage::kLasting;
+  // The connector calls a connect stuck after this long (a connect on loopback takes
+  // milliseconds; one the listener cannot accept never completes by itself).
+  constexpr double kStuckS = 0.3;
   std::string slog, rlog;
   PairOptions o = logged_pair(t, &slog, &rlog);
   PairResult r = run_pair(
@@ -1683,21 +1696,33 @@ void nofile_listener(const TransportUnderTest& t) {
         std::vector<std::vector<char>> handles(kNofileComms,
                                                std::vector<char>(NCCL_NET_HANDLE_MAXSIZE));
         for (auto& h : handles) EP_REQUIRE(ep.hear(h.data(), 30000), 50, "no handle");
-        // Connect one after the other; a connect pending for 1.5 s is stuck: say so, and
-        // keep at it (its errors are transient: the listener may free descriptors).
+        // Connect one after the other. kBrief: the stuck connect completes once the listener
+        // frees descriptors. kLasting: connects go on until one fails (a stuck connect may
+        // still come up on the paths the listener accepted before it ran out).
         std::vector<void*> comms;
         if (int rc = warm_up_send(ep, handles[0].data(), &comms)) return rc;
-        int stuck = -1;
-        for (int i = 1; i < kNofileComms; ++i) {
+        int stuck = -1, failed = -1;
+        double stuck_at = 0;
+        for (int i = 1; i < kNofileComms && failed < 0; ++i) {
           void* comm = nullptr;
           const double t0 = now_s();
           while (!comm) {
             const ncclResult_t res =
                 ep.plugin.net->connect(ep.ctx, 0, handles[i].data(), &comm, nullptr);
-            EP_REQUIRE(res == ncclSuccess, 51, "connect %d: result %d after %.3f s", i, res,
-                       now_s() - t0);
-            if (!comm && stuck < 0 && now_s() - t0 > 1.5) {
+            if (res != ncclSuccess) {
+              const double after = now_s() - stuck_at;
+              fprintf(stderr, "connector: connect %d: result %d, %.3f s after stuck\n", i, res,
+                      after);
+              EP_REQUIRE(lasting && stuck >= 0, 51, "connect %d: result %d after %.3f s", i, res,
+                         now_s() - t0);
+              EP_REQUIRE(res == ncclRemoteError, 53, "connect %d: result %d", i, res);
+              EP_REQUIRE(after < kFailFastS, 54, "connect %d failed %.3f s after stuck", i, after);
+              failed = i;
+              break;
+            }
+            if (!comm && stuck < 0 && now_s() - t0 > kStuckS) {
               stuck = i;
+              stuck_at = now_s();
               char note[Endpoint::kNoteBytes];
               snprintf(note, sizeof(note), "stuck %d", i);
               EP_REQUIRE(ep.say(note), 50, "say");
@@ -1705,11 +1730,27 @@ void nofile_listener(const TransportUnderTest& t) {
             EP_REQUIRE(now_s() - t0 < 60, 52, "connect %d pending for 60 s", i);
             if (!comm) usleep(500);
           }
-          comms.push_back(comm);
-          if (stuck >= 0) break;
+          if (comm) comms.push_back(comm);
+          if (!lasting && stuck >= 0) break;
         }
         EP_REQUIRE(stuck >= 0, 57, "the listener never ran out of descriptors");
-        if (int rc = send_checked(ep, comms.back(), 1 * MiB, 98)) return rc;
+        EP_REQUIRE(!lasting || failed >= 0, 58, "no connect failed");
+        void* last = comms.back();
+        if (lasting) {
+          char note[Endpoint::kNoteBytes];
+          snprintf(note, sizeof(note), "failed %d", failed);
+          EP_REQUIRE(ep.say(note), 50, "say");
+          // The listener freed descriptors: a new connection on the last listen comm.
+          EP_REQUIRE(ep.hear(note, 30000), 50, "never freed");
+          double secs = 0;
+          last = nullptr;
+          const ncclResult_t res =
+              connect_until(ep, 0, handles[kNofileComms - 1].data(), 60, &last, &secs);
+          EP_REQUIRE(res == ncclSuccess && last, 59, "after freeing: result %d after %.3f s", res,
+                     secs);
+          comms.push_back(last);
+        }
+        if (int rc = send_checked(ep, last, 1 * MiB, 98)) return rc;
         for (void* c : comms) ep.plugin.net->closeSend(c);
         return 0;
       },
@@ -1727,46 +1768,80 @@ void nofile_listener(const TransportUnderTest& t) {
         EP_REQUIRE(set_soft_nofile(static_cast<rlim_t>(soft)), 56, "setrlimit: %s",
                    strerror(errno));
         fprintf(stderr, "descriptor limit set: %d\n", soft);
+        // Accept whatever comes, round-robin. kLasting: until an accept fails (every accept
+        // in progress then fails, at once) and the connector says its connect failed; the
+        // descriptors stay taken until then.
+        std::vector<char> dead(kNofileComms, 0);
         int stuck = -1;
+        double stuck_at = 0;
+        bool failed = false, peer_failed = false;
         const double t0 = now_s();
-        while (stuck < 0 && now_s() - t0 < 60) {
-          for (int i = 0; i < kNofileComms; ++i)
-            if (!comms[i])
-              EP_REQUIRE(ep.plugin.net->accept(listens[i], &comms[i], nullptr) == ncclSuccess, 54,
-                         "accept %d", i);
+        while (now_s() - t0 < 60) {
+          for (int i = 0; i < kNofileComms; ++i) {
+            if (comms[i] || dead[i]) continue;
+            const ncclResult_t res = ep.plugin.net->accept(listens[i], &comms[i], nullptr);
+            if (res == ncclSuccess) continue;
+            const double after = now_s() - stuck_at;
+            EP_REQUIRE(lasting && stuck >= 0, 54, "accept %d: result %d", i, res);
+            EP_REQUIRE(res == ncclSystemError, 55, "accept %d: result %d", i, res);
+            if (!failed)
+              fprintf(stderr, "listener: accept %d: result %d, %.3f s after stuck\n", i, res,
+                      after);
+            EP_REQUIRE(failed || after < kFailFastS, 53, "accept %d failed %.3f s after stuck", i,
+                       after);
+            failed = true;
+            dead[i] = 1;
+          }
           char note[Endpoint::kNoteBytes];
-          if (ep.hear(note, 0)) stuck = atoi(note + 6);
+          if (!peer_failed && ep.hear(note, 0)) {
+            if (stuck < 0) {
+              stuck = atoi(note + 6);
+              stuck_at = now_s();
+              if (!lasting) break;
+            } else {
+              peer_failed = true;
+            }
+          }
+          if (failed && peer_failed) break;
           usleep(1000);
         }
         EP_REQUIRE(stuck >= 0, 59, "the connector never got stuck");
-        // The accept queue is full: nothing of ours calls accept now. The other threads (the
-        // background thread) must not spin meanwhile.
-        const double c0 = other_threads_cpu_s(), w0 = now_s();
-        usleep(1500 * 1000);
-        const double cpu = other_threads_cpu_s() - c0, wall = now_s() - w0;
-        EP_REQUIRE(c0 >= 0, 63, "getrusage: %s", strerror(errno));
-        fprintf(stderr, "listener: other threads' CPU %.3f s in %.3f s (%.0f %%)\n", cpu, wall,
-                100 * cpu / wall);
-        EP_REQUIRE(cpu / wall < 0.20, 60,
-                   "the other threads used %.0f %% of a core while the "
-                   "accept queue was full",
-                   100 * cpu / wall);
-        // Free descriptors: close the comms accepted so far; the pending connect completes.
+        EP_REQUIRE(!lasting || (failed && peer_failed), 58,
+                   "within 60 s: accept failed %d, connect failed %d", failed, peer_failed);
+        if (!lasting) {
+          // The accept queue is full: nothing of ours calls accept now. The other threads
+          // (the background thread) must not spin meanwhile. Short: descriptors must be free
+          // again before kAcceptStarvedLimit.
+          const double c0 = other_threads_cpu_s(), w0 = now_s();
+          usleep(400 * 1000);
+          const double cpu = other_threads_cpu_s() - c0, wall = now_s() - w0;
+          EP_REQUIRE(c0 >= 0, 63, "getrusage: %s", strerror(errno));
+          fprintf(stderr, "listener: other threads' CPU %.3f s in %.3f s (%.0f %%)\n", cpu, wall,
+                  100 * cpu / wall);
+          EP_REQUIRE(cpu / wall < 0.20, 60,
+                     "the other threads used %.0f %% of a core while the "
+                     "accept queue was full",
+                     100 * cpu / wall);
+        }
+        // Free descriptors: close the comms accepted after the warm-up.
         int closed = 0;
-        for (int i = 1; i < stuck; ++i)
+        for (int i = 1; i < kNofileComms; ++i)
           if (comms[i]) {
             ep.plugin.net->closeRecv(comms[i]);
             comms[i] = nullptr;
             ++closed;
           }
         EP_REQUIRE(closed > 0, 61, "nothing to close");
+        const int next = lasting ? kNofileComms - 1 : stuck;
+        if (lasting) EP_REQUIRE(ep.say("freed"), 50, "say");
         void* comm = nullptr;
         double secs = 0;
-        const ncclResult_t res = accept_until(ep, listens[stuck], 60, &comm, &secs);
+        const ncclResult_t res = accept_until(ep, listens[next], 60, &comm, &secs);
         EP_REQUIRE(res == ncclSuccess && comm, 62, "after freeing: result %d after %.3f s", res,
                    secs);
         if (int rc = recv_checked(ep, comm, 1 * MiB, 98)) return rc;
         ep.plugin.net->closeRecv(comm);
+        if (comms[0]) ep.plugin.net->closeRecv(comms[0]);
         for (int i = 0; i < kNofileComms; ++i) ep.plugin.net->closeListen(listens[i]);
         return 0;
       });
@@ -1774,16 +1849,33 @@ void nofile_listener(const TransportUnderTest& t) {
   INFO("connector's log:\n" << s << "listener's log:\n" << rv);
   CHECK(r.sender_status == 0);
   CHECK(r.receiver_status == 0);
-  // One WARN for the cause, naming the limit and its values.
   const std::vector<double> soft = log_numbers(rv, "descriptor limit set: ([0-9]+)");
   REQUIRE(soft.size() == 1);
   const std::string soft_text = "soft " + std::to_string(static_cast<int>(soft[0]));
-  CHECK(count_lines_containing(rv, "RLIMIT_NOFILE") == 1);
-  CHECK(line_with(rv, {"RLIMIT_NOFILE", soft_text}) != "");
+  // The pause: one WARN, naming the limit and its values.
+  CHECK(count_lines_containing(rv, "accepting pauses") == 1);
+  CHECK(line_with(rv, {"accepting pauses", "RLIMIT_NOFILE", soft_text}) != "");
+  if (!lasting) {
+    CHECK(count_lines_containing(rv, "RLIMIT_NOFILE") == 1);
+    CHECK_FALSE(has(s, "RLIMIT_NOFILE"));
+  } else {
+    // Both ends' failures name the listener's limit (the connector's from the refusal).
+    CHECK(line_with(rv, {"accept on device", "failed", "RLIMIT_NOFILE", soft_text}) != "");
+    CHECK(line_with(s, {"refused by the peer", "cannot accept", "RLIMIT_NOFILE", soft_text}) != "");
+    CHECK_FALSE(has(s, "gave up after"));
+  }
+}
+void nofile_listener_brief(const TransportUnderTest& t) { nofile_listener(t, Shortage::kBrief); }
+void nofile_listener_lasting(const TransportUnderTest& t) {
+  nofile_listener(t, Shortage::kLasting);
 }
 SHARED_CASE(
-    "the listener runs out of descriptors: accepting backs off without spinning, warns "
-    "once, and serves again once descriptors are freed",
-    "[setup][nofile]", nofile_listener)
+    "the listener runs out of descriptors briefly: accepting backs off without spinning, "
+    "warns once, and serves again once descriptors are freed",
+    "[setup][nofile]", nofile_listener_brief)
+SHARED_CASE(
+    "the listener stays out of descriptors: its accept and the pending connect fail within "
+    "2 s naming its RLIMIT_NOFILE; once freed, a new connection comes up",
+    "[setup][nofile]", nofile_listener_lasting)
 
 }  // namespace

@@ -676,10 +676,25 @@ Status Conn::accept_step(bool* done, TimeUs now) {
     if (l->gate.paused(now)) return Status::kOk;
     const int fd = ::accept4(l->fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
     if (fd < 0) {
-      l->gate.on_error(errno, "the side channel of a listen comm on device " + std::to_string(dev_),
-                       now);
-      return Status::kOk;
+      const int err = errno;
+      if (!l->gate.on_error(
+              err, "the side channel of a listen comm on device " + std::to_string(dev_), now) ||
+          !l->gate.starved(now))
+        return Status::kOk;
+      // This process holds its own descriptors: the connector is refused with the cause
+      // (through the spare descriptor) and this accept fails, both within about 2 s.
+      const std::string text = "the listening process (device " + std::to_string(dev_) +
+                               ") cannot accept: " + l->gate.starved_text(now) +
+                               "; raise its descriptor limit (ulimit -n)";
+      if (err == EMFILE || err == ENFILE) {
+        const WireRefusal w = make_refusal(Refusal::kNoResources, TransportKind::kIb, false,
+                                           nullptr, l->listen_id, 0, text);
+        (void)refuse_with_spare(l->fd, &w, sizeof(w));
+      }
+      R2CCL_WARN("accept on device %d failed: %s", dev_, text.c_str());
+      return Status::kSystem;
     }
+    l->gate.on_accepted();
     set_socket_options(fd, cfg_.tcp_user_timeout);
     sc_fd_ = fd;
     sc_got_ = 0;

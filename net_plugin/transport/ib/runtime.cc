@@ -156,6 +156,7 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
     if (fl >= 0) fcntl(h[i].ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
     async_owner_.push_back(static_cast<int>(i));
   }
+  keep_spare_descriptor();  // a starved listen comm refuses its connector with it
   start_background();
   return Status::kOk;
 }

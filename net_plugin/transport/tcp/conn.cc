@@ -191,6 +191,14 @@ void Conn::start_handshake(Handshake* hs, int local_rail, int peer_rail, uint32_
   memcpy(hs->out.data() + sizeof(h), &b, sizeof(b));
 }
 
+bool Conn::Handshake::out_of_resources() const {
+  return refused && refusal.reason == static_cast<uint8_t>(Refusal::kNoResources);
+}
+
+bool Conn::Handshake::cannot_heal() const {
+  return out_of_resources() || (!refused && classify_errno(err, op) == ErrClass::kPermanent);
+}
+
 std::string Conn::Handshake::cause() const {
   if (refused) return std::string("refused by the peer: ") + refusal.text;
   if (err == 0) return "no answer";
@@ -493,9 +501,7 @@ Status Conn::connect_step(bool* done, TimeUs now) {
     const Handshake* permanent = nullptr;  // a path that failed for a cause that cannot heal
     for (auto& hs : setup_hs_) {
       if (hs.stage == 3 || hs.stage == -2) {
-        if (hs.stage == -2 && !permanent && !hs.refused &&
-            classify_errno(hs.err, hs.op) == ErrClass::kPermanent)
-          permanent = &hs;
+        if (hs.stage == -2 && !permanent && hs.cannot_heal()) permanent = &hs;
         continue;
       }
       int r = step_handshake(&hs, paths_desc_[hs.path].rail, now);
@@ -509,14 +515,15 @@ Status Conn::connect_step(bool* done, TimeUs now) {
         hs.fd = -1;
         hs.stage = -2;
         // The listener refused a path it answered the query for (its listen comm closed
-        // meanwhile, a malformed hello): the setup cannot succeed.
-        if (hs.refused) return setup_failed(hs, "connecting");
-        const bool perm = classify_errno(hs.err, hs.op) == ErrClass::kPermanent;
+        // meanwhile, a malformed hello): the setup cannot succeed. One refused for want of
+        // descriptors there waits in the background, as one that hits EMFILE here.
+        if (hs.refused && !hs.out_of_resources()) return setup_failed(hs, "connecting");
+        const bool perm = hs.cannot_heal();
         if (perm && !permanent) permanent = &hs;
         R2CCL_INFO(NCCL_NET | NCCL_INIT, "path %d (%s) not connected at setup: %s", hs.path,
                    hs.what.c_str(), hs.cause().c_str());
         if (perm && first_time("setup path:" + rails[paths_desc_[hs.path].rail].name + ":" +
-                               std::to_string(hs.err)))
+                               (hs.refused ? std::string("refused") : std::to_string(hs.err))))
           R2CCL_WARN(
               "path %d (%s) not connected at setup: %s; it is retried in the background, slowly "
               "(warned once per rail and cause)",
@@ -657,6 +664,14 @@ Status Conn::accept_step(bool* done, TimeUs now) {
   if (!others.empty()) {
     std::lock_guard<std::mutex> lk(l->inbox_mu);
     l->inbox.insert(l->inbox.begin(), others.begin(), others.end());
+  }
+  // No stream of a connection has come, and this process cannot accept one (it holds its
+  // own descriptors): fail now, naming the limit; the waiting connectors are refused with it.
+  std::string starved;
+  if (paths_.empty() && rt_->accept_starved(now, setup_start_, &starved)) {
+    R2CCL_WARN("accept on device %d (%s) failed: %s; raise the descriptor limit (ulimit -n)", dev_,
+               rt_->rails()[dev_].name.c_str(), starved.c_str());
+    return Status::kSystem;
   }
   bool any_stream = false;
   for (auto& p : paths_)

@@ -128,6 +128,10 @@ class Conn final : public ConnIo {
     std::string what;  // "RAIL -> PEER ADDRESS"
     // Why it failed, for a message: the refusal's text, or the errno with its limit.
     std::string cause() const;
+    // Refused because the listening process is out of descriptors (Refusal::kNoResources).
+    bool out_of_resources() const;
+    // Failed for a cause that retrying soon cannot heal: a permanent errno, or the above.
+    bool cannot_heal() const;
   };
   static_assert(sizeof(FrameHeader) + sizeof(HelloBody) >= sizeof(WireRefusal),
                 "a handshake's buffer holds a refusal");

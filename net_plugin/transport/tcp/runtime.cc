@@ -92,6 +92,7 @@ Status Runtime::init(const Config* cfg, std::string* err) {
     listen_ports_.push_back(local_port(fd));
   }
   accept_gates_.resize(listen_fds_.size());
+  keep_spare_descriptor();
   start_background();
   return Status::kOk;
 }
@@ -214,6 +215,7 @@ void Runtime::bg_on_fds(const pollfd* fds, size_t n, TimeUs now) {
 }
 
 void Runtime::accept_new(int rail, TimeUs now) {
+  AcceptGate& gate = accept_gates_[rail];
   for (int k = 0; k < 16; ++k) {
     sockaddr_storage from;
     socklen_t fl = sizeof(from);
@@ -222,17 +224,49 @@ void Runtime::accept_new(int rail, TimeUs now) {
     if (fd < 0) {
       // EAGAIN: drained. EMFILE and the like: pause this listener (warned once per cause).
       // Anything else (a connector that gave up meanwhile): the next poll tries again.
-      accept_gates_[rail].on_error(errno, "rail " + rails_[rail].name, now);
+      const int err = errno;
+      if (gate.on_error(err, "rail " + rails_[rail].name, now) && gate.starved(now) &&
+          (err == EMFILE || err == ENFILE))
+        refuse_waiting(rail, now);
       return;
     }
+    gate.on_accepted();
     set_socket_options(fd, cfg().tcp_user_timeout);
     Pending p;
     p.fd = fd;
     p.rail = rail;
+    p.from = addr_to_string(from);
     p.deadline = now + kIncomingHelloTimeout;
     p.got = 0;
-    pending_.push_back(p);
+    pending_.push_back(std::move(p));
   }
+}
+
+// The connections waiting on a starved listener are refused with the cause (through the
+// spare descriptor), so their connectors fail now, naming this process's limit, instead of
+// waiting R2CCL_CONNECT_TIMEOUT. A running connection's reconnect that is refused so retries
+// slowly; it does not end its connection.
+void Runtime::refuse_waiting(int rail, TimeUs now) {
+  const std::string text = "the listening process (rail " + rails_[rail].name +
+                           ") cannot accept: " + accept_gates_[rail].starved_text(now) +
+                           "; raise its descriptor limit (ulimit -n)";
+  const WireRefusal w =
+      make_refusal(Refusal::kNoResources, TransportKind::kTcp, false, nullptr, 0, 0, text);
+  int n = 0;
+  while (n < 16 && refuse_with_spare(listen_fds_[rail], &w, sizeof(w))) ++n;
+  if (n > 0 && first_time("accept starved:" + rails_[rail].name))
+    R2CCL_WARN("refused %d waiting connection%s on rail %s: %s (warned once per rail)", n,
+               n == 1 ? "" : "s", rails_[rail].name.c_str(), text.c_str());
+}
+
+bool Runtime::accept_starved(TimeUs now, TimeUs since, std::string* why) const {
+  for (size_t r = 0; r < accept_gates_.size(); ++r)
+    if (accept_gates_[r].starved(now, since)) {
+      *why = "the listener on rail " + rails_[r].name +
+             " cannot accept: " + accept_gates_[r].starved_text(now);
+      return true;
+    }
+  return false;
 }
 
 // HELLO_ACK: our rails and knobs, and the secret echoed back (the connector checks it).
@@ -433,11 +467,7 @@ void Runtime::service_handshakes(TimeUs now) {
     }
     if (answer) send_refusal(p.fd, reason, in, reason_text);
     if (drop) {
-      sockaddr_storage peer;
-      socklen_t pl = sizeof(peer);
-      const std::string from = getpeername(p.fd, reinterpret_cast<sockaddr*>(&peer), &pl) == 0
-                                   ? addr_to_string(peer)
-                                   : std::string("?");
+      const std::string& from = p.from;
       // An aborted reconnect (closed before its hello) is routine; anything else is not.
       if (!why) {
         // a refusal taken: the listen comm's accept() says it

@@ -43,6 +43,11 @@ class Runtime final : public RuntimeBase {
   WireKnobs knobs() const;
   void register_listen(Listen* l);
   void unregister_listen(Listen* l);
+  // A rail's listener has been out of descriptors with a connection waiting for
+  // kAcceptStarvedLimit and failed again since `since` (sock/sock_errors.h): true with *why
+  // naming the rail and the limit. An accept() that has no stream of its connection yet
+  // fails then. Any thread.
+  bool accept_starved(TimeUs now, TimeUs since, std::string* why) const;
 
   // --- Transport ---
   Status listen(int dev, void* handle, Listener** out) override;
@@ -59,6 +64,7 @@ class Runtime final : public RuntimeBase {
   // each incoming stream (bounded by kIncomingHelloTimeout).
   void bg_add_fds(std::vector<pollfd>* fds) override;
   void accept_new(int rail, TimeUs now);
+  void refuse_waiting(int rail, TimeUs now);
   void bg_on_fds(const pollfd* fds, size_t n, TimeUs now) override;
   void service_handshakes(TimeUs now);
   // Routes a checked hello to its listen comm or connection; false with *why (and the
@@ -72,7 +78,8 @@ class Runtime final : public RuntimeBase {
   int rank_ = -1;
   std::vector<int> listen_fds_;
   std::vector<uint16_t> listen_ports_;
-  std::vector<AcceptGate> accept_gates_;  // per listener; background thread only
+  // Per listener; the background thread owns them (accept_starved() only reads).
+  std::vector<AcceptGate> accept_gates_;
 
   std::mutex listens_mu_;
   std::vector<Listen*> listens_;  // guarded by listens_mu_
@@ -80,6 +87,7 @@ class Runtime final : public RuntimeBase {
   struct Pending {
     int fd;
     int rail;
+    std::string from;  // the connector's address, read at accept (it may be gone later)
     TimeUs deadline;
     size_t got;
     char buf[sizeof(FrameHeader) + sizeof(HelloBody)];
