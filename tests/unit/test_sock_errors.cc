@@ -94,6 +94,35 @@ TEST_CASE("first_time says yes once per key", "[sock_errors]") {
   CHECK(first_time("test_sock_errors: b"));
 }
 
+// Takes every descriptor the process may open: the soft RLIMIT_NOFILE is lowered to just
+// above the highest open descriptor and the rest is filled with dup(0). release() (or the
+// destructor) gives them back and restores the limit.
+struct NoFreeDescriptors {
+  NoFreeDescriptors() {
+    int top = 0;
+    DIR* d = opendir("/proc/self/fd");
+    REQUIRE(d);
+    while (dirent* e = readdir(d)) top = std::max(top, atoi(e->d_name) + 1);
+    closedir(d);
+    REQUIRE(getrlimit(RLIMIT_NOFILE, &saved) == 0);
+    rlimit low = saved;
+    soft = top + 2;
+    low.rlim_cur = static_cast<rlim_t>(soft);
+    REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
+    for (int fd; (fd = dup(0)) >= 0;) filler.push_back(fd);
+  }
+  ~NoFreeDescriptors() { release(); }
+  void release() {
+    for (int f : filler) close(f);
+    filler.clear();
+    if (soft) setrlimit(RLIMIT_NOFILE, &saved);
+    soft = 0;
+  }
+  int soft = 0;  // the soft limit while they are taken
+  rlimit saved{};
+  std::vector<int> filler;
+};
+
 TEST_CASE("a rail socket that cannot be opened keeps its errno and names the limit",
           "[sock_errors]") {
   // EMFILE at socket() was reported as ENETDOWN ("Network is down") and retried until the
@@ -106,23 +135,12 @@ TEST_CASE("a rail socket that cannot be opened keeps its errno and names the lim
   a->sin_family = AF_INET;
   a->sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   rail.addrlen = sizeof(sockaddr_in);
-  int top = 0;
-  DIR* d = opendir("/proc/self/fd");
-  REQUIRE(d);
-  while (dirent* e = readdir(d)) top = std::max(top, atoi(e->d_name) + 1);
-  closedir(d);
-  rlimit saved{};
-  REQUIRE(getrlimit(RLIMIT_NOFILE, &saved) == 0);
   // Every descriptor below the new soft limit is taken: the next socket() fails.
-  std::vector<int> filler;
-  rlimit low = saved;
-  low.rlim_cur = static_cast<rlim_t>(top + 2);
-  REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
-  for (int fd; (fd = dup(0)) >= 0;) filler.push_back(fd);
+  NoFreeDescriptors none;
+  const int soft = none.soft;
   SockFailure why;
   const int fd = open_rail_socket(rail, 0, &why);
-  for (int f : filler) close(f);
-  REQUIRE(setrlimit(RLIMIT_NOFILE, &saved) == 0);
+  none.release();
   if (fd >= 0) close(fd);
   INFO(why.text);
   CHECK(fd < 0);
@@ -130,7 +148,7 @@ TEST_CASE("a rail socket that cannot be opened keeps its errno and names the lim
   CHECK(why.op == SockOp::kSocket);
   CHECK(classify_errno(why.err, why.op) == ErrClass::kPermanent);
   CHECK(why.text.find("lo@127.0.0.1") != std::string::npos);
-  CHECK(why.text.find("RLIMIT_NOFILE soft " + std::to_string(top + 2)) != std::string::npos);
+  CHECK(why.text.find("RLIMIT_NOFILE soft " + std::to_string(soft)) != std::string::npos);
 }
 
 TEST_CASE("an accept gate: a shortage that lasts 1.5 s is starved, one that ends is not",
@@ -192,28 +210,17 @@ TEST_CASE("the spare descriptor lets a listener out of descriptors refuse a wait
   const char hello[] = "a hello the listener never reads";
   REQUIRE(send(cfd, hello, sizeof(hello), 0) == static_cast<ssize_t>(sizeof(hello)));
   // No descriptor is free: accept4 fails; the spare still takes the connection.
-  int top = 0;
-  DIR* d = opendir("/proc/self/fd");
-  REQUIRE(d);
-  while (dirent* e = readdir(d)) top = std::max(top, atoi(e->d_name) + 1);
-  closedir(d);
-  rlimit saved{};
-  REQUIRE(getrlimit(RLIMIT_NOFILE, &saved) == 0);
-  rlimit low = saved;
-  low.rlim_cur = static_cast<rlim_t>(top + 2);
-  REQUIRE(setrlimit(RLIMIT_NOFILE, &low) == 0);
-  std::vector<int> filler;
-  for (int fd; (fd = dup(0)) >= 0;) filler.push_back(fd);
+  NoFreeDescriptors none;
   const int direct = accept4(lfd, nullptr, nullptr, SOCK_CLOEXEC);
   const int direct_err = errno;
   const char refusal[] = "refused: out of descriptors";
   const bool refused = refuse_with_spare(lfd, refusal, sizeof(refusal));
   const bool again = refuse_with_spare(lfd, refusal, sizeof(refusal));  // nothing waits now
   const int after = dup(0);  // the spare was reopened: still no descriptor free
-  for (int f : filler) close(f);
+  const size_t filled = none.filler.size();
+  none.release();
   if (after >= 0) close(after);
-  REQUIRE(setrlimit(RLIMIT_NOFILE, &saved) == 0);
-  INFO("top " << top << ", filler " << filler.size() << ", direct " << direct);
+  INFO("filled " << filled << ", direct " << direct);
   CHECK(direct < 0);
   CHECK(direct_err == EMFILE);
   CHECK(refused);
