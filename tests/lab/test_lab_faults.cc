@@ -22,24 +22,33 @@ TEST_CASE("lab: device 1's rail downed mid-transfer of 1 GiB is replayed lossles
         o.env["R2CCL_TEST_HOOKS"] = "no_replay";
         o.env["R2CCL_FAILOVER_TIMEOUT"] = "2s";
       }
-      Stream s{1ull << 30, 1, replay ? 120000 : 15000, temp_path("gib-started")};
-      std::string fault_out;
+      // Replay off: a link-down that met nothing in flight ("0 chunks to replay": every chunk
+      // had been acknowledged) loses nothing, so that run says nothing about replay; it is
+      // repeated, at most 3 runs (seen about 1 run in 3 on a loaded 2-core machine).
       PairResult r;
-      {
-        Later fault(0, [&] {
-          after_start(s.started, 1000);
-          fault_out = lab.fault("link-down 1");
-        });
-        r = run_pair(
-            o, [&](Endpoint& ep) { return send_stream(ep, s); },
-            [&](Endpoint& ep) { return recv_stream(ep, s); });
+      std::string slog, fault_out, why;
+      for (int attempt = 1; attempt <= (replay ? 1 : 3); ++attempt) {
+        Stream s{1ull << 30, 1, replay ? 120000 : 15000, temp_path("gib-started")};
+        unlink(o.sender_env["R2CCL_LOG_FILE"].c_str());  // this run's lines only
+        {
+          Later fault(0, [&] {
+            after_start(s.started, 1000);
+            fault_out = lab.fault("link-down 1");
+          });
+          r = run_pair(
+              o, [&](Endpoint& ep) { return send_stream(ep, s); },
+              [&](Endpoint& ep) { return recv_stream(ep, s); });
+        }
+        lab.fault("link-up 1");
+        slog = read_file(o.sender_env["R2CCL_LOG_FILE"]);
+        why = "sender log:\n" + slog + "\nsender stderr:\n" + read_file(o.sender_stderr) +
+              "\nreceiver stderr:\n" + read_file(o.receiver_stderr) + "\nfault: " + fault_out;
+        const bool met_nothing = r.sender_status == 0 && r.receiver_status == 0 &&
+                                 slog.find(" 0 chunks to replay") != std::string::npos;
+        if (replay || !met_nothing) break;
+        WARN("attempt " << attempt << ": the link-down met nothing in flight; again");
       }
-      lab.fault("link-up 1");
-      std::string slog = read_file(o.sender_env["R2CCL_LOG_FILE"]);
-      INFO("sender log:\n"
-           << slog << "\nsender stderr:\n"
-           << read_file(o.sender_stderr) << "\nreceiver stderr:\n"
-           << read_file(o.receiver_stderr) << "\nfault: " << fault_out);
+      INFO(why);
       if (!replay) {
         CHECK((r.sender_status != 0 || r.receiver_status != 0));
         continue;
