@@ -1833,7 +1833,10 @@ void nofile_listener(const TransportUnderTest& t, Shortage shortage) {
           }
         EP_REQUIRE(closed > 0, 61, "nothing to close");
         const int next = lasting ? kNofileComms - 1 : stuck;
-        if (lasting) EP_REQUIRE(ep.say("freed"), 50, "say");
+        if (lasting) {
+          char note[Endpoint::kNoteBytes] = "freed";  // say() sends the whole note
+          EP_REQUIRE(ep.say(note), 50, "say");
+        }
         void* comm = nullptr;
         double secs = 0;
         const ncclResult_t res = accept_until(ep, listens[next], 60, &comm, &secs);
