@@ -47,14 +47,16 @@ void bind_address_no_port(int fd) {
 
 }  // namespace
 
+void set_user_timeout(int fd, TimeUs user_timeout) {
+  const unsigned int ms =
+      user_timeout > 0 ? static_cast<unsigned int>((user_timeout + kUsPerMs - 1) / kUsPerMs) : 0;
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
+}
+
 void set_socket_options(int fd, TimeUs user_timeout) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-  if (user_timeout > 0) {
-    unsigned int ms = static_cast<unsigned int>(user_timeout / kUsPerMs);
-    if (ms == 0) ms = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof(ms));
-  }
+  if (user_timeout > 0) set_user_timeout(fd, user_timeout);
 }
 
 int open_rail_socket(const Rail& rail, TimeUs user_timeout, SockFailure* why) {

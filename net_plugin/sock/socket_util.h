@@ -32,5 +32,9 @@ int finish_connect(int fd);
 int open_rail_listener(const Rail& rail, std::string* err);
 uint16_t local_port(int fd);
 void set_socket_options(int fd, TimeUs user_timeout);
+// TCP_USER_TIMEOUT of `fd`, microseconds rounded up to whole ms (0: the kernel default). The
+// kernel reads it at every retransmission and zero-window probe timer, so a change applies to
+// a socket in use. Errors are ignored (not a TCP socket: nothing to apply). Any thread.
+void set_user_timeout(int fd, TimeUs user_timeout);
 
 }  // namespace r2ccl::net

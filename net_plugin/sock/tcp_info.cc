@@ -22,4 +22,16 @@ bool read_tcp_counters(int fd, TcpCounters* out) {
   return true;
 }
 
+bool read_tcp_peer(int fd, TcpPeerView* out) {
+  struct tcp_info ti;
+  std::memset(&ti, 0, sizeof(ti));
+  socklen_t len = sizeof(ti);
+  if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return false;
+  out->last_ack_ms = ti.tcpi_last_ack_recv;
+  out->unanswered_probes = ti.tcpi_probes;
+  out->window_known = len >= offsetof(struct tcp_info, tcpi_snd_wnd) + sizeof(ti.tcpi_snd_wnd);
+  out->window = out->window_known ? ti.tcpi_snd_wnd : 0;
+  return true;
+}
+
 }  // namespace r2ccl::net

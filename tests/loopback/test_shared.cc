@@ -509,14 +509,24 @@ void black_hole_lossless(const TransportUnderTest& t) {
 SHARED_CASE("a black hole on the primary rail mid-stream: the watchdog finds it, lossless",
             "[failover]", black_hole_lossless)
 
-void process_stopped(const TransportUnderTest& t, bool stop_sender) {
+void process_stopped(const TransportUnderTest& t, bool stop_sender, bool beyond_buffers = false) {
   // A 2 s SIGSTOP of either process (a stall of the whole machine: swapping, a debugger, a
   // checkpoint) is not a rail failure: the stream completes intact, no path fails, nobody
   // gives up. A forked stopper (async-signal-safe calls only) stops its target 1 s into the
   // stream and continues it 2 s later.
   StreamSpec s = short_stream(5.0);
   s.stall_ms = 30000;
-  const StreamRun r = run_stream(quiet_pair(t), s, [&](Endpoint& ep, bool sender) {
+  PairOptions o = quiet_pair(t);
+  if (beyond_buffers) {
+    // 64 MiB in flight per path, more than a stopped receiver's socket buffers take (tcp_rmem
+    // grows to 32 MiB at most by default): its kernel advertises a zero window with data
+    // still unsent at the sender, whose kernel then probes the window (TCP_USER_TIMEOUT is
+    // 200 ms). With the default 4 MiB window this happens only when the receive buffer had
+    // not grown yet (once in a fresh-clone CI run: both paths failed, the stream recovered).
+    s.msg = 16 * MiB;
+    o.env["R2CCL_PATH_WINDOW"] = "64M";
+  }
+  const StreamRun r = run_stream(o, s, [&](Endpoint& ep, bool sender) {
     if (!sender) return;
     const pid_t target = stop_sender ? getpid() : ep.peer_pid;
     if (fork() == 0) {
@@ -536,6 +546,7 @@ void process_stopped(const TransportUnderTest& t, bool stop_sender) {
   }
 }
 void receiver_stopped(const TransportUnderTest& t) { process_stopped(t, false); }
+void receiver_stopped_window_shut(const TransportUnderTest& t) { process_stopped(t, false, true); }
 void sender_stopped(const TransportUnderTest& t) { process_stopped(t, true); }
 // TCP only: the fake verbs provider's "NIC" runs inside the process it serves, so stopping
 // the process stops its NIC too (no RC ACKs: retry-exceeded, a real failure), which a real
@@ -544,6 +555,12 @@ void sender_stopped(const TransportUnderTest& t) { process_stopped(t, true); }
 TEST_CASE("tcp: a 2 s SIGSTOP of the receiving process fails no path and no request",
           "[tcp][loopback][failover]") {
   receiver_stopped(tcp_lo());
+}
+TEST_CASE(
+    "tcp: a 2 s SIGSTOP of a receiver with more in flight than its socket buffers hold "
+    "(its window shuts) fails no path and no request",
+    "[tcp][loopback][failover]") {
+  receiver_stopped_window_shut(tcp_lo());
 }
 TEST_CASE("tcp: a 2 s SIGSTOP of the sending process fails no path and no request",
           "[tcp][loopback][failover]") {

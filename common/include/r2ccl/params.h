@@ -54,7 +54,8 @@ struct ParamDef {
     "this long has failed (silent black hole with the link up).")                               \
   X(tcp_user_timeout, "R2CCL_TCP_USER_TIMEOUT", kDuration, "200ms", 0, 600e6, nullptr,          \
     "TCP_USER_TIMEOUT on every path socket, so the kernel reports a dead rail in ~0.2-0.4 s "   \
-    "instead of ~15 min. 0 keeps the kernel default.")                                          \
+    "instead of ~15 min; raised to R2CCL_FAILOVER_TIMEOUT while the peer's window is shut "     \
+    "(its process paused). 0 keeps the kernel default.")                                        \
   X(failover_timeout, "R2CCL_FAILOVER_TIMEOUT", kDuration, "10s", 100e3, 3600e6, nullptr,       \
     "With no usable path left, pending requests fail after this long (ncclSystemError, or "     \
     "ncclRemoteError when the peer is gone).")                                                  \

@@ -771,9 +771,11 @@ bool Conn::flush_stream(Path& p, Stream& s, TimeUs now) {
       m.msg_iovlen = n_iov;
       ssize_t n = ::sendmsg(s.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
       if (n < 0) {
-        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-        return false;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+        watch_window(s, true, now);
+        return true;
       }
+      if (s.window_shut) watch_window(s, false, now);
       s.cur_off += static_cast<size_t>(n);
     }
     if (s.cur_off < total) return true;
@@ -784,6 +786,31 @@ bool Conn::flush_stream(Path& p, Stream& s, TimeUs now) {
       s.dataq.pop_front();
   }
   return true;
+}
+
+// A peer whose process is paused (SIGSTOP, swapping) stops reading, and its kernel, still up,
+// advertises a zero window once the socket's receive buffer is full. This end's kernel then
+// probes the window, backing off (one RTO, >= 200 ms by default, then doubling), and with
+// TCP_USER_TIMEOUT set it aborts the socket (ETIMEDOUT) once the window has stayed shut that
+// long although every probe is answered (Linux >= 5.11, tcp_probe_timer): a paused peer would
+// fail every busy path after ~0.4 s. The engine's paused-peer rule (Connection::peer_stalled)
+// decides such silences, so while the window is shut the socket's user timeout is raised to
+// R2CCL_FAILOVER_TIMEOUT, and set back once it opens; heard_within counts the answered probes
+// as hearing the peer's machine, and a rail that dies meanwhile leaves a probe unanswered.
+// Looked at only while the stream cannot take more bytes (or its window was found shut), at
+// most every 10 ms.
+void Conn::watch_window(Stream& s, bool blocked, TimeUs now) {
+  constexpr TimeUs kLookEvery = 10 * kUsPerMs;
+  if ((!blocked && !s.window_shut) || now < s.next_window_look) return;
+  s.next_window_look = now + kLookEvery;
+  TcpPeerView v;
+  if (!read_tcp_peer(s.fd, &v) || !v.window_known) return;  // older kernel: no rule
+  const bool shut = v.window == 0;
+  if (shut == s.window_shut) return;
+  s.window_shut = shut;
+  if (cfg_.tcp_user_timeout > 0)
+    set_user_timeout(s.fd, shut ? std::max(cfg_.failover_timeout, cfg_.tcp_user_timeout)
+                                : cfg_.tcp_user_timeout);
 }
 
 PostResult Conn::post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs now) {
@@ -1288,16 +1315,17 @@ void Conn::apply_injected_resets(PathSink& sink, TimeUs now) {
   }
 }
 
-// Smallest time since any stream of the path received a TCP ACK (TCP_INFO), microseconds.
+// Smallest time since any stream of the path received a TCP ACK (TCP_INFO), microseconds; 0
+// for a stream whose window is shut (watch_window) with every window probe answered: the
+// peer's kernel answers however far apart the backed-off probes have grown.
 TimeUs Conn::heard_within(int path, TimeUs now) const {
   (void)now;
   TimeUs best = INT64_MAX;
   for (const auto& s : paths_[path].streams) {
-    if (s.fd < 0) continue;
-    tcp_info ti{};
-    socklen_t len = sizeof(ti);
-    if (getsockopt(s.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) continue;
-    best = std::min<TimeUs>(best, static_cast<TimeUs>(ti.tcpi_last_ack_recv) * kUsPerMs);
+    TcpPeerView v;
+    if (s.fd < 0 || !read_tcp_peer(s.fd, &v)) continue;
+    const bool answering = s.window_shut && v.window == 0 && v.unanswered_probes == 0;
+    best = std::min<TimeUs>(best, answering ? 0 : static_cast<TimeUs>(v.last_ack_ms) * kUsPerMs);
   }
   return best;
 }
@@ -1310,6 +1338,10 @@ TimeUs Conn::fault_start(int path, TimeUs now) const {
 // this connection's sockets since the last read, added to the rails' totals once a second.
 void Conn::sample_tcp_info(TimeUs now) {
   next_tcp_info_ = now + kUsPerSec;
+  // A stream whose window opened while it had nothing more to send gets its timeout back.
+  for (auto& p : paths_)
+    for (auto& st : p.streams)
+      if (st.fd >= 0 && st.window_shut) watch_window(st, false, now);
   if (!cfg_.predict) return;
   for (auto& p : paths_) {
     RailLive& l = rt_->live(rail_of(p));

@@ -110,6 +110,10 @@ class Conn final : public ConnIo {
     // retransmit signal); a new socket starts from 0.
     uint32_t tcpi_retrans = 0;
     uint32_t tcpi_segs_out = 0;
+    // Zero-window rule (watch_window): the peer's window is shut and the socket's
+    // TCP_USER_TIMEOUT is raised; the next look at the window is not before next_window_look.
+    bool window_shut = false;
+    TimeUs next_window_look = 0;
   };
   struct Handshake {
     int fd = -1;
@@ -168,6 +172,7 @@ class Conn final : public ConnIo {
   // frames
   void queue_ctrl(Path& p, FrameHeader h, TimeUs now);
   bool flush_stream(Path& p, Stream& s, TimeUs now);
+  void watch_window(Stream& s, bool blocked, TimeUs now);
   bool read_stream(Path& p, Stream& s, PathSink& sink, TimeUs now, FailCause* cause,
                    const char** why);
   bool handle_frame(Path& p, Stream& s, PathSink& sink, TimeUs now, const char** why);
