@@ -13,10 +13,15 @@
 //    dest_qp_num. One packet per work request (a REQ carrying the whole payload), one ACK per
 //    REQ, sent back on the connection the REQ came in on. Packets of one QP travel on one
 //    stream, so they execute at the target in posting order.
-//  - Lost packets are never retransmitted: a requester whose oldest outstanding WR sees no ACK
-//    within the retry delay completes it with IBV_WC_RETRY_EXC_ERR and moves the QP to ERR.
-//    That one rule covers a dead peer, a down port (either end), a wrong address and a target
-//    QP that is not in RTR/RTS.
+//  - Loss comes only from the fault state, never from the clock: a packet is lost when the
+//    fake drops it (a down port at either end, a blackholed QP, a wrong address, a target QP
+//    that is missing or not in RTR/RTS: the target's NIC then sends a kAckLost notice, which
+//    stands for the silence a real requester would hear) or when the peer process dies (its
+//    connection closes). A delivered packet waits for its ACK however late the peer's NIC
+//    thread runs (a loaded host, a stopped process: a real HCA would still answer). Lost
+//    packets are never retransmitted: once the oldest outstanding WR is lost, the requester's
+//    retry timer (from its sending, or the QP's last progress) completes it with
+//    IBV_WC_RETRY_EXC_ERR and moves the QP to ERR.
 #pragma once
 
 #include <infiniband/verbs.h>
@@ -142,7 +147,17 @@ struct Cq {
 
 // Wire format (host byte order: both ends are on this machine).
 enum : uint8_t { kReq = 1, kAck = 2 };
-enum : uint8_t { kAckOk = 0, kAckRemAccess, kAckRemInv, kAckRemOp, kAckRnrWait, kAckRnrFail };
+// kAckLost: not a packet of real hardware; it tells the requester that its packet was dropped
+// at the target (a real requester learns it only from the silence, by its retry timer).
+enum : uint8_t {
+  kAckOk = 0,
+  kAckRemAccess,
+  kAckRemInv,
+  kAckRemOp,
+  kAckRnrWait,
+  kAckRnrFail,
+  kAckLost
+};
 constexpr uint32_t kMagic = 0x46564231;  // "FVB1"
 
 struct Hdr {
@@ -177,6 +192,7 @@ struct SendWr {
   uint32_t len = 0;
   uint64_t raddr = 0;
   St st = kQueued;
+  bool lost = false;  // kSent: the packet or its ACK was lost (the retry timer runs)
   ibv_wc_status status = IBV_WC_SUCCESS;
   TimePoint sent_at{};
   TimePoint rnr_deadline{};

@@ -8,10 +8,14 @@
 // followed by the payload. The target's NIC thread executes it against its own memory and
 // replies with an ACK on the same connection (RDMA READ data rides on the ACK).
 //
-// Loss: a connect that fails (dead process), a down port at either end, a target QP that does
-// not exist, is not in RTR/RTS, is blackholed, or whose port address does not match the
-// packet's destination: the packet is silently dropped. The requester's retry timer then
-// completes the oldest outstanding WR with IBV_WC_RETRY_EXC_ERR (no retransmission).
+// Loss comes from the fault state only, never from the clock: a connect that fails (dead
+// process), a connection that closes with packets unacknowledged (the peer died), a down port
+// at either end, a blackholed QP, a target QP that does not exist, is not in RTR/RTS, or whose
+// port address does not match the packet's destination. The target's NIC answers a packet it
+// drops with a kAckLost notice (the silence a real requester hears, made explicit), so a
+// requester knows which of its packets are lost; one delivered waits for its ACK however late
+// the target's NIC thread runs. The retry timer completes the oldest outstanding WR once it is
+// lost with IBV_WC_RETRY_EXC_ERR (no retransmission).
 //
 // The NIC thread polls (ppoll, no spinning) the listening socket, an eventfd used to wake it,
 // and every connection; reads without the lock; then, under State::mu, handles the messages,
@@ -161,8 +165,10 @@ void handle_req(const std::shared_ptr<Conn>& c, const Hdr& h, std::vector<char> 
   if (it == g->qps.end()) return;
   Qp* q = it->second;
   if (!q->dev->active || q->blackholed || (q->state != IBV_QPS_RTR && q->state != IBV_QPS_RTS) ||
-      !addr_matches(q->dev, h))
-    return;  // lost: no ACK
+      !addr_matches(q->dev, h)) {
+    send_ack(c, h, h.dst_qpn, kAckLost);  // lost: no real ACK
+    return;
+  }
   Inbound in;
   in.h = h;
   in.payload = std::move(pay);
@@ -187,16 +193,38 @@ void scatter_read(Qp* q, SendWr* w, const std::vector<char>& data) {
 
 void release_held(HeldWrite hw);
 
+// A sent WR's packet or ACK is lost: its retry timer runs. Locked.
+void mark_lost_locked(Qp* q, SendWr* w) {
+  if (w->st != SendWr::kSent || w->lost) return;
+  w->lost = true;
+  long long rt = retry_us(q);
+  if (rt >= 0) kick_at(std::max(w->sent_at, q->last_progress) + std::chrono::microseconds(rt));
+}
+
+// The connection to process `pid` closed: what went out to it unacknowledged is lost.
+void peer_gone_locked(int pid) {
+  for (auto& kv : g->qps) {
+    Qp* q = kv.second;
+    if (q->peer_pid != pid) continue;
+    q->peer_pid = 0;
+    for (auto& w : q->sq) mark_lost_locked(q, &w);
+  }
+}
+
 // An ACK arrived for one of our QPs. Locked.
 void handle_ack(const Hdr& h, const std::vector<char>& pay) {
   auto it = g->qps.find(h.dst_qpn);
   if (it == g->qps.end()) return;
   Qp* q = it->second;
-  if (!q->dev->active || q->blackholed || q->state != IBV_QPS_RTS) return;
+  if (q->state != IBV_QPS_RTS) return;
   SendWr* w = nullptr;
   for (auto& x : q->sq)
     if (x.seq == h.seq && (x.st == SendWr::kSent || x.st == SendWr::kRnr)) w = &x;
   if (!w) return;
+  if (!q->dev->active || q->blackholed || h.status == kAckLost) {
+    mark_lost_locked(q, w);  // the packet, or this ACK (a down port, a black hole), is lost
+    return;
+  }
   TimePoint now = Clock::now();
   q->last_progress = now;
   switch (h.status) {
@@ -260,7 +288,7 @@ TimePoint run_qp_timers(TimePoint now) {
       SendWr& w = q->sq.front();
       TimePoint dl = kNever;
       ibv_wc_status st = IBV_WC_RETRY_EXC_ERR;
-      if (w.st == SendWr::kSent) {
+      if (w.st == SendWr::kSent && w.lost) {
         long long rt = retry_us(q);
         if (rt >= 0) dl = std::max(w.sent_at, q->last_progress) + std::chrono::microseconds(rt);
       } else if (w.st == SendWr::kRnr) {
@@ -360,7 +388,10 @@ void nic_main() {
           continue;
         }
         auto ob = s->outbound.find(c->peer_pid);
-        if (c->peer_pid && ob != s->outbound.end() && ob->second == c) s->outbound.erase(ob);
+        if (c->peer_pid && ob != s->outbound.end() && ob->second == c) {
+          s->outbound.erase(ob);
+          peer_gone_locked(c->peer_pid);
+        }
         close(c->fd);
         c->fd = -1;
         it = s->conns.erase(it);
@@ -423,7 +454,7 @@ void unlink_socket_at_exit() {
 
 void release_held(HeldWrite hw) {
   int pid = lookup_qp_owner(hw.dst_qpn);
-  if (pid > 0) send_packet_locked(pid, std::move(hw.pkt));
+  const bool delivered = pid > 0 && send_packet_locked(pid, std::move(hw.pkt));
   auto it = g->qps.find(hw.src_qpn);
   if (it == g->qps.end()) return;
   Qp* q = it->second;
@@ -436,7 +467,7 @@ void release_held(HeldWrite hw) {
     if (w.seq == hw.seq && w.st == SendWr::kHeld) {
       w.st = SendWr::kSent;
       w.sent_at = Clock::now();
-      kick_at(w.sent_at + std::chrono::microseconds(std::max(0ll, retry_us(q))));
+      if (!delivered) mark_lost_locked(q, &w);
     } else if (w.st == SendWr::kHeld) {
       still_held = true;
       break;
@@ -505,15 +536,18 @@ bool send_packet_locked(int pid, std::vector<char> pkt) {
 void transmit_locked(Qp* q, SendWr* w) {
   w->st = SendWr::kSent;
   w->sent_at = Clock::now();
-  long long rt = retry_us(q);
-  if (rt >= 0) kick_at(std::max(w->sent_at, q->last_progress) + std::chrono::microseconds(rt));
+  w->lost = false;
   std::vector<char> pkt = std::move(w->pkt);
   w->pkt = {};
-  if (!q->dev->active) return;  // lost on a down port
-  int pid = q->peer_pid > 0 ? q->peer_pid : lookup_qp_owner(q->attr.dest_qp_num);
-  if (pid <= 0) return;  // no such QP anywhere: lost
-  q->peer_pid = pid;
-  if (!send_packet_locked(pid, std::move(pkt))) q->peer_pid = 0;  // dead process: lost
+  int pid = -1;
+  if (q->dev->active)  // else lost on a down port
+    pid = q->peer_pid > 0 ? q->peer_pid : lookup_qp_owner(q->attr.dest_qp_num);
+  if (pid > 0 && send_packet_locked(pid, std::move(pkt))) {
+    q->peer_pid = pid;
+    return;
+  }
+  q->peer_pid = 0;  // no such QP anywhere, or a dead process
+  mark_lost_locked(q, w);
 }
 
 void process_inbound_locked(Qp* q) {
