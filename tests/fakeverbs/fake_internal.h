@@ -11,8 +11,9 @@
 //  - A QP number is allocated from $FAKEVERBS_DIR/qpn (a counter under flock) and published as
 //    the symlink $FAKEVERBS_DIR/qp-<qpn> -> "<pid>", so a requester finds the process that owns
 //    dest_qp_num. One packet per work request (a REQ carrying the whole payload), one ACK per
-//    REQ, sent back on the connection the REQ came in on. Packets of one QP travel on one
-//    stream, so they execute at the target in posting order.
+//    REQ, sent back on the connection the REQ came in on. Packets of one local device to one
+//    process travel on one stream, so those of a QP execute at the target in posting order,
+//    and the devices are independent.
 //  - Loss comes only from the fault state, never from the clock: a packet is lost when the
 //    fake drops it (a down port at either end, a blackholed QP, a wrong address, a target QP
 //    that is missing or not in RTR/RTS: the target's NIC then sends a kAckLost notice, which
@@ -143,6 +144,10 @@ struct Cq {
   int capacity = 0;
   int users = 0;
   std::deque<ibv_wc> wcs;
+  // Parallel to wcs: a send completion's QP slot end (SendWr::slot_end, 0 for receives). As
+  // on mlx5, a send-queue slot is free again only once the completion of its WR, or of a
+  // later WR of the same QP (unsignaled WRs have none), has been polled.
+  std::deque<uint64_t> slot_ends;
 };
 
 // Wire format (host byte order: both ends are on this machine).
@@ -192,7 +197,8 @@ struct SendWr {
   uint32_t len = 0;
   uint64_t raddr = 0;
   St st = kQueued;
-  bool lost = false;  // kSent: the packet or its ACK was lost (the retry timer runs)
+  bool lost = false;      // kSent: the packet or its ACK was lost (the retry timer runs)
+  uint64_t slot_end = 0;  // Qp::sq_posted after this WR took its send-queue slot
   ibv_wc_status status = IBV_WC_SUCCESS;
   TimePoint sent_at{};
   TimePoint rnr_deadline{};
@@ -226,6 +232,10 @@ struct Qp {
   ibv_qp_cap cap{};
   bool sig_all = false;
   std::deque<SendWr> sq;
+  // Send-queue slots: taken at post, freed when a completion is polled (Cq::slot_ends);
+  // ibv_post_send returns ENOMEM while sq_posted - sq_freed == cap.max_send_wr.
+  uint64_t sq_posted = 0;
+  uint64_t sq_freed = 0;
   std::deque<RecvWr> rq;
   std::deque<Inbound> inq;
   uint64_t next_seq = 1;
@@ -238,7 +248,8 @@ struct Qp {
 
 struct Conn {
   int fd = -1;
-  int peer_pid = 0;  // outbound: the pid we connected to
+  int peer_pid = 0;             // outbound: the pid we connected to ...
+  const Device* dev = nullptr;  // ... for the QPs of this local device
   bool dead = false;
   // Input, touched by the NIC thread only.
   Hdr in_hdr{};
@@ -295,8 +306,11 @@ struct State {
   int listen_fd = -1;
   int wake_fd = -1;
   std::string sock_path;
-  std::map<int, std::shared_ptr<Conn>> conns;     // by fd
-  std::map<int, std::shared_ptr<Conn>> outbound;  // by peer pid
+  std::map<int, std::shared_ptr<Conn>> conns;  // by fd
+  // By peer pid and local device: one stream per HCA and peer process, so a long write on one
+  // HCA never delays the packets of another (real HCAs are independent), while the packets of
+  // one QP stay in order.
+  std::map<std::pair<int, const Device*>, std::shared_ptr<Conn>> outbound;
   TimePoint nic_wake_at = kNever;
   std::vector<int> owned_fds;  // closed in a fork child
   // $FAKEVERBS_DIR/qpn, the QP number counter shared by the processes of a run: opened once
@@ -318,7 +332,8 @@ extern State* g;
 int ensure_init_locked();
 Device* find_device(const std::string& name);
 void push_event(Context* c, ibv_event_type t, Cq* cq, int port);
-void push_cqe(Cq* cq, const ibv_wc& wc);
+// sq_slot_end: a send completion's SendWr::slot_end (0: a receive completion).
+void push_cqe(Cq* cq, const ibv_wc& wc, uint64_t sq_slot_end = 0);
 void set_port_locked(Device* d, bool up);
 void set_ipv4_locked(Device* d, uint32_t addr_be);
 void qp_to_error_locked(Qp* qp);
@@ -337,7 +352,11 @@ void transmit_locked(Qp* qp, SendWr* w);
 void process_inbound_locked(Qp* qp);
 void on_write_acked_locked(const SendWr& w);
 int lookup_qp_owner(uint32_t qpn);
-bool send_packet_locked(int pid, std::vector<char> pkt);
+bool send_packet_locked(int pid, const Device* dev, std::vector<char> pkt);
+// At RTR: opens the stream of the QP's device to the owner of its dest_qp_num now, while the
+// process can still open descriptors (a real HCA needs none later; a process that runs out
+// afterwards must not lose packets here). A failure is retried at the first send.
+void preconnect_locked(Qp* q);
 
 // --- faults.cc ---
 // Parses `spec` (';'-separated entries). On error returns false with *err set.

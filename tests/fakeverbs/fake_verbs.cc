@@ -345,12 +345,13 @@ void push_event(Context* c, ibv_event_type t, Cq* cq, int port) {
   if (write(c->async_wr, &b, 1) != 1) c->events.pop_back();  // pipe full: drop
 }
 
-void push_cqe(Cq* cq, const ibv_wc& wc) {
+void push_cqe(Cq* cq, const ibv_wc& wc, uint64_t sq_slot_end) {
   if (static_cast<int>(cq->wcs.size()) >= cq->capacity) {
     push_event(cq->ctx, IBV_EVENT_CQ_ERR, cq, 0);
     return;
   }
   cq->wcs.push_back(wc);
+  cq->slot_ends.push_back(sq_slot_end);
 }
 
 void set_port_locked(Device* d, bool up) {
@@ -661,6 +662,11 @@ int fv_poll_cq(ibv_cq* cq, int n, ibv_wc* wc) {
   for (; i < n && !c->wcs.empty(); ++i) {
     wc[i] = c->wcs.front();
     c->wcs.pop_front();
+    const uint64_t slot_end = c->slot_ends.front();
+    c->slot_ends.pop_front();
+    if (slot_end == 0) continue;
+    auto q = g->qps.find(wc[i].qp_num);
+    if (q != g->qps.end()) q->second->sq_freed = std::max(q->second->sq_freed, slot_end);
   }
   return i;
 }

@@ -111,8 +111,8 @@ void conn_send(const std::shared_ptr<Conn>& c, std::vector<char> buf) {
   }
 }
 
-std::shared_ptr<Conn> get_outbound(int pid) {
-  auto it = g->outbound.find(pid);
+std::shared_ptr<Conn> get_outbound(int pid, const Device* dev) {
+  auto it = g->outbound.find({pid, dev});
   if (it != g->outbound.end() && !it->second->dead) return it->second;
   sockaddr_un a;
   if (!make_addr("nic-" + std::to_string(pid) + ".sock", &a)) return nullptr;
@@ -126,8 +126,9 @@ std::shared_ptr<Conn> get_outbound(int pid) {
   auto c = std::make_shared<Conn>();
   c->fd = fd;
   c->peer_pid = pid;
+  c->dev = dev;
   g->conns[fd] = c;
-  g->outbound[pid] = c;
+  g->outbound[{pid, dev}] = c;
   wake_nic();  // poll the new connection
   return c;
 }
@@ -201,11 +202,12 @@ void mark_lost_locked(Qp* q, SendWr* w) {
   if (rt >= 0) kick_at(std::max(w->sent_at, q->last_progress) + std::chrono::microseconds(rt));
 }
 
-// The connection to process `pid` closed: what went out to it unacknowledged is lost.
-void peer_gone_locked(int pid) {
+// The connection of device `dev` to process `pid` closed: what its QPs sent there
+// unacknowledged is lost.
+void peer_gone_locked(int pid, const Device* dev) {
   for (auto& kv : g->qps) {
     Qp* q = kv.second;
-    if (q->peer_pid != pid) continue;
+    if (q->peer_pid != pid || q->dev != dev) continue;
     q->peer_pid = 0;
     for (auto& w : q->sq) mark_lost_locked(q, &w);
   }
@@ -387,10 +389,10 @@ void nic_main() {
           ++it;
           continue;
         }
-        auto ob = s->outbound.find(c->peer_pid);
+        auto ob = s->outbound.find({c->peer_pid, c->dev});
         if (c->peer_pid && ob != s->outbound.end() && ob->second == c) {
           s->outbound.erase(ob);
-          peer_gone_locked(c->peer_pid);
+          peer_gone_locked(c->peer_pid, c->dev);
         }
         close(c->fd);
         c->fd = -1;
@@ -453,9 +455,10 @@ void unlink_socket_at_exit() {
 }
 
 void release_held(HeldWrite hw) {
-  int pid = lookup_qp_owner(hw.dst_qpn);
-  const bool delivered = pid > 0 && send_packet_locked(pid, std::move(hw.pkt));
   auto it = g->qps.find(hw.src_qpn);
+  int pid = lookup_qp_owner(hw.dst_qpn);
+  const bool delivered =
+      pid > 0 && it != g->qps.end() && send_packet_locked(pid, it->second->dev, std::move(hw.pkt));
   if (it == g->qps.end()) return;
   Qp* q = it->second;
   if (q->state != IBV_QPS_RTS) return;
@@ -526,8 +529,13 @@ int lookup_qp_owner(uint32_t qpn) {
   return atoi(buf);
 }
 
-bool send_packet_locked(int pid, std::vector<char> pkt) {
-  auto c = get_outbound(pid);
+void preconnect_locked(Qp* q) {
+  const int pid = lookup_qp_owner(q->attr.dest_qp_num);
+  if (pid > 0 && get_outbound(pid, q->dev)) q->peer_pid = pid;
+}
+
+bool send_packet_locked(int pid, const Device* dev, std::vector<char> pkt) {
+  auto c = get_outbound(pid, dev);
   if (!c) return false;
   conn_send(c, std::move(pkt));
   return true;
@@ -542,7 +550,7 @@ void transmit_locked(Qp* q, SendWr* w) {
   int pid = -1;
   if (q->dev->active)  // else lost on a down port
     pid = q->peer_pid > 0 ? q->peer_pid : lookup_qp_owner(q->attr.dest_qp_num);
-  if (pid > 0 && send_packet_locked(pid, std::move(pkt))) {
+  if (pid > 0 && send_packet_locked(pid, q->dev, std::move(pkt))) {
     q->peer_pid = pid;
     return;
   }

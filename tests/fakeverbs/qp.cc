@@ -65,7 +65,7 @@ void push_send_cqe(Qp* qp, const SendWr& w, ibv_wc_status st) {
   wc.opcode = wc_opcode(w.op);
   wc.byte_len = w.len;
   wc.qp_num = qp->qpn;
-  push_cqe(qp->scq, wc);
+  push_cqe(qp->scq, wc, w.slot_end);
 }
 
 void push_recv_flush(Qp* qp, const RecvWr& r) {
@@ -219,6 +219,7 @@ FV_API int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* a, int mask) {
   auto has = [&](int m) { return (mask & m) == m; };
   if (to == IBV_QPS_RESET) {
     discard_all(q);
+    q->sq_freed = q->sq_posted;  // RESET empties the send queue, polled or not
     q->state = IBV_QPS_RESET;
     q->box.pub.state = IBV_QPS_RESET;
     q->attr = ibv_qp_attr{};
@@ -264,6 +265,7 @@ FV_API int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* a, int mask) {
   if (mask & IBV_QP_DEST_QPN) {
     s.dest_qp_num = a->dest_qp_num;
     q->peer_pid = 0;
+    preconnect_locked(q);
   }
   if (mask & IBV_QP_RQ_PSN) s.rq_psn = a->rq_psn;
   if (mask & IBV_QP_MAX_DEST_RD_ATOMIC) s.max_dest_rd_atomic = a->max_dest_rd_atomic;
@@ -306,10 +308,15 @@ int fv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   Device* d = q->dev;
   int rc = 0;
   for (; wr; wr = wr->next) {
+    if (q->sq_posted - q->sq_freed >= q->cap.max_send_wr) {
+      rc = ENOMEM;  // every slot waits for a completion to be polled
+      break;
+    }
     if (q->state == IBV_QPS_ERR) {  // accepted, flushed at once
       SendWr w;
       w.wr_id = wr->wr_id;
       w.op = wr->opcode;
+      w.slot_end = ++q->sq_posted;
       push_send_cqe(q, w, IBV_WC_WR_FLUSH_ERR);
       continue;
     }
@@ -325,10 +332,6 @@ int fv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       rc = EINVAL;
       break;
     }
-    if (q->sq.size() >= q->cap.max_send_wr) {
-      rc = ENOMEM;
-      break;
-    }
     if (!g->posted_any) {
       g->posted_any = true;
       g->first_post = Clock::now();
@@ -338,6 +341,7 @@ int fv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     SendWr& w = q->sq.back();
     w.wr_id = wr->wr_id;
     w.seq = q->next_seq++;
+    w.slot_end = ++q->sq_posted;
     w.ordinal = ++g->ordinal;
     w.op = wr->opcode;
     w.signaled = q->sig_all || (wr->send_flags & IBV_SEND_SIGNALED);

@@ -853,6 +853,43 @@ TEST_CASE("fakeverbs: between processes") {
   }));
 }
 
+TEST_CASE("fakeverbs: a send-queue slot is free again only once a completion is polled") {
+  // mlx5: a WR keeps its slot after it completes until its CQE, or that of a later WR of the
+  // QP (an unsignaled WR has none), is polled; a full send queue is ENOMEM.
+  expect_ok(run_scenario(kTwoEth, [] {
+    Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
+    Ep a = make_ep(na, 2), b = make_ep(nb, 2);
+    connect_pair(a, b);
+    Buf la(na, 4096), rb(nb, 4096);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 1, &la, 0, 8, rb.addr(), rb.mr->rkey), 0);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 2, &la, 0, 8, rb.addr(), rb.mr->rkey), 0);
+    std::this_thread::sleep_for(Ms(200));  // both acknowledged, their CQEs not polled
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 3, &la, 0, 8, rb.addr(), rb.mr->rkey), ENOMEM);
+    EXPECT_EQ(poll_one(a.cq).wr_id, 1);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 3, &la, 0, 8, rb.addr(), rb.mr->rkey), 0);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 4, &la, 0, 8, rb.addr(), rb.mr->rkey), ENOMEM);
+    auto w = poll_n(a.cq, 2);
+    EXPECT_EQ(w.size(), 2);
+    // Unsignaled: done without a CQE, the slot stays taken until a later CQE is polled.
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 5, &la, 0, 8, rb.addr(), rb.mr->rkey, 0, 0), 0);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 6, &la, 0, 8, rb.addr(), rb.mr->rkey), 0);
+    std::this_thread::sleep_for(Ms(200));
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 7, &la, 0, 8, rb.addr(), rb.mr->rkey), ENOMEM);
+    EXPECT_EQ(poll_one(a.cq).wr_id, 6);  // frees 5's slot too
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 7, &la, 0, 8, rb.addr(), rb.mr->rkey), 0);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 8, &la, 0, 8, rb.addr(), rb.mr->rkey), 0);
+    // A QP in ERR: its flushed WRs hold their slots until the flushes are polled.
+    std::this_thread::sleep_for(Ms(200));
+    ibv_qp_attr e{};
+    e.qp_state = IBV_QPS_ERR;
+    EXPECT_EQ(ibv_modify_qp(a.qp, &e, IBV_QP_STATE), 0);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 9, &la, 0, 8, rb.addr(), rb.mr->rkey), ENOMEM);
+    EXPECT_EQ(poll_n(a.cq, 2).size(), 2);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 9, &la, 0, 8, rb.addr(), rb.mr->rkey), 0);
+    EXPECT_EQ(poll_one(a.cq).status, IBV_WC_WR_FLUSH_ERR);
+  }));
+}
+
 TEST_CASE("fakeverbs: local and remote protection errors") {
   expect_ok(run_scenario(kTwoEth, [] {
     Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");

@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "r2ccl/nccl_abi.h"
+#include "support/data_shapes.h"
 #include "support/fake_counters.h"
 #include "support/net_harness.h"
 #include "support/stream.h"
@@ -102,6 +103,23 @@ TEST_CASE(
   std::vector<PerfRow> rows = perf_rows(out);
   REQUIRE(rows.size() == 7);  // 1 B .. 16 MiB by 16 (allreduce rounds tiny sizes up)
   for (const auto& row : rows) CHECK(row.wrong == "0");
+}
+
+TEST_CASE(
+    "verbs: chunk sizes 4 KiB .. 64 MiB (powers of 4) with 1, 4 and 16 QPs per path, adaptive "
+    "routing on and off: no path fails, every byte right",
+    "[loopback][ib]") {
+  SKIP_WITHOUT_FAKE();
+  // Each size once, the QP counts and routing modes spread over them (the full matrix is
+  // tests/long/test_long_ib_shapes.cc); 16 and 32 KiB with adaptive routing filled the send
+  // queue and failed every path before per-QP credits.
+  constexpr size_t K = 1024;
+  const DataShape shapes[] = {{4 * K, 1, true},     {16 * K, 4, true},     {32 * K, 1, true},
+                              {64 * K, 16, false},  {256 * K, 1, true},    {1024 * K, 4, false},
+                              {4096 * K, 16, true}, {16384 * K, 1, false}, {65536 * K, 4, true}};
+  for (const DataShape& s : shapes) {
+    SECTION(shape_text(s)) { check_shape_clean(s); }
+  }
 }
 
 TEST_CASE("verbs: far-end port down: retry-exceeded with the local port active, exactly once",

@@ -1,0 +1,19 @@
+// The full matrix of fault-free verbs data-path shapes on the fake (label long;
+// scripts/test.sh --long): chunk sizes 4 KiB .. 64 MiB in powers of 4 x 1, 4 and 16 QPs per
+// path x adaptive routing on and off (the CI subset is in tests/loopback/test_ib_fake.cc).
+#include "support/data_shapes.h"
+
+using namespace r2ccl::test;
+
+TEST_CASE("long: every verbs data-path shape on the fake streams intact, no path fails", "[long]") {
+  if (fake_verbs_lib().empty()) {
+    WARN("R2CCL_TEST_FAKEVERBS is not set (run through ctest)");
+    return;
+  }
+  for (size_t chunk = 4096; chunk <= 64ull << 20; chunk *= 4)
+    for (int qps : {1, 4, 16})
+      for (bool ar : {false, true}) {
+        const DataShape s{chunk, qps, ar};
+        SECTION(shape_text(s)) { check_shape_clean(s); }
+      }
+}
