@@ -9,6 +9,7 @@
 #include "engine/path_plan.h"
 #include "r2ccl/log.h"
 #include "sock/socket_util.h"
+#include "transport/ib/caps.h"
 #include "transport/ib/conn.h"
 
 namespace r2ccl::net::ib {
@@ -129,11 +130,21 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
   std::vector<Device> devices;  // one NCCL device per active port
   for (int i : usable_)
     devices.push_back(Device{i, h[i].name, h[i].pci_path, h[i].guid, h[i].port, describe(h[i])});
-  int types = NCCL_PTR_HOST;
 #ifdef R2CCL_USE_CUDA
-  types |= NCCL_PTR_CUDA;
-  if (v_->reg_dmabuf_mr) types |= NCCL_PTR_DMABUF;
+  constexpr bool kGpuBuild = true;
+#else
+  constexpr bool kGpuBuild = false;
 #endif
+  std::vector<ibv_pd*> pds;
+  for (int i : usable_)
+    if (std::find(pds.begin(), pds.end(), h[i].pd) == pds.end()) pds.push_back(h[i].pd);
+  const PtrSupport ptr = probe_ptr_support(*v_, pds, kGpuBuild, "/sys");
+  const int types = ptr.types;
+  R2CCL_INFO(
+      NCCL_INIT | NCCL_NET,
+      "NET/R2CCL verbs: GPU buffers (NCCL_PTR_CUDA) %s: %s; dma-buf (NCCL_PTR_DMABUF) %s: %s",
+      (types & NCCL_PTR_CUDA) ? "advertised" : "not advertised", ptr.cuda.c_str(),
+      (types & NCCL_PTR_DMABUF) ? "advertised" : "not advertised", ptr.dmabuf.c_str());
   char knobs[256];
   snprintf(knobs, sizeof(knobs),
            "%lld backup paths, %lld QPs per path, chunk %lld KiB, stripe %s, QP timeout %lld "
