@@ -93,6 +93,14 @@ struct GidEntry {
   bool valid;
 };
 
+// A write held back by the visibility fence (FAKEVERBS_FENCE): its bytes reach memory only
+// when the device that wrote them executes a later RDMA READ (a flush), or the MR goes away.
+struct FencedWrite {
+  char* dst;
+  std::vector<char> data;
+  const struct Mr* mr;
+};
+
 struct Device {
   DevBox box;
   std::string name;
@@ -106,7 +114,8 @@ struct Device {
   int numa = -1;
   bool active = true;
   GidEntry gids[kGidTableLen];
-  uint64_t bytes_posted = 0;  // RDMA WRITE / SEND payload posted on this device
+  uint64_t bytes_posted = 0;       // RDMA WRITE / SEND payload posted on this device
+  std::deque<FencedWrite> fenced;  // writes by this device not yet visible (FAKEVERBS_FENCE)
   // Armed one-shot faults.
   int arm_hold = 0;
   int hold_k = 2;
@@ -296,6 +305,12 @@ struct State {
   int init_errno = 0;  // non-zero: the environment was bad, every get_device_list fails
   std::string dir;
   long long retry_us_env = -1;
+  // FAKEVERBS_FENCE=1: the per-HCA visibility fence of GPU memory. RDMA WRITE payload into an
+  // MR registered with IBV_ACCESS_RELAXED_ORDERING (the fake's stand-in for device memory) is
+  // not visible to the process until an RDMA READ executed by the same device (the plugin's
+  // flush through a loopback QP); the completions come at once, as on hardware. So data
+  // landed through HCA B and flushed through HCA A is stale, as it can be on a GPU.
+  bool fence = false;
   std::vector<Device*> devices;
   std::unordered_map<uint32_t, Qp*> qps;  // local QPs by number
   std::unordered_map<uint32_t, Mr*> mrs;  // by key
@@ -339,6 +354,8 @@ void set_ipv4_locked(Device* d, uint32_t addr_be);
 void qp_to_error_locked(Qp* qp);
 void advance_sq_locked(Qp* qp);
 Mr* find_mr(uint32_t key);
+// Makes the fenced writes of `d` visible (all, or only those into `only`, an MR going away).
+void apply_fenced_locked(Device* d, const Mr* only = nullptr);
 // Microseconds before a QP's oldest unacknowledged WR gives up (-1 = never).
 long long retry_us(const Qp* qp);
 Context* ctx_of(ibv_context* c);

@@ -284,6 +284,13 @@ int ensure_init_locked() {
     }
     g->retry_us_env = v;
   }
+  if (const char* r = getenv("FAKEVERBS_FENCE"); r && *r) {
+    if (strcmp(r, "0") != 0 && strcmp(r, "1") != 0) {
+      fprintf(stderr, "fakeverbs: bad FAKEVERBS_FENCE '%s' (0 or 1)\n", r);
+      return g->init_errno = EINVAL;
+    }
+    g->fence = r[0] == '1';
+  }
   g->key_rng = (static_cast<uint64_t>(getpid()) << 32) ^
                static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
                0x9e3779b97f4a7c15ull;
@@ -619,6 +626,7 @@ FV_API ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) 
 FV_API int ibv_dereg_mr(ibv_mr* mr) {
   std::lock_guard<std::mutex> l(g->mu);
   Mr* m = reinterpret_cast<MrBox*>(mr)->impl;
+  for (Device* d : g->devices) apply_fenced_locked(d, m);  // the writes did happen
   g->mrs.erase(m->key);
   m->pd->users--;
   delete m;

@@ -592,8 +592,14 @@ void process_inbound_locked(Qp* q) {
     std::vector<char> resp;
     bool recv_failed = false;
     if (st == kAckOk) {
-      if ((op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM) && len)
-        memcpy(m->addr + (h.raddr - m->iova), in.payload.data(), len);
+      if ((op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM) && len) {
+        char* dst = m->addr + (h.raddr - m->iova);
+        if (g->fence && (m->access & IBV_ACCESS_RELAXED_ORDERING))
+          q->dev->fenced.push_back(FencedWrite{dst, std::move(in.payload), m});
+        else
+          memcpy(dst, in.payload.data(), len);
+      }
+      if (op == IBV_WR_RDMA_READ) apply_fenced_locked(q->dev);  // a flush through this device
       if (op == IBV_WR_RDMA_READ && len)
         resp.assign(m->addr + (h.raddr - m->iova), m->addr + (h.raddr - m->iova) + len);
       if (needs_recv) {
@@ -635,6 +641,17 @@ void process_inbound_locked(Qp* q) {
       qp_to_error_locked(q);
       return;
     }
+  }
+}
+
+void apply_fenced_locked(Device* d, const Mr* only) {
+  for (auto it = d->fenced.begin(); it != d->fenced.end();) {
+    if (only && it->mr != only) {
+      ++it;
+      continue;
+    }
+    memcpy(it->dst, it->data.data(), it->data.size());
+    it = d->fenced.erase(it);
   }
 }
 

@@ -122,6 +122,38 @@ TEST_CASE(
   }
 }
 
+TEST_CASE(
+    "verbs: GPU-like buffers (the fake's visibility fence): every flush reads through each HCA "
+    "that wrote, after a failover and with striping; every byte right",
+    "[loopback][ib][failover]") {
+  SKIP_WITHOUT_FAKE();
+  // FAKEVERBS_FENCE=1 at the receiver: what an HCA writes into a relaxed-ordered (data) MR is
+  // invisible until a READ through that HCA, as on a GPU; the receiver flushes each message
+  // before checking it (force_flush: host buffers stand in for GPU ones). A flush through
+  // the primary HCA only leaves what the backup HCA wrote stale.
+  auto run = [](PairOptions o, const char* what) {
+    o.receiver_env["FAKEVERBS_FENCE"] = "1";
+    o.receiver_env["R2CCL_TEST_HOOKS"] = "force_flush";
+    StreamSpec s = short_stream(1.5);
+    s.flush = true;
+    StreamRun r = run_stream(o, s);
+    INFO(what << "\nsender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+    CHECK(r.pair.sender_status == kStreamOk);
+    CHECK(r.pair.receiver_status == kStreamOk);  // every byte checked after its flush
+    return r;
+  };
+  SECTION("the sender's primary port goes down mid-stream") {
+    PairOptions o = ib_pair("port_down,dev=mlx5_0,after_bytes=67108864");
+    StreamRun r = run(o, "failover");
+    CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") == 1);
+  }
+  SECTION("striping over both HCAs") {
+    PairOptions o = ib_pair();
+    o.env["R2CCL_STRIPE"] = "1";
+    run(o, "striping");
+  }
+}
+
 TEST_CASE("verbs: far-end port down: retry-exceeded with the local port active, exactly once",
           "[loopback][ib][failover]") {
   SKIP_WITHOUT_FAKE();

@@ -123,6 +123,18 @@ int stream_recv(Endpoint& ep, const StreamSpec& s) {
               static_cast<long long>(k), size, kMsg);
       return kStreamBadData;
     }
+    if (s.flush) {
+      void* data = bufs[slot].get();
+      void* mh = ep.mhandle_for(data, kMsg);
+      void* freq = nullptr;
+      res = ep.plugin.net->iflush(ep.comm, 1, &data, &size, &mh, &freq);
+      if (res == ncclSuccess && freq) res = ep.wait(freq, stall_ms);
+      if (res != ncclSuccess) {
+        fprintf(stderr, "receiver: iflush of message %lld: result %d\n", static_cast<long long>(k),
+                res);
+        return result_code(res);
+      }
+    }
     if (s.check_delay_ms > 0) usleep(static_cast<useconds_t>(s.check_delay_ms) * 1000);
     long long bad = check_pattern(bufs[slot].get(), kMsg,
                                   static_cast<uint64_t>(s.pattern_per_message ? k : k % kDepth));

@@ -34,6 +34,10 @@ struct StreamSpec {
   // Message k carries pattern k (the sender refills its buffer per message) instead of
   // k % depth, so a stale write from an earlier message into a reused buffer shows.
   bool pattern_per_message = false;
+  // Receiver: iflush each message and wait for the flush before checking its bytes, as NCCL
+  // does for GPU buffers (with R2CCL_TEST_HOOKS=force_flush the verbs transport flushes host
+  // buffers too; the fake's FAKEVERBS_FENCE=1 keeps writes invisible until then).
+  bool flush = false;
 };
 
 int stream_send(Endpoint& ep, const StreamSpec& s);

@@ -177,8 +177,7 @@ Conn::Conn(Runtime* rt, Listen* listen)
 
 Conn::~Conn() {
   for (auto& p : paths_) destroy_path_qps(p);
-  if (flush_qp_) v_.destroy_qp(flush_qp_);
-  if (flush_cq_) v_.destroy_cq(flush_cq_);
+  for (size_t h = 0; h < flushq_.size(); ++h) drop_flush_qp(static_cast<int>(h));
   for (auto* mr : area_mr_)
     if (mr) v_.dereg_mr(mr);
   for (auto* mr : slots_mr_)
@@ -1121,6 +1120,8 @@ void Conn::on_recv_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
   const bool repost = !p.qps.empty() && q < static_cast<int>(p.qps.size());
   if (wc.opcode == IBV_WC_RECV_RDMA_WITH_IMM) {
     if (repost) post_recv_slot(p, q, k);
+    if (landed_on_.empty()) landed_on_.assign(rt_->hcas().size(), false);
+    landed_on_[p.hca] = true;    // the next iflush reads through this HCA
     peer_rebuilt(p, sink, now);  // a chunk on this generation: the sender's QPs are connected
     const uint32_t imm = ntohl(wc.imm_data);
     const uint32_t idx = imm_idx(imm);
@@ -1388,17 +1389,54 @@ void Conn::abort(TimeUs now) {
 // ------------------------------------------------------------------------------------------
 // iflush
 
-Status Conn::make_flush_qp() {
-  const Path& p = paths_[0];
-  const HcaInfo h = rt_->hca_snapshot(p.hca);
-  flush_cq_ = v_.create_cq(h.ctx, 64, nullptr, nullptr, 0);
-  if (!flush_cq_) return Status::kSystem;
-  flush_qp_ = make_qp(v_, h, flush_cq_, 32, 1, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE);
-  if (!flush_qp_) return Status::kSystem;
+Status Conn::make_flush_qp(int hca) {
+  const HcaInfo h = rt_->hca_snapshot(hca);
+  FlushQp& f = flushq_[hca];
+  f.cq = v_.create_cq(h.ctx, 64, nullptr, nullptr, 0);
+  if (!f.cq) return Status::kSystem;
+  f.qp = make_qp(v_, h, f.cq, 32, 1, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE);
+  if (!f.qp) return Status::kSystem;
   IbWireHca self;
-  fill_wire_hca(p.hca, &self);
-  if (qp_to_rts(v_, flush_qp_, h, self, flush_qp_->qp_num, cfg_, 0) != 0) return Status::kSystem;
+  fill_wire_hca(hca, &self);
+  if (qp_to_rts(v_, f.qp, h, self, f.qp->qp_num, cfg_, 0) != 0) return Status::kSystem;
   return Status::kOk;
+}
+
+void Conn::drop_flush_qp(int hca) {
+  FlushQp& f = flushq_[hca];
+  if (f.qp) v_.destroy_qp(f.qp);
+  if (f.cq) v_.destroy_cq(f.cq);
+  f = FlushQp{};
+}
+
+// One 1-byte READ of `addr` through `hca`'s loopback QP (made first if needed); false, with a
+// WARN naming the HCA, when the QP cannot be made or the READ not posted.
+bool Conn::post_flush_read(int hca, uint64_t token, uintptr_t addr, uint32_t rkey) {
+  if (flushq_.empty()) flushq_.assign(rt_->hcas().size(), FlushQp{});
+  if (!flushq_[hca].qp && make_flush_qp(hca) != Status::kOk) {
+    R2CCL_WARN("iflush: cannot set up the loopback flush QP on %s: %s", rt_->rail_name(hca).c_str(),
+               strerror(errno));
+    drop_flush_qp(hca);
+    return false;
+  }
+  ibv_sge sge{reinterpret_cast<uintptr_t>(&area_->scratch[0]), 1, area_mr_[hca]->lkey};
+  ibv_send_wr wr{};
+  wr.wr_id = token;
+  wr.sg_list = &sge;
+  wr.num_sge = 1;
+  wr.opcode = IBV_WR_RDMA_READ;
+  wr.send_flags = IBV_SEND_SIGNALED;
+  wr.wr.rdma.remote_addr = addr;
+  wr.wr.rdma.rkey = rkey;
+  ibv_send_wr* bad = nullptr;
+  const int e = ibv_post_send(flushq_[hca].qp, &wr, &bad);
+  if (e != 0) {
+    R2CCL_WARN("iflush: ibv_post_send of the flush read on %s: %s", rt_->rail_name(hca).c_str(),
+               strerror(e));
+    drop_flush_qp(hca);
+    return false;
+  }
+  return true;
 }
 
 Status Conn::start_flush(int n, void** data, const int* sizes, void** mhandles, uint64_t* token) {
@@ -1409,54 +1447,87 @@ Status Conn::start_flush(int n, void** data, const int* sizes, void** mhandles, 
     if (sizes[i] > 0 && mr && (mr->type != NCCL_PTR_HOST || rt_->env().hooks.force_flush)) last = i;
   }
   if (last < 0) return Status::kOk;  // host memory: nothing to flush
-  if (!flush_qp_) {
-    const Status s = make_flush_qp();
-    if (s != Status::kOk) {
-      R2CCL_WARN("iflush: cannot set up the loopback flush QP on %s: %s",
-                 rail_of(paths_[0]).c_str(), strerror(errno));
-      return s;
-    }
-  }
-  const int hca = paths_[0].hca;
   const auto* mr = static_cast<const IbMr*>(mhandles[last]);
-  const uint64_t t = next_flush_++;
-  ibv_sge sge{reinterpret_cast<uintptr_t>(&area_->scratch[0]), 1, area_mr_[hca]->lkey};
-  ibv_send_wr wr{};
-  wr.wr_id = t;
-  wr.sg_list = &sge;
-  wr.num_sge = 1;
-  wr.opcode = IBV_WR_RDMA_READ;
-  wr.send_flags = IBV_SEND_SIGNALED;
-  wr.wr.rdma.remote_addr = reinterpret_cast<uintptr_t>(data[last]);
-  wr.wr.rdma.rkey = mr->by_hca[hca] ? mr->by_hca[hca]->rkey : 0;
-  ibv_send_wr* bad = nullptr;
-  const int e = ibv_post_send(flush_qp_, &wr, &bad);
-  if (e != 0) {
-    R2CCL_WARN("iflush: ibv_post_send of the flush read: %s", strerror(e));
-    return Status::kSystem;
+  const size_t nhcas = rt_->hcas().size();
+  if (landed_on_.empty()) landed_on_.assign(nhcas, false);
+  FlushRec rec;
+  rec.token = next_flush_++;
+  rec.addr = reinterpret_cast<uintptr_t>(data[last]);
+  rec.rkey.assign(nhcas, 0);
+  rec.tries.assign(nhcas, 0);
+  for (size_t h = 0; h < nhcas; ++h) {
+    if (!landed_on_[h] || !mr->by_hca[h]) continue;
+    rec.rkey[h] = mr->by_hca[h]->rkey;
+    rec.pending.push_back(static_cast<int>(h));
   }
-  *token = t;
+  // Nothing landed through an HCA since the last flush (the data came before it, or on the
+  // side channel): one READ through the primary HCA still orders what is in flight there.
+  if (rec.pending.empty() && mr->by_hca[paths_[0].hca]) {
+    rec.rkey[paths_[0].hca] = mr->by_hca[paths_[0].hca]->rkey;
+    rec.pending.push_back(paths_[0].hca);
+  }
+  for (int h : rec.pending) {
+    ++rec.tries[h];
+    if (!post_flush_read(h, rec.token, rec.addr, rec.rkey[h])) return Status::kSystem;
+    landed_on_[h] = false;
+  }
+  *token = rec.token;
+  flushes_.push_back(std::move(rec));
   return Status::kOk;
 }
 
+// Completes the flush `token` once a READ through each of its HCAs has. A READ that fails
+// (the HCA's port went down, its loopback QP broke) is posted again on a new loopback QP, at
+// most 3 times per HCA; after that only this flush fails (ncclSystemError), naming the HCA.
 int Conn::test_flush(uint64_t token, Status* err) {
+  constexpr int kFlushTries = 3;
   *err = Status::kOk;
-  ibv_wc wc[8];
-  const int n = flush_cq_ ? ibv_poll_cq(flush_cq_, 8, wc) : 0;
-  for (int i = 0; i < n; ++i) {
-    if (wc[i].status != IBV_WC_SUCCESS) {
-      R2CCL_WARN("iflush: flush read completed with %s", v_.wc_status_str(wc[i].status));
-      flush_error_ = Status::kSystem;
+  for (size_t h = 0; h < flushq_.size(); ++h) {
+    ibv_wc wc[8];
+    const int n = flushq_[h].cq ? ibv_poll_cq(flushq_[h].cq, 8, wc) : 0;
+    bool broken = false;
+    for (int i = 0; i < n; ++i) {
+      auto rec = std::find_if(flushes_.begin(), flushes_.end(),
+                              [&](const FlushRec& r) { return r.token == wc[i].wr_id; });
+      if (rec == flushes_.end()) continue;
+      auto it = std::find(rec->pending.begin(), rec->pending.end(), static_cast<int>(h));
+      if (it == rec->pending.end()) continue;
+      if (wc[i].status == IBV_WC_SUCCESS) {
+        rec->pending.erase(it);
+        continue;
+      }
+      broken = true;
+      if (rec->tries[h] >= kFlushTries) {
+        R2CCL_WARN("iflush: the flush read through %s completed with %s %d times",
+                   rt_->rail_name(static_cast<int>(h)).c_str(), v_.wc_status_str(wc[i].status),
+                   rec->tries[h]);
+        rec->failed = true;
+      }
     }
-    flushes_done_.push_back(wc[i].wr_id);
+    if (!broken) continue;
+    drop_flush_qp(static_cast<int>(h));  // in ERR: every later READ on it would flush too
+    for (auto& rec : flushes_) {
+      const bool waits = std::find(rec.pending.begin(), rec.pending.end(), static_cast<int>(h)) !=
+                         rec.pending.end();
+      if (!waits || rec.failed) continue;
+      ++rec.tries[h];
+      if (!post_flush_read(static_cast<int>(h), rec.token, rec.addr, rec.rkey[h]))
+        rec.failed = true;
+    }
   }
-  if (flush_error_ != Status::kOk) {
-    *err = flush_error_;
+  auto rec = std::find_if(flushes_.begin(), flushes_.end(),
+                          [&](const FlushRec& r) { return r.token == token; });
+  if (rec == flushes_.end()) {
+    *err = Status::kInternal;
     return -1;
   }
-  auto it = std::find(flushes_done_.begin(), flushes_done_.end(), token);
-  if (it == flushes_done_.end()) return 0;
-  flushes_done_.erase(it);
+  if (rec->failed) {
+    flushes_.erase(rec);
+    *err = Status::kSystem;
+    return -1;
+  }
+  if (!rec->pending.empty()) return 0;
+  flushes_.erase(rec);
   return 1;
 }
 

@@ -18,7 +18,8 @@
 //  - completions: success of a chunk write = acknowledged; retry-exceeded, RNR-retry-exceeded
 //    and flush = the path failed; any other error (remote access, local protection) is fatal;
 //  - memory registration on every HCA of the path set (with the runtime's MR caches), and
-//    the GPU flush (iflush): a 1-byte RDMA READ through a QP connected to itself.
+//    the GPU flush (iflush): a 1-byte RDMA READ through a QP connected to itself, on every
+//    HCA that landed data since the last flush.
 //
 // Threads: as engine::Connection (the progress token holder drives it); reg_mr/dereg_mr on
 // NCCL's service thread (the MR caches lock).
@@ -167,7 +168,9 @@ class Conn final : public ConnIo {
   void on_rebuild(const IbCtrlMsg& m, PathSink& sink, TimeUs now);
   void on_rebuild_ack(const IbCtrlMsg& m, PathSink& sink, TimeUs now);
   void peer_rebuilt(Path& p, PathSink& sink, TimeUs now);
-  Status make_flush_qp();
+  Status make_flush_qp(int hca);
+  void drop_flush_qp(int hca);
+  bool post_flush_read(int hca, uint64_t token, uintptr_t addr, uint32_t rkey);
   std::string rail_of(const Path& p) const;
   PathDesc& desc(const Path& p) { return paths_desc_[p.index]; }
 
@@ -196,12 +199,26 @@ class Conn final : public ConnIo {
   std::vector<WrRec> wrs_;
   std::vector<int> free_wrs_;
 
-  // iflush: a QP on the primary HCA connected to itself (created at the first flush)
-  ibv_cq* flush_cq_ = nullptr;
-  ibv_qp* flush_qp_ = nullptr;
+  // iflush: a READ through every HCA that landed data since the last flush, each on that
+  // HCA's QP connected to itself (created at its first flush, re-created after an error).
+  // A READ through HCA A orders only A's writes into GPU memory, so data landed by a backup
+  // HCA (after a failover, or striping) needs a READ through that HCA.
+  struct FlushQp {
+    ibv_cq* cq = nullptr;
+    ibv_qp* qp = nullptr;
+  };
+  struct FlushRec {
+    uint64_t token = 0;
+    uintptr_t addr = 0;          // the byte read back
+    std::vector<uint32_t> rkey;  // by runtime HCA index
+    std::vector<int> pending;    // HCAs whose READ has not completed
+    std::vector<int> tries;      // by runtime HCA index: READs posted for this flush
+    bool failed = false;
+  };
+  std::vector<FlushQp> flushq_;  // by runtime HCA index
+  std::vector<bool> landed_on_;  // by runtime HCA index: data landed since the last flush
+  std::deque<FlushRec> flushes_;
   uint64_t next_flush_ = 1;
-  std::vector<uint64_t> flushes_done_;
-  Status flush_error_ = Status::kOk;
 
   // side channel
   int sc_fd_ = -1;

@@ -112,9 +112,15 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
     mr_cache_of_.push_back(mr_caches_.size());
     mr_caches_.emplace_back(new MrCache(
         [vv, pd](uintptr_t start, size_t len, std::string* e) -> void* {
-          ibv_mr* mr =
-              vv->reg_mr(pd, reinterpret_cast<void*>(start), len,
-                         IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
+          // Data buffers with PCIe relaxed ordering where the library takes it (as NCCL
+          // does by default): the HCA's writes into GPU memory then need the iflush READ to
+          // be visible, which they need anyway. The connection area stays strictly ordered.
+          constexpr int kAccess =
+              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+          void* addr = reinterpret_cast<void*>(start);
+          ibv_mr* mr = vv->reg_mr_iova2 ? vv->reg_mr_iova2(pd, addr, len, start,
+                                                           kAccess | IBV_ACCESS_RELAXED_ORDERING)
+                                        : vv->reg_mr(pd, addr, len, kAccess);
           if (!mr) *e = std::string("ibv_reg_mr: ") + strerror(errno);
           return mr;
         },

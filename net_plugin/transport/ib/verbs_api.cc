@@ -56,6 +56,7 @@ const VerbsApi* VerbsApi::load(const std::string& lib, std::string* err) {
             bind(h, "ibv_alloc_pd", &v->alloc_pd, true, &miss) &&
             bind(h, "ibv_dealloc_pd", &v->dealloc_pd, true, &miss) &&
             bind(h, "ibv_reg_mr", &v->reg_mr, true, &miss) &&
+            bind(h, "ibv_reg_mr_iova2", &v->reg_mr_iova2, false, &miss) &&
             bind(h, "ibv_reg_dmabuf_mr", &v->reg_dmabuf_mr, false, &miss) &&
             bind(h, "ibv_dereg_mr", &v->dereg_mr, true, &miss) &&
             bind(h, "ibv_create_cq", &v->create_cq, true, &miss) &&

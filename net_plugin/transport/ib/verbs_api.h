@@ -39,6 +39,9 @@ struct VerbsApi {
   ibv_pd* (*alloc_pd)(ibv_context* ctx);
   int (*dealloc_pd)(ibv_pd* pd);
   ibv_mr* (*reg_mr)(ibv_pd* pd, void* addr, size_t len, int access);
+  // Takes the optional access flags (IBV_ACCESS_RELAXED_ORDERING), dropping those the kernel
+  // lacks (rdma-core >= 28); may be nullptr.
+  ibv_mr* (*reg_mr_iova2)(ibv_pd* pd, void* addr, size_t len, uint64_t iova, unsigned access);
   ibv_mr* (*reg_dmabuf_mr)(ibv_pd* pd, uint64_t offset, size_t len, uint64_t iova, int fd,
                            int access);  // may be nullptr (rdma-core < 34)
   int (*dereg_mr)(ibv_mr* mr);
