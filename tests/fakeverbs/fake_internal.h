@@ -121,6 +121,7 @@ struct Device {
   int hold_k = 2;
   int arm_rkey = 0;
   int arm_lkey = 0;
+  int arm_sq_full = 0;  // the next N ibv_post_send calls on the device find the queue full
   std::vector<Context*> contexts;
 };
 

@@ -24,7 +24,8 @@ namespace {
 const char* const kForm =
     "accepted: kind,dev=NAME[,after_bytes=N|after_ms=N] with kind one of "
     "port_down[,for_ms=N] | port_up | flap,down_ms=A,up_ms=B[,count=N] | blackhole | "
-    "hold_write[,release_after=K] | rkey_error | lkey_error | set_ipv4,addr=A.B.C.D";
+    "hold_write[,release_after=K] | rkey_error | lkey_error | set_ipv4,addr=A.B.C.D | "
+    "sq_full[,count=N]";
 
 bool num(const std::string& v, long long* out) {
   if (v.empty()) return false;
@@ -40,8 +41,9 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
   auto fields = split(entry, ',');
   f->text = entry;
   f->kind = trim(fields[0]);
-  static const std::set<std::string> kinds = {"port_down",  "port_up",    "flap",       "blackhole",
-                                              "hold_write", "rkey_error", "lkey_error", "set_ipv4"};
+  static const std::set<std::string> kinds = {"port_down",  "port_up",    "flap",
+                                              "blackhole",  "hold_write", "rkey_error",
+                                              "lkey_error", "set_ipv4",   "sq_full"};
   if (!kinds.count(f->kind)) {
     *why = "unknown kind '" + f->kind + "'";
     return false;
@@ -51,6 +53,7 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
   if (f->kind == "flap") allowed.insert({"down_ms", "up_ms", "count"});
   if (f->kind == "hold_write") allowed.insert("release_after");
   if (f->kind == "set_ipv4") allowed.insert("addr");
+  if (f->kind == "sq_full") allowed.insert("count");
   std::set<std::string> seen;
   for (size_t i = 1; i < fields.size(); ++i) {
     std::string kv = trim(fields[i]);
@@ -162,6 +165,8 @@ void fire_fault_locked(const Fault& f) {
     d->arm_rkey++;
   } else if (f.kind == "lkey_error") {
     d->arm_lkey++;
+  } else if (f.kind == "sq_full") {
+    d->arm_sq_full += static_cast<int>(f.count);
   } else if (f.kind == "set_ipv4") {
     set_ipv4_locked(d, f.addr);
   }

@@ -307,6 +307,11 @@ int fv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
   Qp* q = reinterpret_cast<QpBox*>(qp)->impl;
   Device* d = q->dev;
   int rc = 0;
+  if (d->arm_sq_full > 0 && q->state == IBV_QPS_RTS) {  // as if other WRs held every slot
+    d->arm_sq_full--;
+    if (bad) *bad = wr;
+    return ENOMEM;
+  }
   for (; wr; wr = wr->next) {
     if (q->sq_posted - q->sq_freed >= q->cap.max_send_wr) {
       rc = ENOMEM;  // every slot waits for a completion to be polled

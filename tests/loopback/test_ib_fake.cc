@@ -154,6 +154,22 @@ TEST_CASE(
   }
 }
 
+TEST_CASE("verbs: a full send queue (ENOMEM from ibv_post_send) is back-pressure, not a dead path",
+          "[loopback][ib]") {
+  SKIP_WITHOUT_FAKE();
+  // sq_full: 50 posts on the sender's mlx5_0 find the queue full, as when every slot waits
+  // for its completion to be polled. The chunk, CTS or probe goes out later; nothing fails.
+  StreamRun r =
+      run_stream(ib_pair("sq_full,dev=mlx5_0,count=50,after_bytes=16777216"), short_stream(1.0));
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  CHECK(r.pair.sender_status == kStreamOk);
+  CHECK(r.pair.receiver_status == kStreamOk);
+  for (const std::string* log : {&r.sender_log, &r.receiver_log}) {
+    CHECK(count_lines_containing(*log, "failed (") == 0);
+    CHECK(count_lines_containing(*log, "switchover") == 0);
+  }
+}
+
 TEST_CASE("verbs: far-end port down: retry-exceeded with the local port active, exactly once",
           "[loopback][ib][failover]") {
   SKIP_WITHOUT_FAKE();

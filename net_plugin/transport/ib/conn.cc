@@ -22,6 +22,7 @@ namespace {
 
 constexpr int kSqDepth = 256;   // send WRs per QP
 constexpr int kRqDepth = 128;   // posted receives per QP (control SENDs and chunk immediates)
+constexpr int kSqFull = -2;     // submit(): ENOMEM, nothing posted
 constexpr int kSqReserve = 24;  // send WRs per QP kept for CTS, probes and control messages
 constexpr int kPollBatch = 32;
 constexpr uint64_t kRecvWrFlag = 1ull << 63;
@@ -318,6 +319,7 @@ Status Conn::create_path_qps(Path& p) {
     p.qps.push_back(qp);
     for (int k = 0; k < kRqDepth; ++k) post_recv_slot(p, q, k);
   }
+  p.q_out.assign(p.qps.size(), 0);
   p.stopped = false;
   return Status::kOk;
 }
@@ -349,6 +351,7 @@ void Conn::destroy_path_qps(Path& p) {
   if (p.cq) v_.destroy_cq(p.cq);
   p.cq = nullptr;
   p.outstanding = 0;
+  p.q_out.clear();
   p.stopped = true;
 }
 
@@ -365,9 +368,30 @@ bool Conn::ready(int path) const {
   return !p.qps.empty() && !p.stopped && !p.awaiting_peer;
 }
 
-bool Conn::has_room(int path) const {
-  const Path& p = paths_[path];
-  return p.outstanding + (ar_ ? 3 : 1) <= nqps_ * (kSqDepth - kSqReserve);
+// Free send-queue slots of QP q of the path; QP 0 keeps kSqReserve for CTS, probes and
+// control messages, which only it carries.
+int Conn::chunk_room(const Path& p, int q) const {
+  if (q >= static_cast<int>(p.q_out.size())) return 0;
+  return kSqDepth - (q == 0 ? kSqReserve : 0) - p.q_out[q];
+}
+
+// A QP of the path with room for one chunk's work requests (1, or 3 with adaptive routing:
+// payload, size, immediate), starting at the round-robin position; -1 when every QP is full.
+int Conn::chunk_qp(const Path& p) const {
+  const int n = static_cast<int>(p.qps.size());
+  const int need = ar_ ? 3 : 1;
+  for (int k = 0; k < n; ++k) {
+    const int q = static_cast<int>((p.rr + static_cast<uint32_t>(k)) % static_cast<uint32_t>(n));
+    if (chunk_room(p, q) >= need) return q;
+  }
+  return -1;
+}
+
+bool Conn::has_room(int path) const { return chunk_qp(paths_[path]) >= 0; }
+
+// Free slots of QP 0 (CTS, probes, control messages).
+int Conn::qp0_room(const Path& p) const {
+  return p.q_out.empty() || p.qps.empty() ? 0 : kSqDepth - p.q_out[0];
 }
 
 std::string Conn::rail_of(const Path& p) const { return rt_->rail_name(p.hca); }
@@ -885,6 +909,7 @@ int Conn::submit(Path& p, int q, const WrRec& rec, ibv_send_wr* wr, PathSink& si
   wrs_[wi] = rec;
   WrRec& w = wrs_[wi];
   w.path = static_cast<int8_t>(p.index);
+  w.qp = static_cast<uint8_t>(q);
   w.used = true;
   w.gen = desc(p).generation;
   wr->wr_id = static_cast<uint64_t>(wi);
@@ -894,12 +919,16 @@ int Conn::submit(Path& p, int q, const WrRec& rec, ibv_send_wr* wr, PathSink& si
   if (e != 0) {
     w = WrRec{};
     free_wrs_.push_back(wi);
+    // ENOMEM: the send queue is full (its slots wait for completions to be polled): try
+    // again later. The slot counts make this rare; it is never a dead path.
+    if (e == ENOMEM) return kSqFull;
     char d[64];
     snprintf(d, sizeof(d), "ibv_post_send: %s", strerror(e));
     sink.on_path_error(p.index, FailCause::kRetryExceeded, d, now);
     return -1;
   }
   p.outstanding++;
+  p.q_out[q]++;
   return wi;
 }
 
@@ -923,26 +952,31 @@ int Conn::post_write(Path& p, int q, uint8_t kind, const void* local, uint32_t l
 
 PostResult Conn::post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs now) {
   Path& p = paths_[path];
-  if (!has_room(path)) return PostResult::kFull;
-  const int q = static_cast<int>(p.rr++ % p.qps.size());
+  const int q = chunk_qp(p);
+  if (q < 0) return PostResult::kFull;
+  p.rr = static_cast<uint32_t>(q) + 1;
   const auto* mr = static_cast<const IbMr*>(c.mhandle);
   const uint32_t lkey = mr && mr->by_hca[p.hca] ? mr->by_hca[p.hca]->lkey : 0;
   const uint64_t raddr = c.remote->addr + c.offset;
   const uint32_t rkey = c.remote->rkey[p.index];
   const uint32_t immv = imm_encode(c.seq, c.last, c.idx);
   int wi = 0;
+  int parts = 0;  // work requests of this chunk posted
   if (ar_) {
     // Adaptive routing may reorder a write's packets: payload first, then (last chunk) the
     // message size, then a 0-byte write with immediate; RC completes them in order.
-    if (c.len > 0)
+    if (c.len > 0) {
       wi = post_write(p, q, kWrDataPart, c.src, c.len, lkey, raddr, rkey, false, 0, c.seq, c.idx,
                       sink, now);
+      parts += wi >= 0;
+    }
     const int slot = static_cast<int>(c.seq % kFifoDepth);
     if (wi >= 0 && c.last) {
       area_->sizes[slot] = c.total;
       wi = post_write(p, q, kWrDataPart, &area_->sizes[slot], 8, area_mr_[p.hca]->lkey,
                       peer_area_ + offsetof(IbArea, sizes) + slot * 8, p.peer.area_rkey, false, 0,
                       c.seq, c.idx, sink, now);
+      parts += wi >= 0;
     }
     if (wi >= 0)
       wi = post_write(p, q, kWrData, nullptr, 0, 0, raddr, rkey, true, immv, c.seq, c.idx, sink,
@@ -951,12 +985,21 @@ PostResult Conn::post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs 
     wi = post_write(p, q, kWrData, c.src, c.len, lkey, raddr, rkey, true, immv, c.seq, c.idx, sink,
                     now);
   }
+  if (wi == kSqFull && parts == 0) return PostResult::kFull;  // nothing of it went out
+  if (wi == kSqFull) {
+    // Part of the chunk is posted and the rest cannot be: the slot count was wrong.
+    sink.on_path_error(p.index, FailCause::kRetryExceeded,
+                       "ibv_post_send: ENOMEM in the middle of a chunk (the send queue held more "
+                       "than its slot count)",
+                       now);
+    return PostResult::kFailed;
+  }
   return wi < 0 ? PostResult::kFailed : PostResult::kPosted;
 }
 
 PostResult Conn::post_cts(int path, const CtsOut& c, PathSink& sink, TimeUs now) {
   Path& p = paths_[path];
-  if (p.outstanding >= nqps_ * kSqDepth - 8) return PostResult::kFull;
+  if (qp0_room(p) <= 8) return PostResult::kFull;
   const int slot = static_cast<int>(c.seq % kFifoDepth);
   CtsRecord& r = area_->cts_out[slot];
   const auto* mr = static_cast<const IbMr*>(c.mhandle);
@@ -969,6 +1012,7 @@ PostResult Conn::post_cts(int path, const CtsOut& c, PathSink& sink, TimeUs now)
   const int wi = post_write(p, 0, kWrCts, &r, sizeof(r), area_mr_[p.hca]->lkey,
                             peer_area_ + offsetof(IbArea, fifo) + slot * sizeof(CtsRecord),
                             p.peer.area_rkey, false, 0, c.seq, 0, sink, now);
+  if (wi == kSqFull) return PostResult::kFull;
   return wi < 0 ? PostResult::kFailed : PostResult::kPosted;
 }
 
@@ -1015,7 +1059,7 @@ PostResult Conn::post_ctrl(int path, const CtrlMsg& c, PathSink& sink, TimeUs no
 // An RDMA SEND of `m` on QP 0 of the path (control stays in order), from a slot of the
 // connection area.
 PostResult Conn::send_on(Path& p, const IbCtrlMsg& m, PathSink& sink, TimeUs now) {
-  if (p.outstanding >= nqps_ * kSqDepth - 4) return PostResult::kFull;
+  if (qp0_room(p) <= 4) return PostResult::kFull;
   int slot = -1;
   for (int i = 0; i < kFifoDepth && slot < 0; ++i)
     if (!ctrl_slot_busy_[i]) slot = i;
@@ -1030,7 +1074,9 @@ PostResult Conn::send_on(Path& p, const IbCtrlMsg& m, PathSink& sink, TimeUs now
   wr.sg_list = &sge;
   wr.num_sge = 1;
   wr.opcode = IBV_WR_SEND;
-  if (submit(p, 0, rec, &wr, sink, now) < 0) return PostResult::kFailed;
+  const int wi = submit(p, 0, rec, &wr, sink, now);
+  if (wi == kSqFull) return PostResult::kFull;
+  if (wi < 0) return PostResult::kFailed;
   ctrl_slot_busy_[slot] = true;
   return PostResult::kPosted;
 }
@@ -1043,7 +1089,7 @@ bool Conn::send_wire(const IbCtrlMsg& m, PathSink& sink, TimeUs now) {
 
 bool Conn::probe(int path, PathSink& sink, TimeUs now) {
   Path& p = paths_[path];
-  if (p.outstanding >= nqps_ * kSqDepth - 2) return false;
+  if (qp0_room(p) <= 2) return false;
   const uint64_t raddr = peer_area_ + offsetof(IbArea, scratch);
   return post_write(p, 0, kWrProbe, nullptr, 0, 0, raddr, p.peer.area_rkey, false, 0, 0, 0, sink,
                     now) >= 0;
@@ -1084,6 +1130,7 @@ void Conn::on_send_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
   if (w.gen != desc(p).generation || w.path != p.index)
     return;  // an earlier generation of the path
   p.outstanding--;
+  if (w.qp < p.q_out.size()) p.q_out[w.qp]--;
   if (wc.status == IBV_WC_SUCCESS) {
     sink.on_path_alive(p.index, now);
     switch (w.kind) {

@@ -96,6 +96,7 @@ class Conn final : public ConnIo {
   struct WrRec {
     uint8_t kind = 0;
     int8_t path = -1;
+    uint8_t qp = 0;  // index in Path::qps (its send-queue slot)
     bool used = false;
     uint32_t gen = 0;
     uint64_t seq = 0;
@@ -110,7 +111,11 @@ class Conn final : public ConnIo {
     ibv_cq* cq = nullptr;
     std::vector<ibv_qp*> qps;
     uint32_t rr = 0;
-    int outstanding = 0;         // send WRs not completed
+    int outstanding = 0;  // send WRs not completed
+    // Per QP: send WRs posted and not yet completed. A slot is free again only once its
+    // completion is polled (mlx5), so a QP takes at most kSqDepth; a full QP is
+    // back-pressure (PostResult::kFull), never a dead path.
+    std::vector<int> q_out;
     bool stopped = false;        // QPs in ERR (or left in RTS by the test hook): out of service
     bool rebuilding = false;     // sender: REBUILD sent, waiting for the answer
     bool awaiting_peer = false;  // receiver: rebuilt, waiting for the sender's REBUILD_DONE
@@ -168,6 +173,9 @@ class Conn final : public ConnIo {
   void on_rebuild(const IbCtrlMsg& m, PathSink& sink, TimeUs now);
   void on_rebuild_ack(const IbCtrlMsg& m, PathSink& sink, TimeUs now);
   void peer_rebuilt(Path& p, PathSink& sink, TimeUs now);
+  int chunk_room(const Path& p, int q) const;
+  int chunk_qp(const Path& p) const;
+  int qp0_room(const Path& p) const;
   Status make_flush_qp(int hca);
   void drop_flush_qp(int hca);
   bool post_flush_read(int hca, uint64_t token, uintptr_t addr, uint32_t rkey);
