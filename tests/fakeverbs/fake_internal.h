@@ -116,6 +116,10 @@ struct Device {
   GidEntry gids[kGidTableLen];
   uint64_t bytes_posted = 0;       // RDMA WRITE / SEND payload posted on this device
   std::deque<FencedWrite> fenced;  // writes by this device not yet visible (FAKEVERBS_FENCE)
+  // RNR NAKs this device sent as a target; the process's total is kept in
+  // $FAKEVERBS_DIR/rnr-naks-<pid> for tests (a real HCA counts them too: rnr_nak_retry_err
+  // and out_of_buffer in hw_counters).
+  uint64_t rnr_naks = 0;
   // Armed one-shot faults.
   int arm_hold = 0;
   int hold_k = 2;
@@ -188,13 +192,12 @@ struct Hdr {
   uint32_t rkey;
   uint32_t len;     // payload bytes following the header
   uint32_t rd_len;  // RDMA READ: bytes requested
-  uint32_t rnr_limit_us;
   uint64_t seq;
   uint64_t raddr;
   uint8_t dgid[16];
   uint16_t dlid;
   uint16_t slid;
-  uint32_t pad;
+  uint32_t rnr_retry;  // the requester's rnr_retry (7: retry RNR NAKs forever)
 };
 
 struct SendWr {
@@ -211,7 +214,6 @@ struct SendWr {
   uint64_t slot_end = 0;  // Qp::sq_posted after this WR took its send-queue slot
   ibv_wc_status status = IBV_WC_SUCCESS;
   TimePoint sent_at{};
-  TimePoint rnr_deadline{};
   std::vector<ibv_sge> read_sges;  // RDMA READ destination
   std::vector<char> pkt;           // kQueued: the packet to transmit
 };
@@ -225,8 +227,13 @@ struct Inbound {
   Hdr h;
   std::vector<char> payload;
   std::shared_ptr<Conn> conn;  // where the ACK goes
+  // RNR: the target had no receive posted. It NAKs (counted in Device::rnr_naks) and the
+  // requester sends the packet again after the target's min_rnr_timer, so the packet runs no
+  // earlier than retry_at even if a receive is posted meanwhile; with none by then, another
+  // NAK. After rnr_retry NAKs (7: never) the requester gets RNR_RETRY_EXC_ERR.
   bool rnr_notified = false;
-  TimePoint rnr_deadline{};
+  int rnr_naks = 0;
+  TimePoint retry_at{};
 };
 
 struct Qp {

@@ -77,6 +77,27 @@ void kick_at(TimePoint t) {
   }
 }
 
+// The RNR NAK timer of encoding `t` (IBA spec, table "Encoding for RNR NAK Timer Field":
+// 0 = 655.36 ms, 1 = 0.01 ms ... 12 = 0.64 ms ... 31 = 491.52 ms).
+std::chrono::microseconds rnr_delay(uint8_t t) {
+  static const double kMs[32] = {655.36, 0.01,  0.02,  0.03,   0.04,   0.06,   0.08,   0.12,
+                                 0.16,   0.24,  0.32,  0.48,   0.64,   0.96,   1.28,   1.92,
+                                 2.56,   3.84,  5.12,  7.68,   10.24,  15.36,  20.48,  30.72,
+                                 40.96,  61.44, 81.92, 122.88, 163.84, 245.76, 327.68, 491.52};
+  return std::chrono::microseconds(static_cast<long long>(kMs[t & 31] * 1000));
+}
+
+void count_rnr_nak_locked(Device* d) {
+  ++d->rnr_naks;
+  uint64_t total = 0;
+  for (const Device* x : g->devices) total += x->rnr_naks;
+  const std::string path = g->dir + "/rnr-naks-" + std::to_string(getpid());
+  if (FILE* f = fopen(path.c_str(), "w")) {
+    fprintf(f, "%llu\n", static_cast<unsigned long long>(total));
+    fclose(f);
+  }
+}
+
 // Writes as much of c->out as the socket takes. Locked.
 void flush_conn(Conn* c) {
   while (!c->dead && !c->out.empty()) {
@@ -196,6 +217,7 @@ void release_held(HeldWrite hw);
 
 // A sent WR's packet or ACK is lost: its retry timer runs. Locked.
 void mark_lost_locked(Qp* q, SendWr* w) {
+  if (w->st == SendWr::kRnr) w->st = SendWr::kSent;  // its target is gone: nobody resends it
   if (w->st != SendWr::kSent || w->lost) return;
   w->lost = true;
   long long rt = retry_us(q);
@@ -237,13 +259,9 @@ void handle_ack(const Hdr& h, const std::vector<char>& pay) {
       if (w->op == IBV_WR_RDMA_WRITE || w->op == IBV_WR_RDMA_WRITE_WITH_IMM)
         on_write_acked_locked(*w);
       break;
-    case kAckRnrWait: {
-      w->st = SendWr::kRnr;
-      long long rt = retry_us(q);
-      w->rnr_deadline = rt < 0 ? kNever : now + std::chrono::microseconds(5 * rt);
-      kick_at(w->rnr_deadline);
+    case kAckRnrWait:
+      w->st = SendWr::kRnr;  // the target retries it, or ends it with kAckRnrFail
       return;
-    }
     case kAckRnrFail:
       w->st = SendWr::kDone;
       w->status = IBV_WC_RNR_RETRY_EXC_ERR;
@@ -293,9 +311,6 @@ TimePoint run_qp_timers(TimePoint now) {
       if (w.st == SendWr::kSent && w.lost) {
         long long rt = retry_us(q);
         if (rt >= 0) dl = std::max(w.sent_at, q->last_progress) + std::chrono::microseconds(rt);
-      } else if (w.st == SendWr::kRnr) {
-        dl = w.rnr_deadline;
-        st = IBV_WC_RNR_RETRY_EXC_ERR;
       }
       if (dl <= now) {
         w.st = SendWr::kDone;
@@ -306,13 +321,9 @@ TimePoint run_qp_timers(TimePoint now) {
       }
     }
     if (!q->inq.empty() && q->inq.front().rnr_notified) {
-      Inbound& in = q->inq.front();
-      if (in.rnr_deadline <= now) {
-        send_ack(in.conn, in.h, q->qpn, kAckRnrFail);
-        q->inq.clear();  // the requester's QP goes to ERR: what followed is discarded
-      } else {
-        next = std::min(next, in.rnr_deadline);
-      }
+      if (q->inq.front().retry_at <= now) process_inbound_locked(q);  // the retransmission
+      if (!q->inq.empty() && q->inq.front().rnr_notified)
+        next = std::min(next, q->inq.front().retry_at);
     }
   }
   return next;
@@ -578,16 +589,24 @@ void process_inbound_locked(Qp* q) {
           h.raddr < m->iova || h.raddr - m->iova > m->len || len > m->len - (h.raddr - m->iova))
         st = kAckRemAccess;
     }
-    if (st == kAckOk && needs_recv && q->rq.empty()) {
-      if (!in.rnr_notified) {  // receiver not ready: hold the packet, tell the requester
+    if (st == kAckOk && needs_recv) {
+      const TimePoint now = Clock::now();
+      if (in.rnr_notified && now < in.retry_at) return;  // the requester has not resent it yet
+      if (q->rq.empty()) {  // receiver not ready: an RNR NAK (hold the packet as if resent)
+        ++in.rnr_naks;
+        count_rnr_nak_locked(q->dev);
+        if (h.rnr_retry != 7 && in.rnr_naks > static_cast<int>(h.rnr_retry)) {
+          send_ack(in.conn, h, q->qpn, kAckRnrFail);
+          q->inq.clear();  // the requester's QP goes to ERR: what followed is discarded
+          return;
+        }
+        if (!in.rnr_notified) send_ack(in.conn, h, q->qpn, kAckRnrWait);
         in.rnr_notified = true;
-        in.rnr_deadline = h.rnr_limit_us == 0xffffffffu
-                              ? kNever
-                              : Clock::now() + std::chrono::microseconds(h.rnr_limit_us);
-        send_ack(in.conn, h, q->qpn, kAckRnrWait);
-        kick_at(in.rnr_deadline);
+        in.retry_at = now + rnr_delay(q->attr.min_rnr_timer);
+        kick_at(in.retry_at);
+        return;
       }
-      return;
+      in.rnr_notified = false;
     }
     std::vector<char> resp;
     bool recv_failed = false;

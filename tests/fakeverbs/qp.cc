@@ -389,9 +389,7 @@ int fv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
     h.len = static_cast<uint32_t>(pay);
     h.rd_len = is_read ? static_cast<uint32_t>(total) : 0;
     h.seq = w.seq;
-    long long rt = retry_us(q);
-    h.rnr_limit_us =
-        static_cast<uint32_t>(std::min<long long>(rt < 0 ? 0xffffffffll : 4 * rt, 0xffffffffll));
+    h.rnr_retry = q->attr.rnr_retry;
     if (!is_send) {
       h.raddr = wr->wr.rdma.remote_addr;
       h.rkey = wr->wr.rdma.rkey;

@@ -210,28 +210,41 @@ constexpr int kRtrMask = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DES
 constexpr int kRtsMask = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY |
                          IBV_QP_SQ_PSN | IBV_QP_MAX_QP_RD_ATOMIC;
 
-ibv_qp_attr rts_attr() {
+ibv_qp_attr rts_attr(int rnr_retry = 7) {
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_RTS;
   a.timeout = 14;
   a.retry_cnt = 7;
-  a.rnr_retry = 7;
+  a.rnr_retry = static_cast<uint8_t>(rnr_retry);
   a.max_rd_atomic = 1;
   return a;
 }
 
-void connect_ep(Ep& e, const Addr& r, int access = kAllAccess) {
+void connect_ep(Ep& e, const Addr& r, int access = kAllAccess, int rnr_retry = 7) {
   EXPECT_EQ(to_init(e.qp, access), 0);
   ibv_qp_attr a = rtr_attr(*e.n, r);
   EXPECT_EQ(ibv_modify_qp(e.qp, &a, kRtrMask), 0);
-  a = rts_attr();
+  a = rts_attr(rnr_retry);
   EXPECT_EQ(ibv_modify_qp(e.qp, &a, kRtsMask), 0);
 }
 
-void connect_pair(Ep& a, Ep& b, int b_access = kAllAccess) {
+void connect_pair(Ep& a, Ep& b, int b_access = kAllAccess, int a_rnr_retry = 7) {
   Addr aa = addr_of(a), ba = addr_of(b);
-  connect_ep(a, ba);
+  connect_ep(a, ba, kAllAccess, a_rnr_retry);
   connect_ep(b, aa, b_access);
+}
+
+// RNR NAKs the fake's targets sent in this scenario (every process: $FAKEVERBS_DIR/rnr-naks-*).
+long long rnr_naks() {
+  long long total = 0;
+  for (const auto& e : std::filesystem::directory_iterator(getenv("FAKEVERBS_DIR"))) {
+    if (e.path().filename().string().rfind("rnr-naks-", 0) != 0) continue;
+    std::ifstream f(e.path());
+    long long v = 0;
+    f >> v;
+    total += v;
+  }
+  return total;
 }
 
 struct Buf {
@@ -1129,9 +1142,10 @@ TEST_CASE("fakeverbs: triggers GID change CQ overflow RNR") {
       auto got = poll_n(tiny, 4, 100);
       EXPECT(got.size() >= 2 && got.size() < 4);  // at least one was dropped
     }
-    // RNR: a SEND waits for its receive; with none, RNR_RETRY_EXC_ERR after 4x the
-    // retry delay.
+    // RNR: a SEND waits for its receive, NAKed every min_rnr_timer (12: 0.64 ms) and sent
+    // again; rnr_retry 7 retries forever; rnr_retry 1 fails after 2 NAKs.
     {
+      EXPECT_EQ(rnr_naks(), 0);
       Ep g = make_ep(na), h = make_ep(nb);
       connect_pair(g, h);
       memcpy(la.mem.data(), "hello", 5);
@@ -1150,14 +1164,29 @@ TEST_CASE("fakeverbs: triggers GID change CQ overflow RNR") {
       EXPECT_EQ(gw[0].status, IBV_WC_SUCCESS);
       EXPECT_EQ(gw[1].wr_id, 61);
       EXPECT(memcmp(rb.mem.data() + 7000, "hello", 5) == 0);
-      auto t1 = std::chrono::steady_clock::now();
+      const long long naks = rnr_naks();
+      EXPECT(naks >= 100);  // ~2 x kRetryMs of 0.64 ms NAKs (fewer on a loaded machine)
+      EXPECT(naks <= 2 * kRetryMs / 0.64 + 1);
+      // Forever with rnr_retry 7: still waiting after 3 retry times, then lands.
       EXPECT_EQ(post(g.qp, IBV_WR_RDMA_WRITE_WITH_IMM, 62, &la, 0, 5, rb.addr(9000), rb.mr->rkey),
                 0);
-      wc = poll_one(g.cq, 2000);
-      EXPECT_EQ(wc.status, IBV_WC_RNR_RETRY_EXC_ERR);
-      EXPECT(std::chrono::steady_clock::now() - t1 >= Ms(4 * kRetryMs - 2));
+      EXPECT(quiet(g.cq, 3 * kRetryMs));
       EXPECT(all_eq(rb.mem.data() + 9000, 5, 0));
-      EXPECT(quiet(h.cq, 5));
+      EXPECT_EQ(post_recv(h.qp, 71, &rb, 8000, 64), 0);
+      EXPECT_EQ(poll_one(g.cq).status, IBV_WC_SUCCESS);
+      EXPECT(memcmp(rb.mem.data() + 9000, "hello", 5) == 0);
+      EXPECT_EQ(poll_one(h.cq).opcode, IBV_WC_RECV_RDMA_WITH_IMM);
+      // rnr_retry 1: the NAK of its one retry ends it, one timer (0.64 ms) on.
+      Ep g1 = make_ep(na), h1 = make_ep(nb);
+      connect_pair(g1, h1, kAllAccess, 1);
+      auto t1 = std::chrono::steady_clock::now();
+      EXPECT_EQ(post(g1.qp, IBV_WR_RDMA_WRITE_WITH_IMM, 63, &la, 0, 5, rb.addr(9100), rb.mr->rkey),
+                0);
+      wc = poll_one(g1.cq, 2000);
+      EXPECT_EQ(wc.status, IBV_WC_RNR_RETRY_EXC_ERR);
+      EXPECT(std::chrono::steady_clock::now() - t1 >= std::chrono::microseconds(640));
+      EXPECT(all_eq(rb.mem.data() + 9100, 5, 0));
+      EXPECT(quiet(h1.cq, 5));
     }
   }));
 }

@@ -9,6 +9,8 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 #include <string>
 
 #include "support/net_harness.h"
@@ -51,6 +53,19 @@ inline void check_shape_clean(const DataShape& s) {
   sp.stall_ms = 30000;
   const StreamRun r = run_stream(o, sp);
   INFO(shape_text(s) << "\nsender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  // RNR NAKs the fake's targets sent (each one costs a real HCA min_rnr_timer, 0.64 ms): the
+  // sender must never write more immediates to a QP than the receiver has receives posted.
+  long long naks = 0;
+  const std::string dir = o.env.count("FAKEVERBS_DIR") ? o.env.at("FAKEVERBS_DIR") : "";
+  if (!dir.empty())
+    for (const auto& e : std::filesystem::directory_iterator(dir))
+      if (e.path().filename().string().rfind("rnr-naks-", 0) == 0) {
+        std::ifstream f(e.path());
+        long long v = 0;
+        f >> v;
+        naks += v;
+      }
+  CHECK(naks == 0);
   CHECK(r.pair.sender_status == kStreamOk);
   CHECK(r.pair.receiver_status == kStreamOk);  // every byte checked
   for (const std::string* log : {&r.sender_log, &r.receiver_log}) {

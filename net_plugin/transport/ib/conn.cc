@@ -27,7 +27,7 @@ constexpr int kSqReserve = 24;  // send WRs per QP kept for CTS, probes and cont
 constexpr int kPollBatch = 32;
 constexpr uint64_t kRecvWrFlag = 1ull << 63;
 
-enum WrKind : uint8_t { kWrData = 1, kWrDataPart, kWrCts, kWrProbe, kWrCtrl };
+enum WrKind : uint8_t { kWrData = 1, kWrDataPart, kWrCts, kWrProbe, kWrCtrl, kWrCredit };
 
 bool recoverable(ibv_wc_status s) {
   return s == IBV_WC_RETRY_EXC_ERR || s == IBV_WC_RNR_RETRY_EXC_ERR || s == IBV_WC_WR_FLUSH_ERR;
@@ -294,6 +294,7 @@ void Conn::fill_wire_hca(int hca, IbWireHca* w) {
 }
 
 void Conn::post_recv_slot(Path& p, int q, int k) {
+  if (q < static_cast<int>(p.rq_reposted.size())) p.rq_reposted[q]++;
   const size_t slot = (static_cast<size_t>(p.index) * nqps_ + q) * kRqDepth + k;
   ibv_sge sge{reinterpret_cast<uintptr_t>(slots_ + slot * kCtrlSlot),
               static_cast<uint32_t>(kCtrlSlot), slots_mr_[p.hca]->lkey};
@@ -320,6 +321,10 @@ Status Conn::create_path_qps(Path& p) {
     for (int k = 0; k < kRqDepth; ++k) post_recv_slot(p, q, k);
   }
   p.q_out.assign(p.qps.size(), 0);
+  p.rq_consumed.assign(p.qps.size(), 0);
+  p.rq_reposted.assign(p.qps.size(), 0);  // counted from here: the initial kRqDepth are given
+  p.rq_published.assign(p.qps.size(), 0);
+  p.credit_in_flight = false;
   p.stopped = false;
   return Status::kOk;
 }
@@ -352,6 +357,10 @@ void Conn::destroy_path_qps(Path& p) {
   p.cq = nullptr;
   p.outstanding = 0;
   p.q_out.clear();
+  p.rq_consumed.clear();
+  p.rq_reposted.clear();
+  p.rq_published.clear();
+  p.credit_in_flight = false;
   p.stopped = true;
 }
 
@@ -382,12 +391,43 @@ int Conn::chunk_qp(const Path& p) const {
   const int need = ar_ ? 3 : 1;
   for (int k = 0; k < n; ++k) {
     const int q = static_cast<int>((p.rr + static_cast<uint32_t>(k)) % static_cast<uint32_t>(n));
-    if (chunk_room(p, q) >= need) return q;
+    if (chunk_room(p, q) >= need && rq_credits(p, q) >= 1) return q;
   }
   return -1;
 }
 
 bool Conn::has_room(int path) const { return chunk_qp(paths_[path]) >= 0; }
+
+// Sender: receives still posted at the peer's QP q for our immediates and SENDs, by the
+// counts the receiver last wrote (a count of an earlier generation of the path is none).
+int Conn::rq_credits(const Path& p, int q) const {
+  if (q >= static_cast<int>(p.rq_consumed.size())) return 0;
+  const uint64_t v = __atomic_load_n(&area_->credit_in[p.index][q], __ATOMIC_ACQUIRE);
+  const uint32_t reposted = static_cast<uint32_t>(v >> 32) == paths_desc_[p.index].generation
+                                ? static_cast<uint32_t>(v)
+                                : 0;
+  return kRqDepth - static_cast<int>(p.rq_consumed[q] - reposted);
+}
+
+// Receiver: writes the repost counts of the path's QPs into the sender's credit_in when they
+// moved, one write in flight at a time (its completion lets the next go).
+void Conn::publish_credits(Path& p, PathSink& sink, TimeUs now) {
+  if (role_ != Role::kRecv || p.credit_in_flight || p.stopped || p.awaiting_peer || p.qps.empty() ||
+      p.rq_reposted == p.rq_published || qp0_room(p) <= 8)
+    return;
+  const uint64_t gen = static_cast<uint64_t>(desc(p).generation) << 32;
+  for (size_t q = 0; q < p.rq_reposted.size(); ++q)
+    area_->credit_out[p.index][q] = gen | p.rq_reposted[q];
+  const uint32_t len = static_cast<uint32_t>(p.rq_reposted.size() * sizeof(uint64_t));
+  const uint64_t raddr = peer_area_ + offsetof(IbArea, credit_in) +
+                         static_cast<uint64_t>(p.index) * kMaxQpsPerPath * sizeof(uint64_t);
+  const int wi =
+      post_write(p, 0, kWrCredit, &area_->credit_out[p.index][0], len, area_mr_[p.hca]->lkey, raddr,
+                 p.peer.area_rkey, false, 0, 0, 0, sink, now);
+  if (wi < 0) return;  // full: the next poll tries again; an error failed the path
+  p.credit_in_flight = true;
+  p.rq_published = p.rq_reposted;
+}
 
 // Free slots of QP 0 (CTS, probes, control messages).
 int Conn::qp0_room(const Path& p) const {
@@ -985,6 +1025,7 @@ PostResult Conn::post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs 
     wi = post_write(p, q, kWrData, c.src, c.len, lkey, raddr, rkey, true, immv, c.seq, c.idx, sink,
                     now);
   }
+  if (wi >= 0) p.rq_consumed[q]++;  // its immediate takes a receive at the peer
   if (wi == kSqFull && parts == 0) return PostResult::kFull;  // nothing of it went out
   if (wi == kSqFull) {
     // Part of the chunk is posted and the rest cannot be: the slot count was wrong.
@@ -1060,6 +1101,7 @@ PostResult Conn::post_ctrl(int path, const CtrlMsg& c, PathSink& sink, TimeUs no
 // connection area.
 PostResult Conn::send_on(Path& p, const IbCtrlMsg& m, PathSink& sink, TimeUs now) {
   if (qp0_room(p) <= 4) return PostResult::kFull;
+  if (role_ == Role::kSend && rq_credits(p, 0) < 1) return PostResult::kFull;
   int slot = -1;
   for (int i = 0; i < kFifoDepth && slot < 0; ++i)
     if (!ctrl_slot_busy_[i]) slot = i;
@@ -1077,6 +1119,7 @@ PostResult Conn::send_on(Path& p, const IbCtrlMsg& m, PathSink& sink, TimeUs now
   const int wi = submit(p, 0, rec, &wr, sink, now);
   if (wi == kSqFull) return PostResult::kFull;
   if (wi < 0) return PostResult::kFailed;
+  if (role_ == Role::kSend) p.rq_consumed[0]++;
   ctrl_slot_busy_[slot] = true;
   return PostResult::kPosted;
 }
@@ -1131,6 +1174,7 @@ void Conn::on_send_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
     return;  // an earlier generation of the path
   p.outstanding--;
   if (w.qp < p.q_out.size()) p.q_out[w.qp]--;
+  if (w.kind == kWrCredit) p.credit_in_flight = false;
   if (wc.status == IBV_WC_SUCCESS) {
     sink.on_path_alive(p.index, now);
     switch (w.kind) {
@@ -1310,7 +1354,10 @@ void Conn::poll_fifo(PathSink& sink, TimeUs now) {
 void Conn::poll(PathSink& sink, TimeUs now) {
   if (stage_ != 10) return;
   read_side_channel(sink, now);
-  for (auto& p : paths_) poll_path(p, sink, now);
+  for (auto& p : paths_) {
+    poll_path(p, sink, now);
+    publish_credits(p, sink, now);
+  }
   if (role_ == Role::kSend) poll_fifo(sink, now);
   for (auto& p : paths_) {
     if (!p.rebuilding || now <= p.rebuild_deadline) continue;

@@ -116,6 +116,13 @@ class Conn final : public ConnIo {
     // completion is polled (mlx5), so a QP takes at most kSqDepth; a full QP is
     // back-pressure (PostResult::kFull), never a dead path.
     std::vector<int> q_out;
+    // Receive credits (IbArea::credit_in), per QP of this generation. Sender: receives its
+    // immediates and SENDs consumed at the peer. Receiver: receives posted again, and the
+    // counts last written to the sender (one credit write in flight at a time).
+    std::vector<uint32_t> rq_consumed;
+    std::vector<uint32_t> rq_reposted;
+    std::vector<uint32_t> rq_published;
+    bool credit_in_flight = false;
     bool stopped = false;        // QPs in ERR (or left in RTS by the test hook): out of service
     bool rebuilding = false;     // sender: REBUILD sent, waiting for the answer
     bool awaiting_peer = false;  // receiver: rebuilt, waiting for the sender's REBUILD_DONE
@@ -176,6 +183,8 @@ class Conn final : public ConnIo {
   int chunk_room(const Path& p, int q) const;
   int chunk_qp(const Path& p) const;
   int qp0_room(const Path& p) const;
+  int rq_credits(const Path& p, int q) const;
+  void publish_credits(Path& p, PathSink& sink, TimeUs now);
   Status make_flush_qp(int hca);
   void drop_flush_qp(int hca);
   bool post_flush_read(int hca, uint64_t token, uintptr_t addr, uint32_t rkey);

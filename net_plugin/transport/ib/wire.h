@@ -38,10 +38,11 @@
 namespace r2ccl::net::ib {
 
 constexpr uint32_t kIbMsgMagic = 0x42493252;  // "R2IB": setup and control messages
-// 3: the handle starts with the common head (transport/handshake.h), knobs in HELLO/REPLY,
+// 4: receive credits (IbArea::credit_in, written by the receiver); 3: the handle starts with
+//    the common head (transport/handshake.h), knobs in HELLO/REPLY,
 //    refusals (WireRefusal), TRUNCATED control messages; 2: the connection id in the setup
 //    messages.
-constexpr uint16_t kIbWireVersion = 3;
+constexpr uint16_t kIbWireVersion = 4;
 constexpr int kMaxIbPaths = 4;      // primary + up to 3 backups (R2CCL_BACKUP_PATHS <= 3)
 constexpr int kMaxQpsPerPath = 16;  // R2CCL_IB_QPS_PER_PATH maximum
 constexpr int kFifoDepth = 64;      // CTS slots; > NCCL_NET_MAX_REQUESTS outstanding receives
@@ -156,6 +157,15 @@ struct IbArea {
   uint64_t sizes[kFifoDepth];      // receiver: message sizes (adaptive routing mode)
   uint64_t scratch[8];             // 0-byte probe writes target this
   IbCtrlMsg ctrl_out[kFifoDepth];  // outgoing control messages (RDMA SEND source)
+  // Receive credits. Each RDMA WRITE WITH IMMEDIATE and each SEND consumes a receive posted
+  // at the target QP; with none the target answers RNR NAK and the sender waits
+  // min_rnr_timer (0.64 ms) per try. The receiver counts the receives it posts again on
+  // each QP and RDMA-writes its counts, (generation << 32) | count mod 2^32, into the
+  // sender's credit_in (from its credit_out), at most one such write in flight per path;
+  // the sender posts a consumer on QP q only while it has consumed fewer than the QP's
+  // receive depth (128) beyond what the receiver reported reposted.
+  uint64_t credit_in[kMaxIbPaths][kMaxQpsPerPath];   // sender: the receiver's repost counts
+  uint64_t credit_out[kMaxIbPaths][kMaxQpsPerPath];  // receiver: the credit write's source
 };
 static_assert(std::is_trivially_copyable<IbArea>::value, "IbArea is raw memory");
 
