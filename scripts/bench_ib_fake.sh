@@ -15,6 +15,10 @@
 #      after 256 MiB (port-error event + retry-exceeded), p50 and max, and #wrong. Each run
 #      has two send connections (a ring of 2), so up to 2 recoveries per run.
 #   3. The same when only rank 1's mlx5_0 goes down (far end: rank 0 learns from completions).
+#   4. Black-hole detection: rank 0's mlx5_0 QPs fall silent after 256 MiB (link up, no error,
+#      the fake never completes them), at R2CCL_IB_TIMEOUT 14 and 16: the "detected after N ms"
+#      of the recovery lines, p50 and max. The watchdog waits two QP retransmissions
+#      (2 x 4.096 us x 2^timeout: 134 ms and 537 ms) before failing the path over.
 # Exit status: 0 when every run completed with 0 wrong elements.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -48,7 +52,7 @@ perf() {  # perf LOG RANK0_FAULTS RANK1_FAULTS ARGS...: two ranks, each its own 
   local r pids=()
   for r in 0 1; do
     local f=$f0; [ $r = 1 ] && f=$f1
-    R2CCL_TRANSPORT=ib R2CCL_IBVERBS_LIB="$BUILD/lib/libr2ccl-fakeverbs.so" R2CCL_SOCKET_IFNAME=lo \
+    env ${PERF_ENV:-} R2CCL_TRANSPORT=ib R2CCL_IBVERBS_LIB="$BUILD/lib/libr2ccl-fakeverbs.so" R2CCL_SOCKET_IFNAME=lo \
     FAKEVERBS_DIR="$dir" FAKEVERBS_DEVICES="$(hcas $r)" FAKEVERBS_FAULTS="$f" FAKEVERBS_RETRY_US=50000 \
       "$BUILD/bin/r2ccl_perf" --rendezvous "127.0.0.1:$port" --rank $r --nranks 2 --check \
       --timeout 300 "$@" >"$log.rank$r" 2>&1 &
@@ -79,6 +83,23 @@ recovery_row() {  # recovery_row NAME RANK0_FAULTS RANK1_FAULTS
              v[int((NR+1)/2)]*1000, v[NR]*1000 }'
 }
 
+detect_row() {  # detect_row IB_TIMEOUT: rank 0's mlx5_0 black-holed after 256 MiB
+  local t=$1 i name="blackhole-ib-timeout-$1"
+  : >"$OUT/$name.times"
+  for i in $(seq 1 "$FAULTS"); do
+    PERF_ENV="R2CCL_IB_TIMEOUT=$t" perf "$OUT/$name-$i.log" "blackhole,dev=mlx5_0,after_bytes=268435456" "" \
+      -b 64M -e 64M -n 12
+    grep -o "\[R2CCL\] Successfully recovered in .*detected after [0-9]* ms" "$OUT/$name-$i.log" |
+      grep -o "detected after [0-9]* ms" | awk '{print $3}' >>"$OUT/$name.times"
+  done
+  sort -n "$OUT/$name.times" | awk -v name="$name" -v runs="$FAULTS" -v t="$t" '
+    {v[NR]=$1} END {
+      floor = 2 * 4.096 * 2^t / 1000
+      if (NR == 0) { printf "| %s | no detection logged in %d runs |\n", name, runs; exit }
+      printf "| %s (floor %.0f ms) | %d detections in %d runs | p50 %d ms | max %d ms |\n", name,
+             floor, NR, runs, v[int((NR+1)/2)], v[NR] }'
+}
+
 echo "# r2ccl verbs transport on the fake verbs provider (commit $(git -C "$ROOT" rev-parse --short HEAD))"
 echo
 perf "$OUT/allreduce.log" "" "" -b 8 -e 64M -f 8 -n 20
@@ -91,4 +112,9 @@ echo "|---|---|---|---|"
 recovery_row "port-down-both-ends" "port_down,dev=mlx5_0,after_bytes=268435456" \
   "port_down,dev=mlx5_0,after_bytes=268435456"
 recovery_row "port-down-far-end" "" "port_down,dev=mlx5_0,after_ms=1000"
+echo
+echo "| black hole | runs | detected p50 | detected max |"
+echo "|---|---|---|---|"
+detect_row 14
+detect_row 16
 exit $fail

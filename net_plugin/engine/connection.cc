@@ -265,7 +265,12 @@ void Connection::check_paths(TimeUs now) {
     // Heartbeat rule: nothing heard on the path for 3 periods. If the transport below still
     // hears from the peer (TCP: the kernel's ACKs), the rail works and the peer process is
     // merely slow.
-    if (now - p.last_alive > 3 * hb && !stalled) {
+    // Neither rule calls a path dead while the transport below may still recover it itself
+    // (verbs: two QP retransmissions), and the watchdog also waits until what is in flight
+    // was due at the rail's speed (a 64 MiB chunk takes 5.4 ms at 100 Gbps): one rule for
+    // both transports (ARCHITECTURE.md, detection table).
+    const TimeUs floor = io_->stall_floor(p.index);
+    if (now - p.last_alive > std::max(3 * hb, floor) && !stalled) {
       const TimeUs heard = io_->heard_within(p.index, now);
       if (heard > 3 * hb) {
         fail_path(p, FailCause::kHeartbeatMiss,
@@ -276,10 +281,16 @@ void Connection::check_paths(TimeUs now) {
     // Acknowledgement watchdog (sender): chunks in flight, no acknowledgement progress. A
     // black hole also silences the transport below; a congested or lossy-but-alive rail
     // (TCP recovering a drop) still gets its ACKs, so the watchdog then waits 10x longer.
+    // inflight bytes x 8 / Mbps = microseconds
+    const TimeUs due = static_cast<TimeUs>(
+        p.inflight_bytes * 8 /
+        static_cast<uint64_t>(std::max(1, env_.rails->rail_speed_mbps(p.rail))));
     if (role_ == Role::kSend && !stalled &&
-        ack_watchdog_expired(p.inflight_bytes > 0, p.ack_progress, now, cfg_.ack_timeout)) {
+        ack_watchdog_expired(p.inflight_bytes > 0, p.ack_progress, now,
+                             std::max(cfg_.ack_timeout, floor) + due)) {
       const TimeUs heard = io_->heard_within(p.index, now);
-      if (heard > cfg_.ack_timeout || now - p.ack_progress > 10 * cfg_.ack_timeout) {
+      if (heard > cfg_.ack_timeout ||
+          now - p.ack_progress > std::max(10 * cfg_.ack_timeout, floor) + due) {
         fail_path(p, FailCause::kAckTimeout, silence("none", now - p.ack_progress, heard).c_str(),
                   now);
         continue;

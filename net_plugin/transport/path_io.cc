@@ -37,6 +37,11 @@ TimeUs PathIo::heard_within(int path, TimeUs now) const {
   return INT64_MAX;
 }
 
+TimeUs PathIo::stall_floor(int path) const {
+  (void)path;
+  return 0;
+}
+
 TimeUs PathIo::fault_start(int path, TimeUs now) const {
   (void)path;
   (void)now;

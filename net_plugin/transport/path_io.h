@@ -237,6 +237,11 @@ class PathIo {
   // Time since the transport below last heard from the peer on this path (TCP: the kernel's
   // last TCP ACK), microseconds. Default INT64_MAX: the transport cannot tell.
   virtual TimeUs heard_within(int path, TimeUs now) const;
+  // Microseconds of silence within which the transport below may still recover the path on
+  // its own (verbs: two QP retransmissions, 2 x 4.096 us x 2^R2CCL_IB_TIMEOUT), so neither the
+  // heartbeat rule nor the watchdog may call the path dead sooner. Default 0 (TCP: the
+  // kernel's ACKs say directly whether the rail works).
+  virtual TimeUs stall_floor(int path) const;
   // Evidence of an injected fault on the path: when it started. Default 0: none known.
   virtual TimeUs fault_start(int path, TimeUs now) const;
 

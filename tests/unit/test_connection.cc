@@ -189,6 +189,7 @@ class MemIo final : public PathIo {
   }
   bool can_reconnect(int, PathSink&) const override { return side_ == 0; }
   void reconnect(int p, PathSink&, TimeUs now) override { reconnect_at_[p] = now + 1000; }
+  TimeUs stall_floor(int) const override { return floor; }
   TimeUs heard_within(int p, TimeUs now) const override {
     if (!heard_from_items) return heard;
     return last_rx_[p] ? now - last_rx_[p] : INT64_MAX;
@@ -201,6 +202,7 @@ class MemIo final : public PathIo {
   }
 
   TimeUs heard = INT64_MAX;
+  TimeUs floor = 0;  // stall_floor: the transport's own recovery time (verbs retransmissions)
   // true: the transport "hears" the peer whenever anything of the peer's arrives on the path
   // (TCP's ACK clock), instead of the fixed `heard`.
   bool heard_from_items = false;
@@ -462,6 +464,52 @@ TEST_CASE("connection: a stalled direction is not a dead path while the peer's h
     CHECK(log.count("failed (") == 0);
     CHECK(t.send->path_state(0) == PathState::kHealthy);
   }
+}
+
+TEST_CASE("connection: no path is failed while its transport may still recover it (stall floor)",
+          "[connection]") {
+  // Verbs-shaped (the transport hears nothing of the peer itself): path 0 goes silent both
+  // ways for 250 ms, as a lost packet waits for the QP's retransmission. With the QP's two
+  // retransmissions taking 400 ms (stall_floor) that is no failure; without the floor the
+  // 100 ms watchdog fails the path (the control). A black hole longer than the floor still
+  // fails it, no sooner than the floor.
+  for (TimeUs floor : {TimeUs{0}, 400 * kUsPerMs}) {
+    INFO("stall floor " << floor / kUsPerMs << " ms");
+    EventLog log;
+    Pair t(true, 2,
+           {{"R2CCL_ACK_TIMEOUT", "100ms"},
+            {"R2CCL_PATH_WINDOW", "256K"},
+            {"R2CCL_CHUNK_SIZE", "64K"}});
+    t.sio().floor = t.rio().floor = floor;
+    Message m(t, 4 << 20, 9);
+    t.run(300);
+    t.wire.stall[0][0] = t.wire.stall[1][0] = true;
+    t.run(250 * kUsPerMs);
+    t.wire.stall[0][0] = t.wire.stall[1][0] = false;
+    CHECK(arrives(t, m, 2 * kUsPerSec));
+    INFO(log.text());
+    if (floor == 0)
+      CHECK(log.count("failed (") >= 1);
+    else
+      CHECK(log.count("failed (") == 0);
+  }
+  EventLog log;
+  Pair t(
+      true, 2,
+      {{"R2CCL_ACK_TIMEOUT", "100ms"}, {"R2CCL_PATH_WINDOW", "256K"}, {"R2CCL_CHUNK_SIZE", "64K"}});
+  t.sio().floor = t.rio().floor = 400 * kUsPerMs;
+  Message m(t, 4 << 20, 9);
+  t.run(300);
+  t.wire.cut[0] = true;
+  t.wire.refuse[0] = true;
+  t.run(2 * kUsPerSec);
+  CHECK(arrives(t, m, 3 * kUsPerSec));
+  INFO(log.text());
+  CHECK(log.count("switchover: rail mem0 failed") == 1);
+  const std::vector<double> silent =
+      test::log_numbers(log.text(), "(?:none|silent) for ([0-9]+) ms");
+  REQUIRE(!silent.empty());
+  CHECK(silent[0] >= 400);
 }
 
 TEST_CASE("connection: a paused peer process fails no path; a silent rail beside a live peer does",

@@ -117,8 +117,9 @@ struct ParamDef {
   X(ib_addr_range, "R2CCL_IB_ADDR_RANGE", kString, "", 0, 0, "NCCL_IB_ADDR_RANGE",              \
     "ADDR/PREFIX: the automatically selected RoCE GID must lie in this subnet.")                \
   X(ib_timeout, "R2CCL_IB_TIMEOUT", kInt, "14", 1, 31, "NCCL_IB_TIMEOUT",                       \
-    "QP local ACK timeout, 4.096 us * 2^N per try (14 = 67 ms). The watchdog "                  \
-    "(R2CCL_ACK_TIMEOUT) usually declares a dead path first.")                                  \
+    "QP local ACK timeout, 4.096 us * 2^N per try (14 = 67 ms). A silent verbs path is "        \
+    "failed over no sooner than two tries (134 ms at 14; 34 s at 22, warned when it comes "     \
+    "from NCCL_IB_TIMEOUT), so the QP's own retransmission gets its chance.")                   \
   X(ib_retry_cnt, "R2CCL_IB_RETRY_CNT", kInt, "7", 0, 7, "NCCL_IB_RETRY_CNT",                   \
     "QP transport retries before a work request completes with retry-exceeded.")                \
   X(ib_qps_per_path, "R2CCL_IB_QPS_PER_PATH", kInt, "1", 1, 16, "NCCL_IB_QPS_PER_CONNECTION",   \

@@ -398,6 +398,13 @@ int Conn::chunk_qp(const Path& p) const {
 
 bool Conn::has_room(int path) const { return chunk_qp(paths_[path]) >= 0; }
 
+// Two local ACK timeouts of the path's QPs (4.096 us x 2^R2CCL_IB_TIMEOUT each): a lost
+// packet is sent again after one, so before two have passed the QP may still recover it.
+TimeUs Conn::stall_floor(int path) const {
+  (void)path;
+  return 2 * ib_retry_timeout_us(static_cast<int>(cfg_.ib_timeout));
+}
+
 // Sender: receives still posted at the peer's QP q for our immediates and SENDs, by the
 // counts the receiver last wrote (a count of an earlier generation of the path is none).
 int Conn::rq_credits(const Path& p, int q) const {

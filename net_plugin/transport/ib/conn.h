@@ -72,6 +72,7 @@ class Conn final : public ConnIo {
   bool ready(int path) const override;
   // Send-queue slots: a chunk takes 1 work request (3 with adaptive-routing writes).
   bool has_room(int path) const override;
+  TimeUs stall_floor(int path) const override;
   PostResult post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs now) override;
   PostResult post_cts(int path, const CtsOut& c, PathSink& sink, TimeUs now) override;
   PostResult post_ctrl(int path, const CtrlMsg& m, PathSink& sink, TimeUs now) override;

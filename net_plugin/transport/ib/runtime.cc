@@ -151,6 +151,19 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
       "NET/R2CCL verbs: GPU buffers (NCCL_PTR_CUDA) %s: %s; dma-buf (NCCL_PTR_DMABUF) %s: %s",
       (types & NCCL_PTR_CUDA) ? "advertised" : "not advertised", ptr.cuda.c_str(),
       (types & NCCL_PTR_DMABUF) ? "advertised" : "not advertised", ptr.dmabuf.c_str());
+  // NCCL_IB_TIMEOUT is often raised (20-22) for NCCL's own QPs, which have no other failure
+  // detection; read as the fallback of R2CCL_IB_TIMEOUT it also sets how long r2ccl must let
+  // a silent path be (two QP retransmissions) before failing it over.
+  if (std::find(cfg->sources.begin(), cfg->sources.end(),
+                "R2CCL_IB_TIMEOUT from NCCL_IB_TIMEOUT") != cfg->sources.end()) {
+    const TimeUs per_try = ib_retry_timeout_us(static_cast<int>(cfg->ib_timeout));
+    R2CCL_WARN(
+        "NCCL_IB_TIMEOUT=%lld is used for r2ccl's QPs too (R2CCL_IB_TIMEOUT is unset): a QP "
+        "waits %.3f s per retransmission, so a silent (black-holed) verbs path is failed over "
+        "after %.3f s at the earliest instead of 0.134 s; set R2CCL_IB_TIMEOUT (14 by default) "
+        "for r2ccl's own QPs",
+        static_cast<long long>(cfg->ib_timeout), per_try / 1e6, 2 * per_try / 1e6);
+  }
   char knobs[256];
   snprintf(knobs, sizeof(knobs),
            "%lld backup paths, %lld QPs per path, chunk %lld KiB, stripe %s, QP timeout %lld "

@@ -24,6 +24,13 @@
 
 namespace r2ccl::net::ib {
 
+// An RC QP's local ACK timeout for the QP attribute `timeout` (0-31), microseconds:
+// 4.096 us x 2^timeout (IBA spec, QP attribute "Local ACK Timeout"); 14 = 67 ms, 22 = 17.2 s.
+// A lost packet is sent again after one such timeout, retry-exceeded after retry_cnt + 1.
+constexpr TimeUs ib_retry_timeout_us(int timeout) {
+  return static_cast<TimeUs>(4.096 * static_cast<double>(1ull << (timeout & 31)));
+}
+
 class Runtime final : public RuntimeBase {
  public:
   // Loads the verbs library and discovers the HCA ports. *out = nullptr (use TCP) when the
