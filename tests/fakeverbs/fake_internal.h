@@ -150,6 +150,11 @@ struct Mr {
   uint64_t iova = 0;
   int access = 0;
   uint32_t key = 0;  // lkey == rkey; bit 31 always clear (a corrupted rkey sets it)
+  // FAKEVERBS_KERNEL_FORK=copy: registered after ibv_fork_init (its pages are MADV_DONTFORK,
+  // the parent keeps them after a fork), and whether a fork has since given the HCA's pages
+  // to the child (copy-on-write), so that what the HCA writes no longer reaches this process.
+  bool dontfork = false;
+  bool cow_lost = false;
 };
 
 struct Cq {
@@ -319,6 +324,13 @@ struct State {
   // flush through a loopback QP); the completions come at once, as on hardware. So data
   // landed through HCA B and flushed through HCA A is stale, as it can be on a GPU.
   bool fence = false;
+  // FAKEVERBS_KERNEL_FORK: "safe" (default; Linux >= 5.13 keeps registered pages with the
+  // parent across fork, ibv_is_fork_initialized says IBV_FORK_UNNEEDED) or "copy" (older
+  // kernels: after a fork the parent's next write to a registered page gives it a private
+  // copy while the HCA goes on writing the old page, now the child's; the fake takes the
+  // worst case, every page written, unless the MR was registered after ibv_fork_init).
+  bool fork_copies = false;
+  bool fork_inited = false;
   std::vector<Device*> devices;
   std::unordered_map<uint32_t, Qp*> qps;  // local QPs by number
   std::unordered_map<uint32_t, Mr*> mrs;  // by key

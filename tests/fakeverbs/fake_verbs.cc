@@ -250,7 +250,12 @@ bool build_sysfs(Device* d, int index, std::string* err) {
 }
 
 void atfork_prepare() { g->mu.lock(); }
-void atfork_parent() { g->mu.unlock(); }
+void atfork_parent() {
+  if (g->fork_copies)
+    for (auto& kv : g->mrs)
+      if (!kv.second->dontfork) kv.second->cow_lost = true;
+  g->mu.unlock();
+}
 // The child starts over: the parent's threads are gone and its objects unusable. Close the
 // parent's transport fds so that the parent's peers still see it die when it dies.
 void atfork_child() {
@@ -283,6 +288,13 @@ int ensure_init_locked() {
       return g->init_errno = EINVAL;
     }
     g->retry_us_env = v;
+  }
+  if (const char* r = getenv("FAKEVERBS_KERNEL_FORK"); r && *r) {
+    if (strcmp(r, "safe") != 0 && strcmp(r, "copy") != 0) {
+      fprintf(stderr, "fakeverbs: bad FAKEVERBS_KERNEL_FORK '%s' (safe or copy)\n", r);
+      return g->init_errno = EINVAL;
+    }
+    g->fork_copies = strcmp(r, "copy") == 0;
   }
   if (const char* r = getenv("FAKEVERBS_FENCE"); r && *r) {
     if (strcmp(r, "0") != 0 && strcmp(r, "1") != 0) {
@@ -593,6 +605,7 @@ FV_API ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t len, uint64_t iov
   m->len = len;
   m->iova = iova;
   m->access = static_cast<int>(access);
+  m->dontfork = g->fork_inited;
   do {  // xorshift64: random-looking, unique, bit 31 clear
     g->key_rng ^= g->key_rng << 13;
     g->key_rng ^= g->key_rng >> 7;
@@ -702,7 +715,19 @@ FV_API int ibv_get_async_event(ibv_context* ctx, ibv_async_event* ev) {
 
 FV_API void ibv_ack_async_event(ibv_async_event*) {}
 
-FV_API int ibv_fork_init(void) { return 0; }
+FV_API int ibv_fork_init(void) {
+  std::lock_guard<std::mutex> l(g->mu);
+  ensure_init_locked();
+  g->fork_inited = true;
+  return 0;
+}
+
+FV_API ibv_fork_status ibv_is_fork_initialized(void) {
+  std::lock_guard<std::mutex> l(g->mu);
+  ensure_init_locked();
+  if (!g->fork_copies) return IBV_FORK_UNNEEDED;
+  return g->fork_inited ? IBV_FORK_ENABLED : IBV_FORK_DISABLED;
+}
 
 FV_API const char* ibv_event_type_str(ibv_event_type t) {
   static const char* const s[] = {"CQ error",

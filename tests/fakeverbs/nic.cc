@@ -613,7 +613,9 @@ void process_inbound_locked(Qp* q) {
     if (st == kAckOk) {
       if ((op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM) && len) {
         char* dst = m->addr + (h.raddr - m->iova);
-        if (g->fence && (m->access & IBV_ACCESS_RELAXED_ORDERING))
+        if (m->cow_lost) {
+          // the HCA writes the page the child got at fork: this process never sees it
+        } else if (g->fence && (m->access & IBV_ACCESS_RELAXED_ORDERING))
           q->dev->fenced.push_back(FencedWrite{dst, std::move(in.payload), m});
         else
           memcpy(dst, in.payload.data(), len);
@@ -645,7 +647,8 @@ void process_inbound_locked(Qp* q) {
                 break;
               }
               size_t n = std::min<size_t>(s.length, len - off);
-              memcpy(rm->addr + (s.addr - rm->iova), in.payload.data() + off, n);
+              if (!rm->cow_lost)  // else the child's copy of the page gets it
+                memcpy(rm->addr + (s.addr - rm->iova), in.payload.data() + off, n);
               off += n;
             }
           }

@@ -46,6 +46,22 @@ bool pick_side_rail(const Config& cfg, Rail* out, std::string* err) {
 
 std::string port_name(const HcaInfo& h) { return h.name + ":" + std::to_string(h.port); }
 
+// Before Linux 5.13 a fork() in the training process (DataLoader workers, subprocess) makes
+// registered pages copy-on-write: the parent's next write to one gives it a private copy while
+// the HCA goes on writing the old page, now the child's, so a sender polling its CTS FIFO would
+// wait for records that never arrive. ibv_fork_init (before any registration) marks the pages
+// MADV_DONTFORK; rdma-core >= 35 says when the kernel needs none (IBV_FORK_UNNEEDED). NCCL's
+// own IB transport calls it too. A failure is warned, not fatal: a job that never forks works.
+void prepare_for_fork(const VerbsApi& v) {
+  if (v.is_fork_initialized && v.is_fork_initialized() == IBV_FORK_UNNEEDED) return;
+  if (!v.fork_init) return;
+  if (const int e = v.fork_init(); e != 0)
+    R2CCL_WARN(
+        "ibv_fork_init: %s: on this kernel a fork() in the training process (DataLoader "
+        "workers) can leave RDMA buffers stale and hang the job",
+        strerror(e));
+}
+
 }  // namespace
 
 Status Runtime::create(const Config* cfg, bool required, std::unique_ptr<Runtime>* out,
@@ -63,6 +79,7 @@ Status Runtime::create(const Config* cfg, bool required, std::unique_ptr<Runtime
     *why = "no verbs library (" + e + ")";
     return Status::kOk;
   }
+  prepare_for_fork(*v);
   std::unique_ptr<HcaSet> set;
   if (!HcaSet::discover(v, *cfg, &set, err)) return Status::kInvalidUsage;
   if (!set->any_active()) {

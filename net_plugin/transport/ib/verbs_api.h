@@ -45,6 +45,8 @@ struct VerbsApi {
   ibv_mr* (*reg_dmabuf_mr)(ibv_pd* pd, uint64_t offset, size_t len, uint64_t iova, int fd,
                            int access);  // may be nullptr (rdma-core < 34)
   int (*dereg_mr)(ibv_mr* mr);
+  int (*fork_init)();                        // may be nullptr
+  ibv_fork_status (*is_fork_initialized)();  // may be nullptr (rdma-core < 35)
   ibv_cq* (*create_cq)(ibv_context* ctx, int cqe, void* cq_context, ibv_comp_channel* ch,
                        int comp_vector);
   int (*destroy_cq)(ibv_cq* cq);
