@@ -39,6 +39,7 @@ bool read_tcp_peer(int fd, TcpPeerView* out) {
   out->unanswered_probes = ti.tcpi_probes;
   out->window_known = len >= offsetof(struct tcp_info, tcpi_snd_wnd) + sizeof(ti.tcpi_snd_wnd);
   out->window = out->window_known ? ti.tcpi_snd_wnd : 0;
+  out->mss = ti.tcpi_snd_mss;
   return true;
 }
 

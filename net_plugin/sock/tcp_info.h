@@ -22,8 +22,10 @@ bool read_tcp_counters(int fd, TcpCounters* out);
 struct TcpPeerView {
   uint32_t last_ack_ms = 0;   // since the last ACK from the peer, window-probe answers included
   bool window_known = false;  // the kernel reports the window (tcpi_snd_wnd, Linux >= 5.4)
-  uint32_t window = 0;        // bytes the peer last advertised it can take; 0: its receiver stopped
-                              // reading (its kernel is up: it sent that ACK)
+  // Bytes the peer last advertised it can take; below one segment: its receiver stopped
+  // reading (its kernel is up: it sent that ACK).
+  uint32_t window = 0;
+  uint32_t mss = 0;                // this end's segment size (tcpi_snd_mss), bytes
   uint32_t unanswered_probes = 0;  // window or keepalive probes unanswered since the last ACK
 };
 

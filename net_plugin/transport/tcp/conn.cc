@@ -789,28 +789,62 @@ bool Conn::flush_stream(Path& p, Stream& s, TimeUs now) {
 }
 
 // A peer whose process is paused (SIGSTOP, swapping) stops reading, and its kernel, still up,
-// advertises a zero window once the socket's receive buffer is full. This end's kernel then
-// probes the window, backing off (one RTO, >= 200 ms by default, then doubling), and with
-// TCP_USER_TIMEOUT set it aborts the socket (ETIMEDOUT) once the window has stayed shut that
-// long although every probe is answered (Linux >= 5.11, tcp_probe_timer): a paused peer would
+// advertises a zero window (or one below a segment) once the socket's receive buffer is full.
+// This end's kernel then probes the window, backing off (one RTO, >= 200 ms by default, then
+// doubling), and with TCP_USER_TIMEOUT set it aborts the socket (ETIMEDOUT) once the window
+// has stayed shut that long although every probe is answered (Linux >= 5.11,
+// tcp_probe_timer): a paused peer would
 // fail every busy path after ~0.4 s. The engine's paused-peer rule (Connection::peer_stalled)
 // decides such silences, so while the window is shut the socket's user timeout is raised to
 // R2CCL_FAILOVER_TIMEOUT, and set back once it opens; heard_within counts the answered probes
 // as hearing the peer's machine, and a rail that dies meanwhile leaves a probe unanswered.
-// Looked at only while the stream cannot take more bytes (or its window was found shut), at
-// most every 10 ms.
+// Looked at when the stream cannot take more bytes, every 10 ms on a path with chunks in
+// flight (poll), and while its window is shut; at most every 10 ms per stream.
 void Conn::watch_window(Stream& s, bool blocked, TimeUs now) {
   constexpr TimeUs kLookEvery = 10 * kUsPerMs;
   if ((!blocked && !s.window_shut) || now < s.next_window_look) return;
   s.next_window_look = now + kLookEvery;
   TcpPeerView v;
   if (!read_tcp_peer(s.fd, &v) || !v.window_known) return;  // older kernel: no rule
-  const bool shut = v.window == 0;
+  // Shut: less than one segment. A receiver that stops reading advertises 0, or (its buffer
+  // filling unevenly) a sliver smaller than a segment; either way this end cannot send and its
+  // kernel probes the window under the user timeout (the sliver was seen in a fresh-clone CI run).
+  const bool shut = v.window < std::max<uint32_t>(v.mss, 1);
   if (shut == s.window_shut) return;
   s.window_shut = shut;
-  if (cfg_.tcp_user_timeout > 0)
+  if (cfg_.tcp_user_timeout > 0 && !patient_)  // else the silence rule raised it already
     set_user_timeout(s.fd, shut ? std::max(cfg_.failover_timeout, cfg_.tcp_user_timeout)
                                 : cfg_.tcp_user_timeout);
+}
+
+// The silence rule: nothing at all has arrived from the peer on any path for longer than a
+// heartbeat period (it beats every period, and a receiver awaiting data 4 times per
+// R2CCL_ACK_TIMEOUT), so its process is paused or every rail is down. Either way the kernel
+// must not abort the sockets under TCP_USER_TIMEOUT meanwhile: a paused receiver's kernel
+// may drop in-window data it has no buffer for, and the retransmissions then run into the
+// user timeout (a fresh-clone CI run failed both paths so); the engine's rules decide such
+// silences (a paused peer: Connection::peer_stalled; rails down: the heartbeat rule, whose
+// kernel ACK evidence stops too). The timeouts are raised to R2CCL_FAILOVER_TIMEOUT on every
+// stream and set back at the first byte from the peer.
+void Conn::quiet_peer(TimeUs now) {
+  if (cfg_.tcp_user_timeout <= 0 || patient_ || last_rx_ == 0) return;
+  const TimeUs quiet =
+      std::min<TimeUs>(cfg_.heartbeat_interval + cfg_.heartbeat_interval / 4, 150 * kUsPerMs);
+  if (now - last_rx_ <= quiet) return;
+  patient_ = true;
+  for (auto& p : paths_)
+    for (auto& st : p.streams)
+      if (st.fd >= 0)
+        set_user_timeout(st.fd, std::max(cfg_.failover_timeout, cfg_.tcp_user_timeout));
+}
+
+void Conn::heard_peer(TimeUs now) {
+  last_rx_ = now;
+  if (!patient_) return;
+  patient_ = false;
+  for (auto& p : paths_)
+    for (auto& st : p.streams)
+      if (st.fd >= 0 && !st.window_shut) set_user_timeout(st.fd, cfg_.tcp_user_timeout);
 }
 
 PostResult Conn::post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs now) {
@@ -947,6 +981,7 @@ bool Conn::read_stream(Path& p, Stream& s, PathSink& sink, TimeUs now, FailCause
       return false;
     }
     sink.on_path_alive(p.index, now);
+    heard_peer(now);
     bytes += static_cast<uint64_t>(n);
     if (!s.in_payload) {
       s.rh_got += static_cast<size_t>(n);
@@ -1094,6 +1129,17 @@ void Conn::poll(PathSink& sink, TimeUs now) {
     }
   }
   if (now >= next_tcp_info_) sample_tcp_info(now);
+  // The zero-window rule also looks without an EAGAIN: what a stopped receiver cannot take
+  // may sit in this end's socket buffer with nothing more to write. Every 10 ms, only on paths
+  // with chunks in flight; and the silence rule (quiet_peer) at the same pace.
+  if (now >= next_window_look_) {
+    next_window_look_ = now + 10 * kUsPerMs;
+    quiet_peer(now);
+    for (auto& p : paths_)
+      if (p.attached_ok() && sink.traffic_in_flight(p.index))
+        for (auto& st : p.streams)
+          if (st.fd >= 0) watch_window(st, true, now);
+  }
   if (role_ == Role::kRecv) check_peer_process(sink, now);
 }
 
@@ -1324,7 +1370,8 @@ TimeUs Conn::heard_within(int path, TimeUs now) const {
   for (const auto& s : paths_[path].streams) {
     TcpPeerView v;
     if (s.fd < 0 || !read_tcp_peer(s.fd, &v)) continue;
-    const bool answering = s.window_shut && v.window == 0 && v.unanswered_probes == 0;
+    const bool answering =
+        s.window_shut && v.window < std::max<uint32_t>(v.mss, 1) && v.unanswered_probes == 0;
     best = std::min<TimeUs>(best, answering ? 0 : static_cast<TimeUs>(v.last_ack_ms) * kUsPerMs);
   }
   return best;

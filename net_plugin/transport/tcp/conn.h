@@ -173,6 +173,8 @@ class Conn final : public ConnIo {
   void queue_ctrl(Path& p, FrameHeader h, TimeUs now);
   bool flush_stream(Path& p, Stream& s, TimeUs now);
   void watch_window(Stream& s, bool blocked, TimeUs now);
+  void quiet_peer(TimeUs now);
+  void heard_peer(TimeUs now);
   bool read_stream(Path& p, Stream& s, PathSink& sink, TimeUs now, FailCause* cause,
                    const char** why);
   bool handle_frame(Path& p, Stream& s, PathSink& sink, TimeUs now, const char** why);
@@ -201,7 +203,10 @@ class Conn final : public ConnIo {
   std::vector<Path> paths_;
   std::vector<WireRail> peer_rails_;
   std::vector<char> discard_;
-  TimeUs next_tcp_info_ = 0;  // next TCP_INFO read for the failure predictor
+  TimeUs next_tcp_info_ = 0;     // next TCP_INFO read for the failure predictor
+  TimeUs next_window_look_ = 0;  // next zero-window look on the paths with chunks in flight
+  TimeUs last_rx_ = 0;           // the last byte from the peer on any path
+  bool patient_ = false;         // the silence rule raised every stream's TCP_USER_TIMEOUT
   // Acceptor: while no path is attached, whether the peer's process still listens (its
   // rail listeners live as long as it does): a connect to one, every kPeerCheckPeriod.
   void check_peer_process(PathSink& sink, TimeUs now);
