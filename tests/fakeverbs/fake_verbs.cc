@@ -788,6 +788,14 @@ FV_API const char* ibv_wc_status_str(ibv_wc_status st) {
 
 // Applies fault entries now (or arms their triggers). Returns 0, or -1 with a message on
 // stderr (nothing applied). Thread: any.
+// RNR NAKs this process's devices sent as targets (tests linked with the fake).
+FV_API unsigned long long fakeverbs_rnr_naks(void) {
+  std::lock_guard<std::mutex> l(g->mu);
+  unsigned long long total = 0;
+  for (const Device* d : g->devices) total += d->rnr_naks;
+  return total;
+}
+
 FV_API int fakeverbs_inject(const char* spec) {
   std::lock_guard<std::mutex> l(g->mu);
   if (ensure_init_locked()) {

@@ -87,8 +87,17 @@ std::chrono::microseconds rnr_delay(uint8_t t) {
   return std::chrono::microseconds(static_cast<long long>(kMs[t & 31] * 1000));
 }
 
+// The file says "there were NAKs" at once (the first one) and is brought up to date at most
+// every 100 ms: a target NAKing every 0.64 ms must not spend its NIC thread on file writes
+// under the lock. In-process callers read the exact count (fakeverbs_rnr_naks).
 void count_rnr_nak_locked(Device* d) {
   ++d->rnr_naks;
+  static TimePoint next_write{};
+  static int writer_pid = 0;
+  const TimePoint now = Clock::now();
+  if (writer_pid == getpid() && now < next_write) return;
+  writer_pid = getpid();
+  next_write = now + std::chrono::milliseconds(100);
   uint64_t total = 0;
   for (const Device* x : g->devices) total += x->rnr_naks;
   const std::string path = g->dir + "/rnr-naks-" + std::to_string(getpid());
@@ -320,7 +329,8 @@ TimePoint run_qp_timers(TimePoint now) {
         next = std::min(next, dl);
       }
     }
-    if (!q->inq.empty() && q->inq.front().rnr_notified) {
+    const bool receiving = q->state == IBV_QPS_RTR || q->state == IBV_QPS_RTS;
+    if (receiving && !q->inq.empty() && q->inq.front().rnr_notified) {
       if (q->inq.front().retry_at <= now) process_inbound_locked(q);  // the retransmission
       if (!q->inq.empty() && q->inq.front().rnr_notified)
         next = std::min(next, q->inq.front().retry_at);
