@@ -642,7 +642,7 @@ void Connection::schedule_chunks(TimeUs now) {
         loads[pi].room = false;
         continue;
       }
-      if (res == PostResult::kFailed) {
+      if (res == PostResult::kFailed || res == PostResult::kNotHere) {
         loads[pi].carries_data = loads[pi].draining = false;
         continue;
       }

@@ -42,6 +42,7 @@ const char* fail_cause_name(FailCause c) {
     case FailCause::kProtocol: return "protocol error";
     case FailCause::kSetup: return "not connected at setup";
     case FailCause::kRetryExceeded: return "completion error";
+    case FailCause::kAsyncError: return "async error event";
   }
   return "?";
 }

@@ -33,6 +33,7 @@ enum class FailCause : uint8_t {
   kProtocol,       // the peer sent a frame that breaks the protocol
   kSetup,          // the path could not be connected at setup
   kRetryExceeded,  // verbs: a work completion with retry-exceeded or flush status
+  kAsyncError,     // verbs: an asynchronous error event on one of the path's QPs or its CQ
 };
 const char* fail_cause_name(FailCause c);
 // True for causes that say the peer process is gone (or broke the protocol) rather than a

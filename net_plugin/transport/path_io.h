@@ -45,6 +45,7 @@ constexpr int kMaxPathsPerConn = 4;  // primary + R2CCL_BACKUP_PATHS (at most 3)
 struct RemoteBuffer {
   uint64_t addr = 0;
   uint32_t rkey[kMaxPathsPerConn] = {};
+  uint32_t rkey_epochs = 0;  // the transport's tag of the rkeys (verbs: CtsRecord::epochs)
 };
 
 // Control messages the engine exchanges with its peer. A backend encodes them in its own
@@ -118,6 +119,10 @@ enum class PostResult : uint8_t {
   kPosted,
   kFull,    // no room now (send queue, control slots): try again on a later pass
   kFailed,  // the path failed while posting; the backend has told the sink
+  // post_chunk only: this chunk cannot go on this path, which is fine otherwise (verbs: the
+  // buffer's rkey there died with the peer HCA's old incarnation); the engine sends it, and
+  // the rest of this pass, on the other paths.
+  kNotHere,
 };
 
 struct PathCaps {

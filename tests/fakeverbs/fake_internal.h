@@ -126,6 +126,11 @@ struct Device {
   int arm_rkey = 0;
   int arm_lkey = 0;
   int arm_sq_full = 0;  // the next N ibv_post_send calls on the device find the queue full
+  // Fault device_fatal: the HCA hit a fatal error (a firmware reset). Its open contexts are
+  // dead for good (Context::dead); while `removed`, the device is not listed and cannot be
+  // opened; a context opened after it is back works (a new incarnation).
+  bool removed = false;
+  int incarnation = 0;
   std::vector<Context*> contexts;
 };
 
@@ -134,6 +139,10 @@ struct Context {
   Device* dev = nullptr;
   int async_wr = -1;  // write end of the async pipe; the read end is box.vctx.context.async_fd
   std::deque<ibv_async_event> events;
+  // The device had a fatal error after this context was opened (IBV_EVENT_DEVICE_FATAL was
+  // its last event): every command that would reach the device fails with EIO; destroying,
+  // deregistering, deallocating and closing work, as mlx5 answers them in internal-error state.
+  bool dead = false;
 };
 
 struct Pd {
@@ -167,6 +176,9 @@ struct Cq {
   // on mlx5, a send-queue slot is free again only once the completion of its WR, or of a
   // later WR of the same QP (unsignaled WRs have none), has been polled.
   std::deque<uint64_t> slot_ends;
+  // Overrun (a completion with the CQ full): the CQ is in error, raises IBV_EVENT_CQ_ERR once
+  // and takes no more completions; its QPs become fatal (IBV_EVENT_QP_FATAL, state ERR).
+  bool overrun = false;
 };
 
 // Wire format (host byte order: both ends are on this machine).
@@ -310,6 +322,7 @@ struct Scheduled {
   TimePoint at;
   Device* dev;
   bool up;
+  bool reset_done = false;  // device_fatal,for_ms: the device comes back (not a port change)
 };
 
 struct State {
@@ -358,6 +371,10 @@ struct State {
   std::deque<HeldWrite> held;
   bool posted_any = false;
   TimePoint first_post{};
+  // QPs to make fatal (CQ overrun, qp_fatal) and devices to fail (device_fatal): applied by the
+  // NIC thread's next pass, never inside the post/poll/completion code that found them.
+  std::vector<uint32_t> fatal_qpns;
+  std::vector<Device*> fatal_devices;
 };
 
 extern State* g;
@@ -367,6 +384,11 @@ extern State* g;
 int ensure_init_locked();
 Device* find_device(const std::string& name);
 void push_event(Context* c, ibv_event_type t, Cq* cq, int port);
+void push_qp_event(Qp* qp, ibv_event_type t);
+// Applies the deferred QP-fatal and device-fatal faults (State::fatal_qpns, fatal_devices).
+void apply_fatal_locked();
+// The device of `d` is back after a fatal error (a new incarnation).
+void device_back_locked(Device* d);
 // sq_slot_end: a send completion's SendWr::slot_end (0: a receive completion).
 void push_cqe(Cq* cq, const ibv_wc& wc, uint64_t sq_slot_end = 0);
 void set_port_locked(Device* d, bool up);

@@ -364,9 +364,26 @@ void push_event(Context* c, ibv_event_type t, Cq* cq, int port) {
   if (write(c->async_wr, &b, 1) != 1) c->events.pop_back();  // pipe full: drop
 }
 
+void push_qp_event(Qp* qp, ibv_event_type t) {
+  if (qp->ctx->dead) return;
+  ibv_async_event ev{};
+  ev.event_type = t;
+  ev.element.qp = &qp->box.pub;
+  qp->ctx->events.push_back(ev);
+  char b = 1;
+  if (write(qp->ctx->async_wr, &b, 1) != 1) qp->ctx->events.pop_back();
+}
+
 void push_cqe(Cq* cq, const ibv_wc& wc, uint64_t sq_slot_end) {
+  if (cq->overrun) return;  // a CQ in error takes no completion
   if (static_cast<int>(cq->wcs.size()) >= cq->capacity) {
-    push_event(cq->ctx, IBV_EVENT_CQ_ERR, cq, 0);
+    // Overrun (IBA 11.4.2.1: the CQ enters the error state; its QPs' next completion makes
+    // them fatal). Every QP on the CQ goes to ERR at the NIC thread's next pass.
+    cq->overrun = true;
+    if (!cq->ctx->dead) push_event(cq->ctx, IBV_EVENT_CQ_ERR, cq, 0);
+    for (auto& kv : g->qps)
+      if (kv.second->scq == cq || kv.second->rcq == cq) g->fatal_qpns.push_back(kv.first);
+    wake_nic();
     return;
   }
   cq->wcs.push_back(wc);
@@ -377,7 +394,43 @@ void set_port_locked(Device* d, bool up) {
   if (d->active == up) return;
   d->active = up;
   for (auto* c : d->contexts)
-    push_event(c, up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR, nullptr, 1);
+    if (!c->dead) push_event(c, up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR, nullptr, 1);
+}
+
+void apply_fatal_locked() {
+  std::vector<uint32_t> qpns;
+  qpns.swap(g->fatal_qpns);
+  for (uint32_t n : qpns) {
+    auto it = g->qps.find(n);
+    if (it == g->qps.end() || it->second->state == IBV_QPS_ERR) continue;
+    qp_to_error_locked(it->second);
+    push_qp_event(it->second, IBV_EVENT_QP_FATAL);
+  }
+  std::vector<Device*> devs;
+  devs.swap(g->fatal_devices);
+  for (Device* d : devs) {
+    // mlx5 in internal-error state: the driver flushes every QP in software, raises
+    // IBV_EVENT_DEVICE_FATAL on each open context and then answers only destroy commands;
+    // the device is unregistered and appears again after its reset (a new ibv_device).
+    for (auto& kv : g->qps)
+      if (kv.second->dev == d && !kv.second->ctx->dead && kv.second->state != IBV_QPS_ERR)
+        qp_to_error_locked(kv.second);
+    for (Context* c : d->contexts) {
+      if (c->dead) continue;
+      push_event(c, IBV_EVENT_DEVICE_FATAL, nullptr, 0);
+      c->dead = true;
+    }
+    d->fenced.clear();  // what the dead HCA had not made visible is gone with it
+    d->active = false;
+    d->removed = true;
+  }
+}
+
+void device_back_locked(Device* d) {
+  if (!d->removed) return;
+  d->removed = false;
+  d->active = true;
+  d->incarnation++;
 }
 
 void set_ipv4_locked(Device* d, uint32_t addr_be) {
@@ -426,8 +479,10 @@ FV_API ibv_device** ibv_get_device_list(int* num) {
     errno = ENOMEM;
     return nullptr;
   }
-  for (size_t i = 0; i < g->devices.size(); ++i) list[i] = &g->devices[i]->box.pub;
-  if (num) *num = static_cast<int>(g->devices.size());
+  int n = 0;
+  for (Device* d : g->devices)
+    if (!d->removed) list[n++] = &d->box.pub;  // a device in reset is not registered
+  if (num) *num = n;
   return list;
 }
 
@@ -442,6 +497,10 @@ FV_API __be64 ibv_get_device_guid(ibv_device* dev) {
 FV_API ibv_context* ibv_open_device(ibv_device* dev) {
   std::lock_guard<std::mutex> l(g->mu);
   Device* d = reinterpret_cast<DevBox*>(dev)->impl;
+  if (d->removed) {
+    errno = ENODEV;
+    return nullptr;
+  }
   int p[2];
   if (pipe2(p, O_CLOEXEC) != 0) return nullptr;
   fcntl(p[1], F_SETFL, O_NONBLOCK);
@@ -493,6 +552,7 @@ FV_API int ibv_close_device(ibv_context* ctx) {
 
 FV_API int ibv_query_device(ibv_context* ctx, ibv_device_attr* a) {
   std::lock_guard<std::mutex> l(g->mu);
+  if (ctx_of(ctx)->dead) return EIO;
   Device* d = ctx_of(ctx)->dev;
   memset(a, 0, sizeof *a);
   snprintf(a->fw_ver, sizeof a->fw_ver, "fakeverbs-1.0");
@@ -525,6 +585,7 @@ FV_API int ibv_query_device(ibv_context* ctx, ibv_device_attr* a) {
 FV_API int ibv_query_port(ibv_context* ctx, uint8_t port, _compat_ibv_port_attr* out) {
   std::lock_guard<std::mutex> l(g->mu);
   if (port != 1) return EINVAL;
+  if (ctx_of(ctx)->dead) return EIO;
   Device* d = ctx_of(ctx)->dev;
   ibv_port_attr a{};
   a.state = d->active ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
@@ -552,6 +613,10 @@ FV_API int ibv_query_gid(ibv_context* ctx, uint8_t port, int index, ibv_gid* gid
     errno = EINVAL;
     return -1;
   }
+  if (ctx_of(ctx)->dead) {
+    errno = EIO;
+    return -1;
+  }
   *gid = ctx_of(ctx)->dev->gids[index].gid;
   return 0;
 }
@@ -560,6 +625,7 @@ FV_API int _ibv_query_gid_ex(ibv_context* ctx, uint32_t port, uint32_t index, ib
                              uint32_t flags, size_t entry_size) {
   std::lock_guard<std::mutex> l(g->mu);
   if (port != 1 || index >= kGidTableLen || flags != 0 || entry_size < sizeof(*e)) return EINVAL;
+  if (ctx_of(ctx)->dead) return EIO;
   const GidEntry& x = ctx_of(ctx)->dev->gids[index];
   if (!x.valid) return ENODATA;
   memset(e, 0, sizeof *e);
@@ -573,6 +639,10 @@ FV_API int _ibv_query_gid_ex(ibv_context* ctx, uint32_t port, uint32_t index, ib
 
 FV_API ibv_pd* ibv_alloc_pd(ibv_context* ctx) {
   std::lock_guard<std::mutex> l(g->mu);
+  if (ctx_of(ctx)->dead) {
+    errno = EIO;
+    return nullptr;
+  }
   auto* p = new Pd();
   p->ctx = ctx_of(ctx);
   p->box.impl = p;
@@ -597,6 +667,10 @@ FV_API ibv_mr* ibv_reg_mr_iova2(ibv_pd* pd, void* addr, size_t len, uint64_t iov
       ((access & (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_ATOMIC)) &&
        !(access & IBV_ACCESS_LOCAL_WRITE))) {
     errno = EINVAL;
+    return nullptr;
+  }
+  if (reinterpret_cast<PdBox*>(pd)->impl->ctx->dead) {
+    errno = EIO;
     return nullptr;
   }
   auto* m = new Mr();
@@ -651,6 +725,10 @@ FV_API ibv_cq* ibv_create_cq(ibv_context* ctx, int cqe, void* cq_context, ibv_co
   std::lock_guard<std::mutex> l(g->mu);
   if (cqe <= 0 || cqe > kMaxCqe || comp_vector < 0 || comp_vector > 0) {
     errno = EINVAL;
+    return nullptr;
+  }
+  if (ctx_of(ctx)->dead) {
+    errno = EIO;
     return nullptr;
   }
   auto* c = new Cq();
@@ -809,6 +887,7 @@ FV_API int fakeverbs_inject(const char* spec) {
     return -1;
   }
   for (const auto& f : faults) arm_or_fire_locked(f);
+  apply_fatal_locked();            // outside any post or poll: at once
   if (g->nic_started) wake_nic();  // new timers
   return 0;
 }

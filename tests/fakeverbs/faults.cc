@@ -25,7 +25,7 @@ const char* const kForm =
     "accepted: kind,dev=NAME[,after_bytes=N|after_ms=N] with kind one of "
     "port_down[,for_ms=N] | port_up | flap,down_ms=A,up_ms=B[,count=N] | blackhole | "
     "hold_write[,release_after=K] | rkey_error | lkey_error | set_ipv4,addr=A.B.C.D | "
-    "sq_full[,count=N]";
+    "sq_full[,count=N] | device_fatal[,for_ms=N] | qp_fatal[,count=N]";
 
 bool num(const std::string& v, long long* out) {
   if (v.empty()) return false;
@@ -41,19 +41,19 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
   auto fields = split(entry, ',');
   f->text = entry;
   f->kind = trim(fields[0]);
-  static const std::set<std::string> kinds = {"port_down",  "port_up",    "flap",
-                                              "blackhole",  "hold_write", "rkey_error",
-                                              "lkey_error", "set_ipv4",   "sq_full"};
+  static const std::set<std::string> kinds = {
+      "port_down",  "port_up",  "flap",    "blackhole",    "hold_write", "rkey_error",
+      "lkey_error", "set_ipv4", "sq_full", "device_fatal", "qp_fatal"};
   if (!kinds.count(f->kind)) {
     *why = "unknown kind '" + f->kind + "'";
     return false;
   }
   std::set<std::string> allowed = {"dev", "after_bytes", "after_ms"};
-  if (f->kind == "port_down") allowed.insert("for_ms");
+  if (f->kind == "port_down" || f->kind == "device_fatal") allowed.insert("for_ms");
   if (f->kind == "flap") allowed.insert({"down_ms", "up_ms", "count"});
   if (f->kind == "hold_write") allowed.insert("release_after");
   if (f->kind == "set_ipv4") allowed.insert("addr");
-  if (f->kind == "sq_full") allowed.insert("count");
+  if (f->kind == "sq_full" || f->kind == "qp_fatal") allowed.insert("count");
   std::set<std::string> seen;
   for (size_t i = 1; i < fields.size(); ++i) {
     std::string kv = trim(fields[i]);
@@ -117,7 +117,9 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
   return true;
 }
 
-void schedule(Device* d, TimePoint at, bool up) { g->scheduled.push_back(Scheduled{at, d, up}); }
+void schedule(Device* d, TimePoint at, bool up, bool reset_done = false) {
+  g->scheduled.push_back(Scheduled{at, d, up, reset_done});
+}
 
 }  // namespace
 
@@ -169,6 +171,24 @@ void fire_fault_locked(const Fault& f) {
     d->arm_sq_full += static_cast<int>(f.count);
   } else if (f.kind == "set_ipv4") {
     set_ipv4_locked(d, f.addr);
+  } else if (f.kind == "device_fatal") {
+    if (std::find(g->fatal_devices.begin(), g->fatal_devices.end(), d) == g->fatal_devices.end())
+      g->fatal_devices.push_back(d);
+    if (f.for_ms >= 0) schedule(d, now + std::chrono::milliseconds(f.for_ms), true, true);
+  } else if (f.kind == "qp_fatal") {
+    // The `count` most recently created QPs of the device that are connected to another QP
+    // (a loopback flush QP, connected to itself, is left alone) and in RTS.
+    std::vector<uint32_t> mine;
+    for (auto& kv : g->qps) {
+      const Qp* q = kv.second;
+      if (q->dev == d && !q->ctx->dead && q->state == IBV_QPS_RTS && q->attr.dest_qp_num != q->qpn)
+        mine.push_back(kv.first);
+    }
+    std::sort(mine.begin(), mine.end());
+    for (long long i = 0; i < f.count && !mine.empty(); ++i) {
+      g->fatal_qpns.push_back(mine.back());
+      mine.pop_back();
+    }
   }
   wake_nic();  // new timers
 }
@@ -198,13 +218,17 @@ void check_byte_triggers_locked(Device* d) {
 
 TimePoint run_fault_timers_locked(TimePoint now) {
   TimePoint next = kNever;
+  apply_fatal_locked();
   // Scheduled port changes, in time order.
   std::stable_sort(g->scheduled.begin(), g->scheduled.end(),
                    [](const Scheduled& a, const Scheduled& b) { return a.at < b.at; });
   while (!g->scheduled.empty() && g->scheduled.front().at <= now) {
     Scheduled s = g->scheduled.front();
     g->scheduled.erase(g->scheduled.begin());
-    set_port_locked(s.dev, s.up);
+    if (s.reset_done)
+      device_back_locked(s.dev);
+    else if (!s.dev->removed)
+      set_port_locked(s.dev, s.up);
   }
   if (!g->scheduled.empty()) next = g->scheduled.front().at;
   for (size_t i = 0; i < g->pending.size();) {

@@ -148,6 +148,10 @@ FV_API ibv_qp* ibv_create_qp(ibv_pd* pd, ibv_qp_init_attr* ia) {
     errno = EINVAL;
     return nullptr;
   }
+  if (reinterpret_cast<PdBox*>(pd)->impl->ctx->dead) {
+    errno = EIO;
+    return nullptr;
+  }
   uint32_t qpn = alloc_qpn();
   if (!qpn) return nullptr;  // errno: why the counter could not be read
   std::string reg = g->dir + "/qp-" + std::to_string(qpn);
@@ -197,11 +201,29 @@ FV_API int ibv_destroy_qp(ibv_qp* qp) {
   g->qps.erase(q->qpn);
   std::string reg = g->dir + "/qp-" + std::to_string(q->qpn);
   unlink(reg.c_str());
+  // Like the kernel (uverbs), drop the destroyed QP's async events not yet read.
+  auto& ev = q->ctx->events;
+  ev.erase(std::remove_if(ev.begin(), ev.end(),
+                          [&](const ibv_async_event& e) {
+                            return (e.event_type == IBV_EVENT_QP_FATAL ||
+                                    e.event_type == IBV_EVENT_QP_REQ_ERR ||
+                                    e.event_type == IBV_EVENT_QP_ACCESS_ERR) &&
+                                   e.element.qp == qp;
+                          }),
+           ev.end());
   // Like real providers, remove the destroyed QP's completions still in its CQs.
+  // (Cq::slot_ends runs parallel to Cq::wcs and loses the same entries.)
   for (Cq* c : {q->scq, q->rcq}) {
-    auto& v = c->wcs;
-    v.erase(std::remove_if(v.begin(), v.end(), [&](const ibv_wc& w) { return w.qp_num == q->qpn; }),
-            v.end());
+    size_t k = 0;
+    for (size_t i = 0; i < c->wcs.size(); ++i) {
+      if (c->wcs[i].qp_num == q->qpn) continue;
+      c->wcs[k] = c->wcs[i];
+      c->slot_ends[k] = c->slot_ends[i];
+      ++k;
+    }
+    c->wcs.resize(k);
+    c->slot_ends.resize(k);
+    if (q->scq == q->rcq) break;
   }
   q->pd->users--;
   q->scq->users--;
@@ -230,6 +252,7 @@ FV_API int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* a, int mask) {
     if (cur != IBV_QPS_ERR) qp_to_error_locked(q);
     return 0;
   }
+  if (q->ctx->dead) return EIO;  // the device is in fatal error: no transition but to ERR/RESET
   bool ok = false;
   if (cur == IBV_QPS_RESET && to == IBV_QPS_INIT) {
     ok = has(IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) &&

@@ -1130,8 +1130,14 @@ TEST_CASE("fakeverbs: triggers GID change CQ overflow RNR") {
         EXPECT_EQ(post(e.qp, IBV_WR_RDMA_WRITE, 50 + i, &la, 0, 10, rb.addr(), rb.mr->rkey), 0);
       EXPECT_EQ(next_event(na.ctx, 2000, &ev), IBV_EVENT_CQ_ERR);
       EXPECT(ev.element.cq == tiny);
+      // The overrun puts the CQ in error (it takes nothing more) and its QP is fatal.
+      EXPECT_EQ(next_event(na.ctx, 2000, &ev), IBV_EVENT_QP_FATAL);
+      EXPECT(ev.element.qp == e.qp);
+      EXPECT_EQ(e.qp->state, IBV_QPS_ERR);
       auto got = poll_n(tiny, 4, 100);
-      EXPECT(got.size() >= 2 && got.size() < 4);  // at least one was dropped
+      EXPECT_EQ(got.size(), 2);
+      EXPECT_EQ(post(e.qp, IBV_WR_RDMA_WRITE, 59, &la, 0, 10, rb.addr(), rb.mr->rkey), 0);
+      EXPECT(quiet(tiny, 50));
     }
     // RNR: a SEND waits for its receive, NAKed every min_rnr_timer (12: 0.64 ms) and sent
     // again; rnr_retry 7 retries forever; rnr_retry 1 fails after 2 NAKs.
@@ -1179,6 +1185,78 @@ TEST_CASE("fakeverbs: triggers GID change CQ overflow RNR") {
       EXPECT(all_eq(rb.mem.data() + 9100, 5, 0));
       EXPECT(quiet(h1.cq, 5));
     }
+  }));
+}
+
+TEST_CASE("fakeverbs: a device-fatal error, the device's reset and a fatal QP") {
+  expect_ok(run_scenario(kTwoEth, [] {
+    Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
+    Buf la(na, 1 << 16), rb(nb, 1 << 16);
+    Ep a = make_ep(na), b = make_ep(nb), idle = make_ep(na), idle_peer = make_ep(nb);
+    connect_pair(a, b);
+    connect_pair(idle, idle_peer);
+    EXPECT_EQ(post_recv(a.qp, 5, &la, 0, 64), 0);
+    // qp_fatal: the newest connected QP of the device (here `idle`) goes to ERR and says so.
+    EXPECT_EQ(fakeverbs_inject("qp_fatal,dev=mlx5_0"), 0);
+    ibv_async_event ev;
+    EXPECT_EQ(next_event(na.ctx, 1000, &ev), IBV_EVENT_QP_FATAL);
+    EXPECT(ev.element.qp == idle.qp);
+    EXPECT_EQ(idle.qp->state, IBV_QPS_ERR);
+    EXPECT_EQ(a.qp->state, IBV_QPS_RTS);
+    // device_fatal: every QP flushes, DEVICE_FATAL is the context's last event, the device
+    // leaves the list, and only destroy/dealloc/close still work on the old context.
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 1, &la, 0, 100, rb.addr(), rb.mr->rkey), 0);
+    EXPECT_EQ(poll_one(a.cq).status, IBV_WC_SUCCESS);
+    EXPECT_EQ(fakeverbs_inject("device_fatal,dev=mlx5_0,for_ms=1500"), 0);
+    EXPECT_EQ(next_event(na.ctx, 1000, &ev), IBV_EVENT_DEVICE_FATAL);
+    auto fl = poll_n(a.cq, 1, 200);
+    EXPECT_EQ(fl.size(), 1);
+    EXPECT_EQ(fl[0].wr_id, 5);  // the posted receive, flushed
+    EXPECT_EQ(fl[0].status, IBV_WC_WR_FLUSH_ERR);
+    EXPECT_EQ(b.qp->state, IBV_QPS_RTS);  // the far end learns only by its retries
+    EXPECT_EQ(post(b.qp, IBV_WR_RDMA_WRITE, 2, &rb, 0, 100, la.addr(), la.mr->rkey), 0);
+    EXPECT_EQ(poll_one(b.cq, 2000).status, IBV_WC_RETRY_EXC_ERR);
+    EXPECT(ibv_create_cq(na.ctx, 4, nullptr, nullptr, 0) == nullptr);
+    EXPECT_EQ(errno, EIO);
+    EXPECT(ibv_reg_mr(na.pd, la.mem.data(), 64, kAllAccess) == nullptr);
+    EXPECT_EQ(errno, EIO);
+    ibv_port_attr pa;
+    EXPECT_EQ(ibv_query_port(na.ctx, 1, &pa), EIO);
+    ibv_qp_attr ra{};
+    ra.qp_state = IBV_QPS_RESET;
+    EXPECT_EQ(ibv_modify_qp(a.qp, &ra, IBV_QP_STATE), 0);
+    EXPECT(to_init(a.qp) == EIO);
+    auto listed = [](const char* name) {
+      int n = 0;
+      ibv_device** l = ibv_get_device_list(&n);
+      bool seen = false;
+      for (int i = 0; i < n; ++i) seen |= strcmp(ibv_get_device_name(l[i]), name) == 0;
+      ibv_free_device_list(l);
+      return seen;
+    };
+    EXPECT(!listed("mlx5_0"));
+    EXPECT(listed("mlx5_1"));
+    EXPECT_EQ(next_event(na.ctx, 0), -1);  // nothing after DEVICE_FATAL
+    EXPECT_EQ(ibv_destroy_qp(a.qp), 0);
+    EXPECT_EQ(ibv_destroy_qp(idle.qp), 0);
+    EXPECT_EQ(ibv_destroy_cq(a.cq), 0);
+    EXPECT_EQ(ibv_destroy_cq(idle.cq), 0);
+    EXPECT_EQ(ibv_dereg_mr(la.mr), 0);
+    EXPECT_EQ(ibv_dealloc_pd(na.pd), 0);
+    EXPECT_EQ(ibv_close_device(na.ctx), 0);
+    // After the reset the device is back; a new context works end to end.
+    auto t0 = std::chrono::steady_clock::now();
+    while (!listed("mlx5_0") && std::chrono::steady_clock::now() - t0 < Ms(3000))
+      std::this_thread::sleep_for(Ms(10));
+    EXPECT(listed("mlx5_0"));
+    Node nn = open_dev("mlx5_0");
+    Buf lb(nn, 1 << 16);
+    Ep c = make_ep(nn), d = make_ep(nb);
+    connect_pair(c, d);
+    memcpy(lb.mem.data(), "again", 5);
+    EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 3, &lb, 0, 5, rb.addr(100), rb.mr->rkey), 0);
+    EXPECT_EQ(poll_one(c.cq).status, IBV_WC_SUCCESS);
+    EXPECT(memcmp(rb.mem.data() + 100, "again", 5) == 0);
   }));
 }
 

@@ -244,6 +244,56 @@ TEST_CASE("verbs: one port down for 300 ms: failback, and the rail then stays in
   CHECK(count_lines_containing(r.sender_log + r.receiver_log, "hold-down:") == 0);
 }
 
+TEST_CASE("verbs: a device-fatal error (HCA reset): failover, the device is reopened, failback",
+          "[loopback][ib][failover]") {
+  SKIP_WITHOUT_FAKE();
+  // device_fatal: every QP of mlx5_0 flushes, its context dies (every command but destroy
+  // fails with EIO) and the device is unlisted for 500 ms, then listed again as a new
+  // incarnation. Without a reopen, the rebuilt path's ibv_create_cq fails on the dead context
+  // for ever and the rail never fails back.
+  for (const bool at_sender : {true, false}) {
+    DYNAMIC_SECTION((at_sender ? "the sender's" : "the receiver's") << " primary HCA") {
+      // (The receiver posts hardly any bytes: its trigger is a time.)
+      const std::string f = std::string("device_fatal,dev=mlx5_0,") +
+                            (at_sender ? "after_bytes=33554432" : "after_ms=400") + ",for_ms=500";
+      PairOptions o = at_sender ? ib_pair(f) : ib_pair("", f);
+      o.env["R2CCL_PROBE_COUNT"] = "2";
+      StreamRun r = run_stream(o, short_stream(3.0));
+      INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+      CHECK(r.pair.sender_status == kStreamOk);
+      CHECK(r.pair.receiver_status == kStreamOk);
+      const std::string& hit = at_sender ? r.sender_log : r.receiver_log;
+      CHECK(count_lines_containing(hit, "mlx5_0:1 device fatal error") == 1);
+      CHECK(count_lines_containing(hit, "mlx5_0:1 device reopened after its fatal error") == 1);
+      CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") >= 1);
+      CHECK(count_lines_containing(r.sender_log, "failback: rail mlx5_0:1 is back") >= 1);
+      CHECK(count_lines_containing(r.sender_log + r.receiver_log, "give-up:") == 0);
+    }
+  }
+}
+
+TEST_CASE("verbs: a fatal QP (async event) on an idle backup path fails that path at once",
+          "[loopback][ib][failover]") {
+  SKIP_WITHOUT_FAKE();
+  // The newest QP of the sender's mlx5_1 (QP 3 of the backup path, which carries neither
+  // chunks nor probes: those go on QP 0 of the primary and of the backup) goes fatal. Its
+  // WRs would complete with errors only once something is posted on it: until then the
+  // backup looks healthy, and a failover onto it would find it broken. The event must fail
+  // the backup path now, and it is rebuilt.
+  PairOptions o = ib_pair("qp_fatal,dev=mlx5_1,after_ms=300");
+  o.env["R2CCL_IB_QPS_PER_PATH"] = "4";
+  o.env["R2CCL_PROBE_COUNT"] = "2";
+  StreamRun r = run_stream(o, short_stream(2.0));
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  CHECK(r.pair.sender_status == kStreamOk);
+  CHECK(r.pair.receiver_status == kStreamOk);
+  CHECK(count_lines_containing(r.sender_log, "async event local work queue catastrophic error") >=
+        1);
+  CHECK(count_lines_containing(r.sender_log, "backup path on rail mlx5_1:1 failed") == 1);
+  CHECK(count_lines_containing(r.sender_log, "switchover:") == 0);
+  CHECK(count_lines_containing(r.sender_log + r.receiver_log, "give-up:") == 0);
+}
+
 TEST_CASE("verbs: a late write of a failed path cannot land (bilateral ERR); without it, it does",
           "[loopback][ib][failover]") {
   SKIP_WITHOUT_FAKE();

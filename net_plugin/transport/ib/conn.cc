@@ -163,6 +163,8 @@ Conn::Conn(Runtime* rt, Role role, int dev, int traffic_class)
   memset(area_, 0, area_len);
   area_mr_.assign(rt_->hcas().size(), nullptr);
   slots_mr_.assign(rt_->hcas().size(), nullptr);
+  area_epoch_.assign(rt_->hcas().size(), 0);
+  qp_events_seen_ = rt_->qp_event_seq();
   ctrl_slot_busy_.assign(kFifoDepth, false);
 }
 
@@ -190,7 +192,9 @@ Conn::~Conn() {
 
 Status Conn::register_area_on(int hca) {
   if (area_mr_[hca]) return Status::kOk;
-  area_mr_[hca] = v_.reg_mr(rt_->hcas()[hca].pd, area_, page_round(sizeof(IbArea)),
+  const HcaInfo h = rt_->hca_snapshot(hca);
+  area_epoch_[hca] = h.epoch;
+  area_mr_[hca] = v_.reg_mr(h.pd, area_, page_round(sizeof(IbArea)),
                             IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE);
   if (!area_mr_[hca]) {
     R2CCL_WARN("ibv_reg_mr of the connection area on %s: %s", rt_->hcas()[hca].name.c_str(),
@@ -202,13 +206,53 @@ Status Conn::register_area_on(int hca) {
 
 Status Conn::register_slots_on(int hca) {
   if (slots_mr_[hca]) return Status::kOk;
-  slots_mr_[hca] = v_.reg_mr(rt_->hcas()[hca].pd, slots_, slots_len_, IBV_ACCESS_LOCAL_WRITE);
+  slots_mr_[hca] = v_.reg_mr(rt_->hca_snapshot(hca).pd, slots_, slots_len_, IBV_ACCESS_LOCAL_WRITE);
   if (!slots_mr_[hca]) {
     R2CCL_WARN("ibv_reg_mr of the control slots on %s: %s", rt_->hcas()[hca].name.c_str(),
                strerror(errno));
     return Status::kSystem;
   }
   return Status::kOk;
+}
+
+Status Conn::refresh_area_mrs(const HcaInfo& h, int hca) {
+  if (area_epoch_[hca] == h.epoch) return Status::kOk;
+  // The device was reopened after a fatal error: the old MRs died with its context.
+  for (auto* v : {&area_mr_, &slots_mr_}) {
+    if ((*v)[hca]) v_.dereg_mr((*v)[hca]);
+    (*v)[hca] = nullptr;
+  }
+  R2CCL_CHECK(register_area_on(hca));
+  return register_slots_on(hca);
+}
+
+ibv_mr* Conn::mr_on(const IbMr* cm, int hca, uint32_t epoch) {
+  if (!cm || !cm->by_hca[hca]) return nullptr;
+  if (cm->epoch_by_hca[hca] == epoch) return cm->by_hca[hca];
+  auto* m = const_cast<IbMr*>(cm);  // the handle is this connection's; only its progress uses it
+  if (!m->cached) {
+    R2CCL_WARN(
+        "%s was reopened after a fatal error: the dma-buf buffer at %p (%zu bytes) cannot be "
+        "registered on it again (its descriptor is NCCL's); its chunks use the other paths",
+        rt_->rail_name(hca).c_str(), m->data, m->size);
+    return nullptr;
+  }
+  m->cache_by_hca[hca]->release(m->by_hca[hca]);
+  m->by_hca[hca] = nullptr;
+  std::string err;
+  uint32_t now_epoch = 0;
+  std::shared_ptr<MrCache> c = rt_->mr_cache(hca, &now_epoch);
+  void* mr = c->acquire(m->data, m->size, &err);
+  if (!mr) {
+    R2CCL_WARN("regMr again of %zu bytes at %p on %s (reopened after a fatal error): %s", m->size,
+               m->data, rt_->rail_name(hca).c_str(), err.c_str());
+    m->cache_by_hca[hca].reset();
+    return nullptr;
+  }
+  m->by_hca[hca] = static_cast<ibv_mr*>(mr);
+  m->cache_by_hca[hca] = std::move(c);
+  m->epoch_by_hca[hca] = now_epoch;
+  return now_epoch == epoch ? m->by_hca[hca] : nullptr;
 }
 
 Status Conn::reg_mr(void* data, size_t size, int type, void** mhandle) {
@@ -218,12 +262,16 @@ Status Conn::reg_mr(void* data, size_t size, int type, void** mhandle) {
   m->size = size;
   m->type = type;
   m->by_hca.assign(rt_->hcas().size(), nullptr);
+  m->cache_by_hca.assign(rt_->hcas().size(), nullptr);
+  m->epoch_by_hca.assign(rt_->hcas().size(), 0);
   // The path set is fixed at setup and failback re-creates QPs on the same HCAs, so one
-  // registration per HCA of the set stays valid for the connection's life.
+  // registration per HCA of the set stays valid for the connection's life (or until the
+  // device is reopened after a fatal error: mr_on registers it again).
   for (const auto& p : paths_) {
     if (m->by_hca[p.hca]) continue;
     std::string err;
-    void* mr = rt_->mr_cache(p.hca).acquire(data, size, &err);
+    std::shared_ptr<MrCache> c = rt_->mr_cache(p.hca, &m->epoch_by_hca[p.hca]);
+    void* mr = c->acquire(data, size, &err);
     if (!mr) {
       R2CCL_WARN("regMr of %zu bytes at %p on %s: %s", size, data, rt_->hcas()[p.hca].name.c_str(),
                  err.c_str());
@@ -231,6 +279,7 @@ Status Conn::reg_mr(void* data, size_t size, int type, void** mhandle) {
       return Status::kSystem;
     }
     m->by_hca[p.hca] = static_cast<ibv_mr*>(mr);
+    m->cache_by_hca[p.hca] = std::move(c);
   }
   *mhandle = m;
   return Status::kOk;
@@ -248,10 +297,14 @@ Status Conn::reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, voi
   m->type = NCCL_PTR_DMABUF;
   m->cached = false;
   m->by_hca.assign(rt_->hcas().size(), nullptr);
+  m->cache_by_hca.assign(rt_->hcas().size(), nullptr);
+  m->epoch_by_hca.assign(rt_->hcas().size(), 0);
   for (const auto& p : paths_) {
     if (m->by_hca[p.hca]) continue;
+    const HcaInfo h = rt_->hca_snapshot(p.hca);
+    m->epoch_by_hca[p.hca] = h.epoch;
     m->by_hca[p.hca] =
-        v_.reg_dmabuf_mr(rt_->hcas()[p.hca].pd, offset, size, reinterpret_cast<uintptr_t>(data), fd,
+        v_.reg_dmabuf_mr(h.pd, offset, size, reinterpret_cast<uintptr_t>(data), fd,
                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
     if (!m->by_hca[p.hca]) {
       R2CCL_WARN("ibv_reg_dmabuf_mr of %zu bytes (fd %d, offset %llu) on %s: %s", size, fd,
@@ -271,7 +324,7 @@ void Conn::dereg_mr(void* mhandle) {
   for (size_t h = 0; h < m->by_hca.size(); ++h) {
     if (!m->by_hca[h]) continue;
     if (m->cached)
-      rt_->mr_cache(static_cast<int>(h)).release(m->by_hca[h]);
+      m->cache_by_hca[h]->release(m->by_hca[h]);
     else
       v_.dereg_mr(m->by_hca[h]);
   }
@@ -291,6 +344,7 @@ void Conn::fill_wire_hca(int hca, IbWireHca* w) {
   w->lid = h.lid;
   memcpy(w->gid, h.gid, 16);
   w->area_rkey = area_mr_[hca] ? area_mr_[hca]->rkey : 0;
+  w->epoch = h.epoch;
 }
 
 void Conn::post_recv_slot(Path& p, int q, int k) {
@@ -307,7 +361,9 @@ void Conn::post_recv_slot(Path& p, int q, int k) {
 }
 
 Status Conn::create_path_qps(Path& p) {
-  const HcaInfo& h = rt_->hcas()[p.hca];
+  const HcaInfo h = rt_->hca_snapshot(p.hca);
+  R2CCL_CHECK(refresh_area_mrs(h, p.hca));
+  p.epoch = h.epoch;
   p.cq = v_.create_cq(h.ctx, nqps_ * (kSqDepth + kRqDepth), nullptr, nullptr, 0);
   if (!p.cq) {
     R2CCL_WARN("ibv_create_cq on %s: %s", h.name.c_str(), strerror(errno));
@@ -1001,9 +1057,29 @@ PostResult Conn::post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs 
   Path& p = paths_[path];
   const int q = chunk_qp(p);
   if (q < 0) return PostResult::kFull;
+  // The buffer's rkey on this path died with the peer HCA's old incarnation (its device was
+  // reopened after a fatal error since the CTS): its chunks go on the other paths.
+  auto rkey_alive = [&](const Path& x) {
+    return ((c.remote->rkey_epochs >> (8 * x.index)) & 0xffu) == (x.peer.epoch & 0xffu);
+  };
+  if (!rkey_alive(p)) {
+    for (const Path& o : paths_)
+      if (o.index != p.index && ready(o.index) && rkey_alive(o)) return PostResult::kNotHere;
+    // No other path can take it now: rather than wait for ever, this message fails.
+    sink.on_fatal(Status::kRemote,
+                  "the receiver's HCA of the only usable path was reset (device-fatal error) "
+                  "while this message was in flight, and its buffer's rkey died with it",
+                  now);
+    return PostResult::kFailed;
+  }
   p.rr = static_cast<uint32_t>(q) + 1;
-  const auto* mr = static_cast<const IbMr*>(c.mhandle);
-  const uint32_t lkey = mr && mr->by_hca[p.hca] ? mr->by_hca[p.hca]->lkey : 0;
+  const ibv_mr* lmr = mr_on(static_cast<const IbMr*>(c.mhandle), p.hca, p.epoch);
+  if (c.mhandle && c.len > 0 && !lmr) {
+    sink.on_path_error(p.index, FailCause::kSetup,
+                       "the buffer is not registered on this HCA (its device was reopened)", now);
+    return PostResult::kFailed;
+  }
+  const uint32_t lkey = lmr ? lmr->lkey : 0;
   const uint64_t raddr = c.remote->addr + c.offset;
   const uint32_t rkey = c.remote->rkey[p.index];
   const uint32_t immv = imm_encode(c.seq, c.last, c.idx);
@@ -1053,8 +1129,12 @@ PostResult Conn::post_cts(int path, const CtsOut& c, PathSink& sink, TimeUs now)
   const auto* mr = static_cast<const IbMr*>(c.mhandle);
   r.addr = reinterpret_cast<uintptr_t>(c.buf);
   r.size = c.capacity;
-  for (size_t i = 0; i < paths_.size(); ++i)
-    r.rkey[i] = mr && mr->by_hca[paths_[i].hca] ? mr->by_hca[paths_[i].hca]->rkey : 0;
+  r.epochs = 0;
+  for (size_t i = 0; i < paths_.size(); ++i) {
+    const ibv_mr* m = mr_on(mr, paths_[i].hca, paths_[i].epoch);
+    r.rkey[i] = m ? m->rkey : 0;
+    r.epochs |= (paths_[i].epoch & 0xffu) << (8 * i);
+  }
   r.tag = c.tag;
   r.seq1 = c.seq + 1;
   const int wi = post_write(p, 0, kWrCts, &r, sizeof(r), area_mr_[p.hca]->lkey,
@@ -1353,13 +1433,46 @@ void Conn::poll_fifo(PathSink& sink, TimeUs now) {
     RemoteBuffer rb;
     rb.addr = r.addr;
     for (int i = 0; i < kMaxIbPaths && i < kMaxPathsPerConn; ++i) rb.rkey[i] = r.rkey[i];
+    rb.rkey_epochs = r.epochs;
     sink.on_cts(next_cts_seq_, r.size, rb, now);
     next_cts_seq_++;
   }
 }
 
+void Conn::check_qp_events(PathSink& sink, TimeUs now) {
+  bool lost = false;
+  const std::vector<Runtime::QpEvent> evs = rt_->qp_events_after(qp_events_seen_, &lost);
+  for (const auto& e : evs) qp_events_seen_ = std::max(qp_events_seen_, e.seq);
+  for (auto& p : paths_) {
+    if (p.stopped || p.qps.empty()) continue;
+    std::string why;
+    for (const auto& e : evs) {
+      if (e.ctx != p.cq->context) continue;
+      if (e.cq == p.cq) why = "its CQ reported an error (IBV_EVENT_CQ_ERR)";
+      for (size_t q = 0; q < p.qps.size() && why.empty(); ++q)
+        if (e.cq == nullptr && p.qps[q]->qp_num == e.qp_num)
+          why = "QP " + std::to_string(e.qp_num) + ": async event " + v_.event_type_str(e.type);
+    }
+    if (lost && why.empty())  // behind the ring: look at the QPs themselves
+      for (auto* qp : p.qps)
+        if (qp->state == IBV_QPS_ERR) why = "QP " + std::to_string(qp->qp_num) + " is in ERR";
+    if (!why.empty()) sink.on_path_error(p.index, FailCause::kAsyncError, why.c_str(), now);
+  }
+  for (size_t h = 0; h < flushq_.size(); ++h) {
+    const FlushQp& f = flushq_[h];
+    if (!f.qp) continue;
+    for (const auto& e : evs)
+      if (e.ctx == f.qp->context &&
+          ((e.cq && e.cq == f.cq) || (!e.cq && e.qp_num == f.qp->qp_num))) {
+        drop_flush_qp(static_cast<int>(h));
+        break;
+      }
+  }
+}
+
 void Conn::poll(PathSink& sink, TimeUs now) {
   if (stage_ != 10) return;
+  if (rt_->qp_event_seq() != qp_events_seen_) check_qp_events(sink, now);
   read_side_channel(sink, now);
   for (auto& p : paths_) {
     poll_path(p, sink, now);
@@ -1492,7 +1605,9 @@ void Conn::abort(TimeUs now) {
 
 Status Conn::make_flush_qp(int hca) {
   const HcaInfo h = rt_->hca_snapshot(hca);
+  R2CCL_CHECK(refresh_area_mrs(h, hca));
   FlushQp& f = flushq_[hca];
+  f.epoch = h.epoch;
   f.cq = v_.create_cq(h.ctx, 64, nullptr, nullptr, 0);
   if (!f.cq) return Status::kSystem;
   f.qp = make_qp(v_, h, f.cq, 32, 1, IBV_ACCESS_REMOTE_READ | IBV_ACCESS_LOCAL_WRITE);
@@ -1556,16 +1671,27 @@ Status Conn::start_flush(int n, void** data, const int* sizes, void** mhandles, 
   rec.addr = reinterpret_cast<uintptr_t>(data[last]);
   rec.rkey.assign(nhcas, 0);
   rec.tries.assign(nhcas, 0);
+  auto flush_mr = [&](int h) -> const ibv_mr* {
+    if (!mr->by_hca[h]) return nullptr;
+    const uint32_t ep = rt_->hca_epoch(h);
+    if (flushq_.size() > static_cast<size_t>(h) && flushq_[h].qp && flushq_[h].epoch != ep)
+      drop_flush_qp(h);  // made on a dead incarnation of the device
+    return mr_on(mr, h, ep);
+  };
   for (size_t h = 0; h < nhcas; ++h) {
-    if (!landed_on_[h] || !mr->by_hca[h]) continue;
-    rec.rkey[h] = mr->by_hca[h]->rkey;
+    if (!landed_on_[h]) continue;
+    const ibv_mr* m = flush_mr(static_cast<int>(h));
+    if (!m) continue;
+    rec.rkey[h] = m->rkey;
     rec.pending.push_back(static_cast<int>(h));
   }
   // Nothing landed through an HCA since the last flush (the data came before it, or on the
   // side channel): one READ through the primary HCA still orders what is in flight there.
-  if (rec.pending.empty() && mr->by_hca[paths_[0].hca]) {
-    rec.rkey[paths_[0].hca] = mr->by_hca[paths_[0].hca]->rkey;
-    rec.pending.push_back(paths_[0].hca);
+  if (rec.pending.empty()) {
+    if (const ibv_mr* m = flush_mr(paths_[0].hca)) {
+      rec.rkey[paths_[0].hca] = m->rkey;
+      rec.pending.push_back(paths_[0].hca);
+    }
   }
   for (int h : rec.pending) {
     ++rec.tries[h];

@@ -41,6 +41,10 @@ namespace r2ccl::net::ib {
 // connection's path set.
 struct IbMr {
   std::vector<ibv_mr*> by_hca;  // indexed by runtime HCA index; nullptr where not registered
+  // Per HCA: the MR cache the registration came from (cached) and the device incarnation
+  // (HcaInfo::epoch) it was made on; an older one is made again on first use (Conn::mr_on).
+  std::vector<std::shared_ptr<MrCache>> cache_by_hca;
+  std::vector<uint32_t> epoch_by_hca;
   void* data = nullptr;
   size_t size = 0;
   int type = NCCL_PTR_HOST;  // NCCL_PTR_HOST, _CUDA or _DMABUF
@@ -107,8 +111,9 @@ class Conn final : public ConnIo {
   // A path's label and generation are in PathIo::paths_desc_ (its rail is `hca`).
   struct Path {
     int index = 0;
-    int hca = 0;       // local runtime HCA index (the rail)
-    IbWireHca peer{};  // the peer's HCA of this path
+    int hca = 0;         // local runtime HCA index (the rail)
+    uint32_t epoch = 0;  // the HCA's incarnation its QPs and CQ were made on
+    IbWireHca peer{};    // the peer's HCA of this path
     ibv_cq* cq = nullptr;
     std::vector<ibv_qp*> qps;
     uint32_t rr = 0;
@@ -138,6 +143,16 @@ class Conn final : public ConnIo {
   bool is_setup(const IbSetupMsg& m, SetupType t, const uint8_t* secret) const;
   Status register_area_on(int hca);
   Status register_slots_on(int hca);
+  // The connection area's and control slots' MRs on `hca` made again when the device was
+  // reopened after a fatal error since they were registered (h.epoch newer).
+  Status refresh_area_mrs(const HcaInfo& h, int hca);
+  // m's MR on `hca` for a QP of incarnation `epoch`, registered again (from the MR cache) if
+  // it was made on an older one; nullptr if m is not registered on `hca` at all, or (WARN)
+  // the new registration failed (a dma-buf buffer cannot be: its descriptor is NCCL's).
+  ibv_mr* mr_on(const IbMr* m, int hca, uint32_t epoch);
+  // Asynchronous QP / CQ errors (Runtime::qp_events_after) on this connection's QPs: their
+  // paths fail now, and a loopback flush QP is dropped (made again at the next flush).
+  void check_qp_events(PathSink& sink, TimeUs now);
   Status create_path_qps(Path& p);
   Status connect_path_qps(Path& p, const uint32_t* peer_qpn, const IbWireHca& peer);
   void destroy_path_qps(Path& p);
@@ -209,7 +224,9 @@ class Conn final : public ConnIo {
   std::vector<ibv_mr*> area_mr_;  // by runtime HCA index
   char* slots_ = nullptr;         // control receive buffers
   size_t slots_len_ = 0;
-  std::vector<ibv_mr*> slots_mr_;  // by runtime HCA index
+  std::vector<ibv_mr*> slots_mr_;     // by runtime HCA index
+  std::vector<uint32_t> area_epoch_;  // by runtime HCA index: incarnation of area/slots MRs
+  uint64_t qp_events_seen_ = 0;       // Runtime::qp_event_seq() handled
   uint64_t peer_area_ = 0;
   std::vector<bool> ctrl_slot_busy_;
   uint64_t next_cts_seq_ = 0;  // sender: the next CTS to look for in the FIFO
@@ -224,6 +241,7 @@ class Conn final : public ConnIo {
   struct FlushQp {
     ibv_cq* cq = nullptr;
     ibv_qp* qp = nullptr;
+    uint32_t epoch = 0;
   };
   struct FlushRec {
     uint64_t token = 0;

@@ -364,6 +364,7 @@ std::string describe(const HcaInfo& h) {
 
 // ---------------------------------------------------------------------------------------
 HcaSet::~HcaSet() {
+  devices_.insert(devices_.end(), retired_.begin(), retired_.end());
   for (auto& d : devices_) {
     if (d.pd) {
       int rc = v_->dealloc_pd(d.pd);
@@ -563,6 +564,56 @@ bool HcaSet::refresh_port(int i, bool* active_now) {
   std::memcpy(old_gid, h.gid, 16);
   load_gid(static_cast<size_t>(i));
   return old_index != h.gid_index || std::memcmp(old_gid, h.gid, 16) != 0;
+}
+
+bool HcaSet::reopen(int i, std::string* why) {
+  if (i < 0 || i >= static_cast<int>(hcas_.size())) {
+    *why = "no such HCA port";
+    return false;
+  }
+  ibv_context* old = hcas_[i].ctx;
+  const std::string name = hcas_[i].name;
+  int n = 0;
+  ibv_device** list = v_->get_device_list(&n);
+  if (!list) {
+    *why = std::string("ibv_get_device_list: ") + strerror(errno);
+    return false;
+  }
+  ibv_device* dev = nullptr;
+  for (int k = 0; k < n && list[k]; ++k) {
+    const char* nm = v_->get_device_name(list[k]);
+    if (nm && name == nm && be64toh(v_->get_device_guid(list[k])) == hcas_[i].guid) dev = list[k];
+  }
+  ibv_context* ctx = dev ? v_->open_device(dev) : nullptr;
+  const int open_errno = errno;
+  v_->free_device_list(list);
+  if (!dev) {
+    *why = "not listed (still resetting)";
+    return false;
+  }
+  if (!ctx) {
+    *why = std::string("ibv_open_device: ") + strerror(open_errno);
+    return false;
+  }
+  ibv_pd* pd = v_->alloc_pd(ctx);
+  if (!pd) {
+    *why = std::string("ibv_alloc_pd: ") + strerror(errno);
+    v_->close_device(ctx);
+    return false;
+  }
+  for (auto& d : devices_)
+    if (d.ctx == old) {
+      retired_.push_back(d);
+      d = Device{ctx, pd};
+    }
+  for (size_t j = 0; j < hcas_.size(); ++j) {
+    if (hcas_[j].ctx != old) continue;
+    hcas_[j].ctx = ctx;
+    hcas_[j].pd = pd;
+    hcas_[j].epoch++;
+    refresh_port(static_cast<int>(j), nullptr);
+  }
+  return true;
 }
 
 }  // namespace r2ccl::net::ib

@@ -132,6 +132,9 @@ struct HcaInfo {
   int active_mtu = 0;          // enum ibv_mtu
   ibv_context* ctx = nullptr;  // opened, owned by the HcaSet
   ibv_pd* pd = nullptr;        // allocated, owned by the HcaSet
+  // The device's incarnation: 0 at discovery, + 1 each time it is reopened after a fatal
+  // error (HcaSet::reopen). QPs, CQs and MRs made on an older incarnation's ctx/pd are dead.
+  uint32_t epoch = 0;
 };
 
 // PCI distance between two realpath'd sysfs device paths such as
@@ -187,6 +190,15 @@ class HcaSet {
   // Thread: the caller serialises (background thread) against other readers of hcas().
   bool refresh_port(int i, bool* active_now);
 
+  // After IBV_EVENT_DEVICE_FATAL on port i's device (a firmware reset): opens the device
+  // again (listed under the same name with the same node GUID once its reset is done),
+  // allocates a new PD and moves every port of the device onto them (ctx, pd, epoch + 1,
+  // port state and GID re-read). The dead context and PD stay open, retired, until the set
+  // is destroyed: QPs, CQs and MRs made on them may still exist (their owners destroy them
+  // when they rebuild). Returns false with *why when the device is not back yet (not listed,
+  // cannot be opened, no PD); nothing changes then. Thread: as refresh_port.
+  bool reopen(int i, std::string* why);
+
  private:
   HcaSet() = default;
   struct Device {
@@ -200,6 +212,7 @@ class HcaSet {
   GidPrefs prefs_;
   int speed_override_ = 0;
   std::vector<Device> devices_;
+  std::vector<Device> retired_;  // dead incarnations (reopen), closed by the destructor
   std::vector<HcaInfo> hcas_;
   std::vector<std::string> ibdev_paths_;  // per hca: the device's sysfs directory
 };

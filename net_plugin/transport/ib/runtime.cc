@@ -99,6 +99,48 @@ Status Runtime::create(const Config* cfg, bool required, std::unique_ptr<Runtime
   return Status::kOk;
 }
 
+std::shared_ptr<MrCache> Runtime::make_mr_cache(ibv_pd* pd) {
+  const VerbsApi* vv = v_;
+  return std::make_shared<MrCache>(
+      [vv, pd](uintptr_t start, size_t len, std::string* e) -> void* {
+        // Data buffers with PCIe relaxed ordering where the library takes it (as NCCL does
+        // by default): the HCA's writes into GPU memory then need the iflush READ to be
+        // visible, which they need anyway. The connection area stays strictly ordered.
+        constexpr int kAccess =
+            IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
+        void* addr = reinterpret_cast<void*>(start);
+        ibv_mr* mr = vv->reg_mr_iova2 ? vv->reg_mr_iova2(pd, addr, len, start,
+                                                         kAccess | IBV_ACCESS_RELAXED_ORDERING)
+                                      : vv->reg_mr(pd, addr, len, kAccess);
+        if (!mr) *e = std::string("ibv_reg_mr: ") + strerror(errno);
+        return mr;
+      },
+      [vv](void* mr) { vv->dereg_mr(static_cast<ibv_mr*>(mr)); },
+      static_cast<size_t>(sysconf(_SC_PAGESIZE)));
+}
+
+std::shared_ptr<MrCache> Runtime::mr_cache(int hca, uint32_t* epoch) {
+  std::lock_guard<std::mutex> g(hca_mu_);
+  if (epoch) *epoch = hcas()[hca].epoch;
+  return mr_caches_[mr_cache_of_[hca]];
+}
+
+uint32_t Runtime::hca_epoch(int i) {
+  std::lock_guard<std::mutex> g(hca_mu_);
+  return hcas()[i].epoch;
+}
+
+std::vector<Runtime::QpEvent> Runtime::qp_events_after(uint64_t seq, bool* lost) {
+  std::lock_guard<std::mutex> g(qp_event_mu_);
+  const uint64_t last = qp_event_seq_.load(std::memory_order_relaxed);
+  *lost = last - seq > kQpEventRing;
+  std::vector<QpEvent> out;
+  for (uint64_t k = std::max(seq + 1, last >= kQpEventRing ? last - kQpEventRing + 1 : 1);
+       k <= last; ++k)
+    out.push_back(qp_events_[k % kQpEventRing]);
+  return out;
+}
+
 Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSet> set,
                      std::string* err) {
   v_ = v;
@@ -125,25 +167,10 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
       mr_cache_of_.push_back(mr_cache_of_[same]);
       continue;
     }
-    const VerbsApi* vv = v_;
     mr_cache_of_.push_back(mr_caches_.size());
-    mr_caches_.emplace_back(new MrCache(
-        [vv, pd](uintptr_t start, size_t len, std::string* e) -> void* {
-          // Data buffers with PCIe relaxed ordering where the library takes it (as NCCL
-          // does by default): the HCA's writes into GPU memory then need the iflush READ to
-          // be visible, which they need anyway. The connection area stays strictly ordered.
-          constexpr int kAccess =
-              IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ;
-          void* addr = reinterpret_cast<void*>(start);
-          ibv_mr* mr = vv->reg_mr_iova2 ? vv->reg_mr_iova2(pd, addr, len, start,
-                                                           kAccess | IBV_ACCESS_RELAXED_ORDERING)
-                                        : vv->reg_mr(pd, addr, len, kAccess);
-          if (!mr) *e = std::string("ibv_reg_mr: ") + strerror(errno);
-          return mr;
-        },
-        [vv](void* mr) { vv->dereg_mr(static_cast<ibv_mr*>(mr)); },
-        static_cast<size_t>(sysconf(_SC_PAGESIZE))));
+    mr_caches_.push_back(make_mr_cache(pd));
   }
+  dead_.assign(h.size(), false);
   if (usable_.empty()) {
     *err =
         "no active HCA port has a usable GID (check R2CCL_IB_GID_INDEX / "
@@ -276,9 +303,60 @@ void Runtime::bg_add_fds(std::vector<pollfd>* fds) {
 }
 
 void Runtime::bg_on_fds(const pollfd* fds, size_t n, TimeUs now) {
-  (void)now;
   for (size_t k = 0; k < n && k < async_owner_.size(); ++k)
     if (fds[k].revents & POLLIN) handle_async(async_owner_[k]);
+  reopen_dead(now);
+}
+
+void Runtime::device_fatal(int i) {
+  const auto& h = hcas();
+  ibv_context* ctx = h[i].ctx;
+  for (size_t j = 0; j < h.size(); ++j) {
+    if (h[j].ctx != ctx || dead_[j]) continue;
+    dead_[j] = true;
+    RailLive& l = live(static_cast<int>(j));
+    if (l.link_up.exchange(false)) l.down_events++;
+    log_event(
+        "%s device fatal error (IBV_EVENT_DEVICE_FATAL: the HCA resets): its paths fail over; "
+        "the device is reopened once its reset is done",
+        port_name(h[j]).c_str());
+  }
+  next_reopen_ = 0;  // the first try at the next pass: a quick reset may be done already
+}
+
+void Runtime::reopen_dead(TimeUs now) {
+  if (now < next_reopen_ || std::find(dead_.begin(), dead_.end(), true) == dead_.end()) return;
+  next_reopen_ = now + kReopenPeriod;
+  const auto& h = hcas();
+  for (size_t i = 0; i < h.size(); ++i) {
+    if (!dead_[i]) continue;
+    std::string why;
+    bool ok;
+    {
+      std::lock_guard<std::mutex> g(hca_mu_);
+      ok = set_->reopen(static_cast<int>(i), &why);
+      if (ok) {
+        // One new MR cache for the new PD; holders of the old one release into it.
+        const size_t slot = mr_cache_of_[i];
+        mr_caches_[slot] = make_mr_cache(h[i].pd);
+      }
+    }
+    if (!ok) {
+      R2CCL_INFO(NCCL_NET, "%s: not reopened yet: %s", port_name(h[i]).c_str(), why.c_str());
+      continue;
+    }
+    const int fl = fcntl(h[i].ctx->async_fd, F_GETFL);
+    if (fl >= 0) fcntl(h[i].ctx->async_fd, F_SETFL, fl | O_NONBLOCK);
+    for (size_t j = 0; j < h.size(); ++j) {
+      if (!dead_[j] || h[j].ctx != h[i].ctx) continue;
+      dead_[j] = false;
+      RailLive& l = live(static_cast<int>(j));
+      const bool active = hca_snapshot(static_cast<int>(j)).active;
+      log_event("%s device reopened after its fatal error (incarnation %u), port %s",
+                port_name(h[j]).c_str(), h[j].epoch, active ? "active" : "down");
+      if (active && !l.link_up.exchange(true)) l.up_events++;
+    }
+  }
 }
 
 void Runtime::handle_async(int i) {
@@ -292,7 +370,32 @@ void Runtime::handle_async(int i) {
                       t == IBV_EVENT_GID_CHANGE || t == IBV_EVENT_LID_CHANGE)
                          ? ev.element.port_num
                          : 0;
+    if (t == IBV_EVENT_QP_FATAL || t == IBV_EVENT_QP_REQ_ERR || t == IBV_EVENT_QP_ACCESS_ERR ||
+        t == IBV_EVENT_CQ_ERR) {
+      // Recorded before the ack: ibv_destroy_qp waits for the acks of its QP's events, so
+      // the QP is still alive here (rdma-core, ibv_get_async_event(3)).
+      std::lock_guard<std::mutex> g(qp_event_mu_);
+      const uint64_t seq = qp_event_seq_.load(std::memory_order_relaxed) + 1;
+      QpEvent& e = qp_events_[seq % kQpEventRing];
+      e = QpEvent{};
+      e.seq = seq;
+      e.ctx = ctx;
+      e.type = t;
+      if (t == IBV_EVENT_CQ_ERR)
+        e.cq = ev.element.cq;
+      else
+        e.qp_num = ev.element.qp->qp_num;
+      qp_event_seq_.store(seq, std::memory_order_release);
+      v_->ack_async_event(&ev);
+      R2CCL_WARN("%s: async event %s on %s %u: its path fails", h[i].name.c_str(),
+                 v_->event_type_str(t), t == IBV_EVENT_CQ_ERR ? "a CQ" : "QP", e.qp_num);
+      continue;
+    }
     v_->ack_async_event(&ev);
+    if (t == IBV_EVENT_DEVICE_FATAL) {
+      device_fatal(i);
+      return;  // the context is dead: nothing more comes from it
+    }
     for (size_t j = 0; j < h.size(); ++j) {
       if (h[j].ctx != ctx || (port != 0 && h[j].port != port)) continue;
       RailLive& l = live(static_cast<int>(j));

@@ -11,6 +11,7 @@
 //  - A connection's QPs and CQs: whoever holds its progress token.
 #pragma once
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -33,6 +34,10 @@ constexpr TimeUs ib_retry_timeout_us(int timeout) {
 
 class Runtime final : public RuntimeBase {
  public:
+  // How often the background thread tries to reopen a device after its fatal error (an
+  // mlx5 firmware reset takes seconds).
+  static constexpr TimeUs kReopenPeriod = 200 * kUsPerMs;
+
   // Loads the verbs library and discovers the HCA ports. *out = nullptr (use TCP) when the
   // library is missing or no port is active and !required (R2CCL_TRANSPORT=auto), with *why
   // saying so. Errors: kInvalidUsage (a bad variable, named), kSystem when `required`
@@ -43,8 +48,29 @@ class Runtime final : public RuntimeBase {
   const VerbsApi& v() const { return *v_; }
   const std::vector<HcaInfo>& hcas() const { return set_->hcas(); }
   const Rail& side_rail() const { return side_rail_; }
-  // The MR cache of HCA port `hca`'s protection domain (ports of one device share it).
-  MrCache& mr_cache(int hca) { return *mr_caches_[mr_cache_of_[hca]]; }
+  // The MR cache of HCA port `hca`'s current protection domain (ports of one device share
+  // it; a device reopened after a fatal error gets a new one, and the old one lives on while
+  // someone holds it, to release what it handed out). Any thread.
+  std::shared_ptr<MrCache> mr_cache(int hca, uint32_t* epoch = nullptr);
+  // HCA port i's current incarnation (HcaInfo::epoch). Any thread.
+  uint32_t hca_epoch(int i);
+  // Asynchronous QP and CQ errors (IBV_EVENT_QP_FATAL, _QP_REQ_ERR, _QP_ACCESS_ERR,
+  // _CQ_ERR), numbered from 1 in arrival order and kept in a ring of kQpEventRing. The QP
+  // (or CQ) has stopped: its WRs may never complete (a CQ in error takes no completion), so
+  // the connection owning it fails its path at once. Connections compare
+  // qp_event_seq() with the last number they handled (one atomic load per poll) and read the
+  // events after it with qp_events_after; a connection that fell behind the ring by more
+  // than kQpEventRing gets *lost = true and checks all its QPs' states. Any thread.
+  struct QpEvent {
+    uint64_t seq = 0;
+    ibv_context* ctx = nullptr;
+    uint32_t qp_num = 0;   // QP events
+    ibv_cq* cq = nullptr;  // IBV_EVENT_CQ_ERR
+    ibv_event_type type{};
+  };
+  static constexpr size_t kQpEventRing = 64;
+  uint64_t qp_event_seq() const { return qp_event_seq_.load(std::memory_order_acquire); }
+  std::vector<QpEvent> qp_events_after(uint64_t seq, bool* lost);
   // Primary HCA then up to R2CCL_BACKUP_PATHS other ports with the same link layer, nearest
   // first (engine/path_plan.h with backup_order's PCIe/NUMA distance).
   std::vector<int> path_set(int primary_hca) const;
@@ -74,12 +100,23 @@ class Runtime final : public RuntimeBase {
   void bg_add_fds(std::vector<pollfd>* fds) override;
   void bg_on_fds(const pollfd* fds, size_t n, TimeUs now) override;
   void handle_async(int hca);
+  // A device-fatal error on HCA port i's device: its ports go down (their paths fail over)
+  // until reopen_dead reopens the device after its reset.
+  void device_fatal(int i);
+  // Background thread, every kReopenPeriod: tries to reopen each dead device.
+  void reopen_dead(TimeUs now);
+  std::shared_ptr<MrCache> make_mr_cache(ibv_pd* pd);
 
   const VerbsApi* v_ = nullptr;
   std::unique_ptr<HcaSet> set_;
   std::vector<int> usable_;  // HCA ports that are NCCL devices (active with a GID at init)
-  std::vector<std::unique_ptr<MrCache>> mr_caches_;  // one per PD (device)
+  std::vector<std::shared_ptr<MrCache>> mr_caches_;  // one per PD (device), under hca_mu_
   std::vector<size_t> mr_cache_of_;                  // HCA port index -> mr_caches_ index
+  std::vector<bool> dead_;  // by HCA port: its device had a fatal error (background thread)
+  TimeUs next_reopen_ = 0;  // background thread
+  std::mutex qp_event_mu_;
+  QpEvent qp_events_[kQpEventRing];  // under qp_event_mu_, slot seq % kQpEventRing
+  std::atomic<uint64_t> qp_event_seq_{0};
   Rail side_rail_;
   std::mutex hca_mu_;
   std::vector<int> async_owner_;  // background thread: bg fds[k] belongs to this HCA

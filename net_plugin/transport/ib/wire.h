@@ -63,7 +63,7 @@ struct IbWireHca {
   uint16_t pair;  // REPLY: index of the connector's candidate this path pairs with
   uint8_t gid[16];
   uint32_t area_rkey;  // rkey of the sender's/receiver's connection area on this HCA
-  uint32_t reserved;
+  uint32_t epoch;      // the HCA's incarnation (HcaInfo::epoch; + 1 per reopen after a fatal error)
 };
 static_assert(sizeof(IbWireHca) == 32, "IbWireHca layout");
 
@@ -95,7 +95,10 @@ struct CtsRecord {
   uint64_t size;               // its capacity, bytes
   uint32_t rkey[kMaxIbPaths];  // the buffer's rkey on the receiver's HCA of each path
   int32_t tag;
-  uint32_t reserved;
+  // The receiver HCA's incarnation (HcaInfo::epoch, low 8 bits) that rkey[i] was made on,
+  // path i in bits 8i..8i+7: after that device is reopened the rkey is dead, and the sender
+  // sends the buffer's chunks only on paths whose peer HCA (IbWireHca::epoch) matches.
+  uint32_t epochs;
   uint64_t seq1;
 };
 static_assert(sizeof(CtsRecord) == 48, "CtsRecord layout");
