@@ -131,6 +131,9 @@ struct Device {
   // opened; a context opened after it is back works (a new incarnation).
   bool removed = false;
   int incarnation = 0;
+  // Fault ack_loss: packets arriving at this device land (completions and all) but their
+  // ACKs are lost on the way back (a one-way fault), so requesters end in RETRY_EXC_ERR.
+  bool ack_loss = false;
   std::vector<Context*> contexts;
 };
 
@@ -274,9 +277,13 @@ struct Qp {
   std::deque<Inbound> inq;
   uint64_t next_seq = 1;
   TimePoint last_progress{};
-  int peer_pid = 0;          // owner of attr.dest_qp_num (0 = not resolved)
-  bool blackholed = false;   // fault: silently stopped
-  bool held_block = false;   // a held write blocks transmission of later WRs
+  int peer_pid = 0;         // owner of attr.dest_qp_num (0 = not resolved)
+  bool blackholed = false;  // fault: silently stopped
+  bool held_block = false;  // a held write blocks transmission of later WRs
+  // FAKEVERBS_RECV_LAG_US: receive completions of packets that landed, each due at its time
+  // (in order: none overtakes an earlier one), entering rcq then. ERR puts them all in the CQ
+  // ahead of the flushes; RESET and destroy drop them.
+  std::deque<std::pair<TimePoint, ibv_wc>> lagged;
   bool err_pending = false;  // a WR that failed locally waits to complete: transmit nothing
 };
 
@@ -322,7 +329,8 @@ struct Scheduled {
   TimePoint at;
   Device* dev;
   bool up;
-  bool reset_done = false;  // device_fatal,for_ms: the device comes back (not a port change)
+  bool reset_done = false;     // device_fatal,for_ms: the device comes back (not a port change)
+  bool ack_loss_done = false;  // ack_loss,for_ms: the device's ACKs get through again
 };
 
 struct State {
@@ -344,6 +352,12 @@ struct State {
   // worst case, every page written, unless the MR was registered after ibv_fork_init).
   bool fork_copies = false;
   bool fork_inited = false;
+  // FAKEVERBS_RECV_LAG_US: the receiver's completion lags the requester's: a packet's data
+  // lands and is ACKed at once, its receive completion enters the CQ a random 0..N us later
+  // (seeded: FAKEVERBS_SEED, printed at init when random delays are on).
+  long long recv_lag_us = 0;
+  uint64_t seed = 0;
+  uint64_t lag_rng = 0;
   std::vector<Device*> devices;
   std::unordered_map<uint32_t, Qp*> qps;  // local QPs by number
   std::unordered_map<uint32_t, Mr*> mrs;  // by key
@@ -394,6 +408,10 @@ void push_cqe(Cq* cq, const ibv_wc& wc, uint64_t sq_slot_end = 0);
 void set_port_locked(Device* d, bool up);
 void set_ipv4_locked(Device* d, uint32_t addr_be);
 void qp_to_error_locked(Qp* qp);
+// Moves a QP's lagged receive completions into its CQ: those due by `until` (all: kNever).
+void release_lagged_locked(Qp* qp, TimePoint until);
+// Random 0..max_us microseconds from the seeded generator.
+long long random_us_locked(long long max_us);
 void advance_sq_locked(Qp* qp);
 Mr* find_mr(uint32_t key);
 // Makes the fenced writes of `d` visible (all, or only those into `only`, an MR going away).

@@ -303,6 +303,31 @@ int ensure_init_locked() {
     }
     g->fence = r[0] == '1';
   }
+  if (const char* r = getenv("FAKEVERBS_RECV_LAG_US"); r && *r) {
+    long long v;
+    if (!parse_ll(r, &v) || v < 0 || v > 1000000) {
+      fprintf(stderr, "fakeverbs: bad FAKEVERBS_RECV_LAG_US '%s' (microseconds, 0-1000000)\n", r);
+      return g->init_errno = EINVAL;
+    }
+    g->recv_lag_us = v;
+  }
+  if (const char* r = getenv("FAKEVERBS_SEED"); r && *r) {
+    long long v;
+    if (!parse_ll(r, &v) || v < 0) {
+      fprintf(stderr, "fakeverbs: bad FAKEVERBS_SEED '%s' (an integer >= 0)\n", r);
+      return g->init_errno = EINVAL;
+    }
+    g->seed = static_cast<uint64_t>(v);
+  } else {
+    g->seed = (static_cast<uint64_t>(getpid()) << 20) ^
+              static_cast<uint64_t>(Clock::now().time_since_epoch().count() & 0xfffff);
+  }
+  g->lag_rng = g->seed * 0x9e3779b97f4a7c15ull + 1;
+  if (g->recv_lag_us > 0)
+    fprintf(stderr,
+            "fakeverbs[%d]: receive completions lag up to %lld us, FAKEVERBS_SEED=%llu "
+            "(set it to repeat this run's delays)\n",
+            static_cast<int>(getpid()), g->recv_lag_us, static_cast<unsigned long long>(g->seed));
   g->key_rng = (static_cast<uint64_t>(getpid()) << 32) ^
                static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
                0x9e3779b97f4a7c15ull;
@@ -344,6 +369,15 @@ Device* find_device(const std::string& name) {
   for (auto* d : g->devices)
     if (d->name == name) return d;
   return nullptr;
+}
+
+long long random_us_locked(long long max_us) {
+  if (max_us <= 0) return 0;
+  uint64_t& x = g->lag_rng;  // xorshift64*
+  x ^= x >> 12;
+  x ^= x << 25;
+  x ^= x >> 27;
+  return static_cast<long long>((x * 0x2545f4914f6cdd1dull) % static_cast<uint64_t>(max_us + 1));
 }
 
 Context* ctx_of(ibv_context* c) {

@@ -25,7 +25,7 @@ const char* const kForm =
     "accepted: kind,dev=NAME[,after_bytes=N|after_ms=N] with kind one of "
     "port_down[,for_ms=N] | port_up | flap,down_ms=A,up_ms=B[,count=N] | blackhole | "
     "hold_write[,release_after=K] | rkey_error | lkey_error | set_ipv4,addr=A.B.C.D | "
-    "sq_full[,count=N] | device_fatal[,for_ms=N] | qp_fatal[,count=N]";
+    "sq_full[,count=N] | device_fatal[,for_ms=N] | qp_fatal[,count=N] | ack_loss[,for_ms=N]";
 
 bool num(const std::string& v, long long* out) {
   if (v.empty()) return false;
@@ -43,13 +43,14 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
   f->kind = trim(fields[0]);
   static const std::set<std::string> kinds = {
       "port_down",  "port_up",  "flap",    "blackhole",    "hold_write", "rkey_error",
-      "lkey_error", "set_ipv4", "sq_full", "device_fatal", "qp_fatal"};
+      "lkey_error", "set_ipv4", "sq_full", "device_fatal", "qp_fatal",   "ack_loss"};
   if (!kinds.count(f->kind)) {
     *why = "unknown kind '" + f->kind + "'";
     return false;
   }
   std::set<std::string> allowed = {"dev", "after_bytes", "after_ms"};
-  if (f->kind == "port_down" || f->kind == "device_fatal") allowed.insert("for_ms");
+  if (f->kind == "port_down" || f->kind == "device_fatal" || f->kind == "ack_loss")
+    allowed.insert("for_ms");
   if (f->kind == "flap") allowed.insert({"down_ms", "up_ms", "count"});
   if (f->kind == "hold_write") allowed.insert("release_after");
   if (f->kind == "set_ipv4") allowed.insert("addr");
@@ -117,8 +118,9 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
   return true;
 }
 
-void schedule(Device* d, TimePoint at, bool up, bool reset_done = false) {
-  g->scheduled.push_back(Scheduled{at, d, up, reset_done});
+void schedule(Device* d, TimePoint at, bool up, bool reset_done = false,
+              bool ack_loss_done = false) {
+  g->scheduled.push_back(Scheduled{at, d, up, reset_done, ack_loss_done});
 }
 
 }  // namespace
@@ -175,6 +177,9 @@ void fire_fault_locked(const Fault& f) {
     if (std::find(g->fatal_devices.begin(), g->fatal_devices.end(), d) == g->fatal_devices.end())
       g->fatal_devices.push_back(d);
     if (f.for_ms >= 0) schedule(d, now + std::chrono::milliseconds(f.for_ms), true, true);
+  } else if (f.kind == "ack_loss") {
+    d->ack_loss = true;
+    if (f.for_ms >= 0) schedule(d, now + std::chrono::milliseconds(f.for_ms), true, false, true);
   } else if (f.kind == "qp_fatal") {
     // The `count` most recently created QPs of the device that are connected to another QP
     // (a loopback flush QP, connected to itself, is left alone) and in RTS.
@@ -225,7 +230,9 @@ TimePoint run_fault_timers_locked(TimePoint now) {
   while (!g->scheduled.empty() && g->scheduled.front().at <= now) {
     Scheduled s = g->scheduled.front();
     g->scheduled.erase(g->scheduled.begin());
-    if (s.reset_done)
+    if (s.ack_loss_done)
+      s.dev->ack_loss = false;
+    else if (s.reset_done)
       device_back_locked(s.dev);
     else if (!s.dev->removed)
       set_port_locked(s.dev, s.up);

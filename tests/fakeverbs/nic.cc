@@ -305,14 +305,35 @@ void push_recv_cqe(Qp* q, const RecvWr& r, ibv_wc_status st, ibv_wc_opcode op, u
     wc.wc_flags = IBV_WC_WITH_IMM;
     wc.imm_data = h.imm;
   }
+  if (g->recv_lag_us > 0 || !q->lagged.empty()) {
+    const TimePoint now = Clock::now();
+    TimePoint due = now + std::chrono::microseconds(random_us_locked(g->recv_lag_us));
+    if (!q->lagged.empty()) due = std::max(due, q->lagged.back().first);
+    q->lagged.emplace_back(due, wc);
+    wake_nic();
+    return;
+  }
   push_cqe(q->rcq, wc);
 }
+
+}  // namespace
+
+void release_lagged_locked(Qp* q, TimePoint until) {
+  while (!q->lagged.empty() && q->lagged.front().first <= until) {
+    push_cqe(q->rcq, q->lagged.front().second);
+    q->lagged.pop_front();
+  }
+}
+
+namespace {
 
 // Runs due retry / RNR timers; returns the next deadline. Locked.
 TimePoint run_qp_timers(TimePoint now) {
   TimePoint next = kNever;
   for (auto& kv : g->qps) {
     Qp* q = kv.second;
+    release_lagged_locked(q, now);
+    if (!q->lagged.empty()) next = std::min(next, q->lagged.front().first);
     if (q->state == IBV_QPS_RTS && !q->blackholed && !q->sq.empty()) {
       SendWr& w = q->sq.front();
       TimePoint dl = kNever;
@@ -667,7 +688,9 @@ void process_inbound_locked(Qp* q) {
         }
       }
     }
-    send_ack(in.conn, h, q->qpn, st, resp.data(), static_cast<uint32_t>(resp.size()));
+    send_ack(in.conn, h, q->qpn,
+             st == kAckOk && q->dev->ack_loss ? static_cast<uint8_t>(kAckLost) : st, resp.data(),
+             static_cast<uint32_t>(resp.size()));
     q->inq.pop_front();
     if (recv_failed) {
       qp_to_error_locked(q);

@@ -82,6 +82,7 @@ void discard_all(Qp* qp) {
   qp->sq.clear();
   qp->rq.clear();
   qp->inq.clear();
+  qp->lagged.clear();
   qp->held_block = qp->blackholed = qp->err_pending = false;
 }
 
@@ -120,6 +121,7 @@ void advance_sq_locked(Qp* qp) {
 }
 
 void qp_to_error_locked(Qp* qp) {
+  release_lagged_locked(qp, kNever);  // completed WRs come before the flushes
   qp->state = IBV_QPS_ERR;
   qp->box.pub.state = IBV_QPS_ERR;
   for (const auto& w : qp->sq) push_send_cqe(qp, w, IBV_WC_WR_FLUSH_ERR);

@@ -1260,6 +1260,53 @@ TEST_CASE("fakeverbs: a device-fatal error, the device's reset and a fatal QP") 
   }));
 }
 
+TEST_CASE("fakeverbs: lost ACKs of landed writes, and receive completions that lag") {
+  expect_ok(run_scenario(kTwoEth, [] {
+    setenv("FAKEVERBS_RECV_LAG_US", "200000", 1);  // read at the first verbs call
+    setenv("FAKEVERBS_SEED", "7", 1);
+    Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
+    Buf la(na, 1 << 16), rb(nb, 1 << 16);
+    Ep a = make_ep(na), b = make_ep(nb);
+    connect_pair(a, b);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(post_recv(b.qp, 100 + i, nullptr, 0, 0), 0);
+    memcpy(la.mem.data(), "lagging", 7);
+    // The requester's completion comes at once; the receiver's up to 200 ms later, in order.
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 4; ++i)
+      EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE_WITH_IMM, i, &la, 0, 7, rb.addr(64 * i), rb.mr->rkey,
+                     htonl(i)),
+                0);
+    EXPECT_EQ(poll_n(a.cq, 4, 1000).size(), 4);
+    EXPECT(memcmp(rb.mem.data() + 192, "lagging", 7) == 0);  // landed before its completion
+    auto got = poll_n(b.cq, 4, 2000);
+    EXPECT_EQ(got.size(), 4);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(ntohl(got[i].imm_data), i);
+    EXPECT(std::chrono::steady_clock::now() - t0 < Ms(1000));
+    // ERR puts lagging completions ahead of the flushes.
+    EXPECT_EQ(post_recv(b.qp, 200, nullptr, 0, 0), 0);
+    EXPECT_EQ(post_recv(b.qp, 201, nullptr, 0, 0), 0);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE_WITH_IMM, 9, &la, 0, 7, rb.addr(512), rb.mr->rkey, 9),
+              0);
+    EXPECT_EQ(poll_one(a.cq).status, IBV_WC_SUCCESS);
+    ibv_qp_attr ea{};
+    ea.qp_state = IBV_QPS_ERR;
+    EXPECT_EQ(ibv_modify_qp(b.qp, &ea, IBV_QP_STATE), 0);
+    got = poll_n(b.cq, 2, 100);
+    EXPECT_EQ(got.size(), 2);
+    EXPECT_EQ(got[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(got[0].wr_id, 200);
+    EXPECT_EQ(got[1].status, IBV_WC_WR_FLUSH_ERR);
+    EXPECT_EQ(got[1].wr_id, 201);
+    // ack_loss on the target's device: the write lands, its ACK does not come back.
+    Ep c = make_ep(na), d = make_ep(nb);
+    connect_pair(c, d);
+    EXPECT_EQ(fakeverbs_inject("ack_loss,dev=mlx5_1"), 0);
+    EXPECT_EQ(post(c.qp, IBV_WR_RDMA_WRITE, 10, &la, 0, 7, rb.addr(1024), rb.mr->rkey), 0);
+    EXPECT_EQ(poll_one(c.cq, 3000).status, IBV_WC_RETRY_EXC_ERR);
+    EXPECT(memcmp(rb.mem.data() + 1024, "lagging", 7) == 0);
+  }));
+}
+
 TEST_CASE("fakeverbs: faults from FAKEVERBS_FAULTS") {
   expect_ok(run_scenario(
       kTwoEth,

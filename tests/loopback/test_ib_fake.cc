@@ -294,6 +294,33 @@ TEST_CASE("verbs: a fatal QP (async event) on an idle backup path fails that pat
   CHECK(count_lines_containing(r.sender_log + r.receiver_log, "give-up:") == 0);
 }
 
+TEST_CASE(
+    "verbs: the receiver reports what landed only after draining every completion of the "
+    "failed path",
+    "[loopback][ib][failover]") {
+  SKIP_WITHOUT_FAKE();
+  // The receiver's completions lag its sender's by up to 30 ms (FAKEVERBS_RECV_LAG_US), as a
+  // busy HCA's can: when its port goes down, hundreds of chunks have landed (the sender has
+  // their RC acknowledgements) whose completions are not yet in the CQ. The QPs' move to ERR
+  // puts them there, ahead of 16 x 128 receive flushes. A report of the landed state made
+  // before all of them are read omits landed chunks, the sender replays them, and the
+  // receiver counting them afterwards completes a message whose buffer the replay then
+  // writes again, after NCCL got it back (pattern per message shows it).
+  PairOptions o = ib_pair("", "ack_loss,dev=mlx5_0,after_ms=700");
+  o.receiver_env["FAKEVERBS_RECV_LAG_US"] = "400000";
+  o.env["R2CCL_IB_QPS_PER_PATH"] = "16";
+  o.env["R2CCL_CHUNK_SIZE"] = "16K";
+  StreamSpec st = short_stream(2.0);
+  st.msg = 1024 * 1024;
+  st.pattern_per_message = true;
+  st.check_delay_ms = 50;
+  StreamRun r = run_stream(o, st);
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  CHECK(r.pair.sender_status == kStreamOk);
+  CHECK(r.pair.receiver_status == kStreamOk);
+  CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") == 1);
+}
+
 TEST_CASE("verbs: a late write of a failed path cannot land (bilateral ERR); without it, it does",
           "[loopback][ib][failover]") {
   SKIP_WITHOUT_FAKE();

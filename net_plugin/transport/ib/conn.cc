@@ -1501,8 +1501,22 @@ void Conn::stop_path(int path, bool from_peer, TimeUs now) {
 
 void Conn::quiesce(int path, PathSink& sink, TimeUs now) {
   // Every chunk that landed on the path before its QPs entered ERR has its completion in
-  // the CQ already.
-  poll_path(paths_[path], sink, now);
+  // the CQ already, ahead of its QP's flushes (a QP's completions are in order): all of them
+  // are read before the landed state is reported, however many there are (16 QPs x 128
+  // receives flush 2048). Finite: after ERR only flushes come, and a flushed receive is not
+  // posted again.
+  Path& p = paths_[path];
+  ibv_wc wc[kPollBatch];
+  for (int guard = 0; p.cq && guard < (1 << 16); ++guard) {
+    const int n = ibv_poll_cq(p.cq, kPollBatch, wc);
+    if (n <= 0) break;
+    for (int i = 0; i < n && p.cq; ++i) {
+      if (wc[i].wr_id & kRecvWrFlag)
+        on_recv_wc(p, wc[i], sink, now);
+      else
+        on_send_wc(p, wc[i], sink, now);
+    }
+  }
 }
 
 bool Conn::can_reconnect(int path, PathSink& sink) const {
