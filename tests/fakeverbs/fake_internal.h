@@ -134,6 +134,10 @@ struct Device {
   // Fault ack_loss: packets arriving at this device land (completions and all) but their
   // ACKs are lost on the way back (a one-way fault), so requesters end in RETRY_EXC_ERR.
   bool ack_loss = false;
+  // Fault drop: the next arm_drop packets with a payload sent from this device are lost
+  // drop_tries times each, then delivered by the requester's retransmission.
+  int arm_drop = 0;
+  int drop_tries = 1;
   std::vector<Context*> contexts;
 };
 
@@ -230,7 +234,13 @@ struct SendWr {
   uint32_t len = 0;
   uint64_t raddr = 0;
   St st = kQueued;
-  bool lost = false;      // kSent: the packet or its ACK was lost (the retry timer runs)
+  bool lost = false;  // kSent: the packet or its ACK was lost (the retry timer runs)
+  // Fault drop: this packet is lost on its next drops_left transmissions; while `retx`, the
+  // requester resends it one local ACK timeout after sent_at (tries counts the resends; more
+  // than retry_cnt: RETRY_EXC_ERR). The packet is kept until it is really sent.
+  int drops_left = 0;
+  bool retx = false;
+  int tries = 0;
   uint64_t slot_end = 0;  // Qp::sq_posted after this WR took its send-queue slot
   ibv_wc_status status = IBV_WC_SUCCESS;
   TimePoint sent_at{};
@@ -285,6 +295,9 @@ struct Qp {
   // ahead of the flushes; RESET and destroy drop them.
   std::deque<std::pair<TimePoint, ibv_wc>> lagged;
   bool err_pending = false;  // a WR that failed locally waits to complete: transmit nothing
+  // A dropped packet waits for its retransmission: later WRs are not transmitted before it
+  // (RC go-back-N: the target would discard them as out of sequence, and they are resent).
+  bool retx_block = false;
 };
 
 struct Conn {
@@ -320,7 +333,7 @@ struct Fault {
   std::string text;  // the entry as written, for messages
   std::string kind;
   Device* dev = nullptr;
-  long long for_ms = -1, down_ms = 0, up_ms = 0, count = 1, release_after = 2;
+  long long for_ms = -1, down_ms = 0, up_ms = 0, count = 1, release_after = 2, tries = 1;
   uint32_t addr = 0;
   long long after_bytes = -1, after_ms = -1;
 };
@@ -356,6 +369,9 @@ struct State {
   // lands and is ACKed at once, its receive completion enters the CQ a random 0..N us later
   // (seeded: FAKEVERBS_SEED, printed at init when random delays are on).
   long long recv_lag_us = 0;
+  // R2CCL_TEST_TIME_SCALE (the variable the plugin reads too): the QP timers derived from
+  // the QP attributes (local ACK timeout, RNR timer) run this many times faster.
+  long long time_scale = 1;
   uint64_t seed = 0;
   uint64_t lag_rng = 0;
   std::vector<Device*> devices;
@@ -418,6 +434,8 @@ Mr* find_mr(uint32_t key);
 void apply_fenced_locked(Device* d, const Mr* only = nullptr);
 // Microseconds before a QP's oldest unacknowledged WR gives up (-1 = never).
 long long retry_us(const Qp* qp);
+// Microseconds of one local ACK timeout of the QP (one try), time-scaled.
+long long one_try_us(const Qp* qp);
 Context* ctx_of(ibv_context* c);
 
 // --- nic.cc ---

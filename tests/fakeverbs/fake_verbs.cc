@@ -303,6 +303,14 @@ int ensure_init_locked() {
     }
     g->fence = r[0] == '1';
   }
+  if (const char* r = getenv("R2CCL_TEST_TIME_SCALE"); r && *r) {
+    long long v;
+    if (!parse_ll(r, &v) || v < 1 || v > 1000000) {
+      fprintf(stderr, "fakeverbs: bad R2CCL_TEST_TIME_SCALE '%s' (an integer 1-1000000)\n", r);
+      return g->init_errno = EINVAL;
+    }
+    g->time_scale = v;
+  }
   if (const char* r = getenv("FAKEVERBS_RECV_LAG_US"); r && *r) {
     long long v;
     if (!parse_ll(r, &v) || v < 0 || v > 1000000) {

@@ -25,7 +25,8 @@ const char* const kForm =
     "accepted: kind,dev=NAME[,after_bytes=N|after_ms=N] with kind one of "
     "port_down[,for_ms=N] | port_up | flap,down_ms=A,up_ms=B[,count=N] | blackhole | "
     "hold_write[,release_after=K] | rkey_error | lkey_error | set_ipv4,addr=A.B.C.D | "
-    "sq_full[,count=N] | device_fatal[,for_ms=N] | qp_fatal[,count=N] | ack_loss[,for_ms=N]";
+    "sq_full[,count=N] | device_fatal[,for_ms=N] | qp_fatal[,count=N] | ack_loss[,for_ms=N] | "
+    "drop[,count=N][,tries=T]";
 
 bool num(const std::string& v, long long* out) {
   if (v.empty()) return false;
@@ -42,8 +43,8 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
   f->text = entry;
   f->kind = trim(fields[0]);
   static const std::set<std::string> kinds = {
-      "port_down",  "port_up",  "flap",    "blackhole",    "hold_write", "rkey_error",
-      "lkey_error", "set_ipv4", "sq_full", "device_fatal", "qp_fatal",   "ack_loss"};
+      "port_down", "port_up", "flap",         "blackhole", "hold_write", "rkey_error", "lkey_error",
+      "set_ipv4",  "sq_full", "device_fatal", "qp_fatal",  "ack_loss",   "drop"};
   if (!kinds.count(f->kind)) {
     *why = "unknown kind '" + f->kind + "'";
     return false;
@@ -55,6 +56,7 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
   if (f->kind == "hold_write") allowed.insert("release_after");
   if (f->kind == "set_ipv4") allowed.insert("addr");
   if (f->kind == "sq_full" || f->kind == "qp_fatal") allowed.insert("count");
+  if (f->kind == "drop") allowed.insert({"count", "tries"});
   std::set<std::string> seen;
   for (size_t i = 1; i < fields.size(); ++i) {
     std::string kv = trim(fields[i]);
@@ -91,6 +93,8 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
       ok = num(v, &f->up_ms) && f->up_ms > 0;
     } else if (k == "count") {
       ok = num(v, &f->count) && f->count > 0 && f->count <= 100000;
+    } else if (k == "tries") {
+      ok = num(v, &f->tries) && f->tries > 0 && f->tries <= 7;
     } else if (k == "release_after") {
       ok = num(v, &f->release_after) && f->release_after > 0;
     }
@@ -177,6 +181,9 @@ void fire_fault_locked(const Fault& f) {
     if (std::find(g->fatal_devices.begin(), g->fatal_devices.end(), d) == g->fatal_devices.end())
       g->fatal_devices.push_back(d);
     if (f.for_ms >= 0) schedule(d, now + std::chrono::milliseconds(f.for_ms), true, true);
+  } else if (f.kind == "drop") {
+    d->arm_drop += static_cast<int>(f.count);
+    d->drop_tries = static_cast<int>(f.tries);
   } else if (f.kind == "ack_loss") {
     d->ack_loss = true;
     if (f.for_ms >= 0) schedule(d, now + std::chrono::milliseconds(f.for_ms), true, false, true);

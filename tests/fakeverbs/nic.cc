@@ -84,7 +84,8 @@ std::chrono::microseconds rnr_delay(uint8_t t) {
                                  0.16,   0.24,  0.32,  0.48,   0.64,   0.96,   1.28,   1.92,
                                  2.56,   3.84,  5.12,  7.68,   10.24,  15.36,  20.48,  30.72,
                                  40.96,  61.44, 81.92, 122.88, 163.84, 245.76, 327.68, 491.52};
-  return std::chrono::microseconds(static_cast<long long>(kMs[t & 31] * 1000));
+  return std::chrono::microseconds(std::max(
+      1ll, static_cast<long long>(kMs[t & 31] * 1000 / static_cast<double>(g->time_scale))));
 }
 
 // The file says "there were NAKs" at once (the first one) and is brought up to date at most
@@ -260,6 +261,19 @@ void handle_ack(const Hdr& h, const std::vector<char>& pay) {
   }
   TimePoint now = Clock::now();
   q->last_progress = now;
+  if (q->retx_block && w->tries > 0) {
+    // The resent packet got through: what waited behind it goes now (unless another
+    // dropped packet still waits).
+    bool waiting = false;
+    for (auto& x : q->sq) waiting = waiting || (x.retx && &x != w);
+    if (!waiting) {
+      q->retx_block = false;
+      for (auto& x : q->sq) {
+        if (q->retx_block || q->held_block || q->blackholed || q->err_pending) break;
+        if (x.st == SendWr::kQueued) transmit_locked(q, &x);
+      }
+    }
+  }
   switch (h.status) {
     case kAckOk:
       w->st = SendWr::kDone;
@@ -334,6 +348,29 @@ TimePoint run_qp_timers(TimePoint now) {
     Qp* q = kv.second;
     release_lagged_locked(q, now);
     if (!q->lagged.empty()) next = std::min(next, q->lagged.front().first);
+    if (q->retx_block && q->state == IBV_QPS_RTS) {
+      // Retransmission of dropped packets, one local ACK timeout after each try.
+      const long long t = one_try_us(q);
+      for (auto& w : q->sq) {
+        if (w.st != SendWr::kSent || !w.retx || w.lost || t < 0) continue;
+        const TimePoint due = w.sent_at + std::chrono::microseconds(t);
+        if (due > now) {
+          next = std::min(next, due);
+          continue;
+        }
+        if (w.tries >= static_cast<int>(q->attr.retry_cnt)) {
+          w.retx = false;
+          w.st = SendWr::kDone;
+          w.status = IBV_WC_RETRY_EXC_ERR;
+          continue;
+        }
+        w.tries++;
+        transmit_locked(q, &w);
+        if (w.retx) next = std::min(next, w.sent_at + std::chrono::microseconds(t));
+      }
+      advance_sq_locked(q);
+      if (q->state != IBV_QPS_RTS) continue;
+    }
     if (q->state == IBV_QPS_RTS && !q->blackholed && !q->sq.empty()) {
       SendWr& w = q->sq.front();
       TimePoint dl = kNever;
@@ -587,6 +624,15 @@ void transmit_locked(Qp* q, SendWr* w) {
   w->st = SendWr::kSent;
   w->sent_at = Clock::now();
   w->lost = false;
+  w->retx = false;
+  if (w->drops_left > 0) {  // fault drop: lost on the wire this time; resent after one try
+    w->drops_left--;
+    w->retx = true;
+    q->retx_block = true;
+    const long long t = one_try_us(q);
+    if (t >= 0) kick_at(w->sent_at + std::chrono::microseconds(t));
+    return;
+  }
   std::vector<char> pkt = std::move(w->pkt);
   w->pkt = {};
   int pid = -1;

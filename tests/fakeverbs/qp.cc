@@ -83,7 +83,7 @@ void discard_all(Qp* qp) {
   qp->rq.clear();
   qp->inq.clear();
   qp->lagged.clear();
-  qp->held_block = qp->blackholed = qp->err_pending = false;
+  qp->held_block = qp->blackholed = qp->err_pending = qp->retx_block = false;
 }
 
 // Is SGE [addr, addr+len) inside MR `key` of `pd` with `need` access?
@@ -99,11 +99,19 @@ char* sge_ptr(const Mr* m, const ibv_sge& s) { return m->addr + (s.addr - m->iov
 
 }  // namespace
 
+long long one_try_us(const Qp* qp) {
+  if (g->retry_us_env > 0) return std::max(1ll, g->retry_us_env / (qp->attr.retry_cnt + 1));
+  if (qp->attr.timeout == 0) return -1;
+  const double us = 4.096 * std::ldexp(1.0, std::min<int>(qp->attr.timeout, 40)) /
+                    static_cast<double>(g->time_scale);
+  return std::max(1ll, static_cast<long long>(std::min(us, 1e15)));
+}
+
 long long retry_us(const Qp* qp) {
   if (g->retry_us_env > 0) return g->retry_us_env;
   if (qp->attr.timeout == 0) return -1;  // IB: timeout 0 = wait forever
-  double us =
-      4.096 * std::ldexp(1.0, std::min<int>(qp->attr.timeout, 40)) * (qp->attr.retry_cnt + 1);
+  double us = 4.096 * std::ldexp(1.0, std::min<int>(qp->attr.timeout, 40)) *
+              (qp->attr.retry_cnt + 1) / static_cast<double>(g->time_scale);
   return static_cast<long long>(std::min(us, 1e15));
 }
 
@@ -452,10 +460,18 @@ int fv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
       w.pkt.clear();
       w.st = SendWr::kHeld;
       q->held_block = true;
-    } else if (q->held_block || q->blackholed) {
+    } else if (q->held_block || q->blackholed || q->retx_block) {
+      if (total > 0 && d->arm_drop > 0) {
+        d->arm_drop--;
+        w.drops_left = d->drop_tries;
+      }
       w.st = SendWr::kQueued;
       if (q->blackholed) w.pkt.clear();
     } else {
+      if (total > 0 && d->arm_drop > 0) {
+        d->arm_drop--;
+        w.drops_left = d->drop_tries;
+      }
       transmit_locked(q, &w);
     }
     check_byte_triggers_locked(d);

@@ -1307,6 +1307,48 @@ TEST_CASE("fakeverbs: lost ACKs of landed writes, and receive completions that l
   }));
 }
 
+TEST_CASE("fakeverbs: a dropped packet is resent after one local ACK timeout, time-scaled") {
+  expect_ok(run_scenario(kTwoEth, [] {
+    unsetenv("FAKEVERBS_RETRY_US");  // the QP's own timeout: 4.096 us x 2^20 / 64 = 67 ms
+    setenv("R2CCL_TEST_TIME_SCALE", "64", 1);
+    Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
+    Buf la(na, 1 << 16), rb(nb, 1 << 16);
+    Ep a = make_ep(na), b = make_ep(nb);
+    Addr aa = addr_of(a), ba = addr_of(b);
+    EXPECT_EQ(to_init(a.qp), 0);
+    ibv_qp_attr x = rtr_attr(na, ba);
+    EXPECT_EQ(ibv_modify_qp(a.qp, &x, kRtrMask), 0);
+    x = rts_attr();
+    x.timeout = 20;
+    x.retry_cnt = 2;
+    EXPECT_EQ(ibv_modify_qp(a.qp, &x, kRtsMask), 0);
+    connect_ep(b, aa);
+    for (int i = 0; i < 4; ++i) EXPECT_EQ(post_recv(b.qp, 100 + i, nullptr, 0, 0), 0);
+    // Lost twice, then delivered by the second resend; the write behind it lands after it.
+    EXPECT_EQ(fakeverbs_inject("drop,dev=mlx5_0,count=1,tries=2"), 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE_WITH_IMM, 1, &la, 0, 8, rb.addr(0), rb.mr->rkey, 1), 0);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE_WITH_IMM, 2, &la, 0, 8, rb.addr(64), rb.mr->rkey, 2), 0);
+    auto got = poll_n(a.cq, 2, 2000);
+    const auto dt = std::chrono::steady_clock::now() - t0;
+    EXPECT_EQ(got.size(), 2);
+    EXPECT_EQ(got[0].wr_id, 1);
+    EXPECT_EQ(got[0].status, IBV_WC_SUCCESS);
+    EXPECT_EQ(got[1].status, IBV_WC_SUCCESS);
+    EXPECT(dt >= Ms(130));  // two tries of 67 ms
+    EXPECT(dt < Ms(1000));  // not the unscaled 8.6 s
+    auto rg = poll_n(b.cq, 2, 1000);
+    EXPECT_EQ(rg.size(), 2);
+    EXPECT_EQ(rg[0].imm_data, 1);  // in posting order at the target
+    EXPECT_EQ(rg[1].imm_data, 2);
+    // More drops than retry_cnt (2) resends: retry-exceeded after 3 tries.
+    EXPECT_EQ(fakeverbs_inject("drop,dev=mlx5_0,count=1,tries=3"), 0);
+    EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, 3, &la, 0, 8, rb.addr(128), rb.mr->rkey), 0);
+    ibv_wc wc = poll_one(a.cq, 2000);
+    EXPECT_EQ(wc.status, IBV_WC_RETRY_EXC_ERR);
+  }));
+}
+
 TEST_CASE("fakeverbs: faults from FAKEVERBS_FAULTS") {
   expect_ok(run_scenario(
       kTwoEth,

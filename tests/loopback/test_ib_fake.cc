@@ -321,6 +321,53 @@ TEST_CASE(
   CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") == 1);
 }
 
+TEST_CASE(
+    "verbs: NCCL_IB_TIMEOUT 14 to 22, time-scaled: dropped packets are resent by the QP without "
+    "a failover, a black hole is caught within the scaled bound",
+    "[loopback][ib][failover]") {
+  SKIP_WITHOUT_FAKE();
+  // R2CCL_TEST_TIME_SCALE = 2^(timeout - 14) makes one QP try 67 ms in the fake and in the
+  // plugin's bounds alike (unscaled: 67 ms at 14, 1.07 s at 18, 17.2 s at 22). The fake's
+  // retry budget is the QP's own (FAKEVERBS_RETRY_US unset).
+  for (const int t : {14, 18, 22}) {
+    const std::string scale = std::to_string(1 << (t - 14));
+    auto pair_at = [&](const std::string& faults) {
+      PairOptions o = ib_pair(faults);
+      o.env.erase("FAKEVERBS_RETRY_US");
+      o.env["NCCL_IB_TIMEOUT"] = std::to_string(t);
+      o.env["R2CCL_TEST_TIME_SCALE"] = scale;
+      o.env["R2CCL_IB_QPS_PER_PATH"] = "4";
+      return o;
+    };
+    DYNAMIC_SECTION("timeout " << t << ": a tail loss, then a burst of 8 drops lost twice each") {
+      StreamRun r = run_stream(pair_at("drop,dev=mlx5_0,count=1,after_bytes=33554432;"
+                                       "drop,dev=mlx5_0,count=8,tries=2,after_bytes=100663296"),
+                               short_stream(1.5));
+      INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+      CHECK(r.pair.sender_status == kStreamOk);
+      CHECK(r.pair.receiver_status == kStreamOk);
+      // What the drops could cause: the watchdog or retry-exceeded failing a path whose QP
+      // was still resending. (A heartbeat miss of an overloaded 2-core host is not theirs.)
+      const std::string both = r.sender_log + r.receiver_log;
+      CHECK(count_lines_containing(both, "failed (acknowledgement timeout") == 0);
+      CHECK(count_lines_containing(both, "failed (completion error") == 0);
+      CHECK(count_lines_containing(both, "give-up:") == 0);
+    }
+    DYNAMIC_SECTION("timeout " << t << ": a black hole on the sender's primary HCA") {
+      // Caught by the sender's watchdog (600 ms over the scaled 134 ms floor) or by the
+      // receiver's QPs running out of retries (8 scaled tries, 536 ms): no message may wait
+      // 3 s, where unscaled timers would take 34 s (22) or 8.6 s (18) at the least.
+      StreamSpec st = short_stream(1.5);
+      st.stall_ms = 3000;
+      StreamRun r = run_stream(pair_at("blackhole,dev=mlx5_0,after_bytes=33554432"), st);
+      INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+      CHECK(r.pair.sender_status == kStreamOk);
+      CHECK(r.pair.receiver_status == kStreamOk);
+      CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") == 1);
+    }
+  }
+}
+
 TEST_CASE("verbs: a late write of a failed path cannot land (bilateral ERR); without it, it does",
           "[loopback][ib][failover]") {
   SKIP_WITHOUT_FAKE();

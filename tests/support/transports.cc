@@ -55,10 +55,14 @@ PairOptions TransportUnderTest::pair(const std::map<std::string, std::string>& e
              {"R2CCL_SOCKET_IFNAME", "lo"},
              {"FAKEVERBS_DIR", fresh_fake_dir()},
              // retry-exceeded 250 ms after a packet is lost (real QPs: R2CCL_IB_TIMEOUT x
-             // retries), and a 600 ms acknowledgement watchdog: a 2-core CI machine running
-             // these under AddressSanitizer must not see a slow ACK as a dead path.
+             // retries), a 600 ms acknowledgement watchdog and a 600 ms heartbeat rule
+             // (3 x 200 ms): a 2-core machine running these under AddressSanitizer, or beside
+             // a parallel build, must not see a slow ACK as a dead path. The fake's NIC is a
+             // thread of each test process, so a starved process stops answering for a while
+             // (a real HCA would not); 300 ms of silence from both paths at once was seen.
              {"FAKEVERBS_RETRY_US", "250000"},
-             {"R2CCL_ACK_TIMEOUT", "600ms"}};
+             {"R2CCL_ACK_TIMEOUT", "600ms"},
+             {"R2CCL_HEARTBEAT_INTERVAL", "200ms"}};
     o.sender_env = {{"FAKEVERBS_DEVICES", kFakeSenderHcas}};
     o.receiver_env = {{"FAKEVERBS_DEVICES", kFakeReceiverHcas}};
   }

@@ -167,7 +167,12 @@ struct ParamDef {
     "Test only. Comma list of protections to switch off: no_replay, no_dedup, "                 \
     "no_stale_guard, no_bilateral_err (verbs: replay without moving the peer's QPs to ERR), "   \
     "force_flush (verbs: iflush reads back host buffers too). "                                 \
-    "Used by tests to prove each protection matters.")
+    "Used by tests to prove each protection matters.")                                         \
+  X(test_time_scale, "R2CCL_TEST_TIME_SCALE", kInt, "1", 1, 1000000, nullptr,                   \
+    "Test only. r2ccl's verbs failure bounds take one QP try as 4.096 us * 2^R2CCL_IB_TIMEOUT "  \
+    "/ N; the fake verbs provider runs its QP timers N times faster when it reads the same "    \
+    "variable, so NCCL_IB_TIMEOUT=22 can be tested in milliseconds. Real HCAs ignore it: "      \
+    "never set it outside tests.")
 
 template <ParamType>
 struct ParamCType;

@@ -458,7 +458,7 @@ bool Conn::has_room(int path) const { return chunk_qp(paths_[path]) >= 0; }
 // packet is sent again after one, so before two have passed the QP may still recover it.
 TimeUs Conn::stall_floor(int path) const {
   (void)path;
-  return 2 * ib_retry_timeout_us(static_cast<int>(cfg_.ib_timeout));
+  return 2 * ib_retry_timeout_us(static_cast<int>(cfg_.ib_timeout)) / cfg_.test_time_scale;
 }
 
 // Sender: receives still posted at the peer's QP q for our immediates and SENDs, by the

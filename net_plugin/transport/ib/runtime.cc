@@ -200,13 +200,15 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
   // a silent path be (two QP retransmissions) before failing it over.
   if (std::find(cfg->sources.begin(), cfg->sources.end(),
                 "R2CCL_IB_TIMEOUT from NCCL_IB_TIMEOUT") != cfg->sources.end()) {
-    const TimeUs per_try = ib_retry_timeout_us(static_cast<int>(cfg->ib_timeout));
+    const TimeUs per_try =
+        ib_retry_timeout_us(static_cast<int>(cfg->ib_timeout)) / cfg->test_time_scale;
     R2CCL_WARN(
         "NCCL_IB_TIMEOUT=%lld is used for r2ccl's QPs too (R2CCL_IB_TIMEOUT is unset): a QP "
         "waits %.3f s per retransmission, so a silent (black-holed) verbs path is failed over "
         "after %.3f s at the earliest instead of 0.134 s; set R2CCL_IB_TIMEOUT (14 by default) "
-        "for r2ccl's own QPs",
-        static_cast<long long>(cfg->ib_timeout), per_try / 1e6, 2 * per_try / 1e6);
+        "for r2ccl's own QPs%s",
+        static_cast<long long>(cfg->ib_timeout), per_try / 1e6, 2 * per_try / 1e6,
+        cfg->test_time_scale > 1 ? " (times divided by R2CCL_TEST_TIME_SCALE: a test run)" : "");
   }
   char knobs[256];
   snprintf(knobs, sizeof(knobs),
