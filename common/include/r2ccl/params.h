@@ -124,6 +124,10 @@ struct ParamDef {
     "QP transport retries before a work request completes with retry-exceeded.")                \
   X(ib_qps_per_path, "R2CCL_IB_QPS_PER_PATH", kInt, "1", 1, 16, "NCCL_IB_QPS_PER_CONNECTION",   \
     "RC QPs per path; chunks are spread over them.")                                            \
+  X(ib_pkey, "R2CCL_IB_PKEY", kString, "", 0, 0, "NCCL_IB_PKEY",                                \
+    "InfiniBand partition: a P_Key value (0x8001), looked up in each port's P_Key table; not "  \
+    "in a selected port's table fails init. From NCCL_IB_PKEY it is NCCL's P_Key index "        \
+    "instead. Unset: index 0.")                                                                 \
   X(ib_sl, "R2CCL_IB_SL", kInt, "0", 0, 15, "NCCL_IB_SL", "InfiniBand service level.")          \
   X(ib_tc, "R2CCL_IB_TC", kInt, "0", 0, 255, "NCCL_IB_TC",                                      \
     "Traffic class (RoCE GRH); the communicator config's traffic class wins when set.")         \
