@@ -45,7 +45,9 @@ using Clock = std::chrono::steady_clock;
 using TimePoint = Clock::time_point;
 constexpr TimePoint kNever = TimePoint::max();
 
-constexpr int kGidTableLen = 16;
+constexpr int kGidTableLen = 16;        // default gid_tbl_len
+constexpr int kMaxGidTableLen = 255;    // gids=N at most (mlx5 RoCE ports have 255 entries)
+constexpr int kMaxPkeys = 64;           // pkeys=... entries at most
 constexpr uint32_t kMaxMsg = 1u << 30;  // port max_msg_sz
 constexpr int kMaxSge = 30;
 constexpr int kMaxWr = 16384;
@@ -88,9 +90,11 @@ struct QpBox {
 };
 
 struct GidEntry {
-  ibv_gid gid;
-  uint32_t type;  // enum ibv_gid_type
-  bool valid;
+  ibv_gid gid{};
+  uint32_t type = 0;  // enum ibv_gid_type
+  bool valid = false;
+  bool ip_based = false;  // from an IP address (not the MAC's link-local): removed on netdev down
+  std::string ndev;       // the netdev it belongs to (sysfs gid_attrs/ndevs/<i>)
 };
 
 // A write held back by the visibility fence (FAKEVERBS_FENCE): its bytes reach memory only
@@ -113,7 +117,16 @@ struct Device {
   std::string pci;  // "" = virtual NIC
   int numa = -1;
   bool active = true;
-  GidEntry gids[kGidTableLen];
+  // Addressing (README "Addressing"). gids.size() is the port's gid_tbl_len.
+  std::vector<GidEntry> gids = std::vector<GidEntry>(kGidTableLen);
+  int big_gids = 0;                     // gids=N: a filled table of N entries (0: classic)
+  int gid_rotate = 0;                   // gid_rotate=K: table position p holds entry p-K
+  std::string netdev;                   // the port's netdev (default "eth<device index>")
+  std::vector<uint16_t> pkeys{0xffff};  // P_Key table, host order, bit 15 = full member
+  bool grh_required = false;            // IBV_QPF_GRH_REQUIRED in ibv_port_attr.flags
+  int active_mtu = IBV_MTU_4096;        // enum ibv_mtu; max_mtu is always 4096
+  // GIDs removed by the last netdev down (gids=readd|move), re-added at the next port up.
+  std::vector<std::pair<int, GidEntry>> removed_gids;  // (index, entry)
   uint64_t bytes_posted = 0;       // RDMA WRITE / SEND payload posted on this device
   std::deque<FencedWrite> fenced;  // writes by this device not yet visible (FAKEVERBS_FENCE)
   // RNR NAKs this device sent as a target; the process's total is kept in
@@ -222,6 +235,11 @@ struct Hdr {
   uint16_t dlid;
   uint16_t slid;
   uint32_t rnr_retry;  // the requester's rnr_retry (7: retry RNR NAKs forever)
+  uint16_t pkey;       // the requester QP's P_Key (BTH), host order
+  uint8_t has_grh;     // the requester's AV had is_global (RoCE: always)
+  uint8_t path_mtu;    // the requester QP's path_mtu (enum ibv_mtu)
+  uint8_t pad_;
+  uint16_t vlan;  // VLAN of the requester's source GID's netdev (0: untagged); RoCE
 };
 
 struct SendWr {
@@ -336,12 +354,17 @@ struct Fault {
   long long for_ms = -1, down_ms = 0, up_ms = 0, count = 1, release_after = 2, tries = 1;
   uint32_t addr = 0;
   long long after_bytes = -1, after_ms = -1;
+  int gids = 0;  // port_down / flap: kGidsKeep, kGidsReadd or kGidsMove
 };
+
+// What a netdev down/up does to the IP-based GIDs (fault key gids=).
+enum : int { kGidsKeep = 0, kGidsReadd = 1, kGidsMove = 2 };
 
 struct Scheduled {
   TimePoint at;
   Device* dev;
   bool up;
+  int gids = kGidsKeep;
   bool reset_done = false;     // device_fatal,for_ms: the device comes back (not a port change)
   bool ack_loss_done = false;  // ack_loss,for_ms: the device's ACKs get through again
 };
@@ -421,7 +444,20 @@ void apply_fatal_locked();
 void device_back_locked(Device* d);
 // sq_slot_end: a send completion's SendWr::slot_end (0: a receive completion).
 void push_cqe(Cq* cq, const ibv_wc& wc, uint64_t sq_slot_end = 0);
-void set_port_locked(Device* d, bool up);
+// gids: kGidsKeep, or on down remove the IP-based GIDs (GID_CHANGE after PORT_ERR) and on up
+// re-add them (PORT_ACTIVE, then GID_CHANGE) at the same indices (kGidsReadd) or at the first
+// free ones after the highest used index (kGidsMove).
+void set_port_locked(Device* d, bool up, int gids = kGidsKeep);
+// 1 when the P_Keys a and b (host order) match (IBA vol. 1 10.9.3: same low 15 bits, at least
+// one of them a full member).
+inline bool pkeys_match(uint16_t a, uint16_t b) {
+  return (a & 0x7fff) == (b & 0x7fff) && ((a | b) & 0x8000) != 0;
+}
+// Bytes of an enum ibv_mtu (256 << (mtu - 1)).
+inline uint32_t mtu_bytes(int mtu) { return mtu >= 1 && mtu <= 5 ? 128u << mtu : 0; }
+void write_gid_sysfs(Device* d);
+// The VLAN id of the entry's netdev ("eth0.100" -> 100), 0 when untagged.
+int vlan_of_gid(const GidEntry& e);
 void set_ipv4_locked(Device* d, uint32_t addr_be);
 void qp_to_error_locked(Qp* qp);
 // Moves a QP's lagged receive completions into its CQ: those due by `until` (all: kNever).

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -83,29 +84,83 @@ void encode_speed(int mbps, uint8_t* speed, uint8_t* width) {
   }
 }
 
+// The VLAN id of a netdev name "<dev>.<vid>" (the kernel's default VLAN naming), 0 = none.
+int vlan_of(const std::string& ndev) {
+  size_t dot = ndev.rfind('.');
+  if (dot == std::string::npos || dot + 1 >= ndev.size()) return 0;
+  long long v;
+  return parse_ll(ndev.substr(dot + 1), &v) && v > 0 && v < 4095 ? static_cast<int>(v) : 0;
+}
+
+GidEntry make_gid(const uint8_t raw[16], uint32_t type, bool ip_based, const std::string& ndev) {
+  GidEntry e;
+  memcpy(e.gid.raw, raw, 16);
+  e.type = type;
+  e.valid = true;
+  e.ip_based = ip_based;
+  e.ndev = ndev;
+  return e;
+}
+
 void fill_gids(Device* d) {
-  for (auto& e : d->gids) e = GidEntry{};
+  d->gids.assign(d->big_gids > 0 ? d->big_gids : kGidTableLen, GidEntry{});
   if (!d->eth) {
-    auto& e = d->gids[0];
-    e.gid.raw[0] = 0xfe;
-    e.gid.raw[1] = 0x80;
+    uint8_t raw[16] = {0xfe, 0x80};
     uint64_t be = htobe64(d->guid);
-    memcpy(e.gid.raw + 8, &be, 8);
-    e.type = IBV_GID_TYPE_IB;
-    e.valid = true;
+    memcpy(raw + 8, &be, 8);
+    d->gids[0] = make_gid(raw, IBV_GID_TYPE_IB, false, "");
     return;
   }
-  // Link-local GIDs: the EUI-64 interface id of the port's MAC (U/L bit flipped).
+  // Link-local GIDs: the EUI-64 interface id of the port's MAC (U/L bit flipped); the
+  // kernel's default GIDs, always at indices 0 and 1.
+  uint8_t ll[16] = {0xfe, 0x80};
   uint64_t iid = htobe64(d->guid ^ (2ull << 56));
-  for (int i = 0; i < 2; ++i) {
-    auto& e = d->gids[i];
-    e.gid.raw[0] = 0xfe;
-    e.gid.raw[1] = 0x80;
-    memcpy(e.gid.raw + 8, &iid, 8);
-    e.type = i == 0 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2;
-    e.valid = true;
+  memcpy(ll + 8, &iid, 8);
+  d->gids[0] = make_gid(ll, IBV_GID_TYPE_ROCE_V1, false, d->netdev);
+  d->gids[1] = make_gid(ll, IBV_GID_TYPE_ROCE_V2, false, d->netdev);
+  if (d->big_gids == 0) {
+    set_ipv4_locked(d, d->ipv4);
+    return;
   }
-  set_ipv4_locked(d, d->ipv4);
+  // A full table (gids=N): after the default GIDs, v1/v2 pairs of: the port's IPv4 address
+  // (::ffff:a.b.c.d), its global IPv6 address 2001:db8:<a.b>:<c>::<d>, then for VLAN
+  // v = 100, 101, ... on netdev <netdev>.<v>: the VLAN netdev's link-local address, its
+  // IPv4 address 10.<v>.<c>.<d> and its IPv6 address 2001:db8:<v>:<c>::<d>. Entry p of that
+  // list sits at index 2 + (p + gid_rotate) % (N - 2).
+  const uint8_t* ip = reinterpret_cast<const uint8_t*>(&d->ipv4);
+  std::vector<GidEntry> list;
+  auto pair = [&](const uint8_t raw[16], const std::string& ndev) {
+    list.push_back(make_gid(raw, IBV_GID_TYPE_ROCE_V1, true, ndev));
+    list.push_back(make_gid(raw, IBV_GID_TYPE_ROCE_V2, true, ndev));
+  };
+  auto v4 = [&](uint8_t a, uint8_t b) {
+    uint8_t raw[16] = {};
+    raw[10] = raw[11] = 0xff;
+    raw[12] = a;
+    raw[13] = b;
+    raw[14] = ip[2];
+    raw[15] = ip[3];
+    return std::vector<uint8_t>(raw, raw + 16);
+  };
+  auto v6 = [&](uint8_t hi, uint8_t lo) {
+    uint8_t raw[16] = {0x20, 0x01, 0x0d, 0xb8, hi, lo, 0, ip[2]};
+    raw[15] = ip[3];
+    return std::vector<uint8_t>(raw, raw + 16);
+  };
+  pair(v4(ip[0], ip[1]).data(), d->netdev);
+  pair(v6(ip[0], ip[1]).data(), d->netdev);
+  for (int v = 100; static_cast<int>(list.size()) < d->big_gids - 2 && v < 4095; ++v) {
+    const std::string ndev = d->netdev + "." + std::to_string(v);
+    uint8_t vll[16] = {0xfe, 0x80};
+    uint64_t viid = htobe64((d->guid ^ (2ull << 56)) + static_cast<uint64_t>(v));
+    memcpy(vll + 8, &viid, 8);
+    pair(vll, ndev);
+    pair(v4(10, static_cast<uint8_t>(v)).data(), ndev);
+    pair(v6(static_cast<uint8_t>(v >> 8), static_cast<uint8_t>(v)).data(), ndev);
+  }
+  const int n = d->big_gids - 2;
+  for (int p = 0; p < n && p < static_cast<int>(list.size()); ++p)
+    d->gids[2 + (p + d->gid_rotate) % n] = list[p];
 }
 
 void write_file(const std::string& path, const std::string& text) {
@@ -113,30 +168,48 @@ void write_file(const std::string& path, const std::string& text) {
   f << text;
 }
 
+}  // namespace
+
+int vlan_of_gid(const GidEntry& e) { return vlan_of(e.ndev); }
+
 void write_gid_sysfs(Device* d) {
   std::string ports = std::string(d->box.pub.ibdev_path) + "/ports/1";
-  if (!mkdir_p(ports + "/gids") || !mkdir_p(ports + "/gid_attrs/types")) return;
-  for (int i = 0; i < kGidTableLen; ++i) {
+  if (!mkdir_p(ports + "/gids") || !mkdir_p(ports + "/gid_attrs/types") ||
+      !mkdir_p(ports + "/gid_attrs/ndevs") || !mkdir_p(ports + "/pkeys"))
+    return;
+  for (size_t i = 0; i < d->gids.size(); ++i) {
     char buf[64];
     const uint8_t* r = d->gids[i].gid.raw;
     snprintf(buf, sizeof buf,
              "%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x:%02x%02x\n", r[0],
              r[1], r[2], r[3], r[4], r[5], r[6], r[7], r[8], r[9], r[10], r[11], r[12], r[13],
              r[14], r[15]);
-    write_file(ports + "/gids/" + std::to_string(i), buf);
+    const std::string idx = std::to_string(i);
+    write_file(ports + "/gids/" + idx, buf);
     std::string type = !d->gids[i].valid                         ? ""
                        : d->gids[i].type == IBV_GID_TYPE_ROCE_V2 ? "RoCE v2\n"
                                                                  : "IB/RoCE v1\n";
-    write_file(ports + "/gid_attrs/types/" + std::to_string(i), type);
+    write_file(ports + "/gid_attrs/types/" + idx, type);
+    // The kernel's file reads EINVAL for an empty slot; an empty file stands for it here.
+    write_file(ports + "/gid_attrs/ndevs/" + idx,
+               d->gids[i].valid && !d->gids[i].ndev.empty() ? d->gids[i].ndev + "\n" : "");
+  }
+  for (size_t i = 0; i < d->pkeys.size(); ++i) {
+    char buf[16];
+    snprintf(buf, sizeof buf, "0x%04x\n", d->pkeys[i]);
+    write_file(ports + "/pkeys/" + std::to_string(i), buf);
   }
 }
+
+namespace {
 
 // One device entry `name,linklayer,addr[,key=value...]`.
 bool parse_device(const std::string& entry, Device* d, std::string* err) {
   auto f = split(entry, ',');
   const char* form =
       "name,ib,<lid>|name,eth,<ipv4>[,speed=<Mbps>][,pci=<path>][,numa=<node>][,state=down]"
-      "[,guid=<hex>]";
+      "[,guid=<hex>][,pkeys=<P_Key>[:<P_Key>...]][,grh_required][,mtu=1024|2048|4096]"
+      "[,gids=<4..255>][,gid_rotate=<K>][,netdev=<name>]";
   auto fail = [&](const std::string& why) {
     *err = "fakeverbs: bad FAKEVERBS_DEVICES entry '" + entry + "': " + why +
            " (accepted: " + form + ")";
@@ -161,6 +234,7 @@ bool parse_device(const std::string& entry, Device* d, std::string* err) {
   bool have_guid = false;
   for (size_t i = 3; i < f.size(); ++i) {
     std::string kv = trim(f[i]);
+    if (kv == "grh_required") kv = "grh_required=1";
     size_t eq = kv.find('=');
     if (eq == std::string::npos) return fail("option '" + kv + "' is not key=value");
     std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
@@ -186,10 +260,49 @@ bool parse_device(const std::string& entry, Device* d, std::string* err) {
       if (v.empty() || errno || *end) return fail("bad guid");
       d->guid = gv;
       have_guid = true;
+    } else if (k == "pkeys") {
+      d->pkeys.clear();
+      for (const auto& pk : split(v, ':')) {
+        long long pv;
+        // P_Keys with no partition bits (0x0000, 0x8000) are invalid (IBA vol. 1 10.9.1).
+        if (!parse_ll(pk, &pv, 0) || pv <= 0 || pv > 0xffff || (pv & 0x7fff) == 0)
+          return fail("bad pkeys '" + v +
+                      "': ':'-separated P_Keys 0x0001..0xffff (bit 15 = "
+                      "full member; low 15 bits not 0)");
+        d->pkeys.push_back(static_cast<uint16_t>(pv));
+      }
+      if (d->pkeys.empty() || d->pkeys.size() > kMaxPkeys)
+        return fail("pkeys needs 1.." + std::to_string(kMaxPkeys) + " entries");
+    } else if (k == "grh_required") {
+      if (v != "1" && v != "0") return fail("grh_required takes no value (or 1/0)");
+      d->grh_required = v == "1";
+    } else if (k == "mtu") {
+      if (v == "1024") {
+        d->active_mtu = IBV_MTU_1024;
+      } else if (v == "2048") {
+        d->active_mtu = IBV_MTU_2048;
+      } else if (v == "4096") {
+        d->active_mtu = IBV_MTU_4096;
+      } else {
+        return fail("mtu must be 1024, 2048 or 4096");
+      }
+    } else if (k == "gids") {
+      if (!parse_ll(v, &x) || x < 4 || x > kMaxGidTableLen)
+        return fail("gids must be 4.." + std::to_string(kMaxGidTableLen));
+      d->big_gids = static_cast<int>(x);
+    } else if (k == "gid_rotate") {
+      if (!parse_ll(v, &x) || x < 0 || x > 100000) return fail("bad gid_rotate");
+      d->gid_rotate = static_cast<int>(x);
+    } else if (k == "netdev") {
+      if (v.empty() || v.size() >= 16 || v.find_first_of("/ .") != std::string::npos)
+        return fail("bad netdev name (1..15 characters, no '/', ' ' or '.')");
+      d->netdev = v;
     } else {
       return fail("unknown option '" + k + "'");
     }
   }
+  if ((d->big_gids || d->gid_rotate) && !d->eth) return fail("gids= needs an eth device");
+  if (d->gid_rotate && !d->big_gids) return fail("gid_rotate needs gids=N");
   if (!have_guid) {
     if (d->eth) {
       const uint8_t* ip = reinterpret_cast<const uint8_t*>(&d->ipv4);
@@ -346,6 +459,7 @@ int ensure_init_locked() {
     for (const auto& e : split(devs, ';')) {
       if (trim(e).empty()) continue;
       auto* d = new Device();
+      d->netdev = "eth" + std::to_string(i);
       std::string err;
       if (!parse_device(e, d, &err) || find_device(d->name) || !build_sysfs(d, i, &err)) {
         if (err.empty()) err = "fakeverbs: duplicate device name '" + d->name + "'";
@@ -432,11 +546,46 @@ void push_cqe(Cq* cq, const ibv_wc& wc, uint64_t sq_slot_end) {
   cq->slot_ends.push_back(sq_slot_end);
 }
 
-void set_port_locked(Device* d, bool up) {
+void set_port_locked(Device* d, bool up, int gids) {
   if (d->active == up) return;
   d->active = up;
   for (auto* c : d->contexts)
     if (!c->dead) push_event(c, up ? IBV_EVENT_PORT_ACTIVE : IBV_EVENT_PORT_ERR, nullptr, 1);
+  if (gids == kGidsKeep || !d->eth) return;
+  bool changed = false;
+  if (!up) {
+    // The netdev went down: the kernel deletes the GIDs of its IP addresses.
+    for (size_t i = 0; i < d->gids.size(); ++i) {
+      if (!d->gids[i].valid || !d->gids[i].ip_based) continue;
+      d->removed_gids.emplace_back(static_cast<int>(i), d->gids[i]);
+      d->gids[i] = GidEntry{};
+      changed = true;
+    }
+  } else if (!d->removed_gids.empty()) {
+    // Back up: re-added, at the same slots or at the first free ones after the highest used
+    // index (a slot still referenced by an old QP is not reused at once).
+    size_t next = 0;
+    for (size_t i = 0; i < d->gids.size(); ++i)
+      if (d->gids[i].valid) next = i + 1;
+    for (const auto& r : d->removed_gids) next = std::max(next, static_cast<size_t>(r.first) + 1);
+    for (const auto& [index, e] : d->removed_gids) {
+      size_t at = static_cast<size_t>(index);
+      if (gids == kGidsMove) {
+        for (size_t tries = 0; tries < d->gids.size(); ++tries, ++next) {
+          if (next >= d->gids.size()) next = 2;
+          if (!d->gids[next].valid) break;
+        }
+        at = next++;
+      }
+      if (at < d->gids.size() && !d->gids[at].valid) d->gids[at] = e;
+    }
+    d->removed_gids.clear();
+    changed = true;
+  }
+  if (!changed) return;
+  if (d->box.pub.ibdev_path[0]) write_gid_sysfs(d);
+  for (auto* c : d->contexts)
+    if (!c->dead) push_event(c, IBV_EVENT_GID_CHANGE, nullptr, 1);
 }
 
 void apply_fatal_locked() {
@@ -478,13 +627,27 @@ void device_back_locked(Device* d) {
 void set_ipv4_locked(Device* d, uint32_t addr_be) {
   d->ipv4 = addr_be;
   if (!d->eth) return;
-  for (int i = 2; i < 4; ++i) {
-    auto& e = d->gids[i];
-    memset(&e.gid, 0, sizeof e.gid);
-    e.gid.raw[10] = e.gid.raw[11] = 0xff;
+  // The port's own IPv4 GIDs: 2/3 in the classic table, wherever they sit in a full one.
+  bool found = false;
+  for (auto& e : d->gids) {
+    const uint8_t* r = e.gid.raw;
+    bool mapped = e.valid && e.ip_based && e.ndev == d->netdev && r[10] == 0xff && r[11] == 0xff;
+    for (int b = 0; b < 10 && mapped; ++b) mapped = r[b] == 0;
+    if (!mapped) continue;
     memcpy(e.gid.raw + 12, &addr_be, 4);
-    e.type = i == 2 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2;
-    e.valid = true;
+    found = true;
+  }
+  if (!found && d->big_gids == 0) {
+    for (int i = 2; i < 4; ++i) {
+      auto& e = d->gids[i];
+      e = GidEntry{};
+      e.gid.raw[10] = e.gid.raw[11] = 0xff;
+      memcpy(e.gid.raw + 12, &addr_be, 4);
+      e.type = i == 2 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2;
+      e.valid = true;
+      e.ip_based = true;
+      e.ndev = d->netdev;
+    }
   }
   if (d->box.pub.ibdev_path[0]) write_gid_sysfs(d);
   for (auto* c : d->contexts) push_event(c, IBV_EVENT_GID_CHANGE, nullptr, 1);
@@ -618,7 +781,7 @@ FV_API int ibv_query_device(ibv_context* ctx, ibv_device_attr* a) {
   a->max_qp_init_rd_atom = 16;
   a->max_res_rd_atom = 1 << 20;
   a->atomic_cap = IBV_ATOMIC_NONE;
-  a->max_pkeys = 1;
+  a->max_pkeys = static_cast<uint16_t>(d->pkeys.size());
   a->local_ca_ack_delay = 16;
   a->phys_port_cnt = 1;
   return 0;
@@ -632,11 +795,12 @@ FV_API int ibv_query_port(ibv_context* ctx, uint8_t port, _compat_ibv_port_attr*
   ibv_port_attr a{};
   a.state = d->active ? IBV_PORT_ACTIVE : IBV_PORT_DOWN;
   a.max_mtu = IBV_MTU_4096;
-  a.active_mtu = IBV_MTU_4096;
-  a.gid_tbl_len = kGidTableLen;
+  a.active_mtu = static_cast<ibv_mtu>(d->active_mtu);
+  a.gid_tbl_len = static_cast<int>(d->gids.size());
   a.port_cap_flags = d->eth ? 0 : IBV_PORT_SM;
   a.max_msg_sz = kMaxMsg;
-  a.pkey_tbl_len = 1;
+  a.pkey_tbl_len = static_cast<uint16_t>(d->pkeys.size());
+  a.flags = d->grh_required ? IBV_QPF_GRH_REQUIRED : 0;
   a.lid = d->eth ? 0 : d->lid;
   a.sm_lid = d->eth ? 0 : 1;
   a.max_vl_num = 4;
@@ -651,7 +815,8 @@ FV_API int ibv_query_port(ibv_context* ctx, uint8_t port, _compat_ibv_port_attr*
 
 FV_API int ibv_query_gid(ibv_context* ctx, uint8_t port, int index, ibv_gid* gid) {
   std::lock_guard<std::mutex> l(g->mu);
-  if (port != 1 || index < 0 || index >= kGidTableLen) {
+  const Device* d = ctx_of(ctx)->dev;
+  if (port != 1 || index < 0 || index >= static_cast<int>(d->gids.size())) {
     errno = EINVAL;
     return -1;
   }
@@ -659,16 +824,30 @@ FV_API int ibv_query_gid(ibv_context* ctx, uint8_t port, int index, ibv_gid* gid
     errno = EIO;
     return -1;
   }
-  *gid = ctx_of(ctx)->dev->gids[index].gid;
+  *gid = d->gids[index].gid;
+  return 0;
+}
+
+// rdma-core's ibv_query_pkey(3): the P_Key at `index` in network byte order; 0, or -1 with
+// errno (EINVAL: no such port or index).
+FV_API int ibv_query_pkey(ibv_context* ctx, uint8_t port, int index, __be16* pkey) {
+  std::lock_guard<std::mutex> l(g->mu);
+  const Device* d = ctx_of(ctx)->dev;
+  if (port != 1 || index < 0 || index >= static_cast<int>(d->pkeys.size()) || !pkey) {
+    errno = EINVAL;
+    return -1;
+  }
+  *pkey = htobe16(d->pkeys[index]);
   return 0;
 }
 
 FV_API int _ibv_query_gid_ex(ibv_context* ctx, uint32_t port, uint32_t index, ibv_gid_entry* e,
                              uint32_t flags, size_t entry_size) {
   std::lock_guard<std::mutex> l(g->mu);
-  if (port != 1 || index >= kGidTableLen || flags != 0 || entry_size < sizeof(*e)) return EINVAL;
+  const Device* d = ctx_of(ctx)->dev;
+  if (port != 1 || index >= d->gids.size() || flags != 0 || entry_size < sizeof(*e)) return EINVAL;
+  const GidEntry& x = d->gids[index];
   if (ctx_of(ctx)->dead) return EIO;
-  const GidEntry& x = ctx_of(ctx)->dev->gids[index];
   if (!x.valid) return ENODATA;
   memset(e, 0, sizeof *e);
   e->gid = x.gid;

@@ -23,7 +23,8 @@ namespace {
 
 const char* const kForm =
     "accepted: kind,dev=NAME[,after_bytes=N|after_ms=N] with kind one of "
-    "port_down[,for_ms=N] | port_up | flap,down_ms=A,up_ms=B[,count=N] | blackhole | "
+    "port_down[,for_ms=N][,gids=keep|readd|move] | port_up | "
+    "flap,down_ms=A,up_ms=B[,count=N][,gids=keep|readd|move] | blackhole | "
     "hold_write[,release_after=K] | rkey_error | lkey_error | set_ipv4,addr=A.B.C.D | "
     "sq_full[,count=N] | device_fatal[,for_ms=N] | qp_fatal[,count=N] | ack_loss[,for_ms=N] | "
     "drop[,count=N][,tries=T]";
@@ -50,9 +51,9 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
     return false;
   }
   std::set<std::string> allowed = {"dev", "after_bytes", "after_ms"};
-  if (f->kind == "port_down" || f->kind == "device_fatal" || f->kind == "ack_loss")
-    allowed.insert("for_ms");
-  if (f->kind == "flap") allowed.insert({"down_ms", "up_ms", "count"});
+  if (f->kind == "port_down") allowed.insert({"for_ms", "gids"});
+  if (f->kind == "device_fatal" || f->kind == "ack_loss") allowed.insert("for_ms");
+  if (f->kind == "flap") allowed.insert({"down_ms", "up_ms", "count", "gids"});
   if (f->kind == "hold_write") allowed.insert("release_after");
   if (f->kind == "set_ipv4") allowed.insert("addr");
   if (f->kind == "sq_full" || f->kind == "qp_fatal") allowed.insert("count");
@@ -81,6 +82,9 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
       in_addr a;
       ok = inet_pton(AF_INET, v.c_str(), &a) == 1;
       f->addr = a.s_addr;
+    } else if (k == "gids") {
+      ok = v == "keep" || v == "readd" || v == "move";
+      f->gids = v == "readd" ? kGidsReadd : v == "move" ? kGidsMove : kGidsKeep;
     } else if (k == "after_bytes") {
       ok = num(v, &f->after_bytes);
     } else if (k == "after_ms") {
@@ -115,6 +119,10 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
     *why = "flap needs down_ms and up_ms";
     return false;
   }
+  if (f->gids != kGidsKeep && !f->dev->eth) {
+    *why = "gids=readd|move needs an eth device (RoCE GIDs come from IP addresses)";
+    return false;
+  }
   if (f->kind == "set_ipv4" && (!seen.count("addr") || !f->dev->eth)) {
     *why = "set_ipv4 needs addr=A.B.C.D and an eth device";
     return false;
@@ -122,9 +130,9 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
   return true;
 }
 
-void schedule(Device* d, TimePoint at, bool up, bool reset_done = false,
+void schedule(Device* d, TimePoint at, bool up, int gids, bool reset_done = false,
               bool ack_loss_done = false) {
-  g->scheduled.push_back(Scheduled{at, d, up, reset_done, ack_loss_done});
+  g->scheduled.push_back(Scheduled{at, d, up, gids, reset_done, ack_loss_done});
 }
 
 }  // namespace
@@ -152,16 +160,16 @@ void fire_fault_locked(const Fault& f) {
   Device* d = f.dev;
   TimePoint now = Clock::now();
   if (f.kind == "port_down") {
-    set_port_locked(d, false);
-    if (f.for_ms >= 0) schedule(d, now + std::chrono::milliseconds(f.for_ms), true);
+    set_port_locked(d, false, f.gids);
+    if (f.for_ms >= 0) schedule(d, now + std::chrono::milliseconds(f.for_ms), true, f.gids);
   } else if (f.kind == "port_up") {
     set_port_locked(d, true);
   } else if (f.kind == "flap") {
-    set_port_locked(d, false);
+    set_port_locked(d, false, f.gids);
     auto period = std::chrono::milliseconds(f.down_ms + f.up_ms);
     for (long long i = 0; i < f.count; ++i) {
-      if (i > 0) schedule(d, now + period * i, false);
-      schedule(d, now + period * i + std::chrono::milliseconds(f.down_ms), true);
+      if (i > 0) schedule(d, now + period * i, false, f.gids);
+      schedule(d, now + period * i + std::chrono::milliseconds(f.down_ms), true, f.gids);
     }
   } else if (f.kind == "blackhole") {
     for (auto& kv : g->qps)
@@ -180,13 +188,15 @@ void fire_fault_locked(const Fault& f) {
   } else if (f.kind == "device_fatal") {
     if (std::find(g->fatal_devices.begin(), g->fatal_devices.end(), d) == g->fatal_devices.end())
       g->fatal_devices.push_back(d);
-    if (f.for_ms >= 0) schedule(d, now + std::chrono::milliseconds(f.for_ms), true, true);
+    if (f.for_ms >= 0)
+      schedule(d, now + std::chrono::milliseconds(f.for_ms), true, kGidsKeep, true);
   } else if (f.kind == "drop") {
     d->arm_drop += static_cast<int>(f.count);
     d->drop_tries = static_cast<int>(f.tries);
   } else if (f.kind == "ack_loss") {
     d->ack_loss = true;
-    if (f.for_ms >= 0) schedule(d, now + std::chrono::milliseconds(f.for_ms), true, false, true);
+    if (f.for_ms >= 0)
+      schedule(d, now + std::chrono::milliseconds(f.for_ms), true, kGidsKeep, false, true);
   } else if (f.kind == "qp_fatal") {
     // The `count` most recently created QPs of the device that are connected to another QP
     // (a loopback flush QP, connected to itself, is left alone) and in RTS.
@@ -242,7 +252,7 @@ TimePoint run_fault_timers_locked(TimePoint now) {
     else if (s.reset_done)
       device_back_locked(s.dev);
     else if (!s.dev->removed)
-      set_port_locked(s.dev, s.up);
+      set_port_locked(s.dev, s.up, s.gids);
   }
   if (!g->scheduled.empty()) next = g->scheduled.front().at;
   for (size_t i = 0; i < g->pending.size();) {

@@ -183,11 +183,25 @@ void send_ack(const std::shared_ptr<Conn>& c, const Hdr& req, uint32_t from_qpn,
   conn_send(c, std::move(b));
 }
 
-bool addr_matches(const Device* d, const Hdr& h) {
+// Would the fabric and the target port deliver this packet to QP q? (README "Addressing".)
+bool addr_matches(const Qp* q, const Hdr& h) {
+  const Device* d = q->dev;
   if (d->eth != (h.is_eth != 0)) return false;
-  if (!d->eth) return h.dlid == d->lid;
+  // P_Key check at the target (IBA vol. 1 10.9.3): a mismatch is dropped silently.
+  const uint16_t mine = q->attr.pkey_index < d->pkeys.size() ? d->pkeys[q->attr.pkey_index] : 0;
+  if (!pkeys_match(h.pkey, mine)) return false;
+  // A packet larger than the target port's active MTU is dropped (the requester's port
+  // checked its own at transmit). Messages are cut into packets of path_mtu bytes.
+  const uint32_t largest = std::min(std::max(h.len, h.rd_len), mtu_bytes(h.path_mtu));
+  if (largest > mtu_bytes(d->active_mtu)) return false;
+  if (!d->eth && !h.has_grh && d->grh_required) return false;
+  if (!d->eth && h.dlid != d->lid) return false;
+  if (!h.has_grh) return true;
+  // GRH (RoCE: always): the destination GID must be one of the port's, on the VLAN the
+  // requester's source GID is on (RoCE frames carry their netdev's VLAN tag).
   for (const auto& e : d->gids)
-    if (e.valid && memcmp(e.gid.raw, h.dgid, 16) == 0) return true;
+    if (e.valid && memcmp(e.gid.raw, h.dgid, 16) == 0 && (!d->eth || vlan_of_gid(e) == h.vlan))
+      return true;
   return false;
 }
 
@@ -197,7 +211,7 @@ void handle_req(const std::shared_ptr<Conn>& c, const Hdr& h, std::vector<char> 
   if (it == g->qps.end()) return;
   Qp* q = it->second;
   if (!q->dev->active || q->blackholed || (q->state != IBV_QPS_RTR && q->state != IBV_QPS_RTS) ||
-      !addr_matches(q->dev, h)) {
+      !addr_matches(q, h)) {
     send_ack(c, h, h.dst_qpn, kAckLost);  // lost: no real ACK
     return;
   }
@@ -636,7 +650,11 @@ void transmit_locked(Qp* q, SendWr* w) {
   std::vector<char> pkt = std::move(w->pkt);
   w->pkt = {};
   int pid = -1;
-  if (q->dev->active)  // else lost on a down port
+  // A packet larger than this port's active MTU never leaves it.
+  const Hdr* hp = pkt.size() >= sizeof(Hdr) ? reinterpret_cast<const Hdr*>(pkt.data()) : nullptr;
+  const bool mtu_ok = !hp || std::min(std::max(hp->len, hp->rd_len), mtu_bytes(hp->path_mtu)) <=
+                                 mtu_bytes(q->dev->active_mtu);
+  if (q->dev->active && mtu_ok)  // else lost on a down port
     pid = q->peer_pid > 0 ? q->peer_pid : lookup_qp_owner(q->attr.dest_qp_num);
   if (pid > 0 && send_packet_locked(pid, q->dev, std::move(pkt))) {
     q->peer_pid = pid;

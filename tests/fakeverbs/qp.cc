@@ -266,7 +266,7 @@ FV_API int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* a, int mask) {
   bool ok = false;
   if (cur == IBV_QPS_RESET && to == IBV_QPS_INIT) {
     ok = has(IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS) &&
-         a->port_num == 1 && a->pkey_index == 0;
+         a->port_num == 1 && a->pkey_index < q->dev->pkeys.size();
   } else if (cur == IBV_QPS_INIT && to == IBV_QPS_INIT) {
     ok = true;
   } else if (cur == IBV_QPS_INIT && to == IBV_QPS_RTR) {
@@ -274,13 +274,13 @@ FV_API int ibv_modify_qp(ibv_qp* qp, ibv_qp_attr* a, int mask) {
              IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER) &&
          a->path_mtu >= IBV_MTU_256 && a->path_mtu <= IBV_MTU_4096 && a->dest_qp_num != 0 &&
          a->dest_qp_num <= 0xffffff;
-    if (ok && q->dev->eth) {
-      const ibv_global_route& gr = a->ah_attr.grh;
-      ok =
-          a->ah_attr.is_global && gr.sgid_index < kGidTableLen && q->dev->gids[gr.sgid_index].valid;
-    } else if (ok) {
-      ok = a->ah_attr.dlid != 0 && a->ah_attr.port_num <= 1;
-    }
+    // The kernel refuses an AV without GRH on RoCE and on a port that requires one
+    // (rdma_check_ah_attr, drivers/infiniband/core/verbs.c): EINVAL.
+    const ibv_global_route& gr = a->ah_attr.grh;
+    const bool grh_ok = gr.sgid_index < q->dev->gids.size() && q->dev->gids[gr.sgid_index].valid;
+    if (ok && (q->dev->eth || q->dev->grh_required) && !a->ah_attr.is_global) ok = false;
+    if (ok && a->ah_attr.is_global) ok = grh_ok;
+    if (ok && !q->dev->eth) ok = a->ah_attr.dlid != 0 && a->ah_attr.port_num <= 1;
   } else if (cur == IBV_QPS_RTR && to == IBV_QPS_RTS) {
     ok = has(IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
              IBV_QP_MAX_QP_RD_ATOMIC) &&
@@ -432,7 +432,14 @@ int fv_post_send(ibv_qp* qp, ibv_send_wr* wr, ibv_send_wr** bad) {
         h.rkey |= 0x80000000u;  // never a valid key
       }
     }
-    if (d->eth) memcpy(h.dgid, q->attr.ah_attr.grh.dgid.raw, 16);
+    h.has_grh = q->attr.ah_attr.is_global ? 1 : 0;
+    if (h.has_grh) {
+      memcpy(h.dgid, q->attr.ah_attr.grh.dgid.raw, 16);
+      const uint8_t si = q->attr.ah_attr.grh.sgid_index;
+      h.vlan = si < d->gids.size() ? static_cast<uint16_t>(vlan_of_gid(d->gids[si])) : 0;
+    }
+    h.pkey = q->attr.pkey_index < d->pkeys.size() ? d->pkeys[q->attr.pkey_index] : 0;
+    h.path_mtu = static_cast<uint8_t>(q->attr.path_mtu);
     h.dlid = q->attr.ah_attr.dlid;
     h.slid = d->lid;
     memcpy(w.pkt.data(), &h, sizeof h);

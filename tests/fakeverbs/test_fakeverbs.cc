@@ -1536,3 +1536,224 @@ TEST_CASE("fakeverbs: peer process late then killed") {
     EXPECT_EQ(poll_one(e2.cq).status, IBV_WC_RETRY_EXC_ERR);
   }));
 }
+
+// ---------------------------------------------------------------------------------------
+// Addressing (README "Addressing"): P_Keys, a port that requires a GRH, active MTUs, full GID
+// tables with VLAN netdevs, GIDs removed and re-added around a flap, bad options.
+
+namespace {
+
+// An endpoint of `n` connected to `r` with explicit addressing: P_Key index, path MTU, and
+// (when grh) the GID at sgid to dgid. Returns the RTR result (0 or EINVAL).
+int connect_with(Ep& e, const Addr& r, uint16_t pkey_index, ibv_mtu mtu, bool grh, int sgid,
+                 const ibv_gid& dgid) {
+  ibv_qp_attr a{};
+  a.qp_state = IBV_QPS_INIT;
+  a.port_num = 1;
+  a.pkey_index = pkey_index;
+  a.qp_access_flags = kAllAccess;
+  int rc =
+      ibv_modify_qp(e.qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS);
+  if (rc) return rc;
+  a = rtr_attr(*e.n, r);
+  a.path_mtu = mtu;
+  a.ah_attr.is_global = grh ? 1 : 0;
+  if (grh) {
+    a.ah_attr.grh.dgid = dgid;
+    a.ah_attr.grh.sgid_index = static_cast<uint8_t>(sgid);
+  }
+  rc = ibv_modify_qp(e.qp, &a, kRtrMask);
+  if (rc) return rc;
+  a = rts_attr();
+  return ibv_modify_qp(e.qp, &a, kRtsMask);
+}
+
+// Status of one RDMA WRITE of `len` bytes from a to b.
+ibv_wc_status write_status(Ep& a, Buf& la, Buf& rb, uint32_t len) {
+  EXPECT_EQ(post(a.qp, IBV_WR_RDMA_WRITE, len, &la, 0, len, rb.addr(), rb.mr->rkey), 0);
+  return poll_one(a.cq).status;
+}
+
+ibv_gid gid_at(const Node& n, int i) {
+  ibv_gid g{};
+  EXPECT_EQ(ibv_query_gid(n.ctx, 1, i, &g), 0);
+  return g;
+}
+
+std::string sysfs_line(const Node& n, const std::string& rel) {
+  std::ifstream f(std::string(n.ctx->device->ibdev_path) + "/ports/1/" + rel);
+  std::string s;
+  std::getline(f, s);
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("fakeverbs: P_Key tables and matching") {
+  expect_ok(
+      run_scenario("mlx5_0,ib,1,pkeys=0x7fff:0x8001;mlx5_1,ib,2,pkeys=0x8001:0x7fff:0xffff", [] {
+        Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
+        ibv_port_attr pa;
+        EXPECT_EQ(ibv_query_port(na.ctx, 1, &pa), 0);
+        EXPECT_EQ(pa.pkey_tbl_len, 2);
+        __be16 k = 0;
+        EXPECT_EQ(ibv_query_pkey(na.ctx, 1, 1, &k), 0);
+        EXPECT_EQ(be16toh(k), 0x8001);
+        EXPECT_EQ(ibv_query_pkey(na.ctx, 1, 2, &k), -1);
+        EXPECT_EQ(errno, EINVAL);
+        EXPECT(sysfs_line(na, "pkeys/0") == "0x7fff");
+        Buf la(na, 65536), rb(nb, 65536);
+        ibv_gid none{};
+        {  // INIT with an index beyond the table
+          Ep a = make_ep(na), b = make_ep(nb);
+          EXPECT_EQ(connect_with(a, addr_of(b), 2, IBV_MTU_4096, false, 0, none), EINVAL);
+        }
+        {  // 0x7fff <-> 0x7fff: both limited members, dropped
+          Ep a = make_ep(na), b = make_ep(nb);
+          EXPECT_EQ(connect_with(a, addr_of(b), 0, IBV_MTU_4096, false, 0, none), 0);
+          EXPECT_EQ(connect_with(b, addr_of(a), 1, IBV_MTU_4096, false, 0, none), 0);
+          EXPECT_EQ(write_status(a, la, rb, 100), IBV_WC_RETRY_EXC_ERR);
+        }
+        {  // 0x8001 <-> 0x8001 (index 1 here, 0 there): delivered
+          Ep a = make_ep(na), b = make_ep(nb);
+          EXPECT_EQ(connect_with(a, addr_of(b), 1, IBV_MTU_4096, false, 0, none), 0);
+          EXPECT_EQ(connect_with(b, addr_of(a), 0, IBV_MTU_4096, false, 0, none), 0);
+          EXPECT_EQ(write_status(a, la, rb, 100), IBV_WC_SUCCESS);
+        }
+        {  // 0x7fff (limited) <-> 0xffff (full member of the same partition): delivered
+          Ep a = make_ep(na), b = make_ep(nb);
+          EXPECT_EQ(connect_with(a, addr_of(b), 0, IBV_MTU_4096, false, 0, none), 0);
+          EXPECT_EQ(connect_with(b, addr_of(a), 2, IBV_MTU_4096, false, 0, none), 0);
+          EXPECT_EQ(write_status(a, la, rb, 100), IBV_WC_SUCCESS);
+        }
+        {  // 0x7fff <-> 0x8001: other partitions
+          Ep a = make_ep(na), b = make_ep(nb);
+          EXPECT_EQ(connect_with(a, addr_of(b), 0, IBV_MTU_4096, false, 0, none), 0);
+          EXPECT_EQ(connect_with(b, addr_of(a), 0, IBV_MTU_4096, false, 0, none), 0);
+          EXPECT_EQ(write_status(a, la, rb, 100), IBV_WC_RETRY_EXC_ERR);
+        }
+      }));
+}
+
+TEST_CASE("fakeverbs: a port that requires a GRH, and active MTUs") {
+  expect_ok(run_scenario("mlx5_0,ib,1,grh_required;mlx5_1,ib,2", [] {
+    Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
+    ibv_port_attr pa;
+    EXPECT_EQ(ibv_query_port(na.ctx, 1, &pa), 0);
+    EXPECT_EQ(pa.flags & IBV_QPF_GRH_REQUIRED, IBV_QPF_GRH_REQUIRED);
+    Buf la(na, 65536), lb(nb, 65536);
+    Ep a = make_ep(na), b = make_ep(nb);
+    ibv_gid none{};
+    EXPECT_EQ(connect_with(a, addr_of(b), 0, IBV_MTU_4096, false, 0, none), EINVAL);
+    // b addresses a without a GRH: a's port drops it.
+    EXPECT_EQ(connect_with(b, addr_of(a), 0, IBV_MTU_4096, false, 0, none), 0);
+    EXPECT_EQ(write_status(b, lb, la, 100), IBV_WC_RETRY_EXC_ERR);
+    Ep c = make_ep(na), d = make_ep(nb);
+    EXPECT_EQ(connect_with(c, addr_of(d), 0, IBV_MTU_4096, true, 0, gid_at(nb, 0)), 0);
+    EXPECT_EQ(connect_with(d, addr_of(c), 0, IBV_MTU_4096, true, 0, gid_at(na, 0)), 0);
+    EXPECT_EQ(write_status(d, lb, la, 100), IBV_WC_SUCCESS);
+    EXPECT_EQ(write_status(c, la, lb, 100), IBV_WC_SUCCESS);
+  }));
+  expect_ok(run_scenario("mlx5_0,eth,10.0.0.1;mlx5_1,eth,10.0.0.2,mtu=1024", [] {
+    Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
+    ibv_port_attr pa;
+    EXPECT_EQ(ibv_query_port(nb.ctx, 1, &pa), 0);
+    EXPECT_EQ(pa.active_mtu, IBV_MTU_1024);
+    EXPECT_EQ(pa.max_mtu, IBV_MTU_4096);
+    Buf la(na, 65536), rb(nb, 65536);
+    Ep a = make_ep(na), b = make_ep(nb);
+    const Addr ba = addr_of(b), aa = addr_of(a);
+    EXPECT_EQ(connect_with(a, ba, 0, IBV_MTU_4096, true, 3, ba.gid), 0);
+    EXPECT_EQ(connect_with(b, aa, 0, IBV_MTU_4096, true, 3, aa.gid), 0);
+    EXPECT_EQ(write_status(a, la, rb, 1024), IBV_WC_SUCCESS);  // one packet fits
+    EXPECT_EQ(write_status(a, la, rb, 1025), IBV_WC_RETRY_EXC_ERR);
+    Ep c = make_ep(na), d = make_ep(nb);
+    const Addr da = addr_of(d), ca = addr_of(c);
+    EXPECT_EQ(connect_with(c, da, 0, IBV_MTU_1024, true, 3, da.gid), 0);
+    EXPECT_EQ(connect_with(d, ca, 0, IBV_MTU_1024, true, 3, ca.gid), 0);
+    EXPECT_EQ(write_status(c, la, rb, 65536), IBV_WC_SUCCESS);
+  }));
+}
+
+TEST_CASE("fakeverbs: 255-entry GID tables, VLAN netdevs, GIDs around a flap") {
+  expect_ok(
+      run_scenario("mlx5_0,eth,10.0.0.1,gids=255;mlx5_1,eth,10.0.0.2,gids=255,gid_rotate=7", [] {
+        Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
+        ibv_port_attr pa;
+        EXPECT_EQ(ibv_query_port(na.ctx, 1, &pa), 0);
+        EXPECT_EQ(pa.gid_tbl_len, 255);
+        ibv_gid_entry e{};
+        EXPECT_EQ(ibv_query_gid_ex(na.ctx, 1, 3, &e, 0), 0);
+        EXPECT_EQ(e.gid_type, IBV_GID_TYPE_ROCE_V2);
+        EXPECT_EQ(e.gid.raw[10], 0xff);
+        EXPECT_EQ(e.gid.raw[15], 1);
+        EXPECT(sysfs_line(na, "gid_attrs/ndevs/3") == "eth0");
+        EXPECT(sysfs_line(na, "gid_attrs/ndevs/0") == "eth0");
+        EXPECT(sysfs_line(na, "gid_attrs/types/5") == "RoCE v2");
+        EXPECT_EQ(ibv_query_gid_ex(na.ctx, 1, 254, &e, 0), 0);  // full
+        // Find the IPv4 v2 GIDs of VLAN 100 at both ends, and b's untagged one.
+        auto find = [](const Node& n, const std::string& ndev, uint8_t first) {
+          for (int i = 0; i < 255; ++i) {
+            ibv_gid_entry x{};
+            if (ibv_query_gid_ex(n.ctx, 1, i, &x, 0) != 0) continue;
+            if (x.gid_type == IBV_GID_TYPE_ROCE_V2 && x.gid.raw[10] == 0xff &&
+                x.gid.raw[12] == first &&
+                sysfs_line(n, "gid_attrs/ndevs/" + std::to_string(i)) == ndev)
+              return i;
+          }
+          return -1;
+        };
+        const int a100 = find(na, "eth0.100", 10), b100 = find(nb, "eth1.100", 10),
+                  b_own = find(nb, "eth1", 10);
+        EXPECT(a100 >= 0 && b100 >= 0 && b_own >= 0);
+        EXPECT(b_own != 3);  // rotated
+        Buf la(na, 65536), rb(nb, 65536);
+        Ep a = make_ep(na), b = make_ep(nb), c = make_ep(na), d = make_ep(nb);
+        // From VLAN 100 to b's untagged GID: another VLAN, dropped.
+        EXPECT_EQ(connect_with(a, addr_of(b), 0, IBV_MTU_4096, true, a100, gid_at(nb, b_own)), 0);
+        EXPECT_EQ(connect_with(b, addr_of(a), 0, IBV_MTU_4096, true, b100, gid_at(na, a100)), 0);
+        EXPECT_EQ(write_status(a, la, rb, 100), IBV_WC_RETRY_EXC_ERR);
+        // VLAN 100 at both ends: delivered.
+        EXPECT_EQ(connect_with(c, addr_of(d), 0, IBV_MTU_4096, true, a100, gid_at(nb, b100)), 0);
+        EXPECT_EQ(connect_with(d, addr_of(c), 0, IBV_MTU_4096, true, b100, gid_at(na, a100)), 0);
+        EXPECT_EQ(write_status(c, la, rb, 100), IBV_WC_SUCCESS);
+      }));
+  expect_ok(run_scenario(kTwoEth, [] {
+    Node na = open_dev("mlx5_0");
+    EXPECT_EQ(fakeverbs_inject("port_down,dev=mlx5_0,for_ms=50,gids=move"), 0);
+    EXPECT_EQ(next_event(na.ctx, 1000), IBV_EVENT_PORT_ERR);
+    EXPECT_EQ(next_event(na.ctx, 1000), IBV_EVENT_GID_CHANGE);
+    ibv_gid_entry e{};
+    EXPECT_EQ(ibv_query_gid_ex(na.ctx, 1, 3, &e, 0), ENODATA);
+    EXPECT_EQ(ibv_query_gid_ex(na.ctx, 1, 1, &e, 0), 0);  // link-local stays
+    EXPECT_EQ(next_event(na.ctx, 1000), IBV_EVENT_PORT_ACTIVE);
+    EXPECT_EQ(next_event(na.ctx, 1000), IBV_EVENT_GID_CHANGE);
+    EXPECT_EQ(ibv_query_gid_ex(na.ctx, 1, 3, &e, 0), ENODATA);
+    EXPECT_EQ(ibv_query_gid_ex(na.ctx, 1, 5, &e, 0), 0);
+    EXPECT_EQ(e.gid_type, IBV_GID_TYPE_ROCE_V2);
+    EXPECT_EQ(e.gid.raw[15], 1);
+    EXPECT_EQ(ibv_query_gid_ex(na.ctx, 1, 4, &e, 0), 0);
+    EXPECT_EQ(e.gid_type, IBV_GID_TYPE_ROCE_V1);
+    // A QP on the old index fails at RTR.
+    Ep a = make_ep(na);
+    EXPECT_EQ(connect_with(a, addr_of(a), 0, IBV_MTU_4096, true, 3, gid_at(na, 5)), EINVAL);
+  }));
+}
+
+TEST_CASE("fakeverbs: bad addressing options are refused") {
+  for (const char* devs :
+       {"mlx5_0,ib,1,pkeys=0x8000", "mlx5_0,ib,1,pkeys=0xffff:x", "mlx5_0,eth,10.0.0.1,mtu=512",
+        "mlx5_0,ib,1,gids=16", "mlx5_0,eth,10.0.0.1,gids=256", "mlx5_0,eth,10.0.0.1,gid_rotate=3",
+        "mlx5_0,eth,10.0.0.1,netdev=a.b", "mlx5_0,ib,1,grh_required=yes"}) {
+    INFO(devs);
+    expect_ok(run_scenario(devs, [] {
+      int n = 0;
+      EXPECT(ibv_get_device_list(&n) == nullptr);
+      EXPECT_EQ(errno, EINVAL);
+    }));
+  }
+  expect_ok(run_scenario(kTwoEth, [] {
+    EXPECT_EQ(fakeverbs_inject("port_down,dev=mlx5_0,gids=later"), -1);
+    EXPECT_EQ(fakeverbs_inject("blackhole,dev=mlx5_0,gids=move"), -1);
+  }));
+}

@@ -666,3 +666,191 @@ TEST_CASE(
   CHECK(s.find(text) != std::string::npos);
   CHECK(rv.find(text) != std::string::npos);
 }
+
+// ------------------------------------------------------------------------------------------
+// Addressing as strict as real HCAs (issue 14; tests/fakeverbs/README.md "Addressing"): P_Keys,
+// a port that requires a GRH, unequal MTUs, big GID tables with VLAN entries, GIDs removed
+// and re-added around a port flap.
+
+namespace {
+
+// Two IB HCAs per host (LIDs 1/3 at the sender, 2/4 at the receiver), each with `opts`.
+PairOptions ib_link_pair(const std::string& sender_opts, const std::string& receiver_opts) {
+  PairOptions o = ib_pair();
+  o.sender_env["FAKEVERBS_DEVICES"] = "mlx5_0,ib,1" + sender_opts + ";mlx5_1,ib,3" + sender_opts;
+  o.receiver_env["FAKEVERBS_DEVICES"] =
+      "mlx5_0,ib,2" + receiver_opts + ";mlx5_1,ib,4" + receiver_opts;
+  o.timeout_s = 40;
+  return o;
+}
+
+// A stream whose addressing must be right: both ends OK, every byte intact, and no QP lost
+// a packet (a dropped packet ends its WR in retry-exceeded, a "completion error"; a path that
+// a loaded 2-core CI machine starves may still miss heartbeats, which says nothing here).
+void check_clean(const StreamRun& r) {
+  CHECK(r.pair.sender_status == kStreamOk);
+  CHECK(r.pair.receiver_status == kStreamOk);
+  for (const std::string* log : {&r.sender_log, &r.receiver_log}) {
+    CHECK(count_lines_containing(*log, "completion error") == 0);
+    CHECK(count_lines_containing(*log, "give-up:") == 0);
+  }
+}
+
+StreamSpec quick_stream() {
+  StreamSpec s = short_stream(0.5);
+  s.min_messages = 16;
+  s.stall_ms = 8000;
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("verbs: IB ports that require a GRH (IBV_QPF_GRH_REQUIRED): every QP carries one",
+          "[loopback][ib][addr]") {
+  SKIP_WITHOUT_FAKE();
+  // The kernel refuses modify_qp to RTR without a GRH on such a port (EINVAL), and the port
+  // drops packets that arrive without one: both ends must address by GID (NCCL does so when
+  // its own port requires it; r2ccl also when the peer's does, which the wire tells it).
+  SECTION("both ends") {
+    StreamRun r = run_stream(ib_link_pair(",grh_required", ",grh_required"), quick_stream());
+    INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+    check_clean(r);
+  }
+  SECTION("only the receiver's ports") {
+    StreamRun r = run_stream(ib_link_pair("", ",grh_required"), quick_stream());
+    INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+    check_clean(r);
+  }
+}
+
+TEST_CASE("verbs: R2CCL_IB_PKEY names the partition; its index is looked up per port",
+          "[loopback][ib][addr]") {
+  SKIP_WITHOUT_FAKE();
+  // Hosts that are limited members (0x7fff) of the default partition cannot talk to each
+  // other through it (IBA: a full member at one end at least), only through 0x8001, at
+  // another index of each port's table.
+  SECTION("0x8001 at index 1 at both ends") {
+    PairOptions o = ib_link_pair(",pkeys=0x7fff:0x8001", ",pkeys=0x7fff:0x8001");
+    o.env["R2CCL_IB_PKEY"] = "0x8001";
+    StreamRun r = run_stream(o, quick_stream());
+    INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+    check_clean(r);
+  }
+  SECTION("tables in another order at the receiver") {
+    PairOptions o = ib_link_pair(",pkeys=0x7fff:0x8001", ",pkeys=0x8001:0x7fff");
+    o.env["R2CCL_IB_PKEY"] = "0x8001";
+    StreamRun r = run_stream(o, quick_stream());
+    INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+    check_clean(r);
+  }
+  SECTION("NCCL_IB_PKEY is an index, as in NCCL") {
+    PairOptions o = ib_link_pair(",pkeys=0x7fff:0x8001", ",pkeys=0x7fff:0x8001");
+    o.env["NCCL_IB_PKEY"] = "1";
+    StreamRun r = run_stream(o, quick_stream());
+    INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+    check_clean(r);
+  }
+}
+
+TEST_CASE("verbs: a P_Key that is not in the table fails init naming it and the table",
+          "[loopback][ib][addr]") {
+  SKIP_WITHOUT_FAKE();
+  ChildResult a = probe({{"FAKEVERBS_DEVICES", "mlx5_0,ib,1,pkeys=0xffff:0x8001"},
+                         {"R2CCL_TRANSPORT", "ib"},
+                         {"R2CCL_IB_PKEY", "0x8002"}});
+  INFO(a.output);
+  CHECK(a.status == 3);
+  CHECK(
+      a.output.find("R2CCL_IB_PKEY=0x8002: not in the P_Key table of mlx5_0:1 (0xffff, 0x8001)") !=
+      std::string::npos);
+  ChildResult b = probe({{"FAKEVERBS_DEVICES", "mlx5_0,ib,1,pkeys=0xffff:0x8001"},
+                         {"R2CCL_TRANSPORT", "ib"},
+                         {"NCCL_IB_PKEY", "2"}});
+  INFO(b.output);
+  CHECK(b.status == 3);
+  CHECK(b.output.find("NCCL_IB_PKEY=2: no P_Key index 2 on mlx5_0:1 (0xffff, 0x8001)") !=
+        std::string::npos);
+  ChildResult c = probe({{"FAKEVERBS_DEVICES", "mlx5_0,ib,1"}, {"R2CCL_IB_PKEY", "0x18001"}});
+  INFO(c.output);
+  CHECK(c.status == 3);
+  CHECK(c.output.find("R2CCL_IB_PKEY='0x18001'") != std::string::npos);
+}
+
+TEST_CASE("verbs: unequal MTUs at the two ends: the path MTU is the smaller, nothing is lost",
+          "[loopback][ib][addr]") {
+  SKIP_WITHOUT_FAKE();
+  // A packet larger than either port's active MTU is dropped by the fabric (the fake drops
+  // it too); the QP's path MTU must be the smaller of both ends' active MTUs.
+  PairOptions o = ib_pair();
+  o.sender_env["FAKEVERBS_DEVICES"] =
+      "mlx5_0,eth,10.210.1.1,mtu=4096;mlx5_1,eth,10.210.2.1,mtu=2048";
+  o.receiver_env["FAKEVERBS_DEVICES"] =
+      "mlx5_0,eth,10.210.1.2,mtu=1024;mlx5_1,eth,10.210.2.2,mtu=4096";
+  o.env["R2CCL_STRIPE"] = "1";  // both paths carry chunks
+  o.timeout_s = 40;
+  StreamRun r = run_stream(o, quick_stream());
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  check_clean(r);
+}
+TEST_CASE(
+    "verbs: a port flap removes the IP GIDs and re-adds them at other indices: failback uses "
+    "the new index",
+    "[loopback][ib][addr][failover]") {
+  SKIP_WITHOUT_FAKE();
+  // Real RoCE: the netdev going down deletes its IP-based GIDs (GID_CHANGE; the port is left
+  // with its link-local ones), its return adds them again, here at 4/5 instead of 2/3 (the
+  // fake's gids=move; the kernel does not reuse a slot an old QP still holds). A QP built on
+  // the old index fails at RTR (the slot is empty, EINVAL) and one addressed to the old
+  // index's GID loses its packets: the failback must run on the re-selected GID, and the
+  // flapped end's log must say which (gid[5]).
+  auto check = [](const StreamRun& r, const std::string& flapped_log) {
+    INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+    CHECK(r.pair.sender_status == kStreamOk);
+    CHECK(r.pair.receiver_status == kStreamOk);
+    CHECK(count_lines_containing(r.sender_log, "switchover: rail mlx5_0:1 failed") == 1);
+    CHECK(count_lines_containing(r.sender_log, "failback: rail mlx5_0:1 is back") == 1);
+    CHECK(count_lines_containing(flapped_log,
+                                 "GID re-selected, now mlx5_0:1 RoCEv2 "
+                                 "gid[5]=::ffff:10.210.1.") >= 1);
+    CHECK(count_lines_containing(r.sender_log + r.receiver_log, "give-up:") == 0);
+  };
+  SECTION("the sender's primary port") {
+    PairOptions o = ib_pair("port_down,dev=mlx5_0,after_bytes=33554432,for_ms=300,gids=move");
+    o.env["R2CCL_PROBE_COUNT"] = "2";
+    StreamRun r = run_stream(o, short_stream(2.0));
+    check(r, r.sender_log);
+  }
+  SECTION("the receiver's primary port") {
+    PairOptions o = ib_pair("", "port_down,dev=mlx5_0,after_ms=300,for_ms=300,gids=move");
+    o.env["R2CCL_PROBE_COUNT"] = "2";
+    StreamRun r = run_stream(o, short_stream(2.0));
+    check(r, r.receiver_log);
+  }
+}
+
+TEST_CASE(
+    "verbs: 255-entry GID tables with VLAN and IPv6 entries, in another order at each end: "
+    "both ends pick the GID of the port's own netdev",
+    "[loopback][ib][addr]") {
+  SKIP_WITHOUT_FAKE();
+  // gids=255: link-local, IPv4 and global IPv6 GIDs (RoCE v1 and v2) of the port's netdev,
+  // then the same for VLAN netdevs eth<i>.100, .101, ...; gid_rotate moves them around, so
+  // at the receiver VLAN GIDs come first. RoCE frames carry their source netdev's VLAN, so
+  // two ends on different VLANs cannot talk (the fake drops such packets).
+  auto devices = [](const char* host, int rotate) {
+    const std::string r = ",gids=255,gid_rotate=" + std::to_string(rotate);
+    return std::string("mlx5_0,eth,10.210.1.") + host + r + ";mlx5_1,eth,10.210.2." + host + r;
+  };
+  for (const char* family : {"AF_INET", "AF_INET6"}) {
+    DYNAMIC_SECTION(family) {
+      PairOptions o = ib_pair();
+      o.sender_env["FAKEVERBS_DEVICES"] = devices("1", 0);
+      o.receiver_env["FAKEVERBS_DEVICES"] = devices("2", 150);
+      o.env["R2CCL_IB_ADDR_FAMILY"] = family;
+      o.timeout_s = 40;
+      StreamRun r = run_stream(o, quick_stream());
+      INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+      check_clean(r);
+    }
+  }
+}

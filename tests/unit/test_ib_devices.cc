@@ -251,6 +251,75 @@ TEST_CASE("gid selection: typical RoCE table") {
   }
 }
 
+TEST_CASE("gid selection: the port's own netdev before VLAN netdevs, whatever the order") {
+  // A big mlx5 table: VLAN netdevs' GIDs may sit below the port's own (they are added as
+  // addresses appear). Two hosts must not end on different VLANs.
+  auto vlan = [](GidEntry e) {
+    e.other_netdev = true;
+    return e;
+  };
+  std::vector<GidEntry> t = {
+      gid(0, "fe80::a288:c2ff:fe10:2030", kGidTypeRoceV1),
+      gid(1, "fe80::a288:c2ff:fe10:2030", kGidTypeRoceV2),
+      vlan(gid(2, "fe80::a288:c2ff:fe10:2031", kGidTypeRoceV2)),
+      vlan(gid(3, "10.100.0.1", kGidTypeRoceV1)),
+      vlan(gid(4, "10.100.0.1", kGidTypeRoceV2)),
+      vlan(gid(5, "2001:db8:100::1", kGidTypeRoceV2)),
+      gid(6, "2001:db8::1", kGidTypeRoceV1),
+      gid(7, "2001:db8::1", kGidTypeRoceV2),
+      gid(8, "10.1.0.1", kGidTypeRoceV1),
+      gid(9, "10.1.0.1", kGidTypeRoceV2),
+  };
+  CHECK(select_gid(t, prefs()) == 9);
+  CHECK(select_gid(t, prefs(2, "AF_INET6")) == 7);
+  CHECK(select_gid(t, prefs(1)) == 8);
+  // The version still comes first: a v2 GID on a VLAN beats v1 on the port's netdev.
+  std::vector<GidEntry> v1own = {t[0], t[1], t[3], t[4], t[8]};
+  CHECK(select_gid(v1own, prefs()) == 4);
+  // A range picks the VLAN; so does the forced index.
+  CHECK(select_gid(t, prefs(2, "AF_INET", "10.100.0.0/16")) == 4);
+  CHECK(select_gid(t, prefs(2, "AF_INET6", "2001:db8:100::/48")) == 5);
+  CHECK(select_gid(t, prefs(2, "AF_INET", "", 3)) == 3);
+  // Only VLAN GIDs (the port's own netdev has no address): one of them.
+  std::vector<GidEntry> only_vlan = {t[0], t[1], t[3], t[4]};
+  CHECK(select_gid(only_vlan, prefs()) == 4);
+}
+
+TEST_CASE("P_Key preference and lookup") {
+  auto pref = [](const char* v, bool from_nccl, PkeyPref* out) {
+    r2ccl::Config c;
+    c.ib_pkey = v;
+    if (from_nccl) c.sources.push_back("R2CCL_IB_PKEY from NCCL_IB_PKEY");
+    std::string err;
+    const bool ok = parse_pkey_pref(c, out, &err);
+    return ok ? std::string() : err;
+  };
+  PkeyPref p;
+  CHECK(pref("", false, &p).empty());
+  CHECK(p.kind == PkeyPref::kDefault);
+  CHECK(pref("0x8001", false, &p).empty());
+  CHECK(p.kind == PkeyPref::kValue);
+  CHECK(p.value == 0x8001);
+  CHECK(pref("32769", false, &p).empty());
+  CHECK(p.value == 0x8001);
+  CHECK(pref("1", true, &p).empty());
+  CHECK(p.kind == PkeyPref::kIndex);
+  CHECK(p.value == 1);
+  CHECK_THAT(pref("0x8000", false, &p), Contains("R2CCL_IB_PKEY='0x8000'"));
+  CHECK_THAT(pref("0x10000", false, &p), Contains("0x0001..0xffff"));
+  CHECK_THAT(pref("x", false, &p), Contains("R2CCL_IB_PKEY='x'"));
+  CHECK_THAT(pref("-1", true, &p), Contains("NCCL_IB_PKEY='-1'"));
+  CHECK_THAT(pref("70000", true, &p), Contains("a P_Key index 0..65535"));
+
+  const std::vector<uint16_t> table = {0x7fff, 0x0001, 0x8001, 0x8002};
+  CHECK(find_pkey_index(table, 0x8001) == 2);  // the exact value first
+  CHECK(find_pkey_index(table, 0x0001) == 1);
+  CHECK(find_pkey_index(table, 0xffff) == 0);  // same partition, other membership
+  CHECK(find_pkey_index(table, 0x0002) == 3);
+  CHECK(find_pkey_index(table, 0x8003) == -1);
+  CHECK(pkey_table_text(table) == "(0x7fff, 0x0001, 0x8001, 0x8002)");
+}
+
 TEST_CASE("gid selection: version fallback") {
   std::vector<GidEntry> v1only = {
       gid(0, "fe80::1", kGidTypeRoceV1),

@@ -124,6 +124,10 @@ struct ParamDef {
     "QP transport retries before a work request completes with retry-exceeded.")                \
   X(ib_qps_per_path, "R2CCL_IB_QPS_PER_PATH", kInt, "1", 1, 16, "NCCL_IB_QPS_PER_CONNECTION",   \
     "RC QPs per path; chunks are spread over them.")                                            \
+  X(ib_pkey, "R2CCL_IB_PKEY", kString, "", 0, 0, "NCCL_IB_PKEY",                                \
+    "InfiniBand partition: a P_Key value (0x8001), looked up in each port's P_Key table; not "  \
+    "in a selected port's table fails init. From NCCL_IB_PKEY it is NCCL's P_Key index "        \
+    "instead. Unset: index 0.")                                                                 \
   X(ib_sl, "R2CCL_IB_SL", kInt, "0", 0, 15, "NCCL_IB_SL", "InfiniBand service level.")          \
   X(ib_tc, "R2CCL_IB_TC", kInt, "0", 0, 255, "NCCL_IB_TC",                                      \
     "Traffic class (RoCE GRH); the communicator config's traffic class wins when set.")         \
@@ -167,9 +171,9 @@ struct ParamDef {
     "Test only. Comma list of protections to switch off: no_replay, no_dedup, "                 \
     "no_stale_guard, no_bilateral_err (verbs: replay without moving the peer's QPs to ERR), "   \
     "force_flush (verbs: iflush reads back host buffers too). "                                 \
-    "Used by tests to prove each protection matters.")                                         \
+    "Used by tests to prove each protection matters.")                                          \
   X(test_time_scale, "R2CCL_TEST_TIME_SCALE", kInt, "1", 1, 1000000, nullptr,                   \
-    "Test only. r2ccl's verbs failure bounds take one QP try as 4.096 us * 2^R2CCL_IB_TIMEOUT "  \
+    "Test only. r2ccl's verbs failure bounds take one QP try as 4.096 us * 2^R2CCL_IB_TIMEOUT " \
     "/ N; the fake verbs provider runs its QP timers N times faster when it reads the same "    \
     "variable, so NCCL_IB_TIMEOUT=22 can be tested in milliseconds. Real HCAs ignore it: "      \
     "never set it outside tests.")

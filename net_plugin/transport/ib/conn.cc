@@ -67,15 +67,18 @@ int qp_to_rts(const VerbsApi& v, ibv_qp* qp, const HcaInfo& h, const IbWireHca& 
   a.min_rnr_timer = 12;
   a.ah_attr.port_num = static_cast<uint8_t>(h.port);
   a.ah_attr.sl = static_cast<uint8_t>(cfg.ib_sl);
-  if (h.link_layer == IBV_LINK_LAYER_ETHERNET) {
+  // A GRH on RoCE always; on IB when either port requires one (IBV_QPF_GRH_REQUIRED: the
+  // kernel refuses an AV without it at RTR, EINVAL, and such a port drops packets without
+  // it). NCCL 2.30.7 looks at its own port only; the peer's flag comes in IbWireHca.
+  const bool eth = h.link_layer == IBV_LINK_LAYER_ETHERNET;
+  if (eth || (h.port_flags & IBV_QPF_GRH_REQUIRED) || (peer.flags & kWireHcaGrhRequired)) {
     a.ah_attr.is_global = 1;
     memcpy(a.ah_attr.grh.dgid.raw, peer.gid, 16);
-    a.ah_attr.grh.sgid_index = static_cast<uint8_t>(h.gid_index);
+    a.ah_attr.grh.sgid_index = static_cast<uint8_t>(h.gid_index < 0 ? 0 : h.gid_index);
     a.ah_attr.grh.hop_limit = 255;
     a.ah_attr.grh.traffic_class = static_cast<uint8_t>(tc);
-  } else {
-    a.ah_attr.dlid = peer.lid;
   }
+  if (!eth) a.ah_attr.dlid = peer.lid;
   int e = v.modify_qp(qp, &a,
                       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
                           IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER);
@@ -115,7 +118,7 @@ ibv_qp* make_qp(const VerbsApi& v, const HcaInfo& h, ibv_cq* cq, int send_wr, in
   }
   ibv_qp_attr a{};
   a.qp_state = IBV_QPS_INIT;
-  a.pkey_index = 0;
+  a.pkey_index = h.pkey_index;  // R2CCL_IB_PKEY's index in this port's table (0 by default)
   a.port_num = static_cast<uint8_t>(h.port);
   a.qp_access_flags = access;
   const int e =
@@ -342,9 +345,10 @@ void Conn::fill_wire_hca(int hca, IbWireHca* w) {
   w->mtu = static_cast<uint8_t>(h.active_mtu);
   w->gid_index = static_cast<uint8_t>(h.gid_index < 0 ? 0 : h.gid_index);
   w->lid = h.lid;
+  w->flags = (h.port_flags & IBV_QPF_GRH_REQUIRED) ? kWireHcaGrhRequired : 0;
   memcpy(w->gid, h.gid, 16);
   w->area_rkey = area_mr_[hca] ? area_mr_[hca]->rkey : 0;
-  w->epoch = h.epoch;
+  w->epoch = static_cast<uint8_t>(h.epoch);  // the low 8 bits, as CtsRecord::epochs
 }
 
 void Conn::post_recv_slot(Path& p, int q, int k) {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <tuple>
@@ -250,13 +251,64 @@ bool parse_gid_prefs(const Config& c, GidPrefs* out, std::string* err) {
   return true;
 }
 
+bool parse_pkey_pref(const Config& c, PkeyPref* out, std::string* err) {
+  PkeyPref p;
+  const bool from_nccl = std::find(c.sources.begin(), c.sources.end(),
+                                   "R2CCL_IB_PKEY from NCCL_IB_PKEY") != c.sources.end();
+  const std::string& v = c.ib_pkey;
+  if (!v.empty()) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long x = std::strtoul(v.c_str(), &end, 0);
+    const bool num = errno == 0 && end != v.c_str() && *end == '\0' && v[0] != '-';
+    if (from_nccl) {
+      if (!num || x > 0xffff) {
+        *err = "NCCL_IB_PKEY='" + v +
+               "' (the fallback of R2CCL_IB_PKEY): accepted: a P_Key index " +
+               "0..65535, as NCCL reads it";
+        return false;
+      }
+      p.kind = PkeyPref::kIndex;
+    } else {
+      if (!num || x == 0 || x > 0xffff || (x & 0x7fff) == 0) {
+        *err = "R2CCL_IB_PKEY='" + v +
+               "': accepted: a P_Key 0x0001..0xffff (hex with 0x, or decimal) whose low 15 bits "
+               "are not 0, e.g. 0x8001; NCCL_IB_PKEY, its fallback, is an index instead";
+        return false;
+      }
+      p.kind = PkeyPref::kValue;
+    }
+    p.value = static_cast<uint32_t>(x);
+  }
+  *out = p;
+  return true;
+}
+
+int find_pkey_index(const std::vector<uint16_t>& table, uint16_t pkey) {
+  for (size_t i = 0; i < table.size(); i++)
+    if (table[i] == pkey) return static_cast<int>(i);
+  for (size_t i = 0; i < table.size(); i++)
+    if ((table[i] & 0x7fff) == (pkey & 0x7fff)) return static_cast<int>(i);
+  return -1;
+}
+
+std::string pkey_table_text(const std::vector<uint16_t>& table) {
+  std::string s = "(";
+  for (size_t i = 0; i < table.size(); i++) {
+    char b[16];
+    snprintf(b, sizeof(b), "%s0x%04x", i ? ", " : "", table[i]);
+    s += b;
+  }
+  return s + ")";
+}
+
 int select_gid(const std::vector<GidEntry>& table, const GidPrefs& p) {
   if (p.forced_index >= 0) {
     for (const auto& e : table)
       if (e.index == p.forced_index && !is_zero(e.raw)) return e.index;
   }
   // Rank: smaller tuple is better.
-  using Key = std::tuple<int, int, int, int>;
+  using Key = std::tuple<int, int, int, int, int>;
   bool found = false;
   Key best{};
   int best_index = -1;
@@ -265,7 +317,7 @@ int select_gid(const std::vector<GidEntry>& table, const GidPrefs& p) {
     if (p.has_range && !in_range(e.raw, p)) continue;
     int fam = is_v4_mapped(e.raw) ? AF_INET : AF_INET6;
     Key k{is_link_local(e.raw) ? 1 : 0, e.type == p.roce_version ? 0 : 1, fam == p.family ? 0 : 1,
-          e.index};
+          e.other_netdev ? 1 : 0, e.index};
     if (!found || k < best) {
       found = true;
       best = k;
@@ -402,6 +454,10 @@ void HcaSet::load_gid(size_t i) {
   std::vector<GidEntry> table;
   const std::string types_dir =
       ibdev_paths_[i] + "/ports/" + std::to_string(h.port) + "/gid_attrs/types/";
+  const std::string ndevs_dir =
+      ibdev_paths_[i] + "/ports/" + std::to_string(h.port) + "/gid_attrs/ndevs/";
+  std::string own_ndev;  // the netdev of GID 0 (the default GID): the port's own
+  if (!read_line(ndevs_dir + "0", &own_ndev)) own_ndev.clear();
   for (int idx = 0; idx < tbl_len; idx++) {
     GidEntry e;
     e.index = idx;
@@ -428,7 +484,11 @@ void HcaSet::load_gid(size_t i) {
                    ? kGidTypeRoceV2
                    : kGidTypeRoceV1;
     }
-    if (!is_zero(e.raw)) table.push_back(e);
+    if (is_zero(e.raw)) continue;
+    std::string ndev;
+    e.other_netdev = !own_ndev.empty() && read_line(ndevs_dir + std::to_string(idx), &ndev) &&
+                     !ndev.empty() && ndev != own_ndev;
+    table.push_back(e);
   }
   int sel = select_gid(table, prefs_);
   if (prefs_.forced_index >= 0 && sel != prefs_.forced_index) {
@@ -443,6 +503,59 @@ void HcaSet::load_gid(size_t i) {
   }
 }
 
+bool HcaSet::load_pkey(size_t i, std::string* err) {
+  HcaInfo& h = hcas_[i];
+  h.pkey_index = 0;
+  h.pkey = 0;
+  ibv_port_attr pa;
+  int len = 0;
+  if (v_->query_port(h.ctx, static_cast<uint8_t>(h.port), &pa) == 0) len = pa.pkey_tbl_len;
+  std::vector<uint16_t> table;
+  if (v_->query_pkey) {
+    for (int k = 0; k < std::min(len, 1024); k++) {
+      __be16 be = 0;
+      if (v_->query_pkey(h.ctx, static_cast<uint8_t>(h.port), k, &be) != 0) break;
+      table.push_back(be16toh(be));
+    }
+  }
+  const std::string port = h.name + ":" + std::to_string(h.port);
+  switch (pkey_pref_.kind) {
+    case PkeyPref::kDefault:
+      if (!table.empty()) h.pkey = table[0];
+      return true;
+    case PkeyPref::kIndex:
+      if (static_cast<int>(pkey_pref_.value) >= len) {
+        *err = "NCCL_IB_PKEY=" + std::to_string(pkey_pref_.value) + ": no P_Key index " +
+               std::to_string(pkey_pref_.value) + " on " + port + " " + pkey_table_text(table) +
+               " (NCCL_IB_PKEY is an index, as in NCCL; R2CCL_IB_PKEY names a P_Key value)";
+        return false;
+      }
+      h.pkey_index = static_cast<uint16_t>(pkey_pref_.value);
+      if (h.pkey_index < table.size()) h.pkey = table[h.pkey_index];
+      return true;
+    case PkeyPref::kValue: {
+      char want[16];
+      snprintf(want, sizeof(want), "0x%04x", pkey_pref_.value);
+      if (!v_->query_pkey) {
+        *err = std::string("R2CCL_IB_PKEY=") + want +
+               ": the verbs library lacks ibv_query_pkey, so the P_Key's index on " + port +
+               " is unknown; give NCCL_IB_PKEY=<index> instead";
+        return false;
+      }
+      const int k = find_pkey_index(table, static_cast<uint16_t>(pkey_pref_.value));
+      if (k < 0) {
+        *err = std::string("R2CCL_IB_PKEY=") + want + ": not in the P_Key table of " + port + " " +
+               pkey_table_text(table);
+        return false;
+      }
+      h.pkey_index = static_cast<uint16_t>(k);
+      h.pkey = table[static_cast<size_t>(k)];
+      return true;
+    }
+  }
+  return true;
+}
+
 bool HcaSet::discover(const VerbsApi* v, const Config& cfg, std::unique_ptr<HcaSet>* out,
                       std::string* err) {
   HcaSpec spec;
@@ -450,6 +563,7 @@ bool HcaSet::discover(const VerbsApi* v, const Config& cfg, std::unique_ptr<HcaS
   std::unique_ptr<HcaSet> set(new HcaSet());
   set->v_ = v;
   if (!parse_gid_prefs(cfg, &set->prefs_, err)) return false;
+  if (!parse_pkey_pref(cfg, &set->pkey_pref_, err)) return false;
   set->speed_override_ = cfg.speed_mbps > 0 ? static_cast<int>(cfg.speed_mbps) : 0;
 
   int n = 0;
@@ -504,6 +618,7 @@ bool HcaSet::discover(const VerbsApi* v, const Config& cfg, std::unique_ptr<HcaS
       int sp = port_speed_mbps(pa.active_speed, pa.active_width);
       h.speed_mbps = set->speed_override_ > 0 ? set->speed_override_ : sp > 0 ? sp : 10000;
       h.active_mtu = pa.active_mtu;
+      h.port_flags = pa.flags;
       h.guid = be64toh(v->get_device_guid(dev));
       h.pci_path = real_path(std::string(dev->ibdev_path) + "/device");
       std::string numa;
@@ -532,6 +647,10 @@ bool HcaSet::discover(const VerbsApi* v, const Config& cfg, std::unique_ptr<HcaS
       set->hcas_.push_back(h);
       set->ibdev_paths_.push_back(dev->ibdev_path);
       set->load_gid(set->hcas_.size() - 1);
+      if (!set->load_pkey(set->hcas_.size() - 1, err)) {
+        v->free_device_list(list);
+        return false;
+      }
     }
   }
   v->free_device_list(list);
@@ -554,6 +673,7 @@ bool HcaSet::refresh_port(int i, bool* active_now) {
   h.active = pa.state == IBV_PORT_ACTIVE;
   h.lid = pa.lid;
   h.active_mtu = pa.active_mtu;
+  h.port_flags = pa.flags;
   if (speed_override_ <= 0) {
     int sp = port_speed_mbps(pa.active_speed, pa.active_width);
     if (sp > 0) h.speed_mbps = sp;

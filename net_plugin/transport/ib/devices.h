@@ -64,6 +64,11 @@ struct GidEntry {
   int index;
   uint8_t raw[16];  // network byte order, as in union ibv_gid
   int type;         // kGidTypeIb, kGidTypeRoceV1 or kGidTypeRoceV2
+  // The GID belongs to another netdev than the port's own (a VLAN device such as eth0.100, or
+  // another upper device): sysfs ports/<p>/gid_attrs/ndevs/<i> names a netdev other than
+  // that of GID 0 (the kernel's default GID, always on the port's own netdev). False when
+  // the file is unreadable (older kernels, containers).
+  bool other_netdev = false;
 };
 
 struct GidPrefs {
@@ -97,9 +102,40 @@ bool parse_gid_prefs(const Config& c, GidPrefs* out, std::string* err);
 //  3. Link-local GIDs (fe80::/10) are used only when no other candidate exists.
 //  4. Among the rest, lexicographically: type == p.roce_version first (when no candidate
 //     has that version, the other version is accepted, as NCCL does); then family ==
-//     p.family (IPv4 = IPv4-mapped ::ffff:a.b.c.d, anything else is IPv6); then the lowest
-//     index.
+//     p.family (IPv4 = IPv4-mapped ::ffff:a.b.c.d, anything else is IPv6); then GIDs of the
+//     port's own netdev before those of VLAN (or other upper) netdevs; then the lowest
+//     index. The netdev rule is r2ccl's: NCCL 2.30.7 (ncclIbGetGidIndex) ignores netdevs
+//     and takes the lowest index, so two hosts whose tables hold their entries in another
+//     order (GIDs are added as addresses appear) could pick GIDs on different VLANs, which
+//     cannot reach each other. To run on a VLAN, name its subnet with R2CCL_IB_ADDR_RANGE
+//     (a filter, rule 2) or its index with R2CCL_IB_GID_INDEX.
 int select_gid(const std::vector<GidEntry>& table, const GidPrefs& p);
+
+// ---------------------------------------------------------------------------------------
+// Partition keys. R2CCL_IB_PKEY names a P_Key *value* (0x0001..0xffff, hex "0x8001" or
+// decimal); its index is looked up in each port's P_Key table (ibv_query_pkey). Its NCCL
+// fallback NCCL_IB_PKEY keeps NCCL's meaning, a P_Key *index* used as is (NCCL 2.30.7,
+// src/transport/net_ib/connect.cc: qp pkey_index = NCCL_IB_PKEY, default 0). Neither set:
+// index 0, as NCCL.
+struct PkeyPref {
+  enum Kind { kDefault, kValue, kIndex } kind = kDefault;
+  uint32_t value = 0;  // kValue: the P_Key (host order); kIndex: the table index
+};
+
+// Reads the preference from c.ib_pkey and c.sources ("R2CCL_IB_PKEY from NCCL_IB_PKEY" means
+// the value is NCCL's index). Returns false with *err naming the variable, the value and the
+// accepted form (a P_Key 0x0001..0xffff whose low 15 bits are not 0, or an index 0..65535);
+// *out is set only on success.
+bool parse_pkey_pref(const Config& c, PkeyPref* out, std::string* err);
+
+// The index of `pkey` (host order) in a port's P_Key table (host order, by index): an entry
+// equal to it, else the first entry of the same partition (low 15 bits; the membership bit
+// 0x8000 differs), else -1. IBA vol. 1 10.9: bit 15 of a P_Key is full (1) or limited (0)
+// membership, the low 15 bits name the partition.
+int find_pkey_index(const std::vector<uint16_t>& table, uint16_t pkey);
+
+// "(0xffff, 0x8001)": a P_Key table for messages.
+std::string pkey_table_text(const std::vector<uint16_t>& table);
 
 // "::ffff:10.1.0.1", "fe80::248a:703:49:d4f0" (inet_ntop's IPv6 text form).
 std::string gid_to_string(const uint8_t raw[16]);
@@ -130,6 +166,9 @@ struct HcaInfo {
   int numa = -1;               // from <pci_path>/numa_node, -1 unknown
   uint64_t guid = 0;           // node GUID, host order
   int active_mtu = 0;          // enum ibv_mtu
+  uint8_t port_flags = 0;      // ibv_port_attr.flags (IBV_QPF_GRH_REQUIRED)
+  uint16_t pkey_index = 0;     // the QPs' P_Key index (R2CCL_IB_PKEY / NCCL_IB_PKEY)
+  uint16_t pkey = 0;           // the P_Key at that index (host order), 0 if unknown
   ibv_context* ctx = nullptr;  // opened, owned by the HcaSet
   ibv_pd* pd = nullptr;        // allocated, owned by the HcaSet
   // The device's incarnation: 0 at discovery, + 1 each time it is reopened after a fatal
@@ -175,7 +214,8 @@ class HcaSet {
   // counts as InfiniBand); ports that are down are kept with active=false (they may come up
   // later). Devices are ordered by name (digit runs compared as numbers), ports ascending.
   // A device that fails to open or to allocate a PD is skipped with a WARN.
-  // Returns false with *err on a bad spec or bad GID preferences. Returns true with an empty
+  // Returns false with *err on a bad spec, bad GID preferences, or a P_Key (R2CCL_IB_PKEY) or
+  // index (NCCL_IB_PKEY) missing from a selected port's table. Returns true with an empty
   // list when the library lists no device. cfg.speed_mbps > 0 overrides every port's speed.
   // Thread: init only.
   static bool discover(const VerbsApi* v, const Config& cfg, std::unique_ptr<HcaSet>* out,
@@ -207,9 +247,13 @@ class HcaSet {
   };
   // Reads the port's GID table (RoCE) or GID 0 (IB) and fills gid/gid_index/gid_type.
   void load_gid(size_t i);
+  // Fills pkey_index/pkey of port i from prefs; false with *err when the port's table lacks
+  // the P_Key (or the index).
+  bool load_pkey(size_t i, std::string* err);
 
   const VerbsApi* v_ = nullptr;
   GidPrefs prefs_;
+  PkeyPref pkey_pref_;
   int speed_override_ = 0;
   std::vector<Device> devices_;
   std::vector<Device> retired_;  // dead incarnations (reopen), closed by the destructor

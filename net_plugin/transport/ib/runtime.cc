@@ -405,12 +405,19 @@ void Runtime::handle_async(int i) {
         if (l.link_up.exchange(false)) l.down_events++;
         log_event("%s port error event (port down)", port_name(h[j]).c_str());
       } else if (t == IBV_EVENT_PORT_ACTIVE) {
+        // RoCE: the netdev's return re-adds its IP GIDs, possibly at other indices than
+        // before the flap (GID_CHANGE may have been read already, or come later): the
+        // failback's QPs use what this refresh selects, so say so when it changed.
+        bool changed = false;
         {
           std::lock_guard<std::mutex> g(hca_mu_);
-          set_->refresh_port(static_cast<int>(j), nullptr);
+          changed = set_->refresh_port(static_cast<int>(j), nullptr);
         }
         if (!l.link_up.exchange(true)) l.up_events++;
         log_event("%s port active event", port_name(h[j]).c_str());
+        if (changed)
+          log_event("%s address change: GID re-selected, now %s", port_name(h[j]).c_str(),
+                    describe(hca_snapshot(static_cast<int>(j))).c_str());
       } else if (t == IBV_EVENT_GID_CHANGE || t == IBV_EVENT_LID_CHANGE) {
         bool active = false, changed = false;
         {

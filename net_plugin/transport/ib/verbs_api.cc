@@ -53,6 +53,7 @@ const VerbsApi* VerbsApi::load(const std::string& lib, std::string* err) {
             bind(h, "ibv_query_port", &v->query_port_compat, true, &miss) &&
             bind(h, "ibv_query_gid", &v->query_gid, true, &miss) &&
             bind(h, "_ibv_query_gid_ex", &v->query_gid_ex, false, &miss) &&
+            bind(h, "ibv_query_pkey", &v->query_pkey, false, &miss) &&
             bind(h, "ibv_alloc_pd", &v->alloc_pd, true, &miss) &&
             bind(h, "ibv_dealloc_pd", &v->dealloc_pd, true, &miss) &&
             bind(h, "ibv_reg_mr", &v->reg_mr, true, &miss) &&

@@ -36,6 +36,9 @@ struct VerbsApi {
   int (*query_gid)(ibv_context* ctx, uint8_t port, int index, ibv_gid* gid);
   int (*query_gid_ex)(ibv_context* ctx, uint32_t port, uint32_t index, ibv_gid_entry* entry,
                       uint32_t flags, size_t entry_size);  // may be nullptr
+  // ibv_query_pkey(3): the P_Key at `index`, network byte order; 0, or -1 with errno. May be
+  // nullptr (then only NCCL_IB_PKEY's index form works).
+  int (*query_pkey)(ibv_context* ctx, uint8_t port, int index, __be16* pkey);
   ibv_pd* (*alloc_pd)(ibv_context* ctx);
   int (*dealloc_pd)(ibv_pd* pd);
   ibv_mr* (*reg_mr)(ibv_pd* pd, void* addr, size_t len, int access);

@@ -63,8 +63,13 @@ struct IbWireHca {
   uint16_t pair;  // REPLY: index of the connector's candidate this path pairs with
   uint8_t gid[16];
   uint32_t area_rkey;  // rkey of the sender's/receiver's connection area on this HCA
-  uint32_t epoch;      // the HCA's incarnation (HcaInfo::epoch; + 1 per reopen after a fatal error)
+  uint8_t flags;       // kWireHca* (was reserved, zero, before; so old peers send none)
+  uint8_t epoch;       // the HCA's incarnation, low 8 bits (HcaInfo::epoch; + 1 per reopen)
+  uint8_t reserved[2];
 };
+// The port requires a GRH on every packet it receives (ibv_port_attr.flags has
+// IBV_QPF_GRH_REQUIRED): the peer's QPs to it must address by GID, on IB too.
+constexpr uint8_t kWireHcaGrhRequired = 1;
 static_assert(sizeof(IbWireHca) == 32, "IbWireHca layout");
 
 enum class SetupType : uint16_t { kHello = 1, kReply = 2, kReady = 3, kDone = 4, kCtrl = 5 };
