@@ -151,6 +151,9 @@ struct Device {
   // drop_tries times each, then delivered by the requester's retransmission.
   int arm_drop = 0;
   int drop_tries = 1;
+  // Fault partial: the next arm_partial RDMA writes with >= 2 bytes arriving at this device
+  // land only their first half, complete nothing and are lost (the link died mid-message).
+  int arm_partial = 0;
   std::vector<Context*> contexts;
 };
 
@@ -282,6 +285,9 @@ struct Inbound {
   bool rnr_notified = false;
   int rnr_naks = 0;
   TimePoint retry_at{};
+  // FAKEVERBS_DELAY_US: the packet executes no earlier than this (a random delay, in order
+  // per QP: the QPs and HCAs of one host are independent, so their packets interleave).
+  TimePoint ready_at{};
 };
 
 struct Qp {
@@ -316,6 +322,9 @@ struct Qp {
   // A dropped packet waits for its retransmission: later WRs are not transmitted before it
   // (RC go-back-N: the target would discard them as out of sequence, and they are resent).
   bool retx_block = false;
+  // Fault partial: a write landed only in part and was lost; the target now discards what
+  // follows on this QP (as out of sequence) until the QP leaves RTR/RTS.
+  bool gap = false;
 };
 
 struct Conn {
@@ -392,6 +401,7 @@ struct State {
   // lands and is ACKed at once, its receive completion enters the CQ a random 0..N us later
   // (seeded: FAKEVERBS_SEED, printed at init when random delays are on).
   long long recv_lag_us = 0;
+  long long delay_us = 0;  // FAKEVERBS_DELAY_US: random 0..N us before a packet executes
   // R2CCL_TEST_TIME_SCALE (the variable the plugin reads too): the QP timers derived from
   // the QP attributes (local ACK timeout, RNR timer) run this many times faster.
   long long time_scale = 1;

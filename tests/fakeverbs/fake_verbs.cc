@@ -432,6 +432,14 @@ int ensure_init_locked() {
     }
     g->recv_lag_us = v;
   }
+  if (const char* r = getenv("FAKEVERBS_DELAY_US"); r && *r) {
+    long long v;
+    if (!parse_ll(r, &v) || v < 0 || v > 1000000) {
+      fprintf(stderr, "fakeverbs: bad FAKEVERBS_DELAY_US '%s' (microseconds, 0-1000000)\n", r);
+      return g->init_errno = EINVAL;
+    }
+    g->delay_us = v;
+  }
   if (const char* r = getenv("FAKEVERBS_SEED"); r && *r) {
     long long v;
     if (!parse_ll(r, &v) || v < 0) {
@@ -444,11 +452,12 @@ int ensure_init_locked() {
               static_cast<uint64_t>(Clock::now().time_since_epoch().count() & 0xfffff);
   }
   g->lag_rng = g->seed * 0x9e3779b97f4a7c15ull + 1;
-  if (g->recv_lag_us > 0)
+  if (g->recv_lag_us > 0 || g->delay_us > 0)
     fprintf(stderr,
-            "fakeverbs[%d]: receive completions lag up to %lld us, FAKEVERBS_SEED=%llu "
-            "(set it to repeat this run's delays)\n",
-            static_cast<int>(getpid()), g->recv_lag_us, static_cast<unsigned long long>(g->seed));
+            "fakeverbs[%d]: packets wait up to %lld us at the target, receive completions lag "
+            "up to %lld us, FAKEVERBS_SEED=%llu (set it to repeat this run's delays)\n",
+            static_cast<int>(getpid()), g->delay_us, g->recv_lag_us,
+            static_cast<unsigned long long>(g->seed));
   g->key_rng = (static_cast<uint64_t>(getpid()) << 32) ^
                static_cast<uint64_t>(Clock::now().time_since_epoch().count()) ^
                0x9e3779b97f4a7c15ull;

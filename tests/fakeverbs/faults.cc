@@ -27,7 +27,7 @@ const char* const kForm =
     "flap,down_ms=A,up_ms=B[,count=N][,gids=keep|readd|move] | blackhole | "
     "hold_write[,release_after=K] | rkey_error | lkey_error | set_ipv4,addr=A.B.C.D | "
     "sq_full[,count=N] | device_fatal[,for_ms=N] | qp_fatal[,count=N] | ack_loss[,for_ms=N] | "
-    "drop[,count=N][,tries=T]";
+    "drop[,count=N][,tries=T] | partial[,count=N]";
 
 bool num(const std::string& v, long long* out) {
   if (v.empty()) return false;
@@ -45,7 +45,7 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
   f->kind = trim(fields[0]);
   static const std::set<std::string> kinds = {
       "port_down", "port_up", "flap",         "blackhole", "hold_write", "rkey_error", "lkey_error",
-      "set_ipv4",  "sq_full", "device_fatal", "qp_fatal",  "ack_loss",   "drop"};
+      "set_ipv4",  "sq_full", "device_fatal", "qp_fatal",  "ack_loss",   "drop",       "partial"};
   if (!kinds.count(f->kind)) {
     *why = "unknown kind '" + f->kind + "'";
     return false;
@@ -58,6 +58,7 @@ bool parse_entry(const std::string& entry, Fault* f, std::string* why) {
   if (f->kind == "set_ipv4") allowed.insert("addr");
   if (f->kind == "sq_full" || f->kind == "qp_fatal") allowed.insert("count");
   if (f->kind == "drop") allowed.insert({"count", "tries"});
+  if (f->kind == "partial") allowed.insert("count");
   std::set<std::string> seen;
   for (size_t i = 1; i < fields.size(); ++i) {
     std::string kv = trim(fields[i]);
@@ -193,6 +194,8 @@ void fire_fault_locked(const Fault& f) {
   } else if (f.kind == "drop") {
     d->arm_drop += static_cast<int>(f.count);
     d->drop_tries = static_cast<int>(f.tries);
+  } else if (f.kind == "partial") {
+    d->arm_partial += static_cast<int>(f.count);
   } else if (f.kind == "ack_loss") {
     d->ack_loss = true;
     if (f.for_ms >= 0)

@@ -215,10 +215,19 @@ void handle_req(const std::shared_ptr<Conn>& c, const Hdr& h, std::vector<char> 
     send_ack(c, h, h.dst_qpn, kAckLost);  // lost: no real ACK
     return;
   }
+  if (q->gap) {  // after a partial write: out of sequence, discarded
+    send_ack(c, h, h.dst_qpn, kAckLost);
+    return;
+  }
   Inbound in;
   in.h = h;
   in.payload = std::move(pay);
   in.conn = c;
+  if (g->delay_us > 0) {
+    in.ready_at = Clock::now() + std::chrono::microseconds(random_us_locked(g->delay_us));
+    if (!q->inq.empty()) in.ready_at = std::max(in.ready_at, q->inq.back().ready_at);
+    kick_at(in.ready_at);
+  }
   q->inq.push_back(std::move(in));
   process_inbound_locked(q);
 }
@@ -406,6 +415,12 @@ TimePoint run_qp_timers(TimePoint now) {
       if (q->inq.front().retry_at <= now) process_inbound_locked(q);  // the retransmission
       if (!q->inq.empty() && q->inq.front().rnr_notified)
         next = std::min(next, q->inq.front().retry_at);
+    }
+    if (receiving && !q->inq.empty() && !q->inq.front().rnr_notified &&
+        q->inq.front().ready_at != TimePoint{}) {  // FAKEVERBS_DELAY_US
+      if (q->inq.front().ready_at <= now) process_inbound_locked(q);
+      if (!q->inq.empty() && !q->inq.front().rnr_notified && q->inq.front().ready_at > now)
+        next = std::min(next, q->inq.front().ready_at);
     }
   }
   return next;
@@ -669,6 +684,12 @@ void process_inbound_locked(Qp* q) {
     Inbound& in = q->inq.front();
     const Hdr& h = in.h;
     auto op = static_cast<ibv_wr_opcode>(h.op);
+    if (in.ready_at != TimePoint{} && in.ready_at > Clock::now()) return;  // not yet
+    if (q->gap) {
+      send_ack(in.conn, h, q->qpn, kAckLost);
+      q->inq.pop_front();
+      continue;
+    }
     bool needs_recv =
         op == IBV_WR_SEND || op == IBV_WR_SEND_WITH_IMM || op == IBV_WR_RDMA_WRITE_WITH_IMM;
     bool rdma =
@@ -706,6 +727,17 @@ void process_inbound_locked(Qp* q) {
     std::vector<char> resp;
     bool recv_failed = false;
     if (st == kAckOk) {
+      if ((op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM) && len >= 2 &&
+          q->dev->arm_partial > 0) {
+        // The link died mid-message: the first packets landed, the rest never came. No
+        // completion, no ACK; what follows on this QP is out of sequence.
+        q->dev->arm_partial--;
+        memcpy(m->addr + (h.raddr - m->iova), in.payload.data(), len / 2);
+        q->gap = true;
+        send_ack(in.conn, h, q->qpn, kAckLost);
+        q->inq.pop_front();
+        continue;
+      }
       if ((op == IBV_WR_RDMA_WRITE || op == IBV_WR_RDMA_WRITE_WITH_IMM) && len) {
         char* dst = m->addr + (h.raddr - m->iova);
         if (m->cow_lost) {

@@ -83,7 +83,7 @@ void discard_all(Qp* qp) {
   qp->rq.clear();
   qp->inq.clear();
   qp->lagged.clear();
-  qp->held_block = qp->blackholed = qp->err_pending = qp->retx_block = false;
+  qp->held_block = qp->blackholed = qp->err_pending = qp->retx_block = qp->gap = false;
 }
 
 // Is SGE [addr, addr+len) inside MR `key` of `pd` with `need` access?

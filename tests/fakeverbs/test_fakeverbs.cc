@@ -1349,6 +1349,45 @@ TEST_CASE("fakeverbs: a dropped packet is resent after one local ACK timeout, ti
   }));
 }
 
+TEST_CASE("fakeverbs: random per-packet delays keep each QP's order; a partial write") {
+  expect_ok(run_scenario(kTwoEth, [] {
+    setenv("FAKEVERBS_DELAY_US", "2000", 1);
+    Node na = open_dev("mlx5_0"), nb = open_dev("mlx5_1");
+    Buf la(na, 1 << 16), rb(nb, 1 << 16);
+    Ep a1 = make_ep(na), b1 = make_ep(nb), a2 = make_ep(na), b2 = make_ep(nb);
+    connect_pair(a1, b1);
+    connect_pair(a2, b2);
+    for (int i = 0; i < 32; ++i) {
+      EXPECT_EQ(post_recv(b1.qp, i, nullptr, 0, 0), 0);
+      EXPECT_EQ(post_recv(b2.qp, i, nullptr, 0, 0), 0);
+    }
+    for (int i = 0; i < 32; ++i) {
+      EXPECT_EQ(post(a1.qp, IBV_WR_RDMA_WRITE_WITH_IMM, i, &la, 0, 4, rb.addr(), rb.mr->rkey, i),
+                0);
+      EXPECT_EQ(post(a2.qp, IBV_WR_RDMA_WRITE_WITH_IMM, i, &la, 0, 4, rb.addr(), rb.mr->rkey, i),
+                0);
+    }
+    for (Ep* e : {&b1, &b2}) {
+      auto got = poll_n(e->cq, 32, 3000);
+      EXPECT_EQ(got.size(), 32);
+      for (int i = 0; i < 32; ++i) EXPECT_EQ(got[i].imm_data, i);  // in order per QP
+    }
+    EXPECT_EQ(poll_n(a1.cq, 32, 3000).size(), 32);
+    EXPECT_EQ(poll_n(a2.cq, 32, 3000).size(), 32);
+    // partial: half of the write lands, nothing completes, the requester runs out of retries.
+    EXPECT_EQ(fakeverbs_inject("partial,dev=mlx5_1"), 0);
+    memset(la.mem.data(), 'x', 100);
+    EXPECT_EQ(post_recv(b1.qp, 98, nullptr, 0, 0), 0);
+    EXPECT_EQ(
+        post(a1.qp, IBV_WR_RDMA_WRITE_WITH_IMM, 99, &la, 0, 100, rb.addr(4096), rb.mr->rkey, 99),
+        0);
+    EXPECT_EQ(poll_one(a1.cq, 3000).status, IBV_WC_RETRY_EXC_ERR);
+    EXPECT(all_eq(rb.mem.data() + 4096, 50, 'x'));
+    EXPECT(all_eq(rb.mem.data() + 4146, 50, 0));
+    EXPECT(quiet(b1.cq, 20));
+  }));
+}
+
 TEST_CASE("fakeverbs: faults from FAKEVERBS_FAULTS") {
   expect_ok(run_scenario(
       kTwoEth,

@@ -17,3 +17,19 @@ TEST_CASE("long: every verbs data-path shape on the fake streams intact, no path
         SECTION(shape_text(s)) { check_shape_clean(s); }
       }
 }
+
+TEST_CASE(
+    "long: every verbs data-path shape with random per-packet delays at the target (seeded "
+    "FAKEVERBS_DELAY_US): intact, no path fails",
+    "[long]") {
+  if (fake_verbs_lib().empty()) {
+    WARN("R2CCL_TEST_FAKEVERBS is not set (run through ctest)");
+    return;
+  }
+  for (size_t chunk = 4096; chunk <= 64ull << 20; chunk *= 4)
+    for (int qps : {1, 4, 16})
+      for (bool ar : {false, true}) {
+        const DataShape s{chunk, qps, ar};
+        SECTION(shape_text(s)) { check_shape_clean(s, {{"FAKEVERBS_DELAY_US", "3000"}}); }
+      }
+}

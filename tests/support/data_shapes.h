@@ -30,9 +30,11 @@ inline std::string shape_text(const DataShape& s) {
          (s.ar ? "adaptive routing" : "plain writes");
 }
 
-inline void check_shape_clean(const DataShape& s) {
+// `extra`: more environment for both processes (e.g. the fake's FAKEVERBS_DELAY_US).
+inline void check_shape_clean(const DataShape& s,
+                              const std::map<std::string, std::string>& extra = {}) {
   constexpr size_t kMiB = 1024 * 1024;
-  PairOptions o = ib_fake().pair();
+  PairOptions o = ib_fake().pair(extra);
   o.timeout_s = 240;
   o.env["R2CCL_CHUNK_SIZE"] = std::to_string(s.chunk);
   o.env["R2CCL_IB_QPS_PER_PATH"] = std::to_string(s.qps);
