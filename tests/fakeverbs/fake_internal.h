@@ -402,6 +402,10 @@ struct State {
   // (seeded: FAKEVERBS_SEED, printed at init when random delays are on).
   long long recv_lag_us = 0;
   long long delay_us = 0;  // FAKEVERBS_DELAY_US: random 0..N us before a packet executes
+  // FAKEVERBS_DMABUF=probe: ibv_reg_dmabuf_mr answers as a kernel with dma-buf support does
+  // (fd -1: EBADF); default: as one without (EOPNOTSUPP). Importing a real dma-buf is never
+  // emulated.
+  bool dmabuf_probe = false;
   // R2CCL_TEST_TIME_SCALE (the variable the plugin reads too): the QP timers derived from
   // the QP attributes (local ACK timeout, RNR timer) run this many times faster.
   long long time_scale = 1;

@@ -432,6 +432,13 @@ int ensure_init_locked() {
     }
     g->recv_lag_us = v;
   }
+  if (const char* r = getenv("FAKEVERBS_DMABUF"); r && *r) {
+    if (strcmp(r, "unsupported") != 0 && strcmp(r, "probe") != 0) {
+      fprintf(stderr, "fakeverbs: bad FAKEVERBS_DMABUF '%s' (unsupported or probe)\n", r);
+      return g->init_errno = EINVAL;
+    }
+    g->dmabuf_probe = strcmp(r, "probe") == 0;
+  }
   if (const char* r = getenv("FAKEVERBS_DELAY_US"); r && *r) {
     long long v;
     if (!parse_ll(r, &v) || v < 0 || v > 1000000) {
@@ -935,8 +942,9 @@ FV_API ibv_mr* ibv_reg_mr(ibv_pd* pd, void* addr, size_t len, int access) {
                           static_cast<unsigned>(access));
 }
 
-FV_API ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int, int) {
-  errno = EOPNOTSUPP;
+FV_API ibv_mr* ibv_reg_dmabuf_mr(ibv_pd*, uint64_t, size_t, uint64_t, int fd, int) {
+  std::lock_guard<std::mutex> l(g->mu);
+  errno = g->dmabuf_probe && fd < 0 ? EBADF : EOPNOTSUPP;
   return nullptr;
 }
 

@@ -1388,6 +1388,20 @@ TEST_CASE("fakeverbs: random per-packet delays keep each QP's order; a partial w
   }));
 }
 
+TEST_CASE("fakeverbs: the dma-buf probe answers as told (FAKEVERBS_DMABUF)") {
+  for (const bool probe : {false, true}) {
+    expect_ok(run_scenario(kTwoEth, [probe] {
+      if (probe) setenv("FAKEVERBS_DMABUF", "probe", 1);
+      Node na = open_dev("mlx5_0");
+      errno = 0;
+      EXPECT(ibv_reg_dmabuf_mr(na.pd, 0, 4096, 0, -1, IBV_ACCESS_LOCAL_WRITE) == nullptr);
+      EXPECT_EQ(errno, probe ? EBADF : EOPNOTSUPP);
+      EXPECT(ibv_reg_dmabuf_mr(na.pd, 0, 4096, 0, 3, IBV_ACCESS_LOCAL_WRITE) == nullptr);
+      EXPECT_EQ(errno, EOPNOTSUPP);  // a real dma-buf is never imported
+    }));
+  }
+}
+
 TEST_CASE("fakeverbs: faults from FAKEVERBS_FAULTS") {
   expect_ok(run_scenario(
       kTwoEth,
