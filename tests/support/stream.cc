@@ -108,6 +108,20 @@ int stream_recv(Endpoint& ep, const StreamSpec& s) {
               res);
       return result_code(res);
     }
+    if (s.flush) {
+      // Before any byte is read, the end marker's too (what an HCA wrote into a GPU-like
+      // buffer is visible only after a flush through it: FAKEVERBS_FENCE).
+      void* data = bufs[slot].get();
+      void* mh = ep.mhandle_for(data, kMsg);
+      void* freq = nullptr;
+      res = ep.plugin.net->iflush(ep.comm, 1, &data, &size, &mh, &freq);
+      if (res == ncclSuccess && freq) res = ep.wait(freq, stall_ms);
+      if (res != ncclSuccess) {
+        fprintf(stderr, "receiver: iflush of message %lld: result %d\n", static_cast<long long>(k),
+                res);
+        return result_code(res);
+      }
+    }
     if (size == static_cast<int>(sizeof(int64_t))) {  // end of stream
       int64_t count = 0;
       memcpy(&count, bufs[slot].get(), sizeof(count));
@@ -122,18 +136,6 @@ int stream_recv(Endpoint& ep, const StreamSpec& s) {
       fprintf(stderr, "receiver: message %lld reported %d bytes, expected %zu\n",
               static_cast<long long>(k), size, kMsg);
       return kStreamBadData;
-    }
-    if (s.flush) {
-      void* data = bufs[slot].get();
-      void* mh = ep.mhandle_for(data, kMsg);
-      void* freq = nullptr;
-      res = ep.plugin.net->iflush(ep.comm, 1, &data, &size, &mh, &freq);
-      if (res == ncclSuccess && freq) res = ep.wait(freq, stall_ms);
-      if (res != ncclSuccess) {
-        fprintf(stderr, "receiver: iflush of message %lld: result %d\n", static_cast<long long>(k),
-                res);
-        return result_code(res);
-      }
     }
     if (s.check_delay_ms > 0) usleep(static_cast<useconds_t>(s.check_delay_ms) * 1000);
     long long bad = check_pattern(bufs[slot].get(), kMsg,
