@@ -16,6 +16,8 @@
 #include "r2ccl/random.h"
 #include "sock/rails.h"
 #include "sock/socket_util.h"
+#include "transport/ib/gdr.h"
+#include "transport/ib/gpu_locate.h"
 
 namespace r2ccl::net::ib {
 namespace {
@@ -211,6 +213,52 @@ Status Conn::register_slots_on(int hca) {
   return Status::kOk;
 }
 
+uint32_t Conn::gpu_paths(const void* data) {
+  std::string gpu, why;
+  int numa = -1;
+  bool known = false;
+  if (!rt_->env().hooks.gpu_pci.empty()) {
+    char real[PATH_MAX];
+    gpu = realpath(rt_->env().hooks.gpu_pci.c_str(), real) ? real : rt_->env().hooks.gpu_pci;
+    numa = pci_numa_node(gpu);
+    known = true;
+  } else {
+    known = gpu_pci_of(data, &gpu, &numa, &why);
+  }
+  uint32_t allowed = 1u;  // the primary: NCCL checked its GPUDirect distance itself
+  std::string kept, dropped;
+  for (const auto& p : paths_) {
+    if (p.index == 0) continue;
+    const HcaInfo& h = rt_->hcas()[p.hca];
+    const int t = known ? gpu_nic_path_type(gpu, numa, h.pci_path, h.numa) : kPathSys;
+    std::string& list = known && t <= rt_->gdr_level() ? kept : dropped;
+    list += (list.empty() ? "" : ", ") + rail_of(p) + " (" + gdr_path_name(t) + ")";
+    if (known && t <= rt_->gdr_level()) allowed |= 1u << p.index;
+  }
+  if (paths_.size() > 1 && !gdr_logged_.exchange(true)) {
+    const std::string where = known ? "the GPU at " + gpu : "an unknown GPU (" + why + ")";
+    if (allowed == 1u)
+      R2CCL_WARN(
+          "%s conn %016llx on dev %d: GPU buffers (%s) have no backup path: %s beyond %s; a "
+          "failure of the primary %s fails their messages",
+          role_ == Role::kSend ? "send" : "recv", static_cast<unsigned long long>(conn_id_), dev_,
+          where.c_str(), dropped.c_str(), rt_->gdr_level_text().c_str(),
+          rail_of(paths_[0]).c_str());
+    else
+      R2CCL_INFO(NCCL_NET | NCCL_INIT,
+                 "%s conn %016llx on dev %d: GPU buffers (%s) use backups %s%s%s (within %s)",
+                 role_ == Role::kSend ? "send" : "recv", static_cast<unsigned long long>(conn_id_),
+                 dev_, where.c_str(), kept.c_str(),
+                 dropped.empty() ? "" : "; excluded, beyond the level: ", dropped.c_str(),
+                 rt_->gdr_level_text().c_str());
+  }
+  return allowed;
+}
+
+uint32_t Conn::allowed_paths(const void* mhandle) const {
+  return mhandle ? static_cast<const IbMr*>(mhandle)->allowed : kAllPaths;
+}
+
 Status Conn::reg_mr(void* data, size_t size, int type, void** mhandle) {
   *mhandle = nullptr;
   auto* m = new IbMr();
@@ -218,10 +266,11 @@ Status Conn::reg_mr(void* data, size_t size, int type, void** mhandle) {
   m->size = size;
   m->type = type;
   m->by_hca.assign(rt_->hcas().size(), nullptr);
+  if (type != NCCL_PTR_HOST) m->allowed = gpu_paths(data);
   // The path set is fixed at setup and failback re-creates QPs on the same HCAs, so one
   // registration per HCA of the set stays valid for the connection's life.
   for (const auto& p : paths_) {
-    if (m->by_hca[p.hca]) continue;
+    if (m->by_hca[p.hca] || !((m->allowed >> p.index) & 1u)) continue;
     std::string err;
     void* mr = rt_->mr_cache(p.hca).acquire(data, size, &err);
     if (!mr) {
@@ -248,8 +297,9 @@ Status Conn::reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, voi
   m->type = NCCL_PTR_DMABUF;
   m->cached = false;
   m->by_hca.assign(rt_->hcas().size(), nullptr);
+  m->allowed = gpu_paths(data);
   for (const auto& p : paths_) {
-    if (m->by_hca[p.hca]) continue;
+    if (m->by_hca[p.hca] || !((m->allowed >> p.index) & 1u)) continue;
     m->by_hca[p.hca] =
         v_.reg_dmabuf_mr(rt_->hcas()[p.hca].pd, offset, size, reinterpret_cast<uintptr_t>(data), fd,
                          IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
@@ -1053,8 +1103,12 @@ PostResult Conn::post_cts(int path, const CtsOut& c, PathSink& sink, TimeUs now)
   const auto* mr = static_cast<const IbMr*>(c.mhandle);
   r.addr = reinterpret_cast<uintptr_t>(c.buf);
   r.size = c.capacity;
-  for (size_t i = 0; i < paths_.size(); ++i)
-    r.rkey[i] = mr && mr->by_hca[paths_[i].hca] ? mr->by_hca[paths_[i].hca]->rkey : 0;
+  r.excluded = 0;
+  for (size_t i = 0; i < paths_.size(); ++i) {
+    const bool allowed = !mr || ((mr->allowed >> i) & 1u);
+    r.rkey[i] = allowed && mr && mr->by_hca[paths_[i].hca] ? mr->by_hca[paths_[i].hca]->rkey : 0;
+    if (!allowed) r.excluded |= 1u << i;
+  }
   r.tag = c.tag;
   r.seq1 = c.seq + 1;
   const int wi = post_write(p, 0, kWrCts, &r, sizeof(r), area_mr_[p.hca]->lkey,
@@ -1353,6 +1407,7 @@ void Conn::poll_fifo(PathSink& sink, TimeUs now) {
     RemoteBuffer rb;
     rb.addr = r.addr;
     for (int i = 0; i < kMaxIbPaths && i < kMaxPathsPerConn; ++i) rb.rkey[i] = r.rkey[i];
+    rb.allowed = ~r.excluded;
     sink.on_cts(next_cts_seq_, r.size, rb, now);
     next_cts_seq_++;
   }

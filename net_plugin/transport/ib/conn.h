@@ -25,6 +25,7 @@
 // NCCL's service thread (the MR caches lock).
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <string>
 #include <vector>
@@ -38,9 +39,11 @@
 namespace r2ccl::net::ib {
 
 // A registration handle (NCCL's mhandle): the buffer registered on every HCA of the
-// connection's path set.
+// connection's path set that may reach it (a GPU buffer: the primary and the backups within
+// NCCL_NET_GDR_LEVEL of its GPU, transport/ib/gdr.h).
 struct IbMr {
-  std::vector<ibv_mr*> by_hca;  // indexed by runtime HCA index; nullptr where not registered
+  std::vector<ibv_mr*> by_hca;   // indexed by runtime HCA index; nullptr where not registered
+  uint32_t allowed = kAllPaths;  // paths (bit i = path i) whose HCA holds a registration
   void* data = nullptr;
   size_t size = 0;
   int type = NCCL_PTR_HOST;  // NCCL_PTR_HOST, _CUDA or _DMABUF
@@ -92,6 +95,7 @@ class Conn final : public ConnIo {
   Status reg_mr(void* data, size_t size, int type, void** mhandle) override;
   Status reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, void** mhandle) override;
   void dereg_mr(void* mhandle) override;
+  uint32_t allowed_paths(const void* mhandle) const override;
 
  private:
   struct WrRec {
@@ -190,6 +194,11 @@ class Conn final : public ConnIo {
   void drop_flush_qp(int hca);
   bool post_flush_read(int hca, uint64_t token, uintptr_t addr, uint32_t rkey);
   std::string rail_of(const Path& p) const;
+  // The paths a GPU buffer at `data` (NCCL_PTR_CUDA / DMABUF) may use: the primary, and each
+  // backup whose HCA is within NCCL_NET_GDR_LEVEL of the buffer's GPU (gdr.h); only the
+  // primary when the GPU cannot be located. Logs the decision once per connection (INFO;
+  // WARN when no backup is left). Service thread (regMr).
+  uint32_t gpu_paths(const void* data);
   PathDesc& desc(const Path& p) { return paths_desc_[p.index]; }
 
   Runtime* rt_;
@@ -256,7 +265,8 @@ class Conn final : public ConnIo {
   TimeUs setup_start_ = 0;
   uint8_t secret_[16] = {};
   uint64_t listen_id_ = 0;
-  std::vector<int> candidates_;  // connector: its HCAs in preference order
+  std::vector<int> candidates_;          // connector: its HCAs in preference order
+  std::atomic<bool> gdr_logged_{false};  // gpu_paths' decision was logged
 };
 
 }  // namespace r2ccl::net::ib

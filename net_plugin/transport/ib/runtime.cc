@@ -11,6 +11,7 @@
 #include "sock/socket_util.h"
 #include "transport/ib/caps.h"
 #include "transport/ib/conn.h"
+#include "transport/ib/gdr.h"
 
 namespace r2ccl::net::ib {
 namespace {
@@ -104,6 +105,17 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
   v_ = v;
   set_ = std::move(set);
   if (!pick_side_rail(*cfg, &side_rail_, err)) return Status::kInvalidUsage;
+  {
+    // The variable the value came from names it in errors and logs.
+    auto from = [cfg](const char* src) {
+      return std::find(cfg->sources.begin(), cfg->sources.end(),
+                       std::string("R2CCL_NET_GDR_LEVEL from ") + src) != cfg->sources.end();
+    };
+    const std::string var =
+        from("NCCL_NET_GDR_LEVEL") ? "NCCL_NET_GDR_LEVEL" : "R2CCL_NET_GDR_LEVEL";
+    if (!parse_gdr_level(cfg->net_gdr_level, var, &gdr_level_, err)) return Status::kInvalidUsage;
+    gdr_level_text_ = var + "=" + cfg->net_gdr_level + (from("default") ? " (default)" : "");
+  }
   const auto& h = set_->hcas();
   std::vector<RailInfo> info;
   for (size_t i = 0; i < h.size(); ++i) {
@@ -162,7 +174,12 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
   for (int i : usable_)
     if (std::find(pds.begin(), pds.end(), h[i].pd) == pds.end()) pds.push_back(h[i].pd);
   const PtrSupport ptr = probe_ptr_support(*v_, pds, kGpuBuild, "/sys");
-  const int types = ptr.types;
+  int types = ptr.types;
+  // R2CCL_TEST_HOOKS=gpu_pci=PATH: host memory stands in for GPU buffers (tests).
+  TestHooks hooks;
+  std::string herr;
+  if (parse_test_hooks(cfg->test_hooks, &hooks, &herr) && !hooks.gpu_pci.empty())
+    types |= NCCL_PTR_CUDA;
   R2CCL_INFO(
       NCCL_INIT | NCCL_NET,
       "NET/R2CCL verbs: GPU buffers (NCCL_PTR_CUDA) %s: %s; dma-buf (NCCL_PTR_DMABUF) %s: %s",

@@ -38,11 +38,12 @@
 namespace r2ccl::net::ib {
 
 constexpr uint32_t kIbMsgMagic = 0x42493252;  // "R2IB": setup and control messages
+// 5: CtsRecord::excluded (GPU buffers stay off backup HCAs beyond NCCL_NET_GDR_LEVEL);
 // 4: receive credits (IbArea::credit_in, written by the receiver); 3: the handle starts with
 //    the common head (transport/handshake.h), knobs in HELLO/REPLY,
 //    refusals (WireRefusal), TRUNCATED control messages; 2: the connection id in the setup
 //    messages.
-constexpr uint16_t kIbWireVersion = 4;
+constexpr uint16_t kIbWireVersion = 5;
 constexpr int kMaxIbPaths = 4;      // primary + up to 3 backups (R2CCL_BACKUP_PATHS <= 3)
 constexpr int kMaxQpsPerPath = 16;  // R2CCL_IB_QPS_PER_PATH maximum
 constexpr int kFifoDepth = 64;      // CTS slots; > NCCL_NET_MAX_REQUESTS outstanding receives
@@ -95,7 +96,9 @@ struct CtsRecord {
   uint64_t size;               // its capacity, bytes
   uint32_t rkey[kMaxIbPaths];  // the buffer's rkey on the receiver's HCA of each path
   int32_t tag;
-  uint32_t reserved;
+  // Bit i: the buffer is not registered on the receiver's HCA of path i (a GPU buffer beyond
+  // NCCL_NET_GDR_LEVEL from that HCA): the sender must not write it through path i.
+  uint32_t excluded;
   uint64_t seq1;
 };
 static_assert(sizeof(CtsRecord) == 48, "CtsRecord layout");
