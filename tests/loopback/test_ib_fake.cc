@@ -10,7 +10,8 @@
 //   flaps            -> port down/up trains (failback by re-created QPs, hold-down)
 // plus the late write (bilateral ERR transition), fatal completion errors, GID change,
 // adaptive-routing writes with several QPs and striping, the predictor's DRAIN, a link-layer
-// mismatch refused at both ends, and transport/device selection. Each protection switched
+// mismatch refused at both ends, transport/device selection, GPU buffers kept off backups
+// beyond NCCL_NET_GDR_LEVEL, and backups paired by real subnets. Each protection switched
 // off through R2CCL_TEST_HOOKS makes its test fail.
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -683,5 +684,72 @@ TEST_CASE(
     CHECK(count_lines_containing(g.r.sender_log, "give-up: send conn") == 1);
     CHECK(count_lines_containing(g.r.sender_log, "no usable path may carry message") == 1);
     CHECK(count_lines_containing(g.r.sender_log, "fail with ncclSystemError") == 1);
+  }
+}
+
+TEST_CASE(
+    "verbs: backups pair by each end's real subnet (the netdev's prefix), not an IPv4 /24 "
+    "guess; a backup with partners only on other subnets is used routed, and said so",
+    "[loopback][ib][setup]") {
+  SKIP_WITHOUT_FAKE();
+  // The listening end pairs its backups with the connector's candidates. Its mlx5_1 is
+  // 10.211.7.2/16: the connector's mlx5_1 (10.211.5.1/16) shares that subnet under both
+  // prefixes; the connector's mlx5_2 (10.211.7.129/25) shares only the /24, and under its own
+  // /25 the listener's address is elsewhere. The listener's mlx5_2 (10.211.7.130/25) is the
+  // connector's mlx5_2's partner.
+  auto run = [](const std::string& sender_hcas, const std::string& receiver_hcas) {
+    PairOptions o = ib_pair();
+    o.sender_env["FAKEVERBS_DEVICES"] = sender_hcas;
+    o.receiver_env["FAKEVERBS_DEVICES"] = receiver_hcas;
+    o.env["R2CCL_BACKUP_PATHS"] = "2";
+    o.env["R2CCL_STRIPE"] = "1";  // every path carries data
+    o.env["R2CCL_TEST_VERBOSE"] = "1";
+    const std::string se = temp_path("pair-s.err"), re = temp_path("pair-r.err");
+    o.sender_stderr = se;
+    o.receiver_stderr = re;
+    StreamRun r = run_stream(o, short_stream(0.5));
+    std::pair<std::string, std::string> err{read_file(se), read_file(re)};
+    unlink(se.c_str());
+    unlink(re.c_str());
+    INFO("connector:\n" << err.first << "listener:\n" << err.second);
+    CHECK(r.pair.sender_status == kStreamOk);
+    CHECK(r.pair.receiver_status == kStreamOk);
+    return err;
+  };
+  SECTION("/16 and /25 subnets that one /24 guess mixes up") {
+    auto err = run(
+        "mlx5_0,eth,10.210.1.1;mlx5_1,eth,10.211.5.1,prefix=16;mlx5_2,eth,10.211.7.129,prefix=25",
+        "mlx5_0,eth,10.210.1.2;mlx5_1,eth,10.211.7.2,prefix=16;mlx5_2,eth,10.211.7.130,prefix=25");
+    INFO("connector:\n" << err.first << "listener:\n" << err.second);
+    CHECK(count_lines_containing(
+              err.second,
+              "recv connection on dev 0: 3 paths (mlx5_0:1 -> ::ffff:10.210.1.1, "
+              "mlx5_1:1 -> ::ffff:10.211.5.1, mlx5_2:1 -> ::ffff:10.211.7.129)") == 1);
+    CHECK(count_lines_containing(
+              err.first,
+              "send connection on dev 0: 3 paths (mlx5_0:1 -> ::ffff:10.210.1.2, "
+              "mlx5_1:1 -> ::ffff:10.211.7.2, mlx5_2:1 -> ::ffff:10.211.7.130)") == 1);
+    CHECK(count_lines_containing(err.first + err.second, "crosses subnets") == 0);
+    CHECK(count_lines_containing(err.second, "mlx5_1:1 subnet 10.211.0.0/16") == 1);
+    CHECK(count_lines_containing(err.second, "mlx5_2:1 subnet 10.211.7.128/25") == 1);
+  }
+  SECTION("no partner on the backup's subnet: paired across subnets, INFO at both ends") {
+    auto err =
+        run("mlx5_0,eth,10.210.1.1;mlx5_1,eth,10.211.5.1,prefix=16;mlx5_2,eth,10.213.0.1,"
+            "prefix=16",
+            "mlx5_0,eth,10.210.1.2;mlx5_1,eth,10.211.7.2,prefix=16;mlx5_2,eth,10.212.0.2,"
+            "prefix=16");
+    CHECK(count_lines_containing(err.second,
+                                 "3 paths (mlx5_0:1 -> ::ffff:10.210.1.1, mlx5_1:1 -> "
+                                 "::ffff:10.211.5.1, mlx5_2:1 -> ::ffff:10.213.0.1)") == 1);
+    CHECK(count_lines_containing(err.second,
+                                 "recv connection on dev 0: backup path 2 (mlx5_2:1 -> "
+                                 "::ffff:10.213.0.1) crosses subnets (10.212.0.0/16 here, "
+                                 "10.213.0.0/16 at the peer): usable where the fabric routes") ==
+          1);
+    CHECK(count_lines_containing(err.first,
+                                 "send connection on dev 0: backup path 2 (mlx5_2:1 -> "
+                                 "::ffff:10.212.0.2) crosses subnets (10.213.0.0/16 here, "
+                                 "10.212.0.0/16 at the peer)") == 1);
   }
 }

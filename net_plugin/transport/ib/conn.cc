@@ -18,6 +18,7 @@
 #include "sock/socket_util.h"
 #include "transport/ib/gdr.h"
 #include "transport/ib/gpu_locate.h"
+#include "transport/ib/pairing.h"
 
 namespace r2ccl::net::ib {
 namespace {
@@ -48,9 +49,13 @@ Status fatal_status(ibv_wc_status s) {
 
 const char* ll_name(int ll) { return ll == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB"; }
 
-bool same_ipv4_24(const uint8_t* a, const uint8_t* b) {
-  static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  return memcmp(a, mapped, 12) == 0 && memcmp(b, mapped, 12) == 0 && memcmp(a + 12, b + 12, 3) == 0;
+PairEnd wire_end(const IbWireHca& w) {
+  PairEnd e;
+  e.link_layer = w.link_layer;
+  e.gid_type = w.gid_type == 0xff ? -1 : w.gid_type;
+  memcpy(e.gid, w.gid, 16);
+  e.subnet_bits = w.subnet_bits;
+  return e;
 }
 
 size_t page_round(size_t n) { return (n + 4095) & ~size_t(4095); }
@@ -341,6 +346,18 @@ void Conn::fill_wire_hca(int hca, IbWireHca* w) {
   w->lid = h.lid;
   memcpy(w->gid, h.gid, 16);
   w->area_rkey = area_mr_[hca] ? area_mr_[hca]->rkey : 0;
+  w->subnet_bits = static_cast<uint8_t>(rt_->subnet_bits(hca));
+  w->gid_type = h.gid_type < 0 ? 0xff : static_cast<uint8_t>(h.gid_type);
+}
+
+PairEnd Conn::local_end(int hca) {
+  const HcaInfo h = rt_->hca_snapshot(hca);
+  PairEnd e;
+  e.link_layer = h.link_layer;
+  e.gid_type = h.gid_type;
+  memcpy(e.gid, h.gid, 16);
+  e.subnet_bits = rt_->subnet_bits(hca);
+  return e;
 }
 
 void Conn::post_recv_slot(Path& p, int q, int k) {
@@ -886,16 +903,20 @@ Status Conn::accept_step(bool* done, TimeUs now) {
     conn_id_ = m.conn_id;
     chunk_size_ = n.chunk_size;
     peer_area_ = m.area_addr;
-    // Pair paths (engine/path_plan.h): our primary with theirs; each of our backups with an
-    // unused candidate of theirs on the same link layer, preferring the same IPv4 /24 (a
-    // rail-aligned fabric routes rail k only to rail k), else the next one in their order.
+    // Pair paths (engine/path_plan.h): our primary with theirs (same link layer); each of
+    // our backups with an unused candidate of theirs by pair_score (transport/ib/pairing.h):
+    // the same subnet under both ends' real prefixes first (a rail-aligned fabric routes
+    // rail k only to rail k), then other subnets of the link layer (routed), else the next
+    // one in their order.
     const std::vector<int> mine = rt_->path_set(rt_->device_rail(dev_));
     const int npeer = static_cast<int>(m.npaths);
+    std::vector<PairEnd> mine_end;
+    for (int hca : mine) mine_end.push_back(local_end(hca));
     std::vector<RailPair> pairs =
         pair_rails(static_cast<int>(mine.size()), npeer, false, [&](int i, int j) {
-          const HcaInfo& h = rt_->hcas()[mine[i]];
-          if (m.hca[j].link_layer != h.link_layer || (i == 0) != (j == 0)) return 0;
-          return same_ipv4_24(m.hca[j].gid, h.gid) ? 2 : 1;
+          if ((i == 0) != (j == 0)) return 0;
+          if (i == 0) return m.hca[j].link_layer == mine_end[i].link_layer ? 1 : 0;
+          return pair_score(mine_end[i], wire_end(m.hca[j]));
         });
     if (pairs.empty() || pairs[0].local != 0) {
       // Both ends must agree (docs/ARCHITECTURE.md): refused at both, one message.
@@ -978,6 +999,18 @@ void Conn::finish_setup() {
                  : ("lid " + std::to_string(p.peer.lid)).c_str());
     desc(p).label = rail_of(p) + " -> " + peer;
     list += (list.empty() ? "" : ", ") + desc(p).label;
+  }
+  // A backup paired across subnets works only where the fabric routes (RoCE v2, IB
+  // routers): said once per connection, per path.
+  for (const auto& p : paths_) {
+    if (p.index == 0) continue;
+    const PairEnd a = local_end(p.hca), b = wire_end(p.peer);
+    if (pair_score(a, b) != kPairRouted || a.subnet_bits == 0 || b.subnet_bits == 0) continue;
+    R2CCL_INFO(NCCL_NET | NCCL_INIT,
+               "%s connection on dev %d: backup path %d (%s) crosses subnets (%s here, %s at "
+               "the peer): usable where the fabric routes (RoCE v2), preferred last",
+               role_ == Role::kSend ? "send" : "recv", dev_, p.index, desc(p).label.c_str(),
+               subnet_text(a).c_str(), subnet_text(b).c_str());
   }
   stage_ = 10;
   listen_ = nullptr;

@@ -32,6 +32,7 @@
 
 #include "engine/connection.h"
 #include "sock/sock_errors.h"
+#include "transport/ib/pairing.h"
 #include "transport/ib/runtime.h"
 #include "transport/ib/wire.h"
 #include "transport/transport.h"
@@ -147,6 +148,8 @@ class Conn final : public ConnIo {
   void destroy_path_qps(Path& p);
   void qps_to_err(Path& p);
   void fill_wire_hca(int hca, IbWireHca* w);
+  // HCA `hca` as one end of a pairing (transport/ib/pairing.h), its current GID and subnet.
+  PairEnd local_end(int hca);
   void finish_setup();
   bool sc_write(const void* buf, size_t len);
   int sc_read_exact(void* buf, size_t len, size_t* got);

@@ -1,10 +1,12 @@
 #include "transport/ib/runtime.h"
 
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 
 #include "engine/path_plan.h"
 #include "r2ccl/log.h"
@@ -12,6 +14,7 @@
 #include "transport/ib/caps.h"
 #include "transport/ib/conn.h"
 #include "transport/ib/gdr.h"
+#include "transport/ib/pairing.h"
 
 namespace r2ccl::net::ib {
 namespace {
@@ -156,6 +159,16 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
         [vv](void* mr) { vv->dereg_mr(static_cast<ibv_mr*>(mr)); },
         static_cast<size_t>(sysconf(_SC_PAGESIZE))));
   }
+  subnet_bits_.assign(h.size(), 0);
+  for (size_t i = 0; i < h.size(); ++i) {
+    load_subnet(static_cast<int>(i));
+    PairEnd e;
+    e.link_layer = h[i].link_layer;
+    memcpy(e.gid, h[i].gid, 16);
+    e.subnet_bits = subnet_bits_[i];
+    R2CCL_INFO(NCCL_INIT | NCCL_NET, "NET/R2CCL %s subnet %s", port_name(h[i]).c_str(),
+               subnet_text(e).c_str());
+  }
   if (usable_.empty()) {
     *err =
         "no active HCA port has a usable GID (check R2CCL_IB_GID_INDEX / "
@@ -280,6 +293,35 @@ std::vector<int> Runtime::path_set(int primary) const {
       });
 }
 
+int Runtime::subnet_bits(int i) {
+  std::lock_guard<std::mutex> g(hca_mu_);
+  return i >= 0 && i < static_cast<int>(subnet_bits_.size()) ? subnet_bits_[i] : 0;
+}
+
+void Runtime::load_subnet(int i) {
+  const HcaInfo& h = hcas()[i];
+  int bits = 0;
+  if (h.gid_index >= 0 && h.link_layer != IBV_LINK_LAYER_ETHERNET) {
+    bits = 64;  // the GID's subnet prefix
+  } else if (h.gid_index >= 0) {
+    // The kernel names the GID's netdev (rdma-core's sysfs ABI, gid_attrs/ndevs/<index>).
+    std::string ndev;
+    std::ifstream f(std::string(h.ctx->device->ibdev_path) + "/ports/" + std::to_string(h.port) +
+                    "/gid_attrs/ndevs/" + std::to_string(h.gid_index));
+    if (!(f >> ndev)) ndev.clear();
+    ifaddrs* list = nullptr;
+    const bool fake = v_->netdev_getifaddrs && v_->netdev_freeifaddrs;
+    if ((fake ? v_->netdev_getifaddrs(&list) : getifaddrs(&list)) == 0) {
+      bits = roce_subnet_bits(h.gid, ndev, interfaces_from(list));
+      if (fake)
+        v_->netdev_freeifaddrs(list);
+      else
+        freeifaddrs(list);
+    }
+  }
+  subnet_bits_[i] = bits;
+}
+
 HcaInfo Runtime::hca_snapshot(int i) {
   std::lock_guard<std::mutex> g(hca_mu_);
   return hcas()[i];
@@ -320,6 +362,7 @@ void Runtime::handle_async(int i) {
         {
           std::lock_guard<std::mutex> g(hca_mu_);
           set_->refresh_port(static_cast<int>(j), nullptr);
+          load_subnet(static_cast<int>(j));
         }
         if (!l.link_up.exchange(true)) l.up_events++;
         log_event("%s port active event", port_name(h[j]).c_str());
@@ -328,6 +371,7 @@ void Runtime::handle_async(int i) {
         {
           std::lock_guard<std::mutex> g(hca_mu_);
           changed = set_->refresh_port(static_cast<int>(j), &active);
+          load_subnet(static_cast<int>(j));
         }
         if (changed)
           log_event("%s address change: GID re-selected, now %s", port_name(h[j]).c_str(),

@@ -54,6 +54,9 @@ class Runtime final : public RuntimeBase {
   // "R2CCL_NET_GDR_LEVEL=PXB (default)", "NCCL_NET_GDR_LEVEL=PHB": the level and its source,
   // for log lines.
   const std::string& gdr_level_text() const { return gdr_level_text_; }
+  // HCA i's subnet as PairEnd::subnet_bits (transport/ib/pairing.h): IB 64; RoCE its GID's
+  // netdev address prefix (+96 for IPv4); 0 unknown. Re-read with the GID. Any thread.
+  int subnet_bits(int i);
   // A copy of HCA i's current addressing (the GID may change at run time).
   HcaInfo hca_snapshot(int i);
   // This process's knobs as HELLO and REPLY carry them, with a connection's QPs per path and
@@ -80,6 +83,8 @@ class Runtime final : public RuntimeBase {
   void bg_add_fds(std::vector<pollfd>* fds) override;
   void bg_on_fds(const pollfd* fds, size_t n, TimeUs now) override;
   void handle_async(int hca);
+  // Re-reads subnet_bits_[i] from the GID's netdev. Caller holds hca_mu_ (or init).
+  void load_subnet(int i);
 
   const VerbsApi* v_ = nullptr;
   std::unique_ptr<HcaSet> set_;
@@ -89,6 +94,7 @@ class Runtime final : public RuntimeBase {
   Rail side_rail_;
   std::mutex hca_mu_;
   std::vector<int> async_owner_;  // background thread: bg fds[k] belongs to this HCA
+  std::vector<int> subnet_bits_;  // by HCA, under hca_mu_
   int gdr_level_ = 5;             // kPathPxb
   std::string gdr_level_text_;
 };

@@ -38,12 +38,13 @@
 namespace r2ccl::net::ib {
 
 constexpr uint32_t kIbMsgMagic = 0x42493252;  // "R2IB": setup and control messages
+// 6: IbWireHca::subnet_bits and gid_type (backups paired by real subnets, not IPv4 /24);
 // 5: CtsRecord::excluded (GPU buffers stay off backup HCAs beyond NCCL_NET_GDR_LEVEL);
 // 4: receive credits (IbArea::credit_in, written by the receiver); 3: the handle starts with
 //    the common head (transport/handshake.h), knobs in HELLO/REPLY,
 //    refusals (WireRefusal), TRUNCATED control messages; 2: the connection id in the setup
 //    messages.
-constexpr uint16_t kIbWireVersion = 5;
+constexpr uint16_t kIbWireVersion = 6;
 constexpr int kMaxIbPaths = 4;      // primary + up to 3 backups (R2CCL_BACKUP_PATHS <= 3)
 constexpr int kMaxQpsPerPath = 16;  // R2CCL_IB_QPS_PER_PATH maximum
 constexpr int kFifoDepth = 64;      // CTS slots; > NCCL_NET_MAX_REQUESTS outstanding receives
@@ -64,7 +65,12 @@ struct IbWireHca {
   uint16_t pair;  // REPLY: index of the connector's candidate this path pairs with
   uint8_t gid[16];
   uint32_t area_rkey;  // rkey of the sender's/receiver's connection area on this HCA
-  uint32_t reserved;
+  // Leading bits of gid that name the HCA's subnet (transport/ib/pairing.h: IB 64, RoCE
+  // IPv4-mapped 96 + its netdev's IPv4 prefix), 0 unknown; the GID's type (kGidTypeIb,
+  // kGidTypeRoceV1, kGidTypeRoceV2; 0xff unknown).
+  uint8_t subnet_bits;
+  uint8_t gid_type;
+  uint8_t reserved[2];
 };
 static_assert(sizeof(IbWireHca) == 32, "IbWireHca layout");
 
