@@ -166,7 +166,7 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
     e.link_layer = h[i].link_layer;
     memcpy(e.gid, h[i].gid, 16);
     e.subnet_bits = subnet_bits_[i];
-    R2CCL_INFO(NCCL_INIT | NCCL_NET, "NET/R2CCL %s subnet %s", port_name(h[i]).c_str(),
+    R2CCL_INFO(NCCL_INIT | NCCL_NET, "%s subnet %s", port_name(h[i]).c_str(),
                subnet_text(e).c_str());
   }
   if (usable_.empty()) {
