@@ -237,7 +237,7 @@ uint32_t Conn::gpu_paths(const void* data) {
     const HcaInfo& h = rt_->hcas()[p.hca];
     const int t = known ? gpu_nic_path_type(gpu, numa, h.pci_path, h.numa) : kPathSys;
     std::string& list = known && t <= rt_->gdr_level() ? kept : dropped;
-    list += (list.empty() ? "" : ", ") + rail_of(p) + " (" + gdr_path_name(t) + ")";
+    list += (list.empty() ? "" : ", ") + rail_of(p) + " (" + (known ? gdr_path_name(t) : "?") + ")";
     if (known && t <= rt_->gdr_level()) allowed |= 1u << p.index;
   }
   if (paths_.size() > 1 && !gdr_logged_.exchange(true)) {
@@ -1008,7 +1008,8 @@ void Conn::finish_setup() {
     if (pair_score(a, b) != kPairRouted || a.subnet_bits == 0 || b.subnet_bits == 0) continue;
     R2CCL_INFO(NCCL_NET | NCCL_INIT,
                "%s connection on dev %d: backup path %d (%s) crosses subnets (%s here, %s at "
-               "the peer): usable where the fabric routes (RoCE v2), preferred last",
+               "the peer): usable where the fabric routes between them (RoCE v2, IB routers), "
+               "preferred last",
                role_ == Role::kSend ? "send" : "recv", dev_, p.index, desc(p).label.c_str(),
                subnet_text(a).c_str(), subnet_text(b).c_str());
   }
