@@ -646,6 +646,11 @@ TEST_CASE(
     CHECK(g.sent["mlx5_1:1"] > 0);
     CHECK(g.sent["mlx5_2:1"] == 0);
     CHECK(count_lines_containing(g.r.sender_log, "switchover: rail mlx5_0:1 failed") == 1);
+    CHECK(count_lines_containing(g.r.sender_log, "-> rail mlx5_1:1;") == 1);
+    const std::vector<int> lost = to_replay(g.r.sender_log), rec = replayed(g.r.sender_log);
+    REQUIRE(lost.size() == 1);
+    REQUIRE(rec.size() == 1);
+    CHECK(rec[0] == lost[0]);  // every replayed chunk acknowledged, none through mlx5_2
     const std::string line =
         "GPU buffers (the GPU at " + std::string(kGdrGpu) +
         ") use backups mlx5_1:1 (PIX); excluded, beyond the level: mlx5_2:1 (PHB) (within "
