@@ -98,6 +98,26 @@ bool Connection::any_usable() const {
   return false;
 }
 
+const Request* Connection::stranded() const {
+  for (const Request* r : active_) {
+    if (r->kind != Request::Kind::kSend || r->allowed == kAllPaths) continue;
+    bool ok = false;
+    for (const auto& p : paths_) ok |= p.index < 32 && ((r->allowed >> p.index) & 1u) && usable(p);
+    if (!ok) return r;
+  }
+  return nullptr;
+}
+
+namespace {
+// "0, 2" for the paths of `mask` among n.
+std::string path_list(uint32_t mask, int n) {
+  std::string s;
+  for (int i = 0; i < n && i < 32; ++i)
+    if ((mask >> i) & 1u) s += (s.empty() ? "" : ", ") + std::to_string(i);
+  return s.empty() ? "none" : s;
+}
+}  // namespace
+
 // Control traffic: the preferred path when usable, else the first healthy one, then a
 // draining one, then one that is probing; -1 when none is connected.
 int Connection::control_path(int prefer) const {
@@ -622,7 +642,7 @@ void Connection::schedule_chunks(TimeUs now) {
     uint32_t idx;
     while (r->smsg.peek_next(&idx)) {
       const uint32_t len = r->smsg.chunk_len(idx);
-      const int pi = pick_path(loads, cfg_.stripe, len);
+      const int pi = pick_path(loads, cfg_.stripe, len, r->allowed);
       if (pi < 0) return;
       Path& p = paths_[pi];
       ChunkOut c;
@@ -978,8 +998,26 @@ void Connection::check_give_up(TimeUs now) {
     give_up(Status::kRemote, peer_text() + " is gone (" + peer_gone_why_ + ")", now);
     return;
   }
-  const bool expired = give_up_timer_.update(any_usable(), now, cfg_.failover_timeout);
+  // A message restricted to some paths (its buffer may not travel on the others) counts like
+  // a connection without a usable path when none of its paths is usable: it fails the same
+  // way after R2CCL_FAILOVER_TIMEOUT, never spilling onto a path it may not use.
+  const Request* stuck = any_usable() ? stranded() : nullptr;
+  const bool expired = give_up_timer_.update(any_usable() && !stuck, now, cfg_.failover_timeout);
   if (!give_up_timer_.waiting()) return;
+  if (stuck) {
+    if (expired) {
+      uint32_t up = 0;
+      for (const auto& p : paths_)
+        if (usable(p) && p.index < 32) up |= 1u << p.index;
+      give_up(Status::kSystem,
+              "no usable path may carry message " + std::to_string(stuck->seq) +
+                  " within R2CCL_FAILOVER_TIMEOUT: its buffers allow only path(s) " +
+                  path_list(stuck->allowed, npaths()) + " (the transport's log says why), " +
+                  "usable: path(s) " + path_list(up, npaths()),
+              now);
+    }
+    return;
+  }
   // Otherwise the peer may be gone when every path ended with its end-of-file, reset or a
   // protocol error; but a live peer also closes a path it has declared failed, so that alone
   // is not enough before R2CCL_FAILOVER_TIMEOUT.
@@ -1113,6 +1151,7 @@ Status Connection::isend(void* data, uint64_t size, int tag, void* mhandle, Requ
   r->tag = tag;
   r->mhandle = mhandle;
   r->remote = cts_.front().remote;
+  r->allowed = io_->allowed_paths(mhandle) & r->remote.allowed;
   r->smsg.reset(r->seq, size, chunk_);
   cts_.pop_front();
   active_.push_back(r);

@@ -89,6 +89,9 @@ struct Request {
   // sender
   SendMessage smsg;
   RemoteBuffer remote;
+  // The paths that may carry this message (bit i = path i): what the sender's registration
+  // and the receiver's both allow (PathIo::allowed_paths, RemoteBuffer::allowed).
+  uint32_t allowed = kAllPaths;
   // receiver
   RecvMessage rmsg;
   std::vector<uint32_t> dirty_windows;  // windows with chunks not yet acknowledged
@@ -223,6 +226,8 @@ class Connection final : public PathSink {
   // paths
   bool usable(const Path& p) const;
   bool any_usable() const;
+  // Sender: the first pending message none of whose allowed paths is usable, or nullptr.
+  const Request* stranded() const;
   int control_path(int prefer) const;
   int first_carrier() const;
   std::string rail_name(int rail) const;

@@ -4,7 +4,8 @@
 // NUMA node of the HCAs; TCP: another interface before an alias of the primary's), ties in
 // device order after the primary. Each chosen local rail is then paired with a peer rail the
 // transport scores as reachable (TCP: the same subnet; verbs: the same link layer, the same
-// IPv4 /24 preferred), an unused one first.
+// subnet under both ends' real prefixes preferred, transport/ib/pairing.h), an unused one
+// first.
 // Pure functions. Thread-safety: stateless.
 #pragma once
 

@@ -6,7 +6,9 @@
 // When no path carries data but some are draining (every path's RTT is an outlier), the
 // draining ones are picked by the same rules: the least bad still moves data.
 // A path with a full window, or whose transport has no room, gets nothing; the chunk waits
-// (returns -1).
+// (returns -1). Only paths in `allowed` (bit i = paths[i]) are considered at all: a message
+// whose buffer some paths may not carry (verbs: a GPU buffer and a backup HCA beyond
+// NCCL_NET_GDR_LEVEL) waits rather than spill onto them.
 // Thread-safety: stateless.
 #pragma once
 
@@ -25,6 +27,7 @@ struct PathLoad {
   bool room = true;         // the transport can take another chunk now (send queue slots)
 };
 
-int pick_path(const std::vector<PathLoad>& paths, bool stripe, uint32_t next_len);
+int pick_path(const std::vector<PathLoad>& paths, bool stripe, uint32_t next_len,
+              uint32_t allowed = ~0u);
 
 }  // namespace r2ccl::net

@@ -1,6 +1,7 @@
 // R2CCL_TEST_HOOKS: protections the test suite switches off to prove each one matters.
 // Parsed the same way by every transport; a hook a transport does not have is accepted and
-// has no effect there (no_bilateral_err and force_flush are verbs-only). Thread-safety: pure.
+// has no effect there (no_bilateral_err, force_flush and gpu_pci are verbs-only). Thread-safety:
+// pure.
 #pragma once
 
 #include <string>
@@ -16,6 +17,11 @@ struct TestHooks {
                               // QPs of the failed path to ERR first
   bool force_flush = false;   // force_flush (verbs): iflush reads back host buffers too, so
                               // the GPU flush path runs on machines without a GPU
+  // gpu_pci=PATH (verbs): regMr accepts NCCL_PTR_CUDA in every build (host memory stands in
+  // for GPU memory) and every such buffer's GPU is the PCI function at this sysfs path (e.g.
+  // /sys/devices/pci0000:00/0000:00:01.0/0000:0d:00.0; it need not exist), instead of the
+  // CUDA driver's answer. "" = off.
+  std::string gpu_pci;
 };
 
 // Returns false with *err naming R2CCL_TEST_HOOKS and the accepted hooks.

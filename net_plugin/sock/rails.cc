@@ -180,10 +180,16 @@ bool parse_rail_spec(const std::string& spec_in, RailSpec* out, std::string* err
 }
 
 std::vector<IfAddr> system_interfaces() {
-  std::vector<IfAddr> v;
   ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return v;
-  for (ifaddrs* i = list; i; i = i->ifa_next) {
+  if (getifaddrs(&list) != 0) return {};
+  std::vector<IfAddr> v = interfaces_from(list);
+  freeifaddrs(list);
+  return v;
+}
+
+std::vector<IfAddr> interfaces_from(const ifaddrs* list) {
+  std::vector<IfAddr> v;
+  for (const ifaddrs* i = list; i; i = i->ifa_next) {
     if (!i->ifa_addr) continue;
     int fam = i->ifa_addr->sa_family;
     if (fam != AF_INET && fam != AF_INET6) continue;
@@ -202,7 +208,6 @@ std::vector<IfAddr> system_interfaces() {
     a.prefix_len = netmask_prefix(i->ifa_netmask);
     v.push_back(a);
   }
-  freeifaddrs(list);
   // Deterministic order: by name, IPv4 before IPv6.
   std::stable_sort(v.begin(), v.end(), [](const IfAddr& x, const IfAddr& y) {
     if (x.ifname != y.ifname) return x.ifname < y.ifname;

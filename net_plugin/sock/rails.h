@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+struct ifaddrs;  // <ifaddrs.h>
+
 namespace r2ccl::net {
 
 struct Rail {
@@ -50,6 +52,9 @@ struct IfAddr {
   int prefix_len;
 };
 std::vector<IfAddr> system_interfaces();
+// The same from a getifaddrs(3)-style list (another source of it: the fake verbs provider's
+// netdevs). Pure.
+std::vector<IfAddr> interfaces_from(const ::ifaddrs* list);
 // Link state of an interface from getifaddrs (IFF_UP && IFF_RUNNING). Unlike sysfs, this is
 // always the calling thread's network namespace. Unknown interfaces are reported down.
 bool interface_running(const std::string& ifname);

@@ -83,4 +83,9 @@ Status PathIo::reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, v
 
 void PathIo::dereg_mr(void* mhandle) { delete static_cast<HostMr*>(mhandle); }
 
+uint32_t PathIo::allowed_paths(const void* mhandle) const {
+  (void)mhandle;
+  return kAllPaths;
+}
+
 }  // namespace r2ccl::net

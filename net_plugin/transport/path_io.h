@@ -39,13 +39,20 @@ namespace r2ccl::net {
 
 constexpr int kMaxPathsPerConn = 4;  // primary + R2CCL_BACKUP_PATHS (at most 3)
 
+// Bit i set: path i. Every path of a connection: kAllPaths.
+constexpr uint32_t kAllPaths = ~0u;
+
 // The receiver's posted buffer as the sender may address it (from the CTS): verbs needs the
-// address and one rkey per path (the buffer is registered on every HCA of the path set);
-// TCP needs nothing (the receiver places every byte itself).
+// address and one rkey per path (the buffer is registered on the HCAs of the path set that
+// may reach it); TCP needs nothing (the receiver places every byte itself).
 struct RemoteBuffer {
   uint64_t addr = 0;
   uint32_t rkey[kMaxPathsPerConn] = {};
-  uint32_t rkey_epochs = 0;  // the transport's tag of the rkeys (verbs: CtsRecord::epochs)
+  // The paths the receiver's registration lets carry this buffer's bytes (PathIo::
+  // allowed_paths at the receiver).
+  uint32_t allowed = kAllPaths;
+  uint32_t rkey_epochs =
+      0;  // the transport's tag of the rkeys (verbs: CtsRecord::epochs, 4 bits per path)
 };
 
 // Control messages the engine exchanges with its peer. A backend encodes them in its own
@@ -271,6 +278,12 @@ class PathIo {
   // the path set. Service thread, concurrently with the data path. Defaults: host memory
   // needs no registration (a plain handle); DMA-BUF is refused (not advertised).
   virtual Status reg_mr(void* data, size_t size, int type, void** mhandle);
+  // The paths (bit i = path i) that may carry the bytes of a buffer registered as `mhandle`
+  // (nullptr: an unregistered buffer). The engine sends a message's chunks, replays included,
+  // only on paths its own registration and the receiver's (RemoteBuffer::allowed) both allow.
+  // Verbs: a GPU buffer is not registered on backup HCAs beyond NCCL_NET_GDR_LEVEL. Default:
+  // kAllPaths. Proxy thread (isend), concurrently with reg_mr of other buffers.
+  virtual uint32_t allowed_paths(const void* mhandle) const;
   virtual Status reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, void** mhandle);
   virtual void dereg_mr(void* mhandle);
 

@@ -111,6 +111,7 @@ struct Device {
   bool eth = false;   // RoCE (else InfiniBand)
   uint16_t lid = 0;   // ib
   uint32_t ipv4 = 0;  // eth, network byte order
+  int prefix = 24;    // eth: the prefix length of ipv4 on the device's netdev
   uint64_t guid = 0;  // host order
   int speed_mbps = 100000;
   uint8_t active_speed = 32, active_width = 2;

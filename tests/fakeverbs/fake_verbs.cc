@@ -11,6 +11,8 @@
 #include <arpa/inet.h>
 #include <endian.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
+#include <net/if.h>
 #include <pthread.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -207,9 +209,9 @@ namespace {
 bool parse_device(const std::string& entry, Device* d, std::string* err) {
   auto f = split(entry, ',');
   const char* form =
-      "name,ib,<lid>|name,eth,<ipv4>[,speed=<Mbps>][,pci=<path>][,numa=<node>][,state=down]"
-      "[,guid=<hex>][,pkeys=<P_Key>[:<P_Key>...]][,grh_required][,mtu=1024|2048|4096]"
-      "[,gids=<4..255>][,gid_rotate=<K>][,netdev=<name>]";
+      "name,ib,<lid>|name,eth,<ipv4>[,prefix=<0..32>][,speed=<Mbps>][,pci=<path>][,numa=<node>]"
+      "[,state=down][,guid=<hex>][,pkeys=<P_Key>[:<P_Key>...]][,grh_required]"
+      "[,mtu=1024|2048|4096][,gids=<4..255>][,gid_rotate=<K>][,netdev=<name>]";
   auto fail = [&](const std::string& why) {
     *err = "fakeverbs: bad FAKEVERBS_DEVICES entry '" + entry + "': " + why +
            " (accepted: " + form + ")";
@@ -246,6 +248,10 @@ bool parse_device(const std::string& entry, Device* d, std::string* err) {
       if (v.empty() || v.front() == '/' || v.find("..") != std::string::npos)
         return fail("bad pci path");
       d->pci = v;
+    } else if (k == "prefix") {
+      if (!d->eth) return fail("prefix is for eth devices (their netdev's address)");
+      if (!parse_ll(v, &x) || x < 0 || x > 32) return fail("bad prefix length");
+      d->prefix = static_cast<int>(x);
     } else if (k == "numa") {
       if (!parse_ll(v, &x) || x < -1 || x > 1024) return fail("bad numa node");
       d->numa = static_cast<int>(x);
@@ -1136,4 +1142,57 @@ FV_API int fakeverbs_port_state(const char* dev) {
   if (ensure_init_locked() || !dev) return -1;
   Device* d = find_device(dev);
   return d ? (d->active ? 1 : 0) : -1;
+}
+
+FV_API void fakeverbs_freeifaddrs(struct ifaddrs* list);
+
+// getifaddrs(3) for the fake's netdevs: one AF_INET entry per eth device, named as its
+// gid_attrs/ndevs files say, with its current IPv4 address (set_ipv4 faults included) and
+// prefix=, IFF_UP | IFF_RUNNING while its port is active. Real netdevs do not exist for the
+// fake's devices, so a process using the fake asks here instead of the kernel. Free the list
+// with fakeverbs_freeifaddrs. Returns 0, or -1 with errno (EINVAL: the environment is invalid,
+// ENOMEM). Thread: any.
+FV_API int fakeverbs_getifaddrs(struct ifaddrs** out) {
+  std::lock_guard<std::mutex> l(g->mu);
+  *out = nullptr;
+  if (ensure_init_locked()) {
+    errno = EINVAL;
+    return -1;
+  }
+  struct Node {
+    ifaddrs ifa;
+    sockaddr_in addr, mask;
+    char name[IFNAMSIZ];
+  };
+  ifaddrs* head = nullptr;
+  for (auto it = g->devices.rbegin(); it != g->devices.rend(); ++it) {
+    const Device* d = *it;
+    if (!d->eth) continue;
+    auto* n = static_cast<Node*>(calloc(1, sizeof(Node)));
+    if (!n) {
+      fakeverbs_freeifaddrs(head);
+      errno = ENOMEM;
+      return -1;
+    }
+    snprintf(n->name, sizeof n->name, "%s", d->netdev.c_str());
+    n->addr.sin_family = n->mask.sin_family = AF_INET;
+    n->addr.sin_addr.s_addr = d->ipv4;
+    n->mask.sin_addr.s_addr = d->prefix == 0 ? 0 : htonl(~0u << (32 - d->prefix));
+    n->ifa.ifa_name = n->name;
+    n->ifa.ifa_flags = IFF_UP | (d->active ? IFF_RUNNING : 0);
+    n->ifa.ifa_addr = reinterpret_cast<sockaddr*>(&n->addr);
+    n->ifa.ifa_netmask = reinterpret_cast<sockaddr*>(&n->mask);
+    n->ifa.ifa_next = head;
+    head = &n->ifa;
+  }
+  *out = head;
+  return 0;
+}
+
+FV_API void fakeverbs_freeifaddrs(struct ifaddrs* list) {
+  while (list) {
+    ifaddrs* next = list->ifa_next;
+    free(list);  // the Node starts with its ifaddrs
+    list = next;
+  }
 }

@@ -9,7 +9,9 @@
 
 #include <arpa/inet.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <infiniband/verbs.h>
+#include <net/if.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -36,6 +38,8 @@
 extern "C" int fakeverbs_inject(const char* spec);
 extern "C" int fakeverbs_port_state(const char* dev);
 extern "C" unsigned long long fakeverbs_rnr_naks(void);
+extern "C" int fakeverbs_getifaddrs(struct ifaddrs** out);
+extern "C" void fakeverbs_freeifaddrs(struct ifaddrs* list);
 
 namespace {
 
@@ -474,6 +478,60 @@ TEST_CASE("fakeverbs: devices ports GID table sysfs") {
     EXPECT_EQ(fakeverbs_inject("port_down,dev=mlx5_0"), 0);
     EXPECT_EQ(fakeverbs_port_state("mlx5_0"), 0);
   }));
+}
+
+TEST_CASE("fakeverbs: RoCE netdevs: gid_attrs/ndevs and their addresses with prefix=") {
+  // The kernel names each RoCE GID's netdev in ports/1/gid_attrs/ndevs/<i>; its address and
+  // netmask come from getifaddrs, which the fake answers for its own netdevs.
+  std::string devs = "mlx5_0,eth,10.211.7.2,prefix=16;ib0,ib,7;mlx5_1,eth,10.1.2.4,state=down";
+  expect_ok(run_scenario(devs, [] {
+    int n = 0;
+    ibv_device** list = ibv_get_device_list(&n);
+    EXPECT_EQ(n, 3);
+    auto ndev = [&](int d, int i) {
+      std::ifstream f(std::string(list[d]->ibdev_path) + "/ports/1/gid_attrs/ndevs/" +
+                      std::to_string(i));
+      std::string s;
+      std::getline(f, s);
+      return s;
+    };
+    EXPECT(ndev(0, 3) == "eth0");
+    EXPECT(ndev(0, 0) == "eth0");
+    EXPECT(ndev(0, 5).empty());  // an unused entry
+    EXPECT(ndev(1, 0).empty());  // IB: no netdev
+    ifaddrs* ifs = nullptr;
+    EXPECT_EQ(fakeverbs_getifaddrs(&ifs), 0);
+    int seen = 0;
+    for (ifaddrs* i = ifs; i; i = i->ifa_next, ++seen) {
+      const auto* a = reinterpret_cast<const sockaddr_in*>(i->ifa_addr);
+      const auto* m = reinterpret_cast<const sockaddr_in*>(i->ifa_netmask);
+      EXPECT_EQ(a->sin_family, AF_INET);
+      char buf[32];
+      inet_ntop(AF_INET, &a->sin_addr, buf, sizeof buf);
+      if (seen == 0) {
+        EXPECT(strcmp(i->ifa_name, "eth0") == 0);
+        EXPECT(strcmp(buf, "10.211.7.2") == 0);
+        EXPECT_EQ(ntohl(m->sin_addr.s_addr), 0xffff0000u);
+        EXPECT_EQ(i->ifa_flags & (IFF_UP | IFF_RUNNING), IFF_UP | IFF_RUNNING);
+      } else {
+        EXPECT(strcmp(i->ifa_name, "eth2") == 0);
+        EXPECT_EQ(ntohl(m->sin_addr.s_addr), 0xffffff00u);  // default /24
+        EXPECT_EQ(i->ifa_flags & IFF_RUNNING, 0);           // port down
+      }
+    }
+    EXPECT_EQ(seen, 2);  // eth devices only
+    fakeverbs_freeifaddrs(ifs);
+    ibv_free_device_list(list);
+  }));
+  // prefix= is checked like every option: a bad one fails the device list.
+  for (const char* bad : {"mlx5_0,eth,10.0.0.1,prefix=33", "ib0,ib,7,prefix=16"}) {
+    expect_ok(run_scenario(bad, [] {
+      int n = 0;
+      errno = 0;
+      EXPECT(ibv_get_device_list(&n) == nullptr);
+      EXPECT_EQ(errno, EINVAL);
+    }));
+  }
 }
 
 TEST_CASE("fakeverbs: QP state machine") {

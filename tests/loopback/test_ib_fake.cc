@@ -10,7 +10,8 @@
 //   flaps            -> port down/up trains (failback by re-created QPs, hold-down)
 // plus the late write (bilateral ERR transition), fatal completion errors, GID change,
 // adaptive-routing writes with several QPs and striping, the predictor's DRAIN, a link-layer
-// mismatch refused at both ends, and transport/device selection. Each protection switched
+// mismatch refused at both ends, transport/device selection, GPU buffers kept off backups
+// beyond NCCL_NET_GDR_LEVEL, and backups paired by real subnets. Each protection switched
 // off through R2CCL_TEST_HOOKS makes its test fail.
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -31,6 +32,7 @@
 #include <thread>
 #include <vector>
 
+#include "r2ccl/ext.h"
 #include "r2ccl/nccl_abi.h"
 #include "support/data_shapes.h"
 #include "support/fake_counters.h"
@@ -607,6 +609,10 @@ TEST_CASE("bad verbs settings fail init with a message naming the variable", "[l
       {{{"R2CCL_IB_QPS_PER_PATH", "0"}}, "R2CCL_IB_QPS_PER_PATH"},
       {{{"R2CCL_IB_ADDR_FAMILY", "AF_UNIX"}}, "R2CCL_IB_ADDR_FAMILY"},
       {{{"R2CCL_IB_ADDR_RANGE", "10.0.0.0/99"}}, "R2CCL_IB_ADDR_RANGE"},
+      {{{"R2CCL_NET_GDR_LEVEL", "pxb"}},
+       "R2CCL_NET_GDR_LEVEL='pxb': accepted: one of LOC, NVL, NVB, C2C, PIX, PXB, P2C, PXN, PHB, "
+       "SYS"},
+      {{{"NCCL_NET_GDR_LEVEL", "-1"}}, "NCCL_NET_GDR_LEVEL='-1': accepted: one of LOC"},
   };
   for (const auto& c : cases) {
     std::map<std::string, std::string> env = c.env;
@@ -752,6 +758,84 @@ StreamSpec quick_stream() {
   s.min_messages = 16;
   s.stall_ms = 8000;
   return s;
+}
+
+}  // namespace
+
+namespace {
+
+// Three RoCE HCAs per host around one GPU (the fake's pci= paths below
+// pci0000:00): the GPU and mlx5_0 (the primary) and mlx5_1 each sit on a downstream port of
+// one PCIe switch (upstream port 0000:0a:00.0): PIX from the GPU; mlx5_2 hangs off another
+// root port of the same root complex: PHB, beyond NCCL's default NCCL_NET_GDR_LEVEL (PXB).
+std::string gdr_hcas(int host) {
+  const std::string h = std::to_string(host);
+  return "mlx5_0,eth,10.210.1." + h +
+         ",pci=0000:00:01.0/0000:0a:00.0/0000:0b:01.0/0000:0d:00.0,numa=0;"
+         "mlx5_1,eth,10.210.2." +
+         h +
+         ",pci=0000:00:01.0/0000:0a:00.0/0000:0b:02.0/0000:0e:00.0,numa=0;"
+         "mlx5_2,eth,10.210.3." +
+         h + ",pci=0000:00:03.0/0000:40:00.0,numa=0";
+}
+const char* const kGdrGpu =
+    "/nonexistent/devices/pci0000:00/0000:00:01.0/0000:0a:00.0/0000:0b:00.0/0000:0c:00.0";
+
+// Both ends: the three HCAs, two backups, every buffer registered as NCCL_PTR_CUDA with its
+// GPU at kGdrGpu, the receiver's writes invisible until its flush (FAKEVERBS_FENCE=1).
+PairOptions gdr_pair(const std::string& sender_faults) {
+  PairOptions o = ib_pair(sender_faults);
+  o.sender_env["FAKEVERBS_DEVICES"] = gdr_hcas(1);
+  o.receiver_env["FAKEVERBS_DEVICES"] = gdr_hcas(2);
+  o.receiver_env["FAKEVERBS_FENCE"] = "1";
+  o.env["R2CCL_BACKUP_PATHS"] = "2";
+  o.env["R2CCL_TEST_HOOKS"] = std::string("gpu_pci=") + kGdrGpu;
+  o.env["R2CCL_TEST_VERBOSE"] = "1";  // INFO lines on stderr
+  return o;
+}
+
+// payload bytes the sender put on each rail ("mlx5_2:1" -> N), from getStats.
+std::map<std::string, long long> rail_bytes(const std::string& stats) {
+  std::map<std::string, long long> out;
+  std::regex re("\"name\":\"([^\"]+)\"[^}]*\"bytes_sent\":([0-9]+)");
+  for (auto it = std::sregex_iterator(stats.begin(), stats.end(), re); it != std::sregex_iterator();
+       ++it)
+    out[(*it)[1]] = std::stoll((*it)[2]);
+  return out;
+}
+
+struct GdrRun {
+  StreamRun r;
+  std::string sender_err, receiver_err;   // stderr (NCCL_DEBUG=INFO lines)
+  std::map<std::string, long long> sent;  // the sender's bytes per rail
+};
+
+GdrRun run_gdr(PairOptions o, StreamSpec s) {
+  GdrRun g;
+  const std::string stats = temp_path("gdr-stats"), se = temp_path("gdr-s.err"),
+                    re = temp_path("gdr-r.err");
+  o.sender_stderr = se;
+  o.receiver_stderr = re;
+  s.flush = true;
+  g.r = run_stream(
+      o, s, [](Endpoint& ep, bool) { ep.mr_type = NCCL_PTR_CUDA; },
+      [&](Endpoint& ep, bool sender) {
+        if (!sender) return 0;
+        auto* ext = static_cast<const r2cclExt_v1_t*>(dlsym(ep.plugin.dl, R2CCL_EXT_SYMBOL_V1));
+        if (!ext) return 60;
+        char buf[16384];
+        ext->getStats(buf, sizeof(buf));
+        FILE* f = fopen(stats.c_str(), "w");
+        if (!f) return 61;
+        fputs(buf, f);
+        fclose(f);
+        return 0;
+      });
+  g.sent = rail_bytes(read_file(stats));
+  g.sender_err = read_file(se);
+  g.receiver_err = read_file(re);
+  for (const auto& p : {stats, se, re}) unlink(p.c_str());
+  return g;
 }
 
 }  // namespace
@@ -903,5 +987,137 @@ TEST_CASE(
       INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
       check_clean(r);
     }
+  }
+}
+
+TEST_CASE(
+    "verbs: GPU buffers stay off backup HCAs beyond NCCL_NET_GDR_LEVEL: no byte through them, "
+    "failover to the allowed backup, a clear failure when none is left",
+    "[loopback][ib][failover][gdr]") {
+  SKIP_WITHOUT_FAKE();
+  SECTION("default level PXB, striping, the primary's port goes down: mlx5_2 (PHB) carries none") {
+    // Striping would spread every message over all three paths; the primary then dies and
+    // its chunks are replayed. mlx5_2 must carry none of it, mlx5_1 (PIX) carries on.
+    PairOptions o = gdr_pair("port_down,dev=mlx5_0,after_bytes=33554432");
+    o.env["R2CCL_STRIPE"] = "1";
+    GdrRun g = run_gdr(o, short_stream(1.0));
+    INFO("sender log:\n"
+         << g.r.sender_log << g.sender_err << "receiver log:\n"
+         << g.r.receiver_log << g.receiver_err);
+    CHECK(g.r.pair.sender_status == kStreamOk);
+    CHECK(g.r.pair.receiver_status == kStreamOk);  // every byte checked after its flush
+    CHECK(g.sent["mlx5_1:1"] > 0);
+    CHECK(g.sent["mlx5_2:1"] == 0);
+    CHECK(count_lines_containing(g.r.sender_log, "switchover: rail mlx5_0:1 failed") == 1);
+    CHECK(count_lines_containing(g.r.sender_log, "-> rail mlx5_1:1;") == 1);
+    const std::vector<int> lost = to_replay(g.r.sender_log), rec = replayed(g.r.sender_log);
+    REQUIRE(lost.size() == 1);
+    REQUIRE(rec.size() == 1);
+    CHECK(rec[0] == lost[0]);  // every replayed chunk acknowledged, none through mlx5_2
+    const std::string line =
+        "GPU buffers (the GPU at " + std::string(kGdrGpu) +
+        ") use backups mlx5_1:1 (PIX); excluded, beyond the level: mlx5_2:1 (PHB) (within "
+        "R2CCL_NET_GDR_LEVEL=PXB (default))";
+    CHECK(count_lines_containing(g.sender_err, line) == 1);  // once per connection
+    CHECK(count_lines_containing(g.receiver_err, line) == 1);
+  }
+  SECTION("NCCL_NET_GDR_LEVEL=PHB (read as the fallback): every backup carries GPU buffers") {
+    PairOptions o = gdr_pair("");
+    o.env["R2CCL_STRIPE"] = "1";
+    o.env["NCCL_NET_GDR_LEVEL"] = "PHB";
+    GdrRun g = run_gdr(o, short_stream(0.5));
+    INFO("sender log:\n" << g.r.sender_log << g.sender_err);
+    CHECK(g.r.pair.sender_status == kStreamOk);
+    CHECK(g.r.pair.receiver_status == kStreamOk);
+    CHECK(g.sent["mlx5_1:1"] > 0);
+    CHECK(g.sent["mlx5_2:1"] > 0);
+    CHECK(count_lines_containing(g.sender_err, "(within NCCL_NET_GDR_LEVEL=PHB)") == 1);
+  }
+  SECTION("legacy level 0 (LOC): no backup; the primary's failure fails the stream, no spill") {
+    PairOptions o = gdr_pair("port_down,dev=mlx5_0,after_bytes=33554432");
+    o.env["R2CCL_NET_GDR_LEVEL"] = "0";
+    o.env["R2CCL_FAILOVER_TIMEOUT"] = "500ms";
+    StreamSpec s = short_stream(1.0);
+    s.stall_ms = 8000;
+    GdrRun g = run_gdr(o, s);
+    INFO("sender log:\n"
+         << g.r.sender_log << g.sender_err << "receiver log:\n"
+         << g.r.receiver_log << g.receiver_err);
+    CHECK(g.r.pair.sender_status != kStreamOk);
+    CHECK(g.sent["mlx5_1:1"] == 0);
+    CHECK(g.sent["mlx5_2:1"] == 0);
+    CHECK(count_lines_containing(g.sender_err,
+                                 "have no backup path: mlx5_1:1 (PIX), mlx5_2:1 (PHB) beyond "
+                                 "R2CCL_NET_GDR_LEVEL=0") == 1);
+    CHECK(count_lines_containing(g.r.sender_log, "give-up: send conn") == 1);
+    CHECK(count_lines_containing(g.r.sender_log, "no usable path may carry message") == 1);
+    CHECK(count_lines_containing(g.r.sender_log, "fail with ncclSystemError") == 1);
+  }
+}
+
+TEST_CASE(
+    "verbs: backups pair by each end's real subnet (the netdev's prefix), not an IPv4 /24 "
+    "guess; a backup with partners only on other subnets is used routed, and said so",
+    "[loopback][ib][setup]") {
+  SKIP_WITHOUT_FAKE();
+  // The listening end pairs its backups with the connector's candidates. Its mlx5_1 is
+  // 10.211.7.2/16: the connector's mlx5_1 (10.211.5.1/16) shares that subnet under both
+  // prefixes; the connector's mlx5_2 (10.211.7.129/25) shares only the /24, and under its own
+  // /25 the listener's address is elsewhere. The listener's mlx5_2 (10.211.7.130/25) is the
+  // connector's mlx5_2's partner.
+  auto run = [](const std::string& sender_hcas, const std::string& receiver_hcas) {
+    PairOptions o = ib_pair();
+    o.sender_env["FAKEVERBS_DEVICES"] = sender_hcas;
+    o.receiver_env["FAKEVERBS_DEVICES"] = receiver_hcas;
+    o.env["R2CCL_BACKUP_PATHS"] = "2";
+    o.env["R2CCL_STRIPE"] = "1";  // every path carries data
+    o.env["R2CCL_TEST_VERBOSE"] = "1";
+    const std::string se = temp_path("pair-s.err"), re = temp_path("pair-r.err");
+    o.sender_stderr = se;
+    o.receiver_stderr = re;
+    StreamRun r = run_stream(o, short_stream(0.5));
+    std::pair<std::string, std::string> err{read_file(se), read_file(re)};
+    unlink(se.c_str());
+    unlink(re.c_str());
+    INFO("connector:\n" << err.first << "listener:\n" << err.second);
+    CHECK(r.pair.sender_status == kStreamOk);
+    CHECK(r.pair.receiver_status == kStreamOk);
+    return err;
+  };
+  SECTION("/16 and /25 subnets that one /24 guess mixes up") {
+    auto err = run(
+        "mlx5_0,eth,10.210.1.1;mlx5_1,eth,10.211.5.1,prefix=16;mlx5_2,eth,10.211.7.129,prefix=25",
+        "mlx5_0,eth,10.210.1.2;mlx5_1,eth,10.211.7.2,prefix=16;mlx5_2,eth,10.211.7.130,prefix=25");
+    INFO("connector:\n" << err.first << "listener:\n" << err.second);
+    CHECK(count_lines_containing(
+              err.second,
+              "recv connection on dev 0: 3 paths (mlx5_0:1 -> ::ffff:10.210.1.1, "
+              "mlx5_1:1 -> ::ffff:10.211.5.1, mlx5_2:1 -> ::ffff:10.211.7.129)") == 1);
+    CHECK(count_lines_containing(
+              err.first,
+              "send connection on dev 0: 3 paths (mlx5_0:1 -> ::ffff:10.210.1.2, "
+              "mlx5_1:1 -> ::ffff:10.211.7.2, mlx5_2:1 -> ::ffff:10.211.7.130)") == 1);
+    CHECK(count_lines_containing(err.first + err.second, "crosses subnets") == 0);
+    CHECK(count_lines_containing(err.second, "mlx5_1:1 subnet 10.211.0.0/16") == 1);
+    CHECK(count_lines_containing(err.second, "mlx5_2:1 subnet 10.211.7.128/25") == 1);
+  }
+  SECTION("no partner on the backup's subnet: paired across subnets, INFO at both ends") {
+    auto err =
+        run("mlx5_0,eth,10.210.1.1;mlx5_1,eth,10.211.5.1,prefix=16;mlx5_2,eth,10.213.0.1,"
+            "prefix=16",
+            "mlx5_0,eth,10.210.1.2;mlx5_1,eth,10.211.7.2,prefix=16;mlx5_2,eth,10.212.0.2,"
+            "prefix=16");
+    CHECK(count_lines_containing(err.second,
+                                 "3 paths (mlx5_0:1 -> ::ffff:10.210.1.1, mlx5_1:1 -> "
+                                 "::ffff:10.211.5.1, mlx5_2:1 -> ::ffff:10.213.0.1)") == 1);
+    CHECK(count_lines_containing(err.second,
+                                 "recv connection on dev 0: backup path 2 (mlx5_2:1 -> "
+                                 "::ffff:10.213.0.1) crosses subnets (10.212.0.0/16 here, "
+                                 "10.213.0.0/16 at the peer): usable where the fabric routes") ==
+          1);
+    CHECK(count_lines_containing(err.first,
+                                 "send connection on dev 0: backup path 2 (mlx5_2:1 -> "
+                                 "::ffff:10.212.0.2) crosses subnets (10.213.0.0/16 here, "
+                                 "10.212.0.0/16 at the peer)") == 1);
   }
 }

@@ -218,7 +218,7 @@ void* Endpoint::mhandle_for(void* buf, size_t size) {
   for (auto& m : mrs)
     if (m.buf == buf && m.size >= size) return m.mh;
   void* mh = nullptr;
-  if (plugin.net->regMr(comm, buf, size, NCCL_PTR_HOST, &mh) != ncclSuccess) return nullptr;
+  if (plugin.net->regMr(comm, buf, size, mr_type, &mh) != ncclSuccess) return nullptr;
   mrs.push_back({buf, size, mh});
   return mh;
 }

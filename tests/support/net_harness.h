@@ -44,6 +44,10 @@ struct Endpoint {
   ncclResult_t post_recv(void* buf, size_t size, void** req, int timeout_ms);
   ncclResult_t wait(void* req, int timeout_ms, int* size_out = nullptr);
   void* mhandle_for(void* buf, size_t size);
+  // The buffer type mhandle_for registers with (NCCL_PTR_CUDA: a GPU buffer as NCCL would
+  // register it; host memory stands in where the plugin accepts that, e.g. the verbs
+  // transport with R2CCL_TEST_HOOKS=gpu_pci=PATH).
+  int mr_type = NCCL_PTR_HOST;
   struct Registration {
     void* buf;
     size_t size;

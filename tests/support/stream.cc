@@ -157,7 +157,8 @@ int stream_recv(Endpoint& ep, const StreamSpec& s) {
 }
 
 StreamRun run_stream(PairOptions o, const StreamSpec& s,
-                     const std::function<void(Endpoint&, bool sender)>& before) {
+                     const std::function<void(Endpoint&, bool sender)>& before,
+                     const std::function<int(Endpoint&, bool sender)>& after) {
   std::string slog = temp_path("sender.log"), rlog = temp_path("receiver.log");
   o.sender_env["R2CCL_LOG_FILE"] = slog;
   o.receiver_env["R2CCL_LOG_FILE"] = rlog;
@@ -178,12 +179,20 @@ StreamRun run_stream(PairOptions o, const StreamSpec& s,
         if (before) before(ep, true);
         int rc = stream_send(ep, s);
         snapshot(slog);
+        if (after) {
+          const int a = after(ep, true);
+          if (rc == 0) rc = a;
+        }
         return rc;
       },
       [&](Endpoint& ep) {
         if (before) before(ep, false);
         int rc = stream_recv(ep, s);
         snapshot(rlog);
+        if (after) {
+          const int a = after(ep, false);
+          if (rc == 0) rc = a;
+        }
         return rc;
       });
   r.sender_log = read_file(slog + ".end");

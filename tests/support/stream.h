@@ -52,8 +52,12 @@ struct StreamRun {
 // run_pair with stream_send/stream_recv, each side's R2CCL_LOG_FILE captured, and
 // finish_together (a peer's exit after the stream is not the fault's doing). `before`, when
 // set, runs in each process after connect, just before its side of the stream (sender: true).
+// `after`, when set, runs in each process once its side of the stream is over (before the
+// connection closes) and may change the process's exit status: a non-zero return replaces
+// a successful stream's.
 StreamRun run_stream(PairOptions o, const StreamSpec& s,
-                     const std::function<void(Endpoint&, bool sender)>& before = {});
+                     const std::function<void(Endpoint&, bool sender)>& before = {},
+                     const std::function<int(Endpoint&, bool sender)>& after = {});
 
 // The plugin's event lines (either transport), parsed:
 // capture group 1 of `pattern` (a std::regex) as a number, for every line that matches.

@@ -161,6 +161,7 @@ class MemIo final : public PathIo {
     it.seq = c.seq;
     it.cap = c.capacity;
     it.rb.addr = reinterpret_cast<uintptr_t>(c.buf);
+    it.rb.allowed = allowed;  // what this end's registration allows (verbs: CTS excluded)
     send(p, std::move(it), now);
     return PostResult::kPosted;
   }
@@ -195,6 +196,7 @@ class MemIo final : public PathIo {
     return last_rx_[p] ? now - last_rx_[p] : INT64_MAX;
   }
   void say_goodbye(TimeUs) override {}
+  uint32_t allowed_paths(const void*) const override { return allowed; }
 
   // The transport resets the path at this end (an error the next poll reports).
   void reset(int p, PathSink& sink, TimeUs now) {
@@ -207,6 +209,9 @@ class MemIo final : public PathIo {
   // (TCP's ACK clock), instead of the fixed `heard`.
   bool heard_from_items = false;
   std::vector<CtrlMsg> sent_ctrl;
+  // The paths every buffer of this end may travel on (verbs: a GPU buffer and backups
+  // beyond NCCL_NET_GDR_LEVEL).
+  uint32_t allowed = kAllPaths;
 
  private:
   void send(int p, Item it, TimeUs now) {
@@ -839,6 +844,60 @@ TEST_CASE("connection: a receiver's drained rail moves the sender's chunks off i
   CHECK(arrives(t, m, 100 * kUsPerMs));
   CHECK(t.wire.chunks_posted[0] == 0);
   CHECK(t.wire.chunks_posted[1] > 0);
+}
+
+TEST_CASE(
+    "connection: a message goes only on the paths both ends' registrations allow, replays "
+    "included; with none of them usable it fails like a connection without a path",
+    "[connection]") {
+  for (bool nic : {false, true}) {
+    INFO(shape_name(nic));
+    EventLog log;
+    Pair t(nic, 3,
+           {{"R2CCL_ACK_TIMEOUT", "20ms"},
+            {"R2CCL_FAILOVER_TIMEOUT", "500ms"},
+            {"R2CCL_STRIPE", "1"},
+            {"R2CCL_PATH_WINDOW", "256K"},
+            {"R2CCL_CHUNK_SIZE", "64K"}});
+    // The receiver's buffers may not come through path 1, the sender's not through path 2.
+    t.rio().allowed = 0b101;
+    t.sio().allowed = 0b011;
+    {
+      Message m(t, 2 << 20, 7);
+      t.run(300);  // chunks in flight on path 0
+      t.wire.cut[0] = true;
+      t.wire.refuse[0] = true;
+      bool done = false;
+      // Only path 0 may carry it: its failure strands the message, which fails (the send's
+      // test() reports the give-up).
+      CHECK(t.wait(m.s, m.r, 3 * kUsPerSec, &done) == Status::kSystem);
+      CHECK_FALSE(done);
+    }
+    INFO(log.text());
+    CHECK(t.wire.chunks_posted[1] == 0);
+    CHECK(t.wire.chunks_posted[2] == 0);
+    CHECK(log.count("give-up: send conn") == 1);
+    CHECK(log.count("no usable path may carry message 0 within R2CCL_FAILOVER_TIMEOUT: its "
+                    "buffers allow only path(s) 0") == 1);
+    CHECK(log.count("usable: path(s) 1, 2") == 1);
+    CHECK(t.send->error() == Status::kSystem);
+  }
+  for (bool nic : {false, true}) {
+    INFO(shape_name(nic) << ": an allowed backup is left");
+    Pair t(nic, 3,
+           {{"R2CCL_ACK_TIMEOUT", "20ms"},
+            {"R2CCL_STRIPE", "1"},
+            {"R2CCL_PATH_WINDOW", "256K"},
+            {"R2CCL_CHUNK_SIZE", "64K"}});
+    t.rio().allowed = 0b101;
+    Message m(t, 4 << 20, 8);
+    t.run(300);
+    t.wire.cut[0] = true;
+    t.wire.refuse[0] = true;
+    CHECK(arrives(t, m, 3 * kUsPerSec));  // replayed on path 2, the only other allowed one
+    CHECK(t.wire.chunks_posted[1] == 0);
+    CHECK(t.wire.chunks_posted[2] > 0);
+  }
 }
 
 TEST_CASE("path plan: primary, then backups nearest first; peers paired by score, unused first",

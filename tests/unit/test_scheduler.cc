@@ -107,3 +107,24 @@ TEST_CASE("every path draining: the draining ones carry; one healthy path wins o
   d1.inflight_bytes = kWindow;  // full window still waits
   CHECK(pick_path({down(), d1}, false, kChunk) == -1);
 }
+
+TEST_CASE("pick_path: only the paths a message may use", "[unit]") {
+  // Bit i of `allowed`: paths[i] may carry the message (a GPU buffer's backups beyond
+  // NCCL_NET_GDR_LEVEL may not). An excluded path is never picked, even when it is the only
+  // one with room; with the allowed ones all down, the chunk waits (-1).
+  std::vector<PathLoad> p = {up(), up(), up()};
+  CHECK(pick_path(p, false, kChunk, 0b110) == 1);
+  CHECK(pick_path(p, true, kChunk, 0b101) == 0);
+  p[0].inflight_bytes = kWindow;  // full
+  CHECK(pick_path(p, true, kChunk, 0b101) == 2);
+  CHECK(pick_path(p, true, kChunk, 0b001) == -1);
+  p = {down(), up(), up()};
+  CHECK(pick_path(p, false, kChunk, 0b001) == -1);
+  CHECK(pick_path(p, true, kChunk, 0b001) == -1);
+  CHECK(pick_path(p, false, kChunk, 0b101) == 2);
+  // Draining paths stand in only when no allowed path carries data.
+  p = {down(), up(), down()};
+  p[2].draining = true;
+  CHECK(pick_path(p, false, kChunk, 0b101) == 2);
+  CHECK(pick_path(p, false, kChunk) == 1);
+}

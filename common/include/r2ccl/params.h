@@ -134,6 +134,12 @@ struct ParamDef {
   X(ib_ar, "R2CCL_IB_ADAPTIVE_ROUTING", kInt, "-1", -1, 1, "NCCL_IB_ADAPTIVE_ROUTING",          \
     "1: adaptive-routing-safe writes (payload as RDMA WRITE, then a 0-byte write with "         \
     "immediate); 0: one write with immediate per chunk; -1: 1 on InfiniBand, 0 on RoCE.")       \
+  X(net_gdr_level, "R2CCL_NET_GDR_LEVEL", kString, "PXB", 0, 0, "NCCL_NET_GDR_LEVEL",           \
+    "How far (PCI path type, NCCL's names) a backup HCA may be from the GPU of an "             \
+    "NCCL_PTR_CUDA / DMABUF buffer and still carry it: LOC, NVL, NVB, C2C, PIX, PXB, P2C, "     \
+    "PXN, PHB or SYS, or NCCL's legacy integers 0-5 (0 LOC, 1 PIX, 2 PXB, 3 PHB, 4+ SYS). "     \
+    "Backups farther away get no registration of the buffer and carry none of its bytes; "      \
+    "the primary is NCCL's choice. Host buffers use every path.")                               \
   X(health_board, "R2CCL_HEALTH_BOARD", kString, "default", 0, 0, nullptr,                      \
     "Name of this node's health board, the shared-memory segment /r2ccl-<uid>-<name> where "    \
     "net plugins publish rail state and the tuner reads the agreed cluster record; none "       \
@@ -170,7 +176,9 @@ struct ParamDef {
   X(test_hooks, "R2CCL_TEST_HOOKS", kString, "", 0, 0, nullptr,                                 \
     "Test only. Comma list of protections to switch off: no_replay, no_dedup, "                 \
     "no_stale_guard, no_bilateral_err (verbs: replay without moving the peer's QPs to ERR), "   \
-    "force_flush (verbs: iflush reads back host buffers too). "                                 \
+    "force_flush (verbs: iflush reads back host buffers too), gpu_pci=PATH (verbs: GPU "        \
+    "buffers are accepted in any build, host memory standing in, and their GPU sits at the "    \
+    "sysfs PCI path PATH). "                                                                    \
     "Used by tests to prove each protection matters.")                                          \
   X(test_time_scale, "R2CCL_TEST_TIME_SCALE", kInt, "1", 1, 1000000, nullptr,                   \
     "Test only. r2ccl's verbs failure bounds take one QP try as 4.096 us * 2^R2CCL_IB_TIMEOUT " \

@@ -16,6 +16,9 @@
 #include "r2ccl/random.h"
 #include "sock/rails.h"
 #include "sock/socket_util.h"
+#include "transport/ib/gdr.h"
+#include "transport/ib/gpu_locate.h"
+#include "transport/ib/pairing.h"
 
 namespace r2ccl::net::ib {
 namespace {
@@ -46,9 +49,13 @@ Status fatal_status(ibv_wc_status s) {
 
 const char* ll_name(int ll) { return ll == IBV_LINK_LAYER_ETHERNET ? "RoCE" : "IB"; }
 
-bool same_ipv4_24(const uint8_t* a, const uint8_t* b) {
-  static const uint8_t mapped[12] = {0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff};
-  return memcmp(a, mapped, 12) == 0 && memcmp(b, mapped, 12) == 0 && memcmp(a + 12, b + 12, 3) == 0;
+PairEnd wire_end(const IbWireHca& w) {
+  PairEnd e;
+  e.link_layer = w.link_layer;
+  e.gid_type = w.gid_type == 0xff ? -1 : w.gid_type;
+  memcpy(e.gid, w.gid, 16);
+  e.subnet_bits = w.subnet_bits;
+  return e;
 }
 
 size_t page_round(size_t n) { return (n + 4095) & ~size_t(4095); }
@@ -258,6 +265,52 @@ ibv_mr* Conn::mr_on(const IbMr* cm, int hca, uint32_t epoch) {
   return now_epoch == epoch ? m->by_hca[hca] : nullptr;
 }
 
+uint32_t Conn::gpu_paths(const void* data) {
+  std::string gpu, why;
+  int numa = -1;
+  bool known = false;
+  if (!rt_->env().hooks.gpu_pci.empty()) {
+    char real[PATH_MAX];
+    gpu = realpath(rt_->env().hooks.gpu_pci.c_str(), real) ? real : rt_->env().hooks.gpu_pci;
+    numa = pci_numa_node(gpu);
+    known = true;
+  } else {
+    known = gpu_pci_of(data, &gpu, &numa, &why);
+  }
+  uint32_t allowed = 1u;  // the primary: NCCL checked its GPUDirect distance itself
+  std::string kept, dropped;
+  for (const auto& p : paths_) {
+    if (p.index == 0) continue;
+    const HcaInfo& h = rt_->hcas()[p.hca];
+    const int t = known ? gpu_nic_path_type(gpu, numa, h.pci_path, h.numa) : kPathSys;
+    std::string& list = known && t <= rt_->gdr_level() ? kept : dropped;
+    list += (list.empty() ? "" : ", ") + rail_of(p) + " (" + (known ? gdr_path_name(t) : "?") + ")";
+    if (known && t <= rt_->gdr_level()) allowed |= 1u << p.index;
+  }
+  if (paths_.size() > 1 && !gdr_logged_.exchange(true)) {
+    const std::string where = known ? "the GPU at " + gpu : "an unknown GPU (" + why + ")";
+    if (allowed == 1u)
+      R2CCL_WARN(
+          "%s conn %016llx on dev %d: GPU buffers (%s) have no backup path: %s beyond %s; a "
+          "failure of the primary %s fails their messages",
+          role_ == Role::kSend ? "send" : "recv", static_cast<unsigned long long>(conn_id_), dev_,
+          where.c_str(), dropped.c_str(), rt_->gdr_level_text().c_str(),
+          rail_of(paths_[0]).c_str());
+    else
+      R2CCL_INFO(NCCL_NET | NCCL_INIT,
+                 "%s conn %016llx on dev %d: GPU buffers (%s) use backups %s%s%s (within %s)",
+                 role_ == Role::kSend ? "send" : "recv", static_cast<unsigned long long>(conn_id_),
+                 dev_, where.c_str(), kept.c_str(),
+                 dropped.empty() ? "" : "; excluded, beyond the level: ", dropped.c_str(),
+                 rt_->gdr_level_text().c_str());
+  }
+  return allowed;
+}
+
+uint32_t Conn::allowed_paths(const void* mhandle) const {
+  return mhandle ? static_cast<const IbMr*>(mhandle)->allowed : kAllPaths;
+}
+
 Status Conn::reg_mr(void* data, size_t size, int type, void** mhandle) {
   *mhandle = nullptr;
   auto* m = new IbMr();
@@ -267,11 +320,12 @@ Status Conn::reg_mr(void* data, size_t size, int type, void** mhandle) {
   m->by_hca.assign(rt_->hcas().size(), nullptr);
   m->cache_by_hca.assign(rt_->hcas().size(), nullptr);
   m->epoch_by_hca.assign(rt_->hcas().size(), 0);
+  if (type != NCCL_PTR_HOST) m->allowed = gpu_paths(data);
   // The path set is fixed at setup and failback re-creates QPs on the same HCAs, so one
   // registration per HCA of the set stays valid for the connection's life (or until the
   // device is reopened after a fatal error: mr_on registers it again).
   for (const auto& p : paths_) {
-    if (m->by_hca[p.hca]) continue;
+    if (m->by_hca[p.hca] || !((m->allowed >> p.index) & 1u)) continue;
     std::string err;
     std::shared_ptr<MrCache> c = rt_->mr_cache(p.hca, &m->epoch_by_hca[p.hca]);
     void* mr = c->acquire(data, size, &err);
@@ -302,8 +356,9 @@ Status Conn::reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, voi
   m->by_hca.assign(rt_->hcas().size(), nullptr);
   m->cache_by_hca.assign(rt_->hcas().size(), nullptr);
   m->epoch_by_hca.assign(rt_->hcas().size(), 0);
+  m->allowed = gpu_paths(data);
   for (const auto& p : paths_) {
-    if (m->by_hca[p.hca]) continue;
+    if (m->by_hca[p.hca] || !((m->allowed >> p.index) & 1u)) continue;
     const HcaInfo h = rt_->hca_snapshot(p.hca);
     m->epoch_by_hca[p.hca] = h.epoch;
     m->by_hca[p.hca] =
@@ -349,6 +404,18 @@ void Conn::fill_wire_hca(int hca, IbWireHca* w) {
   memcpy(w->gid, h.gid, 16);
   w->area_rkey = area_mr_[hca] ? area_mr_[hca]->rkey : 0;
   w->epoch = static_cast<uint8_t>(h.epoch);  // the low 8 bits, as CtsRecord::epochs
+  w->subnet_bits = static_cast<uint8_t>(rt_->subnet_bits(hca));
+  w->gid_type = h.gid_type < 0 ? 0xff : static_cast<uint8_t>(h.gid_type);
+}
+
+PairEnd Conn::local_end(int hca) {
+  const HcaInfo h = rt_->hca_snapshot(hca);
+  PairEnd e;
+  e.link_layer = h.link_layer;
+  e.gid_type = h.gid_type;
+  memcpy(e.gid, h.gid, 16);
+  e.subnet_bits = rt_->subnet_bits(hca);
+  return e;
 }
 
 void Conn::post_recv_slot(Path& p, int q, int k) {
@@ -896,16 +963,20 @@ Status Conn::accept_step(bool* done, TimeUs now) {
     conn_id_ = m.conn_id;
     chunk_size_ = n.chunk_size;
     peer_area_ = m.area_addr;
-    // Pair paths (engine/path_plan.h): our primary with theirs; each of our backups with an
-    // unused candidate of theirs on the same link layer, preferring the same IPv4 /24 (a
-    // rail-aligned fabric routes rail k only to rail k), else the next one in their order.
+    // Pair paths (engine/path_plan.h): our primary with theirs (same link layer); each of
+    // our backups with an unused candidate of theirs by pair_score (transport/ib/pairing.h):
+    // the same subnet under both ends' real prefixes first (a rail-aligned fabric routes
+    // rail k only to rail k), then other subnets of the link layer (routed), else the next
+    // one in their order.
     const std::vector<int> mine = rt_->path_set(rt_->device_rail(dev_));
     const int npeer = static_cast<int>(m.npaths);
+    std::vector<PairEnd> mine_end;
+    for (int hca : mine) mine_end.push_back(local_end(hca));
     std::vector<RailPair> pairs =
         pair_rails(static_cast<int>(mine.size()), npeer, false, [&](int i, int j) {
-          const HcaInfo& h = rt_->hcas()[mine[i]];
-          if (m.hca[j].link_layer != h.link_layer || (i == 0) != (j == 0)) return 0;
-          return same_ipv4_24(m.hca[j].gid, h.gid) ? 2 : 1;
+          if ((i == 0) != (j == 0)) return 0;
+          if (i == 0) return m.hca[j].link_layer == mine_end[i].link_layer ? 1 : 0;
+          return pair_score(mine_end[i], wire_end(m.hca[j]));
         });
     if (pairs.empty() || pairs[0].local != 0) {
       // Both ends must agree (docs/ARCHITECTURE.md): refused at both, one message.
@@ -989,6 +1060,19 @@ void Conn::finish_setup() {
     desc(p).label = rail_of(p) + " -> " + peer;
     list += (list.empty() ? "" : ", ") + desc(p).label;
   }
+  // A backup paired across subnets works only where the fabric routes (RoCE v2, IB
+  // routers): said once per connection, per path.
+  for (const auto& p : paths_) {
+    if (p.index == 0) continue;
+    const PairEnd a = local_end(p.hca), b = wire_end(p.peer);
+    if (pair_score(a, b) != kPairRouted || a.subnet_bits == 0 || b.subnet_bits == 0) continue;
+    R2CCL_INFO(NCCL_NET | NCCL_INIT,
+               "%s connection on dev %d: backup path %d (%s) crosses subnets (%s here, %s at "
+               "the peer): usable where the fabric routes between them (RoCE v2, IB routers), "
+               "preferred last",
+               role_ == Role::kSend ? "send" : "recv", dev_, p.index, desc(p).label.c_str(),
+               subnet_text(a).c_str(), subnet_text(b).c_str());
+  }
   stage_ = 10;
   listen_ = nullptr;
   R2CCL_INFO(NCCL_NET | NCCL_INIT,
@@ -1064,11 +1148,13 @@ PostResult Conn::post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs 
   // The buffer's rkey on this path died with the peer HCA's old incarnation (its device was
   // reopened after a fatal error since the CTS): its chunks go on the other paths.
   auto rkey_alive = [&](const Path& x) {
-    return ((c.remote->rkey_epochs >> (8 * x.index)) & 0xffu) == (x.peer.epoch & 0xffu);
+    return ((c.remote->rkey_epochs >> (4 * x.index)) & 0xfu) == (x.peer.epoch & 0xfu);
   };
   if (!rkey_alive(p)) {
     for (const Path& o : paths_)
-      if (o.index != p.index && ready(o.index) && rkey_alive(o)) return PostResult::kNotHere;
+      if (o.index != p.index && ready(o.index) && rkey_alive(o) &&
+          ((c.remote->allowed >> o.index) & 1u))
+        return PostResult::kNotHere;
     // No other path can take it now: rather than wait for ever, this message fails.
     sink.on_fatal(Status::kRemote,
                   "the receiver's HCA of the only usable path was reset (device-fatal error) "
@@ -1134,10 +1220,13 @@ PostResult Conn::post_cts(int path, const CtsOut& c, PathSink& sink, TimeUs now)
   r.addr = reinterpret_cast<uintptr_t>(c.buf);
   r.size = c.capacity;
   r.epochs = 0;
+  r.excluded = 0;
   for (size_t i = 0; i < paths_.size(); ++i) {
-    const ibv_mr* m = mr_on(mr, paths_[i].hca, paths_[i].epoch);
+    const bool allowed = !mr || ((mr->allowed >> i) & 1u);
+    const ibv_mr* m = allowed ? mr_on(mr, paths_[i].hca, paths_[i].epoch) : nullptr;
     r.rkey[i] = m ? m->rkey : 0;
-    r.epochs |= (paths_[i].epoch & 0xffu) << (8 * i);
+    r.epochs = static_cast<uint16_t>(r.epochs | ((paths_[i].epoch & 0xfu) << (4 * i)));
+    if (!allowed) r.excluded = static_cast<uint16_t>(r.excluded | (1u << i));
   }
   r.tag = c.tag;
   r.seq1 = c.seq + 1;
@@ -1438,6 +1527,7 @@ void Conn::poll_fifo(PathSink& sink, TimeUs now) {
     rb.addr = r.addr;
     for (int i = 0; i < kMaxIbPaths && i < kMaxPathsPerConn; ++i) rb.rkey[i] = r.rkey[i];
     rb.rkey_epochs = r.epochs;
+    rb.allowed = ~static_cast<uint32_t>(r.excluded);
     sink.on_cts(next_cts_seq_, r.size, rb, now);
     next_cts_seq_++;
   }

@@ -25,12 +25,14 @@
 // NCCL's service thread (the MR caches lock).
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <string>
 #include <vector>
 
 #include "engine/connection.h"
 #include "sock/sock_errors.h"
+#include "transport/ib/pairing.h"
 #include "transport/ib/runtime.h"
 #include "transport/ib/wire.h"
 #include "transport/transport.h"
@@ -38,13 +40,15 @@
 namespace r2ccl::net::ib {
 
 // A registration handle (NCCL's mhandle): the buffer registered on every HCA of the
-// connection's path set.
+// connection's path set that may reach it (a GPU buffer: the primary and the backups within
+// NCCL_NET_GDR_LEVEL of its GPU, transport/ib/gdr.h).
 struct IbMr {
   std::vector<ibv_mr*> by_hca;  // indexed by runtime HCA index; nullptr where not registered
   // Per HCA: the MR cache the registration came from (cached) and the device incarnation
   // (HcaInfo::epoch) it was made on; an older one is made again on first use (Conn::mr_on).
   std::vector<std::shared_ptr<MrCache>> cache_by_hca;
   std::vector<uint32_t> epoch_by_hca;
+  uint32_t allowed = kAllPaths;  // paths (bit i = path i) whose HCA holds a registration
   void* data = nullptr;
   size_t size = 0;
   int type = NCCL_PTR_HOST;  // NCCL_PTR_HOST, _CUDA or _DMABUF
@@ -96,6 +100,7 @@ class Conn final : public ConnIo {
   Status reg_mr(void* data, size_t size, int type, void** mhandle) override;
   Status reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, void** mhandle) override;
   void dereg_mr(void* mhandle) override;
+  uint32_t allowed_paths(const void* mhandle) const override;
 
  private:
   struct WrRec {
@@ -158,6 +163,8 @@ class Conn final : public ConnIo {
   void destroy_path_qps(Path& p);
   void qps_to_err(Path& p);
   void fill_wire_hca(int hca, IbWireHca* w);
+  // HCA `hca` as one end of a pairing (transport/ib/pairing.h), its current GID and subnet.
+  PairEnd local_end(int hca);
   void finish_setup();
   bool sc_write(const void* buf, size_t len);
   int sc_read_exact(void* buf, size_t len, size_t* got);
@@ -205,6 +212,11 @@ class Conn final : public ConnIo {
   void drop_flush_qp(int hca);
   bool post_flush_read(int hca, uint64_t token, uintptr_t addr, uint32_t rkey);
   std::string rail_of(const Path& p) const;
+  // The paths a GPU buffer at `data` (NCCL_PTR_CUDA / DMABUF) may use: the primary, and each
+  // backup whose HCA is within NCCL_NET_GDR_LEVEL of the buffer's GPU (gdr.h); only the
+  // primary when the GPU cannot be located. Logs the decision once per connection (INFO;
+  // WARN when no backup is left). Service thread (regMr).
+  uint32_t gpu_paths(const void* data);
   PathDesc& desc(const Path& p) { return paths_desc_[p.index]; }
 
   Runtime* rt_;
@@ -274,7 +286,8 @@ class Conn final : public ConnIo {
   TimeUs setup_start_ = 0;
   uint8_t secret_[16] = {};
   uint64_t listen_id_ = 0;
-  std::vector<int> candidates_;  // connector: its HCAs in preference order
+  std::vector<int> candidates_;          // connector: its HCAs in preference order
+  std::atomic<bool> gdr_logged_{false};  // gpu_paths' decision was logged
 };
 
 }  // namespace r2ccl::net::ib

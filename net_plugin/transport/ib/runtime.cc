@@ -1,16 +1,20 @@
 #include "transport/ib/runtime.h"
 
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 
 #include "engine/path_plan.h"
 #include "r2ccl/log.h"
 #include "sock/socket_util.h"
 #include "transport/ib/caps.h"
 #include "transport/ib/conn.h"
+#include "transport/ib/gdr.h"
+#include "transport/ib/pairing.h"
 
 namespace r2ccl::net::ib {
 namespace {
@@ -146,6 +150,17 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
   v_ = v;
   set_ = std::move(set);
   if (!pick_side_rail(*cfg, &side_rail_, err)) return Status::kInvalidUsage;
+  {
+    // The variable the value came from names it in errors and logs.
+    auto from = [cfg](const char* src) {
+      return std::find(cfg->sources.begin(), cfg->sources.end(),
+                       std::string("R2CCL_NET_GDR_LEVEL from ") + src) != cfg->sources.end();
+    };
+    const std::string var =
+        from("NCCL_NET_GDR_LEVEL") ? "NCCL_NET_GDR_LEVEL" : "R2CCL_NET_GDR_LEVEL";
+    if (!parse_gdr_level(cfg->net_gdr_level, var, &gdr_level_, err)) return Status::kInvalidUsage;
+    gdr_level_text_ = var + "=" + cfg->net_gdr_level + (from("default") ? " (default)" : "");
+  }
   const auto& h = set_->hcas();
   std::vector<RailInfo> info;
   for (size_t i = 0; i < h.size(); ++i) {
@@ -171,6 +186,16 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
     mr_caches_.push_back(make_mr_cache(pd));
   }
   dead_.assign(h.size(), false);
+  subnet_bits_.assign(h.size(), 0);
+  for (size_t i = 0; i < h.size(); ++i) {
+    load_subnet(static_cast<int>(i));
+    PairEnd e;
+    e.link_layer = h[i].link_layer;
+    memcpy(e.gid, h[i].gid, 16);
+    e.subnet_bits = subnet_bits_[i];
+    R2CCL_INFO(NCCL_INIT | NCCL_NET, "%s subnet %s", port_name(h[i]).c_str(),
+               subnet_text(e).c_str());
+  }
   if (usable_.empty()) {
     *err =
         "no active HCA port has a usable GID (check R2CCL_IB_GID_INDEX / "
@@ -189,7 +214,12 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
   for (int i : usable_)
     if (std::find(pds.begin(), pds.end(), h[i].pd) == pds.end()) pds.push_back(h[i].pd);
   const PtrSupport ptr = probe_ptr_support(*v_, pds, kGpuBuild, "/sys");
-  const int types = ptr.types;
+  int types = ptr.types;
+  // R2CCL_TEST_HOOKS=gpu_pci=PATH: host memory stands in for GPU buffers (tests).
+  TestHooks hooks;
+  std::string herr;
+  if (parse_test_hooks(cfg->test_hooks, &hooks, &herr) && !hooks.gpu_pci.empty())
+    types |= NCCL_PTR_CUDA;
   R2CCL_INFO(
       NCCL_INIT | NCCL_NET,
       "NET/R2CCL verbs: GPU buffers (NCCL_PTR_CUDA) %s: %s; dma-buf (NCCL_PTR_DMABUF) %s: %s",
@@ -290,6 +320,35 @@ std::vector<int> Runtime::path_set(int primary) const {
         if (std::find(usable_.begin(), usable_.end(), i) == usable_.end()) return -1;
         return static_cast<int>(std::find(near.begin(), near.end(), i) - near.begin());
       });
+}
+
+int Runtime::subnet_bits(int i) {
+  std::lock_guard<std::mutex> g(hca_mu_);
+  return i >= 0 && i < static_cast<int>(subnet_bits_.size()) ? subnet_bits_[i] : 0;
+}
+
+void Runtime::load_subnet(int i) {
+  const HcaInfo& h = hcas()[i];
+  int bits = 0;
+  if (h.gid_index >= 0 && h.link_layer != IBV_LINK_LAYER_ETHERNET) {
+    bits = 64;  // the GID's subnet prefix
+  } else if (h.gid_index >= 0) {
+    // The kernel names the GID's netdev (rdma-core's sysfs ABI, gid_attrs/ndevs/<index>).
+    std::string ndev;
+    std::ifstream f(std::string(h.ctx->device->ibdev_path) + "/ports/" + std::to_string(h.port) +
+                    "/gid_attrs/ndevs/" + std::to_string(h.gid_index));
+    if (!(f >> ndev)) ndev.clear();
+    ifaddrs* list = nullptr;
+    const bool fake = v_->netdev_getifaddrs && v_->netdev_freeifaddrs;
+    if ((fake ? v_->netdev_getifaddrs(&list) : getifaddrs(&list)) == 0) {
+      bits = roce_subnet_bits(h.gid, ndev, interfaces_from(list));
+      if (fake)
+        v_->netdev_freeifaddrs(list);
+      else
+        freeifaddrs(list);
+    }
+  }
+  subnet_bits_[i] = bits;
 }
 
 HcaInfo Runtime::hca_snapshot(int i) {
@@ -412,6 +471,7 @@ void Runtime::handle_async(int i) {
         {
           std::lock_guard<std::mutex> g(hca_mu_);
           changed = set_->refresh_port(static_cast<int>(j), nullptr);
+          load_subnet(static_cast<int>(j));
         }
         if (!l.link_up.exchange(true)) l.up_events++;
         log_event("%s port active event", port_name(h[j]).c_str());
@@ -423,6 +483,7 @@ void Runtime::handle_async(int i) {
         {
           std::lock_guard<std::mutex> g(hca_mu_);
           changed = set_->refresh_port(static_cast<int>(j), &active);
+          load_subnet(static_cast<int>(j));
         }
         if (changed)
           log_event("%s address change: GID re-selected, now %s", port_name(h[j]).c_str(),

@@ -74,6 +74,15 @@ class Runtime final : public RuntimeBase {
   // Primary HCA then up to R2CCL_BACKUP_PATHS other ports with the same link layer, nearest
   // first (engine/path_plan.h with backup_order's PCIe/NUMA distance).
   std::vector<int> path_set(int primary_hca) const;
+  // NCCL_NET_GDR_LEVEL as a GdrPathType (transport/ib/gdr.h): how far from its GPU a backup
+  // HCA may carry a GPU buffer. Fixed at init.
+  int gdr_level() const { return gdr_level_; }
+  // "R2CCL_NET_GDR_LEVEL=PXB (default)", "NCCL_NET_GDR_LEVEL=PHB": the level and its source,
+  // for log lines.
+  const std::string& gdr_level_text() const { return gdr_level_text_; }
+  // HCA i's subnet as PairEnd::subnet_bits (transport/ib/pairing.h): IB 64; RoCE its GID's
+  // netdev address prefix (+96 for IPv4); 0 unknown. Re-read with the GID. Any thread.
+  int subnet_bits(int i);
   // A copy of HCA i's current addressing (the GID may change at run time).
   HcaInfo hca_snapshot(int i);
   // This process's knobs as HELLO and REPLY carry them, with a connection's QPs per path and
@@ -106,6 +115,8 @@ class Runtime final : public RuntimeBase {
   // Background thread, every kReopenPeriod: tries to reopen each dead device.
   void reopen_dead(TimeUs now);
   std::shared_ptr<MrCache> make_mr_cache(ibv_pd* pd);
+  // Re-reads subnet_bits_[i] from the GID's netdev. Caller holds hca_mu_ (or init).
+  void load_subnet(int i);
 
   const VerbsApi* v_ = nullptr;
   std::unique_ptr<HcaSet> set_;
@@ -120,6 +131,9 @@ class Runtime final : public RuntimeBase {
   Rail side_rail_;
   std::mutex hca_mu_;
   std::vector<int> async_owner_;  // background thread: bg fds[k] belongs to this HCA
+  std::vector<int> subnet_bits_;  // by HCA, under hca_mu_
+  int gdr_level_ = 5;             // kPathPxb
+  std::string gdr_level_text_;
 };
 
 }  // namespace r2ccl::net::ib

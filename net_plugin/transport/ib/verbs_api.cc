@@ -62,6 +62,8 @@ const VerbsApi* VerbsApi::load(const std::string& lib, std::string* err) {
             bind(h, "ibv_dereg_mr", &v->dereg_mr, true, &miss) &&
             bind(h, "ibv_fork_init", &v->fork_init, false, &miss) &&
             bind(h, "ibv_is_fork_initialized", &v->is_fork_initialized, false, &miss) &&
+            bind(h, "fakeverbs_getifaddrs", &v->netdev_getifaddrs, false, &miss) &&
+            bind(h, "fakeverbs_freeifaddrs", &v->netdev_freeifaddrs, false, &miss) &&
             bind(h, "ibv_create_cq", &v->create_cq, true, &miss) &&
             bind(h, "ibv_destroy_cq", &v->destroy_cq, true, &miss) &&
             bind(h, "ibv_create_qp", &v->create_qp, true, &miss) &&

@@ -18,6 +18,8 @@
 
 #include <infiniband/verbs.h>
 
+struct ifaddrs;  // <ifaddrs.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -61,6 +63,11 @@ struct VerbsApi {
   void (*ack_async_event)(ibv_async_event* ev);
   const char* (*event_type_str)(ibv_event_type t);
   const char* (*wc_status_str)(ibv_wc_status s);
+  // Where the netdevs of RoCE GIDs are listed when not in the kernel: only the fake verbs
+  // provider (tests/fakeverbs) has these (its netdevs exist for its devices only); with the
+  // real libibverbs both are nullptr and getifaddrs(3) / freeifaddrs(3) are used.
+  int (*netdev_getifaddrs)(struct ifaddrs** out);
+  void (*netdev_freeifaddrs)(struct ifaddrs* list);
 
   // Zeroes *attr, then asks the library (like verbs.h's ___ibv_query_port without the
   // extended op). Returns 0 or an errno value.

@@ -38,11 +38,13 @@
 namespace r2ccl::net::ib {
 
 constexpr uint32_t kIbMsgMagic = 0x42493252;  // "R2IB": setup and control messages
+// 6: IbWireHca::subnet_bits and gid_type (backups paired by real subnets, not IPv4 /24);
+// 5: CtsRecord::excluded (GPU buffers stay off backup HCAs beyond NCCL_NET_GDR_LEVEL);
 // 4: receive credits (IbArea::credit_in, written by the receiver); 3: the handle starts with
 //    the common head (transport/handshake.h), knobs in HELLO/REPLY,
 //    refusals (WireRefusal), TRUNCATED control messages; 2: the connection id in the setup
 //    messages.
-constexpr uint16_t kIbWireVersion = 4;
+constexpr uint16_t kIbWireVersion = 6;
 constexpr int kMaxIbPaths = 4;      // primary + up to 3 backups (R2CCL_BACKUP_PATHS <= 3)
 constexpr int kMaxQpsPerPath = 16;  // R2CCL_IB_QPS_PER_PATH maximum
 constexpr int kFifoDepth = 64;      // CTS slots; > NCCL_NET_MAX_REQUESTS outstanding receives
@@ -65,7 +67,11 @@ struct IbWireHca {
   uint32_t area_rkey;  // rkey of the sender's/receiver's connection area on this HCA
   uint8_t flags;       // kWireHca* (was reserved, zero, before; so old peers send none)
   uint8_t epoch;       // the HCA's incarnation, low 8 bits (HcaInfo::epoch; + 1 per reopen)
-  uint8_t reserved[2];
+  // Leading bits of gid that name the HCA's subnet (transport/ib/pairing.h: IB 64, RoCE
+  // IPv4-mapped 96 + its netdev's IPv4 prefix), 0 unknown; the GID's type (kGidTypeIb,
+  // kGidTypeRoceV1, kGidTypeRoceV2; 0xff unknown).
+  uint8_t subnet_bits;
+  uint8_t gid_type;
 };
 // The port requires a GRH on every packet it receives (ibv_port_attr.flags has
 // IBV_QPF_GRH_REQUIRED): the peer's QPs to it must address by GID, on IB too.
@@ -100,10 +106,13 @@ struct CtsRecord {
   uint64_t size;               // its capacity, bytes
   uint32_t rkey[kMaxIbPaths];  // the buffer's rkey on the receiver's HCA of each path
   int32_t tag;
-  // The receiver HCA's incarnation (HcaInfo::epoch, low 8 bits) that rkey[i] was made on,
-  // path i in bits 8i..8i+7: after that device is reopened the rkey is dead, and the sender
+  // The receiver HCA's incarnation (HcaInfo::epoch, low 4 bits) that rkey[i] was made on,
+  // path i in bits 4i..4i+3: after that device is reopened the rkey is dead, and the sender
   // sends the buffer's chunks only on paths whose peer HCA (IbWireHca::epoch) matches.
-  uint32_t epochs;
+  uint16_t epochs;
+  // Bit i: the buffer is not registered on the receiver's HCA of path i (a GPU buffer beyond
+  // NCCL_NET_GDR_LEVEL from that HCA): the sender must not write it through path i.
+  uint16_t excluded;
   uint64_t seq1;
 };
 static_assert(sizeof(CtsRecord) == 48, "CtsRecord layout");
