@@ -166,7 +166,8 @@ TEST_CASE(
   // as independent QPs and HCAs do; the seed each process prints repeats a run. Shapes with
   // many QPs, small chunks and both write modes, and striping over both HCAs.
   constexpr size_t K = 1024;
-  const DataShape shapes[] = {{16 * K, 16, true}, {64 * K, 16, false}, {1024 * K, 4, true}};
+  // (Every shape with delays: tests/long/test_long_ib_shapes.cc.)
+  const DataShape shapes[] = {{16 * K, 16, true}, {1024 * K, 4, false}};
   for (const DataShape& s : shapes) {
     SECTION(shape_text(s)) { check_shape_clean(s, {{"FAKEVERBS_DELAY_US", "3000"}}); }
   }
@@ -298,7 +299,7 @@ TEST_CASE("verbs: a device-fatal error (HCA reset): failover, the device is reop
                             (at_sender ? "after_bytes=33554432" : "after_ms=400") + ",for_ms=500";
       PairOptions o = at_sender ? ib_pair(f) : ib_pair("", f);
       o.env["R2CCL_PROBE_COUNT"] = "2";
-      StreamRun r = run_stream(o, short_stream(3.0));
+      StreamRun r = run_stream(o, short_stream(2.0));
       INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
       CHECK(r.pair.sender_status == kStreamOk);
       CHECK(r.pair.receiver_status == kStreamOk);
@@ -323,7 +324,7 @@ TEST_CASE("verbs: a fatal QP (async event) on an idle backup path fails that pat
   PairOptions o = ib_pair("qp_fatal,dev=mlx5_1,after_ms=300");
   o.env["R2CCL_IB_QPS_PER_PATH"] = "4";
   o.env["R2CCL_PROBE_COUNT"] = "2";
-  StreamRun r = run_stream(o, short_stream(2.0));
+  StreamRun r = run_stream(o, short_stream(1.2));
   INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
   CHECK(r.pair.sender_status == kStreamOk);
   CHECK(r.pair.receiver_status == kStreamOk);
@@ -362,14 +363,14 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "verbs: NCCL_IB_TIMEOUT 14 to 22, time-scaled: dropped packets are resent by the QP without "
+    "verbs: NCCL_IB_TIMEOUT 14 and 22, time-scaled: dropped packets are resent by the QP without "
     "a failover, a black hole is caught within the scaled bound",
     "[loopback][ib][failover]") {
   SKIP_WITHOUT_FAKE();
   // R2CCL_TEST_TIME_SCALE = 2^(timeout - 14) makes one QP try 67 ms in the fake and in the
   // plugin's bounds alike (unscaled: 67 ms at 14, 1.07 s at 18, 17.2 s at 22). The fake's
   // retry budget is the QP's own (FAKEVERBS_RETRY_US unset).
-  for (const int t : {14, 18, 22}) {
+  for (const int t : {14, 22}) {  // the ends of the range users set (18 adds no new case)
     const std::string scale = std::to_string(1 << (t - 14));
     auto pair_at = [&](const std::string& faults) {
       PairOptions o = ib_pair(faults);
@@ -382,7 +383,7 @@ TEST_CASE(
     DYNAMIC_SECTION("timeout " << t << ": a tail loss, then a burst of 8 drops lost twice each") {
       StreamRun r = run_stream(pair_at("drop,dev=mlx5_0,count=1,after_bytes=33554432;"
                                        "drop,dev=mlx5_0,count=8,tries=2,after_bytes=100663296"),
-                               short_stream(1.5));
+                               short_stream(1.0));
       INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
       CHECK(r.pair.sender_status == kStreamOk);
       CHECK(r.pair.receiver_status == kStreamOk);
@@ -398,7 +399,7 @@ TEST_CASE(
       // transfer time but within what the QP itself would wait: nothing may fail.
       PairOptions o = pair_at("");
       o.env["FAKEVERBS_DELAY_US"] = "40000";
-      StreamRun r = run_stream(o, short_stream(1.5));
+      StreamRun r = run_stream(o, short_stream(1.0));
       INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
       CHECK(r.pair.sender_status == kStreamOk);
       CHECK(r.pair.receiver_status == kStreamOk);
