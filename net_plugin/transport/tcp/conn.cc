@@ -1362,8 +1362,11 @@ void Conn::apply_injected_resets(PathSink& sink, TimeUs now) {
 }
 
 // Smallest time since any stream of the path received a TCP ACK (TCP_INFO), microseconds; 0
-// for a stream whose window is shut (watch_window) with every window probe answered: the
-// peer's kernel answers however far apart the backed-off probes have grown.
+// for a stream whose peer advertises a window below one segment with every window probe
+// answered: the peer's kernel answers however far apart the backed-off probes have grown
+// (200 ms, 400 ms, 800 ms ...: more than 3 heartbeat periods apart within a 2 s pause). Read
+// from the kernel, not from watch_window's flag, which may not have looked yet (a fresh-clone
+// CI run failed a paused receiver's path by heartbeat miss, "last heard the peer 1288 ms ago").
 TimeUs Conn::heard_within(int path, TimeUs now) const {
   (void)now;
   TimeUs best = INT64_MAX;
@@ -1371,7 +1374,7 @@ TimeUs Conn::heard_within(int path, TimeUs now) const {
     TcpPeerView v;
     if (s.fd < 0 || !read_tcp_peer(s.fd, &v)) continue;
     const bool answering =
-        s.window_shut && v.window < std::max<uint32_t>(v.mss, 1) && v.unanswered_probes == 0;
+        v.window_known && v.window < std::max<uint32_t>(v.mss, 1) && v.unanswered_probes == 0;
     best = std::min<TimeUs>(best, answering ? 0 : static_cast<TimeUs>(v.last_ack_ms) * kUsPerMs);
   }
   return best;
