@@ -160,7 +160,7 @@ TEST_CASE(
 TEST_CASE(
     "verbs: packets of each QP and HCA wait a random time at the target (seeded), so QPs "
     "and HCAs interleave: no path fails, every byte right",
-    "[loopback][ib]") {
+    "[loopback][ib][timing]") {
   SKIP_WITHOUT_FAKE();
   // FAKEVERBS_DELAY_US: each packet executes 0-3 ms after it arrived, in order per QP only,
   // as independent QPs and HCAs do; the seed each process prints repeats a run. Shapes with
@@ -338,7 +338,7 @@ TEST_CASE("verbs: a fatal QP (async event) on an idle backup path fails that pat
 TEST_CASE(
     "verbs: the receiver reports what landed only after draining every completion of the "
     "failed path",
-    "[loopback][ib][failover]") {
+    "[loopback][ib][timing][failover]") {
   SKIP_WITHOUT_FAKE();
   // The receiver's completions lag its sender's by up to 30 ms (FAKEVERBS_RECV_LAG_US), as a
   // busy HCA's can: when its port goes down, hundreds of chunks have landed (the sender has
@@ -365,7 +365,7 @@ TEST_CASE(
 TEST_CASE(
     "verbs: NCCL_IB_TIMEOUT 14 and 22, time-scaled: dropped packets are resent by the QP without "
     "a failover, a black hole is caught within the scaled bound",
-    "[loopback][ib][failover]") {
+    "[loopback][ib][timing][failover]") {
   SKIP_WITHOUT_FAKE();
   // R2CCL_TEST_TIME_SCALE = 2^(timeout - 14) makes one QP try 67 ms in the fake and in the
   // plugin's bounds alike (unscaled: 67 ms at 14, 1.07 s at 18, 17.2 s at 22). The fake's
