@@ -4,6 +4,7 @@
 #include <memory>
 #include <mutex>
 
+#include "transport/ib/gdr.h"
 #include "transport/ib/runtime.h"
 #include "transport/tcp/runtime.h"
 
@@ -27,6 +28,10 @@ Status create(Transport** out, std::string* why, std::string* err) {
     *err = "R2CCL_TRANSPORT='" + t + "': accepted values are auto, ib and tcp";
     return Status::kInvalidUsage;
   }
+  // Verbs-only settings are checked whatever the transport: a typo must fail init on a host
+  // that falls back to TCP too, not when the job first meets an HCA.
+  int gdr_level = 0;
+  if (!ib::gdr_level_of(*cfg, &gdr_level, nullptr, err)) return Status::kInvalidUsage;
   if (t != "tcp") {
     std::unique_ptr<ib::Runtime> ib;
     R2CCL_CHECK(ib::Runtime::create(cfg, t == "ib", &ib, why, err));

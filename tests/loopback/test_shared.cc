@@ -1173,7 +1173,9 @@ void bad_settings(const TransportUnderTest& t) {
     const char* value;
   };
   for (const Case& c : {Case{"R2CCL_CHUNK_SIZE", "1k"}, Case{"R2CCL_BACKUP_PATHS", "9"},
-                        Case{"R2CCL_HEARTBEAT_INTERVAL", "fast"}}) {
+                        Case{"R2CCL_HEARTBEAT_INTERVAL", "fast"},
+                        // a verbs setting, checked on TCP too (a new user's typo passed there)
+                        Case{"R2CCL_NET_GDR_LEVEL", "banana"}, Case{"NCCL_NET_GDR_LEVEL", "PXQ"}}) {
     std::map<std::string, std::string> env = t.pair().env;
     for (const auto& kv : t.pair().sender_env) env[kv.first] = kv.second;
     env[c.var] = c.value;

@@ -79,4 +79,15 @@ int gpu_nic_path_type(const std::string& gpu_pci, int gpu_numa, const std::strin
   return kPathSys;
 }
 
+bool gdr_level_of(const Config& cfg, int* out, std::string* text, std::string* err) {
+  auto from = [&cfg](const char* src) {
+    return std::find(cfg.sources.begin(), cfg.sources.end(),
+                     std::string("R2CCL_NET_GDR_LEVEL from ") + src) != cfg.sources.end();
+  };
+  const std::string var = from("NCCL_NET_GDR_LEVEL") ? "NCCL_NET_GDR_LEVEL" : "R2CCL_NET_GDR_LEVEL";
+  if (!parse_gdr_level(cfg.net_gdr_level, var, out, err)) return false;
+  if (text) *text = var + "=" + cfg.net_gdr_level + (from("default") ? " (default)" : "");
+  return true;
+}
+
 }  // namespace r2ccl::net::ib

@@ -24,6 +24,8 @@
 
 #include <string>
 
+#include "r2ccl/params.h"
+
 namespace r2ccl::net::ib {
 
 enum GdrPathType : int {
@@ -46,6 +48,12 @@ const char* gdr_path_name(int type);
 // error). Returns false with *err naming it, the value and the accepted form; *out (a
 // GdrPathType) is set only on success.
 bool parse_gdr_level(const std::string& value, const std::string& var, int* out, std::string* err);
+
+// The process's level from cfg.net_gdr_level, errors naming the variable it came from
+// (R2CCL_NET_GDR_LEVEL or its fallback NCCL_NET_GDR_LEVEL); *text (may be nullptr) gets e.g.
+// "R2CCL_NET_GDR_LEVEL=PXB (default)" for logs. Checked at init whatever the transport (a
+// typo must not pass unnoticed on a host that falls back to TCP). Thread: any.
+bool gdr_level_of(const Config& cfg, int* out, std::string* text, std::string* err);
 
 // NCCL's path type between a GPU and a NIC from their realpath'd sysfs PCI paths
 // (/sys/devices/pci0000:00/0000:00:01.0/...) and NUMA nodes (-1 unknown): PIX when one PCI

@@ -150,17 +150,7 @@ Status Runtime::init(const Config* cfg, const VerbsApi* v, std::unique_ptr<HcaSe
   v_ = v;
   set_ = std::move(set);
   if (!pick_side_rail(*cfg, &side_rail_, err)) return Status::kInvalidUsage;
-  {
-    // The variable the value came from names it in errors and logs.
-    auto from = [cfg](const char* src) {
-      return std::find(cfg->sources.begin(), cfg->sources.end(),
-                       std::string("R2CCL_NET_GDR_LEVEL from ") + src) != cfg->sources.end();
-    };
-    const std::string var =
-        from("NCCL_NET_GDR_LEVEL") ? "NCCL_NET_GDR_LEVEL" : "R2CCL_NET_GDR_LEVEL";
-    if (!parse_gdr_level(cfg->net_gdr_level, var, &gdr_level_, err)) return Status::kInvalidUsage;
-    gdr_level_text_ = var + "=" + cfg->net_gdr_level + (from("default") ? " (default)" : "");
-  }
+  if (!gdr_level_of(*cfg, &gdr_level_, &gdr_level_text_, err)) return Status::kInvalidUsage;
   const auto& h = set_->hcas();
   std::vector<RailInfo> info;
   for (size_t i = 0; i < h.size(); ++i) {
