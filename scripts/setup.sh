@@ -14,7 +14,9 @@ set -euo pipefail
 PKGS=(
   g++ cmake make binutils git python3      # build; nm for the ABI test
   catch2                                   # tests (Catch2 v2)
-  nlohmann-json3-dev                       # r2ccl_perf --stats
+  nlohmann-json3-dev                       # r2ccl_perf --stats; etcd bodies and the agreed record
+  libcurl4-openssl-dev libssl-dev          # the snapshot daemon talks to etcd (JSON gateway; base64)
+  etcd-server etcd-client                  # the snapshot control plane (tests start a local etcd)
   libcli11-dev                             # tools' command lines (CLI11)
   libibverbs-dev                           # verbs.h types (libibverbs is dlopen'ed at run time)
   zlib1g-dev                               # CRC-32 of the predictor's weights file

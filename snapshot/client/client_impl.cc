@@ -508,6 +508,11 @@ Status Client::take(uint64_t step, r2ccl_snap_take_stats_t* st) {
   }
   int64_t t1 = mono_us();
   st->wait_seconds = double(t1 - t0) * 1e-6;
+  uint64_t generation = 0;  // the timeline this step belongs to (coordinator.h)
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    generation = state_.generation;
+  }
   Status cs;
   for (uint32_t i = 0; i < n_user_ && cs.ok(); ++i)
     cs = copy_in(bufs_[i], sets_[set].bufs[i].get());
@@ -519,6 +524,7 @@ Status Client::take(uint64_t step, r2ccl_snap_take_stats_t* st) {
       sets_[set].busy = false;
     } else {
       sets_[set].step = step;
+      sets_[set].generation = generation;
       jobs_.push_back(set);
     }
     fill_prev(st);
@@ -568,6 +574,7 @@ void Client::worker_main() {
       m.home_node = 0;  // the daemon fills it in
       m.crc = shard_crc32(frame.data(), frame.size());
       m.step = sg.step;
+      m.generation = sg.generation;
       m.base_step = b.base_step;
       m.seq = es.seq;
       m.base_seq = es.base_seq;
@@ -696,6 +703,12 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
       return fail(R2CCL_SNAP_ERR_TIMEOUT, "restore: no STATE answered QUERY within the timeout");
     }
     st = state_;
+  }
+  // The agreed record's restore step when it is a restore point (the same on every node: it
+  // comes from etcd), else the newest complete step.
+  if (st.has_restore) {
+    st.has_complete = 1;
+    st.complete_step = st.restore_step;
   }
   if (!st.has_complete)
     return fail(R2CCL_SNAP_ERR_NO_SNAPSHOT,

@@ -79,6 +79,7 @@ class Client {
     std::vector<std::unique_ptr<uint8_t[]>> bufs;  // one per buffer (user buffers + metadata)
     bool busy = false;
     uint64_t step = 0;
+    uint64_t generation = 0;  // the agreed record's generation at take()
   };
   struct FinishedTake {
     bool valid = false;

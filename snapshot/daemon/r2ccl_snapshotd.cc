@@ -1,8 +1,12 @@
 // r2ccl_snapshotd: the per-node snapshot sidecar (issue 6; snapshot/README.md).
 //
-// - Membership: authenticated peer connections (job token), heartbeats, failure detection (3
-//   missed periods), the coordinator rule (lowest live id, acting only with a strict majority),
-//   and the agreed cluster record published into every node's health board.
+// - Control plane on etcd (control_plane.h, coordinator.h): each daemon's liveness is an etcd
+//   lease; the coordinator is elected through etcd and writes the agreed record (epoch,
+//   members, usable GB/s, generation, restore step) and the newest complete step only in
+//   transactions fenced by its election key; every daemon watches them and writes the record
+//   into its health board. KV values are etcd keys (create-if-absent).
+// - Heartbeats (heartbeat.h): UDP on their own thread and socket, an accrual detector per peer.
+//   A suspicion is published to etcd; the coordinator evicts only when two observers agree.
 // - Shards: the node's training processes send their encoded snapshot shards over the local
 //   Unix socket (client_wire.h); the daemon keeps a home copy and sends each shard to the
 //   rank's replica nodes (the R nearest other live nodes: fewest hops in --topology, else the
@@ -13,12 +17,15 @@
 //   older chains and tells its clients (the STATE frame is also the recovery event).
 // - Restore: a client's FETCH is answered from the local store when it holds the chain, else
 //   from the nearest peer that does; a corrupt or missing chain moves on to the next peer.
-// - KV: small values (an NCCL unique id, a rendezvous address) for every node, through the
-//   coordinator.
+// - Generations: a record that loses a member is a restore point; shards carry the generation
+//   they were taken in, and a step after the restore point of an older generation is dropped
+//   everywhere (it belongs to a timeline that was rolled back).
 //
-// One event loop (asio, Debian's libasio-dev) on one thread; the store's spill writes run on
-// it too. Exit status: 0 on SIGTERM/SIGINT, 2 on bad arguments or files (the message names which
-// and the accepted form), 1 when a port, the socket or the spill directory cannot be opened.
+// Threads: the event loop (asio, Debian's libasio-dev) for peers' data and clients; a worker
+// for stores and chain reads; the heartbeat thread; the control-plane thread and its etcd
+// watch. Decisions are made on the event loop. Exit status: 0 on SIGTERM/SIGINT, 2 on bad arguments
+// or files (the message names which and the accepted form), 1 when a port, the socket or the spill
+// directory cannot be opened.
 #include <fcntl.h>
 #include <grp.h>
 #include <signal.h>
@@ -49,7 +56,11 @@
 #include "r2ccl/file_util.h"
 #include "r2ccl/health_board.h"
 #include "r2ccl/snapshot/client_wire.h"
+#include "r2ccl/snapshot/control_plane.h"
+#include "r2ccl/snapshot/coordinator.h"
 #include "r2ccl/snapshot/cut.h"
+#include "r2ccl/snapshot/etcd.h"
+#include "r2ccl/snapshot/heartbeat.h"
 #include "r2ccl/snapshot/holdings.h"
 #include "r2ccl/snapshot/log.h"
 #include "r2ccl/snapshot/membership.h"
@@ -118,13 +129,6 @@ Frame client_frame(ClientMsg t, const Body& b) {
   return make_frame(kClientMagic, kClientVersion, static_cast<uint16_t>(t), &b, sizeof(b));
 }
 
-// Idempotent frames (a newer one replaces an older one): kept one per type, so a slow peer
-// costs bounded memory for them; they go out before queued bulk frames.
-bool idempotent_peer(uint16_t t) {
-  return t == uint16_t(PeerMsg::kHeartbeat) || t == uint16_t(PeerMsg::kAgreed) ||
-         t == uint16_t(PeerMsg::kComplete);
-}
-
 constexpr size_t kReadChunk = 1 << 20;  // bodies are read 1 MiB at a time (liveness on the way)
 
 // One stream connection, either direction. Outgoing frames: `latest` (idempotent, one per
@@ -167,13 +171,17 @@ struct Options {
   std::map<uint32_t, std::vector<std::string>> topology;
   uint64_t queue_limit = 4ull << 30;
   std::string metrics_addr;  // "" = no metrics endpoint
+  etcd::Options etcd;
+  std::string prefix;  // the job's etcd key prefix, "/r2ccl/JOB/"
+  int64_t lease_ttl_s = 3;
+  bool test_write_after_pause = false;
 };
 
 class Daemon {
  public:
   explicit Daemon(Options o)
       : o_(std::move(o)),
-        mem_(o_.self, ids(o_.peers), o_.period, now_us()),
+        planner_(o_.self, o_.period, o_.lease_ttl_s * kUsPerSec),
         store_(o_.store),
         cut_(o_.replicas),
         acceptor_(io_),
@@ -252,6 +260,21 @@ class Daemon {
         outs_[p.id] = std::make_shared<PeerConn>(tcp::socket(io_));
         outs_[p.id]->open = outs_[p.id]->connected = false;  // connected by the first tick
       }
+    HeartbeatService::Config hc;
+    hc.self = o_.self;
+    hc.peers = o_.peers;
+    hc.token = o_.token;
+    hc.period = o_.period;
+    hc.block_file = block_file_;
+    hb_ = std::make_unique<HeartbeatService>(hc, [this](uint32_t id, bool on) {
+      asio::post(io_, [this, id, on] { on_suspect(id, on); });
+    });
+    if (!hb_->start(&err)) {
+      SNAP_WARN("%s", err.c_str());
+      ::unlink(o_.socket_path.c_str());
+      return 1;
+    }
+    start_control_plane();
     accept();
     accept_local();
     signals_.async_wait([this](const std::error_code&, int sig) {
@@ -260,6 +283,8 @@ class Daemon {
     });
     tick();
     io_.run();
+    cp_->stop(true);  // a clean exit: the lease goes now, not after its TTL
+    hb_->stop();
     work_.join();  // what it still stores lands in the store before it is closed
     std::string e2;
     if (store_.close(&e2) != StoreStatus::kOk) SNAP_WARN("closing the shard store: %s", e2.c_str());
@@ -269,11 +294,6 @@ class Daemon {
   }
 
  private:
-  static std::vector<uint32_t> ids(const std::vector<PeerSpec>& p) {
-    std::vector<uint32_t> v;
-    for (const auto& s : p) v.push_back(s.id);
-    return v;
-  }
   const PeerSpec* find(uint32_t id) const {
     for (const auto& p : o_.peers)
       if (p.id == id) return &p;
@@ -356,9 +376,7 @@ class Daemon {
     // A closed connection (the peer was declared failed, or a write failed) is reopened now
     // rather than at the next period: an answer to a peer that just came back is not dropped.
     if (!it->second->open) connect(it->second, id);
-    PeerHeader h;
-    std::memcpy(&h, f->data(), sizeof(h));
-    return send(it->second, std::move(f), idempotent_peer(h.type));
+    return send(it->second, std::move(f), false);
   }
 
   // ---- reading: header, bounds check, body in 1 MiB pieces, dispatch ----
@@ -463,17 +481,13 @@ class Daemon {
               return peer_payload_ok(t, len, o_.store.max_shard_bytes);
             },
             [this](const std::shared_ptr<PeerConn>& c) { return handle_peer(c); },
-            [this](const std::shared_ptr<PeerConn>& c) {
-              if (c->id >= 0 && !blocked(c->id)) mem_.on_heard(uint32_t(c->id), now_us());
-            },
-            "peer");
+            [](const std::shared_ptr<PeerConn>&) {}, "peer");
       }
       accept();
     });
   }
 
   bool handle_peer(const std::shared_ptr<PeerConn>& in) {
-    const TimeUs now = now_us();
     const auto type = static_cast<PeerMsg>(in->h.type);
     if (type == PeerMsg::kHello) {
       if (in->id >= 0) {
@@ -493,54 +507,13 @@ class Daemon {
         return false;
       }
       in->id = b.node_id;
-      if (!blocked(in->id)) heard(b.node_id, now);
       return true;
     }
     const uint32_t peer = static_cast<uint32_t>(in->id);
-    if (blocked(peer)) return true;  // test hook: a partition drops what crosses it
-    heard(peer, now);
+    if (blocked(peer) || blocked_in_.count(peer)) return true;  // test hook: a partition
     const uint8_t* p = in->body.data();
     switch (type) {
       case PeerMsg::kHello: break;
-      case PeerMsg::kHeartbeat: {
-        HeartbeatBody b;
-        std::memcpy(&b, p, sizeof(b));
-        if (b.node_id != peer) {
-          refuse(in, "heartbeat for node " + std::to_string(b.node_id) + " on node " +
-                         std::to_string(peer) + "'s connection");
-          return false;
-        }
-        if (b.node_id < gbps_.size() && std::isfinite(b.usable_gbps) && b.usable_gbps >= 0)
-          gbps_[b.node_id] = b.usable_gbps;
-        agreed_epoch_ = std::max(agreed_epoch_, b.epoch);
-        last_hb_[peer] = {b.sent_us, now};
-        m_.counter(M::kHeartbeatsReceived).inc();
-        if (b.echo_us > 0 && b.echo_held_us >= 0) {
-          const int64_t rtt = now - b.echo_us - b.echo_held_us;
-          if (rtt >= 0 && rtt < 60 * kUsPerSec) {
-            auto it = rtt_us_.find(peer);
-            rtt_us_[peer] = it == rtt_us_.end() ? rtt : (it->second * 7 + rtt) / 8;
-          }
-        }
-        return true;
-      }
-      case PeerMsg::kAgreed: {
-        board::AgreedRecord r;
-        std::memcpy(&r, p, sizeof(r));
-        // Only the coordinator in this node's view is followed; an older epoch is ignored. A
-        // record of the epoch already written is taken when it differs: two nodes that briefly
-        // both coordinated (one had not heard the other yet) may have used the same epoch, and
-        // the lowest live id's record must win everywhere.
-        if (peer != mem_.coordinator() || r.epoch < written_epoch_ ||
-            (r.epoch == written_epoch_ && same_membership(r, written_)))
-          return true;
-        if (!board::agreed_record_consistent(r)) {
-          refuse(in, "inconsistent agreed record");
-          return false;
-        }
-        write_board(r, "from coordinator " + std::to_string(peer));
-        return true;
-      }
       case PeerMsg::kShard: {
         ShardMeta m;
         std::memcpy(&m, p, sizeof(m));
@@ -551,6 +524,7 @@ class Daemon {
         }
         m_.counter(M::kShardsReceived).inc();
         m_.counter(M::kShardBytesReceived).inc(double(m.payload_bytes));
+        if (!shard_wanted(m)) return true;  // a rolled-back timeline: dropped
         ingest(in, m, "replica", false);
         return false;  // reading resumes when the worker stored it
       }
@@ -561,10 +535,17 @@ class Daemon {
         on_held(b);
         return true;
       }
+      case PeerMsg::kRetract: {
+        HeldBody b;
+        std::memcpy(&b, p, sizeof(b));
+        if (b.node_id != peer) return true;
+        on_retract(b);
+        return true;
+      }
       case PeerMsg::kMarker: {
         MarkerBody b;
         std::memcpy(&b, p, sizeof(b));
-        if (peer != mem_.coordinator()) return true;
+        if (int64_t(peer) != coordinator()) return true;
         answer_marker(peer, b);
         return true;
       }
@@ -572,13 +553,7 @@ class Daemon {
         MarkerDoneBody b;
         std::memcpy(&b, p, sizeof(b));
         if (round_ && b.round == round_->id) round_->waiting.erase(peer);
-        return true;
-      }
-      case PeerMsg::kComplete: {
-        CompleteBody b;
-        std::memcpy(&b, p, sizeof(b));
-        if (peer != mem_.coordinator() || b.epoch < written_epoch_) return true;
-        apply_complete(b.has_step ? std::optional<uint64_t>(b.step) : std::nullopt);
+        if (b.round == 0) answered_all_.insert(peer);  // the marker for everything held
         return true;
       }
       case PeerMsg::kFetch: {
@@ -589,38 +564,9 @@ class Daemon {
         return true;
       }
       case PeerMsg::kFetched: on_fetched(peer, in->body); return true;
-      case PeerMsg::kKv: {
-        auto kv = std::make_shared<KvBody>();
-        std::memcpy(kv.get(), p, sizeof(KvBody));
-        if (!kv_valid(*kv)) {
-          refuse(in, "malformed KV (key 1..63 bytes NUL-terminated, value <= 4096 bytes)");
-          return false;
-        }
-        kv_store(*kv);
-        // The coordinator sends what others publish on to every live node.
-        if (mem_.acts_as_coordinator() && peer != o_.self)
-          for (uint32_t id : mem_.live())
-            if (id != o_.self && id != kv->origin_node)
-              send_peer(id, peer_frame(PeerMsg::kKv, *kv));
-        return true;
-      }
     }
     return false;
   }
-  static bool same_membership(const board::AgreedRecord& a, const board::AgreedRecord& b) {
-    return a.n_nodes == b.n_nodes && std::memcmp(a.members, b.members, sizeof(a.members)) == 0;
-  }
-  void heard(uint32_t id, TimeUs now) {
-    const bool was = mem_.alive(id);
-    mem_.on_heard(id, now);
-    if (!was) {
-      const bool back = ever_failed_.count(id) != 0;
-      if (back) m_.counter(M::kNodesRejoined).inc();
-      SNAP_INFO("node %u is %s (membership epoch %llu)", id, back ? "back" : "up",
-                static_cast<unsigned long long>(mem_.epoch()));
-    }
-  }
-
   void connect(const std::shared_ptr<PeerConn>& o, uint32_t id) {
     if (o->open) return;  // connected, or connecting
     const PeerSpec* spec = find(id);
@@ -692,20 +638,20 @@ class Daemon {
     index_dirty_ = true;
     ++shards_held_;
     if (holdings_.add(m) && m.home_node != o_.self) {
-      HeldBody h{o_.self, m.rank, m.world, m.home_node, m.step};
+      HeldBody h{o_.self, m.rank, m.world, m.home_node, m.step, m.generation};
       report_held(h);
     }
   }
   void report_held(const HeldBody& h) {
-    if (mem_.coordinator() == o_.self)
+    if (coordinator() == int64_t(o_.self))
       on_held(h);
-    else
-      send_peer(mem_.coordinator(), peer_frame(PeerMsg::kHeld, h));
+    else if (coordinator() >= 0)
+      send_peer(uint32_t(coordinator()), peer_frame(PeerMsg::kHeld, h));
   }
   void forward_shard(const ShardMeta& m, const Frame& f) {
     if (dying_) return;
     const std::vector<uint32_t> reps =
-        choose_replicas(o_.self, mem_.live(), o_.topology, rtt_us_, o_.replicas);
+        choose_replicas(o_.self, live(), o_.topology, rtt_us_, o_.replicas);
     auto& known = replicas_of_[(uint64_t(m.rank) << 32) | m.buffer];
     for (uint32_t r : reps) {
       // A new replica for this (rank, buffer), or one whose connection was lost: first the
@@ -821,7 +767,7 @@ class Daemon {
       if (h.home_node == o_.self) newest[h.rank] = h;
     if (newest.empty()) return;
     const std::vector<uint32_t> reps =
-        choose_replicas(o_.self, mem_.live(), o_.topology, rtt_us_, o_.replicas);
+        choose_replicas(o_.self, live(), o_.topology, rtt_us_, o_.replicas);
     for (const auto& [rank, h] : newest) {
       ShardMeta d;
       if (!holdings_.describe(ShardKey{rank, h.step, 0}, &d)) continue;
@@ -847,7 +793,8 @@ class Daemon {
     TimeUs started = 0;
   };
   void on_held(const HeldBody& h) {
-    if (!mem_.acts_as_coordinator()) return;
+    if (!acting_) return;
+    if (record_ && !shard_current(*record_, h.generation, h.step)) return;  // rolled back
     world_ = h.world;
     if (h.world != cut_.ranks()) cut_.set_ranks(h.world);  // applies to steps not seen yet
     cut_.set_home(h.rank, h.home_node);
@@ -858,7 +805,7 @@ class Daemon {
     for (const HeldStep& s :
          holdings_.full_steps(b.all ? std::nullopt : std::optional<uint64_t>(b.step))) {
       if (s.home_node == o_.self) continue;
-      HeldBody h{o_.self, s.rank, s.world, s.home_node, s.step};
+      HeldBody h{o_.self, s.rank, s.world, s.home_node, s.step, s.generation};
       if (coordinator == o_.self)
         on_held(h);
       else
@@ -868,16 +815,19 @@ class Daemon {
       send_peer(coordinator, peer_frame(PeerMsg::kMarkerDone, MarkerDoneBody{o_.self, b.round}));
   }
   void coordinate_cuts(TimeUs now) {
-    const std::vector<uint32_t> live = mem_.live();
-    if (!cut_owned_ || cut_epoch_ != current_.epoch) {
+    const std::vector<uint32_t> live = cut_members_;
+    const uint64_t epoch = record_ ? record_->epoch : 0;
+    if (!cut_owned_ || cut_epoch_ != epoch) {
       if (!cut_owned_) {
         cut_ = CutTracker(o_.replicas);
         if (world_) cut_.set_ranks(world_);
         round_.reset();
+        answered_all_.clear();
+        answered_all_.insert(o_.self);
         SNAP_INFO("consistent cuts: rebuilding the view from every live node's holdings");
       }
       cut_owned_ = true;
-      cut_epoch_ = current_.epoch;
+      cut_epoch_ = epoch;
     }
     // Follow the membership: lost nodes' reports stop counting; new ones report everything.
     for (uint32_t n : cut_.live_nodes())
@@ -887,7 +837,7 @@ class Daemon {
       }
     for (uint32_t n : live)
       if (cut_.add_node(n)) {
-        MarkerBody all{current_.epoch, 0, 1, 0};
+        MarkerBody all{epoch, 0, 1, 0};
         if (n == o_.self)
           answer_marker(o_.self, all);
         else
@@ -910,7 +860,7 @@ class Daemon {
     if (!round_ && seen_step_ > 0 && cut_.ranks() > 0 && (!last || seen_step_ > *last) &&
         cut_.begin_round(seen_step_)) {
       round_ = Round{++round_ids_, seen_step_, {}, now};
-      MarkerBody mk{current_.epoch, seen_step_, 0, round_->id};
+      MarkerBody mk{epoch, seen_step_, 0, round_->id};
       for (uint32_t n : live) {
         if (n == o_.self) {
           answer_marker(o_.self, mk);
@@ -920,10 +870,40 @@ class Daemon {
         }
       }
     }
+    // The newest complete step goes to etcd (fenced), and from there to every node; it only
+    // moves forward (a step that lost its replicas is handled by the next record's restore
+    // step, which every rank then restores).
     const std::optional<uint64_t> nc = cut_.newest_complete();
-    CompleteBody cb{current_.epoch, nc.value_or(0), nc ? 1u : 0u, 0};
-    for (uint32_t n : live) send_peer(n, peer_frame(PeerMsg::kComplete, cb));
-    apply_complete(nc);
+    if (nc && (!cut_written_ || *nc > *cut_written_) && cut_ready()) {
+      cut_written_ = nc;
+      cp_->write_cut(*nc, record_ ? record_->generation : 0, epoch);
+    }
+  }
+  // Every member the tracker follows answered the marker for everything it holds.
+  bool cut_ready() const {
+    for (uint32_t n : cut_members_)
+      if (!answered_all_.count(n)) return false;
+    return cut_owned_;
+  }
+  // A replica no longer holds (rank, step) in full.
+  void on_retract(const HeldBody& h) {
+    if (!acting_) return;
+    cut_.on_retracted(h.node_id, h.rank, h.step);
+  }
+  // This node no longer holds these steps in full (pruned, or a shard failed its checksum).
+  void retract(const std::vector<HeldStep>& gone) {
+    for (const HeldStep& g : gone) {
+      if (g.home_node == o_.self) continue;
+      HeldBody h{o_.self, g.rank, g.world, g.home_node, g.step, g.generation};
+      if (coordinator() == int64_t(o_.self))
+        on_retract(h);
+      else if (coordinator() >= 0)
+        send_peer(uint32_t(coordinator()), peer_frame(PeerMsg::kRetract, h));
+    }
+  }
+  // Whether a shard belongs to the current timeline (not a step of a rolled-back generation).
+  bool shard_wanted(const ShardMeta& m) const {
+    return !record_ || shard_current(*record_, m.generation, m.step);
   }
   void apply_complete(std::optional<uint64_t> step) {
     if (step == complete_) return;
@@ -942,14 +922,30 @@ class Daemon {
     }
     // Keep the chains of the previous complete step too: a lost replica can make the newest
     // one incomplete again, and the fallback must still be restorable.
+    // The chains of the record's restore step are pinned until a newer record.
     if (before && step && *step > *before) {
-      const PruneResult pr = store_.prune(*before);
-      if (pr.shards) {
-        holdings_.retain(store_.list());
-        index_dirty_ = true;
-      }
+      uint64_t keep = *before;
+      if (record_ && record_->restore_step) keep = std::min(keep, *record_->restore_step);
+      prune_before(keep);
     }
     push_state();
+  }
+  void prune_before(uint64_t keep) {
+    const std::vector<HeldStep> had = holdings_.full_steps();
+    const PruneResult pr = store_.prune(keep);
+    if (!pr.shards) return;
+    holdings_.retain(store_.list());
+    index_dirty_ = true;
+    retract(lost_steps(had));
+  }
+  // The steps of `had` no longer held in full.
+  std::vector<HeldStep> lost_steps(const std::vector<HeldStep>& had) {
+    std::set<std::pair<uint32_t, uint64_t>> now;
+    for (const HeldStep& h : holdings_.full_steps()) now.insert({h.rank, h.step});
+    std::vector<HeldStep> gone;
+    for (const HeldStep& h : had)
+      if (!now.count({h.rank, h.step})) gone.push_back(h);
+    return gone;
   }
 
   // ---- restore ----
@@ -996,8 +992,11 @@ class Daemon {
                  if (st != StoreStatus::kOk) {
                    SNAP_WARN("cannot serve %s: %s (%s)", to_string(bad).c_str(),
                              store_status_name(st), err.c_str());
-                   if (st == StoreStatus::kCorrupt || st == StoreStatus::kNotFound)
+                   if (st == StoreStatus::kCorrupt || st == StoreStatus::kNotFound) {
+                     const std::vector<HeldStep> had = holdings_.full_steps();
                      holdings_.remove(bad);
+                     retract(lost_steps(had));
+                   }
                    out(refusal(st == StoreStatus::kCorrupt ? FetchStatus::kCorrupt
                                                            : FetchStatus::kNotHeld));
                    if (done) done(false);
@@ -1034,10 +1033,10 @@ class Daemon {
     pf.want = b;
     // Candidates: the live nodes, and the agreed record's members this daemon has not heard
     // from yet (a replacement node asks before every first heartbeat arrived).
-    const std::vector<uint32_t> live = mem_.live();
-    std::set<uint32_t> cand(live.begin(), live.end());
-    for (uint32_t id = 0; id < written_.n_nodes && id < uint32_t(board::kMaxNodes); ++id)
-      if ((written_.members[id / 64] >> (id % 64)) & 1u) cand.insert(id);
+    const std::vector<uint32_t> lv = live();
+    std::set<uint32_t> cand(lv.begin(), lv.end());
+    if (record_)
+      for (const auto& m : record_->members) cand.insert(m.id);
     const std::vector<uint32_t> all(cand.begin(), cand.end());
     pf.candidates = choose_replicas(o_.self, all, o_.topology, rtt_us_, all.size());
     fetches_[pf.id] = std::move(pf);
@@ -1110,14 +1109,10 @@ class Daemon {
     fetches_.erase(it);
   }
 
-  // ---- KV ----
+  // ---- KV (etcd keys under the job prefix; the watch fills kv_) ----
   static bool kv_valid(const KvBody& kv) {
     const size_t n = strnlen(kv.key, kKvKeyBytes);
     return n > 0 && n < kKvKeyBytes && kv.value_bytes <= kKvMaxValue;
-  }
-  void kv_store(const KvBody& kv) {
-    kv_[std::string(kv.key, strnlen(kv.key, kKvKeyBytes))] = {
-        kv.origin_node, std::vector<uint8_t>(kv.value, kv.value + kv.value_bytes)};
   }
 
   // ---- local clients ----
@@ -1250,13 +1245,8 @@ class Daemon {
           refuse(c, "malformed KV (key 1..63 bytes NUL-terminated, value <= 4096 bytes)");
           return false;
         }
-        kv->origin_node = o_.self;
-        kv_store(*kv);
-        if (mem_.acts_as_coordinator()) {
-          for (uint32_t id : mem_.live()) send_peer(id, peer_frame(PeerMsg::kKv, *kv));
-        } else {
-          send_peer(mem_.coordinator(), peer_frame(PeerMsg::kKv, *kv));
-        }
+        cp_->kv_put(std::string(kv->key, strnlen(kv->key, kKvKeyBytes)),
+                    std::string(reinterpret_cast<const char*>(kv->value), kv->value_bytes));
         return true;
       }
       case ClientMsg::kKvGet: {
@@ -1270,9 +1260,9 @@ class Daemon {
         if (it == kv_.end() || n == 0 || n >= kKvKeyBytes) {
           out->origin_node = kKvAbsent;
         } else {
-          out->origin_node = it->second.first;
-          out->value_bytes = static_cast<uint32_t>(it->second.second.size());
-          std::memcpy(out->value, it->second.second.data(), it->second.second.size());
+          out->origin_node = o_.self;
+          out->value_bytes = static_cast<uint32_t>(std::min(it->second.size(), kKvMaxValue));
+          std::memcpy(out->value, it->second.data(), out->value_bytes);
         }
         send(c, client_frame(ClientMsg::kKvValue, *out), false);
         return true;
@@ -1287,6 +1277,11 @@ class Daemon {
     s.has_complete = complete_ ? 1 : 0;
     s.complete_step = complete_.value_or(0);
     s.agreed = written_;
+    if (record_) {
+      s.generation = record_->generation;
+      s.has_restore = record_->restore_step ? 1 : 0;
+      s.restore_step = record_->restore_step.value_or(0);
+    }
     return s;
   }
   void push_state() {
@@ -1316,8 +1311,8 @@ class Daemon {
     }
   }
   std::string metrics_page() {
-    m_.gauge(M::kLiveNodes).set(double(mem_.live().size()));
-    m_.gauge(M::kMembershipEpoch).set(double(written_epoch_));
+    m_.gauge(M::kLiveNodes).set(double(live().size()));
+    m_.gauge(M::kMembershipEpoch).set(double(written_.epoch));
     m_.gauge(M::kCoordinator).set(acting_ ? 1 : 0);
     std::string page = m_.render();
     M::append_board_metrics(o_.board, &page);
@@ -1371,53 +1366,29 @@ class Daemon {
   void tick() {
     const TimeUs now = now_us();
     read_block_file();
-    for (uint32_t id : mem_.tick(now)) {
-      m_.counter(M::kNodesFailed).inc();
-      ever_failed_.insert(id);
-      SNAP_WARN(
-          "node %u missed 3 heartbeats: declared failed (live: %zu of %zu, membership epoch %llu)",
-          id, mem_.live().size(), mem_.configured(), static_cast<unsigned long long>(mem_.epoch()));
-      auto it = outs_.find(id);
-      if (it != outs_.end()) close_conn(it->second);
-    }
-    gbps_.resize(board::kMaxNodes, 0.0f);
-    gbps_[o_.self] = local_usable_gbps();
+    const float gbps = local_usable_gbps();
+    hb_->set_gbps(gbps);
+    cp_->set_gbps(gbps);
+    for (const auto& [id, p] : hb_->snapshot())
+      if (p.rtt_us >= 0) rtt_us_[id] = p.rtt_us;
+    m_.counter(M::kHeartbeatsSent).inc(double(hb_->sent() - hb_sent_));
+    m_.counter(M::kHeartbeatsReceived).inc(double(hb_->received() - hb_received_));
+    hb_sent_ = hb_->sent();
+    hb_received_ = hb_->received();
     for (auto& [id, o] : outs_) {
-      if (blocked(id)) continue;
+      if (blocked(id) || suspected_.count(id)) continue;
       if (!o->open) {
         // What was queued to it is gone: its chains are resent once it is connected again.
         for (auto& [rb, reps] : replicas_of_) reps.erase(id);
         connect(o, id);
       }
-      HeartbeatBody hb{o_.self, gbps_[o_.self], agreed_epoch_, now, 0, 0};
-      auto lh = last_hb_.find(id);
-      if (lh != last_hb_.end()) {
-        hb.echo_us = lh->second.first;
-        hb.echo_held_us = now - lh->second.second;
-      }
-      send(o, peer_frame(PeerMsg::kHeartbeat, hb), true);
-      m_.counter(M::kHeartbeatsSent).inc();
-      // A live peer whose last heartbeat is more than 1.5 periods old missed one.
-      if (mem_.alive(id) && lh != last_hb_.end() && now - lh->second.second > o_.period * 3 / 2)
-        m_.counter(M::kHeartbeatsMissed).inc();
     }
-    const bool acts = mem_.acts_as_coordinator();
-    if (acts != acting_) {
-      acting_ = acts;
-      SNAP_INFO(acts ? "coordinator: lowest live id with a majority (%zu of %zu live)"
-                     : "not acting as coordinator (%zu of %zu live)",
-                mem_.live().size(), mem_.configured());
-      if (!acts) cut_owned_ = false;
-    }
-    if (acts) {
-      coordinate();
-      coordinate_cuts(now);
-    }
-    // Fetches whose peer did not answer within 10 periods (3 when it is not live) move on.
+    if (acting_) coordinate_cuts(now);
+    // Fetches whose peer did not answer within 10 periods (3 when it is suspected) move on.
     std::vector<uint64_t> late;
     for (auto& [id, pf] : fetches_)
       if (now - pf.asked_at > 10 * o_.period ||
-          (!mem_.alive(pf.asked) && now - pf.asked_at > 3 * o_.period))
+          (suspected_.count(pf.asked) && now - pf.asked_at > 3 * o_.period))
         late.push_back(id);
     for (uint64_t id : late) {
       auto it = fetches_.find(id);
@@ -1434,43 +1405,188 @@ class Daemon {
       if (!ec) tick();
     });
   }
+
+  // ---- membership: the local view, the control plane's events ----
+  // The nodes this daemon replicates to and fetches from: the agreed record's members it does
+  // not suspect (before the first record: every peer it has heard), and itself.
+  std::vector<uint32_t> live() const {
+    std::set<uint32_t> out{o_.self};
+    if (record_) {
+      for (const auto& m : record_->members)
+        if (!suspected_.count(m.id)) out.insert(m.id);
+    } else if (hb_) {
+      for (const auto& [id, p] : hb_->snapshot())
+        if (p.ever_heard && !p.suspected) out.insert(id);
+    }
+    return {out.begin(), out.end()};
+  }
+  int64_t coordinator() const { return cp_ ? cp_->coordinator_id() : -1; }
+  void on_suspect(uint32_t id, bool on) {
+    if (on) {
+      suspected_.insert(id);
+      m_.counter(M::kNodesFailed).inc();
+      ever_failed_.insert(id);
+      SNAP_WARN(
+          "node %u: no heartbeat for %.0f ms: suspected (published to etcd; the "
+          "coordinator evicts only when a second node agrees)",
+          id,
+          hb_->snapshot()[id].last_heard ? (now_us() - hb_->snapshot()[id].last_heard) / 1e3 : 0.0);
+      auto it = outs_.find(id);
+      if (it != outs_.end()) close_conn(it->second);
+    } else {
+      suspected_.erase(id);
+      m_.counter(M::kNodesRejoined).inc();
+      SNAP_INFO("node %u: heard again", id);
+    }
+    cp_->suspect(id, on);
+  }
+  void start_control_plane() {
+    ControlPlane::Config c;
+    c.etcd = o_.etcd;
+    c.prefix = o_.prefix;
+    c.self = o_.self;
+    c.period = o_.period;
+    c.lease_ttl_s = o_.lease_ttl_s;
+    c.token = o_.token;
+    c.test_write_after_pause = o_.test_write_after_pause;
+    ControlPlane::Events e;
+    e.record = [this](const Record& r) { asio::post(io_, [this, r] { apply_record(r); }); };
+    e.cut = [this](uint64_t step, uint64_t gen) {
+      asio::post(io_, [this, step, gen] {
+        if (record_ && gen < record_->generation) return;  // of a rolled-back timeline
+        apply_complete(step);
+      });
+    };
+    e.kv = [this](const std::string& k, const std::string& v) {
+      asio::post(io_, [this, k, v] { kv_[k] = v; });
+    };
+    e.leader = [this](bool on) {
+      asio::post(io_, [this, on] {
+        acting_ = on;
+        m_.gauge(M::kCoordinator).set(on ? 1 : 0);
+        if (on) {
+          planner_.took_over(now_us());
+        } else {
+          cut_owned_ = false;
+        }
+      });
+    };
+    e.etcd = [this](bool up) {
+      asio::post(io_, [this, up] {
+        if (up) planner_.etcd_back(now_us());  // leases may have run out meanwhile
+      });
+    };
+    e.view = [this](const ControlPlane::View& v) { asio::post(io_, [this, v] { on_view(v); }); };
+    e.registered = [this](uint64_t inc) { hb_->set_incarnation(inc); };
+    cp_ = std::make_unique<ControlPlane>(c, e);
+    cp_->start();
+  }
+  // The coordinator's turn: evictions and the next record (coordinator.h decides).
+  void on_view(const ControlPlane::View& v) {
+    if (!acting_) return;
+    Planner::Input in;
+    in.registered = v.registered;
+    in.suspects = v.suspects;
+    in.current = v.record;
+    in.now = now_us();
+    // The cut view follows the members the planner keeps; it must be ready before a record
+    // that loses a member says which step everyone restores.
+    std::vector<MemberInfo> after;
+    (void)planner_.plan(in, &after);
+    std::vector<uint32_t> ids;
+    for (const auto& m : after) ids.push_back(m.id);
+    cut_members_ = ids;
+    if (cut_owned_) {
+      for (uint32_t n : cut_.live_nodes())
+        if (std::find(ids.begin(), ids.end(), n) == ids.end()) {
+          cut_.on_node_lost(n);
+          answered_all_.erase(n);
+          if (round_) round_->waiting.erase(n);
+        }
+      in.newest_complete = cut_.newest_complete();
+    }
+    in.cut_ready = cut_ready();
+    const Planner::Plan p = planner_.plan(in);
+    for (uint32_t t : p.evict)
+      for (const auto& m : v.registered)
+        if (m.id == t) cp_->evict(m);
+    if (p.waiting_for_cut && !waiting_logged_) {
+      waiting_logged_ = true;
+      SNAP_INFO("a member is gone: waiting for every member's holdings before the restore record");
+    }
+    if (!p.next || (pending_epoch_ && *pending_epoch_ >= p.next->epoch)) return;
+    waiting_logged_ = false;
+    pending_epoch_ = p.next->epoch;
+    const std::string why = p.why;
+    const uint64_t epoch = p.next->epoch;
+    cp_->write_record(*p.next, v.record_revision, [this, why, epoch](bool ok, const std::string&) {
+      asio::post(io_, [this, ok, why, epoch] {
+        if (ok)
+          SNAP_INFO("coordinator: wrote record epoch %llu (%s)", (unsigned long long)epoch,
+                    why.c_str());
+        if (!ok && pending_epoch_ && *pending_epoch_ == epoch) pending_epoch_.reset();
+      });
+    });
+  }
+  // A record from etcd (every node, the coordinator included).
+  void apply_record(const Record& r) {
+    if (record_ && r.epoch <= record_->epoch) return;
+    const uint64_t old_gen = record_ ? record_->generation : 0;
+    record_ = r;
+    if (pending_epoch_ && *pending_epoch_ <= r.epoch) pending_epoch_.reset();
+    if (r.generation > old_gen) {
+      // A restore point: the steps after it of older generations were rolled back.
+      const std::vector<HeldStep> had = holdings_.full_steps();
+      size_t dropped = 0;
+      for (const ShardMeta& m : holdings_.all())
+        if (!shard_current(r, m.generation, m.step)) {
+          std::string err;
+          store_.erase(ShardKey{m.rank, m.step, m.buffer});
+          holdings_.remove(ShardKey{m.rank, m.step, m.buffer});
+          ++dropped;
+        }
+      if (dropped) {
+        index_dirty_ = true;
+        SNAP_INFO("generation %llu (restore step %s): dropped %zu shards of rolled-back steps",
+                  (unsigned long long)r.generation,
+                  r.restore_step ? std::to_string(*r.restore_step).c_str() : "none", dropped);
+        retract(lost_steps(had));
+      }
+      if (complete_ && (!r.restore_step || *complete_ > *r.restore_step)) {
+        complete_ = r.restore_step;
+        cut_written_ = r.restore_step;
+      }
+      seen_step_ = r.restore_step.value_or(0);
+    }
+    write_board(to_board(r, uint32_t(o_.peers.size())), "from etcd");
+  }
+  // Test hook (R2CCL_SNAPD_TEST_BLOCK_FILE): node ids whose traffic is dropped both ways;
+  // "in:ID" drops only what comes from ID (one-way reachability). Heartbeats read the same file.
   void read_block_file() {
     if (block_file_.empty()) return;
-    std::set<uint32_t> b;
+    std::set<uint32_t> both, in;
     std::ifstream f(block_file_);
-    unsigned v;
-    while (f >> v) b.insert(v);
-    if (b != blocked_) {
-      std::string s;
-      for (uint32_t x : b) s += (s.empty() ? "" : ",") + std::to_string(x);
-      SNAP_INFO("test hook: dropping all traffic with nodes {%s}", s.c_str());
-      blocked_ = b;
-      for (uint32_t x : b) {
+    std::string w;
+    while (f >> w) {
+      const bool only_in = w.rfind("in:", 0) == 0;
+      const std::string n = only_in ? w.substr(3) : w;
+      if (n.empty() || n.size() > 6 || n.find_first_not_of("0123456789") != std::string::npos)
+        continue;
+      (only_in ? in : both).insert(uint32_t(std::stoul(n)));
+    }
+    if (both != blocked_ || in != blocked_in_) {
+      std::string a, b;
+      for (uint32_t x : both) a += (a.empty() ? "" : ",") + std::to_string(x);
+      for (uint32_t x : in) b += (b.empty() ? "" : ",") + std::to_string(x);
+      SNAP_INFO("test hook: dropping all traffic with nodes {%s}, incoming from {%s}", a.c_str(),
+                b.c_str());
+      blocked_ = both;
+      blocked_in_ = in;
+      for (uint32_t x : both) {
         auto it = outs_.find(x);
         if (it != outs_.end()) close_conn(it->second);
       }
     }
-  }
-  void coordinate() {
-    board::AgreedRecord r = mem_.agreed_record(gbps_);
-    const std::vector<uint32_t> live = mem_.live();
-    // A new epoch when the membership changed, and also when another node has seen a higher
-    // epoch than this coordinator's record (a restarted coordinator starts from nothing): the
-    // record must supersede every earlier one, or the others would ignore it.
-    // (current_, not what reached the board: an unwritable board must not bump the epoch
-    // every period.)
-    if (live != agreed_members_ || current_.epoch == 0 || agreed_epoch_ > current_.epoch) {
-      agreed_members_ = live;
-      agreed_epoch_ = std::max(agreed_epoch_, written_epoch_) + 1;
-      current_ = r;
-      current_.epoch = agreed_epoch_;
-      write_board(current_, "as coordinator");
-    } else {
-      // Bandwidth changes ride along without a new epoch (the tuner reads it at init).
-      std::memcpy(current_.node_usable_gbps, r.node_usable_gbps, sizeof(r.node_usable_gbps));
-    }
-    for (uint32_t id : live)
-      if (id != o_.self) send_peer(id, peer_frame(PeerMsg::kAgreed, current_));
   }
   void write_board(const board::AgreedRecord& r, const std::string& how) {
     std::string err;
@@ -1482,9 +1598,7 @@ class Daemon {
       return;
     }
     board_error_.clear();
-    written_epoch_ = r.epoch;
     written_ = r;
-    agreed_epoch_ = std::max(agreed_epoch_, r.epoch);
     std::string members;
     for (uint32_t id = 0; id < r.n_nodes && id < static_cast<uint32_t>(board::kMaxNodes); ++id)
       if (r.members[id / 64] & (1ULL << (id % 64)))
@@ -1510,7 +1624,7 @@ class Daemon {
 
   Options o_;
   M::Registry m_;
-  Membership mem_;
+  Planner planner_;
   ShardStore store_;
   Holdings holdings_;
   CutTracker cut_;
@@ -1523,21 +1637,25 @@ class Daemon {
   std::set<std::shared_ptr<ClientConn>> clients_;
   std::set<std::string> refused_;
   std::set<std::string> accept_errors_;
-  std::set<uint32_t> ever_failed_;  // nodes declared failed at least once ("back" vs "up")
-  std::string board_error_;         // the last health-board error logged
-  uint32_t client_world_ = 0;       // the world size the latest client said
-  std::vector<float> gbps_ = std::vector<float>(board::kMaxNodes, 0.0f);
-  std::map<uint32_t, std::pair<int64_t, TimeUs>> last_hb_;  // peer -> (its sent_us, received at)
-  std::map<uint32_t, int64_t> rtt_us_;
+  std::set<uint32_t> ever_failed_;      // nodes declared failed at least once ("back" vs "up")
+  std::string board_error_;             // the last health-board error logged
+  uint32_t client_world_ = 0;           // the world size the latest client said
+  std::map<uint32_t, int64_t> rtt_us_;  // from the heartbeats
   std::map<uint64_t, std::set<uint32_t>> replicas_of_;  // (rank, buffer) -> replicas with its chain
-  std::map<std::string, std::pair<uint32_t, std::vector<uint8_t>>> kv_;
+  std::map<std::string, std::string> kv_;               // etcd's KV, from the watch
   std::map<uint64_t, PendingFetch> fetches_;
   uint64_t fetch_ids_ = 0;
   bool acting_ = false;
-  uint64_t agreed_epoch_ = 0;   // the highest agreed epoch seen anywhere
-  uint64_t written_epoch_ = 0;  // the epoch last written to this node's board
-  std::vector<uint32_t> agreed_members_;
-  board::AgreedRecord current_{};
+  std::unique_ptr<HeartbeatService> hb_;
+  std::unique_ptr<ControlPlane> cp_;
+  std::optional<Record> record_;           // the latest agreed record from etcd
+  std::set<uint32_t> suspected_;           // peers this node's heartbeats do not hear
+  std::vector<uint32_t> cut_members_;      // coordinator: the members the cut view follows
+  std::set<uint32_t> answered_all_;        // coordinator: members that answered the "all" marker
+  std::optional<uint64_t> cut_written_;    // coordinator: the newest complete step written
+  std::optional<uint64_t> pending_epoch_;  // coordinator: a record being written
+  bool waiting_logged_ = false;
+  uint64_t hb_sent_ = 0, hb_received_ = 0;
   board::AgreedRecord written_{};  // the record last written to this node's board
   // consistent cuts
   bool cut_owned_ = false;
@@ -1554,7 +1672,7 @@ class Daemon {
   uint64_t exit_step_ = 0, exit_after_ = 0, exit_count_ = 0;
   bool dying_ = false;
   std::string block_file_;
-  std::set<uint32_t> blocked_;
+  std::set<uint32_t> blocked_, blocked_in_;
   // metrics
   struct Take {
     uint64_t step = 0;
@@ -1627,6 +1745,29 @@ int main(int argc, char** argv) {
                  "serve Prometheus metrics on ADDR:PORT "
                  "(numeric address, e.g. 127.0.0.1:9464; port 0: any free port)")
       ->type_name("ADDR:PORT");
+  std::string etcd_urls, job = "default", etcd_password_file;
+  int lease_ttl = 3;
+  app.add_option("--etcd", etcd_urls,
+                 "etcd client URLs of the control plane: http(s)://HOST:PORT[,...] (required)")
+      ->required()
+      ->type_name("URL[,URL...]");
+  app.add_option("--job", job,
+                 "the job's name: its etcd keys live under /r2ccl/JOB/ (default 'default'; "
+                 "letters, digits, '-', '_', '.')")
+      ->type_name("NAME");
+  app.add_option("--lease-ttl", lease_ttl,
+                 "seconds of etcd silence after which this daemon counts as gone (default 3)")
+      ->check(CLI::Range(1, 3600));
+  app.add_option("--etcd-ca", o.etcd.ca_file, "CA certificate for https etcd URLs")
+      ->type_name("FILE");
+  app.add_option("--etcd-cert", o.etcd.cert_file, "client certificate for etcd (TLS)")
+      ->type_name("FILE");
+  app.add_option("--etcd-key", o.etcd.key_file, "client certificate's key for etcd (TLS)")
+      ->type_name("FILE");
+  app.add_option("--etcd-user", o.etcd.user, "etcd user (etcd authentication)")->type_name("NAME");
+  app.add_option("--etcd-password-file", etcd_password_file,
+                 "file holding the etcd user's password (first line)")
+      ->type_name("FILE");
   app.add_option("--topology", topo_file,
                  "node places in the network: lines 'ID SWITCH/PATH' "
                  "(default: nearest by measured round trip)")
@@ -1713,6 +1854,38 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
+  if (!etcd::parse_endpoints(etcd_urls, &o.etcd, &err)) {
+    fprintf(stderr, "r2ccl_snapshotd: --etcd: %s\n", err.c_str());
+    return 2;
+  }
+  if (job.empty() || job.size() > 64 ||
+      job.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.") !=
+          std::string::npos) {
+    fprintf(stderr,
+            "r2ccl_snapshotd: --job '%s' (accepted: 1-64 letters, digits, '-', '_' or '.')\n",
+            job.c_str());
+    return 2;
+  }
+  for (const std::string* f : {&o.etcd.ca_file, &o.etcd.cert_file, &o.etcd.key_file})
+    if (!f->empty() && access(f->c_str(), R_OK) != 0) {
+      fprintf(stderr, "r2ccl_snapshotd: %s: cannot read it (%s)\n", f->c_str(), strerror(errno));
+      return 2;
+    }
+  if (!etcd_password_file.empty()) {
+    if (o.etcd.user.empty()) {
+      fprintf(stderr, "r2ccl_snapshotd: --etcd-password-file needs --etcd-user\n");
+      return 2;
+    }
+    if (!read_text("--etcd-password-file", etcd_password_file, &o.etcd.password, &err)) {
+      fprintf(stderr, "r2ccl_snapshotd: %s\n", err.c_str());
+      return 2;
+    }
+    o.etcd.password = o.etcd.password.substr(0, o.etcd.password.find('\n'));
+  }
+  o.prefix = "/r2ccl/" + job + "/";
+  o.lease_ttl_s = lease_ttl;
+  o.etcd.timeout_ms = std::max(200, std::min(1000, lease_ttl * 1000 / 3));
+  o.test_write_after_pause = getenv("R2CCL_SNAPD_TEST_WRITE_AFTER_PAUSE") != nullptr;
   o.self = id;
   o.token = token;
   o.period = static_cast<TimeUs>(period_ms) * kUsPerMs;

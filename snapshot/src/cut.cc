@@ -65,6 +65,12 @@ ReportResult CutTracker::on_held(NodeId node, uint32_t rank, uint64_t step) {
   return r.holders[rank].insert(node).second ? ReportResult::kRecorded : ReportResult::kDuplicate;
 }
 
+bool CutTracker::on_retracted(NodeId node, uint32_t rank, uint64_t step) {
+  auto it = steps_.find(step);
+  if (it == steps_.end() || rank >= it->second.holders.size()) return false;
+  return it->second.holders[rank].erase(node) != 0;
+}
+
 uint32_t CutTracker::live_replicas(const StepRecord& r, uint32_t rank) const {
   // Holders are live nodes only (on_node_lost removes a node's reports).
   auto h = home_.find(rank);

@@ -49,6 +49,7 @@ bool Holdings::add(const ShardMeta& m) {
   s.n_buffers = m.n_buffers;
   s.world = m.world;
   s.home_node = m.home_node;
+  s.generation = m.generation;
   newest_ = std::max(newest_, m.step);
   return !before && held_in_full(m.rank, m.step);
 }
@@ -107,7 +108,7 @@ std::vector<HeldStep> Holdings::full_steps(std::optional<uint64_t> only_step) co
   for (const auto& [rs, info] : steps_) {
     if (only_step && rs.second != *only_step) continue;
     if (held_in_full(rs.first, rs.second))
-      out.push_back(HeldStep{rs.first, rs.second, info.world, info.home_node});
+      out.push_back(HeldStep{rs.first, rs.second, info.world, info.home_node, info.generation});
   }
   return out;
 }
@@ -136,6 +137,7 @@ bool Holdings::describe(const ShardKey& k, ShardMeta* out) const {
   m.n_buffers = s->second.n_buffers;
   m.world = s->second.world;
   m.home_node = s->second.home_node;
+  m.generation = s->second.generation;
   m.base_step = e->second.base_step;
   m.seq = e->second.seq;
   m.base_seq = e->second.base_seq;

@@ -1,11 +1,13 @@
 // r2ccl_snapshotd, several daemons on loopback (one "node" each, each with its own health
-// board): they agree on membership and publish the agreed record into every board; a killed
-// node is declared failed after 3 missed heartbeats and the new record leaves it out; a wrong
-// job token is refused and logged and never counted; a restarted node rejoins.
+// board) and a real etcd (tests/support/etcd_fixture.h): they register, elect a coordinator,
+// and publish the agreed record into every board; a killed node is suspected by the other two
+// and evicted, and the new record leaves it out; a wrong job token is refused and logged and
+// never counted (neither on the peer port nor in etcd); a restarted node rejoins.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <fstream>
@@ -15,6 +17,7 @@
 #include <thread>
 #include <vector>
 
+#include "etcd_fixture.h"
 #include "net_harness.h"
 #include "r2ccl/health_board.h"
 
@@ -32,7 +35,7 @@ struct Node {
 };
 
 Node start(int id, const std::string& peers, const std::string& token, const std::string& board,
-           const std::string& tag) {
+           const std::string& tag, const std::string& etcd, const std::string& job) {
   Node n;
   n.log = test::temp_path(tag + "-node" + std::to_string(id) + ".log");
   n.pid = fork();
@@ -43,8 +46,8 @@ Node start(int id, const std::string& peers, const std::string& token, const std
     (void)g;
     const std::string ids = std::to_string(id);
     execl(daemon_path().c_str(), "r2ccl_snapshotd", "--id", ids.c_str(), "--peers", peers.c_str(),
-          "--token-file", token.c_str(), "--board", board.c_str(), "--period-ms", "100",
-          static_cast<char*>(nullptr));
+          "--token-file", token.c_str(), "--board", board.c_str(), "--period-ms", "100", "--etcd",
+          etcd.c_str(), "--job", job.c_str(), "--lease-ttl", "1", static_cast<char*>(nullptr));
     _exit(127);
   }
   return n;
@@ -97,7 +100,13 @@ TEST_CASE("snapshotd: membership, a killed node, a wrong token, a rejoin", "[sna
       for (auto& n : *v) stop(n, SIGKILL);
     }
   } reaper{&nodes};
-  for (int i = 0; i < 3; ++i) nodes.push_back(start(i, peers, token, boards[i], tag));
+  test::EtcdCluster etcd("snapd");
+  std::string eerr;
+  const bool etcd_up = etcd.start(&eerr);
+  INFO(eerr);
+  REQUIRE(etcd_up);
+  const std::string ep = etcd.endpoints();
+  for (int i = 0; i < 3; ++i) nodes.push_back(start(i, peers, token, boards[i], tag, ep, tag));
   std::string logs;
   auto collect = [&] {
     logs.clear();
@@ -115,7 +124,7 @@ TEST_CASE("snapshotd: membership, a killed node, a wrong token, a rejoin", "[sna
   }
   CHECK(r.n_nodes == 3);
 
-  // Node 0 (the coordinator) dies: 1 and 2 declare it failed and agree on {1, 2}.
+  // Node 0 dies: 1 and 2 suspect it (or its lease runs out) and agree on {1, 2}.
   stop(nodes[0], SIGKILL);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 1; i < 3; ++i) {
@@ -129,7 +138,7 @@ TEST_CASE("snapshotd: membership, a killed node, a wrong token, a rejoin", "[sna
   epoch = r.epoch;
 
   // A daemon with the wrong token, claiming to be node 0: refused and logged, never counted.
-  Node intruder = start(0, peers, bad, tag + "-bx", tag);
+  Node intruder = start(0, peers, bad, tag + "-bx", tag, ep, tag);
   std::this_thread::sleep_for(std::chrono::milliseconds(800));
   stop(intruder);
   collect();
@@ -137,6 +146,7 @@ TEST_CASE("snapshotd: membership, a killed node, a wrong token, a rejoin", "[sna
     INFO(logs);
     CHECK(logs.find("refused a peer connection from 127.0.0.1") != std::string::npos);
     CHECK(logs.find("wrong job token") != std::string::npos);
+    CHECK(logs.find("registered under another job token") != std::string::npos);
     std::string err;
     REQUIRE(board::read_agreed_record(boards[1], &r, &err));
   }
@@ -144,7 +154,7 @@ TEST_CASE("snapshotd: membership, a killed node, a wrong token, a rejoin", "[sna
   CHECK(r.epoch == epoch);
 
   // Node 0 restarts with the right token and rejoins: {0, 1, 2} again, a newer epoch.
-  nodes[0] = start(0, peers, token, boards[0], tag + "-again");
+  nodes[0] = start(0, peers, token, boards[0], tag + "-again", ep, tag);
   for (int i = 0; i < 3; ++i) {
     collect();
     INFO(logs);
@@ -153,7 +163,7 @@ TEST_CASE("snapshotd: membership, a killed node, a wrong token, a rejoin", "[sna
   for (auto& n : nodes) stop(n);
   collect();
   INFO(logs);
-  CHECK(logs.find("declared failed") != std::string::npos);
+  CHECK(logs.find("suspected (published to etcd") != std::string::npos);
   for (const auto& b : boards) board::remove_board(b);
   board::remove_board(tag + "-bx");
 }
@@ -175,6 +185,8 @@ int run_daemon(const std::vector<std::string>& args, const std::string& peers,
     std::vector<std::string> a{"r2ccl_snapshotd", "--id", "0", "--peers", peers,
                                "--token-file",    token};
     a.insert(a.end(), args.begin(), args.end());
+    if (std::find(args.begin(), args.end(), "--etcd") == args.end())
+      a.insert(a.end(), {"--etcd", "http://127.0.0.1:9"});  // no etcd there
     std::vector<char*> argv;
     for (auto& x : a) argv.push_back(const_cast<char*>(x.c_str()));
     argv.push_back(nullptr);
@@ -219,10 +231,18 @@ TEST_CASE("snapshotd: bad start-up settings are refused by name; a host name bin
   CHECK_THAT(log, Catch::Contains("No such file or directory"));
   CHECK(run_daemon({"--socket", sock, "--metrics", "203.0.113.1:9"}, peers, token, 5000, &log) ==
         1);
+  CHECK(run_daemon({"--socket", sock, "--etcd", "etcd.example:2379"}, peers, token, 5000, &log) ==
+        2);
+  CHECK_THAT(log, Catch::Contains("--etcd: etcd endpoint 'etcd.example:2379' (accepted: "
+                                  "http://HOST:PORT or https://HOST:PORT"));
+  CHECK(run_daemon({"--socket", sock, "--job", "a/b"}, peers, token, 5000, &log) == 2);
+  CHECK_THAT(log, Catch::Contains("--job 'a/b' (accepted: 1-64 letters, digits"));
   CHECK(access(sock.c_str(), F_OK) != 0);  // a failed start leaves no socket behind
   // A name in this node's own line: it listens on that name's address, not on every interface.
   { std::ofstream(peers) << "0 localhost:" << port << "\n"; }
-  CHECK(run_daemon({"--socket", sock}, peers, token, 1500, &log) == -1);  // ran until stopped
+  // etcd unreachable: the daemon runs on (and says so once).
+  CHECK(run_daemon({"--socket", sock}, peers, token, 2500, &log) == -1);  // ran until stopped
+  CHECK_THAT(log, Catch::Contains("etcd unreachable ("));
   CHECK_THAT(log, Catch::Contains("listening on 127.0.0.1 port") ||
                       Catch::Contains("listening on ::1 port"));
   // Every line is common's facade, stamped: "[SEC.USEC] SNAPSHOT/R2CCL LEVEL message".

@@ -1,4 +1,4 @@
-// The protocol between the training processes of a node and their r2ccl_snapshotd (version 1),
+// The protocol between the training processes of a node and their r2ccl_snapshotd (version 2),
 // over the daemon's local Unix stream socket (`--socket PATH`, created mode 0600, or 0660 with
 // `--socket-group`). Same framing as the peer protocol (peer_wire.h): a 16-byte header with
 // magic "R2SC", then `length` payload bytes, checked against the type's size or bounds before
@@ -12,12 +12,16 @@
 //   QUERY    asks for a STATE now
 //   FETCH    FetchBody: the chain that restores (rank, buffer, step); answered by FETCHED frames
 //            (peer_wire.h FetchedHead [+ ShardMeta + payload]), from the local store or a peer
-//   KV_PUT   KvBody: publish a small value to every node (through the coordinator)
+//   KV_PUT   KvBody: publish a small value to every node (an etcd key, created only if absent:
+//            the first writer's value is the one every node reads)
 //   KV_GET   KvGetBody: the value of a key as this node knows it; answered by KV_VALUE
 //
 // Daemon -> client
-//   STATE    StateBody: the agreed record and the newest complete step, sent after HELLO, after
-//            QUERY, and whenever either changes (the recovery event: a member gone)
+//   STATE    StateBody: the agreed record, its generation and restore step, and the newest
+//            complete step, sent after HELLO, after QUERY, and whenever one changes (the
+//            recovery event: a member gone). restore() restores the record's restore step when
+//            it has one (the same step on every node: it comes from etcd), else the newest
+//            complete step; take() stamps its shards with the generation.
 //   FETCHED  see FETCH
 //   KV_VALUE KvBody; origin_node == kKvAbsent when the key is unknown
 #pragma once
@@ -31,7 +35,7 @@
 namespace r2ccl::snap {
 
 constexpr uint32_t kClientMagic = 0x43533252;  // "R2SC" little-endian
-constexpr uint16_t kClientVersion = 1;
+constexpr uint16_t kClientVersion = 2;
 constexpr uint32_t kKvAbsent = 0xffffffffu;
 
 enum class ClientMsg : uint16_t {
@@ -61,8 +65,12 @@ struct KvGetBody {
 struct StateBody {
   uint32_t node_id;            // the daemon's node
   uint32_t has_complete;       // 1: complete_step is valid
-  uint64_t complete_step;      // newest complete step (restore this one)
+  uint64_t complete_step;      // newest complete step
   board::AgreedRecord agreed;  // epoch 0: nothing agreed yet
+  uint64_t generation;         // the record's generation (restore points so far)
+  uint32_t has_restore;        // 1: restore_step is valid (the record is a restore point)
+  uint32_t reserved;
+  uint64_t restore_step;  // what every rank restores in this epoch
 };
 
 // Whether `length` payload bytes are acceptable for a client frame of `type` (either

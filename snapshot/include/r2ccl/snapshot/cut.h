@@ -88,6 +88,9 @@ class CutTracker {
 
   // `node` holds every buffer of `rank`'s shard of `step`.
   ReportResult on_held(NodeId node, uint32_t rank, uint64_t step);
+  // `node` no longer holds (rank, step) in full (it pruned it, or a shard failed its
+  // checksum): its report stops counting. Returns whether it had counted.
+  bool on_retracted(NodeId node, uint32_t rank, uint64_t step);
 
   bool complete(uint64_t step) const;
   // The newest complete step, or nullopt when none is.

@@ -36,6 +36,7 @@ struct HeldStep {
   uint64_t step = 0;
   uint32_t world = 0;
   uint32_t home_node = 0;
+  uint64_t generation = 0;  // ShardMeta::generation of the step's shards
 };
 
 class Holdings {
@@ -74,6 +75,7 @@ class Holdings {
     uint32_t n_buffers = 0;
     uint32_t world = 0;
     uint32_t home_node = 0;
+    uint64_t generation = 0;
   };
   std::map<std::pair<uint32_t, uint64_t>, StepInfo> steps_;  // (rank, step)
   uint64_t newest_ = 0;

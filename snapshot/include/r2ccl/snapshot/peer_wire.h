@@ -1,5 +1,5 @@
-// The daemon-to-daemon protocol of r2ccl_snapshotd (version 2). Little-endian host layout
-// (x86-64 and aarch64 clusters); every frame is a fixed 16-byte header followed by `length`
+// The daemon-to-daemon data-plane protocol of r2ccl_snapshotd (version 3). Little-endian host
+// layout (x86-64 and aarch64 clusters); every frame is a fixed 16-byte header followed by `length`
 // payload bytes. The receiver checks the length against the type's fixed size, or its bounds
 // for the two variable-size types, BEFORE reading or allocating anything (peer_payload_ok).
 //
@@ -10,22 +10,21 @@
 //   HELLO      first frame on every connection: the sender's node id and the job token
 //              (compared in constant time; a wrong token or an id not in the peer list closes
 //              the connection, logged with the peer's address)
-//   HEARTBEAT  every period: node id, highest agreed epoch seen, usable network bandwidth
-//              (GB/s, from its health board), and an echo of the receiver's last heartbeat time
-//              so the receiver measures the round trip on its own clock
-//   AGREED     the coordinator's agreed cluster record (board::AgreedRecord)
 //   SHARD      one encoded shard for the receiver to hold as a replica: ShardMeta + payload
 //              (payload <= the receiver's max shard size, checked before allocating)
 //   HELD       a replica holds every buffer of (rank, step) with each buffer's chain back to
 //              its base: sent when it happens and in answer to a MARKER; to the coordinator
+//   RETRACT    the replica no longer holds (rank, step) in full (pruned, or a shard failed its
+//              checksum): the coordinator stops counting it
 //   MARKER     the coordinator's marker for a step (or for everything held, after a
 //              coordinator change); every node answers with its HELD frames then MARKER_DONE
 //   MARKER_DONE  a node's answer to a marker is complete
-//   COMPLETE   the coordinator's newest complete step (every rank held by >= 1 live replica)
 //   FETCH      asks the receiver for the chain that restores (rank, buffer, step)
 //   FETCHED    one shard of such a chain (ShardMeta + payload), or its end / a refusal
-//   KV         a small key/value (an NCCL unique id, a rendezvous address) for every node:
-//              sent to the coordinator, which sends it on to every live node
+//
+// Membership, the coordinator, the agreed record, the newest complete step and the KV are on
+// etcd (control_plane.h); heartbeats are UDP datagrams on their own thread (heartbeat.h). Types
+// 2, 3, 8 and 11 (the old HEARTBEAT, AGREED, COMPLETE and KV frames) are refused.
 //
 // The token authenticates peers of one job against misconfiguration and stray jobs; it is sent
 // as is (no TLS): run the daemons on a trusted management network.
@@ -39,23 +38,20 @@
 namespace r2ccl::snap {
 
 constexpr uint32_t kPeerMagic = 0x4e533252;  // "R2SN" little-endian
-constexpr uint16_t kPeerVersion = 2;
+constexpr uint16_t kPeerVersion = 3;
 constexpr size_t kTokenBytes = 64;    // tokens are 1..64 bytes, zero-padded on the wire
 constexpr size_t kKvKeyBytes = 64;    // keys are 1..63 bytes, NUL-padded
 constexpr size_t kKvMaxValue = 4096;  // value bytes
 
 enum class PeerMsg : uint16_t {
   kHello = 1,
-  kHeartbeat = 2,
-  kAgreed = 3,
   kShard = 4,
   kHeld = 5,
   kMarker = 6,
   kMarkerDone = 7,
-  kComplete = 8,
   kFetch = 9,
   kFetched = 10,
-  kKv = 11,
+  kRetract = 12,
 };
 
 struct PeerHeader {
@@ -74,16 +70,6 @@ struct HelloBody {
 };
 static_assert(sizeof(HelloBody) == 72, "hello layout");
 
-struct HeartbeatBody {
-  uint32_t node_id;
-  float usable_gbps;     // 0 = unknown
-  uint64_t epoch;        // highest agreed epoch the sender has seen
-  int64_t sent_us;       // the sender's CLOCK_MONOTONIC at sending (microseconds)
-  int64_t echo_us;       // sent_us of the receiver's latest heartbeat the sender got; 0: none
-  int64_t echo_held_us;  // how long the sender held that echo before sending (microseconds)
-};
-static_assert(sizeof(HeartbeatBody) == 40, "heartbeat layout");
-
 // Describes one shard (SHARD, FETCHED, and the client's SHARD): who it belongs to, where it
 // sits in its chain, and its payload (an encoded frame, codec.h), followed by payload_bytes.
 struct ShardMeta {
@@ -98,8 +84,9 @@ struct ShardMeta {
   uint64_t seq;            // the frame's sequence number (codec.h)
   uint64_t base_seq;       // the chain base's sequence number
   uint64_t payload_bytes;  // bytes that follow
+  uint64_t generation;     // the agreed record's generation when the step was taken
 };
-static_assert(sizeof(ShardMeta) == 64, "shard meta layout");
+static_assert(sizeof(ShardMeta) == 72, "shard meta layout");
 
 struct HeldBody {
   uint32_t node_id;  // the replica
@@ -107,8 +94,9 @@ struct HeldBody {
   uint32_t world;      // ranks in the job at that step
   uint32_t home_node;  // the rank's node (its copy there is not a replica)
   uint64_t step;
+  uint64_t generation;  // the step's generation (ShardMeta::generation)
 };
-static_assert(sizeof(HeldBody) == 24, "held layout");
+static_assert(sizeof(HeldBody) == 32, "held layout (HELD and RETRACT)");
 
 struct MarkerBody {
   uint64_t epoch;  // the coordinator's agreed epoch
@@ -123,14 +111,6 @@ struct MarkerDoneBody {
   uint32_t round;
 };
 static_assert(sizeof(MarkerDoneBody) == 8, "marker done layout");
-
-struct CompleteBody {
-  uint64_t epoch;  // the coordinator's agreed epoch
-  uint64_t step;   // newest complete step; valid when has_step
-  uint32_t has_step;
-  uint32_t reserved;
-};
-static_assert(sizeof(CompleteBody) == 24, "complete layout");
 
 struct FetchBody {
   uint64_t request;  // the requester's id, echoed
@@ -166,20 +146,17 @@ static_assert(sizeof(KvBody) == 64 + 8 + kKvMaxValue, "kv layout");
 inline bool peer_payload_ok(uint16_t type, uint64_t length, uint64_t max_shard_bytes) {
   switch (static_cast<PeerMsg>(type)) {
     case PeerMsg::kHello: return length == sizeof(HelloBody);
-    case PeerMsg::kHeartbeat: return length == sizeof(HeartbeatBody);
-    case PeerMsg::kAgreed: return length == sizeof(board::AgreedRecord);
     case PeerMsg::kShard:
       return length >= sizeof(ShardMeta) && length - sizeof(ShardMeta) <= max_shard_bytes;
     case PeerMsg::kHeld: return length == sizeof(HeldBody);
     case PeerMsg::kMarker: return length == sizeof(MarkerBody);
     case PeerMsg::kMarkerDone: return length == sizeof(MarkerDoneBody);
-    case PeerMsg::kComplete: return length == sizeof(CompleteBody);
     case PeerMsg::kFetch: return length == sizeof(FetchBody);
     case PeerMsg::kFetched:
       return length == sizeof(FetchedHead) ||
              (length >= sizeof(FetchedHead) + sizeof(ShardMeta) &&
               length - sizeof(FetchedHead) - sizeof(ShardMeta) <= max_shard_bytes);
-    case PeerMsg::kKv: return length == sizeof(KvBody);
+    case PeerMsg::kRetract: return length == sizeof(HeldBody);
   }
   return false;
 }
