@@ -23,6 +23,7 @@ PKGS=(
   python3-numpy                            # the predictor's trace generator (held-out test)
   libzstd-dev                              # snapshot deltas (zstd)
   libasio-dev                              # snapshot daemon and client protocols (asio)
+  prometheus-cpp-dev                       # snapshot daemon's Prometheus metrics (registry, /metrics)
   python3-torch                            # the snapshot example (CPU training, recovery)
   libnl-3-200 libnl-route-3-200            # link notifications (dlopen'ed at run time)
   iproute2 nftables ethtool iperf3         # rail lab, fault injection, benchmarks

@@ -236,7 +236,10 @@ class Daemon {
       return 1;
     }
     if (!o_.metrics_addr.empty()) {
-      http_ = std::make_unique<M::HttpServer>(io_, [this] { return metrics_page(); });
+      http_ = std::make_unique<M::HttpServer>(io_, [this] { refresh_metrics(); });
+      http_->add(m_.collectable());
+      http_->add(std::make_shared<M::BoardCollectable>(o_.board));
+      http_->add(std::make_shared<M::StoreCollectable>([this] { return store_.stats(); }));
       if (!http_->listen(o_.metrics_addr, &err)) {
         SNAP_WARN("--metrics: %s", err.c_str());
         ::unlink(o_.socket_path.c_str());
@@ -1310,14 +1313,12 @@ class Daemon {
       step_arrived_[m.step] = now_us();
     }
   }
-  std::string metrics_page() {
+  // At every scrape, on the loop (HttpServer): the gauges of loop-owned state. The board and
+  // the store are read by their collectables on the scraping thread.
+  void refresh_metrics() {
     m_.gauge(M::kLiveNodes).set(double(live().size()));
     m_.gauge(M::kMembershipEpoch).set(double(written_.epoch));
     m_.gauge(M::kCoordinator).set(acting_ ? 1 : 0);
-    std::string page = m_.render();
-    M::append_board_metrics(o_.board, &page);
-    M::append_store_metrics(store_.stats(), &page);
-    return page;
   }
 
   // ---- the index of held shards, persisted beside the spill files ----
@@ -1743,7 +1744,7 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(1, 16));
   app.add_option("--metrics", o.metrics_addr,
                  "serve Prometheus metrics on ADDR:PORT "
-                 "(numeric address, e.g. 127.0.0.1:9464; port 0: any free port)")
+                 "(numeric IPv4 address, e.g. 127.0.0.1:9464; port 0: any free port)")
       ->type_name("ADDR:PORT");
   std::string etcd_urls, job = "default", etcd_password_file;
   int lease_ttl = 3;

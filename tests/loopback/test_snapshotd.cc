@@ -229,8 +229,13 @@ TEST_CASE("snapshotd: bad start-up settings are refused by name; a host name bin
   CHECK(run_daemon({"--socket", sock}, test::temp_path(tag + "-missing"), token, 5000, &log) == 2);
   CHECK_THAT(log, Catch::Contains("--peers"));
   CHECK_THAT(log, Catch::Contains("No such file or directory"));
+  CHECK(run_daemon({"--socket", sock, "--metrics", "localhost:9464"}, peers, token, 5000, &log) ==
+        2);
+  CHECK_THAT(log, Catch::Contains("--metrics: 'localhost:9464'") &&
+                      Catch::Contains("accepted: ADDR:PORT with a numeric IPv4 address"));
   CHECK(run_daemon({"--socket", sock, "--metrics", "203.0.113.1:9"}, peers, token, 5000, &log) ==
         1);
+  CHECK_THAT(log, Catch::Contains("--metrics: cannot listen on 203.0.113.1:9: "));
   CHECK(run_daemon({"--socket", sock, "--etcd", "etcd.example:2379"}, peers, token, 5000, &log) ==
         2);
   CHECK_THAT(log, Catch::Contains("--etcd: etcd endpoint 'etcd.example:2379' (accepted: "

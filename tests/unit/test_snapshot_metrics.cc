@@ -1,10 +1,11 @@
 // Prometheus metrics of r2ccl_snapshotd (snapshot/include/r2ccl/snapshot/metrics.h,
-// metrics_http.h): exact rendering of a small registry, escaping and value formatting, name
-// validation, cumulative histogram buckets, counters incremented from 4 threads, the standard
-// set, metrics from a health board (an in-memory view and a real board created here) and from
-// shard store stats, every page checked against the exposition format's line grammar, and the
-// /metrics HTTP server on 127.0.0.1 (status, content type, 404/405/400/431/500, a silent client
-// neither blocks another nor outlives its deadline, the connection cap).
+// metrics_http.h), on prometheus-cpp: the registry facade (series, labels, buckets, what it
+// ignores, the errors it names), counters incremented from 4 threads, the standard set, the
+// families read from a health board (an in-memory view and a real board created here) and from
+// shard store stats, their collectables, every page checked against the exposition format's
+// line grammar, and the /metrics endpoint (prometheus::Exposer) on 127.0.0.1 port 0 scraped
+// over a socket: the page, the refresh on the event loop, a loop that does not answer, a
+// collectable that throws, a port in use, a silent client, stop().
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -12,6 +13,7 @@
 #include <unistd.h>
 
 #include <asio.hpp>
+#include <atomic>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cmath>
@@ -20,6 +22,7 @@
 #include <regex>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -40,14 +43,32 @@ bool has_line(const std::string& page, const std::string& line) {
   return ("\n" + page).find("\n" + line + "\n") != std::string::npos;
 }
 
+std::string board_page(const board::BoardView& v) {
+  Page p;
+  append_board_metrics(v, &p);
+  return render(p);
+}
+std::string board_page(const std::string& name) {
+  Page p;
+  append_board_metrics(name, &p);
+  return render(p);
+}
+std::string store_page(const r2ccl::snap::StoreStats& s) {
+  Page p;
+  append_store_metrics(s, &p);
+  return render(p);
+}
+
 // Checks a page against the text format's grammar: lines end in '\n'; comments are "# HELP
 // name text" / "# TYPE name type", at most one of each per family, before its samples; a
 // family's samples are contiguous and named after it (a histogram's _bucket with an le label,
-// _sum, _count); label values are escaped; values parse as floats. Returns "" or the problem.
+// _sum, _count; a summary's quantiles, _sum, _count); label values are escaped; values parse as
+// floats. Returns "" or the problem.
 std::string check_page(const std::string& page) {
   if (!page.empty() && page.back() != '\n') return "no final newline";
   static const std::regex help(R"(# HELP ([a-zA-Z_:][a-zA-Z0-9_:]*) (.*))");
-  static const std::regex type(R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram))");
+  static const std::regex type(
+      R"(# TYPE ([a-zA-Z_:][a-zA-Z0-9_:]*) (counter|gauge|histogram|summary))");
   static const std::string kLabel = R"([a-zA-Z_][a-zA-Z0-9_]*="([^"\\\n]|\\\\|\\"|\\n)*")";
   static const std::regex sample(std::string(R"(([a-zA-Z_:][a-zA-Z0-9_:]*))") +  // name
                                  R"((\{)" + kLabel + "(," + kLabel +
@@ -87,12 +108,15 @@ std::string check_page(const std::string& page) {
       } else if (name != fam + "_sum" && name != fam + "_count") {
         return where + "not a sample of histogram " + fam;
       }
+    } else if (fam_type == "summary") {
+      if (name != fam && name != fam + "_sum" && name != fam + "_count")
+        return where + "not a sample of summary " + fam;
     } else if (name != fam) {
       return where + "not a sample of " + fam;
     }
     if (!series.insert(name + labels).second) return where + "series written twice";
     const std::string v = m[m.size() - 1];
-    if (v != "NaN" && v != "+Inf" && v != "-Inf") {
+    if (v != "Nan" && v != "NaN" && v != "+Inf" && v != "-Inf") {
       char* end = nullptr;
       std::strtod(v.c_str(), &end);
       if (*end != 0) return where + "value does not parse";
@@ -103,145 +127,113 @@ std::string check_page(const std::string& page) {
 
 }  // namespace
 
-TEST_CASE("a small registry renders to the exact text", "[metrics]") {
+TEST_CASE("the facade: series by name and labels, help, buckets, rendered by prometheus-cpp",
+          "[metrics]") {
   Registry r;
   r.add_counter("a_total", "A counter.");
   r.counter("a_total").inc(3);
   r.counter("a_total", {{"z", "1"}, {"b", "x"}}).inc(0.5);  // labels written sorted by name
-  r.add_gauge("g", "Line one\nback\\slash \"quoted\"");
+  r.add_gauge("g", "A gauge.");
   r.gauge("g").set(-2.5);
-  r.add_histogram("h_seconds", "H.", {0.25, 1, 10});
-  Histogram& h = r.histogram("h_seconds", {{"op", "take"}});
-  for (double v : {0.125, 0.25, 0.5, 100.0}) h.observe(v);
+  r.gauge("g", {{"path", "C:\\dir\n\"q\""}}).set(1);            // escaped by the serializer
+  r.add_histogram("h_seconds", "H.", {0.25, 1, 10, INFINITY});  // a trailing +Inf is implicit
+  Histogram h = r.histogram("h_seconds", {{"op", "take"}});
+  for (double v : {0.125, 0.25, 0.5, 100.0, std::nan("")}) h.observe(v);  // NaN ignored
   r.counter("nohelp_total").inc();  // registered by use: no HELP line
   r.add_gauge("empty", "a family with no series writes nothing");
   r.gauge("big").set(1e6);
   r.gauge("small").set(0.1);
-  CHECK(r.render() ==
-        "# HELP a_total A counter.\n"
-        "# TYPE a_total counter\n"
-        "a_total 3\n"
-        "a_total{b=\"x\",z=\"1\"} 0.5\n"
-        "# HELP g Line one\\nback\\\\slash \"quoted\"\n"
-        "# TYPE g gauge\n"
-        "g -2.5\n"
-        "# HELP h_seconds H.\n"
-        "# TYPE h_seconds histogram\n"
-        "h_seconds_bucket{op=\"take\",le=\"0.25\"} 2\n"
-        "h_seconds_bucket{op=\"take\",le=\"1\"} 3\n"
-        "h_seconds_bucket{op=\"take\",le=\"10\"} 3\n"
-        "h_seconds_bucket{op=\"take\",le=\"+Inf\"} 4\n"
-        "h_seconds_sum{op=\"take\"} 100.875\n"
-        "h_seconds_count{op=\"take\"} 4\n"
-        "# TYPE nohelp_total counter\n"
-        "nohelp_total 1\n"
-        "# TYPE big gauge\n"
-        "big 1000000\n"
-        "# TYPE small gauge\n"
-        "small 0.1\n");
-  CHECK(check_page(r.render()) == "");
+  const std::string page = r.render();
+  INFO(page);
+  CHECK(check_page(page) == "");
+  CHECK(has_line(page, "# HELP a_total A counter."));
+  CHECK(has_line(page, "# TYPE a_total counter"));
+  CHECK(has_line(page, "a_total 3"));
+  CHECK(has_line(page, "a_total{b=\"x\",z=\"1\"} 0.5"));
+  CHECK(has_line(page, "g -2.5"));
+  CHECK(has_line(page, "g{path=\"C:\\\\dir\\n\\\"q\\\"\"} 1"));
+  CHECK(has_line(page, "# TYPE h_seconds histogram"));
+  CHECK(has_line(page, "h_seconds_bucket{op=\"take\",le=\"0.25\"} 2"));
+  CHECK(has_line(page, "h_seconds_bucket{op=\"take\",le=\"1\"} 3"));
+  CHECK(has_line(page, "h_seconds_bucket{op=\"take\",le=\"10\"} 3"));
+  CHECK(has_line(page, "h_seconds_bucket{op=\"take\",le=\"+Inf\"} 4"));
+  CHECK(page.find("le=\"inf\"") == std::string::npos);
+  size_t infs = 0;
+  for (size_t p = 0; (p = page.find("le=\"+Inf\"", p)) != std::string::npos; ++p) ++infs;
+  CHECK(infs == 1);  // the +Inf given was dropped, not written twice
+  CHECK(has_line(page, "h_seconds_sum{op=\"take\"} 100.875"));
+  CHECK(has_line(page, "h_seconds_count{op=\"take\"} 4"));
+  CHECK(has_line(page, "# TYPE nohelp_total counter"));
+  CHECK(page.find("# HELP nohelp_total") == std::string::npos);
+  CHECK(has_line(page, "nohelp_total 1"));
+  CHECK(page.find("empty") == std::string::npos);
+  CHECK(has_line(page, "big 1000000"));
+  CHECK(has_line(page, "small 0.1"));
   // The same label set in another order is the same series.
   r.counter("a_total", {{"b", "x"}, {"z", "1"}}).inc(0.5);
   CHECK(has_line(r.render(), "a_total{b=\"x\",z=\"1\"} 1"));
   CHECK(Registry().render().empty());
+  // collect() is what render() serializes; collectable() is the same registry.
+  CHECK(render(r.collect()) == r.render());
+  CHECK(render(r.collectable()->Collect()) == r.render());
 }
 
-TEST_CASE("label values and help texts are escaped; values formatted", "[metrics]") {
-  CHECK(escape_label_value("a\\b\"c\nd") == "a\\\\b\\\"c\\nd");
-  CHECK(escape_label_value("plain:eth0 mlx5_0:1") == "plain:eth0 mlx5_0:1");
-  CHECK(escape_help("a\\b\"c\nd") == "a\\\\b\"c\\nd");  // quotes are not escaped in HELP
+TEST_CASE("counters never go down; gauges go both ways", "[metrics]") {
   Registry r;
-  r.gauge("x", {{"path", "C:\\dir\n\"q\""}}).set(1);
-  CHECK(r.render() == "# TYPE x gauge\nx{path=\"C:\\\\dir\\n\\\"q\\\"\"} 1\n");
-  CHECK(check_page(r.render()) == "");
-
-  CHECK(format_value(0) == "0");
-  CHECK(format_value(-0.0) == "0");
-  CHECK(format_value(42) == "42");
-  CHECK(format_value(-7) == "-7");
-  CHECK(format_value(1e6) == "1000000");
-  CHECK(format_value(9007199254740991.0) == "9007199254740991");
-  CHECK(format_value(0.1) == "0.1");
-  CHECK(format_value(1.0 / 3) == "0.3333333333333333");
-  CHECK(format_value(2.5e-7) == "2.5e-07");
-  CHECK(format_value(1e300) == "1e+300");
-  CHECK(format_value(NAN) == "NaN");
-  CHECK(format_value(INFINITY) == "+Inf");
-  CHECK(format_value(-INFINITY) == "-Inf");
-  for (double v : {0.1, 1.0 / 3, 2.5e-7, 123456.789, 1e300, 9007199254740993.0})
-    CHECK(std::strtod(format_value(v).c_str(), nullptr) == v);  // reads back exactly
-}
-
-TEST_CASE("invalid names, label names and registrations are refused with clear errors",
-          "[metrics]") {
-  CHECK(valid_metric_name("r2ccl_snapshot_x_total"));
-  CHECK(valid_metric_name("job:rate5m"));
-  CHECK(valid_metric_name("_x"));
-  CHECK(valid_metric_name(":x"));
-  for (const char* bad : {"", "1abc", "a-b", "a b", "a.b", "é"})
-    CHECK_FALSE(valid_metric_name(bad));
-  CHECK(valid_label_name("rail"));
-  CHECK(valid_label_name("_x1"));
-  for (const char* bad : {"", "1a", "a:b", "a-b", "__name__", "__x"})
-    CHECK_FALSE(valid_label_name(bad));
-
-  Registry r;
-  CHECK_THROWS_WITH(r.add_counter("1abc", ""),
-                    Contains("invalid metric name '1abc'") && Contains("[a-zA-Z_:][a-zA-Z0-9_:]*"));
-  CHECK_THROWS_WITH(r.counter("a-b"), Contains("invalid metric name 'a-b'"));
-  CHECK_THROWS_WITH(r.gauge("g", {{"a:b", "v"}}), Contains("metric g: invalid label name 'a:b'") &&
-                                                      Contains("[a-zA-Z_][a-zA-Z0-9_]*"));
-  CHECK_THROWS_WITH(r.gauge("g", {{"__name__", "v"}}), Contains("not starting with __"));
-  CHECK_THROWS_WITH(r.gauge("g", {{"a", "1"}, {"a", "2"}}), Contains("label 'a' given twice"));
-  r.add_counter("c_total", "");
-  CHECK_THROWS_WITH(r.gauge("c_total"),
-                    Contains("c_total is registered as a counter, not a gauge"));
-  CHECK_THROWS_WITH(r.add_histogram("c_total", "", {1}), Contains("registered as a counter"));
-  CHECK_THROWS_WITH(r.histogram("nope"), Contains("histogram nope is not registered"));
-  CHECK_THROWS_WITH(r.add_histogram("h", "", {1, 1}),
-                    Contains("bucket bounds must increase (1 then 1)"));
-  CHECK_THROWS_WITH(r.add_histogram("h", "", {2, 1}), Contains("must increase"));
-  CHECK_THROWS_WITH(r.add_histogram("h", "", {1, NAN}), Contains("not finite"));
-  CHECK_THROWS_WITH(r.add_histogram("h", "", {-INFINITY, 1}), Contains("not finite"));
-  r.add_histogram("h", "", {1, 2, INFINITY});  // a trailing +Inf is implicit
-  r.add_histogram("h", "again", {1, 2});       // same buckets: fine
-  CHECK_THROWS_WITH(r.add_histogram("h", "", {1, 3}),
-                    Contains("histogram h is registered already with other buckets"));
-  CHECK_THROWS_WITH(r.histogram("h", {{"le", "1"}}), Contains("may not have a label named 'le'"));
-  // A histogram's sample names may not clash with another family, either way round.
-  CHECK_THROWS_WITH(r.add_counter("h_count", ""), Contains("clashes with histogram h"));
-  CHECK_THROWS_WITH(r.gauge("h_bucket"), Contains("clashes"));
-  r.add_gauge("q_sum", "");
-  CHECK_THROWS_WITH(r.add_histogram("q", "", {1}), Contains("clashes with gauge q_sum"));
-  // Nothing refused was registered.
-  r.histogram("h").observe(1);
-  const std::string page = r.render();
-  CHECK(page.find("1abc") == std::string::npos);
-  CHECK(page.find("h_count 1\n") != std::string::npos);
-  CHECK(page.find("# HELP h again\n") != std::string::npos);  // help added by the second call
-  CHECK(check_page(page) == "");
-}
-
-TEST_CASE("histogram buckets are cumulative; counters never go down", "[metrics]") {
-  Histogram h({1, 2, 4, 8});
-  for (double v : {0.5, 1.0, 1.5, 3.0, 3.0, 7.9, 8.0, 8.1, 1e9, -5.0, std::nan("")}) h.observe(v);
-  const Histogram::Snapshot s = h.snapshot();
-  CHECK(s.cumulative == std::vector<uint64_t>{3, 4, 6, 8});  // -5, 0.5, 1 | 1.5 | 3, 3 | 7.9, 8
-  CHECK(s.count == 10);                                      // NaN ignored
-  CHECK(s.sum == Approx(0.5 + 1 + 1.5 + 3 + 3 + 7.9 + 8 + 8.1 + 1e9 - 5));
-  for (size_t i = 1; i < s.cumulative.size(); ++i) CHECK(s.cumulative[i] >= s.cumulative[i - 1]);
-  CHECK(s.cumulative.back() <= s.count);
-
-  Counter c;
+  Counter c = r.counter("c_total");
   c.inc(2);
   c.inc(-1);
   c.inc(NAN);
   c.inc(0);
   CHECK(c.value() == 2);
-  Gauge g;
+  CHECK(r.counter("c_total").value() == 2);  // the same series
+  Gauge g = r.gauge("g");
   g.inc(3);
   g.dec(5);
   CHECK(g.value() == -2);
+  g.set(0.5);
+  CHECK(r.gauge("g").value() == 0.5);
+  CHECK(has_line(r.render(), "c_total 2"));
+}
+
+TEST_CASE("invalid names and registrations are refused with errors naming the metric",
+          "[metrics]") {
+  Registry r;
+  // Names: prometheus-cpp's checks, the message names the metric and the rule.
+  for (const char* bad : {"", "1abc", "a-b", "a b", "a.b", "__x"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(r.add_counter(bad, ""), Contains("metric '" + std::string(bad) + "'") &&
+                                                  Contains("[a-zA-Z_:][a-zA-Z0-9_:]*"));
+  }
+  CHECK_THROWS_WITH(r.counter("a-b"), Contains("metric 'a-b'"));
+  for (const char* bad : {"1a", "a:b", "a-b", "__name__"}) {
+    INFO(bad);
+    CHECK_THROWS_WITH(r.gauge("g", {{bad, "v"}}),
+                      Contains("metric 'g'") && Contains("[a-zA-Z_][a-zA-Z0-9_]*"));
+  }
+  r.add_counter("job:rate5m", "");  // colons are fine in metric names
+  r.add_counter("c_total", "");
+  CHECK_THROWS_WITH(r.gauge("c_total"),
+                    Contains("'c_total' is registered as a counter, not a gauge"));
+  CHECK_THROWS_WITH(r.add_histogram("c_total", "", {1}), Contains("registered as a counter"));
+  CHECK_THROWS_WITH(r.histogram("nope"), Contains("histogram 'nope' is not registered"));
+  CHECK_THROWS_WITH(r.add_histogram("h", "", {1, 1}), Contains("histogram 'h'"));
+  CHECK_THROWS_WITH(r.add_histogram("h", "", {2, 1}), Contains("histogram 'h'"));
+  CHECK_THROWS_WITH(r.add_histogram("h", "", {1, NAN}), Contains("must be finite"));
+  CHECK_THROWS_WITH(r.add_histogram("h", "", {-INFINITY, 1}), Contains("must be finite"));
+  r.add_histogram("h", "", {1, 2, INFINITY});
+  r.add_histogram("h", "again", {1, 2});  // same buckets: fine
+  CHECK_THROWS_WITH(r.add_histogram("h", "", {1, 3}),
+                    Contains("histogram 'h' is registered already with other buckets"));
+  CHECK_THROWS_WITH(r.counter("h"), Contains("'h' is registered as a histogram, not a counter"));
+  // Nothing refused was registered; what was is usable.
+  r.histogram("h").observe(1);
+  r.gauge("g", {{"ok", "v"}}).set(1);
+  const std::string page = r.render();
+  CHECK(page.find("1abc") == std::string::npos);
+  CHECK(has_line(page, "h_count 1"));
+  CHECK(has_line(page, "g{ok=\"v\"} 1"));
+  CHECK(check_page(page) == "");
 }
 
 TEST_CASE("4 threads incrementing: totals are exact, renders run concurrently", "[metrics]") {
@@ -258,7 +250,7 @@ TEST_CASE("4 threads incrementing: totals are exact, renders run concurrently", 
   std::vector<std::thread> ts;
   for (int t = 0; t < kThreads; ++t)
     ts.emplace_back([&, t] {
-      Counter& cached = r.counter(kHeartbeatsReceived);
+      Counter cached = r.counter(kHeartbeatsReceived);
       for (int i = 0; i < kN; ++i) {
         cached.inc();
         r.counter(kShardBytesReceived).inc(3);  // looked up every time
@@ -277,13 +269,11 @@ TEST_CASE("4 threads incrementing: totals are exact, renders run concurrently", 
   CHECK(r.gauge(kLiveNodes).value() == kThreads * kN);
   for (int t = 0; t < kThreads; ++t)
     CHECK(r.counter("per_thread_total", {{"t", std::to_string(t)}}).value() == kN);
-  const Histogram::Snapshot s = r.histogram("t_seconds").snapshot();
-  CHECK(s.count == static_cast<uint64_t>(kThreads) * kN);
-  CHECK(s.cumulative[0] == static_cast<uint64_t>(kThreads) * kN / 2);
   const std::string page = r.render();
   CHECK(has_line(page, "r2ccl_snapshot_heartbeats_received_total 200000"));
   CHECK(has_line(page, "t_seconds_bucket{le=\"0.5\"} 100000"));
   CHECK(has_line(page, "t_seconds_bucket{le=\"+Inf\"} 200000"));
+  CHECK(has_line(page, "t_seconds_count 200000"));
 }
 
 TEST_CASE("the standard set: every name registered, series at 0, idempotent", "[metrics]") {
@@ -375,8 +365,7 @@ TEST_CASE("board metrics from a view: states, risks, retransmit ratio, drain, ag
   v.agreed.node_usable_gbps[0] = 12.5f;
   v.agreed.node_usable_gbps[1] = 0.25f;
   v.agreed.node_usable_gbps[2] = 99;  // not a member: not written
-  std::string page;
-  append_board_metrics(v, &page);
+  const std::string page = board_page(v);
   INFO(page);
   CHECK(check_page(page) == "");
   CHECK(has_line(page, "r2ccl_rail_up{pid=\"100\",rail=\"eth0\",transport=\"tcp\"} 1"));
@@ -419,14 +408,13 @@ TEST_CASE("board metrics from a view: states, risks, retransmit ratio, drain, ag
   CHECK(page.find("{node=\"2\"}") == std::string::npos);
 
   // An empty view (no sampler, nothing agreed) writes nothing.
-  std::string empty;
-  append_board_metrics(board::BoardView(), &empty);
-  CHECK(empty.empty());
+  Page none;
+  append_board_metrics(board::BoardView(), &none);
+  CHECK(none.empty());
   // Strings from a corrupt board stay printable ASCII.
   board::BoardView bad;
   bad.rails.push_back(slot("a\x01\xff", 1, board::RailState::kUp, 0));
-  std::string junk;
-  append_board_metrics(bad, &junk);
+  const std::string junk = board_page(bad);
   CHECK(has_line(junk, "r2ccl_rail_up{pid=\"1\",rail=\"a??\",transport=\"tcp\"} 1"));
 }
 
@@ -450,8 +438,7 @@ TEST_CASE("board metrics from a real health board; an absent board", "[metrics][
     rec.node_usable_gbps[1] = 1.25f;
     REQUIRE(board::publish_agreed_record(name, rec, &err));
 
-    std::string page;
-    append_board_metrics(name, &page);
+    const std::string page = board_page(name);
     INFO(page);
     CHECK(check_page(page) == "");
     const std::string pid = std::to_string(getpid());
@@ -474,8 +461,7 @@ TEST_CASE("board metrics from a real health board; an absent board", "[metrics][
     CHECK(check_page(r.render() + page) == "");
   }
   board::remove_board(name);
-  std::string page;
-  append_board_metrics(name, &page);
+  const std::string page = board_page(name);
   CHECK(page ==
         "# HELP r2ccl_snapshot_board_readable 1 when this node's health board was read, 0 when "
         "it is absent or unusable.\n"
@@ -495,8 +481,7 @@ TEST_CASE("shard store metrics", "[metrics]") {
   s.crc_failures_get = 3;
   s.files_skipped = 7;
   s.pruned = 8;
-  std::string page;
-  append_store_metrics(s, &page);
+  const std::string page = store_page(s);
   INFO(page);
   CHECK(check_page(page) == "");
   CHECK(has_line(page, "# TYPE r2ccl_snapshot_store_memory_bytes gauge"));
@@ -513,30 +498,70 @@ TEST_CASE("shard store metrics", "[metrics]") {
   CHECK(has_line(page, "r2ccl_snapshot_store_pruned_total 8"));
 }
 
-// ---- the HTTP server ------------------------------------------------------------------------
+TEST_CASE("the board and store collectables read their source at every collection",
+          "[metrics][board]") {
+  const std::string name = "test-" + std::to_string(getpid()) + "-metcoll";
+  board::remove_board(name);
+  const auto board_coll = std::make_shared<BoardCollectable>(name);
+  CHECK(render(board_coll->Collect()) == board_page(name));  // absent: readable 0
+  CHECK(has_line(render(board_coll->Collect()), "r2ccl_snapshot_board_readable 0"));
+  std::string err;
+  {
+    board::Publisher p;
+    REQUIRE(p.open(name, &err));
+    REQUIRE(p.publish(0, slot("eth0", 0, board::RailState::kUp, 10000).f));
+    const std::string page = render(board_coll->Collect());
+    INFO(page);
+    CHECK(has_line(page, "r2ccl_snapshot_board_readable 1"));
+    CHECK(has_line(page, "r2ccl_rail_up{pid=\"" + std::to_string(getpid()) +
+                             "\",rail=\"eth0\",transport=\"tcp\"} 1"));
+  }
+  board::remove_board(name);
+
+  r2ccl::snap::StoreStats s;
+  int calls = 0;
+  StoreCollectable store_coll([&] {
+    ++calls;
+    return s;
+  });
+  s.spills = 3;
+  CHECK(has_line(render(store_coll.Collect()), "r2ccl_snapshot_store_spills_total 3"));
+  s.spills = 4;
+  CHECK(render(store_coll.Collect()) == store_page(s));
+  CHECK(calls == 2);
+  // Collect() never throws (an Exposer's worker thread calls it): nothing instead.
+  StoreCollectable throwing([]() -> r2ccl::snap::StoreStats { throw std::runtime_error("x"); });
+  CHECK(throwing.Collect().empty());
+}
+
+// ---- the /metrics endpoint ----------------------------------------------------------------------
 
 namespace {
 
-// The server on its own event loop thread, as in the daemon.
+// The server with its event loop on a thread, as in the daemon.
 struct Served {
   asio::io_context io;
+  asio::executor_work_guard<asio::io_context::executor_type> work = asio::make_work_guard(io);
   std::unique_ptr<HttpServer> srv;
   std::thread loop;
   uint16_t port = 0;
-  explicit Served(HttpServer::BodyFn body, HttpServer::Options opt = HttpServer::Options()) {
-    srv = std::make_unique<HttpServer>(io, std::move(body), opt);
+  explicit Served(HttpServer::RefreshFn refresh = {},
+                  HttpServer::Options opt = HttpServer::Options()) {
+    srv = std::make_unique<HttpServer>(io, std::move(refresh), opt);
+  }
+  void start(bool run_loop = true) {
     std::string err;
     REQUIRE(srv->listen("127.0.0.1:0", &err));
     port = srv->port();
     REQUIRE(port != 0);
-    loop = std::thread([this] { io.run(); });
+    if (run_loop) loop = std::thread([this] { io.run(); });
   }
   ~Served() {
-    asio::post(io, [this] {
-      srv->stop();
-      io.stop();
-    });
-    loop.join();
+    if (loop.joinable()) {
+      asio::post(io, [this] { srv->stop(); });
+      work.reset();
+      loop.join();
+    }
     srv.reset();
   }
 };
@@ -587,9 +612,10 @@ struct Response {
   }
 };
 
-Response http_exchange(uint16_t port, const std::string& request) {
+// One HTTP/1.0 request (the server closes after the response).
+Response http_get(uint16_t port, const std::string& path = "/metrics") {
   int fd = connect_to(port);
-  send_all(fd, request);
+  send_all(fd, "GET " + path + " HTTP/1.0\r\nHost: x\r\n\r\n");
   const std::string raw = read_all(fd);
   close(fd);
   Response r;
@@ -611,7 +637,8 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 
 }  // namespace
 
-TEST_CASE("metrics endpoint address parsing", "[metrics][http]") {
+TEST_CASE("--metrics address parsing: numeric IPv4 and a port; errors name the accepted form",
+          "[metrics][http]") {
   asio::ip::tcp::endpoint ep;
   std::string err;
   REQUIRE(parse_listen_address("127.0.0.1:9464", &ep, &err));
@@ -619,161 +646,169 @@ TEST_CASE("metrics endpoint address parsing", "[metrics][http]") {
   CHECK(ep.port() == 9464);
   REQUIRE(parse_listen_address("0.0.0.0:0", &ep, &err));
   CHECK(ep.port() == 0);
-  REQUIRE(parse_listen_address("[::1]:65535", &ep, &err));
-  CHECK(ep.address().is_v6());
+  REQUIRE(parse_listen_address("10.1.2.3:65535", &ep, &err));
   CHECK(ep.port() == 65535);
   for (const char* bad :
        {"", "127.0.0.1", "127.0.0.1:", ":9464", "localhost:9464", "127.0.0.1:65536", "127.0.0.1:-1",
-        "127.0.0.1:12a", "::1:80", "[127.0.0.1]:80", "[::1]80", "[::1", "1.2.3:80"}) {
+        "127.0.0.1:12a", "::1:80", "1.2.3:80", "256.0.0.1:80", "[::1]:9464", "[127.0.0.1]:80"}) {
     INFO(bad);
     err.clear();
     CHECK_FALSE(parse_listen_address(bad, &ep, &err));
-    CHECK(err.find("accepted: ADDR:PORT") != std::string::npos);
+    CHECK_THAT(err, Contains("'" + std::string(bad)) &&
+                        Contains("accepted: ADDR:PORT with a numeric IPv4 address"));
   }
+  CHECK_FALSE(parse_listen_address("[::1]:9464", &ep, &err));
+  CHECK_THAT(err, Contains("IPv6 is not served"));
+  CHECK_FALSE(parse_listen_address("localhost:9464", &ep, &err));
+  CHECK_THAT(err, Contains("'localhost' is not a numeric IPv4 address"));
+  CHECK_FALSE(parse_listen_address("127.0.0.1:70000", &ep, &err));
+  CHECK_THAT(err, Contains("port '70000' is not 0-65535"));
 }
 
 TEST_CASE(
-    "GET /metrics: 200 with the exposition content type and the callback's body; other "
-    "paths 404, other methods 405, junk 400, a throwing callback 500",
+    "GET /metrics on 127.0.0.1 port 0: the registry, board and store collectables, refreshed "
+    "on the loop thread at every scrape",
     "[metrics][http]") {
   Registry reg;
   register_standard(&reg);
-  std::atomic<int> fail{0};
+  std::atomic<int> refreshes{0};
+  std::thread::id refresh_thread;
   Served s([&] {
-    if (fail) throw std::runtime_error("board exploded");
-    reg.counter(kHeartbeatsSent).inc();  // the body is rendered per request
-    return reg.render();
+    refresh_thread = std::this_thread::get_id();
+    reg.gauge(kLiveNodes).set(++refreshes);  // set at the scrape, seen by the same scrape
   });
+  s.srv->add(reg.collectable());
+  const std::string bname = "test-" + std::to_string(getpid()) + "-methttp";
+  board::remove_board(bname);
+  s.srv->add(std::make_shared<BoardCollectable>(bname));
+  r2ccl::snap::StoreStats st;
+  st.memory_bytes = 4096;
+  s.srv->add(std::make_shared<StoreCollectable>([st] { return st; }));
+  CHECK(s.srv->port() == 0);  // not listening yet
+  s.start();
+  CHECK(s.srv->endpoint().address().to_string() == "127.0.0.1");
 
-  Response r = http_exchange(s.port, "GET /metrics HTTP/1.1\r\nHost: x\r\nAccept: */*\r\n\r\n");
-  CHECK(r.status == "HTTP/1.0 200 OK");
-  CHECK(r.header("Content-Type") == "text/plain; version=0.0.4; charset=utf-8");
-  CHECK(r.header("Connection") == "close");
+  Response r = http_get(s.port);
+  INFO(r.head << r.body);
+  CHECK(r.status == "HTTP/1.1 200 OK");
+  CHECK_THAT(r.header("Content-Type"), Contains("text/plain"));
   CHECK(r.header("Content-Length") == std::to_string(r.body.size()));
-  CHECK(has_line(r.body, "r2ccl_snapshot_heartbeats_sent_total 1"));
-  CHECK(r.body == reg.render());  // nothing else changed it since
   CHECK(check_page(r.body) == "");
+  CHECK(has_line(r.body, "r2ccl_snapshot_live_nodes 1"));
+  CHECK(has_line(r.body, "# TYPE r2ccl_snapshot_heartbeats_sent_total counter"));
+  CHECK(has_line(r.body, "r2ccl_snapshot_take_seconds_bucket{le=\"+Inf\"} 0"));
+  CHECK(has_line(r.body, "r2ccl_snapshot_board_readable 0"));
+  CHECK(has_line(r.body, "r2ccl_snapshot_store_memory_bytes 4096"));
+  CHECK(has_line(r.body, "# TYPE exposer_scrapes_total counter"));  // prometheus-cpp's own
+  CHECK(refresh_thread == s.loop.get_id());
 
-  r = http_exchange(s.port, "GET /metrics?name[]=x HTTP/1.0\n\n");  // query ignored; bare LF
-  CHECK(r.status == "HTTP/1.0 200 OK");
+  reg.counter(kHeartbeatsSent).inc(2);
+  r = http_get(s.port);
+  CHECK(r.status == "HTTP/1.1 200 OK");
+  CHECK(has_line(r.body, "r2ccl_snapshot_live_nodes 2"));
   CHECK(has_line(r.body, "r2ccl_snapshot_heartbeats_sent_total 2"));
 
-  r = http_exchange(s.port, "HEAD /metrics HTTP/1.0\r\n\r\n");
-  CHECK(r.status == "HTTP/1.0 200 OK");
-  CHECK(r.body.empty());
-  CHECK(std::stoul(r.header("Content-Length")) > 100);
+  // A collectable added while serving is on the next page; one that throws is left out and
+  // counted, the rest of the page is served.
+  struct Throws : prometheus::Collectable {
+    Page Collect() const override { throw std::runtime_error("collectable exploded"); }
+  };
+  s.srv->add(std::make_shared<Throws>());
+  Registry late;
+  late.gauge("late_gauge").set(7);
+  s.srv->add(late.collectable());
+  r = http_get(s.port);
+  CHECK(r.status == "HTTP/1.1 200 OK");
+  CHECK(has_line(r.body, "late_gauge 7"));
+  CHECK(has_line(r.body, "r2ccl_snapshot_live_nodes 3"));
+  CHECK(check_page(r.body) == "");
 
-  r = http_exchange(s.port, "GET / HTTP/1.1\r\n\r\n");
-  CHECK(r.status == "HTTP/1.0 404 Not Found");
-  r = http_exchange(s.port, "GET /metrics/x HTTP/1.1\r\n\r\n");
-  CHECK(r.status == "HTTP/1.0 404 Not Found");
-  CHECK(r.body.find("/metrics") != std::string::npos);
-  r = http_exchange(s.port, "POST /metrics HTTP/1.1\r\nContent-Length: 0\r\n\r\n");
-  CHECK(r.status == "HTTP/1.0 405 Method Not Allowed");
-  CHECK(r.header("Allow") == "GET, HEAD");
-  for (const char* junk :
-       {"\r\n\r\n", "GET\r\n\r\n", "GET /metrics\r\n\r\n", "GET  /metrics HTTP/1.1\r\n\r\n",
-        "GET /metrics FTP/1\r\n\r\n", "GET /metrics HTTP/1.1 extra\r\n\r\n"}) {
-    INFO(junk);
-    CHECK(http_exchange(s.port, junk).status == "HTTP/1.0 400 Bad Request");
-  }
-  fail = 1;
-  r = http_exchange(s.port, "GET /metrics HTTP/1.1\r\n\r\n");
-  CHECK(r.status == "HTTP/1.0 500 Internal Server Error");
-  CHECK(r.body.find("board exploded") != std::string::npos);
-  fail = 0;
-  // Many scrapes in a row.
-  for (int i = 0; i < 50; ++i)
-    CHECK(http_exchange(s.port, "GET /metrics HTTP/1.1\r\n\r\n").status == "HTTP/1.0 200 OK");
-  const HttpServer::Stats st = s.srv->stats();
-  CHECK(st.ok == 53);
-  CHECK(st.not_found == 2);
-  CHECK(st.refused == 8);
-  CHECK(st.timeouts == 0);
+  // Other paths are not the metrics.
+  r = http_get(s.port, "/");
+  CHECK_THAT(r.status, Contains(" 404 Not Found"));
+  CHECK(r.body.find("r2ccl_snapshot") == std::string::npos);
 
-  // Another server cannot take the same port.
+  for (int i = 0; i < 20; ++i) CHECK(http_get(s.port).status == "HTTP/1.1 200 OK");
+  const HttpServer::Stats stats = s.srv->stats();
+  CHECK(stats.scrapes == 23);
+  CHECK(stats.refresh_timeouts == 0);
+  CHECK(stats.collect_errors == 21);
+  CHECK(refreshes == 23);
+
+  // Another server cannot take the same port: the error names the address and the reason.
   asio::io_context io2;
-  HttpServer other(io2, [] { return std::string(); });
+  HttpServer other(io2);
   std::string err;
   CHECK_FALSE(other.listen("127.0.0.1:" + std::to_string(s.port), &err));
-  CHECK(err.find("cannot listen on 127.0.0.1:" + std::to_string(s.port)) != std::string::npos);
+  CHECK_THAT(err, Contains("cannot listen on 127.0.0.1:" + std::to_string(s.port) + ": ") &&
+                      Contains("in use"));
+  CHECK_FALSE(other.listen("[::1]:0", &err));
+  CHECK_THAT(err, Contains("IPv6 is not served") && Contains("accepted: ADDR:PORT"));
+  CHECK_FALSE(other.listen("203.0.113.1:9", &err));  // not an address of this host
+  CHECK_THAT(err, Contains("cannot listen on 203.0.113.1:9: "));
+  CHECK(other.port() == 0);
 }
 
-TEST_CASE("a request header over 8 KiB is refused with 431; one just under is served",
+TEST_CASE("a loop that does not run its refresh delays a scrape by refresh_timeout only",
           "[metrics][http]") {
-  Served s([] { return std::string("x 1\n"); });
-  std::string big = "GET /metrics HTTP/1.1\r\nX-Pad: " + std::string(9000, 'a');
-  Response r = http_exchange(s.port, big);  // no end of header: refused at 8 KiB
-  CHECK(r.status == "HTTP/1.0 431 Request Header Fields Too Large");
-  r = http_exchange(s.port, big + "\r\n\r\n" + std::string(20000, 'b'));  // complete but too big
-  CHECK(r.status == "HTTP/1.0 431 Request Header Fields Too Large");
-  std::string fits = "GET /metrics HTTP/1.1\r\nX-Pad: ";
-  fits += std::string(8192 - fits.size() - 4, 'a') + "\r\n\r\n";
-  REQUIRE(fits.size() == 8192);
-  r = http_exchange(s.port, fits);
-  CHECK(r.status == "HTTP/1.0 200 OK");
-  CHECK(r.body == "x 1\n");
-  fits.insert(fits.size() - 4, "a");  // 8193 bytes
-  CHECK(http_exchange(s.port, fits).status == "HTTP/1.0 431 Request Header Fields Too Large");
+  Registry reg;
+  reg.gauge("g").set(5);
+  bool refreshed = false;
+  HttpServer::Options opt;
+  opt.refresh_timeout = std::chrono::milliseconds(300);
+  Served s([&] { refreshed = true; }, opt);
+  s.srv->add(reg.collectable());
+  s.start(/*run_loop=*/false);  // nobody runs io
+  const auto t0 = std::chrono::steady_clock::now();
+  const Response r = http_get(s.port);
+  CHECK(r.status == "HTTP/1.1 200 OK");
+  CHECK(has_line(r.body, "g 5"));
+  CHECK(seconds_since(t0) >= 0.29);
+  CHECK(seconds_since(t0) < 3.0);
+  CHECK(s.srv->stats().refresh_timeouts == 1);
+  // stop() while the loop still holds the posted refreshes: they find the server stopped.
+  s.srv->stop();
+  CHECK(s.srv->port() == 0);
+  s.io.poll();
+  CHECK_FALSE(refreshed);
 }
 
-TEST_CASE("a silent client neither blocks another nor outlives its deadline; connection cap",
+TEST_CASE("a silent client neither blocks a scrape nor outlives its deadline; stop() closes",
           "[metrics][http]") {
   HttpServer::Options opt;
   opt.timeout = std::chrono::milliseconds(1000);
-  opt.max_connections = 3;
-  Served s([] { return std::string("up 1\n"); }, opt);
+  Registry reg;
+  reg.gauge("up").set(1);
+  Served s({}, opt);
+  s.srv->add(reg.collectable());
+  s.start();
 
   auto t0 = std::chrono::steady_clock::now();
-  int silent = connect_to(s.port);   // connects, sends nothing
-  int partial = connect_to(s.port);  // sends half a request line
-  send_all(partial, "GET /met");
-  Response r = http_exchange(s.port, "GET /metrics HTTP/1.1\r\n\r\n");  // a third, served at once
-  CHECK(r.status == "HTTP/1.0 200 OK");
-  CHECK(r.body == "up 1\n");
-  CHECK(seconds_since(t0) < 0.9);  // not held up by the silent ones
-  // The server closes both at their deadline (recv sees EOF, not our 5 s timeout).
-  CHECK(read_all(silent).empty());
-  CHECK(read_all(partial).empty());
+  int silent = connect_to(s.port);      // connects, sends nothing
+  const Response r = http_get(s.port);  // served by the other worker thread at once
+  CHECK(r.status == "HTTP/1.1 200 OK");
+  CHECK(has_line(r.body, "up 1"));
+  CHECK(seconds_since(t0) < 0.9);
+  // civetweb closes it at its deadline (recv sees EOF, not our 5 s timeout).
+  CHECK(read_all(silent).find("200 OK") == std::string::npos);
   const double waited = seconds_since(t0);
   CHECK(waited >= 0.9);
-  CHECK(waited < 3.0);
+  CHECK(waited < 4.0);
   close(silent);
-  close(partial);
-  CHECK(s.srv->stats().timeouts == 2);
 
-  // max_connections = 3: a fourth concurrent connection is closed when accepted, while the
-  // three go on.
-  std::vector<int> held;
-  for (int i = 0; i < 3; ++i) held.push_back(connect_to(s.port));
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));  // all three accepted
-  t0 = std::chrono::steady_clock::now();
-  int extra = connect_to(s.port);
-  CHECK(read_all(extra).empty());
-  CHECK(seconds_since(t0) < 0.9);  // closed at accept, not at the deadline
-  close(extra);
-  CHECK(s.srv->stats().busy == 1);
-  send_all(held[0], "GET /metrics HTTP/1.0\r\n\r\n");
-  const std::string raw = read_all(held[0]);
-  CHECK(raw.compare(0, 15, "HTTP/1.0 200 OK") == 0);
-  for (int fd : held) close(fd);
-  // Once they are gone, new clients are served again.
-  std::this_thread::sleep_for(std::chrono::milliseconds(1200));
-  CHECK(http_exchange(s.port, "GET /metrics HTTP/1.0\r\n\r\n").status == "HTTP/1.0 200 OK");
-}
-
-TEST_CASE("stop() closes open connections; the loop ends", "[metrics][http]") {
-  asio::io_context io;
-  auto srv = std::make_unique<HttpServer>(io, [] { return std::string("a 1\n"); });
-  std::string err;
-  REQUIRE(srv->listen("127.0.0.1:0", &err));
-  const uint16_t port = srv->port();
-  std::thread loop([&] { io.run(); });  // returns once the server holds no more work
-  int fd = connect_to(port);
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  asio::post(io, [&] { srv->stop(); });
-  CHECK(read_all(fd).empty());  // closed by stop, well before the 5 s timeout
-  close(fd);
-  loop.join();
-  srv.reset();
+  // stop(): the port is closed.
+  asio::post(s.io, [&] { s.srv->stop(); });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  bool refused = false;
+  while (!refused && std::chrono::steady_clock::now() < deadline) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(s.port);
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    refused = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0;
+    close(fd);
+    if (!refused) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  CHECK(refused);
 }

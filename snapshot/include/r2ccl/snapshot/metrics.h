@@ -1,40 +1,54 @@
-// Prometheus metrics of r2ccl_snapshotd (issue 6). prometheus-cpp is not packaged in Debian 12,
-// so the daemon serves the text exposition format (version 0.0.4) itself: this registry renders
-// it, and metrics_http.h serves it over HTTP.
+// Prometheus metrics of r2ccl_snapshotd (issue 6), on prometheus-cpp (Debian 12:
+// prometheus-cpp-dev 1.0.1; CMake package prometheus-cpp). This header is a thin facade over
+// prometheus::Registry and its Family<Counter|Gauge|Histogram>, so that the daemon looks a
+// metric up by name (the k* constants below) and increments it in one line; metrics_http.h
+// serves the page with prometheus::Exposer.
 //
-// Format written (exposition format 0.0.4):
-//   - per metric family, in registration order: "# HELP name text" (only when the family has
-//     a help text; backslash -> \\ and newline -> \n), "# TYPE name counter|gauge|histogram",
-//     then its samples, all lines of a family together; every line ends with '\n';
-//   - a sample is `name{label="value",...} value`, no timestamp; labels are sorted by name
-//     (histograms' `le` last); a label value escapes backslash (\\), double quote (\") and
-//     newline (\n); an empty label set writes no braces;
-//   - values: integers as integers ("42"), others in the shortest form that reads back to the
-//     same double ("0.25", "1e+21"), "NaN", "+Inf", "-Inf";
-//   - a histogram writes `name_bucket{...,le="B"}` cumulatively for every bucket bound B and
-//     le="+Inf" (== count), then `name_sum` and `name_count`;
-//   - a family with no series yet writes nothing.
+// Format: prometheus-cpp's TextSerializer (text exposition format 0.0.4): per family "# HELP"
+// (when the family has a help text), "# TYPE", then its samples; labels sorted by name
+// (a histogram's `le` last); label values escaped (backslash, double quote, newline);
+// a histogram writes _count, _sum, then its cumulative _bucket series up to le="+Inf". A family
+// with no series writes nothing. Help texts are written as given: keep them on one line,
+// without backslashes (prometheus-cpp 1.0.1 does not escape them).
 //
-// Names: metric names match [a-zA-Z_:][a-zA-Z0-9_:]*, label names [a-zA-Z_][a-zA-Z0-9_]* and do
-// not start with "__" (reserved by Prometheus); a histogram may not have an `le` label. The
-// registry refuses anything else with std::invalid_argument naming the name and the rule
-// (registration is a setup path; use the k* constants below so a typo is a compile error).
+// Units: counters end in _total; sizes are bytes, times seconds (Prometheus base units).
 //
-// Thread-safety: every method may be called from any thread. The registry's mutex guards the
-// families and their series; Counter and Gauge are lock-free atomics; a Histogram has its own
-// mutex (render reads bucket counts, sum and count consistently). References returned by
-// counter()/gauge()/histogram() stay valid as long as the Registry lives (series are never
-// removed): keep them for hot paths instead of looking the name up on every event.
+// Errors: a metric name not matching [a-zA-Z_:][a-zA-Z0-9_:]*, a label name not matching
+// [a-zA-Z_][a-zA-Z0-9_]* or starting with "__" (prometheus-cpp's CheckMetricName and
+// CheckLabelName), a name registered already with another type or other buckets, histogram
+// bounds not finite and strictly increasing: std::invalid_argument naming the metric
+// (registration is a setup path; use the k* constants so that a typo is a compile error).
+// Nothing checks that one family's sample names (a histogram's name_count...) do not clash
+// with another's: the standard set and the scrape-time families below are tested not to.
+//
+// Thread-safety: every function and method may be called from any thread (prometheus-cpp's
+// registry, families and histograms have their own mutexes; counters and gauges are atomics).
+// The handles returned by counter()/gauge()/histogram() stay valid as long as the Registry
+// lives (series are never removed): keep one for a hot path instead of looking the name up
+// on every event.
 #pragma once
 
-#include <atomic>
-#include <cstdint>
+#include <prometheus/collectable.h>
+#include <prometheus/labels.h>
+#include <prometheus/metric_family.h>
+
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <utility>
+#include <variant>
 #include <vector>
+
+namespace prometheus {
+class Counter;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
 
 namespace r2ccl::board {
 struct BoardView;  // r2ccl/health_board.h
@@ -45,54 +59,50 @@ struct StoreStats;  // r2ccl/snapshot/shard_store.h
 
 namespace metrics {
 
-// A label set: (name, value) pairs in any order (the registry sorts them by name; a name may
-// appear once).
-using Labels = std::vector<std::pair<std::string, std::string>>;
+// A label set: name -> value (std::map: sorted, a name once).
+using Labels = prometheus::Labels;
+// Metric families, as collected for one page (prometheus::Collectable::Collect's result).
+using Page = std::vector<prometheus::MetricFamily>;
+
+// The page in the text exposition format (prometheus::TextSerializer).
+std::string render(const Page& page);
 
 // Monotonic. inc() of a negative or NaN amount is ignored (a counter never goes down).
 class Counter {
  public:
   void inc(double v = 1);
-  double value() const { return v_.load(std::memory_order_relaxed); }
+  double value() const;
 
  private:
-  std::atomic<double> v_{0};
+  friend class Registry;
+  explicit Counter(prometheus::Counter* c) : c_(c) {}
+  prometheus::Counter* c_;
 };
 
 class Gauge {
  public:
-  void set(double v) { v_.store(v, std::memory_order_relaxed); }
+  void set(double v);
   void inc(double v = 1);
   void dec(double v = 1) { inc(-v); }
-  double value() const { return v_.load(std::memory_order_relaxed); }
+  double value() const;
 
  private:
-  std::atomic<double> v_{0};
+  friend class Registry;
+  explicit Gauge(prometheus::Gauge* g) : g_(g) {}
+  prometheus::Gauge* g_;
 };
 
 // Fixed buckets (upper bounds, given at registration). observe(v) counts v in the first bucket
 // with v <= bound (or only in +Inf); NaN observations are ignored.
 class Histogram {
  public:
-  explicit Histogram(std::vector<double> bounds);
   void observe(double v);
-  struct Snapshot {
-    std::vector<double> bounds;        // without +Inf
-    std::vector<uint64_t> cumulative;  // per bound, cumulative; size() == bounds.size()
-    uint64_t count = 0;                // == the +Inf bucket
-    double sum = 0;
-  };
-  Snapshot snapshot() const;
 
  private:
-  const std::vector<double> bounds_;
-  mutable std::mutex mu_;
-  std::vector<uint64_t> counts_;  // per bound, not cumulative; mu_
-  uint64_t count_ = 0;            // mu_
-  double sum_ = 0;                // mu_
+  friend class Registry;
+  explicit Histogram(prometheus::Histogram* h) : h_(h) {}
+  prometheus::Histogram* h_;
 };
-
-enum class Type { kCounter, kGauge, kHistogram };
 
 class Registry {
  public:
@@ -102,11 +112,8 @@ class Registry {
   Registry& operator=(const Registry&) = delete;
 
   // Registers a family (no series yet). Registering a name again with the same type (and, for
-  // histograms, the same buckets) is a no-op that may set a missing help text. Throws
-  // std::invalid_argument: a name not matching the rule, a name already registered with
-  // another type or other buckets, a histogram's name_bucket/_sum/_count clashing with another
-  // family (either way round), bucket bounds not finite and strictly increasing (a trailing
-  // +Inf is accepted and dropped).
+  // histograms, the same buckets) is a no-op (the first help text stays). A trailing +Inf
+  // bound is accepted and dropped (it is implicit). Throws std::invalid_argument (see the top).
   void add_counter(const std::string& name, const std::string& help);
   void add_gauge(const std::string& name, const std::string& help);
   void add_histogram(const std::string& name, const std::string& help,
@@ -114,34 +121,37 @@ class Registry {
 
   // The series of `name` with `labels`, created at the first call. A counter or gauge family
   // not registered yet is registered (without help); a histogram must be registered first
-  // (its buckets). Throws std::invalid_argument for an invalid or duplicate label name, a
-  // name registered with another type, or an unregistered histogram.
-  Counter& counter(const std::string& name, const Labels& labels = {});
-  Gauge& gauge(const std::string& name, const Labels& labels = {});
-  Histogram& histogram(const std::string& name, const Labels& labels = {});
+  // (its buckets). Throws std::invalid_argument for an invalid label name, a name registered
+  // with another type, or an unregistered histogram.
+  Counter counter(const std::string& name, const Labels& labels = {});
+  Gauge gauge(const std::string& name, const Labels& labels = {});
+  Histogram histogram(const std::string& name, const Labels& labels = {});
 
-  // The whole registry in the text exposition format (see the top of this file).
+  // Every family with at least one series: counters, then gauges, then histograms, each in
+  // registration order (prometheus::Registry::Collect).
+  Page collect() const;
+  // render(collect()).
   std::string render() const;
+  // The prometheus::Registry itself, for an Exposer (HttpServer::add). Shares its ownership.
+  std::shared_ptr<prometheus::Collectable> collectable() const;
 
  private:
-  struct Family;
-  Family& family_locked(const std::string& name, Type type, const std::string& help,
-                        const std::vector<double>* bounds, bool create);
+  using FamilyPtr =
+      std::variant<prometheus::Family<prometheus::Counter>*, prometheus::Family<prometheus::Gauge>*,
+                   prometheus::Family<prometheus::Histogram>*>;
+  struct Entry {
+    FamilyPtr family;
+    std::vector<double> bounds;  // histograms
+  };
+  template <typename T>
+  prometheus::Family<T>& family(const std::string& name, const std::string& help, bool create);
+
+  std::shared_ptr<prometheus::Registry> reg_;
   mutable std::mutex mu_;
-  std::vector<std::unique_ptr<Family>> families_;  // registration order
-  std::map<std::string, Family*> by_name_;
+  std::map<std::string, Entry> families_;  // mu_
 };
 
-// ---- helpers shared with append_board_metrics (and usable by the daemon) --------------------
-bool valid_metric_name(const std::string& s);
-bool valid_label_name(const std::string& s);
-std::string escape_label_value(const std::string& s);  // \ " newline
-std::string escape_help(const std::string& s);         // \ newline
-std::string format_value(double v);                    // "42", "0.25", "NaN", "+Inf", "-Inf"
-const char* type_name(Type t);                         // "counter", "gauge", "histogram"
-
 // ---- the daemon's standard metrics ------------------------------------------------------------
-// Counters end in _total; sizes are bytes, times seconds (Prometheus base units).
 inline constexpr const char* kShardBytesReceived = "r2ccl_snapshot_shard_bytes_received_total";
 inline constexpr const char* kShardBytesSent = "r2ccl_snapshot_shard_bytes_sent_total";
 inline constexpr const char* kShardsReceived = "r2ccl_snapshot_shards_received_total";
@@ -174,9 +184,11 @@ std::vector<double> take_seconds_buckets();  // 0.01 s .. 120 s
 // (values already set are kept).
 void register_standard(Registry* r);
 
-// ---- metrics rendered at scrape time from other state ------------------------------------------
-// These append complete families (HELP, TYPE, samples) to *out; their names must not be
-// registered in a Registry rendered into the same page.
+// ---- metrics collected at scrape time from other state -----------------------------------------
+// These append complete families to *out (only families with at least one sample); their names
+// must not be registered in a Registry served on the same page. Strings from the board are
+// kept to printable ASCII ('?' for other bytes: a corrupt board must not make the page invalid
+// UTF-8).
 //
 // From a node's health board (read_board()):
 //   per live slot (one net plugin process's rail), labels rail=<name>, pid=<owner pid>:
@@ -197,19 +209,41 @@ void register_standard(Registry* r);
 //     r2ccl_snapshot_agreed_members         gauge (member_count)
 //     r2ccl_snapshot_agreed_nodes           gauge (n_nodes, the nodes in the job)
 //     r2ccl_snapshot_agreed_node_usable_bandwidth_bytes_per_second{node}  gauge, per member
-// A slot or sampler rail whose (name, pid) / name was already written is skipped (a series is
+// A slot or sampler rail whose (name, pid) / name was already appended is skipped (a series is
 // never written twice).
-void append_board_metrics(const board::BoardView& v, std::string* out);
+void append_board_metrics(const board::BoardView& v, Page* out);
 // Reads the board `board_name` and appends the above, plus r2ccl_snapshot_board_readable
 // (gauge: 1 when the board was read, 0 when absent or unusable; nothing else then).
-void append_board_metrics(const std::string& board_name, std::string* out);
+void append_board_metrics(const std::string& board_name, Page* out);
 
 // From the shard store (ShardStore::stats()):
 //   r2ccl_snapshot_store_memory_bytes, _spilled_bytes, _memory_shards, _spilled_shards  gauges
 //   r2ccl_snapshot_store_spills_total, _spill_failures_total, _files_skipped_total,
 //   r2ccl_snapshot_store_pruned_total                                                    counters
 //   r2ccl_snapshot_store_crc_failures_total{when="put"|"get"}                            counter
-void append_store_metrics(const StoreStats& s, std::string* out);
+void append_store_metrics(const StoreStats& s, Page* out);
+
+// The same as collectables, read at every scrape (on the scraping thread: read_board() and
+// ShardStore::stats() may be called from any thread). Collect() never throws (an Exposer's
+// worker thread calls it): on an exception it returns nothing.
+class BoardCollectable : public prometheus::Collectable {
+ public:
+  explicit BoardCollectable(std::string board_name) : board_(std::move(board_name)) {}
+  Page Collect() const override;
+
+ private:
+  const std::string board_;
+};
+
+class StoreCollectable : public prometheus::Collectable {
+ public:
+  using StatsFn = std::function<StoreStats()>;  // called from the scraping thread
+  explicit StoreCollectable(StatsFn stats) : stats_(std::move(stats)) {}
+  Page Collect() const override;
+
+ private:
+  const StatsFn stats_;
+};
 
 }  // namespace metrics
 }  // namespace r2ccl::snap
