@@ -22,11 +22,15 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <map>
+#include <memory>
+#include <set>
 #include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "etcd_fixture.h"
 #include "net_harness.h"
 #include "r2ccl/health_board.h"
 #include "r2ccl/snapshot_client.h"
@@ -39,17 +43,24 @@ std::string daemon_path() {
   return test::env_or("R2CCL_TEST_SNAPSHOTD", R2CCL_BINARY_DIR "/bin/r2ccl_snapshotd");
 }
 
-// N daemons on 127.0.0.1, heartbeat 100 ms.
+// N daemons on 127.0.0.1, heartbeat 100 ms, a 1 s lease, and their own etcd.
 struct Cluster {
   int n = 0;
   std::string tag, peers, token, topology;
+  std::unique_ptr<test::EtcdCluster> etcd;
   std::vector<std::string> boards, sockets, spills, logs;
   std::vector<pid_t> pids;
   std::vector<std::string> extra;  // more daemon arguments for every node
 
   // `slot` keeps the test cases of one process on different ports.
-  Cluster(int nodes, const std::string& name, bool spill, int slot) : n(nodes) {
+  Cluster(int nodes, const std::string& name, bool spill, int slot, int etcd_members = 1)
+      : n(nodes) {
     tag = name + std::to_string(getpid());
+    etcd = std::make_unique<test::EtcdCluster>(tag, etcd_members);
+    std::string err;
+    const bool up = etcd->start(&err);
+    INFO(err);
+    REQUIRE(up);
     const int base = 21000 + (getpid() % 700) * 16 + slot * 5;
     peers = test::temp_path(tag + "-peers");
     token = test::temp_path(tag + "-token");
@@ -95,7 +106,13 @@ struct Cluster {
                                  "--period-ms",
                                  "100",
                                  "--socket",
-                                 sockets[i]};
+                                 sockets[i],
+                                 "--etcd",
+                                 etcd->endpoints(),
+                                 "--job",
+                                 tag,
+                                 "--lease-ttl",
+                                 "1"};
       if (!spills[i].empty()) a.insert(a.end(), {"--spill-dir", spills[i]});
       if (!topology.empty()) a.insert(a.end(), {"--topology", topology});
       a.insert(a.end(), extra.begin(), extra.end());
@@ -246,6 +263,17 @@ double metric(const std::string& page, const std::string& name) {
   return -1;
 }
 
+// Waits until `board` holds an agreed record with `members` members.
+bool wait_board_members(const std::string& b, int members, int ms = 10000) {
+  for (int w = 0; w <= ms; w += 20) {
+    board::AgreedRecord r;
+    std::string err;
+    if (board::read_agreed_record(b, &r, &err) && board::member_count(r) == members) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return false;
+}
+
 void flip_byte(const std::string& path, long offset) {
   FILE* f = fopen(path.c_str(), "r+b");
   REQUIRE(f != nullptr);
@@ -268,6 +296,10 @@ TEST_CASE("snapshot cluster: a node lost mid-replication; survivors restore N-1,
   for (int i = 0; i < kNodes; ++i)
     c.start(i, i == 3 ? "R2CCL_SNAPD_TEST_EXIT_AFTER_SHARDS=4:1" : "");
   for (int i = 0; i < kNodes; ++i) REQUIRE(c.wait_socket(i));
+  for (int i = 0; i < kNodes; ++i) {
+    INFO(c.all_logs());
+    REQUIRE(wait_board_members(c.boards[i], 4));  // epoch 1 has all four
+  }
   std::vector<std::unique_ptr<Rank>> ranks;
   for (int r = 0; r < kNodes; ++r) {
     ranks.push_back(std::make_unique<Rank>(r, kNodes, 20000));
@@ -305,7 +337,10 @@ TEST_CASE("snapshot cluster: a node lost mid-replication; survivors restore N-1,
     CHECK(metric(page, "r2ccl_snapshot_shards_received_total") >= 3 * 3 * (kN - 1));
     CHECK(metric(page, "r2ccl_snapshot_newest_complete_step") >= kN - 1);
     CHECK(metric(page, "r2ccl_snapshot_live_nodes") == 4);
-    CHECK(metric(page, "r2ccl_snapshot_coordinator") == 1);
+    double coordinators = 0;  // exactly one daemon acts (whichever etcd elected)
+    for (int i = 0; i < kNodes; ++i)
+      coordinators += metric(scrape(c.logs[i]), "r2ccl_snapshot_coordinator");
+    CHECK(coordinators == 1);
     CHECK(metric(page, "r2ccl_snapshot_replication_lag_seconds") >= 0);
     CHECK(metric(page, "r2ccl_snapshot_agreed_members") == 4);
     CHECK(metric(page, "r2ccl_snapshot_store_memory_bytes") > 0);
@@ -380,7 +415,7 @@ TEST_CASE("snapshot cluster: a node lost mid-replication; survivors restore N-1,
   }
   const std::string logs = c.all_logs();
   CHECK(logs.find("test hook: exiting after 1 shards of step 4") != std::string::npos);
-  CHECK(logs.find("node 3 missed 3 heartbeats") != std::string::npos);
+  CHECK(logs.find("node 3: no heartbeat for") != std::string::npos);
   c.check_clean();
 }
 
@@ -464,58 +499,179 @@ TEST_CASE("snapshot cluster: spill beyond the memory limit, a corrupt replica, a
   c.check_clean();
 }
 
-TEST_CASE("snapshot cluster: a minority partition does not act", "[snapshot]") {
-  constexpr int kNodes = 5;
-  Cluster c(kNodes, "snappt", false, 2);
-  const std::string block_a = test::temp_path(c.tag + "-block-a"),
-                    block_b = test::temp_path(c.tag + "-block-b");
-  std::ofstream(block_a) << "";
-  std::ofstream(block_b) << "";
-  for (int i = 0; i < kNodes; ++i)
-    c.start(i, "R2CCL_SNAPD_TEST_BLOCK_FILE=" + (i < 2 ? block_a : block_b));
+namespace {
+
+// The record every node's board holds now, read with its members as a sorted id list.
+std::vector<int> board_members(const std::string& board, uint64_t* epoch) {
   board::AgreedRecord r;
   std::string err;
-  auto wait_members = [&](int node, int members, uint64_t after) {
-    for (int w = 0; w < 10000; w += 20) {
-      if (board::read_agreed_record(c.boards[node], &r, &err) && r.epoch > after &&
-          board::member_count(r) == members)
-        return true;
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  std::vector<int> ids;
+  *epoch = 0;
+  if (!board::read_agreed_record(board, &r, &err)) return ids;
+  *epoch = r.epoch;
+  for (uint32_t id = 0; id < r.n_nodes && id < uint32_t(board::kMaxNodes); ++id)
+    if (r.members[id / 64] & (1ull << (id % 64))) ids.push_back(int(id));
+  return ids;
+}
+
+// Waits until every listed node's board shows the same epoch and exactly `members`.
+bool boards_agree(Cluster& c, const std::vector<int>& nodes, const std::vector<int>& members,
+                  int ms, uint64_t after = 0) {
+  for (int w = 0; w <= ms; w += 50) {
+    bool ok = true;
+    uint64_t e0 = 0;
+    for (size_t k = 0; k < nodes.size() && ok; ++k) {
+      uint64_t e = 0;
+      ok = board_members(c.boards[nodes[k]], &e) == members && e > after;
+      if (k == 0) e0 = e;
+      ok = ok && e == e0;
     }
-    return false;
-  };
-  for (int i = 0; i < kNodes; ++i) {
-    INFO(c.all_logs());
-    REQUIRE(wait_members(i, 5, 0));
+    if (ok) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  const uint64_t epoch = r.epoch;
-  // Partition {0, 1} | {2, 3, 4}.
-  std::ofstream(block_a) << "2 3 4\n";
-  std::ofstream(block_b) << "0 1\n";
-  for (int i = 2; i < kNodes; ++i) {
-    INFO(c.all_logs());
-    REQUIRE(wait_members(i, 3, epoch));
+  return false;
+}
+
+// The invariants every run must keep (issue 15), from etcd's keys and the daemons' logs:
+//  - at most one record per epoch: each records/E key says epoch E, and every daemon that wrote
+//    epoch E into its board wrote the same members;
+//  - epochs only increase on every node, across its restarts (logs are appended);
+//  - the record's members all hold a lease now (members/ keys), once the cluster settled;
+//  - evictions of live nodes: at most `max_evictions`.
+void check_invariants(Cluster& c, int max_evictions) {
+  const std::string prefix = "/r2ccl/" + c.tag + "/";
+  std::map<uint64_t, std::string> by_epoch;
+  for (const auto& [k, v] : c.etcd->get_prefix(prefix + "records/")) {
+    const uint64_t e = std::stoull(k.substr(k.rfind('/') + 1));
+    INFO(k << " = " << v);
+    CHECK(v.find("\"epoch\":" + std::to_string(e) + ",") != std::string::npos);
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(600));
-  // Nodes 0 and 1 notice the other side's silence one peer at a time: node 0 may still act
-  // while it sees 4 or 3 of 5 live, but never with fewer. Every record written on their side
-  // has a majority of members, and the last one still lists some of the other side.
-  const std::string log0 = test::read_file(c.logs[0]), log2 = test::read_file(c.logs[2]);
-  for (int i = 0; i < 2; ++i) {
-    REQUIRE(board::read_agreed_record(c.boards[i], &r, &err));
-    CHECK(board::member_count(r) >= 3);
+  int evictions = 0;
+  for (int i = 0; i < c.n; ++i) {
     std::istringstream lines(test::read_file(c.logs[i]));
     std::string line;
+    uint64_t last = 0;
     while (std::getline(lines, line)) {
+      if (line.find("INFO etcd: evicted node") != std::string::npos) ++evictions;
+      const size_t at = line.find("agreed record epoch ");
+      if (at == std::string::npos) continue;
+      const uint64_t e = std::stoull(line.substr(at + 20));
       const size_t m = line.find("members {");
-      if (m == std::string::npos) continue;
-      INFO(line);
       const std::string ids = line.substr(m + 9, line.find('}', m) - m - 9);
-      CHECK(std::count(ids.begin(), ids.end(), ',') + 1 >= 3);
+      INFO("node " << i << ": " << line);
+      CHECK(e > last);  // only forward, across restarts
+      last = e;
+      auto [it, fresh] = by_epoch.insert({e, ids});
+      CHECK(it->second == ids);  // one membership per epoch, on every node
     }
   }
-  CHECK(log0.find("not acting as coordinator (2 of 5 live)") != std::string::npos);
-  CHECK(log2.find("coordinator: lowest live id with a majority (3 of 5 live)") !=
-        std::string::npos);
+  CHECK(evictions <= max_evictions);
+  std::string rec;
+  REQUIRE(c.etcd->get(prefix + "record", &rec));
+  std::set<int> leased;
+  for (const auto& [k, v] : c.etcd->get_prefix(prefix + "members/"))
+    leased.insert(std::stoi(k.substr(k.rfind('/') + 1)));
+  uint64_t e = 0;
+  for (int i = 0; i < c.n; ++i)
+    if (c.pids[i] > 0) {
+      INFO("node " << i << " record " << rec);
+      for (int id : board_members(c.boards[i], &e)) CHECK(leased.count(id));
+    }
+}
+
+}  // namespace
+
+TEST_CASE("snapshot cluster: one cut link evicts at most one of its ends, and boards agree",
+          "[snapshot]") {
+  // B1: 3 nodes, only 0<->1 cut. Each suspects the other; node 2 hears both: no second
+  // observer, nobody is evicted, one coordinator, one record, the same KV everywhere.
+  constexpr int kNodes = 3;
+  Cluster c(kNodes, "snapcut", false, 2);
+  const std::string b0 = test::temp_path(c.tag + "-block0"),
+                    b1 = test::temp_path(c.tag + "-block1");
+  std::ofstream(b0) << "";
+  std::ofstream(b1) << "";
+  for (int i = 0; i < kNodes; ++i)
+    c.start(i, i == 0   ? "R2CCL_SNAPD_TEST_BLOCK_FILE=" + b0
+               : i == 1 ? "R2CCL_SNAPD_TEST_BLOCK_FILE=" + b1
+                        : "");
+  for (int i = 0; i < kNodes; ++i) REQUIRE(c.wait_socket(i));
+  {
+    INFO(c.all_logs());
+    REQUIRE(boards_agree(c, {0, 1, 2}, {0, 1, 2}, 10000));
+  }
+  uint64_t epoch = 0;
+  board_members(c.boards[0], &epoch);
+  std::ofstream(b0) << "1\n";
+  std::ofstream(b1) << "0\n";
+  // Both ends publish a unique id; whichever came first is what every node reads.
+  std::vector<std::unique_ptr<Rank>> ranks;
+  for (int r = 0; r < kNodes; ++r) {
+    ranks.push_back(std::make_unique<Rank>(r, kNodes, 1000));
+    REQUIRE(ranks[r]->open(c.sockets[r]) == 0);
+  }
+  REQUIRE(r2ccl_snap_kv_put(ranks[0]->h, "nccl-uid", "from-0", 6) == 0);
+  REQUIRE(r2ccl_snap_kv_put(ranks[1]->h, "nccl-uid", "from-1", 6) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // 25 periods, 2.5 leases
+  std::set<std::string> seen;
+  for (int r = 0; r < kNodes; ++r) {
+    char buf[64];
+    size_t n = 0;
+    const int rc = r2ccl_snap_kv_get(ranks[r]->h, "nccl-uid", buf, sizeof(buf), &n, 5000000);
+    INFO(err_of(rc));
+    REQUIRE(rc == 0);
+    seen.insert(std::string(buf, n));
+  }
+  CHECK(seen.size() == 1);
+  const std::string logs = c.all_logs();
+  INFO(logs);
+  CHECK(logs.find("node 1: no heartbeat for") != std::string::npos);  // the cut is seen
+  uint64_t e0 = 0, e1 = 0, e2 = 0;
+  const auto m0 = board_members(c.boards[0], &e0), m1 = board_members(c.boards[1], &e1),
+             m2 = board_members(c.boards[2], &e2);
+  CHECK(m0 == m1);
+  CHECK(m1 == m2);
+  CHECK(e0 == e1);
+  CHECK(e1 == e2);
+  CHECK(m0.size() >= 2);  // at most one end evicted
+  CHECK(e0 == epoch);     // here: neither (no second observer)
+  check_invariants(c, 1);
+  c.check_clean();
+}
+
+TEST_CASE("snapshot cluster: one-way reachability does not wedge; a killed node is published",
+          "[snapshot]") {
+  // B2: 5 nodes; node 0 receives nothing from anyone (its incoming traffic dropped) but is heard
+  // by all. Node 0 suspects everyone, alone: nobody is evicted. Then node 3 is killed: its lease
+  // runs out (and 1, 2, 4 suspect it): a new record without it within a few seconds.
+  constexpr int kNodes = 5;
+  Cluster c(kNodes, "snap1way", false, 3);
+  const std::string b0 = test::temp_path(c.tag + "-block0");
+  std::ofstream(b0) << "";
+  for (int i = 0; i < kNodes; ++i) c.start(i, i == 0 ? "R2CCL_SNAPD_TEST_BLOCK_FILE=" + b0 : "");
+  for (int i = 0; i < kNodes; ++i) REQUIRE(c.wait_socket(i));
+  {
+    INFO(c.all_logs());
+    REQUIRE(boards_agree(c, {0, 1, 2, 3, 4}, {0, 1, 2, 3, 4}, 10000));
+  }
+  uint64_t epoch = 0;
+  board_members(c.boards[1], &epoch);
+  std::ofstream(b0) << "in:1 in:2 in:3 in:4\n";
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  {
+    uint64_t e = 0;
+    INFO(c.all_logs());
+    CHECK(board_members(c.boards[1], &e).size() == 5);
+    CHECK(e == epoch);
+  }
+  c.stop(3, SIGKILL);
+  const auto t0 = std::chrono::steady_clock::now();
+  {
+    INFO(c.all_logs());
+    REQUIRE(boards_agree(c, {0, 1, 2, 4}, {0, 1, 2, 4}, 10000, epoch));
+  }
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  INFO("published after " << took << " s");
+  check_invariants(c, 1);
   c.check_clean();
 }
