@@ -891,7 +891,9 @@ class Daemon {
   // A replica no longer holds (rank, step) in full.
   void on_retract(const HeldBody& h) {
     if (!acting_) return;
-    cut_.on_retracted(h.node_id, h.rank, h.step);
+    if (cut_.on_retracted(h.node_id, h.rank, h.step))
+      SNAP_INFO("rank %u step %llu: node %u no longer holds it (retracted)", h.rank,
+                static_cast<unsigned long long>(h.step), h.node_id);
   }
   // This node no longer holds these steps in full (pruned, or a shard failed its checksum).
   void retract(const std::vector<HeldStep>& gone) {
@@ -1281,9 +1283,13 @@ class Daemon {
     s.complete_step = complete_.value_or(0);
     s.agreed = written_;
     if (record_) {
+      // The record's restore step, until a newer step of this generation is complete (training
+      // went on after the recovery): the same on every node, both come from etcd.
       s.generation = record_->generation;
-      s.has_restore = record_->restore_step ? 1 : 0;
-      s.restore_step = record_->restore_step.value_or(0);
+      const bool newer = complete_ && complete_generation_ == record_->generation &&
+                         record_->restore_step && *complete_ > *record_->restore_step;
+      s.has_restore = record_->restore_step && !newer ? 1 : 0;
+      s.restore_step = s.has_restore ? *record_->restore_step : 0;
     }
     return s;
   }
@@ -1455,6 +1461,7 @@ class Daemon {
     e.cut = [this](uint64_t step, uint64_t gen) {
       asio::post(io_, [this, step, gen] {
         if (record_ && gen < record_->generation) return;  // of a rolled-back timeline
+        complete_generation_ = gen;
         apply_complete(step);
       });
     };
@@ -1666,6 +1673,7 @@ class Daemon {
   uint64_t seen_step_ = 0;
   uint32_t world_ = 0;  // ranks in the job, from the latest HELD
   std::optional<uint64_t> complete_;
+  uint64_t complete_generation_ = 0;  // the generation the complete step was taken in
   uint64_t shards_held_ = 0;
   bool index_dirty_ = false;
   uint64_t ticks_ = 0;

@@ -168,10 +168,11 @@ struct Rank {
     r2ccl_snap_close(h);
     h = nullptr;
   }
-  static float weight(uint32_t rank, uint64_t step, size_t i) {
+  uint32_t salt = 0;  // a second timeline of the same steps (after a restore) differs
+  float weight(uint32_t rank, uint64_t step, size_t i) const {
     // Every 7th element moves each step; the rest keep their value (deltas compress).
     const double v = std::sin(0.001 * static_cast<double>(i) + rank) +
-                     (i % 7 == 0 ? 0.01 * static_cast<double>(step) : 0.0);
+                     (i % 7 == 0 ? 0.01 * static_cast<double>(step) + 0.5 * salt : 0.0);
     return static_cast<float>(v);
   }
   void fill(uint64_t step) {
@@ -287,6 +288,88 @@ void flip_byte(const std::string& path, long offset) {
 
 }  // namespace
 
+namespace {
+
+// The record every node's board holds now, read with its members as a sorted id list.
+std::vector<int> board_members(const std::string& board, uint64_t* epoch) {
+  board::AgreedRecord r;
+  std::string err;
+  std::vector<int> ids;
+  *epoch = 0;
+  if (!board::read_agreed_record(board, &r, &err)) return ids;
+  *epoch = r.epoch;
+  for (uint32_t id = 0; id < r.n_nodes && id < uint32_t(board::kMaxNodes); ++id)
+    if (r.members[id / 64] & (1ull << (id % 64))) ids.push_back(int(id));
+  return ids;
+}
+
+// Waits until every listed node's board shows the same epoch and exactly `members`.
+bool boards_agree(Cluster& c, const std::vector<int>& nodes, const std::vector<int>& members,
+                  int ms, uint64_t after = 0) {
+  for (int w = 0; w <= ms; w += 50) {
+    bool ok = true;
+    uint64_t e0 = 0;
+    for (size_t k = 0; k < nodes.size() && ok; ++k) {
+      uint64_t e = 0;
+      ok = board_members(c.boards[nodes[k]], &e) == members && e > after;
+      if (k == 0) e0 = e;
+      ok = ok && e == e0;
+    }
+    if (ok) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+// The invariants every run must keep (issue 15), from etcd's keys and the daemons' logs:
+//  - at most one record per epoch: each records/E key says epoch E, and every daemon that wrote
+//    epoch E into its board wrote the same members;
+//  - epochs only increase on every node, across its restarts (logs are appended);
+//  - the record's members all hold a lease now (members/ keys), once the cluster settled;
+//  - evictions of live nodes: at most `max_evictions`.
+void check_invariants(Cluster& c, int max_evictions) {
+  const std::string prefix = "/r2ccl/" + c.tag + "/";
+  std::map<uint64_t, std::string> by_epoch;
+  for (const auto& [k, v] : c.etcd->get_prefix(prefix + "records/")) {
+    const uint64_t e = std::stoull(k.substr(k.rfind('/') + 1));
+    INFO(k << " = " << v);
+    CHECK(v.find("\"epoch\":" + std::to_string(e) + ",") != std::string::npos);
+  }
+  int evictions = 0;
+  for (int i = 0; i < c.n; ++i) {
+    std::istringstream lines(test::read_file(c.logs[i]));
+    std::string line;
+    uint64_t last = 0;
+    while (std::getline(lines, line)) {
+      if (line.find("INFO etcd: evicted node") != std::string::npos) ++evictions;
+      const size_t at = line.find("agreed record epoch ");
+      if (at == std::string::npos) continue;
+      const uint64_t e = std::stoull(line.substr(at + 20));
+      const size_t m = line.find("members {");
+      const std::string ids = line.substr(m + 9, line.find('}', m) - m - 9);
+      INFO("node " << i << ": " << line);
+      CHECK(e > last);  // only forward, across restarts
+      last = e;
+      auto [it, fresh] = by_epoch.insert({e, ids});
+      CHECK(it->second == ids);  // one membership per epoch, on every node
+    }
+  }
+  CHECK(evictions <= max_evictions);
+  std::string rec;
+  REQUIRE(c.etcd->get(prefix + "record", &rec));
+  std::set<int> leased;
+  for (const auto& [k, v] : c.etcd->get_prefix(prefix + "members/"))
+    leased.insert(std::stoi(k.substr(k.rfind('/') + 1)));
+  uint64_t e = 0;
+  for (int i = 0; i < c.n; ++i)
+    if (c.pids[i] > 0) {
+      INFO("node " << i << " record " << rec);
+      for (int id : board_members(c.boards[i], &e)) CHECK(leased.count(id));
+    }
+}
+
+}  // namespace
+
 TEST_CASE("snapshot cluster: a node lost mid-replication; survivors restore N-1, never N",
           "[snapshot]") {
   constexpr int kNodes = 4;
@@ -384,7 +467,9 @@ TEST_CASE("snapshot cluster: a node lost mid-replication; survivors restore N-1,
     REQUIRE(r2ccl_snap_get_loss_scale(ranks[r]->h, &ls) == 0);
     CHECK(ls == 1024.0 * (kN - 1));
   }
-  // A replacement node 3 (empty) and its rank restore N-1 from the replicas.
+  // A replacement node 3 (empty) and its rank restore N-1 from the replicas; it reads the KV
+  // published before it existed (B8).
+  REQUIRE(r2ccl_snap_kv_put(ranks[0]->h, "nccl-uid-epoch1", "uid-A", 5) == 0);
   c.start(3);
   REQUIRE(c.wait_socket(3));
   ranks[3] = std::make_unique<Rank>(3, kNodes, 20000);
@@ -399,8 +484,41 @@ TEST_CASE("snapshot cluster: a node lost mid-replication; survivors restore N-1,
     REQUIRE(rc == 0);
     CHECK(step == kN - 1);
     CHECK(ranks[3]->holds(kN - 1));
+    char v[16];
+    size_t vn = 0;
+    REQUIRE(r2ccl_snap_kv_get(ranks[3]->h, "nccl-uid-epoch1", v, sizeof(v), &vn, 5000000) == 0);
+    CHECK(std::string(v, vn) == "uid-A");
   }
-  // Training goes on: step N+1 on all four becomes complete.
+  // Training goes on from N-1 on another timeline (B5): a different step N on all four. The old
+  // N's shards (the rolled-back generation, still on some replicas) must not count toward it.
+  // First rank 3 alone: the old timeline's N of ranks 0-2 (held in full by their replicas
+  // before the loss) must not make N complete with it.
+  ranks[3]->salt = 1;
+  REQUIRE(ranks[3]->take(kN) == 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+  {
+    r2ccl_snap_state_t s3;
+    REQUIRE(r2ccl_snap_state(ranks[0]->h, &s3) == 0);
+    INFO(c.all_logs());
+    CHECK((!s3.has_complete_step || s3.complete_step < kN));
+  }
+  for (int r = 0; r < 3; ++r) {
+    ranks[r]->salt = 1;
+    REQUIRE(ranks[r]->take(kN) == 0);
+  }
+  {
+    INFO(c.all_logs());
+    CHECK(complete_at_least(ranks[0]->h, kN));
+  }
+  for (int r = 0; r < kNodes; ++r) {
+    ranks[r]->fill(1);
+    uint64_t step = 0;
+    const int rc = r2ccl_snap_restore(ranks[r]->h, 10 * 1000000, &step);
+    INFO("rank " << r << ": " << err_of(rc) << "\n" << c.all_logs());
+    REQUIRE(rc == 0);
+    CHECK(step == kN);
+    CHECK(ranks[r]->holds(kN));  // the new timeline's N, bit for bit
+  }
   for (auto& r : ranks) REQUIRE(r->take(kN + 1) == 0);
   {
     INFO(c.all_logs());
@@ -411,11 +529,13 @@ TEST_CASE("snapshot cluster: a node lost mid-replication; survivors restore N-1,
     INFO(page);
     CHECK(metric(page, "r2ccl_snapshot_nodes_failed_total") >= 1);
     CHECK(metric(page, "r2ccl_snapshot_nodes_rejoined_total") >= 1);
-    CHECK(metric(page, "r2ccl_snapshot_recoveries_total") == 1);  // rank 1 restored once
+    CHECK(metric(page, "r2ccl_snapshot_recoveries_total") == 2);  // rank 1 restored twice
   }
   const std::string logs = c.all_logs();
   CHECK(logs.find("test hook: exiting after 1 shards of step 4") != std::string::npos);
   CHECK(logs.find("node 3: no heartbeat for") != std::string::npos);
+  CHECK(logs.find("dropped") != std::string::npos);  // the old N's shards, on a new generation
+  check_invariants(c, 1);
   c.check_clean();
 }
 
@@ -475,6 +595,7 @@ TEST_CASE("snapshot cluster: spill beyond the memory limit, a corrupt replica, a
     CHECK(log3.find("node 1 answered corrupt (checksum)") != std::string::npos);
     CHECK(test::read_file(c.logs[0]).find("cannot serve rank 3 step 1 buffer 0: corrupt") !=
           std::string::npos);
+    CHECK(c.all_logs().find("no longer holds it (retracted)") != std::string::npos);  // B6
   }
   // Node 2 restarts (clean stop: what was in memory spills); rank 3, now on node 2's daemon,
   // restores from what node 2 serves from its spill directory (0's and 1's copies are bad).
@@ -498,88 +619,6 @@ TEST_CASE("snapshot cluster: spill beyond the memory limit, a corrupt replica, a
   }
   c.check_clean();
 }
-
-namespace {
-
-// The record every node's board holds now, read with its members as a sorted id list.
-std::vector<int> board_members(const std::string& board, uint64_t* epoch) {
-  board::AgreedRecord r;
-  std::string err;
-  std::vector<int> ids;
-  *epoch = 0;
-  if (!board::read_agreed_record(board, &r, &err)) return ids;
-  *epoch = r.epoch;
-  for (uint32_t id = 0; id < r.n_nodes && id < uint32_t(board::kMaxNodes); ++id)
-    if (r.members[id / 64] & (1ull << (id % 64))) ids.push_back(int(id));
-  return ids;
-}
-
-// Waits until every listed node's board shows the same epoch and exactly `members`.
-bool boards_agree(Cluster& c, const std::vector<int>& nodes, const std::vector<int>& members,
-                  int ms, uint64_t after = 0) {
-  for (int w = 0; w <= ms; w += 50) {
-    bool ok = true;
-    uint64_t e0 = 0;
-    for (size_t k = 0; k < nodes.size() && ok; ++k) {
-      uint64_t e = 0;
-      ok = board_members(c.boards[nodes[k]], &e) == members && e > after;
-      if (k == 0) e0 = e;
-      ok = ok && e == e0;
-    }
-    if (ok) return true;
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-  }
-  return false;
-}
-
-// The invariants every run must keep (issue 15), from etcd's keys and the daemons' logs:
-//  - at most one record per epoch: each records/E key says epoch E, and every daemon that wrote
-//    epoch E into its board wrote the same members;
-//  - epochs only increase on every node, across its restarts (logs are appended);
-//  - the record's members all hold a lease now (members/ keys), once the cluster settled;
-//  - evictions of live nodes: at most `max_evictions`.
-void check_invariants(Cluster& c, int max_evictions) {
-  const std::string prefix = "/r2ccl/" + c.tag + "/";
-  std::map<uint64_t, std::string> by_epoch;
-  for (const auto& [k, v] : c.etcd->get_prefix(prefix + "records/")) {
-    const uint64_t e = std::stoull(k.substr(k.rfind('/') + 1));
-    INFO(k << " = " << v);
-    CHECK(v.find("\"epoch\":" + std::to_string(e) + ",") != std::string::npos);
-  }
-  int evictions = 0;
-  for (int i = 0; i < c.n; ++i) {
-    std::istringstream lines(test::read_file(c.logs[i]));
-    std::string line;
-    uint64_t last = 0;
-    while (std::getline(lines, line)) {
-      if (line.find("INFO etcd: evicted node") != std::string::npos) ++evictions;
-      const size_t at = line.find("agreed record epoch ");
-      if (at == std::string::npos) continue;
-      const uint64_t e = std::stoull(line.substr(at + 20));
-      const size_t m = line.find("members {");
-      const std::string ids = line.substr(m + 9, line.find('}', m) - m - 9);
-      INFO("node " << i << ": " << line);
-      CHECK(e > last);  // only forward, across restarts
-      last = e;
-      auto [it, fresh] = by_epoch.insert({e, ids});
-      CHECK(it->second == ids);  // one membership per epoch, on every node
-    }
-  }
-  CHECK(evictions <= max_evictions);
-  std::string rec;
-  REQUIRE(c.etcd->get(prefix + "record", &rec));
-  std::set<int> leased;
-  for (const auto& [k, v] : c.etcd->get_prefix(prefix + "members/"))
-    leased.insert(std::stoi(k.substr(k.rfind('/') + 1)));
-  uint64_t e = 0;
-  for (int i = 0; i < c.n; ++i)
-    if (c.pids[i] > 0) {
-      INFO("node " << i << " record " << rec);
-      for (int id : board_members(c.boards[i], &e)) CHECK(leased.count(id));
-    }
-}
-
-}  // namespace
 
 TEST_CASE("snapshot cluster: one cut link evicts at most one of its ends, and boards agree",
           "[snapshot]") {
