@@ -548,7 +548,8 @@ class Daemon {
       case PeerMsg::kMarker: {
         MarkerBody b;
         std::memcpy(&b, p, sizeof(b));
-        if (int64_t(peer) != coordinator()) return true;
+        // Answered whoever asks: a new coordinator's marker may arrive before this node's own
+        // election read names it, and reporting holdings is harmless.
         answer_marker(peer, b);
         return true;
       }
@@ -838,8 +839,11 @@ class Daemon {
         cut_.on_node_lost(n);
         if (round_) round_->waiting.erase(n);
       }
+    // New members report everything they hold; one that has not answered yet is asked again
+    // every 10 periods (its connection may have been down).
+    const bool again = ++marker_ticks_ % 10 == 0;
     for (uint32_t n : live)
-      if (cut_.add_node(n)) {
+      if (cut_.add_node(n) || (again && !answered_all_.count(n))) {
         MarkerBody all{epoch, 0, 1, 0};
         if (n == o_.self)
           answer_marker(o_.self, all);
@@ -1486,6 +1490,11 @@ class Daemon {
     };
     e.view = [this](const ControlPlane::View& v) { asio::post(io_, [this, v] { on_view(v); }); };
     e.registered = [this](uint64_t inc) { hb_->set_incarnation(inc); };
+    e.cut_failed = [this](uint64_t step) {
+      asio::post(io_, [this, step] {
+        if (cut_written_ && *cut_written_ == step) cut_written_.reset();  // the next tick retries
+      });
+    };
     cp_ = std::make_unique<ControlPlane>(c, e);
     cp_->start();
   }
@@ -1663,6 +1672,7 @@ class Daemon {
   std::optional<uint64_t> cut_written_;    // coordinator: the newest complete step written
   std::optional<uint64_t> pending_epoch_;  // coordinator: a record being written
   bool waiting_logged_ = false;
+  uint64_t marker_ticks_ = 0;
   uint64_t hb_sent_ = 0, hb_received_ = 0;
   board::AgreedRecord written_{};  // the record last written to this node's board
   // consistent cuts

@@ -461,6 +461,11 @@ void ControlPlane::write_cut(uint64_t step, uint64_t generation, uint64_t epoch)
     etcd::TxnResult tr;
     etcd::Status s = kv_->txn({fence()}, {{Op::kPut, cut_key(c_.prefix), v, "", 0}}, {}, &tr);
     note(s);
+    if (!s.ok() || !tr.succeeded) {
+      SNAP_WARN("etcd: newest complete step %" PRIu64 " not written: %s", step,
+                s.ok() ? "refused: not the coordinator any more" : s.message.c_str());
+      if (e_.cut_failed) e_.cut_failed(step);
+    }
   });
 }
 

@@ -83,6 +83,7 @@ class ControlPlane {
     std::function<void(const View&)> view;                           // control thread, leader
     std::function<void(bool reachable)> etcd;                        // control thread
     std::function<void(uint64_t incarnation)> registered;            // control thread
+    std::function<void(uint64_t step)> cut_failed;                   // control thread
   };
 
   ControlPlane(Config c, Events e);
