@@ -20,6 +20,7 @@ PKGS=(
   zlib1g-dev                               # CRC-32 of the predictor's weights file
   python3-numpy                            # the predictor's trace generator (held-out test)
   libzstd-dev                              # snapshot deltas (zstd)
+  libxxhash-dev pkg-config                 # snapshot shard checksums (XXH3-64)
   libasio-dev                              # snapshot daemon and client protocols (asio)
   python3-torch                            # the snapshot example (CPU training, recovery)
   libnl-3-200 libnl-route-3-200            # link notifications (dlopen'ed at run time)
