@@ -362,8 +362,10 @@ Status Client::freeze() {
   for (Staging& st : sets_) {
     st.bufs.clear();
     for (const Buffer& b : bufs_) {
+      // Set 0 faulted in now (restore decodes into it; the first take copies into it); set 1
+      // on first use (a replacement process that only restores never touches it).
       PageBuf p;
-      if (!p.alloc(b.bytes)) {
+      if (!p.alloc(b.bytes, &st == &sets_[0])) {
         bufs_.pop_back();
         sets_[0].bufs.clear();
         sets_[1].bufs.clear();

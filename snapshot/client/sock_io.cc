@@ -198,12 +198,12 @@ void PageBuf::reset() {
   mapped_ = false;
 }
 
-bool PageBuf::alloc(size_t n) {
+bool PageBuf::alloc(size_t n, bool populate) {
   reset();
   if (n == 0) return true;
   if (n >= kPageBufMapMin) {
-    void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
-                     -1, 0);
+    void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | (populate ? MAP_POPULATE : 0), -1, 0);
     if (m == MAP_FAILED) return false;
     p_ = static_cast<uint8_t*>(m);
     mapped_ = true;

@@ -48,7 +48,8 @@ class PageBuf {
   PageBuf(const PageBuf&) = delete;
   PageBuf& operator=(const PageBuf&) = delete;
   // Replaces the buffer with one of n bytes; false (and empty) when the memory is not there.
-  bool alloc(size_t n);
+  // populate false: a mapping faulted in on first touch instead.
+  bool alloc(size_t n, bool populate = true);
   void reset();
   uint8_t* data() const { return p_; }
   size_t size() const { return n_; }
