@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # bench_snapshot.sh - the snapshot sidecar's benchmarks (docs/BENCHMARKS.md, "Snapshot sidecar"):
-#   1. take(): blocking time per step and the background encode/send, ratio and lossy error, for
+#   1. take(): blocking time per step next to one memcpy of the state (same run), the overwrite
+#      right after a take() (copy-on-write), the background encode/send, ratio and lossy error, for
 #      FP16 weights with sparse steps (1 % changed) and for a dense FP16 Adam moment
 #   2. restore(): from the home copy, from a replica on the rank's new node, over TCP from the
 #      replicas (a replacement daemon)
@@ -32,7 +33,7 @@ BUILD=${R2CCL_BUILD_DIR:-build}
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
-    -h|--help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
     -*) echo "bench_snapshot.sh: unknown option '$1'" >&2; exit 2 ;;
     *) BUILD=$1; shift ;;
   esac

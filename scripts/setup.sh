@@ -22,6 +22,7 @@ PKGS=(
   zlib1g-dev                               # CRC-32 of the predictor's weights file
   python3-numpy                            # the predictor's trace generator (held-out test)
   libzstd-dev                              # snapshot deltas (zstd)
+  libxxhash-dev pkg-config                 # snapshot shard checksums (XXH3-64)
   libasio-dev                              # snapshot daemon and client protocols (asio)
   prometheus-cpp-dev                       # snapshot daemon's Prometheus metrics (registry, /metrics)
   python3-torch                            # the snapshot example (CPU training, recovery)

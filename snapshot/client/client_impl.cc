@@ -9,8 +9,7 @@
 #include <cstring>
 #include <new>
 
-#include "r2ccl/snapshot/shard_store.h"  // shard_crc32
-#include "sock_io.h"
+#include "r2ccl/snapshot/shard_store.h"  // shard_checksum
 
 #ifdef R2CCL_USE_CUDA
 #include <cuda_runtime_api.h>
@@ -124,6 +123,18 @@ Status load_config(const char* socket_arg, Config* out) {
                       "snapshots of a buffer; default 8)");
     c.base_every = static_cast<uint32_t>(v);
   }
+  if (const char* s = std::getenv("R2CCL_SNAPSHOT_TAKE")) {
+    if (std::strcmp(s, "cow") == 0) {
+      c.take_cow = true;
+    } else if (std::strcmp(s, "copy") == 0) {
+      c.take_cow = false;
+    } else {
+      return fail(R2CCL_SNAP_ERR_CONFIG,
+                  std::string("R2CCL_SNAPSHOT_TAKE='") + s +
+                      "' is invalid (accepted: cow, take() write-protects the buffers and the "
+                      "background thread copies them, the default; copy, take() copies them)");
+    }
+  }
   *out = std::move(c);
   return {};
 }
@@ -176,6 +187,10 @@ Client::~Client() {
   ::shutdown(fd_, SHUT_RDWR);  // wakes the reader and fails any send in progress
   if (worker_.joinable()) worker_.join();
   if (reader_.joinable()) reader_.join();
+  {
+    std::lock_guard<std::mutex> l(cow_mu_);
+    cow_.finish();  // the buffers writable again before the staging sets go
+  }
   ::close(fd_);
 }
 
@@ -213,8 +228,11 @@ void Client::reader_main() {
   std::string err;
   for (;;) {
     uint16_t type = 0;
-    std::vector<uint8_t> p;
-    if (!read_frame(fd_, max_shard_bytes_.load(), &type, &p, &err)) break;
+    PageBuf p;
+    const bool got = read_frame_into(
+        fd_, max_shard_bytes_.load(), &type,
+        [&p](size_t n) { return p.alloc(n) ? p.data() : nullptr; }, &err);
+    if (!got) break;
     if (type == static_cast<uint16_t>(ClientMsg::kState)) {
       StateBody s;
       std::memcpy(&s, p.data(), sizeof(s));
@@ -236,8 +254,9 @@ void Client::reader_main() {
       }
       f.payload = std::move(p);
       std::lock_guard<std::mutex> l(mu_);
-      if (f.head.request != 0 && f.head.request == active_fetch_) {
-        fetched_.push_back(std::move(f));
+      auto it = inbox_.find(f.head.request);
+      if (it != inbox_.end()) {
+        it->second.push_back(std::move(f));
         cv_.notify_all();
       }
     } else if (type == static_cast<uint16_t>(ClientMsg::kKvValue)) {
@@ -277,6 +296,7 @@ Status Client::make_encoder(Buffer* b, uint64_t first_seq, std::string* err) {
   ec.codec = b->codec;
   ec.base_every = cfg_.base_every;
   ec.first_seq = first_seq;
+  ec.payload_crc = false;  // ShardMeta::checksum covers the whole frame: one pass, not two
   auto enc = DeltaEncoder::create(ec, err);
   if (!enc) return fail(R2CCL_SNAP_ERR_INVALID, *err);
   b->enc = std::move(enc);
@@ -342,8 +362,10 @@ Status Client::freeze() {
   for (Staging& st : sets_) {
     st.bufs.clear();
     for (const Buffer& b : bufs_) {
-      std::unique_ptr<uint8_t[]> p(new (std::nothrow) uint8_t[b.bytes]);
-      if (!p) {
+      // Set 0 faulted in now (restore decodes into it; the first take copies into it); set 1
+      // on first use (a replacement process that only restores never touches it).
+      PageBuf p;
+      if (!p.alloc(b.bytes, &st == &sets_[0])) {
         bufs_.pop_back();
         sets_[0].bufs.clear();
         sets_[1].bufs.clear();
@@ -355,6 +377,15 @@ Status Client::freeze() {
   }
   uint64_t fb = frame_bound(kMetaBytes);
   if (fb > max_shard_bytes_.load()) max_shard_bytes_.store(fb);
+  if (cfg_.take_cow) {
+    std::vector<std::pair<uint8_t*, size_t>> host;
+    for (uint32_t i = 0; i < n_user_; ++i)
+      host.emplace_back(bufs_[i].device ? nullptr : static_cast<uint8_t*>(bufs_[i].ptr),
+                        bufs_[i].device ? 0 : bufs_[i].bytes);
+    std::string why;
+    cow_ready_ = cow_.init(host, &why);
+    if (!cow_ready_) cow_note_ = why;
+  }
   frozen_ = true;
   return {};
 }
@@ -514,9 +545,26 @@ Status Client::take(uint64_t step, r2ccl_snap_take_stats_t* st) {
     generation = state_.generation;
   }
   Status cs;
-  for (uint32_t i = 0; i < n_user_ && cs.ok(); ++i)
-    cs = copy_in(bufs_[i], sets_[set].bufs[i].get());
-  if (cs.ok()) fill_meta(sets_[set].bufs[n_user_].get(), step);
+  if (cow_ready_) {
+    // Copy-on-write: protect and return; the worker (or a faulting store) copies (cow.h).
+    std::lock_guard<std::mutex> lc(cow_mu_);
+    cow_.finish();  // the previous take's capture, if the worker has not completed it yet
+    std::vector<uint8_t*> dst;
+    for (uint32_t i = 0; i < n_user_; ++i) dst.push_back(sets_[set].bufs[i].data());
+    std::string why;
+    cow_set_ = cow_.begin(dst, &why) ? set : -1;
+    if (!why.empty()) cow_note_ = why;
+    for (uint32_t i = 0; i < n_user_ && cs.ok(); ++i)
+      if (bufs_[i].device) cs = copy_in(bufs_[i], sets_[set].bufs[i].data());
+    if (!cs.ok()) {
+      cow_.finish();
+      cow_set_ = -1;
+    }
+  } else {
+    for (uint32_t i = 0; i < n_user_ && cs.ok(); ++i)
+      cs = copy_in(bufs_[i], sets_[set].bufs[i].data());
+  }
+  if (cs.ok()) fill_meta(sets_[set].bufs[n_user_].data(), step);
   st->copy_seconds = secs_since(t1);
   {
     std::lock_guard<std::mutex> l(work_mu_);
@@ -552,13 +600,20 @@ void Client::worker_main() {
     FinishedTake ft;
     ft.step = sg.step;
     Status s;
+    {
+      std::lock_guard<std::mutex> lc(cow_mu_);
+      if (cow_set_ == set) {  // complete the copy-on-write capture before encoding it
+        cow_.finish();
+        cow_set_ = -1;
+      }
+    }
     const uint32_t n = static_cast<uint32_t>(bufs_.size());
     for (uint32_t i = 0; i < n && s.ok(); ++i) {
       Buffer& b = bufs_[i];
       EncodeStats es;
       std::string err;
       int64_t t0 = mono_us();
-      if (!b.enc->encode(sg.bufs[i].get(), &frame, &es, &err)) {
+      if (!b.enc->encode(sg.bufs[i].data(), &frame, &es, &err)) {
         s = fail(R2CCL_SNAP_ERR_ENCODE, "encoding buffer " + std::to_string(i) + " of step " +
                                             std::to_string(sg.step) + " failed: " + err +
                                             " (that step is incomplete; the next is a base)");
@@ -572,7 +627,8 @@ void Client::worker_main() {
       m.n_buffers = n;
       m.world = world_;
       m.home_node = 0;  // the daemon fills it in
-      m.crc = shard_crc32(frame.data(), frame.size());
+      m.reserved = 0;
+      m.checksum = shard_checksum(frame.data(), frame.size());  // the producer's one pass
       m.step = sg.step;
       m.generation = sg.generation;
       m.base_step = b.base_step;
@@ -721,41 +777,130 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
     Client* c;
     ~FetchGuard() {
       std::lock_guard<std::mutex> l(c->mu_);
-      c->active_fetch_ = 0;
-      c->fetched_.clear();
+      c->inbox_.clear();
     }
   } guard{this};
 
+  // Every buffer's chain is asked for at once (the daemon stripes them over the replicas) and
+  // decoded as it arrives, by up to 4 threads (this one included), straight into staging set
+  // 0 (pre-faulted, free: no take is in flight). The caller's buffers are written only at the
+  // end, when every buffer decoded and the metadata checked out.
   std::vector<std::unique_ptr<DeltaDecoder>> decs(n);
   for (uint32_t i = 0; i < n; ++i) {
-    const Buffer& b = bufs_[i];
     std::string err;
-    decs[i] = DeltaDecoder::create(b.dtype, b.bytes, &err);
+    decs[i] = DeltaDecoder::create(bufs_[i].dtype, bufs_[i].bytes, &err, sets_[0].bufs[i].data());
     if (!decs[i])
       return fail(R2CCL_SNAP_ERR_NOMEM,
                   "restore: decoder for buffer " + std::to_string(i) + ": " + err);
-    std::string where = "restore of step " + std::to_string(S) + ", rank " + std::to_string(rank_) +
-                        ", buffer " + std::to_string(i) + (i == n_user_ ? " (metadata)" : "");
-    FetchBody fb{};
-    {
-      std::lock_guard<std::mutex> l(mu_);
-      fb.request = next_request_++;
-      active_fetch_ = fb.request;
-      fetched_.clear();
-    }
-    fb.step = S;
-    fb.rank = rank_;
-    fb.buffer = i;
-    s = send(ClientMsg::kFetch, &fb, sizeof(fb));
+  }
+  std::vector<uint64_t> req(n);
+  for (uint32_t i = 0; i < n; ++i) {
+    req[i] = start_fetch(i, S, kNoNode, &s);
     if (!s.ok()) return s;
+  }
+  std::vector<Status> res(n);
+  std::atomic<uint32_t> next{0};
+  std::atomic<bool> failed{false};
+  auto work = [&] {
+    for (;;) {
+      const uint32_t i = next.fetch_add(1);
+      if (i >= n || failed.load()) return;
+      res[i] = restore_buffer(i, S, decs[i].get(), req[i], deadline);
+      if (!res[i].ok()) failed.store(true);
+    }
+  };
+  const uint32_t hw = std::max(1u, std::thread::hardware_concurrency());
+  const uint32_t nthreads = std::min<uint32_t>({n, hw, 4});
+  std::vector<std::thread> pool;
+  for (uint32_t t = 1; t < nthreads; ++t) pool.emplace_back(work);
+  work();
+  for (auto& t : pool) t.join();
+  for (uint32_t i = 0; i < n; ++i)
+    if (!res[i].ok()) return res[i];
+  // Metadata: checked before anything is written to the caller's buffers.
+  const uint8_t* md = decs[n_user_]->state();
+  uint32_t rng_n = get_u32(md + 12);
+  if (get_u32(md) != kMetaMagic || get_u32(md + 4) != 1 || get_u32(md + 8) != n_user_ ||
+      rng_n > R2CCL_SNAP_MAX_RNG_BYTES)
+    return fail(
+        R2CCL_SNAP_ERR_CORRUPT,
+        "restore of step " + std::to_string(S) +
+            ": the metadata buffer is not valid (magic, version 1, " + std::to_string(n_user_) +
+            " user buffers, RNG blob <= " + std::to_string(R2CCL_SNAP_MAX_RNG_BYTES) + " bytes)");
+  {
+    std::vector<Status> cr(n_user_);
+    std::atomic<uint32_t> nx{0};
+    auto copy = [&] {
+      for (uint32_t i; (i = nx.fetch_add(1)) < n_user_;)
+        cr[i] = copy_out(bufs_[i], decs[i]->state());
+    };
+    std::vector<std::thread> cp;
+    for (uint32_t t = 1; t < nthreads; ++t) cp.emplace_back(copy);
+    copy();
+    for (auto& t : cp) t.join();
+    for (uint32_t i = 0; i < n_user_; ++i)
+      if (!cr[i].ok())
+        return fail(cr[i].code, "restore: buffer " + std::to_string(i) + ": " + cr[i].msg);
+  }
+  std::memcpy(&loss_scale_, md + 16, 8);
+  has_loss_scale_ = get_u32(md + 24) != 0;
+  has_rng_ = get_u32(md + 28) != 0;
+  rng_.assign(md + kMetaHeader, md + kMetaHeader + rng_n);
+  // New chains from here: a base at the next take, sequence numbers continuing.
+  for (uint32_t i = 0; i < n; ++i) {
+    std::string err;
+    Status es = make_encoder(&bufs_[i], decs[i]->last_seq() + 1, &err);
+    if (!es.ok()) {
+      bufs_[i].enc->request_base();
+    }
+  }
+  last_step_ = S;
+  has_last_step_ = true;
+  *step_out = S;
+  return {};
+}
+
+// Sends a FETCH for buffer i's chain at step S (a new request id, its inbox opened first so no
+// answer is dropped); avoid: a node whose copy failed here (kNoNode: none). Returns the id.
+uint64_t Client::start_fetch(uint32_t i, uint64_t S, uint32_t avoid, Status* s) {
+  FetchBody fb{};
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    fb.request = next_request_++;
+    inbox_[fb.request];
+  }
+  fb.step = S;
+  fb.rank = rank_;
+  fb.buffer = i;
+  fb.stripe = i;
+  fb.avoid_node = avoid;
+  *s = send(ClientMsg::kFetch, &fb, sizeof(fb));
+  return fb.request;
+}
+
+// One buffer's chain: frames in order, each checked (header, chain position, checksum: the one
+// check of the last hop) and decoded as it comes. A shard that fails its checksum is asked
+// for again from elsewhere (the daemon skips the node that served it), up to twice.
+Status Client::restore_buffer(uint32_t i, uint64_t S, DeltaDecoder* dec, uint64_t request,
+                              int64_t deadline) {
+  const uint32_t n = static_cast<uint32_t>(bufs_.size());
+  const std::string where = "restore of step " + std::to_string(S) + ", rank " +
+                            std::to_string(rank_) + ", buffer " + std::to_string(i) +
+                            (i == n_user_ ? " (metadata)" : "");
+  std::string err;
+  for (int attempt = 0;; ++attempt) {
+    err.clear();
     uint32_t count = 0;
     uint64_t last_step = 0;
+    uint32_t bad_source = kNoNode;
+    dec->reset();
     for (uint32_t idx = 0;; ++idx) {
       Fetched f;
       {
         std::unique_lock<std::mutex> l(mu_);
-        wait_until(cv_, l, deadline, [&] { return dead_ || !fetched_.empty(); });
-        if (fetched_.empty()) {
+        auto& q = inbox_[request];
+        wait_until(cv_, l, deadline, [&] { return dead_ || !q.empty(); });
+        if (q.empty()) {
           if (dead_) {
             Status d = dead_status();
             return fail(d.code, where + ": " + d.msg);
@@ -765,8 +910,8 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
                                                   "timeout (" +
                                                   std::to_string(idx) + " frame(s) received)");
         }
-        f = std::move(fetched_.front());
-        fetched_.pop_front();
+        f = std::move(q.front());
+        q.pop_front();
       }
       if (f.head.status != static_cast<uint32_t>(FetchStatus::kOk))
         return fail(R2CCL_SNAP_ERR_REFUSED, where + ": the daemon refused FETCH: status " +
@@ -797,50 +942,37 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
                         " + 1 (register the same buffers, in the same "
                         "order, as the process that took it)");
       const uint8_t* shard = f.payload.data() + sizeof(FetchedHead) + sizeof(ShardMeta);
-      if (shard_crc32(shard, m.payload_bytes) != m.crc)
-        return fail(R2CCL_SNAP_ERR_CORRUPT,
-                    where + ": shard of step " + std::to_string(m.step) + " fails its CRC-32");
-      if (!decs[i]->apply(shard, m.payload_bytes, &err))
+      if (shard_checksum(shard, m.payload_bytes) != m.checksum) {
+        bad_source = f.head.source_node;
+        err = "shard of step " + std::to_string(m.step) + " fails its checksum (XXH3-64)" +
+              (bad_source != kNoNode ? " as served by node " + std::to_string(bad_source) : "");
+        break;
+      }
+      if (!dec->apply_streaming(shard, m.payload_bytes, &err))
         return fail(R2CCL_SNAP_ERR_CORRUPT,
                     where + ": shard of step " + std::to_string(m.step) + ": " + err);
       last_step = m.step;
       if (idx + 1 == count) break;
     }
-    if (last_step != S)
-      return fail(R2CCL_SNAP_ERR_CORRUPT, where + ": the chain ends at step " +
-                                              std::to_string(last_step) + ", not at " +
-                                              std::to_string(S));
-  }
-  // Metadata: checked before anything is written to the caller's buffers.
-  const uint8_t* md = decs[n_user_]->state();
-  uint32_t rng_n = get_u32(md + 12);
-  if (get_u32(md) != kMetaMagic || get_u32(md + 4) != 1 || get_u32(md + 8) != n_user_ ||
-      rng_n > R2CCL_SNAP_MAX_RNG_BYTES)
-    return fail(
-        R2CCL_SNAP_ERR_CORRUPT,
-        "restore of step " + std::to_string(S) +
-            ": the metadata buffer is not valid (magic, version 1, " + std::to_string(n_user_) +
-            " user buffers, RNG blob <= " + std::to_string(R2CCL_SNAP_MAX_RNG_BYTES) + " bytes)");
-  for (uint32_t i = 0; i < n_user_; ++i) {
-    s = copy_out(bufs_[i], decs[i]->state());
-    if (!s.ok()) return fail(s.code, "restore: buffer " + std::to_string(i) + ": " + s.msg);
-  }
-  std::memcpy(&loss_scale_, md + 16, 8);
-  has_loss_scale_ = get_u32(md + 24) != 0;
-  has_rng_ = get_u32(md + 28) != 0;
-  rng_.assign(md + kMetaHeader, md + kMetaHeader + rng_n);
-  // New chains from here: a base at the next take, sequence numbers continuing.
-  for (uint32_t i = 0; i < n; ++i) {
-    std::string err;
-    Status es = make_encoder(&bufs_[i], decs[i]->last_seq() + 1, &err);
-    if (!es.ok()) {
-      bufs_[i].enc->request_base();
+    if (bad_source == kNoNode && err.empty()) {
+      if (last_step != S)
+        return fail(R2CCL_SNAP_ERR_CORRUPT, where + ": the chain ends at step " +
+                                                std::to_string(last_step) + ", not at " +
+                                                std::to_string(S));
+      return {};
     }
+    // A corrupt copy: drop what else comes for this request and ask again, avoiding its node.
+    {
+      std::lock_guard<std::mutex> l(mu_);
+      inbox_.erase(request);
+    }
+    if (attempt == 2 || bad_source == kNoNode)
+      return fail(R2CCL_SNAP_ERR_CORRUPT, where + ": " + err);
+    Status s;
+    request = start_fetch(i, S, bad_source, &s);
+    if (!s.ok()) return s;
+    err.clear();
   }
-  last_step_ = S;
-  has_last_step_ = true;
-  *step_out = S;
-  return {};
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -9,15 +9,18 @@
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "cow.h"
 #include "r2ccl/snapshot/client_wire.h"
 #include "r2ccl/snapshot/codec.h"
 #include "r2ccl/snapshot_client.h"
+#include "sock_io.h"
 
 namespace r2ccl::snap::client {
 
@@ -33,6 +36,7 @@ struct Config {
   std::string socket_path;
   uint64_t interval = 1;
   uint32_t base_every = 8;
+  bool take_cow = true;  // R2CCL_SNAPSHOT_TAKE=cow (default) | copy
 };
 // Parses the environment; socket_arg (may be null) wins over R2CCL_SNAPSHOT_SOCKET.
 Status load_config(const char* socket_arg, Config* out);
@@ -76,7 +80,7 @@ class Client {
     uint64_t base_step = 0;  // step of the current chain's base (worker thread)
   };
   struct Staging {
-    std::vector<std::unique_ptr<uint8_t[]>> bufs;  // one per buffer (user buffers + metadata)
+    std::vector<PageBuf> bufs;  // one per buffer (user buffers + metadata), pre-faulted
     bool busy = false;
     uint64_t step = 0;
     uint64_t generation = 0;  // the agreed record's generation at take()
@@ -91,7 +95,7 @@ class Client {
   struct Fetched {
     FetchedHead head{};
     ShardMeta meta{};
-    std::vector<uint8_t> payload;  // the whole frame payload; shard bytes from kShardOffset
+    PageBuf payload;  // the whole frame payload (FetchedHead, ShardMeta, shard bytes)
   };
 
   Client(const Config& cfg, uint32_t rank, uint32_t world, int fd);
@@ -108,6 +112,10 @@ class Client {
   void fill_state(const StateBody& s, r2ccl_snap_state_t* out) const;
   Status copy_in(const Buffer& b, uint8_t* dst);         // registered buffer -> staging
   Status copy_out(const Buffer& b, const uint8_t* src);  // scratch -> registered buffer
+  // restore(): fetches and decodes buffer i's chain of step S into decs[i] (on any thread).
+  Status restore_buffer(uint32_t i, uint64_t S, DeltaDecoder* dec, uint64_t request,
+                        int64_t deadline);
+  uint64_t start_fetch(uint32_t i, uint64_t S, uint32_t avoid, Status* s);
 
   const Config cfg_;
   const uint32_t rank_, world_;
@@ -136,12 +144,19 @@ class Client {
   std::string dead_reason_;
   StateBody state_{};
   uint64_t states_ = 0;
-  StateBody event_base_{};  // what wait_event() last returned
-  std::deque<Fetched> fetched_;
-  uint64_t active_fetch_ = 0;  // FETCHED of other requests are dropped
+  StateBody event_base_{};                         // what wait_event() last returned
+  std::map<uint64_t, std::deque<Fetched>> inbox_;  // request -> its FETCHED frames (others dropped)
   uint64_t next_request_ = 1;
   std::deque<KvBody> kv_values_;
   std::mutex kv_mu_;  // one kv_get at a time
+
+  // Copy-on-write capture of the host buffers (take_cow): begun by take(), completed by the
+  // worker before it encodes that set (or by the next take()). cow_mu_ serialises both.
+  std::mutex cow_mu_;
+  CowBuffers cow_;
+  bool cow_ready_ = false;  // init() succeeded (at freeze)
+  int cow_set_ = -1;        // the staging set a capture in progress fills
+  std::string cow_note_;    // why the last take() copied instead (for the stats' reader)
 
   // Encoder/sender thread.
   std::mutex work_mu_;

@@ -2,11 +2,13 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <cstring>
 
 #include "r2ccl/snapshot/client_wire.h"
@@ -123,8 +125,8 @@ int read_all(int fd, void* buf, size_t n, std::string* err) {
 }
 }  // namespace
 
-bool read_frame(int fd, uint64_t max_shard_bytes, uint16_t* type, std::vector<uint8_t>* payload,
-                std::string* err) {
+bool read_frame_into(int fd, uint64_t max_shard_bytes, uint16_t* type,
+                     const std::function<uint8_t*(size_t)>& alloc, std::string* err) {
   PeerHeader h{};
   int r = read_all(fd, &h, sizeof(h), err);
   if (r == 0) {
@@ -145,12 +147,71 @@ bool read_frame(int fd, uint64_t max_shard_bytes, uint16_t* type, std::vector<ui
            std::to_string(max_shard_bytes) + ")";
     return false;
   }
-  payload->resize(h.length);
-  if (h.length && read_all(fd, payload->data(), h.length, err) != 1) {
-    if (err->empty()) *err = "the daemon closed the connection in the middle of a frame";
-    return false;
+  if (h.length) {
+    uint8_t* p = alloc(h.length);
+    if (!p) {
+      *err = "cannot allocate " + std::to_string(h.length) + " bytes for a frame from the daemon";
+      return false;
+    }
+    if (read_all(fd, p, h.length, err) != 1) {
+      if (err->empty()) *err = "the daemon closed the connection in the middle of a frame";
+      return false;
+    }
   }
   *type = h.type;
+  return true;
+}
+
+bool read_frame(int fd, uint64_t max_shard_bytes, uint16_t* type, std::vector<uint8_t>* payload,
+                std::string* err) {
+  payload->clear();
+  return read_frame_into(
+      fd, max_shard_bytes, type,
+      [payload](size_t n) {
+        payload->resize(n);
+        return payload->data();
+      },
+      err);
+}
+
+PageBuf& PageBuf::operator=(PageBuf&& o) noexcept {
+  if (this != &o) {
+    reset();
+    p_ = o.p_;
+    n_ = o.n_;
+    mapped_ = o.mapped_;
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  return *this;
+}
+
+void PageBuf::reset() {
+  if (p_) {
+    if (mapped_)
+      ::munmap(p_, n_);
+    else
+      std::free(p_);
+  }
+  p_ = nullptr;
+  n_ = 0;
+  mapped_ = false;
+}
+
+bool PageBuf::alloc(size_t n, bool populate) {
+  reset();
+  if (n == 0) return true;
+  if (n >= kPageBufMapMin) {
+    void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE,
+                     MAP_PRIVATE | MAP_ANONYMOUS | (populate ? MAP_POPULATE : 0), -1, 0);
+    if (m == MAP_FAILED) return false;
+    p_ = static_cast<uint8_t*>(m);
+    mapped_ = true;
+  } else {
+    p_ = static_cast<uint8_t*>(std::malloc(n));
+    if (!p_) return false;
+  }
+  n_ = n;
   return true;
 }
 

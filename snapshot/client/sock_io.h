@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -29,5 +30,39 @@ bool write_frame(int fd, uint16_t type, const void* a, size_t na, const void* b,
 // type/length refused by client_payload_ok(type, len, max_shard_bytes)).
 bool read_frame(int fd, uint64_t max_shard_bytes, uint16_t* type, std::vector<uint8_t>* payload,
                 std::string* err);
+
+// A byte buffer whose pages are faulted in when it is allocated: from kPageBufMapMin bytes on,
+// an anonymous mapping with MAP_POPULATE (the kernel fills its page tables in one go, instead of
+// one fault per 4 KiB page while a socket read or a decoder first writes it), below that
+// malloc. Contents are unspecified (zero for a mapping). Move-only; not thread-safe.
+constexpr size_t kPageBufMapMin = 1u << 20;
+class PageBuf {
+ public:
+  PageBuf() = default;
+  ~PageBuf() { reset(); }
+  PageBuf(PageBuf&& o) noexcept : p_(o.p_), n_(o.n_), mapped_(o.mapped_) {
+    o.p_ = nullptr;
+    o.n_ = 0;
+  }
+  PageBuf& operator=(PageBuf&& o) noexcept;
+  PageBuf(const PageBuf&) = delete;
+  PageBuf& operator=(const PageBuf&) = delete;
+  // Replaces the buffer with one of n bytes; false (and empty) when the memory is not there.
+  // populate false: a mapping faulted in on first touch instead.
+  bool alloc(size_t n, bool populate = true);
+  void reset();
+  uint8_t* data() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  uint8_t* p_ = nullptr;
+  size_t n_ = 0;
+  bool mapped_ = false;
+};
+
+// Reads one frame like read_frame(), its payload into the memory `alloc(length)` returns
+// (length > 0; null: the allocation failed, reported as an error).
+bool read_frame_into(int fd, uint64_t max_shard_bytes, uint16_t* type,
+                     const std::function<uint8_t*(size_t)>& alloc, std::string* err);
 
 }  // namespace r2ccl::snap::client

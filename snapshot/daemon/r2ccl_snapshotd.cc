@@ -35,6 +35,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <array>
 #include <asio.hpp>
 #include <cerrno>
 #include <chrono>
@@ -105,19 +106,39 @@ struct UninitAlloc : std::allocator<T> {
   }
 };
 using Bytes = std::vector<uint8_t, UninitAlloc<uint8_t>>;
-using Frame = std::shared_ptr<Bytes>;
 
-// A frame: the 16-byte header then up to three pieces of payload.
+// An outgoing frame: `head` (the 16-byte header and the small fixed parts: FetchedHead,
+// ShardMeta, a heartbeat) and, for a shard, its payload by reference (`tail`, kept alive by
+// `keep`: the store's bytes, or a received frame). Written as one scatter-gather sequence, so
+// shard bytes are never copied in user space on their way out.
+struct Wire {
+  Bytes head;
+  std::shared_ptr<const uint8_t> keep;
+  const uint8_t* tail = nullptr;
+  size_t tail_n = 0;
+  const uint8_t* data() const { return head.data(); }  // starts with the PeerHeader
+  size_t size() const { return head.size() + tail_n; }
+};
+using Frame = std::shared_ptr<Wire>;
+
+// A frame: the 16-byte header, up to two small pieces copied in, then `tail_n` bytes at `tail`
+// by reference (none by default).
 Frame make_frame(uint32_t magic, uint16_t version, uint16_t type, const void* a, size_t an,
-                 const void* b = nullptr, size_t bn = 0, const void* c = nullptr, size_t cn = 0) {
-  auto f = std::make_shared<Bytes>(sizeof(PeerHeader) + an + bn + cn);
-  PeerHeader h{magic, version, type, static_cast<uint32_t>(an + bn + cn), 0};
-  uint8_t* p = f->data();
+                 const void* b = nullptr, size_t bn = 0,
+                 std::shared_ptr<const uint8_t> tail = nullptr, size_t tail_n = 0) {
+  auto f = std::make_shared<Wire>();
+  f->head.resize(sizeof(PeerHeader) + an + bn);
+  PeerHeader h{magic, version, type, static_cast<uint32_t>(an + bn + tail_n), 0};
+  uint8_t* p = f->head.data();
   std::memcpy(p, &h, sizeof(h));
   p += sizeof(h);
   if (an) std::memcpy(p, a, an);
   if (bn) std::memcpy(p + an, b, bn);
-  if (cn) std::memcpy(p + an + bn, c, cn);
+  if (tail_n) {
+    f->tail = tail.get();
+    f->tail_n = tail_n;
+    f->keep = std::move(tail);
+  }
   return f;
 }
 template <typename Body>
@@ -343,16 +364,17 @@ class Daemon {
       return;
     }
     c->writing = true;
-    asio::async_write(c->sock, asio::buffer(*f),
-                      [this, c, f, bulk](const std::error_code& ec, size_t) {
-                        c->writing = false;
-                        if (bulk) c->queued_bytes -= f->size();
-                        if (ec) {
-                          close_conn(c);
-                          return;
-                        }
-                        pump(c);
-                      });
+    const std::array<asio::const_buffer, 2> bufs{asio::buffer(f->head),
+                                                 asio::buffer(f->tail, f->tail_n)};
+    asio::async_write(c->sock, bufs, [this, c, f, bulk](const std::error_code& ec, size_t) {
+      c->writing = false;
+      if (bulk) c->queued_bytes -= f->size();
+      if (ec) {
+        close_conn(c);
+        return;
+      }
+      pump(c);
+    });
   }
   template <class C>
   void close_conn(const std::shared_ptr<C>& c) {
@@ -567,7 +589,7 @@ class Daemon {
                     [this, peer](Frame f) { send_peer(peer, std::move(f)); });
         return true;
       }
-      case PeerMsg::kFetched: on_fetched(peer, in->body); return true;
+      case PeerMsg::kFetched: return on_fetched(peer, in);
     }
     return false;
   }
@@ -607,23 +629,25 @@ class Daemon {
   }
 
   // ---- shards ----
-  // A received shard (in c->body: ShardMeta + payload) is stored by the worker thread: the CRC
-  // check, the copy into the store and any spill write stay off the event loop, which keeps
-  // heartbeats going while gigabytes arrive. Back on the loop it is indexed and reported, a home
-  // copy is sent to the replicas, and the connection's reading resumes.
+  // A received shard (in c->body: ShardMeta + payload) is stored by the worker thread: the
+  // checksum check (the one of this hop) and any spill write stay off the event loop, which
+  // keeps heartbeats going while gigabytes arrive. The store keeps the received buffer itself
+  // (no copy), and the replicas are sent those same bytes with the producer's checksum (not
+  // computed again). Back on the loop it is indexed and reported, the home copy goes to the
+  // replicas, and the connection's reading resumes.
   template <class C>
   void ingest(const std::shared_ptr<C>& c, const ShardMeta& m, const char* as, bool forward) {
     auto body = std::make_shared<Bytes>(std::move(c->body));
     c->body = {};
     asio::post(work_, [this, c, m, body, as, forward] {
-      const uint8_t* pay = body->data() + sizeof(ShardMeta);
+      std::shared_ptr<const uint8_t> pay(body, body->data() + sizeof(ShardMeta));
       std::string err;
-      const StoreStatus st = store_.put(ShardKey{m.rank, m.step, m.buffer}, m.base_step, m.crc, pay,
-                                        m.payload_bytes, &err);  // verifies the CRC
+      const StoreStatus st = store_.put_shared(ShardKey{m.rank, m.step, m.buffer}, m.base_step,
+                                               m.checksum, pay, m.payload_bytes, &err);
       Frame f;
       if (st == StoreStatus::kOk && forward)
-        f = make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kShard), &m, sizeof(m), pay,
-                       m.payload_bytes);
+        f = make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kShard), &m, sizeof(m), nullptr,
+                       0, pay, m.payload_bytes);
       asio::post(io_, [this, c, m, st, err, f, as] {
         after_store(m, st, err, as);
         if (st == StoreStatus::kOk && f) forward_shard(m, f);
@@ -722,9 +746,11 @@ class Daemon {
   // payload), or SHARD to a replica (ShardMeta + payload).
   enum class FrameKind { kClientFetched, kPeerFetched, kPeerShard };
   using ChainDone = std::function<void(std::vector<Frame>, StoreStatus, ShardKey, std::string)>;
-  // Reads the shards `items` (oldest first) from the store on the worker thread (CRCs checked,
-  // spill files read) and frames them; `done` runs on the loop with the frames, or with the
-  // status, key and message of the first shard that could not be read.
+  // Takes the shards `items` (oldest first) from the store on the worker thread, by reference
+  // (a spilled one is read from its file and checked there: the disk hop; one in memory is
+  // not hashed again, its receiver checks it) and frames them around those bytes; `done` runs
+  // on the loop with the frames, or with the status, key and message of the first shard that
+  // could not be read.
   void read_chain(std::vector<ShardMeta> items, FrameKind kind, uint64_t request, ChainDone done) {
     asio::post(work_, [this, items = std::move(items), kind, request, done = std::move(done)] {
       std::vector<Frame> frames;
@@ -734,26 +760,27 @@ class Daemon {
       for (size_t i = 0; i < items.size(); ++i) {
         ShardMeta m = items[i];
         const ShardKey k{m.rank, m.step, m.buffer};
-        std::vector<uint8_t> bytes;
-        ShardInfo info;
-        st = store_.get(k, &bytes, &info, &err);
+        ShardRef ref;
+        st = store_.view(k, &ref, &err);
         if (st != StoreStatus::kOk) {
           bad = k;
           frames.clear();
           break;
         }
-        m.crc = info.crc;
-        m.payload_bytes = bytes.size();
-        FetchedHead h{request, uint32_t(FetchStatus::kOk), uint32_t(i), uint32_t(items.size()), 0};
+        m.checksum = ref.info.checksum;
+        m.payload_bytes = ref.info.size;
+        const size_t n = size_t(ref.info.size);
+        FetchedHead h{request, uint32_t(FetchStatus::kOk), uint32_t(i), uint32_t(items.size()),
+                      o_.self};
         if (kind == FrameKind::kPeerShard)
           frames.push_back(make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kShard), &m,
-                                      sizeof(m), bytes.data(), bytes.size()));
+                                      sizeof(m), nullptr, 0, std::move(ref.data), n));
         else if (kind == FrameKind::kPeerFetched)
           frames.push_back(make_frame(kPeerMagic, kPeerVersion, uint16_t(PeerMsg::kFetched), &h,
-                                      sizeof(h), &m, sizeof(m), bytes.data(), bytes.size()));
+                                      sizeof(h), &m, sizeof(m), std::move(ref.data), n));
         else
           frames.push_back(make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched),
-                                      &h, sizeof(h), &m, sizeof(m), bytes.data(), bytes.size()));
+                                      &h, sizeof(h), &m, sizeof(m), std::move(ref.data), n));
       }
       asio::post(io_, [done, frames = std::move(frames), st, bad, err]() mutable {
         done(std::move(frames), st, bad, err);
@@ -969,7 +996,7 @@ class Daemon {
     TimeUs asked_at = 0;
     std::vector<uint32_t> silent;  // candidates that did not answer in time: asked once more
     bool second_pass = false;
-    std::vector<Bytes> frames;  // FETCHED bodies received so far
+    std::vector<std::shared_ptr<Bytes>> frames;  // FETCHED bodies received (and checked) so far
   };
   // Answers a FETCH from what this node holds: the chain oldest first, or one refusal frame
   // (not held; corrupt, when a shard failed its CRC: it is then dropped from the index). The
@@ -977,7 +1004,7 @@ class Daemon {
   void serve_fetch(const FetchBody& b, FrameKind kind, std::function<void(Frame)> out,
                    std::function<void(bool)> done = nullptr) {
     auto refusal = [kind, b](FetchStatus why) {
-      FetchedHead head{b.request, uint32_t(why), 0, 0, 0};
+      FetchedHead head{b.request, uint32_t(why), 0, 0, kNoNode};
       return kind == FrameKind::kClientFetched
                  ? make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), &head,
                               sizeof(head))
@@ -1016,8 +1043,14 @@ class Daemon {
                });
   }
   void client_fetch(const std::shared_ptr<ClientConn>& c, const FetchBody& b) {
-    if (b.buffer == 0) m_.counter(M::kRecoveries).inc();  // one restore of one rank
-    if (!holdings_.chain(b.rank, b.buffer, b.step).empty()) {
+    if (b.buffer == 0 && b.avoid_node == kNoNode)
+      m_.counter(M::kRecoveries).inc();  // one restore of one rank
+    if (b.avoid_node == o_.self)
+      SNAP_WARN(
+          "restore of rank %u buffer %u step %llu: the client found this node's copy corrupt; "
+          "asking the replicas",
+          b.rank, b.buffer, static_cast<unsigned long long>(b.step));
+    if (b.avoid_node != o_.self && !holdings_.chain(b.rank, b.buffer, b.step).empty()) {
       // From the local store (a survivor's home copy, or this node is a replica); frames are
       // kept until the whole chain was read, and a failure falls back to the peers.
       auto local = std::make_shared<std::vector<Frame>>();
@@ -1046,8 +1079,15 @@ class Daemon {
     std::set<uint32_t> cand(lv.begin(), lv.end());
     if (record_)
       for (const auto& m : record_->members) cand.insert(m.id);
+    cand.erase(b.avoid_node);
     const std::vector<uint32_t> all(cand.begin(), cand.end());
     pf.candidates = choose_replicas(o_.self, all, o_.topology, rtt_us_, all.size());
+    // Striping: a rank's buffers start at different replicas among the nearest R (the rest of
+    // the order is kept), so a restore pulls from all of them at once.
+    const size_t near = std::min<size_t>(o_.replicas, pf.candidates.size());
+    if (near > 1)
+      std::rotate(pf.candidates.begin(), pf.candidates.begin() + (b.stripe % near),
+                  pf.candidates.begin() + near);
     fetches_[pf.id] = std::move(pf);
     ask_next(fetches_[pf.id]);
   }
@@ -1059,7 +1099,7 @@ class Daemon {
       pf.second_pass = true;
     }
     if (pf.next >= pf.candidates.size()) {
-      FetchedHead h{pf.client_request, uint32_t(FetchStatus::kNotHeld), 0, 0, 0};
+      FetchedHead h{pf.client_request, uint32_t(FetchStatus::kNotHeld), 0, 0, kNoNode};
       if (auto c = pf.client.lock())
         send(c,
              make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), &h, sizeof(h)),
@@ -1073,28 +1113,64 @@ class Daemon {
     pf.asked_at = now_us();
     FetchBody q = pf.want;
     q.request = pf.id;
+    q.stripe = 0;
+    q.avoid_node = kNoNode;
     send_peer(pf.asked, peer_frame(PeerMsg::kFetch, q));
   }
-  void on_fetched(uint32_t peer, const Bytes& body) {
+  // A FETCHED frame from a peer: a refusal moves on to the next replica; a shard is checked
+  // (its checksum: the one check of the peer hop) on the worker thread, with the connection's
+  // reading paused meanwhile (frames of a connection stay in order); a whole chain goes on to
+  // the client around the received bytes (no copy). Returns whether reading resumes now.
+  bool on_fetched(uint32_t peer, const std::shared_ptr<PeerConn>& in) {
     FetchedHead h;
-    std::memcpy(&h, body.data(), sizeof(h));
+    std::memcpy(&h, in->body.data(), sizeof(h));
     auto it = fetches_.find(h.request);
-    if (it == fetches_.end() || it->second.asked != peer) return;
+    if (it == fetches_.end() || it->second.asked != peer) return true;
     PendingFetch& pf = it->second;
     if (h.status != uint32_t(FetchStatus::kOk)) {
       SNAP_WARN(
           "restore of rank %u buffer %u step %llu: node %u answered %s; asking the next replica",
           pf.want.rank, pf.want.buffer, static_cast<unsigned long long>(pf.want.step), peer,
           h.status == uint32_t(FetchStatus::kCorrupt) ? "corrupt (checksum)" : "not held");
-      return ask_next(pf);
+      ask_next(pf);
+      return true;
     }
+    if (in->body.size() < sizeof(FetchedHead) + sizeof(ShardMeta)) {
+      SNAP_WARN(
+          "restore of rank %u buffer %u step %llu: node %u answered kOk without a shard; "
+          "asking the next replica",
+          pf.want.rank, pf.want.buffer, static_cast<unsigned long long>(pf.want.step), peer);
+      ask_next(pf);
+      return true;
+    }
+    auto body = std::make_shared<Bytes>(std::move(in->body));
+    in->body = {};
+    const uint64_t id = h.request;
+    asio::post(work_, [this, in, body, peer, id] {
+      ShardMeta m;
+      std::memcpy(&m, body->data() + sizeof(FetchedHead), sizeof(m));
+      const size_t pn = body->size() - sizeof(FetchedHead) - sizeof(m);
+      const bool sum_ok =
+          m.payload_bytes == pn &&
+          shard_checksum(body->data() + sizeof(FetchedHead) + sizeof(m), pn) == m.checksum;
+      asio::post(io_, [this, in, body, peer, id, sum_ok] {
+        fetched_checked(peer, id, body, sum_ok);
+        resume_reading(in);
+      });
+    });
+    return false;
+  }
+  void fetched_checked(uint32_t peer, uint64_t id, const std::shared_ptr<Bytes>& body,
+                       bool sum_ok) {
+    auto it = fetches_.find(id);
+    if (it == fetches_.end() || it->second.asked != peer) return;
+    PendingFetch& pf = it->second;
+    FetchedHead h;
+    std::memcpy(&h, body->data(), sizeof(h));
     ShardMeta m;
-    std::memcpy(&m, body.data() + sizeof(h), sizeof(m));
-    const uint8_t* pay = body.data() + sizeof(h) + sizeof(m);
-    const size_t pn = body.size() - sizeof(h) - sizeof(m);
+    std::memcpy(&m, body->data() + sizeof(h), sizeof(m));
     if (h.index != pf.frames.size() || h.count == 0 || h.index >= h.count ||
-        m.rank != pf.want.rank || m.buffer != pf.want.buffer || m.payload_bytes != pn ||
-        shard_crc32(pay, pn) != m.crc) {
+        m.rank != pf.want.rank || m.buffer != pf.want.buffer || !sum_ok) {
       SNAP_WARN(
           "restore of rank %u buffer %u step %llu: node %u sent a bad or corrupt shard; asking the "
           "next replica",
@@ -1106,12 +1182,14 @@ class Daemon {
     if (auto c = pf.client.lock()) {
       for (auto& f : pf.frames) {
         FetchedHead fh;
-        std::memcpy(&fh, f.data(), sizeof(fh));
+        std::memcpy(&fh, f->data(), sizeof(fh));
         fh.request = pf.client_request;
-        std::memcpy(f.data(), &fh, sizeof(fh));
+        constexpr size_t kFixed = sizeof(FetchedHead) + sizeof(ShardMeta);
+        std::shared_ptr<const uint8_t> pay(f, f->data() + kFixed);
         send(c,
-             make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), f.data(),
-                        f.size()),
+             make_frame(kClientMagic, kClientVersion, uint16_t(ClientMsg::kFetched), &fh,
+                        sizeof(fh), f->data() + sizeof(fh), sizeof(ShardMeta), std::move(pay),
+                        f->size() - kFixed),
              false);
       }
     }

@@ -241,9 +241,17 @@ void unshuffle_any(size_t es, const uint8_t* in, size_t m, bool xor_into, uint8_
   }
 #if defined(__SSE2__)
   auto put = [&](uint8_t* p, __m128i v) { st(p, xor_into ? _mm_xor_si128(ld(p), v) : v); };
+  // A sparse delta leaves most groups of 16 elements alone: those are skipped without touching
+  // the state (XOR with 0), so applying it costs about a read of the chunk, not a pass over
+  // the state.
+  const __m128i zero = _mm_setzero_si128();
+  auto unchanged = [&](__m128i o) {
+    return xor_into && _mm_movemask_epi8(_mm_cmpeq_epi8(o, zero)) == 0xffff;
+  };
   if (es == 2) {
     for (; i + 16 <= m; i += 16) {
       const __m128i b0 = ld(in + i), b1 = ld(in + m + i);
+      if (unchanged(_mm_or_si128(b0, b1))) continue;
       put(state + 2 * i, _mm_unpacklo_epi8(b0, b1));
       put(state + 2 * i + 16, _mm_unpackhi_epi8(b0, b1));
     }
@@ -253,6 +261,7 @@ void unshuffle_any(size_t es, const uint8_t* in, size_t m, bool xor_into, uint8_
   for (; i + 16 <= m; i += 16) {
     const __m128i b0 = ld(in + i), b1 = ld(in + m + i), b2 = ld(in + 2 * m + i),
                   b3 = ld(in + 3 * m + i);
+    if (unchanged(_mm_or_si128(_mm_or_si128(b0, b1), _mm_or_si128(b2, b3)))) continue;
     const __m128i p01l = _mm_unpacklo_epi8(b0, b1), p01h = _mm_unpackhi_epi8(b0, b1);
     const __m128i p23l = _mm_unpacklo_epi8(b2, b3), p23h = _mm_unpackhi_epi8(b2, b3);
     put(state + 4 * i, _mm_unpacklo_epi16(p01l, p23l));
@@ -406,7 +415,7 @@ void write_frame_header(const FrameHeader& h, uint8_t* out) {
   put16(out + 6, uint16_t(kFrameHeaderBytes));
   out[8] = uint8_t(h.dtype);
   out[9] = uint8_t(h.codec);
-  out[10] = h.base ? kFrameBase : 0;
+  out[10] = uint8_t((h.base ? kFrameBase : 0) | (h.no_payload_crc ? kFrameNoPayloadCrc : 0));
   out[11] = 0;
   put32(out + 12, h.chunk_elems);
   put64(out + 16, h.seq);
@@ -449,12 +458,13 @@ bool parse_frame_header(const uint8_t* frame, size_t n, FrameHeader* out, std::s
   if (frame[9] > uint8_t(Codec::kLossyDynRange))
     return fail("codec " + std::to_string(frame[9]) +
                 ", expected 0 (kLossless) or 1 (kLossyDynRange)");
-  if ((frame[10] & ~kFrameBase) != 0 || frame[11] != 0)
+  if ((frame[10] & ~(kFrameBase | kFrameNoPayloadCrc)) != 0 || frame[11] != 0)
     return fail("flags " + std::to_string(frame[10]) + " / reserved " + std::to_string(frame[11]) +
-                ", expected flags 0 or 1 (base) and reserved 0");
+                ", expected flags 0..3 (bit 0 base, bit 1 no payload CRC) and reserved 0");
   h.dtype = DType(frame[8]);
   h.codec = Codec(frame[9]);
   h.base = (frame[10] & kFrameBase) != 0;
+  h.no_payload_crc = (frame[10] & kFrameNoPayloadCrc) != 0;
   h.chunk_elems = get32(frame + 12);
   h.seq = get64(frame + 16);
   h.base_seq = get64(frame + 24);
@@ -462,6 +472,10 @@ bool parse_frame_header(const uint8_t* frame, size_t n, FrameHeader* out, std::s
   h.raw_size = get64(frame + 40);
   h.payload_size = get64(frame + 48);
   h.payload_crc = get32(frame + 56);
+  if (h.no_payload_crc && h.payload_crc != 0)
+    return fail("payload CRC " + hex32(h.payload_crc) +
+                " with flag bit 1 (no payload CRC), "
+                "expected 0");
   if (h.chunk_elems == 0 || h.chunk_elems % kLossyBlockElems != 0 || h.chunk_elems > kMaxChunkElems)
     return fail("chunk_elems " + std::to_string(h.chunk_elems) + ", expected a multiple of " +
                 std::to_string(kLossyBlockElems) + " in [" + std::to_string(kLossyBlockElems) +
@@ -597,7 +611,7 @@ bool DeltaEncoder::push(const uint8_t* data, size_t n, bool last, std::vector<ui
       return false;
     }
     if (out.pos > 0) {
-      crc_ = crc32_of(crc_, out_stage_.data(), out.pos);
+      if (cfg_.payload_crc) crc_ = crc32_of(crc_, out_stage_.data(), out.pos);
       frame->insert(frame->end(), out_stage_.data(), out_stage_.data() + out.pos);
     }
     if (last ? rem == 0 : in.pos == in.size) return true;
@@ -692,7 +706,8 @@ bool DeltaEncoder::encode(const void* cur_v, std::vector<uint8_t>* frame, Encode
   h.elem_count = elems_;
   h.raw_size = cfg_.size_bytes;
   h.payload_size = frame->size() - kFrameHeaderBytes;
-  h.payload_crc = crc_;
+  h.payload_crc = cfg_.payload_crc ? crc_ : 0;
+  h.no_payload_crc = !cfg_.payload_crc;
   write_frame_header(h, frame->data());
   if (base) base_seq_ = seq;
   need_base_ = false;
@@ -718,8 +733,8 @@ DeltaDecoder::DeltaDecoder(DType dtype, size_t size_bytes)
 
 DeltaDecoder::~DeltaDecoder() { ZSTD_freeDCtx(dctx_); }
 
-std::unique_ptr<DeltaDecoder> DeltaDecoder::create(DType dtype, size_t size_bytes,
-                                                   std::string* err) {
+std::unique_ptr<DeltaDecoder> DeltaDecoder::create(DType dtype, size_t size_bytes, std::string* err,
+                                                   uint8_t* state) {
   const size_t es = dtype_size(dtype);
   if (es == 0) {
     *err = "DeltaDecoder: dtype " + std::to_string(int(dtype)) +
@@ -733,7 +748,12 @@ std::unique_ptr<DeltaDecoder> DeltaDecoder::create(DType dtype, size_t size_byte
     return nullptr;
   }
   std::unique_ptr<DeltaDecoder> d(new DeltaDecoder(dtype, size_bytes));
-  d->state_.reset(new (std::nothrow) uint8_t[size_bytes]());
+  if (state) {
+    d->state_ = state;
+  } else {
+    d->own_state_.reset(new (std::nothrow) uint8_t[size_bytes]());
+    d->state_ = d->own_state_.get();
+  }
   d->dctx_ = ZSTD_createDCtx();
   if (!d->state_ || !d->dctx_) {
     *err = "DeltaDecoder: cannot allocate " + std::to_string(size_bytes) + " bytes";
@@ -742,8 +762,9 @@ std::unique_ptr<DeltaDecoder> DeltaDecoder::create(DType dtype, size_t size_byte
   return d;
 }
 
-bool DeltaDecoder::apply(const uint8_t* frame, size_t n, std::string* err) {
-  FrameHeader h;
+bool DeltaDecoder::check(const uint8_t* frame, size_t n, FrameHeader* hp, uint64_t* content,
+                         std::string* err) {
+  FrameHeader& h = *hp;
   if (!parse_frame_header(frame, n, &h, err)) return false;
   auto fail = [&](const std::string& m) {
     *err = kPfx + m;
@@ -782,8 +803,8 @@ bool DeltaDecoder::apply(const uint8_t* frame, size_t n, std::string* err) {
   // The payload.
   const uint8_t* payload = frame + kFrameHeaderBytes;
   const size_t psz = size_t(h.payload_size);
-  const uint32_t crc = crc32_of(0, payload, psz);
-  if (crc != h.payload_crc)
+  const uint32_t crc = h.no_payload_crc ? 0 : crc32_of(0, payload, psz);
+  if (!h.no_payload_crc && crc != h.payload_crc)
     return fail("payload CRC-32 " + hex32(crc) + " does not match the header's " +
                 hex32(h.payload_crc) + ": the payload is corrupted");
   const bool lossy = h.codec == Codec::kLossyDynRange;
@@ -802,6 +823,21 @@ bool DeltaDecoder::apply(const uint8_t* frame, size_t n, std::string* err) {
                                                 : std::to_string(cs)) +
                 ", expected " + std::to_string(expected) + " bytes for " + std::to_string(elems_) +
                 " " + dtype_name(dtype_) + " elements (" + codec_name(h.codec) + ")");
+  *content = expected;
+  return true;
+}
+
+bool DeltaDecoder::apply(const uint8_t* frame, size_t n, std::string* err) {
+  FrameHeader h;
+  uint64_t expected = 0;
+  if (!check(frame, n, &h, &expected, err)) return false;
+  auto fail = [&](const std::string& m) {
+    *err = kPfx + m;
+    return false;
+  };
+  const bool lossy = h.codec == Codec::kLossyDynRange;
+  const uint8_t* payload = frame + kFrameHeaderBytes;
+  const size_t psz = size_t(h.payload_size);
   // Sized from the registered buffer only.
   if (scratch_size_ < expected) {
     scratch_.reset(new (std::nothrow) uint8_t[expected]);
@@ -845,7 +881,7 @@ bool DeltaDecoder::apply(const uint8_t* frame, size_t n, std::string* err) {
   size_t pos = 0;
   for (uint64_t off = 0; off < elems_; off += chunk) {
     const size_t m = size_t(std::min<uint64_t>(chunk, elems_ - off));
-    uint8_t* st = state_.get() + off * esize_;
+    uint8_t* st = state_ + off * esize_;
     if (lossy) {
       const size_t nb = size_t(ceil_div(m, kLossyBlockElems));
       const uint8_t* scales = scratch_.get() + pos;
@@ -859,6 +895,93 @@ bool DeltaDecoder::apply(const uint8_t* frame, size_t n, std::string* err) {
       unshuffle_any(esize_, scratch_.get() + pos, m, !h.base, st);
       pos += m * esize_;
     }
+  }
+  has_state_ = true;
+  last_seq_ = h.seq;
+  base_seq_ = h.base_seq;
+  return true;
+}
+
+bool DeltaDecoder::apply_streaming(const uint8_t* frame, size_t n, std::string* err) {
+  FrameHeader h;
+  uint64_t expected = 0;
+  if (!check(frame, n, &h, &expected, err)) return false;
+  auto fail = [&](const std::string& m) {
+    *err = kPfx + m + " (found while decoding: the state was partly written and is discarded)";
+    has_state_ = false;
+    return false;
+  };
+  const bool lossy = h.codec == Codec::kLossyDynRange;
+  const uint64_t chunk = h.chunk_elems;
+  const size_t chunk_bytes =
+      lossy ? size_t(4 * ceil_div(chunk, kLossyBlockElems) + chunk) : size_t(chunk * esize_);
+  if (scratch_size_ < chunk_bytes) {
+    scratch_.reset(new (std::nothrow) uint8_t[chunk_bytes]);
+    scratch_size_ = scratch_ ? chunk_bytes : 0;
+    if (!scratch_) {
+      *err = std::string(kPfx) + "cannot allocate " + std::to_string(chunk_bytes) + " bytes";
+      return false;
+    }
+  }
+  size_t r = ZSTD_DCtx_reset(dctx_, ZSTD_reset_session_only);
+  if (ZSTD_isError(r)) return fail(std::string("zstd: ") + ZSTD_getErrorName(r));
+  ZSTD_inBuffer in{frame + kFrameHeaderBytes, size_t(h.payload_size), 0};
+  r = 1;
+  for (uint64_t off = 0; off < elems_; off += chunk) {
+    const size_t m = size_t(std::min<uint64_t>(chunk, elems_ - off));
+    const size_t nb = size_t(ceil_div(m, kLossyBlockElems));
+    const size_t want = lossy ? 4 * nb + m : m * esize_;
+    ZSTD_outBuffer out{scratch_.get(), want, 0};
+    while (out.pos < out.size) {
+      const size_t before_in = in.pos, before_out = out.pos;
+      r = ZSTD_decompressStream(dctx_, &out, &in);
+      if (ZSTD_isError(r)) return fail(std::string("zstd: ") + ZSTD_getErrorName(r));
+      if (out.pos < out.size && (r == 0 || (in.pos == before_in && out.pos == before_out)))
+        return fail("zstd: the payload ended after " + std::to_string(off * esize_ + out.pos) +
+                    " content bytes, expected " + std::to_string(expected));
+    }
+    uint8_t* st = state_ + off * esize_;
+    if (lossy) {
+      const uint8_t* scales = scratch_.get();
+      const int8_t* codes = reinterpret_cast<const int8_t*>(scales + 4 * nb);
+      for (size_t b = 0; b < nb; ++b) {
+        float sc;
+        std::memcpy(&sc, scales + 4 * b, 4);
+        if (!(sc >= 0 && sc <= FLT_MAX))
+          return fail("lossy scale " + std::to_string(sc) + " of block " +
+                      std::to_string(off / kLossyBlockElems + b) +
+                      ", expected a finite value >= 0");
+      }
+      bool bad = false;
+      for (size_t j = 0; j < m; ++j) bad |= codes[j] == -128;
+      if (bad) return fail("lossy code -128 in the chunk at element " + std::to_string(off));
+      if (dtype_ == DType::kBF16)
+        lossy_apply_chunk<true>(scales, codes, m, st);
+      else
+        lossy_apply_chunk<false>(scales, codes, m, st);
+    } else {
+      if (!h.base) {
+        // A sparse delta: most chunks are all zero (nothing changed), and XOR with 0 is a no-op.
+        const uint8_t* p = scratch_.get();
+        uint64_t acc = 0;
+        size_t j = 0;
+        for (; j + 8 <= want; j += 8) {
+          uint64_t v;
+          std::memcpy(&v, p + j, 8);
+          acc |= v;
+        }
+        for (; j < want; ++j) acc |= p[j];
+        if (acc == 0) continue;
+      }
+      unshuffle_any(esize_, scratch_.get(), m, !h.base, st);
+    }
+  }
+  if (r != 0) {
+    ZSTD_outBuffer out{scratch_.get(), 0, 0};
+    r = ZSTD_decompressStream(dctx_, &out, &in);
+    if (ZSTD_isError(r) || r != 0)
+      return fail("zstd: the frame does not end after its " + std::to_string(expected) +
+                  " content bytes");
   }
   has_state_ = true;
   last_seq_ = h.seq;

@@ -1,19 +1,20 @@
 // ShardStore (r2ccl/snapshot/shard_store.h). Spill file format, little-endian, 64-byte header
 // followed by the payload:
-//   0  magic "R2SHARD\0"       8   u32 version (1)      12  u32 header bytes (64)
+//   0  magic "R2SHARD\0"       8   u32 version (2)      12  u32 header bytes (64)
 //   16 u32 rank                20  u32 buffer           24  u64 step
-//   32 u64 base step           40  u64 payload bytes    48  u32 payload CRC-32
-//   52 u32 0, 56 u32 0 (reserved)                       60  u32 CRC-32 of bytes 0..59
+//   32 u64 base step           40  u64 payload bytes    48  u64 payload checksum (XXH3-64)
+//   56 u32 0 (reserved)                                 60  u32 low 32 bits of XXH3-64 of 0..59
 // A file is valid when its name, r<rank>_s<step>_b<buffer>.shard, matches its header, the
-// header CRC holds, its payload size is within max_shard_bytes and the file is exactly
-// 64 + payload bytes long. The payload CRC is checked whenever the shard is served.
+// header check holds, its payload size is within max_shard_bytes and the file is exactly
+// 64 + payload bytes long. The payload checksum is checked whenever the file is read (the
+// disk hop). Version 1 files (zlib CRC-32) are not read: they are reported and moved aside.
 #include "r2ccl/snapshot/shard_store.h"
 
 #include <fcntl.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <zlib.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -28,7 +29,7 @@ namespace r2ccl::snap {
 namespace {
 
 constexpr char kMagic[8] = {'R', '2', 'S', 'H', 'A', 'R', 'D', '\0'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
 constexpr size_t kHeaderBytes = 64;
 constexpr const char* kLockName = "LOCK";
 constexpr const char* kShardSuffix = ".shard";
@@ -52,6 +53,8 @@ uint64_t get_u64(const uint8_t* p) {
   return v;
 }
 
+uint32_t header_check(const uint8_t* h) { return static_cast<uint32_t>(XXH3_64bits(h, 60)); }
+
 void encode_header(const ShardInfo& info, uint8_t* h) {
   memset(h, 0, kHeaderBytes);
   memcpy(h, kMagic, sizeof(kMagic));
@@ -62,8 +65,8 @@ void encode_header(const ShardInfo& info, uint8_t* h) {
   put_u64(h + 24, info.key.step);
   put_u64(h + 32, info.base_step);
   put_u64(h + 40, info.size);
-  put_u32(h + 48, info.crc);
-  put_u32(h + 60, shard_crc32(h, 60));
+  put_u64(h + 48, info.checksum);
+  put_u32(h + 60, header_check(h));
 }
 
 // Parses and checks a header (not the payload). On failure *why says what is wrong.
@@ -72,8 +75,8 @@ bool decode_header(const uint8_t* h, uint64_t max_bytes, ShardInfo* out, std::st
     *why = "bad magic";
     return false;
   }
-  if (get_u32(h + 60) != shard_crc32(h, 60)) {
-    *why = "header CRC mismatch";
+  if (get_u32(h + 60) != header_check(h)) {
+    *why = "header checksum mismatch";
     return false;
   }
   if (get_u32(h + 8) != kVersion || get_u32(h + 12) != kHeaderBytes) {
@@ -86,7 +89,7 @@ bool decode_header(const uint8_t* h, uint64_t max_bytes, ShardInfo* out, std::st
   info.key.step = get_u64(h + 24);
   info.base_step = get_u64(h + 32);
   info.size = get_u64(h + 40);
-  info.crc = get_u32(h + 48);
+  info.checksum = get_u64(h + 48);
   if (info.base_step > info.key.step) {
     *why = "base step after the step";
     return false;
@@ -136,7 +139,7 @@ std::string errno_text(const char* what) { return std::string(what) + ": " + str
 
 // Writes header + payload to dir_fd/name and fsyncs it. False with *why on failure.
 bool write_shard_file(int dir_fd, const std::string& name, const ShardInfo& info,
-                      const std::vector<uint8_t>& bytes, std::string* why) {
+                      const uint8_t* bytes, std::string* why) {
   int fd = openat(dir_fd, name.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
   if (fd < 0) {
     *why = errno_text(("create " + name).c_str());
@@ -144,7 +147,7 @@ bool write_shard_file(int dir_fd, const std::string& name, const ShardInfo& info
   }
   uint8_t h[kHeaderBytes];
   encode_header(info, h);
-  bool ok = write_full(fd, h, sizeof(h)) && write_full(fd, bytes.data(), bytes.size());
+  bool ok = write_full(fd, h, sizeof(h)) && write_full(fd, bytes, info.size);
   if (!ok) *why = errno_text(("write " + name).c_str());
   if (ok && fsync(fd) != 0) {
     *why = errno_text(("fsync " + name).c_str());
@@ -181,8 +184,12 @@ bool parse_name(const std::string& name, ShardKey* key) {
 
 }  // namespace
 
-uint32_t shard_crc32(const void* data, size_t n) {
-  return static_cast<uint32_t>(crc32_z(0L, static_cast<const Bytef*>(data), n));
+uint64_t shard_checksum(const void* data, size_t n) { return XXH3_64bits(data, n); }
+
+std::shared_ptr<uint8_t> alloc_shard_bytes(size_t n) {
+  // Not value-initialised: the caller fills every byte (a read, a copy).
+  return std::shared_ptr<uint8_t>(new (std::nothrow) uint8_t[n ? n : 1],
+                                  std::default_delete<uint8_t[]>());
 }
 
 std::string to_string(const ShardKey& k) {
@@ -478,7 +485,7 @@ bool ShardStore::spill(std::vector<Victim>* victims, std::string* err) {
     const std::string tmp = name + kTmpSuffix;
     std::string why;
     ShardInfo info = v.info;
-    bool wrote = write_shard_file(dir_fd_, tmp, info, *v.bytes, &why);
+    bool wrote = write_shard_file(dir_fd_, tmp, info, v.bytes.get(), &why);
     std::lock_guard<std::mutex> lk(mu_);
     auto it = index_.find(v.key);
     const bool current =
@@ -523,20 +530,34 @@ bool ShardStore::spill(std::vector<Victim>* victims, std::string* err) {
   return all_ok;
 }
 
-StoreStatus ShardStore::put(const ShardKey& key, uint64_t base_step, uint32_t crc, const void* data,
-                            size_t size, std::string* err) {
+StoreStatus ShardStore::put(const ShardKey& key, uint64_t base_step, uint64_t checksum,
+                            const void* data, size_t size, std::string* err) {
   StoreStatus st = check_size(size, err);
   if (st != StoreStatus::kOk) return st;
   if (size > 0 && data == nullptr) {
     if (err) *err = "snapshot store: put of " + to_string(key) + " without data";
     return StoreStatus::kInvalid;
   }
-  const auto* p = static_cast<const uint8_t*>(data);
-  return put(key, base_step, crc, std::vector<uint8_t>(p, p + size), err);
+  std::shared_ptr<uint8_t> copy = alloc_shard_bytes(size);
+  if (!copy) {
+    if (err) *err = "snapshot store: cannot allocate " + std::to_string(size) + " bytes";
+    return StoreStatus::kFull;
+  }
+  if (size) std::memcpy(copy.get(), data, size);
+  return put_shared(key, base_step, checksum, std::move(copy), size, err);
 }
 
-StoreStatus ShardStore::put(const ShardKey& key, uint64_t base_step, uint32_t crc,
+StoreStatus ShardStore::put(const ShardKey& key, uint64_t base_step, uint64_t checksum,
                             std::vector<uint8_t> bytes, std::string* err) {
+  auto owner = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
+  const size_t n = owner->size();
+  std::shared_ptr<const uint8_t> p(owner, owner->data());
+  return put_shared(key, base_step, checksum, std::move(p), n, err);
+}
+
+StoreStatus ShardStore::put_shared(const ShardKey& key, uint64_t base_step, uint64_t checksum,
+                                   std::shared_ptr<const uint8_t> bytes, size_t size,
+                                   std::string* err) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!enter_locked(err)) return StoreStatus::kClosed;
@@ -546,7 +567,6 @@ StoreStatus ShardStore::put(const ShardKey& key, uint64_t base_step, uint32_t cr
     ~Leave() { s->leave(); }
   } leave_guard{this};
 
-  const uint64_t size = bytes.size();
   if (base_step > key.step) {
     if (err)
       *err = "snapshot store: shard " + to_string(key) + " has base step " +
@@ -555,20 +575,30 @@ StoreStatus ShardStore::put(const ShardKey& key, uint64_t base_step, uint32_t cr
   }
   StoreStatus st = check_size(size, err);
   if (st != StoreStatus::kOk) return st;
-  const uint32_t got = shard_crc32(bytes.data(), bytes.size());
-  if (got != crc) {
+  if (size > 0 && !bytes) {
+    if (err) *err = "snapshot store: put of " + to_string(key) + " without data";
+    return StoreStatus::kInvalid;
+  }
+  // The one check of the hop that brought these bytes (outside the lock).
+  const uint64_t got = shard_checksum(bytes.get(), size);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.checksum_bytes += size;
+  }
+  if (got != checksum) {
     char msg[256];
     snprintf(msg, sizeof(msg),
-             "snapshot store: shard %s refused: CRC 0x%08" PRIx32 " of its %" PRIu64
-             " bytes, sender said 0x%08" PRIx32 " (the sender's copy is bad)",
-             to_string(key).c_str(), got, size, crc);
+             "snapshot store: shard %s refused: checksum 0x%016" PRIx64
+             " of its %zu"
+             " bytes, sender said 0x%016" PRIx64 " (the sender's copy is bad)",
+             to_string(key).c_str(), got, size, checksum);
     SNAP_WARN("%s", msg);
     if (err) *err = msg;
     std::lock_guard<std::mutex> lk(mu_);
     ++stats_.crc_failures_put;
     return StoreStatus::kBadCrc;
   }
-  auto sp = std::make_shared<const std::vector<uint8_t>>(std::move(bytes));
+  auto sp = std::move(bytes);
 
   std::vector<Victim> victims;
   uint64_t gen = 0;
@@ -578,7 +608,7 @@ StoreStatus ShardStore::put(const ShardKey& key, uint64_t base_step, uint32_t cr
     uint64_t replaced_in_memory = 0;
     if (it != index_.end()) {
       Entry& e = it->second;
-      if (!e.info.corrupt && e.info.size == size && e.info.crc == crc &&
+      if (!e.info.corrupt && e.info.size == size && e.info.checksum == checksum &&
           e.info.base_step == base_step) {  // a duplicate (a retried send)
         if (e.where == Where::kMemory) lru_.splice(lru_.begin(), lru_, e.lru);
         return StoreStatus::kOk;
@@ -599,7 +629,7 @@ StoreStatus ShardStore::put(const ShardKey& key, uint64_t base_step, uint32_t cr
     e.info.key = key;
     e.info.base_step = base_step;
     e.info.size = size;
-    e.info.crc = crc;
+    e.info.checksum = checksum;
     e.where = Where::kMemory;
     e.gen = gen = next_gen_++;
     e.bytes = std::move(sp);
@@ -663,8 +693,7 @@ void ShardStore::mark_corrupt(const ShardKey& key, uint64_t gen, const std::stri
   }
 }
 
-StoreStatus ShardStore::read_file(const ShardKey& key, std::vector<uint8_t>* out, ShardInfo* info,
-                                  std::string* why) const {
+StoreStatus ShardStore::read_file(const ShardKey& key, ShardRef* out, std::string* why) {
   const std::string name = file_name(key);
   int fd = openat(dir_fd_, name.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
   if (fd < 0) {
@@ -706,26 +735,49 @@ StoreStatus ShardStore::read_file(const ShardKey& key, std::vector<uint8_t>* out
            " bytes, its header says " + std::to_string(kHeaderBytes + fi.size);
     return StoreStatus::kCorrupt;
   }
-  std::vector<uint8_t> data(fi.size);
-  if (!read_full(fd, data.data(), data.size(), kHeaderBytes)) {
+  std::shared_ptr<uint8_t> data = alloc_shard_bytes(size_t(fi.size));
+  if (!data) {
+    *why = "cannot allocate " + std::to_string(fi.size) + " bytes for " + spill_path(key);
+    return StoreStatus::kIoError;
+  }
+  if (!read_full(fd, data.get(), size_t(fi.size), kHeaderBytes)) {
     *why = errno_text(("read " + spill_path(key)).c_str());
     return StoreStatus::kIoError;
   }
-  const uint32_t got = shard_crc32(data.data(), data.size());
-  if (got != fi.crc) {
+  // The one check of the disk hop.
+  const uint64_t got = shard_checksum(data.get(), size_t(fi.size));
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stats_.checksum_bytes += fi.size;
+  }
+  if (got != fi.checksum) {
     char msg[96];
-    snprintf(msg, sizeof(msg), ": payload CRC 0x%08" PRIx32 ", header says 0x%08" PRIx32, got,
-             fi.crc);
+    snprintf(msg, sizeof(msg), ": payload checksum 0x%016" PRIx64 ", header says 0x%016" PRIx64,
+             got, fi.checksum);
     *why = "spill file " + spill_path(key) + msg;
     return StoreStatus::kCorrupt;
   }
-  *out = std::move(data);
-  *info = fi;
+  out->info = fi;
+  out->data = std::move(data);
   return StoreStatus::kOk;
 }
 
 StoreStatus ShardStore::get(const ShardKey& key, std::vector<uint8_t>* out, ShardInfo* info,
                             std::string* err) {
+  ShardRef r;
+  StoreStatus st = view(key, &r, err);
+  if (st != StoreStatus::kOk) return st;
+  if (out) {
+    if (r.info.size)
+      out->assign(r.data.get(), r.data.get() + r.info.size);
+    else
+      out->clear();
+  }
+  if (info) *info = r.info;
+  return StoreStatus::kOk;
+}
+
+StoreStatus ShardStore::view(const ShardKey& key, ShardRef* out, std::string* err) {
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (!enter_locked(err)) return StoreStatus::kClosed;
@@ -746,7 +798,8 @@ StoreStatus ShardStore::get(const ShardKey& key, std::vector<uint8_t>* out, Shar
   for (int attempt = 0; attempt < 3; ++attempt) {
     ShardInfo cur;
     uint64_t gen = 0;
-    std::shared_ptr<const std::vector<uint8_t>> bytes;
+    std::shared_ptr<const uint8_t> bytes;
+    bool in_memory = false;
     {
       std::lock_guard<std::mutex> lk(mu_);
       auto it = index_.find(key);
@@ -758,29 +811,21 @@ StoreStatus ShardStore::get(const ShardKey& key, std::vector<uint8_t>* out, Shar
       if (e.info.corrupt) return corrupt("failed its check when last served");
       cur = e.info;
       gen = e.gen;
-      if (e.where != Where::kDisk) bytes = e.bytes;
+      in_memory = e.where != Where::kDisk;
+      if (in_memory) bytes = e.bytes;
       if (e.where == Where::kMemory) lru_.splice(lru_.begin(), lru_, e.lru);
     }
-    if (bytes) {
-      const uint32_t got = shard_crc32(bytes->data(), bytes->size());
-      if (got != cur.crc) {
-        char why[128];
-        snprintf(why, sizeof(why), "in memory: CRC 0x%08" PRIx32 ", stored 0x%08" PRIx32, got,
-                 cur.crc);
-        mark_corrupt(key, gen, why);
-        return corrupt(why);
-      }
-      if (out) *out = *bytes;
-      if (info) *info = cur;
+    if (in_memory) {
+      // Checked when it was stored; memory is not a hop (the reader of what is served checks).
+      out->info = cur;
+      out->data = std::move(bytes);
       return StoreStatus::kOk;
     }
-    std::vector<uint8_t> data;
-    ShardInfo fi;
+    ShardRef fr;
     std::string why;
-    StoreStatus st = read_file(key, &data, &fi, &why);
+    StoreStatus st = read_file(key, &fr, &why);
     if (st == StoreStatus::kOk) {
-      if (out) *out = std::move(data);
-      if (info) *info = fi;
+      *out = std::move(fr);
       return StoreStatus::kOk;
     }
     {
@@ -800,6 +845,19 @@ StoreStatus ShardStore::get(const ShardKey& key, std::vector<uint8_t>* out, Shar
   }
   if (err) *err = "snapshot store: shard " + to_string(key) + " kept changing while read";
   return StoreStatus::kIoError;
+}
+
+bool ShardStore::report_corrupt(const ShardKey& key, const std::string& why) {
+  uint64_t gen = 0;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (state_ != State::kOpen) return false;
+    auto it = index_.find(key);
+    if (it == index_.end()) return false;
+    gen = it->second.gen;
+  }
+  mark_corrupt(key, gen, why);
+  return true;
 }
 
 bool ShardStore::erase(const ShardKey& key) {

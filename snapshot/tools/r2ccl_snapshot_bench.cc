@@ -587,6 +587,41 @@ void run_take(const Opts& o, const std::string& codec) {
     harvest(s);
     check(r2ccl_snap_flush(r.h, int64_t(o.timeout_s * 1e6)), "flush");
   }
+  // The reference: one memcpy of the whole state into memory already faulted in, and one
+  // overwrite of it (what a training step that rewrites every buffer costs), both in this run;
+  // then the same overwrite right after a take(), when copy-on-write makes the writer copy the
+  // chunks the background thread has not copied yet.
+  const size_t state_bytes = r.st->h.size() * 2;
+  std::vector<uint8_t> dst(state_bytes, 1);
+  std::vector<double> mc;
+  for (int i = 0; i < 3; ++i) {
+    const auto a = Clock::now();
+    std::memcpy(dst.data(), r.st->h.data(), state_bytes);
+    mc.push_back(secs(a, Clock::now()));
+  }
+  dst.clear();
+  dst.shrink_to_fit();
+  auto overwrite = [&](uint16_t v) {
+    const auto a = Clock::now();
+    std::fill(r.st->h.begin(), r.st->h.end(), v);
+    return secs(a, Clock::now());
+  };
+  const double ow_plain = overwrite(0x3c00);
+  double ow_after = NAN, take_ow = NAN;
+  {
+    const auto a = Clock::now();
+    check(r2ccl_snap_take(r.h, uint64_t(o.steps) + 2, nullptr), "take before the overwrite");
+    take_ow = secs(a, Clock::now());
+    ow_after = overwrite(0x3c01);
+    check(r2ccl_snap_flush(r.h, int64_t(o.timeout_s * 1e6)), "flush");
+  }
+  const double memcpy_s = median(mc);
+  out.put(k + "memcpy_seconds.median", memcpy_s, "s");
+  out.put(k + "overwrite_seconds", ow_plain, "s");
+  out.put(k + "overwrite_after_take.take_call_seconds", take_ow, "s");
+  out.put(k + "overwrite_after_take.overwrite_seconds", ow_after, "s");
+  const char* tm = getenv("R2CCL_SNAPSHOT_TAKE");
+  const std::string take_mode = tm && *tm ? tm : "cow";
   std::vector<double> call, copy, wait, upd, enc_b, enc_d, send_b, send_d, ratio_b, ratio_d,
       bytes_b, bytes_d, repl_b, repl_d, flush_b, flush_d, err;
   for (const auto& x : recs) {
@@ -608,6 +643,7 @@ void run_take(const Opts& o, const std::string& codec) {
   out.put(k + "steps", double(recs.size()), "steps");
   out.put(k + "take_call_seconds.median", median(call), "s");
   out.put(k + "take_call_seconds.max", vmax(call), "s");
+  out.put(k + "take_call_over_memcpy", median(call) / memcpy_s, "x");
   out.put(k + "copy_seconds.median", median(copy), "s");
   out.put(k + "copy_seconds.max", vmax(copy), "s");
   out.put(k + "wait_seconds.median", median(wait), "s");
@@ -659,6 +695,11 @@ void run_take(const Opts& o, const std::string& codec) {
         fmt(x.ratio, "%.2f") + " | " + (codec == "lossy" ? fmt(x.err, "%.2e") : "0") + " | " +
         (std::isnan(x.replicated) && !pipelined ? std::string("not in 60 s") : fmt(x.replicated)) +
         " |");
+  out.row("# take() blocked (median) " + fmt(median(call)) + " s against one memcpy of the " +
+          mib(double(state_bytes)) + " MiB state " + fmt(memcpy_s) + " s in this run (" +
+          fmt(median(call) / memcpy_s, "%.2f") + "x; R2CCL_SNAPSHOT_TAKE=" + take_mode +
+          "); overwriting the whole state: " + fmt(ow_plain) + " s, right after a take() " +
+          fmt(ow_after) + " s (take() " + fmt(take_ow) + " s)");
   out.row("# nodes declared failed during the run (spurious: nothing was killed): " +
           std::to_string(c.declared_failed(0) + c.declared_failed(1)) +
           "; steps not complete in time: " + std::to_string(incomplete));

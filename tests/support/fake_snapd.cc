@@ -240,8 +240,9 @@ void FakeSnapd::conn_main(std::shared_ptr<Conn> c) {
         FetchBody f;
         std::memcpy(&f, p.data(), sizeof(f));
         std::vector<std::vector<uint8_t>> chain;
-        bool refuse = false, close_after_one = false;
+        bool refuse = false, close_after_one = false, corrupt = false;
         uint32_t refuse_status = 0;
+        if (f.avoid_node != kNoNode) ++avoiding_;
         {
           std::lock_guard<std::mutex> l(mu_);
           int n = fetches_++;
@@ -250,6 +251,9 @@ void FakeSnapd::conn_main(std::shared_ptr<Conn> c) {
             refuse = true;
             refuse_status = opt_.refuse_status;
           }
+          corrupt = opt_.corrupt_buffer >= 0 &&
+                    f.buffer == static_cast<uint32_t>(opt_.corrupt_buffer) &&
+                    f.avoid_node != kCorruptNode;
           auto it = store_.find({f.rank, f.buffer, f.step});
           if (it != store_.end() && !refuse) {
             uint64_t base = it->second.base_step;
@@ -267,6 +271,8 @@ void FakeSnapd::conn_main(std::shared_ptr<Conn> c) {
           c->send(ClientMsg::kFetched, &head, sizeof(head));
         } else {
           head.count = static_cast<uint32_t>(chain.size());
+          head.source_node = corrupt ? kCorruptNode : 0;
+          if (corrupt && chain[0].size() > sizeof(ShardMeta)) chain[0].back() ^= 0x10;
           for (uint32_t i = 0; i < chain.size(); ++i) {
             head.index = i;
             c->send(ClientMsg::kFetched, &head, sizeof(head), chain[i].data(), chain[i].size());

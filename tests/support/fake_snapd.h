@@ -31,7 +31,11 @@ struct FakeSnapdOptions {
   int close_on_fetch = -1;     // at the N-th FETCH (0-based): send one chain frame, then close
   int refuse_buffer = -1;      // FETCH of this buffer id -> a refusal
   uint32_t refuse_status = 2;  // FetchStatus of the refusal (kCorrupt)
+  // FETCH of this buffer id without avoid_node: its first shard goes out with one payload byte
+  // flipped, "served by" node kCorruptNode; a FETCH that avoids that node gets it intact.
+  int corrupt_buffer = -1;
 };
+constexpr uint32_t kCorruptNode = 7;
 
 class FakeSnapd {
  public:
@@ -47,6 +51,8 @@ class FakeSnapd {
   void set_options(const FakeSnapdOptions& opt);
   const std::string& path() const { return path_; }
   uint64_t shards_received() const { return shards_.load(); }
+  // FETCHes that named an avoid_node (a client's retry after a failed checksum).
+  uint64_t fetches_avoiding() const { return avoiding_.load(); }
   bool has_complete() const;
   uint64_t complete_step() const;
   // Steps held for (rank, buffer), and a stored shard's base step (-1: none).
@@ -67,6 +73,7 @@ class FakeSnapd {
 
   const std::string path_;
   FakeSnapdOptions opt_;
+  std::atomic<uint64_t> avoiding_{0};
   int listen_fd_ = -1;
   std::atomic<bool> stopping_{false};
   std::atomic<uint64_t> shards_{0};

@@ -853,3 +853,94 @@ TEST_CASE("snapshot client: its stderr lines carry the SNAPSHOT/R2CCL prefix or 
       std::string(buf) ==
       "[R2CCL] Successfully recovered in 0.750 s (node loss: 3; detect 0.500 s, restore 0.250 s)");
 }
+
+// take() returns before the buffers are copied (copy-on-write, the default) or after (copy):
+// either way the snapshot is the state at take(), bit for bit, when every byte of every buffer
+// is overwritten the moment take() returns (by this thread and by another one).
+TEST_CASE(
+    "snapshot client: take() snapshots the state at the call even when it is overwritten "
+    "right after") {
+  for (const char* mode : {"cow", "copy"}) {
+    INFO(mode);
+    EnvVar e("R2CCL_SNAPSHOT_TAKE", mode);
+    Daemon dm;
+    r2ccl_snap_t* s = open_ok(dm.dir.sock());
+    // 12 MiB (6 copy-on-write chunks, not page aligned), 3 bytes (under a page), 1 MiB.
+    std::vector<float> big((12u << 20) / 4 + 3);
+    std::vector<uint8_t> tiny(3);
+    std::vector<uint16_t> mid((1u << 20) / 2);
+    SNAP_OK(r2ccl_snap_register(s, 0, big.data(), big.size() * 4, R2CCL_SNAP_DTYPE_F32,
+                                R2CCL_SNAP_CODEC_LOSSLESS, 0));
+    SNAP_OK(r2ccl_snap_register(s, 1, tiny.data(), tiny.size(), R2CCL_SNAP_DTYPE_BYTES,
+                                R2CCL_SNAP_CODEC_LOSSLESS, 0));
+    SNAP_OK(r2ccl_snap_register(s, 2, mid.data(), mid.size() * 2, R2CCL_SNAP_DTYPE_F16,
+                                R2CCL_SNAP_CODEC_LOSSLESS, 0));
+    auto fill = [&](uint32_t v) {
+      for (size_t i = 0; i < big.size(); ++i) big[i] = float(i % 1000) + float(v);
+      for (size_t i = 0; i < tiny.size(); ++i) tiny[i] = uint8_t(v + i);
+      for (size_t i = 0; i < mid.size(); ++i) mid[i] = uint16_t(i * 3 + v);
+    };
+    auto holds = [&](uint32_t v) {
+      for (size_t i = 0; i < big.size(); ++i)
+        if (big[i] != float(i % 1000) + float(v)) return false;
+      for (size_t i = 0; i < tiny.size(); ++i)
+        if (tiny[i] != uint8_t(v + i)) return false;
+      for (size_t i = 0; i < mid.size(); ++i)
+        if (mid[i] != uint16_t(i * 3 + v)) return false;
+      return true;
+    };
+    // Step 1 (a base): A at take(), B written at once, half of it by another thread.
+    fill(1);
+    SNAP_OK(r2ccl_snap_take(s, 1, nullptr));
+    std::thread other([&] {
+      for (size_t i = big.size() / 2; i < big.size(); ++i) big[i] = -1.f;
+    });
+    for (size_t i = 0; i < big.size() / 2; ++i) big[i] = -2.f;
+    std::memset(tiny.data(), 0xab, tiny.size());
+    std::memset(mid.data(), 0xcd, mid.size() * 2);
+    other.join();
+    SNAP_OK(r2ccl_snap_flush(s, 20 * 1000000));
+    wait_complete(dm.d, 1);
+    uint64_t restored = 0;
+    SNAP_OK(r2ccl_snap_restore(s, 20 * 1000000, &restored));
+    CHECK(restored == 1);
+    CHECK(holds(1));
+    // Steps 2 and 3 (a new base, a delta): each overwritten right after its take().
+    fill(2);
+    SNAP_OK(r2ccl_snap_take(s, 2, nullptr));
+    fill(3);
+    SNAP_OK(r2ccl_snap_take(s, 3, nullptr));
+    fill(4);
+    SNAP_OK(r2ccl_snap_flush(s, 20 * 1000000));
+    wait_complete(dm.d, 3);
+    SNAP_OK(r2ccl_snap_restore(s, 20 * 1000000, &restored));
+    CHECK(restored == 3);
+    CHECK(holds(3));
+    r2ccl_snap_close(s);
+  }
+}
+
+// The client is the last hop's reader: it checks each shard once (its checksum), and a copy that
+// fails is asked for again from elsewhere (the daemon skips the node that served it).
+TEST_CASE("snapshot client: a corrupt shard is caught by its checksum and fetched again") {
+  FakeSnapdOptions o;
+  o.corrupt_buffer = 1;
+  Daemon dm(o);
+  r2ccl_snap_t* s = open_ok(dm.dir.sock());
+  Model m;
+  m.reg(s);
+  for (uint64_t step = 1; step <= 2; ++step) {
+    m.step();
+    SNAP_OK(r2ccl_snap_take(s, step, nullptr));
+  }
+  SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
+  wait_complete(dm.d, 2);
+  Model::Copy at2 = m.copy();
+  m.scramble();
+  uint64_t restored = 0;
+  SNAP_OK(r2ccl_snap_restore(s, 10 * 1000000, &restored));
+  CHECK(restored == 2);
+  CHECK(m.equals(at2));
+  CHECK(dm.d.fetches_avoiding() == 1);
+  r2ccl_snap_close(s);
+}

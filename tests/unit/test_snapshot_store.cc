@@ -55,8 +55,8 @@ std::vector<uint8_t> payload(const ShardKey& k, size_t n) {
 StoreStatus put_shard(ShardStore& s, const ShardKey& k, uint64_t base, size_t n,
                       std::string* err = nullptr) {
   auto b = payload(k, n);
-  const uint32_t crc = shard_crc32(b.data(), b.size());
-  return s.put(k, base, crc, std::move(b), err);
+  const uint64_t sum = shard_checksum(b.data(), b.size());
+  return s.put(k, base, sum, std::move(b), err);
 }
 
 void require_shard(ShardStore& s, const ShardKey& k, size_t n, uint64_t base) {
@@ -69,7 +69,7 @@ void require_shard(ShardStore& s, const ShardKey& k, size_t n, uint64_t base) {
   CHECK(info.key == k);
   CHECK(info.base_step == base);
   CHECK(info.size == n);
-  CHECK(info.crc == shard_crc32(out.data(), out.size()));
+  CHECK(info.checksum == shard_checksum(out.data(), out.size()));
 }
 
 std::set<std::string> shard_files(const std::string& dir) {
@@ -135,8 +135,8 @@ TEST_CASE("put/get round trip, duplicates and replacement", "[snapshot][store]")
   REQUIRE(put_shard(s, a, 10, 1000) == StoreStatus::kOk);
   CHECK(s.stats().memory_bytes == 1333);
   std::vector<uint8_t> other(500, 0xab);
-  REQUIRE(s.put(a, 9, shard_crc32(other.data(), other.size()), other.data(), other.size(), &err) ==
-          StoreStatus::kOk);
+  REQUIRE(s.put(a, 9, shard_checksum(other.data(), other.size()), other.data(), other.size(),
+                &err) == StoreStatus::kOk);
   REQUIRE(s.get(a, &out, &info, &err) == StoreStatus::kOk);
   CHECK(out == other);
   CHECK(info.base_step == 9);
@@ -162,7 +162,7 @@ TEST_CASE("a CRC mismatch at put is refused and nothing is stored", "[snapshot][
   REQUIRE(s.open(nullptr, &err) == StoreStatus::kOk);
   const ShardKey k{3, 40, 1};
   auto b = payload(k, 256);
-  const uint32_t good = shard_crc32(b.data(), b.size());
+  const uint64_t good = shard_checksum(b.data(), b.size());
   CHECK(s.put(k, 40, good ^ 1, b, &err) == StoreStatus::kBadCrc);
   CHECK(err.find("rank 3 step 40 buffer 1") != std::string::npos);
   CHECK_FALSE(s.contains(k));
@@ -211,7 +211,8 @@ TEST_CASE("memory only: the limit is a hard limit", "[snapshot][store]") {
   CHECK(err.find("rank 0 step 3 buffer 0") != std::string::npos);
   // Replacing a shard with one of the same size fits.
   std::vector<uint8_t> b(1000, 7);
-  CHECK(s.put(ShardKey{0, 1, 0}, 1, shard_crc32(b.data(), b.size()), b, &err) == StoreStatus::kOk);
+  CHECK(s.put(ShardKey{0, 1, 0}, 1, shard_checksum(b.data(), b.size()), b, &err) ==
+        StoreStatus::kOk);
   CHECK(s.stats().memory_bytes == 3000);
 }
 
@@ -297,23 +298,59 @@ TEST_CASE("a shard corrupted on disk is refused by name; the others are served",
   require_shard(s, k1, 4000, 5);
 }
 
-TEST_CASE("a shard corrupted in memory is not served", "[snapshot][store]") {
+TEST_CASE("a shard corrupted in memory is caught by its reader, once, and then refused",
+          "[snapshot][store]") {
   ShardStore s(config("", 1 << 20));
   std::string err;
   REQUIRE(s.open(nullptr, &err) == StoreStatus::kOk);
   const ShardKey k{0, 3, 2};
   auto b = payload(k, 512);
-  const uint32_t crc = shard_crc32(b.data(), b.size());
+  const uint64_t sum = shard_checksum(b.data(), b.size());
   // The store keeps the very buffer it was given (moved in): damage it through its data pointer
   // to stand for a memory error.
   uint8_t* raw = b.data();
-  REQUIRE(s.put(k, 3, crc, std::move(b), &err) == StoreStatus::kOk);
+  REQUIRE(s.put(k, 3, sum, std::move(b), &err) == StoreStatus::kOk);
+  CHECK(s.stats().checksum_bytes == 512);  // put: the one check of the incoming hop
   raw[7] ^= 0x80;
+  // Serving from memory hashes nothing (no hop) and copies nothing (view): the bytes go out
+  // as they are, and the reader of the next hop checks them once against the stored checksum.
+  ShardRef ref;
+  REQUIRE(s.view(k, &ref, &err) == StoreStatus::kOk);
+  CHECK(ref.data.get() == raw);
+  CHECK(s.stats().checksum_bytes == 512);
+  CHECK(shard_checksum(ref.data.get(), ref.info.size) != ref.info.checksum);
+  // The reader reports it: refused from then on, counted once.
+  CHECK(s.report_corrupt(k, "the requester's checksum failed"));
   std::vector<uint8_t> out;
   CHECK(s.get(k, &out, nullptr, &err) == StoreStatus::kCorrupt);
   CHECK(err.find("rank 0 step 3 buffer 2") != std::string::npos);
   CHECK(out.empty());
   CHECK(s.stats().crc_failures_get == 1);
+  CHECK(s.report_corrupt(k, "again"));
+  CHECK(s.stats().crc_failures_get == 1);
+}
+
+TEST_CASE("a spilled shard's file is checked once when read back, not again in memory",
+          "[snapshot][store]") {
+  TempDir d;
+  ShardStore s(config(d.path, 0));
+  std::string err;
+  REQUIRE(s.open(nullptr, &err) == StoreStatus::kOk);
+  const ShardKey k{1, 5, 0};
+  REQUIRE(put_shard(s, k, 5, 4000) == StoreStatus::kOk);
+  REQUIRE(s.stats().shards_spilled == 1);
+  CHECK(s.stats().checksum_bytes == 4000);
+  ShardRef ref;
+  REQUIRE(s.view(k, &ref, &err) == StoreStatus::kOk);
+  CHECK(s.stats().checksum_bytes == 8000);  // the disk hop: one pass
+  CHECK(shard_checksum(ref.data.get(), ref.info.size) == ref.info.checksum);
+  flip_byte(s.spill_path(k), kHeader + 17);
+  CHECK(s.view(k, &ref, &err) == StoreStatus::kCorrupt);
+  CHECK(s.stats().checksum_bytes == 12000);
+  CHECK(s.stats().crc_failures_get == 1);
+  // Marked corrupt: refused without reading (or hashing) the file again.
+  CHECK(s.view(k, &ref, &err) == StoreStatus::kCorrupt);
+  CHECK(s.stats().checksum_bytes == 12000);
 }
 
 TEST_CASE("a restarted store serves what was spilled", "[snapshot][store]") {
@@ -410,8 +447,8 @@ TEST_CASE("bad, truncated and foreign files in the directory are skipped with a 
     auto src = fs::path(d.sub("r0_s7_b0.shard"));
     std::ifstream in(src, std::ios::binary);
     in.read(reinterpret_cast<char*>(f.data()), kHeader);
-    for (int i = 0; i < 8; ++i) f[40 + i] = 0xff;     // payload bytes: 2^64 - 1
-    const uint32_t hcrc = shard_crc32(f.data(), 60);  // a well-formed header otherwise
+    for (int i = 0; i < 8; ++i) f[40 + i] = 0xff;  // payload bytes: 2^64 - 1
+    const auto hcrc = static_cast<uint32_t>(shard_checksum(f.data(), 60));  // well-formed otherwise
     for (int i = 0; i < 4; ++i) f[60 + i] = static_cast<uint8_t>(hcrc >> (8 * i));
     std::ofstream out(d.sub("r0_s9_b0.shard"), std::ios::binary);
     out.write(reinterpret_cast<const char*>(f.data()), static_cast<std::streamsize>(f.size()));

@@ -31,6 +31,8 @@
  *                              ("default" when unset)
  *   R2CCL_SNAPSHOT_INTERVAL    snapshot steps that are multiples of N (1..1000000000, default 1)
  *   R2CCL_SNAPSHOT_BASE_EVERY  a full base every K snapshots per buffer (1..1000000, default 8)
+ *   R2CCL_SNAPSHOT_TAKE        cow (default): take() write-protects the host buffers and returns;
+ *                              copy: take() copies them (see r2ccl_snap_take())
  */
 #ifndef R2CCL_SNAPSHOT_CLIENT_H_
 #define R2CCL_SNAPSHOT_CLIENT_H_
@@ -130,7 +132,9 @@ int r2ccl_snap_open(const char* socket_path, uint32_t rank, uint32_t world, r2cc
  * number registered so far). `bytes` > 0 and a multiple of the dtype's size; the memory must
  * stay valid until close. Lossy needs F16/BF16. flags: R2CCL_SNAP_FLAG_DEVICE for CUDA memory.
  * Only before the first take() or restore(). Memory: the library holds 3x the registered bytes
- * (two staging sets and the encoder's reconstruction); restore needs 2x more while it runs. */
+ * (two staging sets, faulted in at the first take()/restore(), and the encoder's
+ * reconstruction); restore decodes into a staging set and needs the received frames (up to
+ * about 1x more) while it runs. */
 int r2ccl_snap_register(r2ccl_snap_t* h, uint32_t id, void* ptr, size_t bytes, int dtype, int codec,
                         uint32_t flags);
 
@@ -144,11 +148,24 @@ int r2ccl_snap_set_rng_state(r2ccl_snap_t* h, const void* blob, size_t n);
 int r2ccl_snap_get_rng_state(r2ccl_snap_t* h, void* buf, size_t cap, size_t* n);
 
 /* Snapshots `step` if it is a multiple of R2CCL_SNAPSHOT_INTERVAL (else returns 0 with
- * stats->skipped = 1). Steps must grow (after restore(): beyond the restored step). Copies
- * every registered buffer into a free staging set (waiting only while both sets are still
- * being encoded/sent) and returns; the background thread encodes and sends. An error of an
- * earlier take on the background thread is returned here (ENCODE once; CONNECTION sticky).
- * stats may be NULL. */
+ * stats->skipped = 1). Steps must grow (after restore(): beyond the restored step). Takes a
+ * free staging set (waiting only while both sets are still being encoded/sent) and returns;
+ * the background thread encodes and sends. The snapshot is the buffers' contents at this call,
+ * bit for bit, whatever is written to them after it returns:
+ *  - R2CCL_SNAPSHOT_TAKE=cow (default), host buffers: take() copies only the partial first and
+ *    last page of each buffer and write-protects the rest (mprotect); the background thread
+ *    copies it in 2 MiB+ chunks, unprotecting each; a CPU store to a chunk not copied yet
+ *    faults and the library's SIGSEGV handler (chained to any earlier one) copies that chunk
+ *    first. take() then blocks for microseconds to a few ms, and the cost of the copy moves to
+ *    the background thread and, for the chunks written before it got to them, to the writer.
+ *    Only CPU stores are caught: a buffer written by the kernel (read(2) into it: EFAULT while
+ *    protected) or by a device (DMA, cudaMemcpy into pinned host memory, RDMA) before the
+ *    previous take's capture completed (flush(), or the next take()) needs
+ *    R2CCL_SNAPSHOT_TAKE=copy. The pages are made read-write again. If another SIGSEGV handler
+ *    replaced the library's without chaining, take() copies (as with copy).
+ *  - copy, and device buffers: take() copies every buffer before it returns.
+ * An error of an earlier take on the background thread is returned here (ENCODE once;
+ * CONNECTION sticky). stats may be NULL. */
 int r2ccl_snap_take(r2ccl_snap_t* h, uint64_t step, r2ccl_snap_take_stats_t* stats);
 
 /* Waits until every take so far has been encoded and written to the socket. TIMEOUT when
@@ -165,11 +182,12 @@ int r2ccl_snap_state(r2ccl_snap_t* h, r2ccl_snap_state_t* out);
 int r2ccl_snap_wait_event(r2ccl_snap_t* h, int64_t timeout_us, r2ccl_snap_state_t* out);
 
 /* Restores the newest complete step S into every registered buffer (and the loss scale and
- * RNG blob): flushes pending takes, asks the daemon for S (QUERY), fetches each buffer's chain
- * (base first) and decodes all of them into scratch; only when every buffer decoded are the
- * registered buffers overwritten, so any error leaves them untouched. The next take() starts a
- * new chain (a base) and must be beyond S. A replacement process opens with the lost rank's id.
- * timeout_us bounds the whole call. Errors: NO_SNAPSHOT, REFUSED, CORRUPT, CONNECTION,
+ * RNG blob): flushes pending takes, asks the daemon for S (QUERY), asks for every buffer's chain
+ * at once (the daemon stripes them over the replicas), checks each shard's checksum once and
+ * decodes the chains as they arrive (up to 4 threads) into scratch; only when every buffer decoded
+ * are the registered buffers overwritten, so any error leaves them untouched. The next take()
+ * starts a new chain (a base) and must be beyond S. A replacement process opens with the lost
+ * rank's id. timeout_us bounds the whole call. Errors: NO_SNAPSHOT, REFUSED, CORRUPT, CONNECTION,
  * TIMEOUT, INVALID (nothing registered), CUDA. */
 int r2ccl_snap_restore(r2ccl_snap_t* h, int64_t timeout_us, uint64_t* step_out);
 

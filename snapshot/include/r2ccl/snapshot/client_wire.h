@@ -1,5 +1,6 @@
-// The protocol between the training processes of a node and their r2ccl_snapshotd (version 2),
-// over the daemon's local Unix stream socket (`--socket PATH`, created mode 0600, or 0660 with
+// The protocol between the training processes of a node and their r2ccl_snapshotd (version 2:
+// peer_wire.h's 80-byte ShardMeta and 32-byte FetchBody), over the daemon's local Unix stream
+// socket (`--socket PATH`, created mode 0600, or 0660 with
 // `--socket-group`). Same framing as the peer protocol (peer_wire.h): a 16-byte header with
 // magic "R2SC", then `length` payload bytes, checked against the type's size or bounds before
 // anything is read or allocated; a bad frame closes the connection with a logged reason.

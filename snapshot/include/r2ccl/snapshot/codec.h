@@ -17,11 +17,14 @@
 //
 // Frame layout (all integers little-endian), kFrameHeaderBytes = 64, then the payload:
 //    0 u32 magic kFrameMagic ("R2SF")    4 u16 version (1)      6 u16 header bytes (64)
-//    8 u8  dtype    9 u8 codec   10 u8 flags (bit 0: base; others 0)   11 u8 reserved (0)
+//    8 u8  dtype    9 u8 codec   10 u8 flags (bit 0: base; bit 1: no payload CRC; others 0)
+//   11 u8 reserved (0)
 //   12 u32 chunk_elems (shuffle / lossy chunk, elements; a multiple of 256 in [256, 2^24])
 //   16 u64 seq (this snapshot)  24 u64 base_seq (the base its chain starts from; == seq for a base)
 //   32 u64 elem_count  40 u64 raw_size (bytes = elem_count * element size)
-//   48 u64 payload_size (bytes after the header)   56 u32 CRC-32 of the payload (zlib)
+//   48 u64 payload_size (bytes after the header)   56 u32 CRC-32 of the payload (zlib), or 0
+//   with flag bit 1: the frame travels in a container whose checksum covers all of it (the
+//   snapshot's shard checksum, XXH3-64), so the producer hashes it once, not twice
 //   60 u32 CRC-32 of header bytes 0..59
 // The payload is exactly one zstd frame whose declared content size is
 //   lossless: raw_size (per chunk of m elements: byte k of element i at offset k*m + i);
@@ -69,7 +72,7 @@ constexpr uint32_t kLossyBlockElems = 256;  // elements per lossy scale
 constexpr uint32_t kChunkElems = 1u << 18;  // elements per shuffle chunk (what the encoder writes)
 constexpr uint32_t kMaxChunkElems = 1u << 24;  // largest chunk a decoder accepts
 
-enum FrameFlags : uint8_t { kFrameBase = 1 };
+enum FrameFlags : uint8_t { kFrameBase = 1, kFrameNoPayloadCrc = 2 };
 
 // A frame header as parsed (or to be written).
 struct FrameHeader {
@@ -81,9 +84,10 @@ struct FrameHeader {
   uint64_t seq = 0;
   uint64_t base_seq = 0;
   uint64_t elem_count = 0;
-  uint64_t raw_size = 0;      // bytes
-  uint64_t payload_size = 0;  // bytes after the header
-  uint32_t payload_crc = 0;   // zlib crc32 of the payload
+  uint64_t raw_size = 0;        // bytes
+  uint64_t payload_size = 0;    // bytes after the header
+  uint32_t payload_crc = 0;     // zlib crc32 of the payload (0 when no_payload_crc)
+  bool no_payload_crc = false;  // flag bit 1: not computed, not checked (see the layout)
 };
 
 // Parses and checks the header of the frame [frame, frame + n) on its own (no buffer, no
@@ -109,6 +113,9 @@ struct EncoderConfig {
   int zstd_level = 1;              // zstd's range (negative = faster); 1: speed matters
   int zstd_workers = 0;            // 0..64 zstd threads; 0 = compress on the calling thread
   uint64_t first_seq = 0;          // sequence number of the first snapshot
+  // false: no payload CRC (flag bit 1), for a caller that checksums the whole frame itself
+  // (the snapshot client: ShardMeta::checksum), saving a pass over the payload.
+  bool payload_crc = true;
 };
 
 struct EncodeStats {
@@ -185,9 +192,13 @@ class DeltaEncoder {
 class DeltaDecoder {
  public:
   // Returns nullptr with *err for size_bytes 0 or not a multiple of the element size.
-  // Allocates the state (size_bytes, zeroed); the payload scratch is allocated at the first
-  // frame (at most size_bytes + 4 * ceil(elements / 256) bytes, from the registered size only).
-  static std::unique_ptr<DeltaDecoder> create(DType dtype, size_t size_bytes, std::string* err);
+  // Allocates the state (size_bytes, zeroed) unless `state` is given: then the state is the
+  // caller's memory (size_bytes, not owned, must outlive the decoder; its bytes are kept until
+  // the first base). The payload scratch is allocated at the first frame (apply(): at most
+  // size_bytes + 4 * ceil(elements / 256) bytes; apply_streaming(): one chunk), from the
+  // registered size only.
+  static std::unique_ptr<DeltaDecoder> create(DType dtype, size_t size_bytes, std::string* err,
+                                              uint8_t* state = nullptr);
   ~DeltaDecoder();
   DeltaDecoder(const DeltaDecoder&) = delete;
   DeltaDecoder& operator=(const DeltaDecoder&) = delete;
@@ -202,12 +213,20 @@ class DeltaDecoder {
   // then unchanged (state, last_seq, base_seq).
   [[nodiscard]] bool apply(const uint8_t* frame, size_t n, std::string* err);
 
+  // The same checks before anything is written, then decodes chunk by chunk straight into the
+  // state (one chunk of scratch, cache-resident: no payload-sized buffer, one pass over the
+  // state). What can only be found while decoding (a zstd error, a lossy scale or code out of
+  // range, a frame of a producer whose checksum held but whose content is bad) is found after
+  // part of the state was written: the decoder is then reset() (has_state() false) and the
+  // state must be discarded. For callers that discard the state on any error anyway (restore).
+  [[nodiscard]] bool apply_streaming(const uint8_t* frame, size_t n, std::string* err);
+
   // Forgets the chain (the next frame must be a base); the state bytes are kept.
   void reset() { has_state_ = false; }
 
   bool has_state() const { return has_state_; }
   // The reconstructed buffer (size_bytes() bytes; zeros before the first base).
-  const uint8_t* state() const { return state_.get(); }
+  const uint8_t* state() const { return state_; }
   size_t size_bytes() const { return size_; }
   DType dtype() const { return dtype_; }
   uint64_t last_seq() const { return last_seq_; }  // valid when has_state()
@@ -223,7 +242,12 @@ class DeltaDecoder {
   bool has_state_ = false;
   uint64_t last_seq_ = 0;
   uint64_t base_seq_ = 0;
-  std::unique_ptr<uint8_t[]> state_;
+  // Checks the frame (header, buffer, chain, payload CRC, zstd frame and content size) for
+  // apply() and apply_streaming(); sets *h and *content (the zstd content bytes).
+  bool check(const uint8_t* frame, size_t n, FrameHeader* h, uint64_t* content, std::string* err);
+
+  std::unique_ptr<uint8_t[]> own_state_;
+  uint8_t* state_ = nullptr;  // own_state_ or the caller's
   std::unique_ptr<uint8_t[]> scratch_;
   size_t scratch_size_ = 0;
   ZSTD_DCtx_s* dctx_ = nullptr;

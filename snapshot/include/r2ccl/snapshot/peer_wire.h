@@ -1,7 +1,9 @@
-// The daemon-to-daemon data-plane protocol of r2ccl_snapshotd (version 3). Little-endian host
-// layout (x86-64 and aarch64 clusters); every frame is a fixed 16-byte header followed by `length`
-// payload bytes. The receiver checks the length against the type's fixed size, or its bounds
-// for the two variable-size types, BEFORE reading or allocating anything (peer_payload_ok).
+// The daemon-to-daemon data-plane protocol of r2ccl_snapshotd (version 3: 80-byte ShardMeta
+// with an XXH3-64 checksum and the generation).
+// Little-endian host layout (x86-64 and aarch64 clusters); every frame is a fixed 16-byte header
+// followed by `length` payload bytes. The receiver checks the length against the type's fixed size,
+// or its bounds for the two variable-size types, BEFORE reading or allocating anything
+// (peer_payload_ok).
 //
 // Every connection carries frames one way: each daemon opens one connection to every peer and
 // sends on it; it reads what peers send on the connections they opened to it. A request (MARKER,
@@ -78,7 +80,9 @@ struct ShardMeta {
   uint32_t n_buffers;      // buffers the rank snapshots at this step (all ids < n_buffers)
   uint32_t world;          // ranks in the job at this step
   uint32_t home_node;      // the node the rank runs on
-  uint32_t crc;            // CRC-32 (zlib) of the payload
+  uint32_t reserved;       // 0
+  uint64_t checksum;       // shard_checksum() (XXH3-64) of the payload: computed once by the
+                           // producer (the client), checked once by each hop's receiver
   uint64_t step;           // training step of the snapshot
   uint64_t base_step;      // step of its chain's base (== step: a base)
   uint64_t seq;            // the frame's sequence number (codec.h)
@@ -86,7 +90,7 @@ struct ShardMeta {
   uint64_t payload_bytes;  // bytes that follow
   uint64_t generation;     // the agreed record's generation when the step was taken
 };
-static_assert(sizeof(ShardMeta) == 72, "shard meta layout");
+static_assert(sizeof(ShardMeta) == 80, "shard meta layout");
 
 struct HeldBody {
   uint32_t node_id;  // the replica
@@ -117,8 +121,15 @@ struct FetchBody {
   uint64_t step;     // restore this step
   uint32_t rank;
   uint32_t buffer;
+  // Clients: the n-th replica to try first when the chain comes from peers (the daemon stripes
+  // a rank's buffers over its replicas with it: buffer b uses stripe b). Peers: 0.
+  uint32_t stripe;
+  // Clients: a copy served to this request failed the client's check: the node that served it
+  // (kNoNode: none) is skipped (and, when it is this daemon, its copy is marked corrupt).
+  uint32_t avoid_node;
 };
-static_assert(sizeof(FetchBody) == 24, "fetch layout");
+static_assert(sizeof(FetchBody) == 32, "fetch layout");
+constexpr uint32_t kNoNode = 0xffffffffu;
 
 // FETCHED: this header, then (status kOk only) a ShardMeta and its payload. The chain comes
 // oldest first (the base), `index` counting from 0 up to `count` - 1; a refusal or an empty
@@ -129,7 +140,7 @@ struct FetchedHead {
   uint32_t status;  // FetchStatus
   uint32_t index;
   uint32_t count;
-  uint32_t reserved;
+  uint32_t source_node;  // the node whose store served the shard (kNoNode in a refusal)
 };
 static_assert(sizeof(FetchedHead) == 24, "fetched layout");
 

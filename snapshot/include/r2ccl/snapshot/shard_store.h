@@ -3,16 +3,19 @@
 //
 // A shard is one rank's encoded snapshot frame of one buffer at one step: opaque bytes from the
 // delta codec, keyed by (job-wide rank, step, buffer id), with the step of the base frame its
-// chain starts from (a base frame has base_step == step) and the CRC-32 (zlib's) of its bytes,
-// both supplied by the sender.
+// chain starts from (a base frame has base_step == step) and the checksum of its bytes
+// (shard_checksum(): XXH3-64), both supplied by the sender.
 //
 // - Shards are held in memory up to StoreConfig::memory_limit_bytes; beyond it the least
 //   recently used ones spill to StoreConfig::spill_dir, one file per shard (written to a temp
 //   name, fsync'd, renamed, directory fsync'd). get() reads a spilled shard transparently and
 //   does not bring it back into memory.
-// - Every shard's CRC is verified when it is stored (a mismatch is refused: the sender's copy is
-//   bad) and every time it is served (a mismatch returns kCorrupt naming the shard, so the caller
-//   can use another replica). Corrupt bytes are never served.
+// - One checksum check per hop, never more: a shard's checksum is verified when it is stored
+//   (put: the hop that brought it; a mismatch is refused, the sender's copy is bad) and when a
+//   spilled shard is read back from its file (the disk hop; a mismatch returns kCorrupt naming
+//   the shard, so the caller can use another replica, and the shard stays marked corrupt).
+//   Bytes held in memory are not hashed again when served (view(), get()): whoever receives
+//   them over the next hop checks them once (the requesting daemon, the client).
 // - A new store on the same directory serves what was spilled: open() indexes every valid shard
 //   file; bad or truncated ones are reported, moved aside (NAME.bad) and never trusted.
 // - close() (and the destructor) spill every shard still in memory when spill_on_close is set
@@ -24,8 +27,8 @@
 // StoreConfig::max_shard_bytes before anything is allocated for it.
 //
 // Thread-safety: every method may be called from any thread, concurrently (close() included;
-// it waits for calls in progress and refuses new ones). One mutex guards the index; CRCs are
-// computed and shard files written and read outside it. The only disk operations made under it
+// it waits for calls in progress and refuses new ones). One mutex guards the index; checksums
+// are computed and shard files written and read outside it. The only disk operations made under it
 // are metadata ones (rename, unlink). Spill writes are serialised by a second mutex. One store
 // per directory: open() takes an exclusive flock on DIR/LOCK.
 #pragma once
@@ -42,8 +45,12 @@
 
 namespace r2ccl::snap {
 
-// CRC-32 as zlib computes it (crc32_z(0, data, n)): what senders put in a shard's key.
-uint32_t shard_crc32(const void* data, size_t n);
+// The checksum of a shard's bytes: XXH3-64 (libxxhash, XXH3_64bits(data, n), seed 0), what
+// senders put in ShardMeta::checksum. Thread-safe; about 10+ GB/s on one core (SSE2 build).
+uint64_t shard_checksum(const void* data, size_t n);
+// `n` uninitialised bytes (n == 0: a 1-byte allocation) for a shard, or null when the
+// allocation fails. Thread-safe.
+std::shared_ptr<uint8_t> alloc_shard_bytes(size_t n);
 
 // Orders by (rank, buffer, step): one (rank, buffer) chain is contiguous, oldest step first.
 struct ShardKey {
@@ -68,16 +75,24 @@ struct ShardInfo {
   ShardKey key;
   uint64_t base_step = 0;  // the step of the base frame of its chain (== key.step: a base)
   uint64_t size = 0;       // payload bytes
-  uint32_t crc = 0;        // CRC-32 of the payload
+  uint64_t checksum = 0;   // shard_checksum() of the payload
   bool spilled = false;    // in the spill directory (false: in memory)
-  bool corrupt = false;    // failed its CRC when last served; get() refuses it
+  bool corrupt = false;    // failed its check when last read (or reported); get() refuses it
+};
+
+// A shard's bytes held by reference (view()): info.size bytes at data, valid for as long as the
+// ShardRef (or a copy of its shared_ptr) lives, whatever the store does with the shard
+// meanwhile (replace, spill, prune). Read-only.
+struct ShardRef {
+  ShardInfo info;
+  std::shared_ptr<const uint8_t> data;
 };
 
 enum class [[nodiscard]] StoreStatus : int{
     kOk = 0,
     kNotFound,  // no such shard (never stored, pruned, erased)
-    kCorrupt,   // the stored copy failed its check when served: use another replica
-    kBadCrc,    // put(): the bytes do not match the sender's CRC (the sender's copy is bad)
+    kCorrupt,   // the stored copy failed its check (spill file) or was reported corrupt
+    kBadCrc,    // put(): the bytes do not match the sender's checksum (the sender's copy is bad)
     kTooLarge,  // over StoreConfig::max_shard_bytes
     kFull,      // memory limit reached and no spill directory (or spilling failed: kIoError)
     kIoError,   // the spill directory failed (open, write, fsync, rename, lock)
@@ -103,8 +118,9 @@ struct StoreStats {
   uint64_t shards_spilled = 0;
   uint64_t spills = 0;            // shards written to the spill directory since construction
   uint64_t spill_failures = 0;    // spill writes that failed (the shard stayed in memory)
-  uint64_t crc_failures_put = 0;  // put() refused for a CRC mismatch
-  uint64_t crc_failures_get = 0;  // shards found corrupt when served
+  uint64_t crc_failures_put = 0;  // put() refused for a checksum mismatch
+  uint64_t crc_failures_get = 0;  // shards found corrupt when read back or reported corrupt
+  uint64_t checksum_bytes = 0;    // bytes hashed by the store (put, spill file reads)
   uint64_t files_skipped = 0;     // files open() did not index (bad, truncated, foreign, temp)
   uint64_t pruned = 0;            // shards dropped by prune() and erase()
 };
@@ -149,25 +165,38 @@ class ShardStore {
   // max_shard_bytes, else kOk. For the protocol layer, before it allocates a receive buffer.
   StoreStatus check_size(uint64_t bytes, std::string* err) const;
 
-  // Stores a shard (replacing one with the same key; an identical one, same size, base and CRC,
-  // is only marked as recently used). The bytes are moved in, not copied. Verifies
-  // shard_crc32(bytes) == crc before storing. May spill least recently used shards (this thread
-  // writes them). Errors: kTooLarge, kBadCrc (logged; counted), kInvalid (base_step > step),
+  // Stores a shard (replacing one with the same key; an identical one, same size, base and
+  // checksum, is only marked as recently used), held by reference: `size` bytes at `bytes`,
+  // which must not change afterwards (an aliasing shared_ptr into a larger received frame is
+  // fine: nothing is copied). Verifies shard_checksum(bytes) == checksum first (one pass, on
+  // the calling thread). May spill least recently used shards (this thread writes them).
+  // Errors: kTooLarge, kBadCrc (logged; counted), kInvalid (base_step > step, null bytes),
   // kFull (memory only, and the limit would be exceeded), kIoError (spilling failed and memory
   // is over its limit: the shard is not stored), kClosed. Nothing is stored on error.
-  StoreStatus put(const ShardKey& key, uint64_t base_step, uint32_t crc, std::vector<uint8_t> bytes,
-                  std::string* err);
+  StoreStatus put_shared(const ShardKey& key, uint64_t base_step, uint64_t checksum,
+                         std::shared_ptr<const uint8_t> bytes, size_t size, std::string* err);
+  // The same, the vector moved in (not copied).
+  StoreStatus put(const ShardKey& key, uint64_t base_step, uint64_t checksum,
+                  std::vector<uint8_t> bytes, std::string* err);
   // The same, copying `size` bytes from `data` (size checked first).
-  StoreStatus put(const ShardKey& key, uint64_t base_step, uint32_t crc, const void* data,
+  StoreStatus put(const ShardKey& key, uint64_t base_step, uint64_t checksum, const void* data,
                   size_t size, std::string* err);
 
-  // Copies the shard's payload into *out (resized) and its description into *info (either may
-  // be null), after verifying its CRC (and, for a spilled one, its file header). Sets outputs
-  // only on success. Errors: kNotFound, kCorrupt (logged; counted; the shard stays marked
-  // corrupt until a put of the same key replaces it; *err names rank, step and buffer),
+  // The shard's bytes by reference, without a copy: a shard in memory is handed out as is (it
+  // was checked when stored); a spilled one is read from its file into a new buffer and its
+  // file header and checksum are verified (the disk hop), without bringing it back into memory.
+  // Sets *out only on success. Errors: kNotFound, kCorrupt (logged; counted; the shard stays
+  // marked corrupt until a put of the same key replaces it; *err names rank, step and buffer),
   // kIoError (the file could not be read), kClosed.
+  StoreStatus view(const ShardKey& key, ShardRef* out, std::string* err);
+  // view(), then a copy of the payload into *out (resized) and the description into *info
+  // (either may be null).
   StoreStatus get(const ShardKey& key, std::vector<uint8_t>* out, ShardInfo* info,
                   std::string* err);
+  // A reader of a served copy found it corrupt (its checksum failed over the next hop, which
+  // may also be a bad transfer): the shard is marked corrupt (logged, counted in
+  // crc_failures_get) and refused from then on. False when absent or the store is not open.
+  bool report_corrupt(const ShardKey& key, const std::string& why);
 
   // Whether the shard is indexed (false before open() and after close()).
   bool contains(const ShardKey& key) const;
@@ -198,14 +227,14 @@ class ShardStore {
     ShardInfo info;
     Where where = Where::kMemory;
     uint64_t gen = 0;  // bumped by every put, so a spill of a replaced shard is not committed
-    std::shared_ptr<const std::vector<uint8_t>> bytes;  // kMemory, kSpilling
-    std::list<ShardKey>::iterator lru;                  // kMemory only
+    std::shared_ptr<const uint8_t> bytes;  // kMemory, kSpilling: info.size bytes
+    std::list<ShardKey>::iterator lru;     // kMemory only
   };
   struct Victim {
     ShardKey key;
     uint64_t gen;
     ShardInfo info;
-    std::shared_ptr<const std::vector<uint8_t>> bytes;
+    std::shared_ptr<const uint8_t> bytes;
   };
   enum class State : uint8_t { kNew, kOpen, kClosing, kClosed };
 
@@ -216,8 +245,8 @@ class ShardStore {
   void pick_victims_locked(std::vector<Victim>* out, bool all);
   // Writes the victims' files (under io_mu_), commits them under mu_. False if one failed.
   bool spill(std::vector<Victim>* victims, std::string* err);
-  StoreStatus read_file(const ShardKey& key, std::vector<uint8_t>* out, ShardInfo* info,
-                        std::string* err) const;
+  // Reads and checks a spill file (header, length, checksum: counted in checksum_bytes).
+  StoreStatus read_file(const ShardKey& key, ShardRef* out, std::string* why);
   void mark_corrupt(const ShardKey& key, uint64_t gen, const std::string& why);
   std::string file_name(const ShardKey& key) const;
 

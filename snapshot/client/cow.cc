@@ -1,0 +1,239 @@
+#include "cow.h"
+
+#include <sched.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <mutex>
+
+namespace r2ccl::snap::client {
+
+// One registered buffer's whole pages [lo, hi), in chunks of `chunk` bytes (a multiple of the
+// page size). Read by the fault handler without locks: lo, hi, chunk, n and state are fixed
+// from init() on; dst is written before `armed` is set (release) and read after it (acquire).
+struct CowRegion {
+  uintptr_t lo = 0, hi = 0;
+  size_t chunk = 0, n = 0;
+  std::unique_ptr<std::atomic<uint8_t>[]> state;  // kProtected, kCopying, kCopied per chunk
+  std::atomic<uint8_t*> dst{nullptr};             // staging for byte lo
+  std::atomic<bool> armed{false};
+};
+
+namespace {
+
+constexpr uint8_t kProtected = 0, kCopying = 1, kCopied = 2;
+constexpr size_t kMaxRegions = 4096;          // registered buffers, process-wide
+constexpr size_t kMinChunk = 2u << 20;        // 2 MiB: a transparent huge page
+constexpr size_t kMaxChunksPerRegion = 1024;  // bounds the mappings mprotect splits off
+
+std::atomic<CowRegion*> g_regions[kMaxRegions];
+std::atomic<int> g_inside{0};  // handlers running (unregistering waits for 0)
+std::mutex g_mu;               // installation and slot allocation (never in the handler)
+struct sigaction g_prev {};
+bool g_installed = false;
+
+void spin_until_copied(const CowRegion& r, size_t i) {
+  while (r.state[i].load(std::memory_order_acquire) != kCopied) sched_yield();
+}
+
+// Copies the rest of the region and makes all of it writable: when mprotect cannot split a
+// mapping any more (ENOMEM, too many mappings), the whole range goes back at once, which
+// always merges. Async-signal-safe (memcpy, mprotect, sched_yield).
+void copy_all_and_release(CowRegion& r) {
+  uint8_t* dst = r.dst.load(std::memory_order_acquire);
+  for (size_t i = 0; i < r.n; ++i) {
+    uint8_t expect = kProtected;
+    if (r.state[i].compare_exchange_strong(expect, kCopying, std::memory_order_acq_rel)) {
+      const size_t off = i * r.chunk, len = std::min(r.chunk, size_t(r.hi - r.lo) - off);
+      std::memcpy(dst + off, reinterpret_cast<const void*>(r.lo + off), len);
+      r.state[i].store(kCopied, std::memory_order_release);
+    }
+  }
+  for (size_t i = 0; i < r.n; ++i) spin_until_copied(r, i);
+  ::mprotect(reinterpret_cast<void*>(r.lo), r.hi - r.lo, PROT_READ | PROT_WRITE);
+}
+
+// Claims chunk i and copies it (or waits for whoever claimed it), then it is writable.
+void capture_chunk(CowRegion& r, size_t i) {
+  uint8_t expect = kProtected;
+  if (r.state[i].compare_exchange_strong(expect, kCopying, std::memory_order_acq_rel)) {
+    const size_t off = i * r.chunk, len = std::min(r.chunk, size_t(r.hi - r.lo) - off);
+    uint8_t* dst = r.dst.load(std::memory_order_acquire);
+    std::memcpy(dst + off, reinterpret_cast<const void*>(r.lo + off), len);
+    if (::mprotect(reinterpret_cast<void*>(r.lo + off), len, PROT_READ | PROT_WRITE) != 0) {
+      r.state[i].store(kCopied, std::memory_order_release);
+      copy_all_and_release(r);
+      return;
+    }
+    r.state[i].store(kCopied, std::memory_order_release);
+    return;
+  }
+  spin_until_copied(r, i);
+}
+
+// Set while this thread runs the previous handler from ours: a handler that chains back to
+// ours (installed between two of our installations) would otherwise recurse for ever.
+__attribute__((tls_model("initial-exec"))) thread_local bool t_chaining = false;
+
+void on_segv(int sig, siginfo_t* si, void* uc) {
+  if (t_chaining) {
+    signal(sig, SIG_DFL);
+    return;
+  }
+  const int saved = errno;
+  const uintptr_t a = reinterpret_cast<uintptr_t>(si->si_addr);
+  bool ours = false;
+  g_inside.fetch_add(1);
+  if (si->si_code > 0) {  // a fault of the kernel's, not a kill()/raise()
+    for (size_t k = 0; k < kMaxRegions && !ours; ++k) {
+      CowRegion* r = g_regions[k].load();
+      if (!r || a < r->lo || a >= r->hi) continue;
+      ours = true;
+      // Not armed: the capture ended after this fault was raised; the page is writable now.
+      if (r->armed.load(std::memory_order_acquire)) capture_chunk(*r, (a - r->lo) / r->chunk);
+    }
+  }
+  g_inside.fetch_sub(1);
+  errno = saved;
+  if (ours) return;  // the store is retried
+  // Not ours: whoever handled SIGSEGV before.
+  if (g_prev.sa_flags & SA_SIGINFO) {
+    if (g_prev.sa_sigaction) {
+      t_chaining = true;
+      g_prev.sa_sigaction(sig, si, uc);
+      t_chaining = false;
+      return;
+    }
+  } else if (g_prev.sa_handler != SIG_DFL && g_prev.sa_handler != SIG_IGN) {
+    t_chaining = true;
+    g_prev.sa_handler(sig);
+    t_chaining = false;
+    return;
+  }
+  // Default action: reinstall it; returning re-runs the faulting instruction, which kills.
+  signal(sig, SIG_DFL);
+}
+
+bool handler_in_place() {
+  struct sigaction cur {};
+  if (sigaction(SIGSEGV, nullptr, &cur) != 0) return false;
+  return (cur.sa_flags & SA_SIGINFO) && cur.sa_sigaction == on_segv;
+}
+
+}  // namespace
+
+bool CowBuffers::init(const std::vector<std::pair<uint8_t*, size_t>>& bufs, std::string* err) {
+  const size_t page = size_t(sysconf(_SC_PAGESIZE));
+  std::lock_guard<std::mutex> l(g_mu);
+  // Installed once, and again when someone replaced it meanwhile (a test framework restoring
+  // its saved handler): the one found is chained to.
+  if (!g_installed || !handler_in_place()) {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_segv;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART | SA_ONSTACK;
+    sigemptyset(&sa.sa_mask);
+    if (sigaction(SIGSEGV, &sa, &g_prev) != 0) {
+      *err = std::string("sigaction(SIGSEGV): ") + std::strerror(errno);
+      return false;
+    }
+    g_installed = true;
+  }
+  bufs_ = bufs;
+  for (const auto& [p, n] : bufs) {
+    const uintptr_t lo = (reinterpret_cast<uintptr_t>(p) + page - 1) / page * page;
+    const uintptr_t hi = (reinterpret_cast<uintptr_t>(p) + n) / page * page;
+    if (hi <= lo) {
+      regions_.push_back(nullptr);
+      continue;
+    }
+    auto* r = new CowRegion;
+    r->lo = lo;
+    r->hi = hi;
+    const size_t len = hi - lo;
+    size_t chunk = std::max(kMinChunk, (len + kMaxChunksPerRegion - 1) / kMaxChunksPerRegion);
+    chunk = (chunk + page - 1) / page * page;
+    r->chunk = chunk;
+    r->n = (len + chunk - 1) / chunk;
+    r->state.reset(new std::atomic<uint8_t>[r->n]);
+    for (size_t i = 0; i < r->n; ++i) r->state[i].store(kCopied);
+    size_t k = 0;
+    while (k < kMaxRegions && g_regions[k].load() != nullptr) ++k;
+    if (k == kMaxRegions) {
+      delete r;
+      for (CowRegion* q : regions_) {
+        if (!q) continue;
+        for (auto& s : g_regions)
+          if (s.load() == q) s.store(nullptr);
+      }
+      while (g_inside.load() != 0) sched_yield();
+      for (CowRegion* q : regions_) delete q;
+      regions_.clear();
+      *err = "more than " + std::to_string(kMaxRegions) + " buffers registered in the process";
+      return false;
+    }
+    g_regions[k].store(r);
+    regions_.push_back(r);
+  }
+  return true;
+}
+
+CowBuffers::~CowBuffers() {
+  finish();
+  {
+    std::lock_guard<std::mutex> l(g_mu);
+    for (CowRegion* q : regions_) {
+      if (!q) continue;
+      for (auto& s : g_regions)
+        if (s.load() == q) s.store(nullptr);
+    }
+  }
+  while (g_inside.load() != 0) sched_yield();
+  for (CowRegion* q : regions_) delete q;
+}
+
+bool CowBuffers::begin(const std::vector<uint8_t*>& dst, std::string* why) {
+  finish();
+  const bool handler = handler_in_place();
+  if (!handler) *why = "another SIGSEGV handler replaced the library's: take() copies instead";
+  for (size_t i = 0; i < bufs_.size(); ++i) {
+    uint8_t* src = bufs_[i].first;
+    const size_t n = bufs_[i].second;
+    CowRegion* r = regions_[i];
+    if (!r || !handler) {
+      std::memcpy(dst[i], src, n);
+      continue;
+    }
+    const size_t head = r->lo - reinterpret_cast<uintptr_t>(src);
+    const size_t tail_from = r->hi - reinterpret_cast<uintptr_t>(src);
+    std::memcpy(dst[i], src, head);
+    std::memcpy(dst[i] + tail_from, src + tail_from, n - tail_from);
+    for (size_t c = 0; c < r->n; ++c) r->state[c].store(kProtected, std::memory_order_relaxed);
+    r->dst.store(dst[i] + head, std::memory_order_release);
+    r->armed.store(true, std::memory_order_release);
+    if (::mprotect(reinterpret_cast<void*>(r->lo), r->hi - r->lo, PROT_READ) != 0) {
+      *why = std::string("mprotect: ") + std::strerror(errno) + ": take() copies instead";
+      ::mprotect(reinterpret_cast<void*>(r->lo), r->hi - r->lo, PROT_READ | PROT_WRITE);
+      r->armed.store(false, std::memory_order_release);
+      for (size_t c = 0; c < r->n; ++c) r->state[c].store(kCopied, std::memory_order_relaxed);
+      std::memcpy(dst[i] + head, reinterpret_cast<const void*>(r->lo), r->hi - r->lo);
+      continue;
+    }
+    active_ = true;
+  }
+  return active_;
+}
+
+void CowBuffers::finish() {
+  if (!active_) return;
+  for (CowRegion* r : regions_) {
+    if (!r || !r->armed.load(std::memory_order_acquire)) continue;
+    for (size_t i = 0; i < r->n; ++i) capture_chunk(*r, i);
+    r->armed.store(false, std::memory_order_release);
+  }
+  active_ = false;
+}
+
+}  // namespace r2ccl::snap::client

@@ -1,0 +1,62 @@
+// Copy-on-write capture of host buffers for take() (snapshot_client.h, R2CCL_SNAPSHOT_TAKE).
+//
+// take() does not copy the registered buffers: it write-protects their whole pages
+// (mprotect(PROT_READ)), copies only the partial first and last pages, and returns. The
+// encoder thread then copies the protected part chunk by chunk into the staging set, making
+// each chunk writable again once copied. A CPU store to a chunk not copied yet faults; the
+// SIGSEGV handler installed here copies that chunk first (the bytes as they were at take()),
+// makes it writable and returns, and the store goes ahead. Each chunk is claimed once (an
+// atomic state per chunk: protected, being copied, copied), by the copier or by a faulting
+// thread, so the staging set is bit-equal to the buffers at take() whatever is written after.
+//
+// Limits: only user-mode stores fault. The kernel writing into a protected buffer (read(2),
+// recv(2) into it) fails with EFAULT, and device writes (DMA: RDMA, cudaMemcpy into pinned
+// memory) are not seen at all: such buffers need R2CCL_SNAPSHOT_TAKE=copy. The pages must be
+// ordinary read-write memory (they are made PROT_READ|PROT_WRITE again). A SIGSEGV handler
+// installed later by someone else that does not chain to the previous one would break the
+// capture: begin() checks that this one is still installed and copies synchronously if not.
+//
+// Units: bytes. Thread-safety: one CowBuffers per client handle; begin() and finish() are
+// serialised by the caller (Client::cow_mu_); the fault handler runs on any thread.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace r2ccl::snap::client {
+
+struct CowRegion;  // cow.cc
+
+class CowBuffers {
+ public:
+  CowBuffers() = default;
+  ~CowBuffers();  // finishes a capture in progress, then unregisters the buffers
+  CowBuffers(const CowBuffers&) = delete;
+  CowBuffers& operator=(const CowBuffers&) = delete;
+
+  // Registers the host buffers (fixed for the handle's life) and installs the SIGSEGV handler
+  // (once per process). False with *err when the handler cannot be installed or too many
+  // buffers are registered process-wide (kMaxRegions): the caller copies instead.
+  bool init(const std::vector<std::pair<uint8_t*, size_t>>& bufs, std::string* err);
+
+  // Starts capturing every buffer i into dst[i] (bufs[i].second bytes each). Returns true when
+  // the capture is under way (finish() completes it); false when it was done synchronously
+  // (the handler was replaced, mprotect failed: *why says so, logged by the caller once): dst
+  // then holds the copy already.
+  bool begin(const std::vector<uint8_t*>& dst, std::string* why);
+  // Copies every chunk not copied yet and makes the buffers writable again; returns when the
+  // capture is complete. A no-op when none is in progress.
+  void finish();
+  bool active() const { return active_; }
+
+ private:
+  std::vector<CowRegion*> regions_;  // one per buffer (nullptr: under one page, always copied)
+  std::vector<std::pair<uint8_t*, size_t>> bufs_;
+  bool active_ = false;
+};
+
+}  // namespace r2ccl::snap::client
