@@ -29,6 +29,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import urllib.request
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -102,7 +103,9 @@ class Cluster:
         self.daemons[i] = self._spawn(
             "daemon %d" % i,
             [self.a.daemon, "--id", str(i), "--peers", self.peers, "--token-file", self.token,
-             "--board", self.boards[i], "--period-ms", "100", "--socket", self.sockets[i]], log)
+             "--board", self.boards[i], "--period-ms", "100", "--socket", self.sockets[i],
+             "--etcd", self.a.etcd.url, "--job", "example-%d-%s" % (os.getpid(), self.name),
+             "--lease-ttl", "1"], log)
 
     def wait_socket(self, i, timeout_s=10.0):
         deadline = time.monotonic() + timeout_s
@@ -248,6 +251,44 @@ def remove_stale_boards():
             pass
 
 
+class LocalEtcd:
+    """A one-member etcd on 127.0.0.1 (free ports, a temporary data directory) for the daemons'
+    control plane: what a single-machine run needs (a cluster uses its own, --etcd URL)."""
+
+    def __init__(self, work_dir):
+        self.binary = os.environ.get("R2CCL_ETCD", shutil.which("etcd") or "/usr/bin/etcd")
+        if not os.access(self.binary, os.X_OK):
+            raise SystemExit("etcd not found (%s): scripts/setup.sh installs Debian's etcd-server"
+                             % self.binary)
+        client, peer = free_ports(2)
+        self.url = "http://127.0.0.1:%d" % client
+        peer_url = "http://127.0.0.1:%d" % peer
+        self.log = os.path.join(work_dir, "etcd.log")
+        with open(self.log, "ab") as out:
+            self.proc = subprocess.Popen(
+                [self.binary, "--name", "example", "--data-dir", os.path.join(work_dir, "etcd"),
+                 "--listen-client-urls", self.url, "--advertise-client-urls", self.url,
+                 "--listen-peer-urls", peer_url, "--initial-advertise-peer-urls", peer_url,
+                 "--initial-cluster", "example=" + peer_url],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=out, start_new_session=True,
+                preexec_fn=_die_with_parent)
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as r:
+                    if b'"true"' in r.read():
+                        return
+            except OSError:
+                pass
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.1)
+        raise SystemExit("etcd did not start within 20 s:\n" + tail(self.log))
+
+    def stop(self):
+        _kill(self.proc)
+
+
 def find_build(a):
     dirs = [a.build_dir] if a.build_dir else [os.path.join(REPO, "build")]
     for d in dirs:
@@ -285,6 +326,7 @@ def main():
     a.work_dir = tempfile.mkdtemp(prefix="r2ccl-snapshot-example-")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("run_example: SIGTERM"))
     ok = False
+    a.etcd = LocalEtcd(a.work_dir)
     try:
         t0 = time.monotonic()
         runs = {}
@@ -317,6 +359,7 @@ def main():
         print("%s in %.1f s" % ("OK" if ok else "FAILED", time.monotonic() - t0))
         return 0 if ok else 1
     finally:
+        a.etcd.stop()
         if ok and not a.keep:
             shutil.rmtree(a.work_dir, ignore_errors=True)
         else:
