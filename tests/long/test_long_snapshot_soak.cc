@@ -1,0 +1,78 @@
+// The snapshot daemons under their own load (issue 15; label long, scripts/test.sh --long):
+// 4 daemons on this machine's cores, 4 ranks taking 1 GiB of incompressible state in total at
+// every step for R2CCL_SOAK_SECONDS (default 600), heartbeats every 100 ms. Failure detection
+// must not be fooled by the load: no live node is evicted, the record never changes epoch, and
+// steps keep completing.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "snapd_cluster.h"
+
+using namespace r2ccl;
+using namespace r2ccl::test::snapd;
+
+TEST_CASE("long: 4 daemons, 1 GiB of incompressible state per step: no live node evicted",
+          "[long][snapshot]") {
+  const char* env = getenv("R2CCL_SOAK_SECONDS");
+  const int seconds = env ? atoi(env) : 600;
+  setenv("R2CCL_SNAPSHOT_BASE_EVERY", "1", 1);  // random data: every take a base, short chains
+  constexpr int kNodes = 4;
+  constexpr size_t kBytes = 256u << 20;  // per rank: 1 GiB in all
+  Cluster c(kNodes, "snapsoak", false, 8);
+  for (int i = 0; i < kNodes; ++i) c.start(i);
+  for (int i = 0; i < kNodes; ++i) REQUIRE(c.wait_socket(i));
+  {
+    INFO(c.all_logs());
+    REQUIRE(boards_agree(c, {0, 1, 2, 3}, {0, 1, 2, 3}, 10000));
+  }
+  uint64_t epoch = 0;
+  board_members(c.boards[0], &epoch);
+  std::vector<std::vector<uint64_t>> state(kNodes, std::vector<uint64_t>(kBytes / 8));
+  std::vector<r2ccl_snap_t*> h(kNodes, nullptr);
+  for (int r = 0; r < kNodes; ++r) {
+    REQUIRE(r2ccl_snap_open(c.sockets[r].c_str(), r, kNodes, &h[r]) == 0);
+    REQUIRE(r2ccl_snap_register(h[r], 0, state[r].data(), kBytes, R2CCL_SNAP_DTYPE_BYTES,
+                                R2CCL_SNAP_CODEC_LOSSLESS, 0) == 0);
+  }
+  uint64_t x = 0x9e3779b97f4a7c15ull;
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(seconds);
+  uint64_t step = 0, completed = 0;
+  while (std::chrono::steady_clock::now() < end) {
+    ++step;
+    for (int r = 0; r < kNodes; ++r) {
+      for (auto& w : state[r]) {  // xorshift64: incompressible, fast to make
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        w = x;
+      }
+      const int rc = r2ccl_snap_take(h[r], step, nullptr);
+      INFO(err_of(rc));
+      REQUIRE(rc == 0);
+    }
+    for (int r = 0; r < kNodes; ++r) REQUIRE(r2ccl_snap_flush(h[r], 120 * 1000000) == 0);
+    r2ccl_snap_state_t st;
+    if (r2ccl_snap_state(h[0], &st) == 0 && st.has_complete_step) completed = st.complete_step;
+  }
+  INFO("steps taken " << step << ", newest complete " << completed);
+  CHECK(complete_at_least(h[0], step, 60000));
+  uint64_t e = 0;
+  CHECK(board_members(c.boards[0], &e).size() == kNodes);
+  CHECK(e == epoch);
+  const std::string logs = c.all_logs();
+  size_t suspicions = 0;
+  for (size_t at = 0; (at = logs.find(": suspected (published", at)) != std::string::npos; ++at)
+    ++suspicions;
+  WARN("soak: " << seconds << " s, " << step << " steps of 1 GiB, " << suspicions
+                << " suspicion lines, record epoch " << e);
+  for (auto* p : h) r2ccl_snap_close(p);
+  check_invariants(c, 0);  // no eviction of a live node
+  c.check_clean();
+}
