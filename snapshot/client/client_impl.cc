@@ -18,6 +18,24 @@
 namespace r2ccl::snap::client {
 
 static_assert(R2CCL_SNAP_MAX_NODES == board::kMaxNodes, "state bitmap size");
+
+namespace {
+// Whether CUDA knows `p` as pinned (page-locked, registered) host memory: a GPU copies into such
+// memory by DMA, which page protection does not see, so copy-on-write must not be used for it.
+bool pinned_host(const void* p) {
+#ifdef R2CCL_USE_CUDA
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    (void)cudaGetLastError();  // plain pageable memory on older runtimes: not an error
+    return false;
+  }
+  return a.type == cudaMemoryTypeHost;
+#else
+  (void)p;
+  return false;
+#endif
+}
+}  // namespace
 static_assert(R2CCL_SNAP_MAX_KV_VALUE == kKvMaxValue, "kv value size");
 
 namespace {
@@ -379,9 +397,13 @@ Status Client::freeze() {
   if (fb > max_shard_bytes_.load()) max_shard_bytes_.store(fb);
   if (cfg_.take_cow) {
     std::vector<std::pair<uint8_t*, size_t>> host;
-    for (uint32_t i = 0; i < n_user_; ++i)
-      host.emplace_back(bufs_[i].device ? nullptr : static_cast<uint8_t*>(bufs_[i].ptr),
-                        bufs_[i].device ? 0 : bufs_[i].bytes);
+    for (uint32_t i = 0; i < n_user_; ++i) {
+      // Device buffers, and host memory a GPU may DMA into, are copied at take() instead.
+      const bool skip = bufs_[i].device || pinned_host(bufs_[i].ptr);
+      cow_skip_.push_back(skip);
+      host.emplace_back(skip ? nullptr : static_cast<uint8_t*>(bufs_[i].ptr),
+                        skip ? 0 : bufs_[i].bytes);
+    }
     std::string why;
     cow_ready_ = cow_.init(host, &why);
     if (!cow_ready_) cow_note_ = why;
@@ -555,7 +577,7 @@ Status Client::take(uint64_t step, r2ccl_snap_take_stats_t* st) {
     cow_set_ = cow_.begin(dst, &why) ? set : -1;
     if (!why.empty()) cow_note_ = why;
     for (uint32_t i = 0; i < n_user_ && cs.ok(); ++i)
-      if (bufs_[i].device) cs = copy_in(bufs_[i], sets_[set].bufs[i].data());
+      if (cow_skip_[i]) cs = copy_in(bufs_[i], sets_[set].bufs[i].data());
     if (!cs.ok()) {
       cow_.finish();
       cow_set_ = -1;

@@ -154,9 +154,10 @@ class Client {
   // worker before it encodes that set (or by the next take()). cow_mu_ serialises both.
   std::mutex cow_mu_;
   CowBuffers cow_;
-  bool cow_ready_ = false;  // init() succeeded (at freeze)
-  int cow_set_ = -1;        // the staging set a capture in progress fills
-  std::string cow_note_;    // why the last take() copied instead (for the stats' reader)
+  bool cow_ready_ = false;      // init() succeeded (at freeze)
+  std::vector<bool> cow_skip_;  // per user buffer: copied at take() (device, pinned host)
+  int cow_set_ = -1;            // the staging set a capture in progress fills
+  std::string cow_note_;        // why the last take() copied instead (for the stats' reader)
 
   // Encoder/sender thread.
   std::mutex work_mu_;
