@@ -30,7 +30,10 @@ TEST_CASE("long: 4 daemons, 1 GiB of incompressible state per step: no live node
   setenv("R2CCL_SNAPSHOT_BASE_EVERY", "1", 1);  // random data: every take a base, short chains
   constexpr int kNodes = 4;
   constexpr size_t kBytes = 256u << 20;  // per rank: 1 GiB in all
-  Cluster c(kNodes, "snapsoak", false, 8);
+  // Memory: each step is 4 GiB in the daemons (a home copy and 3 replicas), and two or three
+  // steps are held at once; beyond 1.5 GiB per daemon shards spill (a 24 GiB machine).
+  Cluster c(kNodes, "snapsoak", true, 8);
+  c.extra = {"--mem-limit-mb", "1536"};
   for (int i = 0; i < kNodes; ++i) c.start(i);
   for (int i = 0; i < kNodes; ++i) REQUIRE(c.wait_socket(i));
   {
