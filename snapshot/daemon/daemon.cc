@@ -198,8 +198,12 @@ void Daemon::tick() {
   const float gbps = local_usable_gbps();
   hb_->set_gbps(gbps);
   cp_->set_gbps(gbps);
-  for (const auto& [id, p] : hb_->snapshot())
+  for (const auto& [id, p] : hb_->snapshot()) {
     if (p.rtt_us >= 0) rtt_us_[id] = p.rtt_us;
+    // A peer heard before whose last heartbeat is more than 1.5 periods old missed one.
+    if (p.ever_heard && !suspected_.count(id) && now - p.last_heard > o_.period * 3 / 2)
+      m_.counter(M::kHeartbeatsMissed).inc();
+  }
   m_.counter(M::kHeartbeatsSent).inc(double(hb_->sent() - hb_sent_));
   m_.counter(M::kHeartbeatsReceived).inc(double(hb_->received() - hb_received_));
   hb_sent_ = hb_->sent();
