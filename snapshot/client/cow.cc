@@ -163,14 +163,7 @@ bool CowBuffers::init(const std::vector<std::pair<uint8_t*, size_t>>& bufs, std:
     while (k < kMaxRegions && g_regions[k].load() != nullptr) ++k;
     if (k == kMaxRegions) {
       delete r;
-      for (CowRegion* q : regions_) {
-        if (!q) continue;
-        for (auto& s : g_regions)
-          if (s.load() == q) s.store(nullptr);
-      }
-      while (g_inside.load() != 0) sched_yield();
-      for (CowRegion* q : regions_) delete q;
-      regions_.clear();
+      release_regions();
       *err = "more than " + std::to_string(kMaxRegions) + " buffers registered in the process";
       return false;
     }
@@ -180,18 +173,21 @@ bool CowBuffers::init(const std::vector<std::pair<uint8_t*, size_t>>& bufs, std:
   return true;
 }
 
-CowBuffers::~CowBuffers() {
-  finish();
-  {
-    std::lock_guard<std::mutex> l(g_mu);
-    for (CowRegion* q : regions_) {
-      if (!q) continue;
-      for (auto& s : g_regions)
-        if (s.load() == q) s.store(nullptr);
-    }
+void CowBuffers::release_regions() {
+  for (CowRegion* q : regions_) {
+    if (!q) continue;
+    for (auto& s : g_regions)
+      if (s.load() == q) s.store(nullptr);
   }
   while (g_inside.load() != 0) sched_yield();
   for (CowRegion* q : regions_) delete q;
+  regions_.clear();
+}
+
+CowBuffers::~CowBuffers() {
+  finish();
+  std::lock_guard<std::mutex> l(g_mu);
+  release_regions();
 }
 
 bool CowBuffers::begin(const std::vector<uint8_t*>& dst, std::string* why) {

@@ -54,6 +54,9 @@ class CowBuffers {
   bool active() const { return active_; }
 
  private:
+  // Takes this object's regions out of the process-wide table, waits for fault handlers still
+  // inside them, and frees them. The caller holds the table's mutex.
+  void release_regions();
   std::vector<CowRegion*> regions_;  // one per buffer (nullptr: under one page, always copied)
   std::vector<std::pair<uint8_t*, size_t>> bufs_;
   bool active_ = false;
