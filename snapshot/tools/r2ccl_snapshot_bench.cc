@@ -14,13 +14,21 @@
 //                    daemon SIGKILLed, a replacement rank on node 1), and from the replicas over
 //                    TCP (a replacement daemon for node 0, empty, and a rank on it).
 //   --mode recovery  --nodes N daemons, one rank per node, --bytes in total split across them;
-//                    3 steps, SIGKILL one daemon, then the phases: detection and agreement
-//                    (from the daemons' logs: CLOCK_MONOTONIC stamps, the clock of
-//                    std::chrono::steady_clock here), notification (every survivor's
-//                    wait_event shows the new membership), the unique-id exchange of a
-//                    communicator rebuild through kv_put/kv_get (NCCL's init itself is not
-//                    run: no GPU), the survivors' parallel restore from their home copies, and
-//                    a replacement daemon + rank restoring from the replicas.
+//                    --kills times: SIGKILL a non-coordinator daemon (in turn), then the phases:
+//                    detection (the first survivor's suspicion in its log, or the victim's
+//                    member key deleted by etcd when its lease ran out), agreement (every
+//                    survivor wrote the new record to its board), rebuild
+//                    (r2ccl_snap_rebuild_comm on every rank with a fake NCCL table: the unique
+//                    id through the KV; NCCL's init itself is not run), restore (the survivors
+//                    from their home copies and a pre-started standby rank on a surviving node
+//                    from the replicas, all at once), then a cold replacement daemon + rank
+//                    restoring from the replicas, and the cluster whole again. --path says
+//                    which eviction path the configuration is meant to take (suspicion:
+//                    heartbeat 100 ms; lease: heartbeat 2000 ms, so a 3 s lease runs out
+//                    before any suspicion); p50/p99 over the kills that took it.
+// The control plane: a one-member etcd started here (free loopback ports, a temporary data
+// directory, killed at exit), or --etcd URL; each cluster is its own job (/r2ccl/TAG/), its keys
+// deleted at the end. Log stamps are CLOCK_MONOTONIC, std::chrono::steady_clock here.
 //
 // State model: FP16 weights N(0, 0.02); a step moves --changed-fraction of them (default 1 %,
 // drawn with replacement) by --lr * N(0,1) (default 1e-4, clipped at 4 sigma), or, with
