@@ -1290,7 +1290,17 @@ void run_recovery(const Opts& o) {
       double t = 0;
       unsigned id = 0;
       if (sscanf(line.c_str(), "[%lf]", &t) != 1) continue;
-      lease_lapses += line.find("this node's lease expired") != std::string::npos;
+      if (line.find("this node's lease expired") != std::string::npos) {
+        ++lease_lapses;
+        int after = -1;
+        for (size_t q = 0; q < kills.size(); ++q)
+          if (kills[q].t_kill <= t) after = int(q);
+        note("node " + std::to_string(i) + ": its lease ran out while it was running, " +
+             (after < 0 ? "before the first kill"
+                        : fmt(t - kills[size_t(after)].t_kill) + " s after kill " +
+                              std::to_string(after) + " (of node " +
+                              std::to_string(kills[size_t(after)].victim) + ")"));
+      }
       const size_t p = line.find("] node ");
       if (line.find("no heartbeat for") == std::string::npos || p == std::string::npos ||
           sscanf(line.c_str() + p, "] node %u:", &id) != 1)
