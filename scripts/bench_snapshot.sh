@@ -18,7 +18,7 @@
 #     BUILD_DIR   build tree with bin/r2ccl_snapshot_bench and bin/r2ccl_snapshotd (default
 #                 $R2CCL_BUILD_DIR, else build); configured and built only when they are missing
 #     --quick     CI smoke: 64 MiB, 4 takes, sparse only, 2 kills on 4 nodes, suspicion path only
-#                 (the lease path's kill costs ~25 s, see BENCHMARKS.md) (~40 s here)
+#                 (a lease-path kill costs ~30 s, see BENCHMARKS.md) (~30-40 s here)
 # ENVIRONMENT
 #   R2CCL_BENCH_SNAPSHOT_BYTES    state size per rank for take/restore; default 1G (--quick: 64M)
 #   R2CCL_BENCH_SNAPSHOT_RECOVERY_BYTES  state in total for recovery, split across the ranks;
