@@ -28,7 +28,7 @@ What it predicts, per job size (ranks, RANKS_PER_NODE ranks per node):
                    election keys, record and records/E) about 2N events x N watchers
                  compared with etcd's documented guidance (ASSUMED to carry over: "more than
                  30,000 requests per second under heavy load" for a 3-member cluster on
-                 GCE n-4 class machines, etcd.io/docs/v3.4/op-guide/performance/); a range of
+                 GCE n-4 class machines, etcd.io/docs/v3.6/op-guide/performance/); a range of
                  N keys is counted as N requests (its answer is N times larger), which is
                  pessimistic for small keys
   heartbeats     UDP datagrams of 120 B, full mesh, every period: 2 (N-1) / period per node
