@@ -5,21 +5,29 @@
 #      FP16 weights with sparse steps (1 % changed) and for a dense FP16 Adam moment
 #   2. restore(): from the home copy, from a replica on the rank's new node, over TCP from the
 #      replicas (a replacement daemon)
-#   3. recovery by phase on N-node loopback clusters (state split across the ranks)
+#   3. node loss by phase (detection, agreement, rebuild, restore; p50/p99 over repeated SIGKILLs)
+#      on N-node loopback clusters, for the suspicion path (heartbeat 100 ms, lease TTL 3 s) and
+#      the lease path (heartbeat 2000 ms, so the 3 s lease runs out before any suspicion)
 #   4. the scaling model to 4096 ranks (scripts/snapshot_model.py) fed with the measured values
-# Every run is a loopback cluster of r2ccl_snapshotd started by bin/r2ccl_snapshot_bench; one
-# benchmark at a time (2 cores here). Numbers are reported, not judged.
+# Every run is a loopback cluster of r2ccl_snapshotd, with a one-member etcd for the control
+# plane, started by bin/r2ccl_snapshot_bench; one benchmark at a time (2 cores here). Numbers are
+# reported, not judged.
 #
 # USAGE
 #   bench_snapshot.sh [--quick] [BUILD_DIR]
 #     BUILD_DIR   build tree with bin/r2ccl_snapshot_bench and bin/r2ccl_snapshotd (default
 #                 $R2CCL_BUILD_DIR, else build); configured and built only when they are missing
-#     --quick     CI smoke: 64 MiB, 4 takes, sparse only, recovery on 4 nodes at 100 ms (~20 s here)
+#     --quick     CI smoke: 64 MiB, 4 takes, sparse only, 2 kills on 4 nodes, suspicion path only
+#                 (a lease-path kill costs ~30 s, see BENCHMARKS.md) (~30-40 s here)
 # ENVIRONMENT
-#   R2CCL_BENCH_SNAPSHOT_BYTES    state size (per rank for take/restore, in total for recovery);
-#                                 default 1G (--quick: 64M)
-#   R2CCL_BENCH_SNAPSHOT_NODES    recovery cluster sizes (default "2 4 8"; --quick "4")
-#   R2CCL_BENCH_SNAPSHOT_PERIODS  recovery heartbeat periods, ms (default "500 100"; --quick "100")
+#   R2CCL_BENCH_SNAPSHOT_BYTES    state size per rank for take/restore; default 1G (--quick: 64M)
+#   R2CCL_BENCH_SNAPSHOT_RECOVERY_BYTES  state in total for recovery, split across the ranks;
+#                                 default 256M (--quick: 32M)
+#   R2CCL_BENCH_SNAPSHOT_NODES    recovery cluster sizes, 3..8 (default "4 8"; --quick "4")
+#   R2CCL_BENCH_SNAPSHOT_PATHS    recovery eviction paths (default "suspicion lease"; --quick
+#                                 "suspicion")
+#   R2CCL_BENCH_SNAPSHOT_KILLS    kills per recovery run (default 10; --quick 2)
+#   R2CCL_BENCH_SNAPSHOT_ETCD     an etcd URL to use (default: the tool starts one per run)
 #   R2CCL_BENCH_SNAPSHOT_BUFFERS  buffers each rank's state is registered as (default 8: a shard
 #                                 of 1 GiB blocks the daemon's heartbeats, see BENCHMARKS.md)
 #   R2CCL_BENCH_SNAPSHOT_PERIOD   heartbeat period of the take and restore runs (default 500, the
@@ -33,7 +41,7 @@ BUILD=${R2CCL_BUILD_DIR:-build}
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) QUICK=1; shift ;;
-    -h|--help) sed -n '2,26p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,34p' "$0"; exit 0 ;;
     -*) echo "bench_snapshot.sh: unknown option '$1'" >&2; exit 2 ;;
     *) BUILD=$1; shift ;;
   esac
@@ -47,17 +55,23 @@ if [ ! -x "$BENCH" ] || [ ! -x "$BUILD/bin/r2ccl_snapshotd" ]; then
 fi
 if [ $QUICK = 1 ]; then
   BYTES=${R2CCL_BENCH_SNAPSHOT_BYTES:-64M}
+  RBYTES=${R2CCL_BENCH_SNAPSHOT_RECOVERY_BYTES:-32M}
   NODES=${R2CCL_BENCH_SNAPSHOT_NODES:-4}
-  PERIODS=${R2CCL_BENCH_SNAPSHOT_PERIODS:-100}
+  PATHS=${R2CCL_BENCH_SNAPSHOT_PATHS:-suspicion}
+  KILLS=${R2CCL_BENCH_SNAPSHOT_KILLS:-2}
   TAKE_STEPS=4
 else
   BYTES=${R2CCL_BENCH_SNAPSHOT_BYTES:-1G}
-  NODES=${R2CCL_BENCH_SNAPSHOT_NODES:-2 4 8}
-  PERIODS=${R2CCL_BENCH_SNAPSHOT_PERIODS:-500 100}
+  RBYTES=${R2CCL_BENCH_SNAPSHOT_RECOVERY_BYTES:-256M}
+  NODES=${R2CCL_BENCH_SNAPSHOT_NODES:-4 8}
+  PATHS=${R2CCL_BENCH_SNAPSHOT_PATHS:-suspicion lease}
+  KILLS=${R2CCL_BENCH_SNAPSHOT_KILLS:-10}
   TAKE_STEPS=10
 fi
 BUFFERS=${R2CCL_BENCH_SNAPSHOT_BUFFERS:-8}
 PERIOD=${R2CCL_BENCH_SNAPSHOT_PERIOD:-500}
+ETCD=()
+[ -n "${R2CCL_BENCH_SNAPSHOT_ETCD:-}" ] && ETCD=(--etcd "$R2CCL_BENCH_SNAPSHOT_ETCD")
 OUT=${R2CCL_BENCH_SNAPSHOT_OUT:-$BUILD/bench/snapshot-$(date +%Y%m%d-%H%M%S)}
 mkdir -p "$OUT" || exit 1
 RESULTS=$OUT/results.txt
@@ -68,13 +82,14 @@ broken=()
   echo "commit: $(git -C "$ROOT" rev-parse --short=12 HEAD 2>/dev/null)$(git -C "$ROOT" diff --quiet 2>/dev/null || echo ' (dirty tree)')"
   echo "machine: $(nproc) cores ($(sed -n 's/^model name[^:]*: //p' /proc/cpuinfo | head -1)), $(awk '/MemTotal/ {printf "%.1f GiB", $2/1048576}' /proc/meminfo)"
   echo "kernel: $(uname -r)"
-  echo "bytes: $BYTES in $BUFFERS buffers, take/restore period $PERIOD ms, recovery nodes: $NODES, periods: $PERIODS ms"
+  echo "bytes: $BYTES in $BUFFERS buffers, take/restore period $PERIOD ms; recovery: $RBYTES in total, nodes: $NODES, paths: $PATHS, $KILLS kills"
+  echo "etcd: ${R2CCL_BENCH_SNAPSHOT_ETCD:-one member started by the tool ($(/usr/bin/etcd --version 2>/dev/null | head -1))}"
 } | tee "$OUT/env.txt"
 
 # run NAME ARGS...: one benchmark; stdout to OUT/NAME.out (and the key lines to results.txt).
 run() {
   local name=$1; shift
-  local cmd=("$BENCH" "$@")
+  local cmd=("$BENCH" "$@" "${ETCD[@]}")
   echo
   echo "== $name: ${cmd[*]#$BUILD/}"
   echo "   load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -94,9 +109,10 @@ run() {
 common=(--bytes "$BYTES" --buffers "$BUFFERS")
 run take-sparse --mode take "${common[@]}" --period-ms "$PERIOD" --steps "$TAKE_STEPS" --codec both
 run restore --mode restore "${common[@]}" --period-ms "$PERIOD" --steps 3
-for p in $PERIODS; do
+for p in $PATHS; do
   for n in $NODES; do
-    run "recovery-n$n-p$p" --mode recovery "${common[@]}" --nodes "$n" --period-ms "$p"
+    run "recovery-n$n-$p" --mode recovery --bytes "$RBYTES" --buffers "$BUFFERS" --nodes "$n" \
+      --path "$p" --kills "$KILLS"
   done
 done
 if [ $QUICK = 0 ]; then
@@ -113,7 +129,7 @@ c=$(val take.sparse.lossless.copy_seconds.median); b=$(val take.sparse.lossless.
 if [ -n "$c" ] && [ -n "$b" ] && [ "$c" != nan ]; then
   margs+=(--take-copy-gbps "$(awk -v b="$b" -v c="$c" 'BEGIN {printf "%.3f", b / c / 1e9}')")
 fi
-a=$(awk '$1 ~ /^recovery\..*\.agreement_seconds$/ && $2 != "nan" {print $2}' "$RESULTS" | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}')
+a=$(awk '$1 ~ /^recovery\..*\.suspicion\.agreement_seconds\.p50$/ && $2 != "nan" {print $2}' "$RESULTS" | sort -g | awk '{v[NR]=$1} END {if (NR) print v[int((NR+1)/2)]}')
 [ -n "$a" ] && margs+=(--agreement-s "$a")
 echo
 echo "== model: scripts/snapshot_model.py ${margs[*]}"

@@ -7,20 +7,38 @@ are printed with the table. It knows the daemon's protocol (snapshot/daemon/r2cc
 but nothing about real NICs, switches, kernels or contention beyond what is written here.
 
 What it predicts, per job size (ranks, RANKS_PER_NODE ranks per node):
-  detection      a node is declared failed after MISSES missed heartbeats; the daemon checks on
-                 its period tick, so MISSES..MISSES+1 periods (the table gives the worst case),
-                 plus agreement: the coordinator writes the record and sends AGREED to every
-                 other node (nodes x per-message cost), plus the measured agreement overhead
+  detection      suspicion path (the default): a silent peer is suspected after 3 heartbeat
+                 periods (accrual.h: phi >= 8 and a 3-period floor), i.e. 2..3 periods after the
+                 kill; the coordinator reads etcd once a period (control_plane.h), sees two
+                 observers and evicts: + up to one period + the etcd writes. Lease path: the
+                 victim's lease runs out TTL - (time since its last keep-alive) after the kill,
+                 etcd revokes expired leases on a scan (ASSUMED 500 ms, etcd 3.4's lessor loop),
+                 and the coordinator notices at its next period. Plus the measured agreement.
+  control plane  on etcd, per second, for the whole job:
+                 - lease keep-alives: every daemon, every max(TTL/3, period) rounded up to whole
+                   periods (the control thread wakes on the period)
+                 - election reads: every daemon ranges P election/ every period (elect()): N
+                   keys per answer, N x N keys per period in total
+                 - coordinator reads: members/ (N keys), suspect/, record every period
+                 - writes (transactions through raft): the cut once per step (fenced txn), a
+                   record (2 puts) per membership change, an eviction (3 deletes) per node lost,
+                   one suspicion key per observer that stops hearing the node (up to N - 1)
+                 - watch fan-out: every daemon watches all of P, so every event is sent N times:
+                   N per cut write; per node loss (suspicion keys put and deleted, member and
+                   election keys, record and records/E) about 2N events x N watchers
+                 compared with etcd's documented guidance (ASSUMED to carry over: "more than
+                 30,000 requests per second under heavy load" for a 3-member cluster on
+                 GCE n-4 class machines, etcd.io/docs/v3.6/op-guide/performance/); a range of
+                 N keys is counted as N requests (its answer is N times larger), which is
+                 pessimistic for small keys
+  heartbeats     UDP datagrams of 120 B, full mesh, every period: 2 (N-1) / period per node
   repl bytes     per node and step: its ranks' shards to R replicas each. A chain is a base
                  every BASE_EVERY snapshots and deltas between them:
                  bytes/rank/step = state x (1/base_ratio + (K-1)/delta_ratio) / K
                  (the amortised mean), and the base step's peak (state / base_ratio)
   repl time      those bytes at the NIC speed (egress of one node; every node sends as much as
                  it receives, so ingress is the same); "lag" when it exceeds the step time
-  coordinator    HELD reports per step: ranks x R (one per replica per (rank, step)); marker
-                 rounds: one per step at most one per period (rounds run on the period tick):
-                 MARKER + MARKER_DONE per node, plus COMPLETE to every node every period
-  KV id exchange kv_put -> coordinator -> every node (nodes messages on the coordinator),
+  KV id exchange kv_put -> etcd (one txn) -> the watch delivers it to every daemon (N events),
                  plus the client's kv_get poll (10 ms, half on average)
   restore        per rank, from its own node's home copy: the measured local restore rate
                  (GB/s of state, one core per rank); from replicas (a replacement node): its
@@ -44,10 +62,14 @@ def parse():
     a("--nic-gbps", type=float, default=100.0, help="NIC bandwidth per node for snapshot traffic (Gbit/s)")
     a("--replicas", type=int, default=3)
     a("--period-ms", type=float, default=500.0, help="heartbeat period")
-    a("--misses", type=int, default=3, help="missed heartbeats before a node is declared failed")
-    a("--agreement-s", type=float, default=0.001, help="agreement overhead beyond detection (measured on loopback)")
+    a("--misses", type=int, default=3, help="silent periods before a peer can be suspected (accrual floor)")
+    a("--lease-ttl", type=float, default=3.0, help="daemons' etcd lease TTL, s (--lease-ttl)")
+    a("--lease-scan-s", type=float, default=0.5, help="etcd's expired-lease scan interval (ASSUMED: etcd 3.4 lessor)")
+    a("--agreement-s", type=float, default=0.03, help="agreement: detection -> every board (measured on loopback)")
+    a("--etcd-rps", type=float, default=30000.0,
+      help="requests/s etcd sustains (ASSUMED from etcd's performance guide, 3 members)")
+    a("--event-bytes", type=float, default=200.0, help="one watch event on the JSON gateway, bytes (ASSUMED)")
     a("--step-s", type=float, default=1.0, help="training step time (a snapshot every step)")
-    a("--msg-us", type=float, default=5.0, help="coordinator cost per small peer message (ASSUMED, not measured)")
     a("--rtt-ms", type=float, default=0.05, help="network round trip between nodes (ASSUMED)")
     a("--kv-poll-ms", type=float, default=10.0, help="kv_get poll interval (the client's)")
     a("--restore-local-gbps", type=float, default=0.5, help="restore from the home copy, GB/s of state per rank (measured)")
@@ -72,7 +94,8 @@ def main():
     chain_max = o.state_bytes / o.base_ratio + (K - 1) * o.state_bytes / o.delta_ratio
     nic_Bps = o.nic_gbps * 1e9 / 8
     period = o.period_ms / 1000.0
-    msg = o.msg_us / 1e6
+    ka = max(o.lease_ttl / 3.0, period)
+    ka = math.ceil(ka / period - 1e-9) * period  # the control thread wakes on the period
 
     print("snapshot sidecar scaling MODEL (arithmetic over the parameters below; not measured at scale)")
     print("measured inputs from: %s" % o.source)
@@ -81,67 +104,91 @@ def main():
           % (fmt_bytes(o.state_bytes), o.ranks_per_node, o.replicas, K))
     print("  compression: base %.2fx, delta %.1fx (lossless) -> mean %s per rank per step, base step %s"
           % (o.base_ratio, o.delta_ratio, fmt_bytes(per_rank_step), fmt_bytes(per_rank_base)))
-    print("  NIC %.0f Gbit/s per node for snapshots, step %.2f s, heartbeat %.0f ms, %d misses"
-          % (o.nic_gbps, o.step_s, o.period_ms, o.misses))
-    print("  ASSUMED: %.1f us per small message on the coordinator's one event-loop thread, RTT %.2f ms"
-          % (o.msg_us, o.rtt_ms))
+    print("  NIC %.0f Gbit/s per node for snapshots, step %.2f s, heartbeat %.0f ms, lease TTL %.0f s "
+          "(keep-alive every %.2f s), agreement %.3f s (measured)"
+          % (o.nic_gbps, o.step_s, o.period_ms, o.lease_ttl, ka, o.agreement_s))
+    print("  ASSUMED: etcd sustains %.0f requests/s; %0.f B per watch event; lease scan %.1f s; RTT %.2f ms"
+          % (o.etcd_rps, o.event_bytes, o.lease_scan_s, o.rtt_ms))
     print("  restore from the home copy %.2f GB/s per rank (measured, one core per rank)" % o.restore_local_gbps)
     if o.take_copy_gbps:
         print("  take() copy %.2f GB/s (measured): %.3f s blocked per step, independent of the job size"
               % (o.take_copy_gbps, o.state_bytes / (o.take_copy_gbps * 1e9)))
     print()
-    hdr = ("ranks", "nodes", "detect s", "repl/node/step", "repl s (base)", "lag s",
-           "HELD msg/s", "marker msg/s", "KV id s", "restore home s", "restore repl s")
     rows = []
     for ranks in ranks_list:
         nodes = max(1, math.ceil(ranks / o.ranks_per_node))
         rpn = min(o.ranks_per_node, ranks)
         R = min(o.replicas, nodes - 1)
-        detect = (o.misses + 1) * period + o.agreement_s + nodes * msg + o.rtt_ms / 2000.0
+        N = nodes
+        det_sus = o.misses * period + period + o.agreement_s + 3 * o.rtt_ms / 1000.0
+        det_lease = o.lease_ttl + o.lease_scan_s + period + o.agreement_s
         repl_bytes = rpn * per_rank_step * R
         repl_base = rpn * per_rank_base * R
         repl_t = repl_bytes / nic_Bps
         repl_tb = repl_base / nic_Bps
         lag = max(0.0, repl_t - o.step_s)
-        steps_per_s = 1.0 / max(o.step_s, period)  # one marker round per period at most
-        held_rate = ranks * R / o.step_s
-        marker_rate = 2 * nodes * steps_per_s + nodes / period  # MARKER + MARKER_DONE, COMPLETE
-        coord_load = (held_rate + marker_rate + nodes / period) * msg  # + heartbeats in
-        kv = o.rtt_ms / 1000.0 + nodes * msg + o.rtt_ms / 2000.0 + o.kv_poll_ms / 2000.0
+        keepalive_rps = N / ka
+        elect_rps = N / period
+        elect_keys = N * N / period
+        coord_keys = (N + 2) / period
+        cut_writes = 1.0 / o.step_s
+        read_load = (keepalive_rps + elect_keys + coord_keys + cut_writes) / o.etcd_rps
+        loss_writes = (N - 1) + 1 + 1  # suspicion keys, the eviction txn, the record txn
+        loss_events = (2 * (N - 1) + 2 + 2) * N  # x N watchers
+        cut_events = N / o.step_s
+        kv = o.rtt_ms / 1000.0 + N * o.event_bytes * 8 / (o.nic_gbps * 1e9) + o.kv_poll_ms / 2000.0
         restore_home = o.state_bytes / (o.restore_local_gbps * 1e9)
         restore_repl = max(rpn * chain_max / nic_Bps, restore_home) + o.rtt_ms / 1000.0
-        hb_rate = 2 * (nodes - 1) / period  # heartbeats sent + received per node (full mesh)
-        rows.append((ranks, nodes, R, detect, repl_bytes, repl_t, repl_tb, lag, held_rate, marker_rate,
-                     hb_rate, coord_load, kv, restore_home, restore_repl))
-    print("| ranks | nodes | R | detection s (worst) | repl. bytes/node/step (mean) | repl. s/step mean (base step) "
-          "| lag s (base step) | HELD msg/s | marker+COMPLETE msg/s | heartbeats msg/s/node | coordinator busy "
-          "| KV id exchange s | restore from home s | restore from replicas s |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
-    for (ranks, nodes, R, detect, rb, rt, rtb, lag, held, mk, hb, load, kv, rh, rr) in rows:
-        if R == 0:
-            print("| %d | %d | 0 | - | no replica (one node: a node loss loses the job) | - | - | - | - | - | - | - | %.2f | - |"
-                  % (ranks, nodes, rh))
+        hb_rate = 2 * (N - 1) / period
+        rows.append(dict(ranks=ranks, N=N, R=R, det_sus=det_sus, det_lease=det_lease, rb=repl_bytes,
+                         rt=repl_t, rtb=repl_tb, lag=lag, ka=keepalive_rps, el=elect_rps, ek=elect_keys,
+                         ck=coord_keys, load=read_load, lw=loss_writes, le=loss_events, ce=cut_events,
+                         hb=hb_rate, kv=kv, rh=restore_home, rr=restore_repl))
+    print("| ranks | nodes | R | detection+agreement s, suspicion (lease) | repl. bytes/node/step (mean) "
+          "| repl. s/step mean (base step) | lag s (base step) | restore from home s | restore from replicas s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        if r["R"] == 0:
+            print("| %d | %d | 0 | - | no replica (one node: a node loss loses the job) | - | - | %.2f | - |"
+                  % (r["ranks"], r["N"], r["rh"]))
             continue
-        print("| %d | %d | %d | %.2f | %s | %.3f (%.2f) | %.2f (%.2f) | %.0f | %.0f | %.0f | %.1f %% | %.3f | %.2f | %.2f |"
-              % (ranks, nodes, R, detect, fmt_bytes(rb), rt, rtb, lag, max(0.0, rtb - o.step_s), held, mk, hb,
-                 100 * load, kv, rh, rr))
+        print("| %d | %d | %d | %.2f (%.2f) | %s | %.3f (%.2f) | %.2f (%.2f) | %.2f | %.2f |"
+              % (r["ranks"], r["N"], r["R"], r["det_sus"], r["det_lease"], fmt_bytes(r["rb"]), r["rt"], r["rtb"],
+                 r["lag"], max(0.0, r["rtb"] - o.step_s), r["rh"], r["rr"]))
+    print()
+    print("control plane on etcd (per second, whole job, at heartbeat %.0f ms and a %.2f s step):"
+          % (o.period_ms, o.step_s))
+    print()
+    print("| nodes | keep-alives/s | election ranges/s (keys/s) | coordinator keys read/s | cut txns/s "
+          "| watch events/s (cut) | etcd load vs %.0f req/s | writes per node loss | watch events per node loss (MB) "
+          "| heartbeats/s per node | KV id exchange s |" % o.etcd_rps)
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print("| %d | %.0f | %.0f (%.0f) | %.0f | %.2f | %.0f | %.0f %% | %d | %d (%.1f) | %.0f | %.3f |"
+              % (r["N"], r["ka"], r["el"], r["ek"], r["ck"], 1.0 / o.step_s, r["ce"], 100 * r["load"], r["lw"],
+                 r["le"], r["le"] * o.event_bytes / 1e6, r["hb"], r["kv"]))
     print()
     print("notes:")
-    print("  - detection is dominated by the heartbeat period ((misses + 1) x period worst case); the")
-    print("    message terms are microseconds even at 512 nodes, if the coordinator keeps up.")
-    print("  - 'coordinator busy' = fraction of one core spent on HELD, marker, COMPLETE and incoming")
-    print("    heartbeats at the ASSUMED per-message cost; above ~50 % rounds would fall behind")
-    print("    (HELD reports are not batched today: one 40-byte frame per replica, rank and step).")
-    print("  - heartbeats are a full mesh: every node sends one to every other node every period")
-    print("    (and holds a TCP connection to each): O(nodes^2) in total, O(nodes) per node.")
+    print("  - the election reads dominate etcd's load: every daemon ranges election/ (N keys) every")
+    print("    period, N^2 keys per period in total (%.0f keys/s at %d nodes); a range with limit 1"
+          % (rows[-1]["ek"], rows[-1]["N"]))
+    print("    sorted by create revision, or a watch on election/, would make it N keys per period.")
+    print("  - keep-alives: ASSUMED not raft writes (etcd 3.4 renews a lease on its leader), but each is a request.")
+    print("  - a node loss at N nodes puts up to N - 1 suspicion keys (every survivor stops hearing it)")
+    print("    and every event goes to N watchers: a burst of ~2 N^2 events (see the table); only two")
+    print("    observers are needed, so capping publications (e.g. the node's ring neighbours) would")
+    print("    bound it at O(N).")
+    print("  - detection is 3 periods + one coordinator period (suspicion) or TTL + lease scan + one")
+    print("    period (lease), independent of N if etcd keeps up; the lease path is the backstop.")
+    print("  - heartbeats are a UDP full mesh: O(N) datagrams per node per period (120 B each).")
     print("  - the base step (every %d snapshots) sends %.0fx the mean; 'lag' uses the mean (the"
           % (K, per_rank_base / per_rank_step))
     print("    send queue absorbs the base step if the mean fits in a step).")
     print("  - restore from replicas assumes the replacement node's %d ranks fetch at once over its"
           % o.ranks_per_node)
     print("    NIC, a full chain each (a base + %d deltas, the worst case), replicas never the bottleneck." % (K - 1))
-    print("  - not modelled: NCCL communicator init after the id exchange, stragglers, switch")
-    print("    oversubscription, disk spill, the training's own traffic sharing the NIC.")
+    print("  - not modelled: NCCL communicator init after the id exchange, etcd's disk (fsync) and")
+    print("    its own network, stragglers, switch oversubscription, disk spill, the training's traffic.")
     return 0
 
 
