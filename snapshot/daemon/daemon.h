@@ -482,10 +482,11 @@ class Daemon {
   std::set<std::shared_ptr<ClientConn>> clients_;
   std::set<std::string> refused_;
   std::set<std::string> accept_errors_;
-  std::set<uint32_t> ever_failed_;      // nodes declared failed at least once ("back" vs "up")
-  std::string board_error_;             // the last health-board error logged
-  uint32_t client_world_ = 0;           // the world size the latest client said
-  std::map<uint32_t, int64_t> rtt_us_;  // from the heartbeats
+  std::set<uint32_t> ever_failed_;  // nodes declared failed at least once ("back" vs "up")
+  std::string board_error_;         // the last health-board error logged
+  uint32_t client_world_ = 0;       // the world size the latest client said
+  std::map<uint32_t, uint64_t> peer_incarnation_;       // from their HELLOs
+  std::map<uint32_t, int64_t> rtt_us_;                  // from the heartbeats
   std::map<uint64_t, std::set<uint32_t>> replicas_of_;  // (rank, buffer) -> replicas with its chain
   std::map<std::string, std::string> kv_;               // etcd's KV, from the watch
   std::map<uint64_t, PendingFetch> fetches_;

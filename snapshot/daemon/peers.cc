@@ -68,6 +68,23 @@ bool Daemon::handle_peer(const std::shared_ptr<PeerConn>& in) {
       return false;
     }
     in->id = b.node_id;
+    if (b.incarnation) {
+      // A new incarnation: the peer restarted, and this daemon's connection to its old process
+      // may still look open (nothing was written to it since): reopen it before an answer is
+      // written into it and lost.
+      uint64_t& known = peer_incarnation_[b.node_id];
+      if (known && known != b.incarnation) {
+        auto it = outs_.find(b.node_id);
+        if (it != outs_.end() && it->second->open) {
+          SNAP_INFO("node %u restarted (new incarnation): reopening the connection to it",
+                    b.node_id);
+          close_conn(it->second);
+          for (auto& [rb, reps] : replicas_of_) reps.erase(b.node_id);
+          connect(it->second, b.node_id);
+        }
+      }
+      known = b.incarnation;
+    }
     return true;
   }
   const uint32_t peer = static_cast<uint32_t>(in->id);
@@ -159,6 +176,7 @@ void Daemon::connect(const std::shared_ptr<PeerConn>& o, uint32_t id) {
         h.node_id = o_.self;
         h.token_len = static_cast<uint32_t>(o_.token.size());
         std::memcpy(h.token, o_.token.data(), o_.token.size());
+        h.incarnation = cp_ ? cp_->incarnation() : 0;
         fresh->latest[uint16_t(PeerMsg::kHello)] = peer_frame(PeerMsg::kHello, h);
         fresh->connected = true;
         pump(fresh);

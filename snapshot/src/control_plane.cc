@@ -181,6 +181,11 @@ void ControlPlane::keepalive() {
   note(s);
   if (!s.ok()) return;
   last_keepalive_ = now_us();
+  // Our member key: gone while the lease lives means an eviction (read at every keep-alive;
+  // the watch covers only P w/).
+  std::vector<etcd::KeyValue> mine;
+  if (ttl > 0 && kv_->range(member_key(c_.prefix, c_.self), "", &mine).ok() && mine.empty())
+    member_deleted_ = true;
   const bool deleted = member_deleted_.exchange(false);
   if (ttl <= 0) {
     // Expired (an outage longer than the TTL, or this process was stopped): keep the
@@ -201,9 +206,7 @@ void ControlPlane::keepalive() {
   }
   if (deleted) {
     // Our member key went while the lease lives: the coordinator evicted this node.
-    std::vector<etcd::KeyValue> mine;
-    s = kv_->range(member_key(c_.prefix, c_.self), "", &mine);
-    if (s.ok() && mine.empty()) {
+    {
       SNAP_WARN(
           "etcd: this node was evicted (suspected by two others); registering again with a "
           "new incarnation");
@@ -217,14 +220,14 @@ void ControlPlane::keepalive() {
 }
 
 void ControlPlane::elect() {
-  std::vector<etcd::KeyValue> cands;
+  // Only the oldest election key (one key, whatever the job's size).
   const std::string p = c_.prefix + "election/";
-  etcd::Status s = kv_->range(p, etcd::prefix_end(p), &cands);
+  etcd::KeyValue oldest;
+  bool found = false;
+  etcd::Status s = kv_->oldest(p, etcd::prefix_end(p), &oldest, &found);
   note(s);
   if (!s.ok()) return;
-  const etcd::KeyValue* low = nullptr;
-  for (const auto& kv : cands)
-    if (!low || kv.create_revision < low->create_revision) low = &kv;
+  const etcd::KeyValue* low = found ? &oldest : nullptr;
   uint32_t low_id = 0;
   coordinator_ =
       low && parse_id(low->key.substr(c_.prefix.size() + 9), &low_id) ? int64_t(low_id) : -1;
@@ -292,7 +295,8 @@ int64_t ControlPlane::initial_read() {
   std::vector<etcd::KeyValue> all;
   int64_t rev = 0;
   for (;;) {
-    etcd::Status s = kv_->range(c_.prefix, etcd::prefix_end(c_.prefix), &all, &rev);
+    const std::string w = c_.prefix + "w/";
+    etcd::Status s = kv_->range(w, etcd::prefix_end(w), &all, &rev);
     note(s);
     if (s.ok()) break;
     std::unique_lock<std::mutex> l(mu_);
@@ -305,7 +309,7 @@ int64_t ControlPlane::initial_read() {
 }
 
 void ControlPlane::on_watch(const std::vector<etcd::WatchEvent>& evs) {
-  const std::string kvp = c_.prefix + "kv/";
+  const std::string kvp = c_.prefix + "w/kv/";
   for (const auto& ev : evs) {
     const std::string& k = ev.kv.key;
     if (ev.type == etcd::WatchEvent::kDelete) {
@@ -355,13 +359,14 @@ void ControlPlane::run() {
     if (stop_) return;
   }
   watch_ = std::make_unique<etcd::Watch>(
-      c_.etcd, c_.prefix, rev + 1,
+      c_.etcd, c_.prefix + "w/", rev + 1,
       [this](const std::vector<etcd::WatchEvent>& evs, int64_t) { on_watch(evs); },
       [this] {
         // Compacted past our revision: read everything again.
         std::vector<etcd::KeyValue> all;
         int64_t r = 0;
-        if (!kv_->range(c_.prefix, etcd::prefix_end(c_.prefix), &all, &r).ok()) return int64_t(0);
+        const std::string w = c_.prefix + "w/";
+        if (!kv_->range(w, etcd::prefix_end(w), &all, &r).ok()) return int64_t(0);
         std::vector<etcd::WatchEvent> evs;
         for (auto& kv : all) evs.push_back({etcd::WatchEvent::kPut, std::move(kv)});
         on_watch(evs);
@@ -423,7 +428,8 @@ void ControlPlane::run() {
     if (now >= next_turn) {
       elect();
       if (leader_) read_view();
-      next_turn = now + c_.period;
+      // At least every 250 ms: a long heartbeat period must not delay the lease path.
+      next_turn = now + std::min<TimeUs>(c_.period, 250 * kUsPerMs);
     }
   }
 }

@@ -275,6 +275,23 @@ Status Client::range(const std::string& key, const std::string& range_end,
   return {};
 }
 
+Status Client::oldest(const std::string& key, const std::string& range_end, KeyValue* out,
+                      bool* found) {
+  json req = {{"key", b64(key)},        {"range_end", b64(range_end)}, {"limit", "1"},
+              {"sort_order", "ASCEND"}, {"sort_target", "CREATE"},     {"keys_only", true}};
+  std::string a;
+  Status s = call("/v3/kv/range", req.dump(), &a);
+  if (!s.ok()) return s;
+  try {
+    json j = json::parse(a);
+    *found = j.contains("kvs") && !j["kvs"].empty();
+    if (*found) *out = kv_of(j["kvs"][0]);
+  } catch (const std::exception& e) {
+    return {Status::kError, "/v3/kv/range: unreadable answer: " + std::string(e.what())};
+  }
+  return {};
+}
+
 Status Client::put(const std::string& key, const std::string& value, int64_t lease) {
   json req = {{"key", b64(key)}, {"value", b64(value)}};
   if (lease) req["lease"] = std::to_string(lease);

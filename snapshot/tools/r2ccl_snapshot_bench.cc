@@ -432,7 +432,7 @@ struct EtcdTrace {
   bool record(double after, uint64_t epoch, r2ccl::snap::Record* r, double* t) const {
     std::lock_guard<std::mutex> l(mu);
     for (const auto& e : evs) {
-      if (e.t < after || !e.put || e.key != prefix + "record") continue;
+      if (e.t < after || !e.put || e.key != prefix + "w/record") continue;
       std::string err;
       if (r2ccl::snap::decode_record(e.value, r, &err) && r->epoch >= epoch) {
         *t = e.t;

@@ -414,7 +414,7 @@ TEST_CASE(
     CHECK(ranks[r]->holds(3));
   }
   std::string rec;
-  REQUIRE(c.etcd->get("/r2ccl/" + c.tag + "/record", &rec));
+  REQUIRE(c.etcd->get("/r2ccl/" + c.tag + "/w/record", &rec));
   CHECK(rec.find("\"restore_step\":3") != std::string::npos);
   check_invariants(c, 1);
   c.check_clean();

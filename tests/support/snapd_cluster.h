@@ -354,7 +354,7 @@ inline void check_invariants(Cluster& c, int max_evictions) {
   }
   CHECK(evictions <= max_evictions);
   std::string rec;
-  REQUIRE(c.etcd->get(prefix + "record", &rec));
+  REQUIRE(c.etcd->get(prefix + "w/record", &rec));
   std::set<int> leased;
   for (const auto& [k, v] : c.etcd->get_prefix(prefix + "members/"))
     leased.insert(std::stoi(k.substr(k.rfind('/') + 1)));

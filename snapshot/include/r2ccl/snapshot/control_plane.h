@@ -9,11 +9,15 @@
 //   P election/NNNN         empty, attached to the same lease; the coordinator is the member
 //                           whose key has the lowest create revision, and that revision is its
 //                           fencing token
-//   P record                the agreed record (coordinator.h), and P records/EEEEEEEEEEEEEEEEEEEE
+//   P w/record              the agreed record (coordinator.h), and P records/EEEEEEEEEEEEEEEEEEEE
 //                           one per epoch, created only if absent, in the same transaction
-//   P cut                   {"step":S,"generation":G,"epoch":E}: the newest complete step
+//   P w/cut                 {"step":S,"generation":G,"epoch":E}: the newest complete step
+//   P w/kv/KEY              a client's value, created only if absent (first writer wins)
 //   P suspect/TTTT/OOOO     node OOOO does not hear node TTTT (attached to OOOO's lease)
-//   P kv/KEY                a client's value, created only if absent (first writer wins)
+// Every daemon watches P w/ only (the record, the cut, the KV): the churn of members,
+// elections and suspicions is read by the coordinator alone, so a node loss in a large job does
+// not fan hundreds of suspicion events out to every daemon. A daemon notices its own member key
+// gone (an eviction) at its next keep-alive, which also reads the key.
 // Every write of the coordinator (record, cut, eviction) is one transaction that first
 // compares its election key's create revision with the one it won with: a coordinator whose
 // lease ran out (paused, partitioned from etcd) is refused by etcd itself, whatever it thinks.
@@ -117,12 +121,12 @@ class ControlPlane {
 
   static std::string member_key(const std::string& prefix, uint32_t id);
   static std::string election_key(const std::string& prefix, uint32_t id);
-  static std::string record_key(const std::string& prefix) { return prefix + "record"; }
+  static std::string record_key(const std::string& prefix) { return prefix + "w/record"; }
   static std::string epoch_key(const std::string& prefix, uint64_t epoch);
-  static std::string cut_key(const std::string& prefix) { return prefix + "cut"; }
+  static std::string cut_key(const std::string& prefix) { return prefix + "w/cut"; }
   static std::string suspect_key(const std::string& prefix, uint32_t target, uint32_t observer);
   static std::string kv_key(const std::string& prefix, const std::string& key) {
-    return prefix + "kv/" + key;
+    return prefix + "w/kv/" + key;
   }
 
  private:

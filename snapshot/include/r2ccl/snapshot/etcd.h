@@ -96,6 +96,8 @@ class Client {
   // store's revision the answer reflects.
   Status range(const std::string& key, const std::string& range_end, std::vector<KeyValue>* out,
                int64_t* revision = nullptr);
+  // The first key of [key, range_end) by create revision (the oldest); *found false when none.
+  Status oldest(const std::string& key, const std::string& range_end, KeyValue* out, bool* found);
   Status put(const std::string& key, const std::string& value, int64_t lease = 0);
   Status del(const std::string& key, const std::string& range_end = "");
   Status txn(const std::vector<Compare>& cmp, const std::vector<Op>& success,

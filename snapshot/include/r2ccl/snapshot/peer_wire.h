@@ -9,8 +9,10 @@
 // sends on it; it reads what peers send on the connections they opened to it. A request (MARKER,
 // FETCH) is answered on the responder's own connection to the requester.
 //
-//   HELLO      first frame on every connection: the sender's node id and the job token
-//              (compared in constant time; a wrong token or an id not in the peer list closes
+//   HELLO      first frame on every connection: the sender's node id, its incarnation (a new
+//              one tells the receiver the peer restarted: its own connection to the old
+//              process is stale and is reopened, so answers are not written into it) and the job
+//              token (compared in constant time; a wrong token or an id not in the peer list closes
 //              the connection, logged with the peer's address)
 //   SHARD      one encoded shard for the receiver to hold as a replica: ShardMeta + payload
 //              (payload <= the receiver's max shard size, checked before allocating)
@@ -69,8 +71,9 @@ struct HelloBody {
   uint32_t node_id;
   uint32_t token_len;
   uint8_t token[kTokenBytes];
+  uint64_t incarnation;  // the sender's registration (control_plane.h); 0: not registered yet
 };
-static_assert(sizeof(HelloBody) == 72, "hello layout");
+static_assert(sizeof(HelloBody) == 80, "hello layout");
 
 // Describes one shard (SHARD, FETCHED, and the client's SHARD): who it belongs to, where it
 // sits in its chain, and its payload (an encoded frame, codec.h), followed by payload_bytes.
