@@ -90,6 +90,7 @@ std::string encode_record(const Record& r) {
   json j = {{"epoch", r.epoch},
             {"generation", r.generation},
             {"restore_step", r.restore_step ? json(*r.restore_step) : json(nullptr)},
+            {"generation_step", r.generation_step ? json(*r.generation_step) : json(nullptr)},
             {"leader", r.leader},
             {"leader_revision", r.leader_revision},
             {"members", ms}};
@@ -122,6 +123,14 @@ bool decode_record(const std::string& text, Record* r, std::string* err) {
       return false;
     }
     out.restore_step = s;
+  }
+  if (j.contains("generation_step") && !j["generation_step"].is_null()) {
+    uint64_t g = 0;
+    if (!u64_of(j, "generation_step", &g)) {
+      *err = "generation_step is neither a step nor null";
+      return false;
+    }
+    out.generation_step = g;
   }
   out.leader = uint32_t(leader);
   out.leader_revision = int64_t(lrev);
@@ -156,7 +165,7 @@ board::AgreedRecord to_board(const Record& r, uint32_t configured) {
 
 bool shard_current(const Record& record, uint64_t shard_generation, uint64_t step) {
   if (shard_generation >= record.generation) return true;
-  return record.restore_step && step <= *record.restore_step;
+  return record.generation_step && step <= *record.generation_step;
 }
 
 Planner::Planner(uint32_t self, TimeUs period, TimeUs grace)
@@ -236,12 +245,20 @@ Planner::Plan Planner::plan(const Input& in, std::vector<MemberInfo>* members_af
   r.members = next;
   r.generation = in.current->generation;
   r.restore_step = in.current->restore_step;
+  r.generation_step = in.current->generation_step;
   if (!lost.empty()) {
     if (!in.cut_ready && in.now < cut_deadline_) {
       p.waiting_for_cut = true;
       return p;
     }
-    r.generation += 1;
+    // A restore point when a step is complete without the lost members: every rank rolls back
+    // to it, so what was taken after it belongs to an old timeline. With none, nobody can
+    // restore and nobody rolls back: no new generation, and nothing is dropped (a node that
+    // returns with its spilled shards can make a step complete again).
+    if (in.newest_complete) {
+      r.generation += 1;
+      r.generation_step = in.newest_complete;
+    }
     r.restore_step = in.newest_complete;
   }
   p.next = r;

@@ -259,6 +259,10 @@ TEST_CASE("snapshot cluster: spill beyond the memory limit, a corrupt replica, a
   // restores from what node 2 serves from its spill directory (0's and 1's copies are bad).
   ranks[3]->close();
   c.stop(2, SIGTERM);
+  // Away long enough for a record without it: the only good copy of rank 3's chain is gone, so
+  // nothing is restorable meanwhile, and nothing may be dropped (no restore point, no new
+  // generation): it comes back and serves it.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
   c.start(2);
   REQUIRE(c.wait_socket(2));
   Rank again(3, kNodes, 512 * 1024);

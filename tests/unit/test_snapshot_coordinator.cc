@@ -30,6 +30,7 @@ Record rec(uint64_t epoch, std::initializer_list<uint32_t> ids, uint64_t gen = 0
   r.epoch = epoch;
   r.generation = gen;
   r.restore_step = restore;
+  r.generation_step = gen ? restore : std::nullopt;
   r.members = mems(ids);
   return r;
 }
@@ -74,6 +75,7 @@ TEST_CASE("coordinator: a lost lease is a restore point; a join is not; nothing 
   CHECK(plan.next->epoch == 5);
   CHECK(plan.next->generation == 3);
   CHECK(plan.next->restore_step == std::optional<uint64_t>(9));
+  CHECK(plan.next->generation_step == std::optional<uint64_t>(9));
   CHECK(ids_of(*plan.next) == std::vector<uint32_t>{0, 2});
   CHECK_THAT(plan.why, Catch::Contains("lost 1 (lease gone)"));
   // A join alone keeps the generation and the restore step.
@@ -194,16 +196,23 @@ TEST_CASE("coordinator: a restore record waits for the cut view, at most 5 perio
   plan = p.plan(in);
   REQUIRE(plan.next);  // the deadline passed: what the view says
   CHECK_FALSE(plan.next->restore_step);
+  CHECK(plan.next->generation == 0);  // nothing to roll back to: no new timeline
 }
 
 TEST_CASE("coordinator: generations decide which shards belong to the timeline",
           "[snapshot][coordinator]") {
   const Record r = rec(5, {0}, 2, 10);
-  CHECK(shard_current(r, 2, 50));                    // its own generation
-  CHECK(shard_current(r, 1, 10));                    // older, at the restore point
-  CHECK_FALSE(shard_current(r, 1, 11));              // older, after it: rolled back
-  CHECK_FALSE(shard_current(rec(5, {0}, 2), 1, 1));  // no restore step: all older rolled back
+  CHECK(shard_current(r, 2, 50));        // its own generation
+  CHECK(shard_current(r, 1, 10));        // older, at the restore point
+  CHECK_FALSE(shard_current(r, 1, 11));  // older, after it: rolled back
   CHECK(shard_current(rec(1, {0}), 0, 7));
+  // A later loss with nothing restorable keeps the generation and its start: the older
+  // generation's shards up to step 10 still belong.
+  Record later = r;
+  later.epoch = 6;
+  later.restore_step.reset();
+  CHECK(shard_current(later, 1, 10));
+  CHECK_FALSE(shard_current(later, 1, 11));
 }
 
 TEST_CASE("coordinator: the record and member JSON round-trip; bad input is named",
@@ -215,7 +224,9 @@ TEST_CASE("coordinator: the record and member JSON round-trip; bad input is name
   r.leader_revision = 17;
   Record back;
   std::string err;
+  r.generation_step = 40;
   REQUIRE(decode_record(encode_record(r), &back, &err));
+  CHECK(back.generation_step == std::optional<uint64_t>(40));
   CHECK(back.epoch == 7);
   CHECK(back.generation == 2);
   CHECK(back.restore_step == std::optional<uint64_t>(41));

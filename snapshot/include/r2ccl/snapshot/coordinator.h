@@ -16,9 +16,10 @@
 //    incarnation is a loss and a join). A record that loses a member is a restore point: its
 //    generation is one more than before and its restore_step is the newest step the cut view
 //    holds complete without the lost members (the same step for every rank); a join alone keeps
-//    both. Such a record waits until the cut view is ready (every member answered the marker
-//    for everything it holds, or 5 periods after this coordinator started) so a coordinator
-//    that just took over never publishes what an empty view says.
+//    both. When no step is complete without them, restore_step is none and the generation stays
+//    (nobody can roll back, so no timeline ends). Such a record waits until the cut view is ready
+//    (every member answered the marker for everything it holds, or 5 periods after this coordinator
+//    started) so a coordinator that just took over never publishes what an empty view says.
 //  - Grace: after this node's etcd connection came back, the coordinator does not drop members
 //    whose keys are missing for `grace` (one lease TTL): daemons whose leases ran out during an
 //    etcd outage re-register with their old incarnation and keep their place, with no new
@@ -54,16 +55,20 @@ struct MemberInfo {
 
 // The agreed record: etcd key <prefix>/record, and <prefix>/records/<epoch> (one per epoch,
 // created only if absent). JSON, e.g.
-//   {"epoch":3,"generation":1,"restore_step":41,"leader":0,"leader_revision":17,
+//   {"epoch":3,"generation":1,"restore_step":41,"generation_step":41,"leader":0,
+//    "leader_revision":17,
 //    "members":[{"id":0,"incarnation":"123","gbps":12.5},...]}
 // (restore_step null: no step is restorable; incarnations as strings, 64-bit.)
 struct Record {
   uint64_t epoch = 0;       // 1, 2, ...: one per membership, never reused (etcd keeps them)
   uint64_t generation = 0;  // restore points so far; shards carry the generation they were taken in
   std::optional<uint64_t> restore_step;  // every rank restores this step in this epoch
-  uint32_t leader = 0;                   // the coordinator that wrote it
-  int64_t leader_revision = 0;           // its election key's create revision (fencing token)
-  std::vector<MemberInfo> members;       // ascending id
+  // The step this generation began from (the restore step of the record that started it):
+  // older generations' shards up to it belong to this timeline, those after it do not.
+  std::optional<uint64_t> generation_step;
+  uint32_t leader = 0;              // the coordinator that wrote it
+  int64_t leader_revision = 0;      // its election key's create revision (fencing token)
+  std::vector<MemberInfo> members;  // ascending id
   bool has(uint32_t id) const;
   const MemberInfo* find(uint32_t id) const;
   bool same_members(const std::vector<MemberInfo>& m) const;
@@ -78,8 +83,8 @@ bool decode_member(const std::string& text, MemberInfo* m, std::string* err);
 board::AgreedRecord to_board(const Record& r, uint32_t configured);
 
 // Whether a shard taken in generation `shard_generation` at `step` belongs to the timeline of
-// `record`: its own generation, or an older one at or before the record's restore_step (a step
-// after a restore point was rolled back; with no restore_step everything older was).
+// `record`: its own generation, or an older one at or before the step the record's generation
+// began from (a step after that restore point was rolled back).
 bool shard_current(const Record& record, uint64_t shard_generation, uint64_t step);
 
 class Planner {
