@@ -427,7 +427,7 @@ TEST_CASE(
 TEST_CASE(
     "snapshot cluster: restarts: a daemon back within one period is a new incarnation; "
     "epochs survive a full restart",
-    "[snapshot]") {
+    "[snapshot][waits]") {
   // B7. Node 2 is killed and started again at once (within one heartbeat period, well inside
   // its lease): the coordinator sees a new incarnation, so a new epoch (a loss and a join).
   // Then every daemon stops and starts again: epochs go on from etcd, never back to 1.
@@ -458,7 +458,7 @@ TEST_CASE(
   c.check_clean();
 }
 
-TEST_CASE("snapshot cluster: a paused coordinator's write is refused by its fence", "[snapshot]") {
+TEST_CASE("snapshot cluster: a paused coordinator's write is refused by its fence", "[snapshot][waits]") {
   // SIGSTOP the coordinator for 3 lease TTLs: the others elect another and write a record
   // without it. On SIGCONT its first act (the test hook) is a record write from its stale
   // view: etcd refuses it (its election key is gone). It then registers again.
@@ -493,7 +493,7 @@ TEST_CASE("snapshot cluster: a paused coordinator's write is refused by its fenc
 }
 
 TEST_CASE("snapshot cluster: etcd's leader killed (3 members); etcd unreachable for 10 s",
-          "[snapshot]") {
+          "[snapshot][waits]") {
   Cluster c(3, "snapet", false, 7, 3);
   std::vector<std::unique_ptr<Rank>> ranks;
   start_and_take(c, &ranks, 1);
