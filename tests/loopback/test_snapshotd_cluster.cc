@@ -458,7 +458,8 @@ TEST_CASE(
   c.check_clean();
 }
 
-TEST_CASE("snapshot cluster: a paused coordinator's write is refused by its fence", "[snapshot][waits]") {
+TEST_CASE("snapshot cluster: a paused coordinator's write is refused by its fence",
+          "[snapshot][waits]") {
   // SIGSTOP the coordinator for 3 lease TTLs: the others elect another and write a record
   // without it. On SIGCONT its first act (the test hook) is a record write from its stale
   // view: etcd refuses it (its election key is gone). It then registers again.
