@@ -3,6 +3,7 @@
 #include <curl/curl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -130,6 +131,7 @@ bool EtcdCluster::spawn(int i, bool fresh) {
   const pid_t pid = fork();
   if (pid < 0) return false;
   if (pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // etcd dies with the test, however the test ends
     FILE* f = freopen("/dev/null", "w", stdout);
     FILE* g = freopen((logs_[i] + ".stderr").c_str(), "a", stderr);
     (void)f;

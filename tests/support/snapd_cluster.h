@@ -8,6 +8,7 @@
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -84,6 +85,9 @@ struct Cluster {
     fflush(stderr);
     const pid_t pid = fork();
     if (pid == 0) {
+      // The daemon dies with the test: a test killed outright (a timeout, the OOM killer) must
+      // not leave daemons loading the machine for the next tests.
+      prctl(PR_SET_PDEATHSIG, SIGKILL);
       FILE* f = freopen(logs[i].c_str(), "a", stderr);
       FILE* g = freopen("/dev/null", "w", stdout);  // ctest must not wait on a daemon's stdout
       (void)f;
