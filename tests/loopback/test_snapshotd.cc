@@ -4,6 +4,7 @@
 // and evicted, and the new record leaves it out; a wrong job token is refused and logged and
 // never counted (neither on the peer port nor in etcd); a restarted node rejoins.
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -40,6 +41,7 @@ Node start(int id, const std::string& peers, const std::string& token, const std
   n.log = test::temp_path(tag + "-node" + std::to_string(id) + ".log");
   n.pid = fork();
   if (n.pid == 0) {
+    prctl(PR_SET_PDEATHSIG, SIGKILL);  // dies with the test, however it ends
     FILE* f = freopen(n.log.c_str(), "w", stderr);
     FILE* g = freopen("/dev/null", "w", stdout);  // ctest must not wait on a daemon's stdout
     (void)f;
