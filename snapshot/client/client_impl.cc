@@ -818,7 +818,12 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
   std::vector<uint64_t> req(n);
   for (uint32_t i = 0; i < n; ++i) {
     req[i] = start_fetch(i, S, kNoNode, &s);
-    if (!s.ok()) return s;
+    // The connection can die while the FETCHes go out (the daemon closed it after an earlier
+    // one): say which restore and buffer it stopped.
+    if (!s.ok())
+      return fail(s.code, "restore of step " + std::to_string(S) + ", rank " +
+                              std::to_string(rank_) + ", buffer " + std::to_string(i) +
+                              ": sending FETCH: " + s.msg);
   }
   std::vector<Status> res(n);
   std::atomic<uint32_t> next{0};
