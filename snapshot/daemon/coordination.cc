@@ -225,7 +225,10 @@ void Daemon::start_control_plane() {
   e.record = [this](const Record& r) { asio::post(io_, [this, r] { apply_record(r); }); };
   e.cut = [this](uint64_t step, uint64_t gen) {
     asio::post(io_, [this, step, gen] {
-      if (record_ && gen < record_->generation) return;  // of a rolled-back timeline
+      // A step of a rolled-back timeline does not count; one at or before the restore point
+      // does, whatever generation took it (a daemon that starts after a recovery reads the
+      // cut written before it).
+      if (record_ && !shard_current(*record_, gen, step)) return;
       complete_generation_ = gen;
       apply_complete(step);
     });
@@ -332,11 +335,15 @@ void Daemon::apply_record(const Record& r) {
                 r.restore_step ? std::to_string(*r.restore_step).c_str() : "none", dropped);
       retract(lost_steps(had));
     }
-    if (complete_ && (!r.restore_step || *complete_ > *r.restore_step)) {
-      complete_ = r.restore_step;
-      cut_written_ = r.restore_step;
-    }
     seen_step_ = r.restore_step.value_or(0);
+  }
+  // The complete step follows the timeline: one that was rolled back gives way to the restore
+  // point, and a daemon with none yet (started after the recovery) takes the restore point.
+  // Both come from etcd, so every node agrees whichever of record and cut it read first.
+  if (complete_ ? !shard_current(r, complete_generation_, *complete_) : bool(r.restore_step)) {
+    complete_generation_ = r.generation;
+    cut_written_ = r.restore_step;
+    apply_complete(r.restore_step);
   }
   write_board(to_board(r, uint32_t(o_.peers.size())), "from etcd");
 }
