@@ -68,8 +68,9 @@ phase "build" configure_and_build build R2CCL_BUILD_OPTS || {
 phase "unit + abi" run_ctest build unit_abi -j "$JOBS" -L 'unit|abi'
 # Loopback and AddressSanitizer tests run two at a time ($JOBS): they wait on sockets and timers
 # more than they compute, and their timing bounds hold on 2 busy cores (they must: the failure
-# detectors' whole point is not to be fooled by load). The lab runs alone: its tests share one
-# set of namespaces.
+# detectors' whole point is not to be fooled by load), except the verbs tests on the fake
+# provider (RUN_SERIAL, tests/CMakeLists.txt: its NIC is a thread of the starved process). The
+# lab runs alone: its tests share one set of namespaces.
 phase "loopback" run_ctest build loopback -j "$JOBS" -L loopback
 phase "lab" run_ctest build lab -L lab
 phase "lab tests really ran" check_lab_not_skipped

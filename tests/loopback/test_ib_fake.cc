@@ -14,6 +14,7 @@
 // beyond NCCL_NET_GDR_LEVEL, and backups paired by real subnets. Each protection switched
 // off through R2CCL_TEST_HOOKS makes its test fail.
 #include <dlfcn.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -641,13 +642,18 @@ TEST_CASE(
   o.env["R2CCL_PREDICT_MODEL"] = "/nonexistent/r2ccl_lstm.bin";
   o.sender_env["R2CCL_PREDICT"] = "0";  // only the receiving node sees the problem
   o.receiver_env["R2CCL_SYSFS_ROOT"] = root;
-  std::atomic<bool> stop{false};
-  std::thread writer([&] {
+  // The counters move in a process of their own, forked before anything else: a thread of
+  // this process would be running while run_stream forks the sender and receiver, and a
+  // child forked while it held a lock (the allocator's, stdio's) waits on that lock forever
+  // (a receiver stuck from its start, seen under AddressSanitizer).
+  const pid_t writer = fork();
+  REQUIRE(writer >= 0);
+  if (writer == 0) {
     auto prev = std::chrono::steady_clock::now();
     NicRates bad;
     bad.crc = 2000;
     bad.rx_err = 500;
-    while (!stop) {
+    for (;;) {  // until SIGKILL
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
       const auto now = std::chrono::steady_clock::now();
       const double dt = std::chrono::duration<double>(now - prev).count();
@@ -655,10 +661,10 @@ TEST_CASE(
       sick.advance(dt, bad);
       well.advance(dt, NicRates{});
     }
-  });
+  }
   StreamRun r = run_stream(o, short_stream(4.0));
-  stop = true;
-  writer.join();
+  kill(writer, SIGKILL);
+  waitpid(writer, nullptr, 0);
   run_command("rm -rf " + root);
   INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
   CHECK(r.pair.sender_status == kStreamOk);
