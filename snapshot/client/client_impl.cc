@@ -249,7 +249,8 @@ void Client::reader_main() {
     PageBuf p;
     const bool got = read_frame_into(
         fd_, max_shard_bytes_.load(), &type,
-        [&p](size_t n) { return p.alloc(n) ? p.data() : nullptr; }, &err);
+        [this, &p](size_t n) { return take_pooled(n, &p) || p.alloc(n) ? p.data() : nullptr; },
+        &err);
     if (!got) break;
     if (type == static_cast<uint16_t>(ClientMsg::kState)) {
       StateBody s;
@@ -368,7 +369,7 @@ Status Client::register_buffer(uint32_t id, void* ptr, size_t bytes, int dtype, 
   return {};
 }
 
-Status Client::freeze() {
+Status Client::freeze(bool populate_set1) {
   Buffer m;
   m.ptr = nullptr;
   m.bytes = kMetaBytes;
@@ -380,10 +381,14 @@ Status Client::freeze() {
   for (Staging& st : sets_) {
     st.bufs.clear();
     for (const Buffer& b : bufs_) {
-      // Set 0 faulted in now (restore decodes into it; the first take copies into it); set 1
-      // on first use (a replacement process that only restores never touches it).
+      // Restore decodes into set 0 and receives the chains into set 1 (room for a whole
+      // frame of its buffer). Set 0 is faulted in now; set 1 too at the first take, so a
+      // survivor's recovery does not pay for first-touch page clearing (most of a restore's
+      // time before: docs/BENCHMARKS.md), and on first use in a process whose first call is
+      // a restore (a replacement: its receive buffers are touched once either way).
       PageBuf p;
-      if (!p.alloc(b.bytes, &st == &sets_[0])) {
+      const bool set0 = &st == &sets_[0];
+      if (!p.alloc(b.bytes, set0 || populate_set1, set0 ? 0 : frame_bound(b.bytes))) {
         bufs_.pop_back();
         sets_[0].bufs.clear();
         sets_[1].bufs.clear();
@@ -545,7 +550,7 @@ Status Client::take(uint64_t step, r2ccl_snap_take_stats_t* st) {
                     std::to_string(last_step_) +
                     " (steps must grow; after restore, beyond the restored step)");
   if (!frozen_) {
-    Status s = freeze();
+    Status s = freeze(true);
     if (!s.ok()) return s;
   }
   int64_t t0 = mono_us();
@@ -557,6 +562,10 @@ Status Client::take(uint64_t step, r2ccl_snap_take_stats_t* st) {
     work_cv_.wait(l, [&] { return !sets_[0].busy || !sets_[1].busy || stop_; });
     if (stop_) return fail(R2CCL_SNAP_ERR_INVALID, "take: the handle is closing");
     set = !sets_[0].busy ? 0 : 1;
+    for (size_t i = 0; i < sets_[set].bufs.size(); ++i)
+      if (!sets_[set].bufs[i].data() && bufs_[i].bytes > 0)
+        return fail(R2CCL_SNAP_ERR_NOMEM,
+                    "take: a staging buffer could not be mapped again after a restore");
     sets_[set].busy = true;
   }
   int64_t t1 = mono_us();
@@ -755,7 +764,7 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
                 "restore: no buffer registered (register the same buffers, in the same order, as "
                 "the process that took the snapshots)");
   if (!frozen_) {
-    Status s = freeze();
+    Status s = freeze(false);
     if (!s.ok()) return s;
   }
   Status s = wait_idle(deadline);
@@ -798,10 +807,17 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
   struct FetchGuard {  // stop accepting FETCHED frames when restore returns
     Client* c;
     ~FetchGuard() {
-      std::lock_guard<std::mutex> l(c->mu_);
-      c->inbox_.clear();
+      std::map<uint64_t, std::deque<Fetched>> left;
+      {
+        std::lock_guard<std::mutex> l(c->mu_);
+        left.swap(c->inbox_);
+      }
+      for (auto& [id, q] : left)
+        for (Fetched& f : q) c->recycle(std::move(f.payload));
+      c->reclaim_staging();
     }
   } guard{this};
+  lend_staging();
 
   // Every buffer's chain is asked for at once (the daemon stripes them over the replicas) and
   // decoded as it arrives, by up to 4 threads (this one included), straight into staging set
@@ -815,29 +831,49 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
       return fail(R2CCL_SNAP_ERR_NOMEM,
                   "restore: decoder for buffer " + std::to_string(i) + ": " + err);
   }
+  const uint32_t hw = std::max(1u, std::thread::hardware_concurrency());
+  const uint32_t nthreads = std::min<uint32_t>({n, hw, 4});
+  // FETCHes go out a window ahead of the decoders (2 per decoding thread, at least the
+  // replica count's worth: the daemon still stripes them over the replicas): chains that
+  // arrive long before they are decoded would each need fresh receive memory, and first-touch
+  // page clearing, not the wire, was what a restore waited on.
+  const uint32_t window = std::max<uint32_t>(2 * nthreads, 3);
   std::vector<uint64_t> req(n);
-  for (uint32_t i = 0; i < n; ++i) {
-    req[i] = start_fetch(i, S, kNoNode, &s);
-    // The connection can die while the FETCHes go out (the daemon closed it after an earlier
-    // one): say which restore and buffer it stopped.
-    if (!s.ok())
-      return fail(s.code, "restore of step " + std::to_string(S) + ", rank " +
-                              std::to_string(rank_) + ", buffer " + std::to_string(i) +
-                              ": sending FETCH: " + s.msg);
-  }
   std::vector<Status> res(n);
+  std::mutex fetch_mu;
+  uint32_t sent = 0;
+  // Sends the FETCHes of buffers [sent, upto); false (res[] says why) when the connection
+  // died while they went out (the daemon closed it after an earlier one).
+  auto send_upto = [&](uint32_t upto) {
+    std::lock_guard<std::mutex> l(fetch_mu);
+    for (; sent < std::min(upto, n); ++sent) {
+      Status fs;
+      req[sent] = start_fetch(sent, S, kNoNode, &fs);
+      if (!fs.ok()) {
+        res[sent] = fail(fs.code, "restore of step " + std::to_string(S) + ", rank " +
+                                      std::to_string(rank_) + ", buffer " + std::to_string(sent) +
+                                      ": sending FETCH: " + fs.msg);
+        return false;
+      }
+    }
+    return true;
+  };
   std::atomic<uint32_t> next{0};
   std::atomic<bool> failed{false};
+  if (!send_upto(window)) failed.store(true);
   auto work = [&] {
     for (;;) {
       const uint32_t i = next.fetch_add(1);
       if (i >= n || failed.load()) return;
+      if (!send_upto(i + window)) {
+        failed.store(true);
+        std::lock_guard<std::mutex> l(fetch_mu);
+        if (i >= sent) return;  // this buffer's FETCH never went out: res[] has the error
+      }
       res[i] = restore_buffer(i, S, decs[i].get(), req[i], deadline);
       if (!res[i].ok()) failed.store(true);
     }
   };
-  const uint32_t hw = std::max(1u, std::thread::hardware_concurrency());
-  const uint32_t nthreads = std::min<uint32_t>({n, hw, 4});
   std::vector<std::thread> pool;
   for (uint32_t t = 1; t < nthreads; ++t) pool.emplace_back(work);
   work();
@@ -885,6 +921,59 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
   has_last_step_ = true;
   *step_out = S;
   return {};
+}
+
+bool Client::take_pooled(size_t n, PageBuf* out) {
+  std::lock_guard<std::mutex> l(pool_mu_);
+  if (!pool_on_) return false;
+  size_t best = pool_.size();
+  for (size_t i = 0; i < pool_.size(); ++i)
+    if (pool_[i].capacity() >= n &&
+        (best == pool_.size() || pool_[i].capacity() < pool_[best].capacity()))
+      best = i;
+  if (best == pool_.size()) return false;
+  *out = std::move(pool_[best]);
+  pool_.erase(pool_.begin() + static_cast<std::ptrdiff_t>(best));
+  out->resize(n);
+  return true;
+}
+
+void Client::recycle(PageBuf b) {
+  std::lock_guard<std::mutex> l(pool_mu_);
+  if (pool_on_ && b.data()) pool_.push_back(std::move(b));
+}  // else freed here
+
+void Client::lend_staging() {
+  std::lock_guard<std::mutex> l(pool_mu_);
+  pool_on_ = true;
+  for (PageBuf& b : sets_[1].bufs) pool_.push_back(std::move(b));
+}
+
+// Set 1's buffers come back from the pool; one still held by a frame in flight (a restore that
+// failed or timed out) stays with that frame and set 1 gets a new, unfaulted one instead. The
+// other pooled buffers are freed.
+void Client::reclaim_staging() {
+  std::vector<PageBuf> pooled;
+  {
+    std::lock_guard<std::mutex> l(pool_mu_);
+    pool_on_ = false;
+    pooled.swap(pool_);
+  }
+  std::vector<PageBuf>& set1 = sets_[1].bufs;
+  for (size_t i = 0; i < set1.size(); ++i) {
+    const size_t bytes = bufs_[i].bytes, cap = frame_bound(bytes);
+    PageBuf* pick = nullptr;
+    for (PageBuf& b : pooled)
+      if (b.data() && b.capacity() >= cap && (!pick || b.capacity() < pick->capacity())) pick = &b;
+    if (pick) {
+      set1[i] = std::move(*pick);
+      set1[i].resize(bytes);
+    } else if (!set1[i].alloc(bytes, false, cap)) {
+      // Nothing faulted yet: an mmap without MAP_POPULATE fails only when the address space
+      // is exhausted; the next take that uses set 1 reports it.
+      set1[i].reset();
+    }
+  }
 }
 
 // Sends a FETCH for buffer i's chain at step S (a new request id, its inbox opened first so no
@@ -978,6 +1067,7 @@ Status Client::restore_buffer(uint32_t i, uint64_t S, DeltaDecoder* dec, uint64_
       if (!dec->apply_streaming(shard, m.payload_bytes, &err))
         return fail(R2CCL_SNAP_ERR_CORRUPT,
                     where + ": shard of step " + std::to_string(m.step) + ": " + err);
+      recycle(std::move(f.payload));
       last_step = m.step;
       if (idx + 1 == count) break;
     }

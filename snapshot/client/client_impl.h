@@ -104,7 +104,9 @@ class Client {
   Status send(ClientMsg type, const void* a, size_t na, const void* b = nullptr, size_t nb = 0);
   Status dead_status();                    // under mu_
   Status background_status(bool consume);  // under work_mu_
-  Status freeze();                         // first take/restore: metadata encoder, staging sets
+  // First take/restore: metadata encoder, staging sets (set 1 faulted in now when
+  // populate_set1, else on first use).
+  Status freeze(bool populate_set1);
   Status make_encoder(Buffer* b, uint64_t first_seq, std::string* err);
   void fill_meta(uint8_t* out, uint64_t step) const;
   Status wait_idle(int64_t deadline_us);
@@ -146,6 +148,17 @@ class Client {
   uint64_t states_ = 0;
   StateBody event_base_{};                         // what wait_event() last returned
   std::map<uint64_t, std::deque<Fetched>> inbox_;  // request -> its FETCHED frames (others dropped)
+  // Receive buffers during a restore (pool_mu_): staging set 1, idle then and faulted in by
+  // earlier takes, is lent to the reader, and every decoded frame's buffer comes back here
+  // for the next frame, so a restore touches little fresh memory (first-touch page clearing
+  // was most of a restore's time). Outside a restore the pool is off and empty.
+  std::mutex pool_mu_;
+  std::vector<PageBuf> pool_;
+  bool pool_on_ = false;
+  bool take_pooled(size_t n, PageBuf* out);  // reader thread: a pooled buffer of >= n bytes
+  void recycle(PageBuf b);                   // a frame's buffer, done with
+  void lend_staging();                       // restore start (train_mu_ held, sets idle)
+  void reclaim_staging();                    // restore end: set 1 whole again
   uint64_t next_request_ = 1;
   std::deque<KvBody> kv_values_;
   std::mutex kv_mu_;  // one kv_get at a time

@@ -8,6 +8,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 
@@ -179,9 +180,11 @@ PageBuf& PageBuf::operator=(PageBuf&& o) noexcept {
     reset();
     p_ = o.p_;
     n_ = o.n_;
+    cap_ = o.cap_;
     mapped_ = o.mapped_;
     o.p_ = nullptr;
     o.n_ = 0;
+    o.cap_ = 0;
   }
   return *this;
 }
@@ -189,29 +192,32 @@ PageBuf& PageBuf::operator=(PageBuf&& o) noexcept {
 void PageBuf::reset() {
   if (p_) {
     if (mapped_)
-      ::munmap(p_, n_);
+      ::munmap(p_, cap_);
     else
       std::free(p_);
   }
   p_ = nullptr;
   n_ = 0;
+  cap_ = 0;
   mapped_ = false;
 }
 
-bool PageBuf::alloc(size_t n, bool populate) {
+bool PageBuf::alloc(size_t n, bool populate, size_t capacity) {
   reset();
-  if (n == 0) return true;
-  if (n >= kPageBufMapMin) {
-    void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE,
+  const size_t cap = std::max(n, capacity);
+  if (cap == 0) return true;
+  if (cap >= kPageBufMapMin) {
+    void* m = ::mmap(nullptr, cap, PROT_READ | PROT_WRITE,
                      MAP_PRIVATE | MAP_ANONYMOUS | (populate ? MAP_POPULATE : 0), -1, 0);
     if (m == MAP_FAILED) return false;
     p_ = static_cast<uint8_t*>(m);
     mapped_ = true;
   } else {
-    p_ = static_cast<uint8_t*>(std::malloc(n));
+    p_ = static_cast<uint8_t*>(std::malloc(cap));
     if (!p_) return false;
   }
   n_ = n;
+  cap_ = cap;
   return true;
 }
 

@@ -40,23 +40,33 @@ class PageBuf {
  public:
   PageBuf() = default;
   ~PageBuf() { reset(); }
-  PageBuf(PageBuf&& o) noexcept : p_(o.p_), n_(o.n_), mapped_(o.mapped_) {
+  PageBuf(PageBuf&& o) noexcept : p_(o.p_), n_(o.n_), cap_(o.cap_), mapped_(o.mapped_) {
     o.p_ = nullptr;
     o.n_ = 0;
+    o.cap_ = 0;
   }
   PageBuf& operator=(PageBuf&& o) noexcept;
   PageBuf(const PageBuf&) = delete;
   PageBuf& operator=(const PageBuf&) = delete;
-  // Replaces the buffer with one of n bytes; false (and empty) when the memory is not there.
-  // populate false: a mapping faulted in on first touch instead.
-  bool alloc(size_t n, bool populate = true);
+  // Replaces the buffer with one of n bytes and room for max(n, capacity); false (and empty)
+  // when the memory is not there. populate false: a mapping faulted in on first touch instead.
+  bool alloc(size_t n, bool populate = true, size_t capacity = 0);
   void reset();
+  // Makes the buffer n bytes long within its capacity (no allocation, contents kept); false
+  // when n is over the capacity.
+  bool resize(size_t n) {
+    if (n > cap_) return false;
+    n_ = n;
+    return true;
+  }
   uint8_t* data() const { return p_; }
   size_t size() const { return n_; }
+  size_t capacity() const { return cap_; }
 
  private:
   uint8_t* p_ = nullptr;
   size_t n_ = 0;
+  size_t cap_ = 0;
   bool mapped_ = false;
 };
 
