@@ -927,8 +927,10 @@ bool Client::take_pooled(size_t n, PageBuf* out) {
   std::lock_guard<std::mutex> l(pool_mu_);
   if (!pool_on_) return false;
   size_t best = pool_.size();
+  // A frame much smaller than a pooled buffer (a delta) gets memory of its own: it would hold
+  // a whole buffer's room while its chain waits for the rest.
   for (size_t i = 0; i < pool_.size(); ++i)
-    if (pool_[i].capacity() >= n &&
+    if (pool_[i].capacity() >= n && pool_[i].capacity() / 4 <= n &&
         (best == pool_.size() || pool_[i].capacity() < pool_[best].capacity()))
       best = i;
   if (best == pool_.size()) return false;
@@ -994,9 +996,11 @@ uint64_t Client::start_fetch(uint32_t i, uint64_t S, uint32_t avoid, Status* s) 
   return fb.request;
 }
 
-// One buffer's chain: frames in order, each checked (header, chain position, checksum: the one
-// check of the last hop) and decoded as it comes. A shard that fails its checksum is asked
-// for again from elsewhere (the daemon skips the node that served it), up to twice.
+// One buffer's chain: frames in order, each checked as it comes (header, chain position,
+// checksum: the one check of the last hop), then decoded together in one pass over the state
+// (DeltaDecoder::apply_chain: the chain's frames XOR together per chunk, so the state is
+// written once instead of once per frame). A shard that fails its checksum is asked for again
+// from elsewhere (the daemon skips the node that served it), up to twice.
 Status Client::restore_buffer(uint32_t i, uint64_t S, DeltaDecoder* dec, uint64_t request,
                               int64_t deadline) {
   const uint32_t n = static_cast<uint32_t>(bufs_.size());
@@ -1004,12 +1008,22 @@ Status Client::restore_buffer(uint32_t i, uint64_t S, DeltaDecoder* dec, uint64_
                             std::to_string(rank_) + ", buffer " + std::to_string(i) +
                             (i == n_user_ ? " (metadata)" : "");
   std::string err;
+  std::vector<Fetched> chain;
+  struct Recycle {  // every frame's buffer goes back to the pool, however this returns
+    Client* c;
+    std::vector<Fetched>* v;
+    ~Recycle() {
+      for (Fetched& f : *v) c->recycle(std::move(f.payload));
+      v->clear();
+    }
+  } recycle_chain{this, &chain};
   for (int attempt = 0;; ++attempt) {
     err.clear();
     uint32_t count = 0;
     uint64_t last_step = 0;
     uint32_t bad_source = kNoNode;
-    dec->reset();
+    for (Fetched& f : chain) recycle(std::move(f.payload));
+    chain.clear();
     for (uint32_t idx = 0;; ++idx) {
       Fetched f;
       {
@@ -1057,18 +1071,15 @@ Status Client::restore_buffer(uint32_t i, uint64_t S, DeltaDecoder* dec, uint64_
                         std::to_string(n_user_) +
                         " + 1 (register the same buffers, in the same "
                         "order, as the process that took it)");
-      const uint8_t* shard = f.payload.data() + sizeof(FetchedHead) + sizeof(ShardMeta);
-      if (shard_checksum(shard, m.payload_bytes) != m.checksum) {
+      if (shard_checksum(shard_of(f), m.payload_bytes) != m.checksum) {
         bad_source = f.head.source_node;
         err = "shard of step " + std::to_string(m.step) + " fails its checksum (XXH3-64)" +
               (bad_source != kNoNode ? " as served by node " + std::to_string(bad_source) : "");
+        recycle(std::move(f.payload));
         break;
       }
-      if (!dec->apply_streaming(shard, m.payload_bytes, &err))
-        return fail(R2CCL_SNAP_ERR_CORRUPT,
-                    where + ": shard of step " + std::to_string(m.step) + ": " + err);
-      recycle(std::move(f.payload));
       last_step = m.step;
+      chain.push_back(std::move(f));
       if (idx + 1 == count) break;
     }
     if (bad_source == kNoNode && err.empty()) {
@@ -1076,6 +1087,17 @@ Status Client::restore_buffer(uint32_t i, uint64_t S, DeltaDecoder* dec, uint64_
         return fail(R2CCL_SNAP_ERR_CORRUPT, where + ": the chain ends at step " +
                                                 std::to_string(last_step) + ", not at " +
                                                 std::to_string(S));
+      std::vector<const uint8_t*> frames;
+      std::vector<size_t> sizes;
+      for (const Fetched& f : chain) {
+        frames.push_back(shard_of(f));
+        sizes.push_back(f.meta.payload_bytes);
+      }
+      dec->reset();
+      if (!dec->apply_chain(frames.data(), sizes.data(), chain.size(), &err))
+        return fail(R2CCL_SNAP_ERR_CORRUPT, where + ": chain of steps " +
+                                                std::to_string(chain.front().meta.step) + ".." +
+                                                std::to_string(S) + ": " + err);
       return {};
     }
     // A corrupt copy: drop what else comes for this request and ask again, avoiding its node.

@@ -97,6 +97,9 @@ class Client {
     ShardMeta meta{};
     PageBuf payload;  // the whole frame payload (FetchedHead, ShardMeta, shard bytes)
   };
+  static const uint8_t* shard_of(const Fetched& f) {
+    return f.payload.data() + sizeof(FetchedHead) + sizeof(ShardMeta);
+  }
 
   Client(const Config& cfg, uint32_t rank, uint32_t world, int fd);
   void reader_main();
@@ -114,7 +117,7 @@ class Client {
   void fill_state(const StateBody& s, r2ccl_snap_state_t* out) const;
   Status copy_in(const Buffer& b, uint8_t* dst);         // registered buffer -> staging
   Status copy_out(const Buffer& b, const uint8_t* src);  // scratch -> registered buffer
-  // restore(): fetches and decodes buffer i's chain of step S into decs[i] (on any thread).
+  // restore(): fetches buffer i's chain of step S and decodes it into decs[i] (any thread).
   Status restore_buffer(uint32_t i, uint64_t S, DeltaDecoder* dec, uint64_t request,
                         int64_t deadline);
   uint64_t start_fetch(uint32_t i, uint64_t S, uint32_t avoid, Status* s);

@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <poll.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -12,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "r2ccl/snapshot/big_buffer.h"
 #include "r2ccl/snapshot/client_wire.h"
 
 namespace r2ccl::snap::client {
@@ -181,7 +181,6 @@ PageBuf& PageBuf::operator=(PageBuf&& o) noexcept {
     p_ = o.p_;
     n_ = o.n_;
     cap_ = o.cap_;
-    mapped_ = o.mapped_;
     o.p_ = nullptr;
     o.n_ = 0;
     o.cap_ = 0;
@@ -190,32 +189,18 @@ PageBuf& PageBuf::operator=(PageBuf&& o) noexcept {
 }
 
 void PageBuf::reset() {
-  if (p_) {
-    if (mapped_)
-      ::munmap(p_, cap_);
-    else
-      std::free(p_);
-  }
+  big_free(p_, cap_);
   p_ = nullptr;
   n_ = 0;
   cap_ = 0;
-  mapped_ = false;
 }
 
 bool PageBuf::alloc(size_t n, bool populate, size_t capacity) {
   reset();
   const size_t cap = std::max(n, capacity);
   if (cap == 0) return true;
-  if (cap >= kPageBufMapMin) {
-    void* m = ::mmap(nullptr, cap, PROT_READ | PROT_WRITE,
-                     MAP_PRIVATE | MAP_ANONYMOUS | (populate ? MAP_POPULATE : 0), -1, 0);
-    if (m == MAP_FAILED) return false;
-    p_ = static_cast<uint8_t*>(m);
-    mapped_ = true;
-  } else {
-    p_ = static_cast<uint8_t*>(std::malloc(cap));
-    if (!p_) return false;
-  }
+  p_ = big_alloc(cap, populate);
+  if (!p_) return false;
   n_ = n;
   cap_ = cap;
   return true;

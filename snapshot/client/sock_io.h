@@ -31,16 +31,14 @@ bool write_frame(int fd, uint16_t type, const void* a, size_t na, const void* b,
 bool read_frame(int fd, uint64_t max_shard_bytes, uint16_t* type, std::vector<uint8_t>* payload,
                 std::string* err);
 
-// A byte buffer whose pages are faulted in when it is allocated: from kPageBufMapMin bytes on,
-// an anonymous mapping with MAP_POPULATE (the kernel fills its page tables in one go, instead of
-// one fault per 4 KiB page while a socket read or a decoder first writes it), below that
-// malloc. Contents are unspecified (zero for a mapping). Move-only; not thread-safe.
-constexpr size_t kPageBufMapMin = 1u << 20;
+// A byte buffer for frames and staging: big_alloc() memory (r2ccl/snapshot/big_buffer.h: from
+// 2 MiB on, a mapping on transparent huge pages; below, malloc), faulted in from user mode when
+// allocated with populate. Contents are unspecified. Move-only; not thread-safe.
 class PageBuf {
  public:
   PageBuf() = default;
   ~PageBuf() { reset(); }
-  PageBuf(PageBuf&& o) noexcept : p_(o.p_), n_(o.n_), cap_(o.cap_), mapped_(o.mapped_) {
+  PageBuf(PageBuf&& o) noexcept : p_(o.p_), n_(o.n_), cap_(o.cap_) {
     o.p_ = nullptr;
     o.n_ = 0;
     o.cap_ = 0;
@@ -67,7 +65,6 @@ class PageBuf {
   uint8_t* p_ = nullptr;
   size_t n_ = 0;
   size_t cap_ = 0;
-  bool mapped_ = false;
 };
 
 // Reads one frame like read_frame(), its payload into the memory `alloc(length)` returns

@@ -72,6 +72,7 @@
 #include "r2ccl/clock.h"
 #include "r2ccl/file_util.h"
 #include "r2ccl/health_board.h"
+#include "r2ccl/snapshot/big_buffer.h"
 #include "r2ccl/snapshot/client_wire.h"
 #include "r2ccl/snapshot/control_plane.h"
 #include "r2ccl/snapshot/coordinator.h"
@@ -95,28 +96,10 @@ namespace M = r2ccl::snap::metrics;
 // A named namespace (not an anonymous one): the class is shared by the sources above.
 namespace snapd {
 
-// Byte buffers whose resize() does not zero what it adds: a shard body of a gigabyte is
-// filled by the socket 1 MiB at a time, and zeroing it first would stall the event loop
-// (value-initialising and faulting in every page at once).
-template <class T>
-struct UninitAlloc : std::allocator<T> {
-  template <class U>
-  struct rebind {
-    using other = UninitAlloc<U>;
-  };
-  UninitAlloc() = default;
-  template <class U>
-  UninitAlloc(const UninitAlloc<U>&) {}
-  template <class U>
-  void construct(U* p) noexcept {
-    ::new (static_cast<void*>(p)) U;  // default-initialised: no zeroing
-  }
-  template <class U, class... A>
-  void construct(U* p, A&&... a) {
-    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
-  }
-};
-using Bytes = std::vector<uint8_t, UninitAlloc<uint8_t>>;
+// Byte buffers whose resize() does not zero what it adds (a shard body of a gigabyte is filled by
+// the socket 1 MiB at a time; zeroing it first would stall the event loop), on huge pages from
+// 2 MiB on (big_buffer.h: the first user access of 4 KiB pages was what restores waited on).
+using Bytes = std::vector<uint8_t, BigAlloc<uint8_t>>;
 
 // An outgoing frame: `head` (the 16-byte header and the small fixed parts: FetchedHead,
 // ShardMeta, a heartbeat) and, for a shard, its payload by reference (`tail`, kept alive by

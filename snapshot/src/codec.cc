@@ -276,6 +276,54 @@ void unshuffle_any(size_t es, const uint8_t* in, size_t m, bool xor_into, uint8_
     unshuffle_scalar<4>(in, i, m, xor_into, state);
 }
 
+// Decodes exactly `want` more content bytes of the zstd stream `in` into out (`done` bytes of
+// `expected` came before). *r: the last ZSTD_decompressStream result (0 once the frame ended).
+// False with *why on a zstd error or a payload that ends early.
+bool pull_content(ZSTD_DCtx* d, ZSTD_inBuffer* in, uint8_t* out, size_t want, uint64_t done,
+                  uint64_t expected, size_t* r, std::string* why) {
+  ZSTD_outBuffer o{out, want, 0};
+  while (o.pos < o.size) {
+    const size_t before_in = in->pos, before_out = o.pos;
+    *r = ZSTD_decompressStream(d, &o, in);
+    if (ZSTD_isError(*r)) {
+      *why = std::string("zstd: ") + ZSTD_getErrorName(*r);
+      return false;
+    }
+    if (o.pos < o.size && (*r == 0 || (in->pos == before_in && o.pos == before_out))) {
+      *why = "zstd: the payload ended after " + std::to_string(done + o.pos) +
+             " content bytes, expected " + std::to_string(expected);
+      return false;
+    }
+  }
+  return true;
+}
+
+// After all `expected` content bytes were pulled: the zstd frame must end there.
+bool stream_ends(ZSTD_DCtx* d, ZSTD_inBuffer* in, size_t r, uint64_t expected, uint8_t* any,
+                 std::string* why) {
+  if (r == 0) return true;
+  ZSTD_outBuffer o{any, 0, 0};
+  r = ZSTD_decompressStream(d, &o, in);
+  if (ZSTD_isError(r) || r != 0) {
+    *why = "zstd: the frame does not end after its " + std::to_string(expected) + " content bytes";
+    return false;
+  }
+  return true;
+}
+
+// acc ^= in over n bytes (the compiler vectorises the 8-byte loop).
+void xor_into(uint8_t* acc, const uint8_t* in, size_t n) {
+  size_t j = 0;
+  for (; j + 8 <= n; j += 8) {
+    uint64_t a, b;
+    std::memcpy(&a, acc + j, 8);
+    std::memcpy(&b, in + j, 8);
+    a ^= b;
+    std::memcpy(acc + j, &a, 8);
+  }
+  for (; j < n; ++j) acc[j] ^= in[j];
+}
+
 // One lossy block of bl <= 256 elements at cur/prev (2-byte elements): writes the scale and
 // the codes, updates prev to the reconstruction, raises *max_err. Elements whose bits did not
 // change get code 0 and keep their bits (a NaN or Inf that stays put included); only the
@@ -562,7 +610,7 @@ std::unique_ptr<DeltaEncoder> DeltaEncoder::create(const EncoderConfig& cfg, std
   e->next_seq_ = cfg.first_seq;
   const size_t m = size_t(std::min<uint64_t>(kChunkElems, e->elems_));
   const size_t scratch = std::max<size_t>(m * es, m + 4 * ceil_div(m, kLossyBlockElems));
-  e->prev_.reset(new (std::nothrow) uint8_t[cfg.size_bytes]);
+  e->prev_ = make_big(cfg.size_bytes, false);
   e->scratch_.reset(new (std::nothrow) uint8_t[scratch]);
   e->cctx_ = ZSTD_createCCtx();
   if (!e->prev_ || !e->scratch_ || !e->cctx_) {
@@ -731,7 +779,10 @@ bool DeltaEncoder::encode(const void* cur_v, std::vector<uint8_t>* frame, Encode
 DeltaDecoder::DeltaDecoder(DType dtype, size_t size_bytes)
     : dtype_(dtype), size_(size_bytes), esize_(dtype_size(dtype)), elems_(size_bytes / esize_) {}
 
-DeltaDecoder::~DeltaDecoder() { ZSTD_freeDCtx(dctx_); }
+DeltaDecoder::~DeltaDecoder() {
+  ZSTD_freeDCtx(dctx_);
+  for (ZSTD_DCtx* d : extra_dctx_) ZSTD_freeDCtx(d);
+}
 
 std::unique_ptr<DeltaDecoder> DeltaDecoder::create(DType dtype, size_t size_bytes, std::string* err,
                                                    uint8_t* state) {
@@ -751,7 +802,7 @@ std::unique_ptr<DeltaDecoder> DeltaDecoder::create(DType dtype, size_t size_byte
   if (state) {
     d->state_ = state;
   } else {
-    d->own_state_.reset(new (std::nothrow) uint8_t[size_bytes]());
+    d->own_state_ = make_big(size_bytes, true);  // zeroed
     d->state_ = d->own_state_.get();
   }
   d->dctx_ = ZSTD_createDCtx();
@@ -931,15 +982,10 @@ bool DeltaDecoder::apply_streaming(const uint8_t* frame, size_t n, std::string* 
     const size_t m = size_t(std::min<uint64_t>(chunk, elems_ - off));
     const size_t nb = size_t(ceil_div(m, kLossyBlockElems));
     const size_t want = lossy ? 4 * nb + m : m * esize_;
-    ZSTD_outBuffer out{scratch_.get(), want, 0};
-    while (out.pos < out.size) {
-      const size_t before_in = in.pos, before_out = out.pos;
-      r = ZSTD_decompressStream(dctx_, &out, &in);
-      if (ZSTD_isError(r)) return fail(std::string("zstd: ") + ZSTD_getErrorName(r));
-      if (out.pos < out.size && (r == 0 || (in.pos == before_in && out.pos == before_out)))
-        return fail("zstd: the payload ended after " + std::to_string(off * esize_ + out.pos) +
-                    " content bytes, expected " + std::to_string(expected));
-    }
+    std::string why;
+    if (!pull_content(dctx_, &in, scratch_.get(), want, off * esize_, expected, &r,
+                      &why))
+      return fail(why);
     uint8_t* st = state_ + off * esize_;
     if (lossy) {
       const uint8_t* scales = scratch_.get();
@@ -976,16 +1022,110 @@ bool DeltaDecoder::apply_streaming(const uint8_t* frame, size_t n, std::string* 
       unshuffle_any(esize_, scratch_.get(), m, !h.base, st);
     }
   }
-  if (r != 0) {
-    ZSTD_outBuffer out{scratch_.get(), 0, 0};
-    r = ZSTD_decompressStream(dctx_, &out, &in);
-    if (ZSTD_isError(r) || r != 0)
-      return fail("zstd: the frame does not end after its " + std::to_string(expected) +
-                  " content bytes");
-  }
+  std::string why;
+  if (!stream_ends(dctx_, &in, r, expected, scratch_.get(), &why)) return fail(why);
   has_state_ = true;
   last_seq_ = h.seq;
   base_seq_ = h.base_seq;
+  return true;
+}
+
+bool DeltaDecoder::apply_chain(const uint8_t* const* frames, const size_t* sizes, size_t count,
+                               std::string* err) {
+  if (count == 0 || !frames || !sizes) {
+    *err = std::string(kPfx) + "apply_chain: no frame (expected 1.." +
+           std::to_string(kMaxFusedFrames) + " frames)";
+    return false;
+  }
+  // Every frame is checked, in chain order, before anything is written: check() reads the
+  // chain position from has_state_/last_seq_/base_seq_, so they advance as each frame passes
+  // and are put back afterwards.
+  const bool had = has_state_;
+  const uint64_t had_last = last_seq_, had_base = base_seq_;
+  std::vector<FrameHeader> hs(count);
+  bool fused = count > 1 && count <= kMaxFusedFrames;
+  for (size_t k = 0; k < count; ++k) {
+    uint64_t content = 0;
+    const bool ok = check(frames[k], sizes[k], &hs[k], &content, err);
+    if (!ok) {
+      *err = "chain frame " + std::to_string(k) + " of " + std::to_string(count) + ": " + *err;
+      has_state_ = had;
+      last_seq_ = had_last;
+      base_seq_ = had_base;
+      return false;
+    }
+    has_state_ = true;
+    last_seq_ = hs[k].seq;
+    base_seq_ = hs[k].base_seq;
+    fused = fused && hs[k].codec == Codec::kLossless && hs[k].chunk_elems == hs[0].chunk_elems &&
+            (k == 0 || !hs[k].base);
+  }
+  has_state_ = had;
+  last_seq_ = had_last;
+  base_seq_ = had_base;
+  if (!fused) {
+    // Lossy deltas add in float32 and a base mid-chain restarts it: one frame at a time.
+    for (size_t k = 0; k < count; ++k)
+      if (!apply_streaming(frames[k], sizes[k], err)) return false;
+    return true;
+  }
+  auto fail = [&](size_t k, const std::string& m) {
+    *err = kPfx + ("chain frame " + std::to_string(k) + " (seq " + std::to_string(hs[k].seq) +
+                   "): " + m + " (found while decoding: the state was partly written and is "
+                   "discarded)");
+    has_state_ = false;
+    return false;
+  };
+  // Lossless frames XOR the previous snapshot's bits and shuffle them by the same permutation
+  // (chunk_elems), so per chunk the frames' decoded contents XOR together in the shuffled
+  // domain and the state is written once: one pass over it for the whole chain, not one per
+  // frame.
+  const uint64_t chunk = hs[0].chunk_elems;
+  const size_t chunk_bytes = size_t(chunk * esize_);
+  if (scratch_size_ < 2 * chunk_bytes) {
+    scratch_.reset(new (std::nothrow) uint8_t[2 * chunk_bytes]);
+    scratch_size_ = scratch_ ? 2 * chunk_bytes : 0;
+    if (!scratch_) {
+      *err = std::string(kPfx) + "cannot allocate " + std::to_string(2 * chunk_bytes) + " bytes";
+      return false;
+    }
+  }
+  while (extra_dctx_.size() + 1 < count) {
+    ZSTD_DCtx* d = ZSTD_createDCtx();
+    if (!d) {
+      *err = std::string(kPfx) + "cannot allocate a zstd decompression context";
+      return false;
+    }
+    extra_dctx_.push_back(d);
+  }
+  std::vector<ZSTD_inBuffer> in(count);
+  std::vector<size_t> r(count, 1);
+  for (size_t k = 0; k < count; ++k) {
+    ZSTD_DCtx* d = k ? extra_dctx_[k - 1] : dctx_;
+    const size_t rr = ZSTD_DCtx_reset(d, ZSTD_reset_session_only);
+    if (ZSTD_isError(rr)) return fail(k, std::string("zstd: ") + ZSTD_getErrorName(rr));
+    in[k] = ZSTD_inBuffer{frames[k] + kFrameHeaderBytes, size_t(hs[k].payload_size), 0};
+  }
+  uint8_t* acc = scratch_.get();
+  uint8_t* tmp = acc + chunk_bytes;
+  std::string why;
+  for (uint64_t off = 0; off < elems_; off += chunk) {
+    const size_t m = size_t(std::min<uint64_t>(chunk, elems_ - off));
+    const size_t want = m * esize_;
+    for (size_t k = 0; k < count; ++k) {
+      ZSTD_DCtx* d = k ? extra_dctx_[k - 1] : dctx_;
+      if (!pull_content(d, &in[k], k ? tmp : acc, want, off * esize_, size_, &r[k], &why))
+        return fail(k, why);
+      if (k) xor_into(acc, tmp, want);
+    }
+    unshuffle_any(esize_, acc, m, !hs[0].base, state_ + off * esize_);
+  }
+  for (size_t k = 0; k < count; ++k)
+    if (!stream_ends(k ? extra_dctx_[k - 1] : dctx_, &in[k], r[k], size_, tmp, &why))
+      return fail(k, why);
+  has_state_ = true;
+  last_seq_ = hs[count - 1].seq;
+  base_seq_ = hs[count - 1].base_seq;
   return true;
 }
 

@@ -23,6 +23,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "r2ccl/snapshot/big_buffer.h"
 #include "r2ccl/snapshot/log.h"
 
 namespace r2ccl::snap {
@@ -187,9 +188,14 @@ bool parse_name(const std::string& name, ShardKey* key) {
 uint64_t shard_checksum(const void* data, size_t n) { return XXH3_64bits(data, n); }
 
 std::shared_ptr<uint8_t> alloc_shard_bytes(size_t n) {
-  // Not value-initialised: the caller fills every byte (a read, a copy).
-  return std::shared_ptr<uint8_t>(new (std::nothrow) uint8_t[n ? n : 1],
-                                  std::default_delete<uint8_t[]>());
+  // Not initialised: the caller fills every byte (a read, a copy). Huge pages: big_buffer.h.
+  uint8_t* p = big_alloc(n, false);
+  if (!p) return nullptr;
+  try {
+    return std::shared_ptr<uint8_t>(p, BigFree{n});
+  } catch (...) {  // the control block (shared_ptr frees p itself when it throws)
+    return nullptr;
+  }
 }
 
 std::string to_string(const ShardKey& k) {

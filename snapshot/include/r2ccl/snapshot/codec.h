@@ -43,6 +43,8 @@
 #include <string>
 #include <vector>
 
+#include "r2ccl/snapshot/big_buffer.h"
+
 struct ZSTD_CCtx_s;
 struct ZSTD_DCtx_s;
 
@@ -183,7 +185,7 @@ class DeltaEncoder {
   uint64_t base_seq_ = 0;
   bool need_base_ = true;
   uint32_t crc_ = 0;                    // running CRC of the payload being written
-  std::unique_ptr<uint8_t[]> prev_;     // the decoder's view (size_bytes)
+  BigBytes prev_;                       // the decoder's view (size_bytes)
   std::unique_ptr<uint8_t[]> scratch_;  // one chunk, shuffled or scales + codes
   std::vector<uint8_t> out_stage_;      // zstd output staging
   ZSTD_CCtx_s* cctx_ = nullptr;
@@ -221,6 +223,20 @@ class DeltaDecoder {
   // state must be discarded. For callers that discard the state on any error anyway (restore).
   [[nodiscard]] bool apply_streaming(const uint8_t* frame, size_t n, std::string* err);
 
+  // Applies the frames [frames[k], frames[k] + sizes[k]), k < count, in order: the same result
+  // and the same errors as apply_streaming() on each in turn, faster. Every frame's header,
+  // chain position and zstd frame are checked before anything is written (an error there
+  // names the frame and leaves the decoder unchanged). When the frames are lossless with one
+  // chunk size, a base (or a delta) followed by deltas, and at most kMaxFusedFrames, the chain
+  // is decoded in one pass over the state: per chunk, every frame's content is decoded into
+  // cache-resident scratch (two chunks) and XOR'd together, then unshuffled into the state once
+  // (one zstd context per frame, kept for the next call). Other chains (lossy deltas, a base
+  // mid-chain) go one frame at a time. Errors found while decoding reset() the decoder, as
+  // apply_streaming() does: the state must then be discarded.
+  static constexpr size_t kMaxFusedFrames = 64;
+  [[nodiscard]] bool apply_chain(const uint8_t* const* frames, const size_t* sizes, size_t count,
+                                 std::string* err);
+
   // Forgets the chain (the next frame must be a base); the state bytes are kept.
   void reset() { has_state_ = false; }
 
@@ -246,11 +262,12 @@ class DeltaDecoder {
   // apply() and apply_streaming(); sets *h and *content (the zstd content bytes).
   bool check(const uint8_t* frame, size_t n, FrameHeader* h, uint64_t* content, std::string* err);
 
-  std::unique_ptr<uint8_t[]> own_state_;
+  BigBytes own_state_;
   uint8_t* state_ = nullptr;  // own_state_ or the caller's
   std::unique_ptr<uint8_t[]> scratch_;
   size_t scratch_size_ = 0;
   ZSTD_DCtx_s* dctx_ = nullptr;
+  std::vector<ZSTD_DCtx_s*> extra_dctx_;  // apply_chain(): one per frame after the first
 };
 
 }  // namespace r2ccl::snap
