@@ -153,6 +153,19 @@ Status load_config(const char* socket_arg, Config* out) {
                       "background thread copies them, the default; copy, take() copies them)");
     }
   }
+  if (const char* s = std::getenv("R2CCL_SNAPSHOT_RESTORE")) {
+    if (std::strcmp(s, "direct") == 0) {
+      c.restore_direct = true;
+    } else if (std::strcmp(s, "staged") == 0) {
+      c.restore_direct = false;
+    } else {
+      return fail(R2CCL_SNAP_ERR_CONFIG,
+                  std::string("R2CCL_SNAPSHOT_RESTORE='") + s +
+                      "' is invalid (accepted: direct, restore() decodes into the host buffers, "
+                      "the default; staged, it decodes into scratch and overwrites the buffers "
+                      "only once every buffer decoded, so an error leaves them untouched)");
+    }
+  }
   *out = std::move(c);
   return {};
 }
@@ -369,7 +382,7 @@ Status Client::register_buffer(uint32_t id, void* ptr, size_t bytes, int dtype, 
   return {};
 }
 
-Status Client::freeze(bool populate_set1) {
+Status Client::freeze(bool for_take) {
   Buffer m;
   m.ptr = nullptr;
   m.bytes = kMetaBytes;
@@ -380,15 +393,18 @@ Status Client::freeze(bool populate_set1) {
   bufs_.push_back(std::move(m));
   for (Staging& st : sets_) {
     st.bufs.clear();
-    for (const Buffer& b : bufs_) {
-      // Restore decodes into set 0 and receives the chains into set 1 (room for a whole
-      // frame of its buffer). Set 0 is faulted in now; set 1 too at the first take, so a
-      // survivor's recovery does not pay for first-touch page clearing (most of a restore's
-      // time before: docs/BENCHMARKS.md), and on first use in a process whose first call is
-      // a restore (a replacement: its receive buffers are touched once either way).
+    for (uint32_t i = 0; i < bufs_.size(); ++i) {
+      const Buffer& b = bufs_[i];
+      // Takes copy into either set; a restore receives the chains into set 1 (room for a whole
+      // frame of its buffer) and decodes into the caller's host buffers, or into set 0 (staged
+      // mode, device buffers, the metadata). The first take faults both sets in, so a
+      // survivor's recovery does not pay for first touches (most of a restore's time before:
+      // docs/BENCHMARKS.md); a process whose first call is a restore (a replacement) faults in
+      // only the set-0 buffers it decodes into, the rest on first use.
       PageBuf p;
       const bool set0 = &st == &sets_[0];
-      if (!p.alloc(b.bytes, set0 || populate_set1, set0 ? 0 : frame_bound(b.bytes))) {
+      const bool populate = for_take || (set0 && !decodes_direct(i));
+      if (!p.alloc(b.bytes, populate, set0 ? 0 : frame_bound(b.bytes))) {
         bufs_.pop_back();
         sets_[0].bufs.clear();
         sets_[1].bufs.clear();
@@ -820,17 +836,37 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
   lend_staging();
 
   // Every buffer's chain is asked for at once (the daemon stripes them over the replicas) and
-  // decoded as it arrives, by up to 4 threads (this one included), straight into staging set
-  // 0 (pre-faulted, free: no take is in flight). The caller's buffers are written only at the
-  // end, when every buffer decoded and the metadata checked out.
+  // decoded as it arrives, by up to 4 threads (this one included): straight into the caller's
+  // host buffers (direct, the default: no copy, and no scratch to fault in for a replacement),
+  // or into staging set 0 (staged mode, device buffers, the metadata), copied over only once
+  // every buffer decoded and the metadata checked out.
+  bool any_direct = false;
   std::vector<std::unique_ptr<DeltaDecoder>> decs(n);
   for (uint32_t i = 0; i < n; ++i) {
     std::string err;
-    decs[i] = DeltaDecoder::create(bufs_[i].dtype, bufs_[i].bytes, &err, sets_[0].bufs[i].data());
+    const bool direct = decodes_direct(i);
+    any_direct = any_direct || direct;
+    uint8_t* into = direct ? static_cast<uint8_t*>(bufs_[i].ptr) : sets_[0].bufs[i].data();
+    decs[i] = DeltaDecoder::create(bufs_[i].dtype, bufs_[i].bytes, &err, into);
     if (!decs[i])
       return fail(R2CCL_SNAP_ERR_NOMEM,
                   "restore: decoder for buffer " + std::to_string(i) + ": " + err);
   }
+  if (any_direct) {
+    // The buffers are written from here on: no copy-on-write capture may still hold them
+    // write-protected (wait_idle() saw every take encoded, which completes its capture).
+    std::lock_guard<std::mutex> l(cow_mu_);
+    cow_.finish();
+  }
+  std::atomic<bool> overwritten{false};
+  // An error after a direct decode began says so: the buffers then hold part of the restore.
+  auto failed_after = [&](Status st) {
+    if (overwritten.load())
+      st.msg += "; the registered host buffers were partly overwritten "
+                "(R2CCL_SNAPSHOT_RESTORE=direct): restore again, or set "
+                "R2CCL_SNAPSHOT_RESTORE=staged to leave them untouched on errors";
+    return st;
+  };
   const uint32_t hw = std::max(1u, std::thread::hardware_concurrency());
   const uint32_t nthreads = std::min<uint32_t>({n, hw, 4});
   // FETCHes go out a window ahead of the decoders (2 per decoding thread, at least the
@@ -870,7 +906,8 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
         std::lock_guard<std::mutex> l(fetch_mu);
         if (i >= sent) return;  // this buffer's FETCH never went out: res[] has the error
       }
-      res[i] = restore_buffer(i, S, decs[i].get(), req[i], deadline);
+      res[i] = restore_buffer(i, S, decs[i].get(), req[i], deadline, decodes_direct(i),
+                              &overwritten);
       if (!res[i].ok()) failed.store(true);
     }
   };
@@ -879,23 +916,25 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
   work();
   for (auto& t : pool) t.join();
   for (uint32_t i = 0; i < n; ++i)
-    if (!res[i].ok()) return res[i];
-  // Metadata: checked before anything is written to the caller's buffers.
+    if (!res[i].ok()) return failed_after(res[i]);
+  // Metadata: checked before anything is copied to the caller's buffers.
   const uint8_t* md = decs[n_user_]->state();
   uint32_t rng_n = get_u32(md + 12);
   if (get_u32(md) != kMetaMagic || get_u32(md + 4) != 1 || get_u32(md + 8) != n_user_ ||
       rng_n > R2CCL_SNAP_MAX_RNG_BYTES)
-    return fail(
+    return failed_after(fail(
         R2CCL_SNAP_ERR_CORRUPT,
         "restore of step " + std::to_string(S) +
             ": the metadata buffer is not valid (magic, version 1, " + std::to_string(n_user_) +
-            " user buffers, RNG blob <= " + std::to_string(R2CCL_SNAP_MAX_RNG_BYTES) + " bytes)");
-  {
+            " user buffers, RNG blob <= " + std::to_string(R2CCL_SNAP_MAX_RNG_BYTES) + " bytes)"));
+  bool any_staged = false;
+  for (uint32_t i = 0; i < n_user_; ++i) any_staged = any_staged || !decodes_direct(i);
+  if (any_staged) {
     std::vector<Status> cr(n_user_);
     std::atomic<uint32_t> nx{0};
     auto copy = [&] {
       for (uint32_t i; (i = nx.fetch_add(1)) < n_user_;)
-        cr[i] = copy_out(bufs_[i], decs[i]->state());
+        if (!decodes_direct(i)) cr[i] = copy_out(bufs_[i], decs[i]->state());
     };
     std::vector<std::thread> cp;
     for (uint32_t t = 1; t < nthreads; ++t) cp.emplace_back(copy);
@@ -903,20 +942,15 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
     for (auto& t : cp) t.join();
     for (uint32_t i = 0; i < n_user_; ++i)
       if (!cr[i].ok())
-        return fail(cr[i].code, "restore: buffer " + std::to_string(i) + ": " + cr[i].msg);
+        return failed_after(
+            fail(cr[i].code, "restore: buffer " + std::to_string(i) + ": " + cr[i].msg));
   }
   std::memcpy(&loss_scale_, md + 16, 8);
   has_loss_scale_ = get_u32(md + 24) != 0;
   has_rng_ = get_u32(md + 28) != 0;
   rng_.assign(md + kMetaHeader, md + kMetaHeader + rng_n);
   // New chains from here: a base at the next take, sequence numbers continuing.
-  for (uint32_t i = 0; i < n; ++i) {
-    std::string err;
-    Status es = make_encoder(&bufs_[i], decs[i]->last_seq() + 1, &err);
-    if (!es.ok()) {
-      bufs_[i].enc->request_base();
-    }
-  }
+  for (uint32_t i = 0; i < n; ++i) bufs_[i].enc->restart(decs[i]->last_seq() + 1);
   last_step_ = S;
   has_last_step_ = true;
   *step_out = S;
@@ -1002,7 +1036,7 @@ uint64_t Client::start_fetch(uint32_t i, uint64_t S, uint32_t avoid, Status* s) 
 // written once instead of once per frame). A shard that fails its checksum is asked for again
 // from elsewhere (the daemon skips the node that served it), up to twice.
 Status Client::restore_buffer(uint32_t i, uint64_t S, DeltaDecoder* dec, uint64_t request,
-                              int64_t deadline) {
+                              int64_t deadline, bool direct, std::atomic<bool>* overwritten) {
   const uint32_t n = static_cast<uint32_t>(bufs_.size());
   const std::string where = "restore of step " + std::to_string(S) + ", rank " +
                             std::to_string(rank_) + ", buffer " + std::to_string(i) +
@@ -1094,6 +1128,7 @@ Status Client::restore_buffer(uint32_t i, uint64_t S, DeltaDecoder* dec, uint64_
         sizes.push_back(f.meta.payload_bytes);
       }
       dec->reset();
+      if (direct) overwritten->store(true);
       if (!dec->apply_chain(frames.data(), sizes.data(), chain.size(), &err))
         return fail(R2CCL_SNAP_ERR_CORRUPT, where + ": chain of steps " +
                                                 std::to_string(chain.front().meta.step) + ".." +

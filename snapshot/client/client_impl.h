@@ -36,7 +36,8 @@ struct Config {
   std::string socket_path;
   uint64_t interval = 1;
   uint32_t base_every = 8;
-  bool take_cow = true;  // R2CCL_SNAPSHOT_TAKE=cow (default) | copy
+  bool take_cow = true;        // R2CCL_SNAPSHOT_TAKE=cow (default) | copy
+  bool restore_direct = true;  // R2CCL_SNAPSHOT_RESTORE=direct (default) | staged
 };
 // Parses the environment; socket_arg (may be null) wins over R2CCL_SNAPSHOT_SOCKET.
 Status load_config(const char* socket_arg, Config* out);
@@ -107,9 +108,10 @@ class Client {
   Status send(ClientMsg type, const void* a, size_t na, const void* b = nullptr, size_t nb = 0);
   Status dead_status();                    // under mu_
   Status background_status(bool consume);  // under work_mu_
-  // First take/restore: metadata encoder, staging sets (set 1 faulted in now when
-  // populate_set1, else on first use).
-  Status freeze(bool populate_set1);
+  // First take/restore: metadata encoder, staging sets. for_take: both sets are faulted in
+  // now; else (a restore first) only the set-0 buffers a restore decodes into (staged mode,
+  // device buffers), the rest on first use.
+  Status freeze(bool for_take);
   Status make_encoder(Buffer* b, uint64_t first_seq, std::string* err);
   void fill_meta(uint8_t* out, uint64_t step) const;
   Status wait_idle(int64_t deadline_us);
@@ -118,8 +120,12 @@ class Client {
   Status copy_in(const Buffer& b, uint8_t* dst);         // registered buffer -> staging
   Status copy_out(const Buffer& b, const uint8_t* src);  // scratch -> registered buffer
   // restore(): fetches buffer i's chain of step S and decodes it into decs[i] (any thread).
+  // *overwritten is set when it starts decoding into the caller's buffer (direct).
   Status restore_buffer(uint32_t i, uint64_t S, DeltaDecoder* dec, uint64_t request,
-                        int64_t deadline);
+                        int64_t deadline, bool direct, std::atomic<bool>* overwritten);
+  bool decodes_direct(uint32_t i) const {  // restore() decodes buffer i into the caller's memory
+    return cfg_.restore_direct && i < n_user_ && !bufs_[i].device;
+  }
   uint64_t start_fetch(uint32_t i, uint64_t S, uint32_t avoid, Status* s);
 
   const Config cfg_;

@@ -403,6 +403,16 @@ TEST_CASE("snapshot client: bad environment values fail open, naming the variabl
     INFO(msg);
     CHECK(msg.find(c.var) != std::string::npos);
     CHECK(msg.find("accepted: an integer 1..") != std::string::npos);
+  }  for (const char* v : {"", "Direct", "copy", "staged "}) {
+    EnvVar e("R2CCL_SNAPSHOT_RESTORE", v);
+    r2ccl_snap_t* h = nullptr;
+    CHECK(r2ccl_snap_open(dir.sock().c_str(), 0, 1, &h) == R2CCL_SNAP_ERR_CONFIG);
+    CHECK(h == nullptr);
+    std::string msg = r2ccl_snap_last_error(nullptr);
+    INFO(msg);
+    CHECK(msg.find("R2CCL_SNAPSHOT_RESTORE='" + std::string(v) + "'") != std::string::npos);
+    CHECK(msg.find("accepted: direct") != std::string::npos);
+    CHECK(msg.find("staged") != std::string::npos);
   }
 }
 
@@ -430,6 +440,9 @@ TEST_CASE("snapshot client: no daemon gives a clear error naming the socket") {
 }
 
 TEST_CASE("snapshot client: the daemon closing mid-restore is an error, not a hang") {
+  const std::string mode = GENERATE(as<std::string>{}, "staged", "direct");
+  INFO(mode);
+  EnvVar e("R2CCL_SNAPSHOT_RESTORE", mode.c_str());
   FakeSnapdOptions o;
   o.close_on_fetch = 1;  // second FETCH: one chain frame, then the connection closes
   Daemon dm(o);
@@ -455,7 +468,10 @@ TEST_CASE("snapshot client: the daemon closing mid-restore is an error, not a ha
   // either way the message names the restore, a buffer and the cause.
   CHECK(msg.find("restore of step 3, rank 0, buffer ") != std::string::npos);
   CHECK(msg.find("closed the connection") != std::string::npos);
-  CHECK(m.equals(before));
+  // Staged: nothing written. Direct: buffer 0 may have been decoded, and then the message
+  // says the buffers were partly overwritten.
+  if (mode == "staged" || msg.find("partly overwritten") == std::string::npos)
+    CHECK(m.equals(before));
   // Sticky: everything after says the connection is gone.
   CHECK(r2ccl_snap_take(s, 4, nullptr) == R2CCL_SNAP_ERR_CONNECTION);
   r2ccl_snap_state_t stt{};
@@ -468,7 +484,14 @@ TEST_CASE("snapshot client: the daemon closing mid-restore is an error, not a ha
   r2ccl_snap_close(s);
 }
 
-TEST_CASE("snapshot client: a refused FETCH is an error and leaves the buffers untouched") {
+// R2CCL_SNAPSHOT_RESTORE=staged: a failed restore leaves the registered buffers as they were.
+// direct (the default) decodes into them: a failure after a decode began says so, and the next
+// restore brings every buffer back bit for bit.
+TEST_CASE("snapshot client: a refused FETCH is an error; staged leaves the buffers untouched") {
+  const std::string mode = GENERATE(as<std::string>{}, "staged", "direct");
+  INFO(mode);
+  EnvVar e("R2CCL_SNAPSHOT_RESTORE", mode.c_str());
+  const bool staged = mode == "staged";
   FakeSnapdOptions o;
   o.refuse_buffer = 2;  // kCorrupt
   Daemon dm(o);
@@ -489,8 +512,30 @@ TEST_CASE("snapshot client: a refused FETCH is an error and leaves the buffers u
   INFO(msg);
   CHECK(msg.find("buffer 2") != std::string::npos);
   CHECK(msg.find("kCorrupt") != std::string::npos);
-  CHECK(m.equals(before));
-  // Buffers 0 and 1 had been decoded already: still nothing written. A step not held at all:
+  const bool overwritten = msg.find("partly overwritten") != std::string::npos;
+  if (staged) {
+    // Buffers 0 and 1 may have been decoded already: still nothing written.
+    CHECK(m.equals(before));
+    CHECK_FALSE(overwritten);
+  } else if (!m.equals(before)) {
+    CHECK(overwritten);  // a decode began: the message says the buffers hold part of it
+    CHECK(msg.find("R2CCL_SNAPSHOT_RESTORE=staged") != std::string::npos);
+  }
+  // The metadata buffer (id 3, after the three user buffers) refused: buffers 0 and 1 were taken
+  // by the decoding threads before it and are decoded whatever happens to it, so direct mode
+  // has overwritten them, and says so; staged has not.
+  o.refuse_buffer = 3;
+  dm.d.set_options(o);
+  CHECK(r2ccl_snap_restore(s, 10 * 1000000, &restored) == R2CCL_SNAP_ERR_REFUSED);
+  msg = r2ccl_snap_last_error(s);
+  CHECK(msg.find("buffer 3 (metadata)") != std::string::npos);
+  if (staged) {
+    CHECK(m.equals(before));
+    CHECK(msg.find("partly overwritten") == std::string::npos);
+  } else {
+    CHECK_FALSE(m.equals(before));
+    CHECK(msg.find("partly overwritten") != std::string::npos);
+  }
   o.refuse_buffer = -1;
   dm.d.set_options(o);
   SNAP_OK(r2ccl_snap_restore(s, 10 * 1000000, &restored));
@@ -535,7 +580,9 @@ TEST_CASE("snapshot client: restore without a complete step, and a different reg
   CHECK(r2ccl_snap_restore(r1b, 10 * 1000000, &restored) == R2CCL_SNAP_ERR_INVALID);
   CHECK(std::string(r2ccl_snap_last_error(r1b)).find("same order") != std::string::npos);
   r2ccl_snap_close(r1b);
-  // The same buffers but a different size: the decoder refuses it (CORRUPT), nothing written.
+  // The same buffers but a different size: the decoder refuses it (CORRUPT), nothing written
+  // (staged; direct may have decoded buffer 1 already, and says so).
+  EnvVar staged("R2CCL_SNAPSHOT_RESTORE", "staged");
   r2ccl_snap_t* r1c = open_ok(dm.dir.sock(), 1, 2);
   std::vector<uint8_t> c2(101, 9), d2(50, 9);
   SNAP_OK(r2ccl_snap_register(r1c, 0, c2.data(), c2.size(), 0, 0, 0));
@@ -878,8 +925,11 @@ TEST_CASE(
     "snapshot client: take() snapshots the state at the call even when it is overwritten "
     "right after") {
   for (const char* mode : {"cow", "copy"}) {
-    INFO(mode);
+    // Restores decode into the buffers (direct) or copy them over from scratch (staged).
+    const char* restore_mode = mode[1] == 'o' ? "direct" : "staged";
+    INFO(mode << ", restore " << restore_mode);
     EnvVar e("R2CCL_SNAPSHOT_TAKE", mode);
+    EnvVar er("R2CCL_SNAPSHOT_RESTORE", restore_mode);
     Daemon dm;
     r2ccl_snap_t* s = open_ok(dm.dir.sock());
     // 12 MiB (6 copy-on-write chunks, not page aligned), 3 bytes (under a page), 1 MiB.

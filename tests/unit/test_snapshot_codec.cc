@@ -417,6 +417,190 @@ TEST_CASE("lossless: a restore starts from the latest base", "[snapshot][codec]"
   CHECK(old->last_seq() == 4);
 }
 
+// apply_chain(): what restore() uses. A chain decoded in one pass must give the state, seq and
+// base of the same frames applied one by one, for every dtype, chunk layout and chain shape,
+// including the shapes it hands to apply_streaming() (lossy deltas, a base mid-chain).
+namespace {
+std::vector<const uint8_t*> ptrs(const std::vector<std::vector<uint8_t>>& fs, size_t from = 0,
+                                 size_t to = SIZE_MAX) {
+  std::vector<const uint8_t*> v;
+  for (size_t i = from; i < std::min(to, fs.size()); ++i) v.push_back(fs[i].data());
+  return v;
+}
+std::vector<size_t> sizes_of(const std::vector<std::vector<uint8_t>>& fs, size_t from = 0,
+                             size_t to = SIZE_MAX) {
+  std::vector<size_t> v;
+  for (size_t i = from; i < std::min(to, fs.size()); ++i) v.push_back(fs[i].size());
+  return v;
+}
+bool chain_ok(DeltaDecoder& d, const std::vector<std::vector<uint8_t>>& fs, size_t from = 0,
+              size_t to = SIZE_MAX, std::string* err_out = nullptr) {
+  const auto p = ptrs(fs, from, to);
+  const auto n = sizes_of(fs, from, to);
+  std::string err;
+  const bool ok = d.apply_chain(p.data(), n.data(), p.size(), &err);
+  if (err_out) *err_out = err;
+  return ok;
+}
+}  // namespace
+
+TEST_CASE("apply_chain: one pass gives what frame-by-frame decoding gives", "[snapshot][codec]") {
+  struct Case {
+    DType t;
+    size_t bytes;
+  } cases[] = {
+      {DType::kBytes, 100001},
+      {DType::kF32, 4 * (kChunkElems + 7001)},      // two chunks, the last partial
+      {DType::kF16, 2 * (2 * kChunkElems + 1001)},  // three chunks, the last partial
+      {DType::kBF16, 2 * 5000},
+  };
+  std::mt19937_64 rng(11);
+  for (const auto& c : cases) {
+    INFO("dtype " << dtype_name(c.t) << " bytes " << c.bytes);
+    auto enc = make_enc(c.t, c.bytes, Codec::kLossless, 5);
+    std::vector<uint8_t> cur(c.bytes);
+    for (auto& b : cur) b = uint8_t(rng());
+    std::vector<std::vector<uint8_t>> fs;
+    std::vector<std::vector<uint8_t>> states;
+    for (int s = 0; s < 5; ++s) {  // a base and 4 deltas: sparse, none, dense, sparse
+      if (s == 3)
+        for (auto& b : cur) b = uint8_t(rng());
+      else if (s != 2)
+        for (size_t i = 0; i < c.bytes / 50 + 1; ++i) cur[rng() % c.bytes] = uint8_t(rng());
+      fs.push_back(encode(*enc, cur.data()));
+      states.push_back(cur);
+    }
+    // The whole chain, from an empty decoder whose memory holds garbage.
+    auto d = make_dec(c.t, c.bytes);
+    REQUIRE(chain_ok(*d, fs));
+    CHECK(std::memcmp(d->state(), cur.data(), c.bytes) == 0);
+    CHECK(d->has_state());
+    CHECK(d->last_seq() == 4);
+    CHECK(d->base_seq() == 0);
+    // Every prefix, and a chain that starts with deltas on a decoder that holds the base.
+    for (size_t len = 1; len <= fs.size(); ++len) {
+      INFO("prefix of " << len);
+      auto p = make_dec(c.t, c.bytes);
+      REQUIRE(chain_ok(*p, fs, 0, len));
+      CHECK(std::memcmp(p->state(), states[len - 1].data(), c.bytes) == 0);
+      CHECK(p->last_seq() == len - 1);
+    }
+    auto q = make_dec(c.t, c.bytes);
+    apply_ok(*q, fs[0]);
+    apply_ok(*q, fs[1]);
+    REQUIRE(chain_ok(*q, fs, 2));
+    CHECK(std::memcmp(q->state(), cur.data(), c.bytes) == 0);
+    CHECK(q->last_seq() == 4);
+  }
+}
+
+TEST_CASE("apply_chain: lossy deltas and a base mid-chain go frame by frame", "[snapshot][codec]") {
+  const size_t n = kChunkElems + 333;
+  std::mt19937_64 rng(5);
+  auto w = weights(n, false, rng);
+  // Lossy: closed-loop deltas add in float32, so the result must equal apply() one by one.
+  auto lenc = make_enc(DType::kF16, 2 * n, Codec::kLossyDynRange, 8);
+  std::vector<std::vector<uint8_t>> lossy;
+  for (int s = 0; s < 4; ++s) {
+    if (s) step(&w, 0.3, 1e-3f, false, rng);
+    lossy.push_back(encode(*lenc, w.data()));
+  }
+  CHECK(header_of(lossy[1]).codec == Codec::kLossyDynRange);
+  auto seq = make_dec(DType::kF16, 2 * n);
+  for (const auto& f : lossy) apply_ok(*seq, f);
+  auto one = make_dec(DType::kF16, 2 * n);
+  REQUIRE(chain_ok(*one, lossy));
+  CHECK(std::memcmp(one->state(), seq->state(), 2 * n) == 0);
+  CHECK(std::memcmp(one->state(), lenc->reconstruction(), 2 * n) == 0);
+  CHECK(one->last_seq() == 3);
+  // A base every 2: base, delta, base, delta in one call.
+  auto enc = make_enc(DType::kF16, 2 * n, Codec::kLossless, 2);
+  std::vector<std::vector<uint8_t>> fs;
+  for (int s = 0; s < 4; ++s) {
+    step(&w, 0.05, 1e-3f, false, rng);
+    fs.push_back(encode(*enc, w.data()));
+  }
+  CHECK(header_of(fs[2]).base);
+  auto d = make_dec(DType::kF16, 2 * n);
+  REQUIRE(chain_ok(*d, fs));
+  CHECK(std::memcmp(d->state(), w.data(), 2 * n) == 0);
+  CHECK(d->base_seq() == 2);
+  CHECK(d->last_seq() == 3);
+}
+
+TEST_CASE("apply_chain: refusals name the frame; found while decoding discards the state",
+          "[snapshot][codec]") {
+  const size_t n = 2 * kChunkElems + 5;
+  std::mt19937_64 rng(8);
+  auto w = weights(n, false, rng);
+  // No payload CRC (what the snapshot client writes: its shard checksum covers the frame), so
+  // a damaged payload reaches zstd.
+  EncoderConfig cfg;
+  cfg.dtype = DType::kF16;
+  cfg.size_bytes = 2 * n;
+  cfg.payload_crc = false;
+  std::string err;
+  auto enc = DeltaEncoder::create(cfg, &err);
+  REQUIRE(enc);
+  std::vector<std::vector<uint8_t>> fs;
+  for (int s = 0; s < 3; ++s) {
+    if (s) step(&w, 0.2, 1e-3f, false, rng);
+    fs.push_back(encode(*enc, w.data()));
+  }
+  auto d = make_dec(DType::kF16, 2 * n);
+  apply_ok(*d, fs[0]);
+  const View before = view(*d);
+  SECTION("no frame") {
+    CHECK_FALSE(d->apply_chain(nullptr, nullptr, 0, &err));
+    CHECK(err.find("no frame") != std::string::npos);
+    CHECK(view(*d) == before);
+  }
+  SECTION("a gap in the chain: refused before anything is written") {
+    std::vector<std::vector<uint8_t>> gap{fs[0], fs[2]};
+    auto e = make_dec(DType::kF16, 2 * n);
+    const View empty = view(*e);
+    CHECK_FALSE(chain_ok(*e, gap, 0, SIZE_MAX, &err));
+    INFO(err);
+    CHECK(err.find("chain frame 1 of 2") != std::string::npos);
+    CHECK(err.find("does not follow the decoder's last seq 0") != std::string::npos);
+    CHECK(view(*e) == empty);
+    // The decoder holding seq 0: a chain that repeats seq 0's base is refused as a whole.
+    CHECK_FALSE(chain_ok(*d, fs, 0, SIZE_MAX, &err));
+    CHECK(err.find("chain frame 0 of 3") != std::string::npos);
+    CHECK(view(*d) == before);
+  }
+  SECTION("a truncated last frame: refused before anything is written") {
+    auto cut = fs;
+    cut[2].resize(cut[2].size() - 3);
+    CHECK_FALSE(chain_ok(*d, cut, 1, SIZE_MAX, &err));
+    CHECK(err.find("chain frame 1 of 2") != std::string::npos);
+    CHECK(view(*d) == before);
+  }
+  SECTION("a damaged delta payload that zstd rejects while decoding") {
+    // The first byte flip (from the payload's middle on) that the frame-by-frame decoder finds
+    // only while decoding: the chain must fail the same way and leave no state.
+    bool found = false;
+    for (size_t off = kFrameHeaderBytes + (fs[1].size() - kFrameHeaderBytes) / 2;
+         off < fs[1].size() && !found; off += 7) {
+      auto bad = fs;
+      bad[1][off] ^= 0x5a;
+      auto ref = make_dec(DType::kF16, 2 * n);
+      apply_ok(*ref, bad[0]);
+      std::string e1;
+      if (ref->apply_streaming(bad[1].data(), bad[1].size(), &e1)) continue;
+      if (e1.find("found while decoding") == std::string::npos) continue;
+      found = true;
+      auto e = make_dec(DType::kF16, 2 * n);
+      CHECK_FALSE(chain_ok(*e, bad, 0, SIZE_MAX, &err));
+      INFO(err);
+      CHECK(err.find("chain frame 1 (seq 1)") != std::string::npos);
+      CHECK(err.find("found while decoding") != std::string::npos);
+      CHECK_FALSE(e->has_state());
+    }
+    CHECK(found);
+  }
+}
+
 TEST_CASE("lossless: a sparse FP16 optimizer step compresses > 2x", "[snapshot][codec]") {
   const size_t n = size_t(1) << 22;  // 8 MiB of FP16 weights
   std::mt19937_64 rng(11);

@@ -160,6 +160,13 @@ class DeltaEncoder {
 
   // The next encode() produces a base (e.g. a replica lost the chain).
   void request_base() { need_base_ = true; }
+  // Starts a new chain at sequence number next_seq: the next encode() is a base with that seq
+  // (after a restore, the restored chain's last seq + 1). Keeps the reconstruction's memory,
+  // so nothing is allocated or faulted in again.
+  void restart(uint64_t next_seq) {
+    next_seq_ = next_seq;
+    need_base_ = true;
+  }
   uint64_t next_seq() const { return next_seq_; }
   const EncoderConfig& config() const { return cfg_; }
   // The buffer as a decoder holds it after the last frame (size_bytes bytes; meaningless
