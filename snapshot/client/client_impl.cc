@@ -113,6 +113,20 @@ bool key_ok(const char* key, size_t* len) {
   return true;
 }
 
+// A variable of two values: *out = true for `first`, false for `second`, unchanged when unset;
+// anything else is a CONFIG error naming the variable and `accepted`.
+Status parse_choice(const char* var, const char* first, const char* second,
+                    const char* accepted, bool* out) {
+  const char* s = std::getenv(var);
+  if (!s) return {};
+  if (std::strcmp(s, first) == 0 || std::strcmp(s, second) == 0) {
+    *out = std::strcmp(s, first) == 0;
+    return {};
+  }
+  return fail(R2CCL_SNAP_ERR_CONFIG, std::string(var) + "='" + s + "' is invalid (accepted: " +
+                                         accepted + ")");
+}
+
 }  // namespace
 
 Status load_config(const char* socket_arg, Config* out) {
@@ -141,31 +155,17 @@ Status load_config(const char* socket_arg, Config* out) {
                       "snapshots of a buffer; default 8)");
     c.base_every = static_cast<uint32_t>(v);
   }
-  if (const char* s = std::getenv("R2CCL_SNAPSHOT_TAKE")) {
-    if (std::strcmp(s, "cow") == 0) {
-      c.take_cow = true;
-    } else if (std::strcmp(s, "copy") == 0) {
-      c.take_cow = false;
-    } else {
-      return fail(R2CCL_SNAP_ERR_CONFIG,
-                  std::string("R2CCL_SNAPSHOT_TAKE='") + s +
-                      "' is invalid (accepted: cow, take() write-protects the buffers and the "
-                      "background thread copies them, the default; copy, take() copies them)");
-    }
-  }
-  if (const char* s = std::getenv("R2CCL_SNAPSHOT_RESTORE")) {
-    if (std::strcmp(s, "direct") == 0) {
-      c.restore_direct = true;
-    } else if (std::strcmp(s, "staged") == 0) {
-      c.restore_direct = false;
-    } else {
-      return fail(R2CCL_SNAP_ERR_CONFIG,
-                  std::string("R2CCL_SNAPSHOT_RESTORE='") + s +
-                      "' is invalid (accepted: direct, restore() decodes into the host buffers, "
-                      "the default; staged, it decodes into scratch and overwrites the buffers "
-                      "only once every buffer decoded, so an error leaves them untouched)");
-    }
-  }
+  Status st = parse_choice("R2CCL_SNAPSHOT_TAKE", "cow", "copy",
+                           "cow, take() write-protects the buffers and the background thread "
+                           "copies them, the default; copy, take() copies them",
+                           &c.take_cow);
+  if (st.ok())
+    st = parse_choice("R2CCL_SNAPSHOT_RESTORE", "direct", "staged",
+                      "direct, restore() decodes into the host buffers, the default; staged, it "
+                      "decodes into scratch and overwrites the buffers only once every buffer "
+                      "decoded, so an error leaves them untouched",
+                      &c.restore_direct);
+  if (!st.ok()) return st;
   *out = std::move(c);
   return {};
 }

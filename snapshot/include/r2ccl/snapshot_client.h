@@ -33,6 +33,9 @@
  *   R2CCL_SNAPSHOT_BASE_EVERY  a full base every K snapshots per buffer (1..1000000, default 8)
  *   R2CCL_SNAPSHOT_TAKE        cow (default): take() write-protects the host buffers and returns;
  *                              copy: take() copies them (see r2ccl_snap_take())
+ *   R2CCL_SNAPSHOT_RESTORE     direct (default): restore() decodes into the host buffers;
+ *                              staged: into scratch, copied over only when every buffer decoded
+ *                              (see r2ccl_snap_restore())
  */
 #ifndef R2CCL_SNAPSHOT_CLIENT_H_
 #define R2CCL_SNAPSHOT_CLIENT_H_
@@ -132,9 +135,9 @@ int r2ccl_snap_open(const char* socket_path, uint32_t rank, uint32_t world, r2cc
  * number registered so far). `bytes` > 0 and a multiple of the dtype's size; the memory must
  * stay valid until close. Lossy needs F16/BF16. flags: R2CCL_SNAP_FLAG_DEVICE for CUDA memory.
  * Only before the first take() or restore(). Memory: the library holds 3x the registered bytes
- * (two staging sets, faulted in at the first take()/restore(), and the encoder's
- * reconstruction); restore decodes into a staging set and needs the received frames (up to
- * about 1x more) while it runs. */
+ * (two staging sets, faulted in at the first take(), and the encoder's reconstruction), on
+ * transparent huge pages where the kernel has them; restore receives the frames into a staging
+ * set (and fresh memory for what does not fit in it while it runs). */
 int r2ccl_snap_register(r2ccl_snap_t* h, uint32_t id, void* ptr, size_t bytes, int dtype, int codec,
                         uint32_t flags);
 
@@ -184,8 +187,17 @@ int r2ccl_snap_wait_event(r2ccl_snap_t* h, int64_t timeout_us, r2ccl_snap_state_
 /* Restores the newest complete step S into every registered buffer (and the loss scale and
  * RNG blob): flushes pending takes, asks the daemon for S (QUERY), asks for every buffer's chain
  * at once (the daemon stripes them over the replicas), checks each shard's checksum once and
- * decodes the chains as they arrive (up to 4 threads) into scratch; only when every buffer decoded
- * are the registered buffers overwritten, so any error leaves them untouched. The next take()
+ * decodes each chain as it arrives (up to 4 threads; one pass over the buffer per chain, base
+ * and deltas together):
+ *  - R2CCL_SNAPSHOT_RESTORE=direct (default): straight into the registered host buffers. An
+ *    error found before any decoding began leaves them untouched; one found after (a later
+ *    buffer refused, corrupt or cut off) leaves some of them restored and others not, and its
+ *    message says "partly overwritten": restore again before using them. The fastest way, and a
+ *    replacement process needs no scratch memory for it.
+ *  - staged: into scratch (a staging set); only when every buffer decoded and the metadata
+ *    checked out are the registered buffers overwritten, so any error leaves them untouched. One
+ *    more copy of the state.
+ * Device buffers are always staged (decoded on the host, then cudaMemcpy). The next take()
  * starts a new chain (a base) and must be beyond S. A replacement process opens with the lost
  * rank's id. timeout_us bounds the whole call. Errors: NO_SNAPSHOT, REFUSED, CORRUPT, CONNECTION,
  * TIMEOUT, INVALID (nothing registered), CUDA. */
