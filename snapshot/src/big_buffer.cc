@@ -12,7 +12,9 @@ namespace {
 constexpr size_t kHuge = kBigBufferMin;
 constexpr size_t kSmallPage = 4096;
 
-size_t round_up(size_t n) { return (n + kHuge - 1) / kHuge * kHuge; }
+// The mapping's length: whole small pages only. Huge pages back the aligned 2 MiB ranges inside
+// it, small pages the tail, so a shard of 2.1 MB holds 2.1 MB, not 4 MiB.
+size_t map_len(size_t n) { return (n + kSmallPage - 1) / kSmallPage * kSmallPage; }
 
 }  // namespace
 
@@ -23,7 +25,7 @@ uint8_t* big_alloc(size_t n, bool prefault) {
     return p;
   }
   if (n > size_t(-1) - 2 * kHuge) return nullptr;
-  const size_t len = round_up(n);
+  const size_t len = map_len(n);
   // Over-map by one huge page and trim, so the buffer starts on a 2 MiB boundary (a huge page
   // can only back an aligned 2 MiB range).
   void* m = ::mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
@@ -52,7 +54,7 @@ void big_free(uint8_t* p, size_t n) noexcept {
   if (n < kBigBufferMin)
     std::free(p);
   else
-    ::munmap(p, round_up(n));
+    ::munmap(p, map_len(n));
 }
 
 }  // namespace r2ccl::snap

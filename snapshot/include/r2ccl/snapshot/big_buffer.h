@@ -27,7 +27,8 @@ namespace r2ccl::snap {
 constexpr size_t kBigBufferMin = size_t(2) << 20;  // one x86-64 huge page (2 MiB)
 
 // n bytes (n == 0: a 1-byte allocation), 2 MiB-aligned and advised MADV_HUGEPAGE from
-// kBigBufferMin on; null when the memory is not there. prefault: every page is written once
+// kBigBufferMin on (huge pages for its whole 2 MiB ranges, small pages for the tail: it holds n
+// bytes rounded up to 4 KiB, not to 2 MiB); null when the memory is not there. prefault: every page is written once
 // from user mode now (contents then zero), so nobody pays for first touches later; else the
 // contents are unspecified and pages are faulted in on first use.
 uint8_t* big_alloc(size_t n, bool prefault);
