@@ -17,6 +17,7 @@ PKGS=(
   nlohmann-json3-dev                       # r2ccl_perf --stats; etcd bodies and the agreed record
   libcurl4-openssl-dev libssl-dev          # the snapshot daemon talks to etcd (JSON gateway; base64)
   etcd-server etcd-client                  # the snapshot control plane (tests start a local etcd)
+  openssl                                  # certificates of the etcd TLS tests (made at test time)
   libcli11-dev                             # tools' command lines (CLI11)
   libibverbs-dev                           # verbs.h types (libibverbs is dlopen'ed at run time)
   zlib1g-dev                               # CRC-32 of the predictor's weights file

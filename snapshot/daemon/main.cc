@@ -79,15 +79,22 @@ int main(int argc, char** argv) {
   app.add_option("--lease-ttl", lease_ttl,
                  "seconds of etcd silence after which this daemon counts as gone (default 3)")
       ->check(CLI::Range(1, 3600));
-  app.add_option("--etcd-ca", o.etcd.ca_file, "CA certificate for https etcd URLs")
+  app.add_option("--etcd-ca", o.etcd.ca_file,
+                 "for https etcd URLs: PEM file of the CA that signed etcd's server certificate "
+                 "(default: the system's CA store)")
       ->type_name("FILE");
-  app.add_option("--etcd-cert", o.etcd.cert_file, "client certificate for etcd (TLS)")
+  app.add_option("--etcd-cert", o.etcd.cert_file,
+                 "PEM client certificate for an etcd with --client-cert-auth; with etcd "
+                 "authentication on too, its subject must have no Common Name (etcd refuses one)")
       ->type_name("FILE");
-  app.add_option("--etcd-key", o.etcd.key_file, "client certificate's key for etcd (TLS)")
+  app.add_option("--etcd-key", o.etcd.key_file,
+                 "PEM private key of --etcd-cert, unencrypted (default: in the --etcd-cert file)")
       ->type_name("FILE");
-  app.add_option("--etcd-user", o.etcd.user, "etcd user (etcd authentication)")->type_name("NAME");
+  app.add_option("--etcd-user", o.etcd.user,
+                 "etcd user, for an etcd with authentication on (password: --etcd-password-file)")
+      ->type_name("NAME");
   app.add_option("--etcd-password-file", etcd_password_file,
-                 "file holding the etcd user's password (first line)")
+                 "file whose first line is the --etcd-user's password (keep it mode 0600)")
       ->type_name("FILE");
   app.add_option("--topology", topo_file,
                  "node places in the network: lines 'ID SWITCH/PATH' "
@@ -202,6 +209,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     o.etcd.password = o.etcd.password.substr(0, o.etcd.password.find('\n'));
+    if (!o.etcd.password.empty() && o.etcd.password.back() == '\r') o.etcd.password.pop_back();
   }
   o.prefix = "/r2ccl/" + job + "/";
   o.lease_ttl_s = lease_ttl;

@@ -117,6 +117,19 @@ void ControlPlane::note(const etcd::Status& s) {
   if (e_.etcd) e_.etcd(up);
 }
 
+// etcd refused a registration step (an outage is note()'s to say). The daemon tries again
+// every period, so without this line a wrong password, a missing permission or a certificate
+// etcd rejects would look like a daemon that silently never joins; each new reason is logged
+// once, not every period.
+bool ControlPlane::register_refused(const etcd::Status& s) {
+  if (s.code == etcd::Status::kError && s.message != register_error_) {
+    register_error_ = s.message;
+    SNAP_WARN("etcd: cannot register node %u: %s; trying again every period", c_.self,
+              s.message.c_str());
+  }
+  return false;
+}
+
 bool ControlPlane::do_register(bool new_incarnation) {
   if (new_incarnation || incarnation_ == 0) incarnation_ = random_incarnation();
   // A predecessor on this id (a restart within its TTL): revoke its lease, so its election key
@@ -124,7 +137,7 @@ bool ControlPlane::do_register(bool new_incarnation) {
   std::vector<etcd::KeyValue> old;
   etcd::Status s = kv_->range(member_key(c_.prefix, c_.self), "", &old);
   note(s);
-  if (!s.ok()) return false;
+  if (!s.ok()) return register_refused(s);
   if (!old.empty() && old[0].lease && old[0].lease != lease_) {
     MemberInfo prev;
     std::string err;
@@ -143,7 +156,7 @@ bool ControlPlane::do_register(bool new_incarnation) {
   lease_ = 0;
   s = kv_->lease_grant(c_.lease_ttl_s, &lease_);
   note(s);
-  if (!s.ok()) return false;
+  if (!s.ok()) return register_refused(s);
   MemberInfo me;
   me.id = c_.self;
   me.incarnation = incarnation_;
@@ -155,16 +168,17 @@ bool ControlPlane::do_register(bool new_incarnation) {
   // in a second step: etcd refuses two operations on one key in a transaction).
   s = kv_->del(election_key(c_.prefix, c_.self));
   note(s);
-  if (!s.ok()) return false;
+  if (!s.ok()) return register_refused(s);
   etcd::TxnResult tr;
   Op put_member{Op::kPut, member_key(c_.prefix, c_.self), encode_member(me), "", lease_};
   Op put_election{Op::kPut, election_key(c_.prefix, c_.self), "", "", lease_};
   Op get_election{Op::kRange, election_key(c_.prefix, c_.self), "", "", 0};
   s = kv_->txn({}, {put_member, put_election, get_election}, {}, &tr);
   note(s);
-  if (!s.ok()) return false;
+  if (!s.ok()) return register_refused(s);
   election_rev_ = !tr.ranges.empty() && !tr.ranges[0].empty() ? tr.ranges[0][0].create_revision : 0;
   registered_ = true;
+  register_error_.clear();
   member_deleted_ = false;
   last_keepalive_ = now_us();
   suspecting_.clear();

@@ -109,6 +109,52 @@ void setup(CURL* c, const Options& o, long timeout_ms) {
   if (!o.key_file.empty()) curl_easy_setopt(c, CURLOPT_SSLKEY, o.key_file.c_str());
 }
 
+// What went wrong in one request that got no HTTP answer: curl's code and, when it has one,
+// the detail of its error buffer (for TLS, OpenSSL's reason, e.g. "unable to get local issuer
+// certificate", which the code's text alone does not say), and what to check for the TLS
+// failures. `tls_without_cert`: an https URL and no client certificate set.
+std::string curl_failure(CURLcode rc, const char* detail, bool tls_without_cert) {
+  std::string m = curl_easy_strerror(rc);
+  if (detail[0]) m = std::string(detail).find(m) == std::string::npos ? m + ": " + detail : detail;
+  switch (rc) {
+    case CURLE_PEER_FAILED_VERIFICATION:
+      return m +
+             " (etcd's certificate is not signed by the CA file given, or does not name "
+             "this host)";
+    case CURLE_SSL_CERTPROBLEM: return m + " (the client certificate or its key file)";
+    case CURLE_SSL_CACERT_BADFILE: return m + " (the CA file)";
+    default: break;
+  }
+  // An etcd with --client-cert-auth refuses a client without a certificate, or with one its
+  // --trusted-ca-file did not sign. Under TLS 1.3 it does so after the client's side of the
+  // handshake is done: the client then sees the refusal on its first write or read, as a
+  // send or receive error, with OpenSSL's alert ("bad certificate", "certificate required")
+  // or, when the write came first, only a closed connection.
+  const bool alert = m.find("certificate required") != std::string::npos ||
+                     m.find("alert bad certificate") != std::string::npos ||
+                     m.find("alert unknown ca") != std::string::npos;
+  const bool closed = rc == CURLE_SEND_ERROR || rc == CURLE_RECV_ERROR || rc == CURLE_GOT_NOTHING ||
+                      rc == CURLE_SSL_CONNECT_ERROR;
+  if (tls_without_cert && (alert || closed))
+    m += " (etcd ended the TLS connection and this client has no certificate: an etcd with "
+         "--client-cert-auth needs one, signed by a CA of its --trusted-ca-file)";
+  else if (alert)
+    m += " (etcd refused this client's TLS certificate: an etcd with --client-cert-auth needs "
+         "one signed by a CA of its --trusted-ca-file)";
+  return m;
+}
+
+// A hint for the etcd answers whose own text does not say what to change.
+std::string answer_hint(const std::string& msg) {
+  if (msg.find("user name is empty") != std::string::npos)
+    return " (etcd has authentication on and this client gave no user: set a user and "
+           "password; r2ccl_snapshotd: --etcd-user, --etcd-password-file)";
+  if (msg.find("CommonName of client sending a request against gateway") != std::string::npos)
+    return " (etcd's JSON gateway, with authentication and --client-cert-auth on, refuses every "
+           "client certificate that has a Common Name: use one whose subject has no CN)";
+  return "";
+}
+
 bool transport_error(CURLcode rc) {
   return rc == CURLE_COULDNT_CONNECT || rc == CURLE_OPERATION_TIMEDOUT ||
          rc == CURLE_COULDNT_RESOLVE_HOST || rc == CURLE_RECV_ERROR || rc == CURLE_SEND_ERROR ||
@@ -190,12 +236,16 @@ Status Client::post_once(void* h, const std::string& url, const std::string& bod
     hdr = curl_slist_append(hdr, auth.c_str());
   }
   curl_easy_setopt(c, CURLOPT_HTTPHEADER, hdr);
+  char detail[CURL_ERROR_SIZE] = "";
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, detail);
   answer->clear();
   const CURLcode rc = curl_easy_perform(c);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, nullptr);  // the handle outlives `detail`
   curl_slist_free_all(hdr);
   if (rc != CURLE_OK)
     return {transport_error(rc) ? Status::kUnreachable : Status::kError,
-            url + ": " + curl_easy_strerror(rc)};
+            url + ": " +
+                curl_failure(rc, detail, url.rfind("https://", 0) == 0 && o_.cert_file.empty())};
   long code = 0;
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
   if (code != 200) {
@@ -208,8 +258,9 @@ Status Client::post_once(void* h, const std::string& url, const std::string& bod
     // 503 and 500 "etcdserver: request timed out" / "no leader": the member cannot serve now.
     const bool busy = code == 503 || msg.find("no leader") != std::string::npos ||
                       msg.find("timed out") != std::string::npos;
+    while (!msg.empty() && (msg.back() == '\n' || msg.back() == '\r')) msg.pop_back();
     return {busy ? Status::kUnreachable : Status::kError,
-            url + ": HTTP " + std::to_string(code) + ": " + msg};
+            url + ": HTTP " + std::to_string(code) + ": " + msg + answer_hint(msg)};
   }
   return {};
 }
@@ -219,6 +270,10 @@ Status Client::authenticate(void* h, const std::string& base) {
   std::string answer;
   json req = {{"name", o_.user}, {"password", o_.password}};
   Status s = post_once(h, base + "/v3/auth/authenticate", req.dump(), &answer);
+  // etcd's refusal ("authentication failed, invalid user ID or password") names neither the
+  // user nor what was being done: say both. An unreachable endpoint keeps its own message.
+  if (s.code == Status::kError)
+    s.message = "etcd authentication as user '" + o_.user + "' failed: " + s.message;
   if (!s.ok()) return s;
   try {
     token_ = json::parse(answer).value("token", "");

@@ -5,11 +5,14 @@
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <thread>
@@ -39,28 +42,63 @@ size_t append(char* p, size_t s, size_t n, void* u) {
   static_cast<std::string*>(u)->append(p, s * n);
   return s * n;
 }
-bool post(const std::string& url, const std::string& body, std::string* out) {
+// One POST to etcd's gateway with the TLS files of `tls` (none for http). Requests of the
+// fixture that etcd serves without a token (maintenance status; the auth setup, made before
+// authentication is on) use it directly. *out: the answer, or curl's error text.
+bool post(const std::string& url, const std::string& body, const EtcdCluster::TlsFiles& tls,
+          std::string* out) {
   CURL* c = curl_easy_init();
   if (!c) return false;
+  char why[CURL_ERROR_SIZE] = "";
   curl_easy_setopt(c, CURLOPT_URL, url.c_str());
   curl_easy_setopt(c, CURLOPT_POSTFIELDS, body.c_str());
   curl_easy_setopt(c, CURLOPT_TIMEOUT_MS, 1000L);
   curl_easy_setopt(c, CURLOPT_NOSIGNAL, 1L);
   curl_easy_setopt(c, CURLOPT_WRITEFUNCTION, append);
   curl_easy_setopt(c, CURLOPT_WRITEDATA, out);
+  curl_easy_setopt(c, CURLOPT_ERRORBUFFER, why);
+  if (!tls.ca.empty()) {
+    curl_easy_setopt(c, CURLOPT_CAINFO, tls.ca.c_str());
+    curl_easy_setopt(c, CURLOPT_SSLCERT, tls.client_cert.c_str());
+    curl_easy_setopt(c, CURLOPT_SSLKEY, tls.client_key.c_str());
+  }
   const CURLcode rc = curl_easy_perform(c);
   long code = 0;
   curl_easy_getinfo(c, CURLINFO_RESPONSE_CODE, &code);
   curl_easy_cleanup(c);
+  if (rc != CURLE_OK) *out = why[0] ? why : curl_easy_strerror(rc);
   return rc == CURLE_OK && code == 200;
 }
+
+// The openssl configuration of the test certificates: extensions only, the subjects are given
+// with -subj. Go's TLS (etcd) checks the CA's basicConstraints and each leaf's extended key
+// usage. etcd's server certificate also serves as the client certificate of etcd's gateway
+// when it connects to its own gRPC port, which asks for one (--client-cert-auth): hence
+// clientAuth next to serverAuth.
+const char* kOpensslConfig = R"([req]
+distinguished_name = dn
+[dn]
+[ca]
+basicConstraints = critical,CA:TRUE
+keyUsage = critical,keyCertSign,cRLSign
+subjectKeyIdentifier = hash
+[server]
+basicConstraints = CA:FALSE
+keyUsage = critical,digitalSignature
+extendedKeyUsage = serverAuth,clientAuth
+subjectAltName = IP:127.0.0.1
+[client]
+basicConstraints = CA:FALSE
+keyUsage = critical,digitalSignature
+extendedKeyUsage = clientAuth
+)";
 
 }  // namespace
 
 std::string EtcdCluster::binary() { return env_or("R2CCL_TEST_ETCD", "/usr/bin/etcd"); }
 
-EtcdCluster::EtcdCluster(const std::string& tag, int members)
-    : tag_(tag + std::to_string(getpid())) {
+EtcdCluster::EtcdCluster(const std::string& tag, int members, Transport transport)
+    : tag_(tag + std::to_string(getpid())), transport_(transport) {
   for (int i = 0; i < members; ++i) {
     client_ports_.push_back(free_port());
     peer_ports_.push_back(free_port());
@@ -81,10 +119,73 @@ EtcdCluster::~EtcdCluster() {
     if (system(rm.c_str()) != 0) {
     }
   }
+  if (!tls_dir_.empty() && run_command("rm -rf " + shell_quote(tls_dir_)) != 0) {
+  }
 }
 
 std::string EtcdCluster::endpoint(int i) const {
-  return "http://127.0.0.1:" + std::to_string(client_ports_[i]);
+  return std::string(transport_ == Transport::kTls ? "https" : "http") +
+         "://127.0.0.1:" + std::to_string(client_ports_[i]);
+}
+
+snap::etcd::Options EtcdCluster::client_options() const {
+  etcd::Options o;
+  std::string perr;
+  etcd::parse_endpoints(endpoints(), &o, &perr);
+  o.ca_file = tls_.ca;
+  o.cert_file = tls_.client_cert;
+  o.key_file = tls_.client_key;
+  if (!root_password_.empty()) {
+    o.user = "root";
+    o.password = root_password_;
+  }
+  return o;
+}
+
+// A CA, etcd's certificate and a client certificate signed by it, and a second CA, with EC
+// P-256 keys (each made in milliseconds; RSA keys take longer on a loaded machine).
+bool EtcdCluster::make_certificates(std::string* err) {
+  tls_dir_ = temp_path(tag_ + "-tls");
+  if (mkdir(tls_dir_.c_str(), 0700) != 0) {
+    *err = "cannot create " + tls_dir_ + ": " + strerror(errno);
+    tls_dir_.clear();
+    return false;
+  }
+  const std::string d = tls_dir_ + "/";
+  std::ofstream(d + "openssl.cnf") << kOpensslConfig;
+  const std::string cnf = " -config " + shell_quote(d + "openssl.cnf");
+  const std::string newkey = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
+  auto q = [&](const std::string& f) { return shell_quote(d + f); };
+  auto self_signed = [&](const std::string& name, const std::string& subject) {
+    return "openssl req -x509" + cnf + " -extensions ca" + newkey + " -days 2 -keyout " +
+           q(name + ".key") + " -out " + q(name + ".crt") + " -subj " + shell_quote(subject);
+  };
+  auto signed_by_ca = [&](const std::string& name, const std::string& subject, int serial) {
+    return "openssl req -new" + cnf + newkey + " -keyout " + q(name + ".key") + " -out " +
+           q(name + ".csr") + " -subj " + shell_quote(subject) + " && openssl x509 -req -in " +
+           q(name + ".csr") + " -CA " + q("ca.crt") + " -CAkey " + q("ca.key") + " -set_serial " +
+           std::to_string(serial) + " -days 2 -extfile " + q("openssl.cnf") + " -extensions " +
+           name + " -out " + q(name + ".crt");
+  };
+  // The client's subject has no CN: with authentication on, etcd's gateway refuses a client
+  // certificate that has one (etcd_fixture.h).
+  const std::string cmd = self_signed("ca", "/CN=r2ccl test CA") + " && " +
+                          signed_by_ca("server", "/CN=r2ccl-test-etcd", 2) + " && " +
+                          signed_by_ca("client", "/O=r2ccl-test-client", 3) + " && " +
+                          self_signed("other", "/CN=r2ccl test CA (another one)");
+  std::string out;
+  if (run_command("(" + cmd + ")", &out) != 0) {  // run_command's 2>&1 then covers every step
+    *err = "the test certificates could not be made (openssl: scripts/setup.sh installs it):\n" +
+           cmd + "\n" + out;
+    return false;
+  }
+  tls_.ca = d + "ca.crt";
+  tls_.server_cert = d + "server.crt";
+  tls_.server_key = d + "server.key";
+  tls_.client_cert = d + "client.crt";
+  tls_.client_key = d + "client.key";
+  tls_.other_ca = d + "other.crt";
+  return true;
 }
 std::string EtcdCluster::endpoints() const {
   std::string s;
@@ -125,6 +226,9 @@ bool EtcdCluster::spawn(int i, bool fresh) {
                              "zap",
                              "--log-outputs",
                              logs_[i]};
+  if (transport_ == Transport::kTls)
+    a.insert(a.end(), {"--cert-file", tls_.server_cert, "--key-file", tls_.server_key,
+                       "--client-cert-auth", "--trusted-ca-file", tls_.ca});
   (void)fresh;
   fflush(stdout);
   fflush(stderr);
@@ -151,14 +255,13 @@ bool EtcdCluster::start(std::string* err) {
     *err = binary() + " not found (scripts/setup.sh installs Debian's etcd-server)";
     return false;
   }
+  if (transport_ == Transport::kTls && tls_.ca.empty() && !make_certificates(err)) return false;
   for (int i = 0; i < members(); ++i)
     if (!spawn(i, true)) {
       *err = "fork failed";
       return false;
     }
-  etcd::Options o;
-  std::string perr;
-  etcd::parse_endpoints(endpoints(), &o, &perr);
+  etcd::Options o = client_options();
   o.timeout_ms = 500;
   etcd::Client cl(o);
   for (int w = 0; w < 200; ++w) {
@@ -172,7 +275,8 @@ bool EtcdCluster::start(std::string* err) {
 int EtcdCluster::leader() const {
   for (int i = 0; i < members(); ++i) {
     std::string a;
-    if (pids_[i] <= 0 || !post(endpoint(i) + "/v3/maintenance/status", "{}", &a)) continue;
+    // etcd answers the status without a token, also with authentication on.
+    if (pids_[i] <= 0 || !post(endpoint(i) + "/v3/maintenance/status", "{}", tls_, &a)) continue;
     try {
       auto j = nlohmann::json::parse(a);
       if (j.value("leader", std::string()) == j["header"].value("member_id", std::string("x")))
@@ -204,11 +308,38 @@ bool EtcdCluster::restart_member(int i, std::string* err) {
   return true;
 }
 
+bool EtcdCluster::enable_auth(const std::string& password, std::string* err) {
+  int live = 0;
+  while (live < members() && pids_[live] <= 0) ++live;
+  if (live == members() || password.empty()) {
+    *err = live == members() ? "no etcd member is running" : "enable_auth: empty password";
+    return false;
+  }
+  // Any member forwards these to the leader. etcd refuses to turn authentication on unless a
+  // user "root" with the root role exists (the role itself is built in).
+  struct Step {
+    const char* path;
+    nlohmann::json body;
+  };
+  const Step steps[] = {
+      {"/v3/auth/user/add", {{"name", "root"}, {"password", password}}},
+      {"/v3/auth/user/grant", {{"user", "root"}, {"role", "root"}}},
+      {"/v3/auth/enable", nlohmann::json::object()},
+  };
+  for (const Step& s : steps) {
+    const std::string url = endpoint(live) + s.path;
+    std::string answer;
+    if (!post(url, s.body.dump(), tls_, &answer)) {
+      *err = url + ": " + answer;
+      return false;
+    }
+  }
+  root_password_ = password;
+  return true;
+}
+
 bool EtcdCluster::get(const std::string& key, std::string* value) const {
-  etcd::Options o;
-  std::string perr;
-  etcd::parse_endpoints(endpoints(), &o, &perr);
-  etcd::Client cl(o);
+  etcd::Client cl(client_options());
   std::vector<etcd::KeyValue> kv;
   value->clear();
   if (!cl.range(key, "", &kv).ok() || kv.empty()) return false;
@@ -218,10 +349,7 @@ bool EtcdCluster::get(const std::string& key, std::string* value) const {
 
 std::vector<std::pair<std::string, std::string>> EtcdCluster::get_prefix(
     const std::string& prefix) const {
-  etcd::Options o;
-  std::string perr;
-  etcd::parse_endpoints(endpoints(), &o, &perr);
-  etcd::Client cl(o);
+  etcd::Client cl(client_options());
   std::vector<etcd::KeyValue> kv;
   std::vector<std::pair<std::string, std::string>> out;
   if (!cl.range(prefix, etcd::prefix_end(prefix), &kv).ok()) return out;

@@ -2,6 +2,8 @@
 // with a temporary data directory and free ports, started from Debian's etcd-server
 // (/usr/bin/etcd, or R2CCL_TEST_ETCD). Tests use it to kill the etcd leader, to stop etcd
 // (SIGSTOP: unreachable without closing connections) and to read what the daemons wrote.
+// Optionally over TLS (certificates made at start() with the openssl command line) and with
+// etcd authentication on (enable_auth()); plain http without authentication by default.
 // Thread-safety: none; one test thread owns a cluster.
 #pragma once
 
@@ -10,21 +12,46 @@
 #include <string>
 #include <vector>
 
+#include "r2ccl/snapshot/etcd.h"
+
 namespace r2ccl::test {
 
 class EtcdCluster {
  public:
+  enum class Transport {
+    kHttp,  // plain http client URLs
+    // https client URLs; etcd asks every client for a certificate signed by the test CA
+    // (--client-cert-auth, --trusted-ca-file). Peer URLs stay plain http.
+    kTls,
+  };
+  // PEM files of the TLS mode (EC P-256 keys, valid 2 days), in a temporary directory made by
+  // start(); all empty for kHttp. The client certificate has no Common Name: with
+  // authentication on, etcd's gateway refuses (HTTP 400) any client certificate that has one.
+  struct TlsFiles {
+    std::string ca;                       // the test CA, which signed the two certificates below
+    std::string server_cert, server_key;  // etcd's: subjectAltName IP:127.0.0.1
+    std::string client_cert, client_key;  // a client's (extendedKeyUsage clientAuth)
+    std::string other_ca;                 // a second CA, which signed nothing etcd uses
+  };
+
   // `tag` names the data directories and logs. Election timeout and heartbeat are short
   // (500 ms / 50 ms) so a leader kill is survived within about a second.
-  explicit EtcdCluster(const std::string& tag, int members = 1);
-  ~EtcdCluster();  // kills every member, removes the data directories
+  explicit EtcdCluster(const std::string& tag, int members = 1,
+                       Transport transport = Transport::kHttp);
+  ~EtcdCluster();  // kills every member, removes the data and certificate directories
   EtcdCluster(const EtcdCluster&) = delete;
   EtcdCluster& operator=(const EtcdCluster&) = delete;
 
   // Starts every member and waits (up to 20 s) until the cluster serves a write. False with
-  // *err (the members' logs) otherwise; also false when no etcd binary exists.
+  // *err (the members' logs) otherwise; also false when no etcd binary exists, and in TLS mode
+  // when the certificates could not be made (openssl's output in *err).
   bool start(std::string* err);
-  // "http://127.0.0.1:P1,http://127.0.0.1:P2,..." for --etcd.
+  // Turns etcd authentication on, through the JSON gateway: user "root" with `password`,
+  // granted the root role, then /v3/auth/enable. From then on the fixture's own helpers
+  // (get, get_prefix, client_options) authenticate as root. After start(); false with *err
+  // (the request that failed and etcd's answer) otherwise.
+  bool enable_auth(const std::string& password, std::string* err);
+  // "http://127.0.0.1:P1,http://127.0.0.1:P2,..." for --etcd ("https://..." in TLS mode).
   std::string endpoints() const;
   std::string endpoint(int i) const;
   int members() const { return int(pids_.size()); }
@@ -40,9 +67,20 @@ class EtcdCluster {
   std::string logs() const;
   static std::string binary();
 
+  Transport transport() const { return transport_; }
+  const TlsFiles& tls_files() const { return tls_; }
+  // What a client needs to reach this cluster: every endpoint, the CA and client certificate
+  // in TLS mode, and root's name and password once enable_auth() succeeded.
+  snap::etcd::Options client_options() const;
+
  private:
   bool spawn(int i, bool fresh);
+  bool make_certificates(std::string* err);
   std::string tag_;
+  Transport transport_;
+  TlsFiles tls_;
+  std::string tls_dir_;
+  std::string root_password_;  // set once authentication is on
   std::vector<int> client_ports_, peer_ports_;
   std::vector<pid_t> pids_;
   std::vector<std::string> dirs_, logs_;

@@ -132,6 +132,7 @@ class ControlPlane {
  private:
   void run();
   bool do_register(bool new_incarnation);
+  bool register_refused(const etcd::Status& s);  // logs a new reason once; returns false
   void keepalive();
   void elect();
   void read_view();
@@ -166,6 +167,7 @@ class ControlPlane {
   std::mutex record_mu_;
   std::string job_;                // hex SHA-256 of the token (first 16 bytes)
   std::set<std::string> foreign_;  // members of another job, logged once
+  std::string register_error_;     // the registration refusal logged last
 };
 
 }  // namespace r2ccl::snap
