@@ -115,16 +115,16 @@ bool key_ok(const char* key, size_t* len) {
 
 // A variable of two values: *out = true for `first`, false for `second`, unchanged when unset;
 // anything else is a CONFIG error naming the variable and `accepted`.
-Status parse_choice(const char* var, const char* first, const char* second,
-                    const char* accepted, bool* out) {
+Status parse_choice(const char* var, const char* first, const char* second, const char* accepted,
+                    bool* out) {
   const char* s = std::getenv(var);
   if (!s) return {};
   if (std::strcmp(s, first) == 0 || std::strcmp(s, second) == 0) {
     *out = std::strcmp(s, first) == 0;
     return {};
   }
-  return fail(R2CCL_SNAP_ERR_CONFIG, std::string(var) + "='" + s + "' is invalid (accepted: " +
-                                         accepted + ")");
+  return fail(R2CCL_SNAP_ERR_CONFIG,
+              std::string(var) + "='" + s + "' is invalid (accepted: " + accepted + ")");
 }
 
 }  // namespace
@@ -862,9 +862,10 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
   // An error after a direct decode began says so: the buffers then hold part of the restore.
   auto failed_after = [&](Status st) {
     if (overwritten.load())
-      st.msg += "; the registered host buffers were partly overwritten "
-                "(R2CCL_SNAPSHOT_RESTORE=direct): restore again, or set "
-                "R2CCL_SNAPSHOT_RESTORE=staged to leave them untouched on errors";
+      st.msg +=
+          "; the registered host buffers were partly overwritten "
+          "(R2CCL_SNAPSHOT_RESTORE=direct): restore again, or set "
+          "R2CCL_SNAPSHOT_RESTORE=staged to leave them untouched on errors";
     return st;
   };
   const uint32_t hw = std::max(1u, std::thread::hardware_concurrency());
@@ -906,8 +907,8 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
         std::lock_guard<std::mutex> l(fetch_mu);
         if (i >= sent) return;  // this buffer's FETCH never went out: res[] has the error
       }
-      res[i] = restore_buffer(i, S, decs[i].get(), req[i], deadline, decodes_direct(i),
-                              &overwritten);
+      res[i] =
+          restore_buffer(i, S, decs[i].get(), req[i], deadline, decodes_direct(i), &overwritten);
       if (!res[i].ok()) failed.store(true);
     }
   };

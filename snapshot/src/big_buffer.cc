@@ -28,8 +28,8 @@ uint8_t* big_alloc(size_t n, bool prefault) {
   const size_t len = map_len(n);
   // Over-map by one huge page and trim, so the buffer starts on a 2 MiB boundary (a huge page
   // can only back an aligned 2 MiB range).
-  void* m = ::mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                   -1, 0);
+  void* m =
+      ::mmap(nullptr, len + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   if (m == MAP_FAILED) return nullptr;
   const auto base = reinterpret_cast<uintptr_t>(m);
   const uintptr_t start = (base + kHuge - 1) & ~uintptr_t(kHuge - 1);

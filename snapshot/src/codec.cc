@@ -983,8 +983,7 @@ bool DeltaDecoder::apply_streaming(const uint8_t* frame, size_t n, std::string* 
     const size_t nb = size_t(ceil_div(m, kLossyBlockElems));
     const size_t want = lossy ? 4 * nb + m : m * esize_;
     std::string why;
-    if (!pull_content(dctx_, &in, scratch_.get(), want, off * esize_, expected, &r,
-                      &why))
+    if (!pull_content(dctx_, &in, scratch_.get(), want, off * esize_, expected, &r, &why))
       return fail(why);
     uint8_t* st = state_ + off * esize_;
     if (lossy) {
@@ -1070,9 +1069,10 @@ bool DeltaDecoder::apply_chain(const uint8_t* const* frames, const size_t* sizes
     return true;
   }
   auto fail = [&](size_t k, const std::string& m) {
-    *err = kPfx + ("chain frame " + std::to_string(k) + " (seq " + std::to_string(hs[k].seq) +
-                   "): " + m + " (found while decoding: the state was partly written and is "
-                   "discarded)");
+    *err = kPfx +
+           ("chain frame " + std::to_string(k) + " (seq " + std::to_string(hs[k].seq) + "): " + m +
+            " (found while decoding: the state was partly written and is "
+            "discarded)");
     has_state_ = false;
     return false;
   };

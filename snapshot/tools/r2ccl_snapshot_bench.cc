@@ -26,6 +26,14 @@
 //                    which eviction path the configuration is meant to take (suspicion:
 //                    heartbeat 100 ms; lease: heartbeat 2000 ms, so a 3 s lease runs out
 //                    before any suspicion); p50/p99 over the kills that took it.
+//   --mode decode    no cluster: one buffer of --bytes FP16, --steps snapshots (a base and
+//                    deltas) encoded as the client does, then the chain decoded frame by frame
+//                    (DeltaDecoder::apply_streaming) and in one pass (apply_chain), best of 5
+//                    each, into warm memory, checked bit for bit.
+//   --mode pages     no cluster: the first user-mode access of --bytes of fresh memory, as
+//                    staging was allocated before (mmap with MAP_POPULATE, then one store per
+//                    4 KiB page) and as it is now (big_alloc: huge pages, prefaulted by stores),
+//                    and a memset of memory already touched; best of 3.
 // The control plane: a one-member etcd started here (free loopback ports, a temporary data
 // directory, killed at exit), or --etcd URL; each cluster is its own job (/r2ccl/TAG/), its keys
 // deleted at the end. Log stamps are CLOCK_MONOTONIC, std::chrono::steady_clock here.
@@ -68,7 +76,10 @@
 #include <thread>
 #include <vector>
 
+#include <sys/mman.h>
+
 #include "r2ccl/health_board.h"
+#include "r2ccl/snapshot/big_buffer.h"
 #include "r2ccl/snapshot/codec.h"
 #include "r2ccl/snapshot/coordinator.h"
 #include "r2ccl/snapshot/etcd.h"
@@ -1024,6 +1035,132 @@ void run_restore(const Opts& o) {
           fmt(double(o.bytes) / t_remote / 1e9, "%.2f") + " | " + ex + " |");
 }
 
+// ---- --mode decode ----
+void run_decode(const Opts& o) {
+  State st(o.bytes, o.model, o.seed);
+  r2ccl::snap::EncoderConfig ec;
+  ec.dtype = r2ccl::snap::DType::kF16;
+  ec.size_bytes = o.bytes;
+  ec.base_every = uint32_t(std::max(o.steps, 1));
+  ec.payload_crc = false;  // as the client: its shard checksum covers the frame
+  std::string err;
+  auto enc = r2ccl::snap::DeltaEncoder::create(ec, &err);
+  if (!enc) fail("encoder: " + err);
+  const int steps = std::max(1, std::min(o.steps, 64));
+  std::vector<std::vector<uint8_t>> frames(static_cast<size_t>(steps));
+  for (int s = 0; s < steps; ++s) {
+    if (s) st.update();
+    if (!enc->encode(st.h.data(), &frames[size_t(s)], nullptr, &err)) fail("encode: " + err);
+  }
+  std::vector<const uint8_t*> ptr;
+  std::vector<size_t> len;
+  size_t wire = 0;
+  for (const auto& f : frames) {
+    ptr.push_back(f.data());
+    len.push_back(f.size());
+    wire += f.size();
+  }
+  r2ccl::snap::BigBytes into = r2ccl::snap::make_big(o.bytes, true);
+  auto dec = r2ccl::snap::DeltaDecoder::create(r2ccl::snap::DType::kF16, o.bytes, &err, into.get());
+  if (!dec) fail("decoder: " + err);
+  auto best_of = [&](const std::function<void()>& fn) {
+    double best = 1e300;
+    for (int r = 0; r < 5; ++r) {
+      std::memset(into.get(), 0xa5, o.bytes);
+      dec->reset();
+      const auto a = Clock::now();
+      fn();
+      best = std::min(best, secs(a, Clock::now()));
+      if (std::memcmp(into.get(), st.h.data(), o.bytes) != 0) fail("decoded state differs");
+    }
+    return best;
+  };
+  const double one_by_one = best_of([&] {
+    for (size_t k = 0; k < frames.size(); ++k)
+      if (!dec->apply_streaming(ptr[k], len[k], &err)) fail("apply_streaming: " + err);
+  });
+  const double chain = best_of([&] {
+    if (!dec->apply_chain(ptr.data(), len.data(), ptr.size(), &err)) fail("apply_chain: " + err);
+  });
+  out.put("decode.frames", double(steps), "frames");
+  out.put("decode.wire_mib", double(wire) / 1048576.0, "MiB");
+  out.put("decode.frame_by_frame.seconds", one_by_one, "s");
+  out.put("decode.chain.seconds", chain, "s");
+  out.row("## decode: " + mib(double(o.bytes)) + " MiB FP16, a base + " +
+          std::to_string(steps - 1) + " deltas (" + fmt(double(wire) / 1048576.0, "%.1f") +
+          " MiB encoded), one thread, best of 5");
+  out.row("| decoder | s | GB/s of state |");
+  out.row("|---|---|---|");
+  out.row("| frame by frame (apply_streaming) | " + fmt(one_by_one, "%.4f") + " | " +
+          fmt(double(o.bytes) / one_by_one / 1e9, "%.2f") + " |");
+  out.row("| one pass (apply_chain) | " + fmt(chain, "%.4f") + " | " +
+          fmt(double(o.bytes) / chain / 1e9, "%.2f") + " |");
+}
+
+// ---- --mode pages ----
+void run_pages(const Opts& o) {
+  const size_t n = o.bytes;
+  auto touch = [n](uint8_t* p) {
+    volatile uint8_t* v = p;
+    for (size_t i = 0; i < n; i += 4096) v[i] = 1;
+  };
+  // Each way 3 times in a row: the first in the process, and the best (memory the kernel just
+  // got back from the previous round).
+  struct Way {
+    double alloc_first = 0, touch_first = 0, alloc_best = 1e300, touch_best = 1e300;
+  } pop, big;
+  double warm = 1e300;
+  for (int r = 0; r < 3; ++r) {
+    auto a = Clock::now();
+    void* m = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE,
+                     -1, 0);
+    if (m == MAP_FAILED) fail("mmap of " + std::to_string(n) + " bytes");
+    auto b = Clock::now();
+    touch(static_cast<uint8_t*>(m));
+    auto c = Clock::now();
+    if (r == 0) pop.alloc_first = secs(a, b), pop.touch_first = secs(b, c);
+    pop.alloc_best = std::min(pop.alloc_best, secs(a, b));
+    pop.touch_best = std::min(pop.touch_best, secs(b, c));
+    a = Clock::now();
+    std::memset(m, 2, n);
+    warm = std::min(warm, secs(a, Clock::now()));
+    ::munmap(m, n);
+  }
+  for (int r = 0; r < 3; ++r) {
+    auto a = Clock::now();
+    uint8_t* p = r2ccl::snap::big_alloc(n, true);
+    if (!p) fail("big_alloc of " + std::to_string(n) + " bytes");
+    auto b = Clock::now();
+    touch(p);
+    auto c = Clock::now();
+    if (r == 0) big.alloc_first = secs(a, b), big.touch_first = secs(b, c);
+    big.alloc_best = std::min(big.alloc_best, secs(a, b));
+    big.touch_best = std::min(big.touch_best, secs(b, c));
+    r2ccl::snap::big_free(p, n);
+  }
+  out.put("pages.populate.map_seconds_first", pop.alloc_first, "s");
+  out.put("pages.populate.first_access_seconds_first", pop.touch_first, "s");
+  out.put("pages.populate.map_seconds_best", pop.alloc_best, "s");
+  out.put("pages.populate.first_access_seconds_best", pop.touch_best, "s");
+  out.put("pages.big_alloc.prefault_seconds_first", big.alloc_first, "s");
+  out.put("pages.big_alloc.first_access_seconds_first", big.touch_first, "s");
+  out.put("pages.big_alloc.prefault_seconds_best", big.alloc_best, "s");
+  out.put("pages.big_alloc.first_access_seconds_best", big.touch_best, "s");
+  out.put("pages.warm_memset_seconds", warm, "s");
+  out.row("## fresh memory: " + mib(double(n)) + " MiB (first of 3 in this process / best of 3)");
+  out.row("| allocation | allocate s | then one store to each 4 KiB page s | sum s |");
+  out.row("|---|---|---|---|");
+  auto row = [](const char* what, double a1, double t1, double ab, double tb) {
+    out.row(std::string("| ") + what + " | " + fmt(a1) + " / " + fmt(ab) + " | " + fmt(t1) + " / " +
+            fmt(tb) + " | " + fmt(a1 + t1) + " / " + fmt(ab + tb) + " |");
+  };
+  row("mmap + MAP_POPULATE (staging before)", pop.alloc_first, pop.touch_first, pop.alloc_best,
+      pop.touch_best);
+  row("big_alloc(prefault) (now)", big.alloc_first, big.touch_first, big.alloc_best,
+      big.touch_best);
+  out.row("| (a memset of all of it, already touched: best) | | " + fmt(warm) + " | |");
+}
+
 // ---- --mode recovery ----
 // NCCL for r2ccl_snap_rebuild_comm without a GPU: every call succeeds at once (version 2.19, no
 // ncclCommShrink, so every rank re-initialises with a new unique id). What is timed is the
@@ -1402,8 +1539,8 @@ int main(int argc, char** argv) {
   CLI::App app{"r2ccl_snapshot_bench: the snapshot sidecar's benchmarks on a loopback cluster"};
   Opts o;
   std::string bytes = "1G";
-  app.add_option("--mode", o.mode, "take | restore | recovery")
-      ->check(CLI::IsMember({"take", "restore", "recovery"}));
+  app.add_option("--mode", o.mode, "take | restore | recovery | decode | pages")
+      ->check(CLI::IsMember({"take", "restore", "recovery", "decode", "pages"}));
   app.add_option("--daemon", o.daemon, "r2ccl_snapshotd (default: next to this tool)")
       ->type_name("PATH");
   app.add_option(
@@ -1480,7 +1617,8 @@ int main(int argc, char** argv) {
   std::unique_ptr<LocalEtcd> local_etcd;
   try {
     const auto t0 = Clock::now();
-    if (o.etcd_url.empty()) {
+    const bool cluster = o.mode != "decode" && o.mode != "pages";
+    if (cluster && o.etcd_url.empty()) {
       local_etcd = std::make_unique<LocalEtcd>(o.etcd_bin, o.workdir);
       o.etcd_url = local_etcd->url;
     }
@@ -1489,6 +1627,10 @@ int main(int argc, char** argv) {
       if (o.codec != "lossless") run_take(o, "lossy");
     } else if (o.mode == "restore") {
       run_restore(o);
+    } else if (o.mode == "decode") {
+      run_decode(o);
+    } else if (o.mode == "pages") {
+      run_pages(o);
     } else {
       run_recovery(o);
     }

@@ -403,7 +403,8 @@ TEST_CASE("snapshot client: bad environment values fail open, naming the variabl
     INFO(msg);
     CHECK(msg.find(c.var) != std::string::npos);
     CHECK(msg.find("accepted: an integer 1..") != std::string::npos);
-  }  for (const char* v : {"", "Direct", "copy", "staged "}) {
+  }
+  for (const char* v : {"", "Direct", "copy", "staged "}) {
     EnvVar e("R2CCL_SNAPSHOT_RESTORE", v);
     r2ccl_snap_t* h = nullptr;
     CHECK(r2ccl_snap_open(dir.sock().c_str(), 0, 1, &h) == R2CCL_SNAP_ERR_CONFIG);

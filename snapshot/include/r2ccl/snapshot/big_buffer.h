@@ -28,9 +28,9 @@ constexpr size_t kBigBufferMin = size_t(2) << 20;  // one x86-64 huge page (2 Mi
 
 // n bytes (n == 0: a 1-byte allocation), 2 MiB-aligned and advised MADV_HUGEPAGE from
 // kBigBufferMin on (huge pages for its whole 2 MiB ranges, small pages for the tail: it holds n
-// bytes rounded up to 4 KiB, not to 2 MiB); null when the memory is not there. prefault: every page is written once
-// from user mode now (contents then zero), so nobody pays for first touches later; else the
-// contents are unspecified and pages are faulted in on first use.
+// bytes rounded up to 4 KiB, not to 2 MiB); null when the memory is not there. prefault: every page
+// is written once from user mode now (contents then zero), so nobody pays for first touches later;
+// else the contents are unspecified and pages are faulted in on first use.
 uint8_t* big_alloc(size_t n, bool prefault);
 // Frees what big_alloc(n, ...) returned (the same n). Null is ignored.
 void big_free(uint8_t* p, size_t n) noexcept;
@@ -49,7 +49,9 @@ struct BigAlloc {
     if (!p) throw std::bad_alloc();
     return static_cast<T*>(p);
   }
-  void deallocate(T* p, size_t n) noexcept { big_free(reinterpret_cast<uint8_t*>(p), n * sizeof(T)); }
+  void deallocate(T* p, size_t n) noexcept {
+    big_free(reinterpret_cast<uint8_t*>(p), n * sizeof(T));
+  }
   template <class U>
   void construct(U* p) noexcept {
     ::new (static_cast<void*>(p)) U;  // default-initialised: no zeroing
@@ -59,9 +61,13 @@ struct BigAlloc {
     ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
   }
   template <class U>
-  bool operator==(const BigAlloc<U>&) const { return true; }
+  bool operator==(const BigAlloc<U>&) const {
+    return true;
+  }
   template <class U>
-  bool operator!=(const BigAlloc<U>&) const { return false; }
+  bool operator!=(const BigAlloc<U>&) const {
+    return false;
+  }
 };
 
 // n bytes from big_alloc owned by a unique_ptr (the deleter remembers n).
