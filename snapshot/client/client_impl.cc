@@ -963,8 +963,10 @@ bool Client::take_pooled(size_t n, PageBuf* out) {
   if (!pool_on_) return false;
   size_t best = pool_.size();
   // A frame much smaller than a pooled buffer (a delta) gets memory of its own: it would hold
-  // a whole buffer's room while its chain waits for the rest.
-  for (size_t i = 0; i < pool_.size(); ++i)
+  // a whole buffer's room while its chain waits for the rest. Among buffers of the same size,
+  // the one recycled last (the pool's back): a replacement's set 1 was never touched, and
+  // reusing warm buffers touches window-many fresh ones instead of one per chain.
+  for (size_t i = pool_.size(); i-- > 0;)
     if (pool_[i].capacity() >= n && pool_[i].capacity() / 4 <= n &&
         (best == pool_.size() || pool_[i].capacity() < pool_[best].capacity()))
       best = i;
