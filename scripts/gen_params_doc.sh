@@ -58,7 +58,7 @@ the variable and the accepted form. See snapshot/README.md.
 | `R2CCL_SNAPSHOT_INTERVAL` | `1` | 1..1000000000 | take() snapshots steps that are multiples of N, skips the others |
 | `R2CCL_SNAPSHOT_BASE_EVERY` | `8` | 1..1000000 | a full base every K snapshots per buffer, deltas between |
 | `R2CCL_SNAPSHOT_TAKE` | `cow` | `cow`, `copy` | cow: take() write-protects the host buffers and returns, the background thread copies them (a store copies its chunk first); copy: take() copies them (buffers written by the kernel or a device) |
-| `R2CCL_SNAPSHOT_RESTORE` | `direct` | `direct`, `staged` | direct: restore() decodes straight into the host buffers (an error after decoding began says they were partly overwritten); staged: it decodes into scratch and overwrites them only once every buffer decoded, so an error leaves them untouched (one more copy of the state, and scratch a replacement faults in) |
+| `R2CCL_SNAPSHOT_RESTORE` | `direct` | `direct`, `staged` | direct: restore() decodes straight into the host buffers (an error after decoding began says they were partly or wholly overwritten); staged: it decodes into scratch and overwrites them only once every buffer decoded, so an error leaves them untouched (one more copy of the state, and scratch a replacement faults in) |
 | `R2CCL_RECOVERY_LR_FACTOR` | `0.8` | a number in (0, 1] | post-recovery learning-rate factor (1 disables the hint) |
 | `R2CCL_RECOVERY_LR_STEPS` | `3` | 0..1000 | steps after a recovery the factor applies to |
 | `R2CCL_NCCL_LIBRARY` | `libnccl.so.2` | a path or a name for dlopen | the NCCL that `r2ccl_snap_rebuild_comm()` loads when given no function table |

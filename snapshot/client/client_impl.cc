@@ -859,11 +859,12 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
     cow_.finish();
   }
   std::atomic<bool> overwritten{false};
-  // An error after a direct decode began says so: the buffers then hold part of the restore.
+  // An error after a direct decode began writing says so: the buffers then hold some or all of
+  // the restore (a chain refused by its checks wrote nothing).
   auto failed_after = [&](Status st) {
     if (overwritten.load())
       st.msg +=
-          "; the registered host buffers were partly overwritten "
+          "; the registered host buffers were partly or wholly overwritten "
           "(R2CCL_SNAPSHOT_RESTORE=direct): restore again, or set "
           "R2CCL_SNAPSHOT_RESTORE=staged to leave them untouched on errors";
     return st;
@@ -1131,8 +1132,10 @@ Status Client::restore_buffer(uint32_t i, uint64_t S, DeltaDecoder* dec, uint64_
         sizes.push_back(f.meta.payload_bytes);
       }
       dec->reset();
-      if (direct) overwritten->store(true);
-      if (!dec->apply_chain(frames.data(), sizes.data(), chain.size(), &err))
+      bool writing = false;
+      const bool ok = dec->apply_chain(frames.data(), sizes.data(), chain.size(), &err, &writing);
+      if (direct && writing) overwritten->store(true);
+      if (!ok)
         return fail(R2CCL_SNAP_ERR_CORRUPT, where + ": chain of steps " +
                                                 std::to_string(chain.front().meta.step) + ".." +
                                                 std::to_string(S) + ": " + err);

@@ -290,7 +290,10 @@ class Snapshot:
         _check(self._lib, self._lib.r2ccl_snap_flush(self._h, _us(timeout_s)))
 
     def restore(self, timeout_s=None):
-        """Restores the newest complete step into every registered buffer; returns the step."""
+        """Restores the newest complete step into every registered buffer; returns the step.
+        R2CCL_SNAPSHOT_RESTORE=direct (default) decodes into the buffers: an error raised after
+        decoding began says they were partly or wholly overwritten (restore again); staged
+        leaves them untouched on errors (snapshot_client.h, r2ccl_snap_restore())."""
         step = ctypes.c_uint64()
         _check(self._lib, self._lib.r2ccl_snap_restore(self._h, _us(timeout_s),
                                                        ctypes.byref(step)))

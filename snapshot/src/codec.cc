@@ -1030,10 +1030,10 @@ bool DeltaDecoder::apply_streaming(const uint8_t* frame, size_t n, std::string* 
 }
 
 bool DeltaDecoder::apply_chain(const uint8_t* const* frames, const size_t* sizes, size_t count,
-                               std::string* err) {
+                               std::string* err, bool* writing) {
+  if (writing) *writing = false;
   if (count == 0 || !frames || !sizes) {
-    *err = std::string(kPfx) + "apply_chain: no frame (expected 1.." +
-           std::to_string(kMaxFusedFrames) + " frames)";
+    *err = std::string(kPfx) + "apply_chain: no frame (expected at least one)";
     return false;
   }
   // Every frame is checked, in chain order, before anything is written: check() reads the
@@ -1062,6 +1062,7 @@ bool DeltaDecoder::apply_chain(const uint8_t* const* frames, const size_t* sizes
   has_state_ = had;
   last_seq_ = had_last;
   base_seq_ = had_base;
+  if (writing) *writing = true;
   if (!fused) {
     // Lossy deltas add in float32 and a base mid-chain restarts it: one frame at a time.
     for (size_t k = 0; k < count; ++k)

@@ -1022,8 +1022,10 @@ void run_restore(const Opts& o) {
   for (int i = 0; i < 3; ++i)
     out.put(k + "node" + std::to_string(i) + ".daemon_peak_rss_mib", c.hwm_mib(i), "MiB");
   out.put(k + "bench_peak_rss_mib", maxrss_mib(), "MiB");
+  const char* rm = getenv("R2CCL_SNAPSHOT_RESTORE");
   out.row("## restore, " + codec + ": " + mib(double(o.bytes)) + " MiB FP16, step " +
-          std::to_string(S) + " (chain: base at step 1 + " + std::to_string(S - 1) + " deltas)");
+          std::to_string(S) + " (chain: base at step 1 + " + std::to_string(S - 1) +
+          " deltas), R2CCL_SNAPSHOT_RESTORE=" + (rm && *rm ? rm : "direct (default)"));
   out.row("| from | restore() s | GB/s | bit-exact |");
   out.row("|---|---|---|---|");
   const std::string ex = exact ? "yes" : "n/a (lossy)";
@@ -1095,6 +1097,7 @@ void run_decode(const Opts& o) {
           fmt(double(o.bytes) / one_by_one / 1e9, "%.2f") + " |");
   out.row("| one pass (apply_chain) | " + fmt(chain, "%.4f") + " | " +
           fmt(double(o.bytes) / chain / 1e9, "%.2f") + " |");
+  out.row("# both bit-exact (every run compared with the state; a difference exits 1)");
 }
 
 // ---- --mode pages ----

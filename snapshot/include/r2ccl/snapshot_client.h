@@ -62,7 +62,8 @@ extern "C" {
           corrupt, busy) */
 #define R2CCL_SNAP_ERR_CORRUPT                            \
   (-8) /* restore: a shard failed its checks (CRC, chain, \
-          sizes); the registered buffers are untouched */
+          sizes). What a failed restore leaves in the     \
+          buffers: r2ccl_snap_restore() */
 #define R2CCL_SNAP_ERR_NOMEM (-9)
 #define R2CCL_SNAP_ERR_UNSUPPORTED (-10) /* device memory in a build without USE_CUDA */
 #define R2CCL_SNAP_ERR_TOO_SMALL (-11)   /* the caller's buffer is too small; *n says the size */
@@ -190,10 +191,10 @@ int r2ccl_snap_wait_event(r2ccl_snap_t* h, int64_t timeout_us, r2ccl_snap_state_
  * decodes each chain as it arrives (up to 4 threads; one pass over the buffer per chain, base
  * and deltas together):
  *  - R2CCL_SNAPSHOT_RESTORE=direct (default): straight into the registered host buffers. An
- *    error found before any decoding began leaves them untouched; one found after (a later
- *    buffer refused, corrupt or cut off) leaves some of them restored and others not, and its
- *    message says "partly overwritten": restore again before using them. The fastest way, and a
- *    replacement process needs no scratch memory for it.
+ *    error (REFUSED, CORRUPT, TIMEOUT, CONNECTION) found before any buffer's chain passed its
+ *    checks leaves them untouched; one found after leaves some or all of them overwritten, and
+ *    its message says "partly or wholly overwritten": restore again before using them. The
+ *    fastest way, and a replacement process needs no scratch memory for it.
  *  - staged: into scratch (a staging set); only when every buffer decoded and the metadata
  *    checked out are the registered buffers overwritten, so any error leaves them untouched. One
  *    more copy of the state.

@@ -203,9 +203,10 @@ class DeltaDecoder {
   // Returns nullptr with *err for size_bytes 0 or not a multiple of the element size.
   // Allocates the state (size_bytes, zeroed) unless `state` is given: then the state is the
   // caller's memory (size_bytes, not owned, must outlive the decoder; its bytes are kept until
-  // the first base). The payload scratch is allocated at the first frame (apply(): at most
-  // size_bytes + 4 * ceil(elements / 256) bytes; apply_streaming(): one chunk), from the
-  // registered size only.
+  // the first base). The payload scratch is allocated at the first frame: apply(), at most
+  // size_bytes + 4 * ceil(elements / 256) bytes (from the registered size); apply_streaming()
+  // one chunk and apply_chain() two, of the frames' chunk_elems (at most kMaxChunkElems
+  // elements each, whatever the buffer's size).
   static std::unique_ptr<DeltaDecoder> create(DType dtype, size_t size_bytes, std::string* err,
                                               uint8_t* state = nullptr);
   ~DeltaDecoder();
@@ -240,9 +241,11 @@ class DeltaDecoder {
   // (one zstd context per frame, kept for the next call). Other chains (lossy deltas, a base
   // mid-chain) go one frame at a time. Errors found while decoding reset() the decoder, as
   // apply_streaming() does: the state must then be discarded.
+  // *writing (may be null) is set once every frame passed its checks and the state is about to
+  // be written: false after a refusal, true after an error found while decoding.
   static constexpr size_t kMaxFusedFrames = 64;
   [[nodiscard]] bool apply_chain(const uint8_t* const* frames, const size_t* sizes, size_t count,
-                                 std::string* err);
+                                 std::string* err, bool* writing = nullptr);
 
   // Forgets the chain (the next frame must be a base); the state bytes are kept.
   void reset() { has_state_ = false; }
