@@ -908,8 +908,7 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
         std::lock_guard<std::mutex> l(fetch_mu);
         if (i >= sent) return;  // this buffer's FETCH never went out: res[] has the error
       }
-      res[i] =
-          restore_buffer(i, S, decs[i].get(), req[i], deadline, decodes_direct(i), &overwritten);
+      res[i] = restore_buffer(i, S, decs[i].get(), req[i], deadline, &overwritten);
       if (!res[i].ok()) failed.store(true);
     }
   };
@@ -1040,7 +1039,7 @@ uint64_t Client::start_fetch(uint32_t i, uint64_t S, uint32_t avoid, Status* s) 
 // written once instead of once per frame). A shard that fails its checksum is asked for again
 // from elsewhere (the daemon skips the node that served it), up to twice.
 Status Client::restore_buffer(uint32_t i, uint64_t S, DeltaDecoder* dec, uint64_t request,
-                              int64_t deadline, bool direct, std::atomic<bool>* overwritten) {
+                              int64_t deadline, std::atomic<bool>* overwritten) {
   const uint32_t n = static_cast<uint32_t>(bufs_.size());
   const std::string where = "restore of step " + std::to_string(S) + ", rank " +
                             std::to_string(rank_) + ", buffer " + std::to_string(i) +
@@ -1134,7 +1133,7 @@ Status Client::restore_buffer(uint32_t i, uint64_t S, DeltaDecoder* dec, uint64_
       dec->reset();
       bool writing = false;
       const bool ok = dec->apply_chain(frames.data(), sizes.data(), chain.size(), &err, &writing);
-      if (direct && writing) overwritten->store(true);
+      if (writing && decodes_direct(i)) overwritten->store(true);
       if (!ok)
         return fail(R2CCL_SNAP_ERR_CORRUPT, where + ": chain of steps " +
                                                 std::to_string(chain.front().meta.step) + ".." +

@@ -122,7 +122,7 @@ class Client {
   // restore(): fetches buffer i's chain of step S and decodes it into decs[i] (any thread).
   // *overwritten is set when it starts decoding into the caller's buffer (direct).
   Status restore_buffer(uint32_t i, uint64_t S, DeltaDecoder* dec, uint64_t request,
-                        int64_t deadline, bool direct, std::atomic<bool>* overwritten);
+                        int64_t deadline, std::atomic<bool>* overwritten);
   bool decodes_direct(uint32_t i) const {  // restore() decodes buffer i into the caller's memory
     return cfg_.restore_direct && i < n_user_ && !bufs_[i].device;
   }
