@@ -9,9 +9,11 @@
 //   [-1, 2^31-1], rail [0, 15], at [0, 86400000] ms, for [1, 86400000] ms, delay [1, 60000] ms.
 //   reset: each connection shuts its sockets on the rail down at the first moment at or after
 //   `at` when it has a message in flight (so the fault always hits traffic), and no new
-//   connection on the rail succeeds until `for` has passed. blackhole: every byte written is
-//   dropped and nothing is read, while the kernel's TCP connection stays up (so detection
-//   takes the heartbeat/watchdog's slow path, ~1 s). delay: every frame is held MS before it
+//   connection on the rail succeeds until `for` has passed. blackhole: nothing is written
+//   or read, the frames queued meanwhile wait, and the kernel's TCP connection stays up: a
+//   real black hole delays a live connection's bytes, never loses them (the kernel resends
+//   them once it closes, RAIL-LAB.md). Detection takes the heartbeat/watchdog's slow path
+//   (0.1-0.5 s); a path that fails meanwhile drops its queued frames with its sockets. delay: every frame is held MS before it
 //   is written.
 // Thread-safety: configure() once at init; the queries are lock-free (atomics) from any thread.
 #pragma once

@@ -1,5 +1,6 @@
 // TCP-only failover on two rails on lo with the in-process fault injector (R2CCL_FAULT_INJECT):
-// a delayed rail, a short total outage (rail 0 dead, rail 1 black-holed for 500 ms) and the
+// a delayed rail, a short total outage (rail 0 dead, rail 1 black-holed for 1 s), a black hole
+// below detection on the only rail, and the
 // r2ccl_perf demo path (--expect-replay). The fault cases both transports share (a reset or
 // black hole of the primary rail costs no byte and logs exactly one switchover and its
 // recovery; without replay the same loss fails; every rail down; a killed peer) are in
@@ -63,20 +64,43 @@ TEST_CASE("rail 0 delayed by 60 ms per frame (R2CCL_STRIPE=0): no data lost",
   CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
 }
 
-TEST_CASE("rail 0 dead, then rail 1 black-holed for 500 ms: the connection waits for rail 1",
+TEST_CASE("rail 0 dead, then rail 1 black-holed for 1 s: the connection waits for rail 1",
           "[loopback][failover]") {
-  // No usable path for ~0.5 s, far below R2CCL_FAILOVER_TIMEOUT (3 s here): pending requests
-  // must wait and complete once rail 1 is back. This guards two fixed bugs: the receiver
-  // gave up at once when every path read "peer closed" (the sender closes a path it failed,
-  // so that alone does not mean the peer is gone), and CTS/ACK frames issued while no path
-  // was up were dropped and never re-sent when one came back.
+  // No usable path for ~1 s (long enough for both ends' detectors to fail rail 1), below
+  // R2CCL_FAILOVER_TIMEOUT (3 s here): pending requests must wait and complete once rail 1 is back.
+  // This guards two fixed bugs: the receiver gave up at once when every path read "peer closed"
+  // (the sender closes a path it failed, so that alone does not mean the peer is gone), and CTS/ACK
+  // frames issued while no path was up were dropped and never re-sent when one came back.
   FaultRun r =
-      run_stream("rank=-1,rail=0,at=150,kind=reset;rank=-1,rail=1,at=400,kind=blackhole,for=500",
+      run_stream("rank=-1,rail=0,at=150,kind=reset;rank=-1,rail=1,at=400,kind=blackhole,for=1000",
                  {{"R2CCL_FAILOVER_TIMEOUT", "3s"}}, 10000);
   INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
   CHECK(count_lines_containing(r.receiver_log, "give-up:") == 0);
   CHECK(r.pair.sender_status == kOk);
   CHECK(r.pair.receiver_status == kOk);
+}
+
+TEST_CASE("a black hole shorter than detection on the only rail delays frames, loses none",
+          "[loopback][failover]") {
+  // The receiver's one rail is black-holed from its first irecv for 200 ms, below every
+  // detector: its CTSs wait, as TCP's retransmissions make them wait on a real black hole
+  // (RAIL-LAB.md), and the sender, with nothing in flight, has no timer that would notice a
+  // lost one. A fresh-clone CI run hung here when the injector dropped the frames instead.
+  PairOptions o;
+  o.env = {{"R2CCL_SOCKET_IFNAME", "lo@127.0.0.1"},
+           {"R2CCL_FAULT_INJECT", "rank=1,rail=0,at=0,kind=blackhole,for=200"}};
+  o.sender_env = {{"R2CCL_RANK", "0"}};
+  o.receiver_env = {{"R2CCL_RANK", "1"}};
+  o.timeout_s = 120;
+  StreamSpec s;
+  s.min_messages = 16;
+  s.min_seconds = 0.5;
+  s.stall_ms = 5000;
+  FaultRun r = run_stream(o, s);
+  INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+  CHECK(r.pair.sender_status == kOk);
+  CHECK(r.pair.receiver_status == kOk);
+  CHECK(count_lines_containing(r.sender_log + r.receiver_log, "give-up:") == 0);
 }
 
 TEST_CASE("r2ccl_perf demo: rail 0 reset, --repeat 2 --check --expect-replay exits 0",

@@ -730,7 +730,10 @@ void Conn::queue_ctrl(Path& p, FrameHeader h, TimeUs now) {
 
 bool Conn::flush_stream(Path& p, Stream& s, TimeUs now) {
   if (s.fd < 0) return true;
-  auto fault = FaultInjector::instance().query(rail_of(p), now);
+  // A black hole writes nothing and the frames wait: TCP on a real black hole loses no byte
+  // of a live connection, its retransmissions deliver them once the hole closes
+  // (RAIL-LAB.md), unless a detector fails the path first and its queues go with it.
+  if (FaultInjector::instance().query(rail_of(p), now).blackhole) return true;
   for (int guard = 0; guard < 64; ++guard) {
     if (!s.cur_active) {
       if (!s.ctrlq.empty()) {
@@ -746,38 +749,34 @@ bool Conn::flush_stream(Path& p, Stream& s, TimeUs now) {
     OutFrame& f = s.cur_ctrl ? s.ctrlq.front() : s.dataq.front();
     if (f.not_before > now) return true;
     const size_t total = sizeof(FrameHeader) + f.h.len;
-    if (fault.blackhole) {
-      s.cur_off = total;  // silently discarded at the socket layer
-    } else {
-      iovec iov[2];
-      int n_iov = 0;
-      if (s.cur_off < sizeof(FrameHeader)) {
-        iov[n_iov].iov_base = reinterpret_cast<char*>(&f.h) + s.cur_off;
-        iov[n_iov].iov_len = sizeof(FrameHeader) - s.cur_off;
+    iovec iov[2];
+    int n_iov = 0;
+    if (s.cur_off < sizeof(FrameHeader)) {
+      iov[n_iov].iov_base = reinterpret_cast<char*>(&f.h) + s.cur_off;
+      iov[n_iov].iov_len = sizeof(FrameHeader) - s.cur_off;
+      ++n_iov;
+      if (f.h.len) {
+        iov[n_iov].iov_base = const_cast<char*>(f.payload);
+        iov[n_iov].iov_len = f.h.len;
         ++n_iov;
-        if (f.h.len) {
-          iov[n_iov].iov_base = const_cast<char*>(f.payload);
-          iov[n_iov].iov_len = f.h.len;
-          ++n_iov;
-        }
-      } else {
-        size_t po = s.cur_off - sizeof(FrameHeader);
-        iov[0].iov_base = const_cast<char*>(f.payload) + po;
-        iov[0].iov_len = f.h.len - po;
-        n_iov = 1;
       }
-      msghdr m{};
-      m.msg_iov = iov;
-      m.msg_iovlen = n_iov;
-      ssize_t n = ::sendmsg(s.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
-        watch_window(s, true, now);
-        return true;
-      }
-      if (s.window_shut) watch_window(s, false, now);
-      s.cur_off += static_cast<size_t>(n);
+    } else {
+      size_t po = s.cur_off - sizeof(FrameHeader);
+      iov[0].iov_base = const_cast<char*>(f.payload) + po;
+      iov[0].iov_len = f.h.len - po;
+      n_iov = 1;
     }
+    msghdr m{};
+    m.msg_iov = iov;
+    m.msg_iovlen = n_iov;
+    ssize_t n = ::sendmsg(s.fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+      watch_window(s, true, now);
+      return true;
+    }
+    if (s.window_shut) watch_window(s, false, now);
+    s.cur_off += static_cast<size_t>(n);
     if (s.cur_off < total) return true;
     s.cur_active = false;
     if (s.cur_ctrl)
