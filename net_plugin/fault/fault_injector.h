@@ -13,8 +13,8 @@
 //   or read, the frames queued meanwhile wait, and the kernel's TCP connection stays up: a
 //   real black hole delays a live connection's bytes, never loses them (the kernel resends
 //   them once it closes, RAIL-LAB.md). Detection takes the heartbeat/watchdog's slow path
-//   (0.1-0.5 s); a path that fails meanwhile drops its queued frames with its sockets. delay: every frame is held MS before it
-//   is written.
+//   (0.1-0.5 s); a path that fails meanwhile drops its queued frames with its sockets.
+//   delay: every frame is held MS before it is written.
 // Thread-safety: configure() once at init; the queries are lock-free (atomics) from any thread.
 #pragma once
 
