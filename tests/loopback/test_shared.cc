@@ -336,8 +336,10 @@ void perf_every_op(const TransportUnderTest& t) {
     std::vector<long long> want = {0, 16, 256, 4096, 65536, 1048576, 16777216};
     if (ag)
       for (auto& s : want) s = s / 12 * 12;
-    check_perf(t, std::string("--op ") + op + " --ranks 3 --channels 2 -b 0 -e 16M -f 16 --check",
-               want);
+    check_perf(
+        t,
+        std::string("--op ") + op + " --ranks 3 --channels 2 -b 0 -e 16M -f 16 -n 4 -w 1 --check",
+        want);
   }
 }
 SHARED_CASE("r2ccl_perf: every op over 3 ranks and 2 channels, checked", "[perf]", perf_every_op)
