@@ -5,8 +5,9 @@
 # Phases: setup, build, unit+abi, loopback (TCP on lo, verbs on the fake verbs provider), lab
 # (root + namespaces), rdma (real HCAs; skipped without one), AddressSanitizer build with the
 # bad-input, unit and verbs-on-the-fake tests, the USE_CUDA=ON build of the plugin (compiled
-# only, where a CUDA toolkit is installed), benchmark smoke run, the predictor benchmark. Prints the
-# time of each phase. When CI=true and running as root, a skipped lab test is a failure (the lab
+# only, where a CUDA toolkit is installed), benchmark smoke run, the predictor benchmark. The
+# AddressSanitizer and USE_CUDA builds run in the background at the lowest priority behind the
+# test phases before them (bg_build_start). Prints the time of each phase. When CI=true and running as root, a skipped lab test is a failure (the lab
 # must really run in CI).
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -62,9 +63,39 @@ configure_and_build() {  # configure_and_build DIR "CMAKE_OPTS..." [cmake --buil
   cmake -S . -B "$dir" "${o[@]}" >/dev/null && cmake --build "$dir" -j "$JOBS" "$@"
 }
 
+# A build started in the background at the lowest CPU and I/O priority, while the test phases
+# run: those wait on sockets, timers and namespaces most of the time, and the build takes only
+# what they leave (a test process that wakes preempts it at once). Its output goes to
+# $LOGDIR/NAME.log; bg_build_wait prints it and its exit status as a phase of its own.
+declare -A BG_PID BG_T0
+bg_build_start() {  # bg_build_start NAME DIR "CMAKE_OPTS..." [cmake --build args...]
+  local name=$1; shift
+  mkdir -p "$LOGDIR"
+  BG_T0[$name]=$(date +%s)
+  (
+    renice -n 19 -p "$BASHPID" >/dev/null  # the compilers it starts inherit both
+    ionice -c 3 -p "$BASHPID" 2>/dev/null
+    configure_and_build "$@"
+  ) >"$LOGDIR/$name.log" 2>&1 &
+  BG_PID[$name]=$!
+}
+# A run that ends early (a failed phase's exit, ^C) takes its background builds with it.
+trap 'for p in "${BG_PID[@]}"; do pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done' EXIT
+bg_build_wait() {  # bg_build_wait NAME: the build's exit status; its log on stdout
+  local name=$1 rc
+  wait "${BG_PID[$name]}"
+  rc=$?
+  cat "$LOGDIR/$name.log"
+  PHASE_NOTE="started in the background $(( $(date +%s) - BG_T0[$name] ))s ago"
+  return $rc
+}
+
 phase "setup" bash scripts/setup.sh || exit 1
 phase "build" configure_and_build build R2CCL_BUILD_OPTS || {
   printf '%s\n' "${SUMMARY[@]}"; exit 1; }
+# Only what the AddressSanitizer phase runs (target r2ccl_asan_phase, tests/CMakeLists.txt:
+# keep the two in step), built behind the unit, loopback and lab phases.
+bg_build_start asan-build build-asan R2CCL_ASAN_BUILD_OPTS --target r2ccl_asan_phase
 phase "unit + abi" run_ctest build unit_abi -j "$JOBS" -L 'unit|abi'
 # Loopback and AddressSanitizer tests run two at a time ($JOBS): they wait on sockets and timers
 # more than they compute, and their timing bounds hold on 2 busy cores (they must: the failure
@@ -83,15 +114,18 @@ phase "rdma (real HCAs)" rdma_tests
 if [ $LONG -eq 1 ]; then
   phase "long" run_ctest build long -L long
 fi
-# Only what the next phase runs (target r2ccl_asan_phase, tests/CMakeLists.txt: keep the two in
-# step).
-phase "asan build" configure_and_build build-asan R2CCL_ASAN_BUILD_OPTS --target r2ccl_asan_phase
+phase "asan build (background)" bg_build_wait asan-build
+HAVE_CUDA=0
+if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
+  HAVE_CUDA=1  # compiled behind the AddressSanitizer tests
+  bg_build_start cuda-build build-cuda R2CCL_CUDA_BUILD_OPTS --target nccl-net-r2ccl r2ccl_snapshot
+fi
 # unit_test_fakeverbs (the fake provider's own timing-based scenarios) is left out here: under
 # ASan on 2 cores its cross-process throughput scenario has missed its deadline; it runs in
 # the plain build above, and the plugin's verbs code runs under ASan through ib_fake.
 phase "bad input, unit, shared suite, verbs, snapshotd under asan" run_ctest build-asan asan -j "$JOBS" -R 'bad_input|unit_|shared|ib_fake|snapshotd' -E 'unit_test_fakeverbs'
-if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
-  phase "USE_CUDA build (compile only)" configure_and_build build-cuda R2CCL_CUDA_BUILD_OPTS --target nccl-net-r2ccl r2ccl_snapshot
+if [ $HAVE_CUDA -eq 1 ]; then
+  phase "USE_CUDA build (compile only, background)" bg_build_wait cuda-build
 else
   echo "=== no CUDA toolkit: the USE_CUDA=ON build is not compiled here"
 fi
