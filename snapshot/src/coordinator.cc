@@ -87,13 +87,15 @@ std::string encode_record(const Record& r) {
   for (const auto& m : r.members)
     ms.push_back(
         {{"id", m.id}, {"incarnation", std::to_string(m.incarnation)}, {"gbps", m.usable_gbps}});
-  json j = {{"epoch", r.epoch},
-            {"generation", r.generation},
-            {"restore_step", r.restore_step ? json(*r.restore_step) : json(nullptr)},
-            {"generation_step", r.generation_step ? json(*r.generation_step) : json(nullptr)},
-            {"leader", r.leader},
-            {"leader_revision", r.leader_revision},
-            {"members", ms}};
+  json j = {
+      {"epoch", r.epoch},
+      {"generation", r.generation},
+      {"restore_step", r.restore_step ? json(*r.restore_step) : json(nullptr)},
+      {"restore_points", r.restore_points},
+      {"generation_step", r.restore_points.empty() ? json(nullptr) : json(r.restore_points.back())},
+      {"leader", r.leader},
+      {"leader_revision", r.leader_revision},
+      {"members", ms}};
   return j.dump();
 }
 
@@ -124,13 +126,32 @@ bool decode_record(const std::string& text, Record* r, std::string* err) {
     }
     out.restore_step = s;
   }
-  if (j.contains("generation_step") && !j["generation_step"].is_null()) {
+  if (out.generation > kMaxGenerations) {
+    *err = "generation " + std::to_string(out.generation) + " is above " +
+           std::to_string(kMaxGenerations);
+    return false;
+  }
+  if (j.contains("restore_points")) {
+    const json& rp = j["restore_points"];
+    bool ok = rp.is_array() && rp.size() == out.generation;
+    for (size_t k = 0; ok && k < rp.size(); ++k) {
+      ok = rp[k].is_number_unsigned();
+      if (ok) out.restore_points.push_back(rp[k].get<uint64_t>());
+    }
+    if (!ok) {
+      *err = "restore_points must be an array of " + std::to_string(out.generation) +
+             " steps, one per generation";
+      return false;
+    }
+  } else if (j.contains("generation_step") && !j["generation_step"].is_null()) {
+    // The older form: only the newest restore point. Used for every generation, it decides
+    // as that form did.
     uint64_t g = 0;
     if (!u64_of(j, "generation_step", &g)) {
       *err = "generation_step is neither a step nor null";
       return false;
     }
-    out.generation_step = g;
+    out.restore_points.assign(out.generation, g);
   }
   out.leader = uint32_t(leader);
   out.leader_revision = int64_t(lrev);
@@ -165,7 +186,10 @@ board::AgreedRecord to_board(const Record& r, uint32_t configured) {
 
 bool shard_current(const Record& record, uint64_t shard_generation, uint64_t step) {
   if (shard_generation >= record.generation) return true;
-  return record.generation_step && step <= *record.generation_step;
+  if (record.restore_points.size() != record.generation) return false;
+  for (uint64_t k = shard_generation; k < record.generation; ++k)
+    if (step > record.restore_points[k]) return false;
+  return true;
 }
 
 Planner::Planner(uint32_t self, TimeUs period, TimeUs grace)
@@ -245,7 +269,7 @@ Planner::Plan Planner::plan(const Input& in, std::vector<MemberInfo>* members_af
   r.members = next;
   r.generation = in.current->generation;
   r.restore_step = in.current->restore_step;
-  r.generation_step = in.current->generation_step;
+  r.restore_points = in.current->restore_points;
   if (!lost.empty()) {
     if (!in.cut_ready && in.now < cut_deadline_) {
       p.waiting_for_cut = true;
@@ -256,8 +280,11 @@ Planner::Plan Planner::plan(const Input& in, std::vector<MemberInfo>* members_af
     // restore and nobody rolls back: no new generation, and nothing is dropped (a node that
     // returns with its spilled shards can make a step complete again).
     if (in.newest_complete) {
+      // A record without its points (an older daemon's) gets 0 for the missing ones: their
+      // generations' shards are then never current, which loses no consistency.
+      r.restore_points.resize(r.generation, 0);
       r.generation += 1;
-      r.generation_step = in.newest_complete;
+      r.restore_points.push_back(*in.newest_complete);
     }
     r.restore_step = in.newest_complete;
   }

@@ -30,7 +30,7 @@ Record rec(uint64_t epoch, std::initializer_list<uint32_t> ids, uint64_t gen = 0
   r.epoch = epoch;
   r.generation = gen;
   r.restore_step = restore;
-  r.generation_step = gen ? restore : std::nullopt;
+  if (gen) r.restore_points.assign(gen, restore.value_or(0));
   r.members = mems(ids);
   return r;
 }
@@ -75,7 +75,7 @@ TEST_CASE("coordinator: a lost lease is a restore point; a join is not; nothing 
   CHECK(plan.next->epoch == 5);
   CHECK(plan.next->generation == 3);
   CHECK(plan.next->restore_step == std::optional<uint64_t>(9));
-  CHECK(plan.next->generation_step == std::optional<uint64_t>(9));
+  CHECK(plan.next->restore_points == std::vector<uint64_t>{7, 7, 9});
   CHECK(ids_of(*plan.next) == std::vector<uint32_t>{0, 2});
   CHECK_THAT(plan.why, Catch::Contains("lost 1 (lease gone)"));
   // A join alone keeps the generation and the restore step.
@@ -215,6 +215,47 @@ TEST_CASE("coordinator: generations decide which shards belong to the timeline",
   CHECK_FALSE(shard_current(later, 1, 11));
 }
 
+TEST_CASE("coordinator: a step rolled back at one restore point stays rolled back after the next",
+          "[snapshot][coordinator]") {
+  // Generation 0 ran to step 20; a loss restored step 10 (generation 1, which ran to 30); a
+  // second loss restored step 15 (generation 2). Generation 0's step 12 was rolled back at the
+  // first restore point: a node away across both, returning with it spilled, must not count
+  // it, although 12 <= 15.
+  ManualClock clk;
+  Planner p(0, kPeriod, kGrace);
+  p.took_over(clk.now());
+  clk.advance(10 * kPeriod);
+  Planner::Input in;
+  in.current = rec(3, {0, 1, 2, 3});
+  in.registered = mems({0, 1, 2});  // node 3 is lost
+  in.now = clk.now();
+  in.cut_ready = true;
+  in.newest_complete = 10;
+  auto plan = p.plan(in);
+  REQUIRE(plan.next);
+  REQUIRE(plan.next->generation == 1);
+  in.current = *plan.next;
+  in.registered = mems({0, 1});  // node 2 is lost
+  in.newest_complete = 15;
+  plan = p.plan(in);
+  REQUIRE(plan.next);
+  REQUIRE(plan.next->generation == 2);
+  const Record& r = *plan.next;
+  CHECK(shard_current(r, 0, 10));        // before both restore points
+  CHECK_FALSE(shard_current(r, 0, 12));  // rolled back at step 10
+  CHECK_FALSE(shard_current(r, 0, 16));
+  CHECK(shard_current(r, 1, 12));  // generation 1's step 12, before step 15
+  CHECK(shard_current(r, 1, 15));
+  CHECK_FALSE(shard_current(r, 1, 16));  // rolled back at step 15
+  CHECK(shard_current(r, 2, 16));
+  // The same through the record's JSON (what every daemon reads from etcd).
+  Record back;
+  std::string err;
+  REQUIRE(decode_record(encode_record(r), &back, &err));
+  CHECK_FALSE(shard_current(back, 0, 12));
+  CHECK(shard_current(back, 1, 12));
+}
+
 TEST_CASE("coordinator: the record and member JSON round-trip; bad input is named",
           "[snapshot][coordinator]") {
   Record r = rec(7, {3, 0, 1}, 2, 41);
@@ -224,9 +265,9 @@ TEST_CASE("coordinator: the record and member JSON round-trip; bad input is name
   r.leader_revision = 17;
   Record back;
   std::string err;
-  r.generation_step = 40;
+  r.restore_points = {30, 40};
   REQUIRE(decode_record(encode_record(r), &back, &err));
-  CHECK(back.generation_step == std::optional<uint64_t>(40));
+  CHECK(back.restore_points == std::vector<uint64_t>{30, 40});
   CHECK(back.epoch == 7);
   CHECK(back.generation == 2);
   CHECK(back.restore_step == std::optional<uint64_t>(41));
@@ -257,6 +298,27 @@ TEST_CASE("coordinator: the record and member JSON round-trip; bad input is name
                                {"id":1,"incarnation":"2"}]})",
                             &back, &err));
   CHECK_THAT(err, Catch::Contains("appears twice"));
+  Record old;  // `back` is checked again below
+  // restore_points: one step per generation; a record of the older form (only
+  // generation_step) decides as that form did; a generation beyond the bound is refused.
+  for (const char* bad :
+       {R"("generation":2,"restore_points":[5])", R"("generation":1,"restore_points":[-5])",
+        R"("generation":1,"restore_points":"5")"}) {
+    INFO(bad);
+    CHECK_FALSE(decode_record(std::string(R"({"epoch":1,"restore_step":null,"leader":0,)") +
+                                  R"("leader_revision":0,"members":[],)" + bad + "}",
+                              &old, &err));
+    CHECK_THAT(err, Catch::Contains("restore_points must be an array of"));
+  }
+  REQUIRE(decode_record(R"({"epoch":1,"generation":2,"restore_step":9,"generation_step":9,
+                            "leader":0,"leader_revision":0,"members":[]})",
+                        &old, &err));
+  CHECK(old.restore_points == std::vector<uint64_t>{9, 9});
+  CHECK_FALSE(decode_record(R"({"epoch":1,"generation":99999999999,"restore_step":9,
+                                "generation_step":9,"leader":0,"leader_revision":0,
+                                "members":[]})",
+                            &old, &err));
+  CHECK_THAT(err, Catch::Contains("generation 99999999999 is above"));
   MemberInfo m{4, 99, 1234, 3.5f, "abcd"}, mb;
   REQUIRE(decode_member(encode_member(m), &mb, &err));
   CHECK(mb.id == 4);

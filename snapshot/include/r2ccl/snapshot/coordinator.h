@@ -55,17 +55,21 @@ struct MemberInfo {
 
 // The agreed record: etcd key <prefix>/record, and <prefix>/records/<epoch> (one per epoch,
 // created only if absent). JSON, e.g.
-//   {"epoch":3,"generation":1,"restore_step":41,"generation_step":41,"leader":0,
-//    "leader_revision":17,
+//   {"epoch":3,"generation":1,"restore_step":41,"restore_points":[41],"generation_step":41,
+//    "leader":0,"leader_revision":17,
 //    "members":[{"id":0,"incarnation":"123","gbps":12.5},...]}
-// (restore_step null: no step is restorable; incarnations as strings, 64-bit.)
+// (restore_step null: no step is restorable; incarnations as strings, 64-bit; generation_step,
+// the newest restore point or null, is written for readers of the older form, which had only
+// it, and read when restore_points is absent.)
 struct Record {
   uint64_t epoch = 0;       // 1, 2, ...: one per membership, never reused (etcd keeps them)
   uint64_t generation = 0;  // restore points so far; shards carry the generation they were taken in
   std::optional<uint64_t> restore_step;  // every rank restores this step in this epoch
-  // The step this generation began from (the restore step of the record that started it):
-  // older generations' shards up to it belong to this timeline, those after it do not.
-  std::optional<uint64_t> generation_step;
+  // The step each generation began from (the restore step of the record that started it):
+  // generation k >= 1 began from restore_points[k - 1], so there are `generation` of them. A
+  // shard of an older generation belongs to this timeline up to the smallest restore point of
+  // the generations after its own; a step after that was rolled back.
+  std::vector<uint64_t> restore_points;
   uint32_t leader = 0;              // the coordinator that wrote it
   int64_t leader_revision = 0;      // its election key's create revision (fencing token)
   std::vector<MemberInfo> members;  // ascending id
@@ -73,6 +77,9 @@ struct Record {
   const MemberInfo* find(uint32_t id) const;
   bool same_members(const std::vector<MemberInfo>& m) const;
 };
+// Restore points a record may hold (decode_record refuses more): one per node loss that had a
+// complete step to go back to, far beyond any job's.
+constexpr uint64_t kMaxGenerations = 1u << 20;
 std::string encode_record(const Record& r);
 // Returns false with *err saying what is malformed (the caller names the key).
 bool decode_record(const std::string& text, Record* r, std::string* err);
@@ -83,8 +90,9 @@ bool decode_member(const std::string& text, MemberInfo* m, std::string* err);
 board::AgreedRecord to_board(const Record& r, uint32_t configured);
 
 // Whether a shard taken in generation `shard_generation` at `step` belongs to the timeline of
-// `record`: its own generation, or an older one at or before the step the record's generation
-// began from (a step after that restore point was rolled back).
+// `record`: its own generation, or an older one at or before every restore point since (a
+// step after one of them was rolled back there, even if a later restore point is higher).
+// False for older generations when the record lacks its restore points.
 bool shard_current(const Record& record, uint64_t shard_generation, uint64_t step);
 
 class Planner {
