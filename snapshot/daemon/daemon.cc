@@ -211,8 +211,10 @@ void Daemon::tick() {
   for (auto& [id, o] : outs_) {
     if (blocked(id) || suspected_.count(id)) continue;
     if (!o->open) {
-      // What was queued to it is gone: its chains are resent once it is connected again.
+      // What was queued to it is gone: its chains are resent once it is connected again, and
+      // fetches asked of it move on (a write that failed; a failed connect already did).
       for (auto& [rb, reps] : replicas_of_) reps.erase(id);
+      fetches_lost(id, "lost its connection");
       connect(o, id);
     }
   }
@@ -226,8 +228,14 @@ void Daemon::tick() {
   for (uint64_t id : late) {
     auto it = fetches_.find(id);
     if (it == fetches_.end()) continue;
-    it->second.silent.push_back(it->second.asked);
-    ask_next(it->second);
+    PendingFetch& pf = it->second;
+    SNAP_WARN(
+        "restore of rank %u buffer %u step %llu: node %u did not answer within %lld ms; asking "
+        "the next replica",
+        pf.want.rank, pf.want.buffer, static_cast<unsigned long long>(pf.want.step), pf.asked,
+        static_cast<long long>((now - pf.asked_at) / 1000));
+    pf.silent.push_back(pf.asked);
+    ask_next(pf);
   }
   resync_replicas();
   for (auto it = clients_.begin(); it != clients_.end();)

@@ -421,6 +421,10 @@ class Daemon {
   void client_fetch(const std::shared_ptr<ClientConn>& c, const FetchBody& b);
   void fetch_from_peers(const std::shared_ptr<ClientConn>& c, const FetchBody& b);
   void ask_next(PendingFetch& pf);
+  // Fetches waiting on `peer` move on to their next replica now (it is kept for a second
+  // pass): its connection could not be made or broke, so what was queued to it is gone.
+  // `why` goes into the log line. Loop thread.
+  void fetches_lost(uint32_t peer, const char* why);
   bool on_fetched(uint32_t peer, const std::shared_ptr<PeerConn>& in);
   void fetched_checked(uint32_t peer, uint64_t id, const std::shared_ptr<Bytes>& body, bool sum_ok);
 

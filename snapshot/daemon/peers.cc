@@ -171,7 +171,13 @@ void Daemon::connect(const std::shared_ptr<PeerConn>& o, uint32_t id) {
   outs_[id] = fresh;
   fresh->sock.async_connect(
       tcp::endpoint(addr, spec->port), [this, fresh, id](const std::error_code& e) {
-        if (e || !fresh->open) return close_conn(fresh);
+        if (e || !fresh->open) {
+          close_conn(fresh);
+          // The FETCHes queued behind the HELLO are gone with it: ask elsewhere now rather
+          // than after 10 periods (20 s at a 2 s period).
+          if (e) fetches_lost(id, ("cannot be reached (" + e.message() + ")").c_str());
+          return;
+        }
         HelloBody h{};
         h.node_id = o_.self;
         h.token_len = static_cast<uint32_t>(o_.token.size());

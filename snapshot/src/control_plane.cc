@@ -49,6 +49,11 @@ std::string ControlPlane::suspect_key(const std::string& p, uint32_t target, uin
 }
 
 ControlPlane::ControlPlane(Config c, Events e) : c_(std::move(c)), e_(std::move(e)) {
+  // Chosen now, not at the first registration: the daemon's first HELLOs to its peers go out
+  // before etcd answers, and a peer reopens its connection to a restarted node only when the
+  // HELLO names a new incarnation (with 0 it kept writing answers into the dead process's
+  // socket, and a replacement's FETCHes waited 10 periods).
+  incarnation_ = random_incarnation();
   kv_ = std::make_unique<etcd::Client>(c_.etcd);
   unsigned char md[EVP_MAX_MD_SIZE];
   unsigned int n = 0;

@@ -112,6 +112,8 @@ class ControlPlane {
   void kv_put(std::string key, std::string value);
   void set_gbps(float gbps);
 
+  // This process's incarnation: random and non-zero from construction on (the first HELLOs
+  // carry it), new when the node registers again after an eviction. Any thread.
   uint64_t incarnation() const { return incarnation_.load(); }
   bool leader() const { return leader_.load(); }
   // The elected coordinator's node id as of the last election read; -1: none known.
