@@ -63,28 +63,34 @@ configure_and_build() {  # configure_and_build DIR "CMAKE_OPTS..." [cmake --buil
   cmake -S . -B "$dir" "${o[@]}" >/dev/null && cmake --build "$dir" -j "$JOBS" "$@"
 }
 
-# A build started in the background at the lowest CPU and I/O priority, while the test phases
-# run: those wait on sockets, timers and namespaces most of the time, and the build takes only
-# what they leave (a test process that wakes preempts it at once). Its output goes to
-# $LOGDIR/NAME.log; bg_build_wait prints it and its exit status as a phase of its own.
+# A build started in the background at the lowest CPU priority (and idle I/O priority, where
+# the disk's scheduler has one), while the test phases run: those wait on sockets, timers and
+# namespaces much of the time, and the build takes what they leave (a test process that wakes
+# preempts it at once). Its output goes to $LOGDIR/NAME.log; bg_build_wait prints it and its
+# exit status as a phase of its own.
 declare -A BG_PID BG_T0
 bg_build_start() {  # bg_build_start NAME DIR "CMAKE_OPTS..." [cmake --build args...]
   local name=$1; shift
   mkdir -p "$LOGDIR"
   BG_T0[$name]=$(date +%s)
+  set -m  # its own process group, so that the trap below reaches make and the compilers
   (
     renice -n 19 -p "$BASHPID" >/dev/null  # the compilers it starts inherit both
     ionice -c 3 -p "$BASHPID" 2>/dev/null
     configure_and_build "$@"
   ) >"$LOGDIR/$name.log" 2>&1 &
   BG_PID[$name]=$!
+  set +m
 }
-# A run that ends early (a failed phase's exit, ^C) takes its background builds with it.
-trap 'for p in "${BG_PID[@]}"; do pkill -P "$p" 2>/dev/null; kill "$p" 2>/dev/null; done' EXIT
+# A run that ends early (a failed phase's exit, ^C, a kill) takes its background builds with it.
+trap 'for p in "${BG_PID[@]}"; do kill -TERM -- "-$p" 2>/dev/null; done' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
 bg_build_wait() {  # bg_build_wait NAME: the build's exit status; its log on stdout
   local name=$1 rc
   wait "${BG_PID[$name]}"
   rc=$?
+  unset 'BG_PID[$name]'  # waited for: its process group id may be reused
   cat "$LOGDIR/$name.log"
   PHASE_NOTE="started in the background $(( $(date +%s) - BG_T0[$name] ))s ago"
   return $rc

@@ -211,10 +211,10 @@ void Daemon::tick() {
   for (auto& [id, o] : outs_) {
     if (blocked(id) || suspected_.count(id)) continue;
     if (!o->open) {
-      // What was queued to it is gone: its chains are resent once it is connected again, and
-      // fetches asked of it move on (a write that failed; a failed connect already did).
+      // What was queued to it is gone: its chains are resent once it is connected again.
+      // (A fetch asked of it waits on: its answer comes on the peer's own connection to this
+      // node, so a broken connection from here does not mean it is lost.)
       for (auto& [rb, reps] : replicas_of_) reps.erase(id);
-      fetches_lost(id, "lost its connection");
       connect(o, id);
     }
   }

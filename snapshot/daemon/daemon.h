@@ -422,8 +422,8 @@ class Daemon {
   void fetch_from_peers(const std::shared_ptr<ClientConn>& c, const FetchBody& b);
   void ask_next(PendingFetch& pf);
   // Fetches waiting on `peer` move on to their next replica now (it is kept for a second
-  // pass): its connection could not be made or broke, so what was queued to it is gone.
-  // `why` goes into the log line. Loop thread.
+  // pass): the FETCH never left (the connection to it could not be made) or its process is
+  // gone (it came back as a new incarnation). `why` goes into the log line. Loop thread.
   void fetches_lost(uint32_t peer, const char* why);
   bool on_fetched(uint32_t peer, const std::shared_ptr<PeerConn>& in);
   void fetched_checked(uint32_t peer, uint64_t id, const std::shared_ptr<Bytes>& body, bool sum_ok);

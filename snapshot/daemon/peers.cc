@@ -73,7 +73,9 @@ bool Daemon::handle_peer(const std::shared_ptr<PeerConn>& in) {
       // may still look open (nothing was written to it since): reopen it before an answer is
       // written into it and lost.
       uint64_t& known = peer_incarnation_[b.node_id];
-      if (known && known != b.incarnation) {
+      const bool restarted = known && known != b.incarnation;
+      known = b.incarnation;
+      if (restarted) {
         auto it = outs_.find(b.node_id);
         if (it != outs_.end() && it->second->open) {
           SNAP_INFO("node %u restarted (new incarnation): reopening the connection to it",
@@ -82,8 +84,9 @@ bool Daemon::handle_peer(const std::shared_ptr<PeerConn>& in) {
           for (auto& [rb, reps] : replicas_of_) reps.erase(b.node_id);
           connect(it->second, b.node_id);
         }
+        // Its old process will answer nothing more.
+        fetches_lost(b.node_id, "restarted (new incarnation)");
       }
-      known = b.incarnation;
     }
     return true;
   }
@@ -169,24 +172,27 @@ void Daemon::connect(const std::shared_ptr<PeerConn>& o, uint32_t id) {
   fresh->connected = false;
   fresh->id = id;
   outs_[id] = fresh;
-  fresh->sock.async_connect(
-      tcp::endpoint(addr, spec->port), [this, fresh, id](const std::error_code& e) {
-        if (e || !fresh->open) {
-          close_conn(fresh);
-          // The FETCHes queued behind the HELLO are gone with it: ask elsewhere now rather
-          // than after 10 periods (20 s at a 2 s period).
-          if (e) fetches_lost(id, ("cannot be reached (" + e.message() + ")").c_str());
-          return;
-        }
-        HelloBody h{};
-        h.node_id = o_.self;
-        h.token_len = static_cast<uint32_t>(o_.token.size());
-        std::memcpy(h.token, o_.token.data(), o_.token.size());
-        h.incarnation = cp_ ? cp_->incarnation() : 0;
-        fresh->latest[uint16_t(PeerMsg::kHello)] = peer_frame(PeerMsg::kHello, h);
-        fresh->connected = true;
-        pump(fresh);
-      });
+  fresh->sock.async_connect(tcp::endpoint(addr, spec->port), [this, fresh,
+                                                              id](const std::error_code& e) {
+    if (e || !fresh->open) {
+      close_conn(fresh);
+      // The FETCHes queued behind the HELLO never left: ask elsewhere now rather than
+      // after 10 periods (20 s at a 2 s period). Not for an attempt closed on purpose
+      // (aborted) or already replaced by a newer one, which carries its own queue.
+      auto cur = outs_.find(id);
+      if (e && e != asio::error::operation_aborted && cur != outs_.end() && cur->second == fresh)
+        fetches_lost(id, ("cannot be reached (" + e.message() + ")").c_str());
+      return;
+    }
+    HelloBody h{};
+    h.node_id = o_.self;
+    h.token_len = static_cast<uint32_t>(o_.token.size());
+    std::memcpy(h.token, o_.token.data(), o_.token.size());
+    h.incarnation = cp_ ? cp_->incarnation() : 0;
+    fresh->latest[uint16_t(PeerMsg::kHello)] = peer_frame(PeerMsg::kHello, h);
+    fresh->connected = true;
+    pump(fresh);
+  });
 }
 
 }  // namespace snapd

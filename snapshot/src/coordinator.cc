@@ -269,7 +269,11 @@ Planner::Plan Planner::plan(const Input& in, std::vector<MemberInfo>* members_af
   r.members = next;
   r.generation = in.current->generation;
   r.restore_step = in.current->restore_step;
+  // One point per generation, also when the current record has none for some (an older
+  // daemon's form without them): those get step 0, so their generations' shards count only up
+  // to step 0, which loses no consistency; a record written here always decodes.
   r.restore_points = in.current->restore_points;
+  r.restore_points.resize(r.generation, 0);
   if (!lost.empty()) {
     if (!in.cut_ready && in.now < cut_deadline_) {
       p.waiting_for_cut = true;
@@ -280,9 +284,6 @@ Planner::Plan Planner::plan(const Input& in, std::vector<MemberInfo>* members_af
     // restore and nobody rolls back: no new generation, and nothing is dropped (a node that
     // returns with its spilled shards can make a step complete again).
     if (in.newest_complete) {
-      // A record without its points (an older daemon's) gets 0 for the missing ones: their
-      // generations' shards are then never current, which loses no consistency.
-      r.restore_points.resize(r.generation, 0);
       r.generation += 1;
       r.restore_points.push_back(*in.newest_complete);
     }

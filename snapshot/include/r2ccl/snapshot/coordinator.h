@@ -78,8 +78,9 @@ struct Record {
   bool same_members(const std::vector<MemberInfo>& m) const;
 };
 // Restore points a record may hold (decode_record refuses more): one per node loss that had a
-// complete step to go back to, far beyond any job's.
-constexpr uint64_t kMaxGenerations = 1u << 20;
+// complete step to go back to, far beyond any job's, and small enough that the record stays
+// well inside etcd's request limit (~1.5 MiB) and shard_current stays cheap.
+constexpr uint64_t kMaxGenerations = 4096;
 std::string encode_record(const Record& r);
 // Returns false with *err saying what is malformed (the caller names the key).
 bool decode_record(const std::string& text, Record* r, std::string* err);
