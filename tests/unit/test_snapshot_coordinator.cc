@@ -19,6 +19,13 @@ std::vector<MemberInfo> mems(std::initializer_list<uint32_t> ids) {
   for (uint32_t i : ids) v.push_back(mem(i));
   return v;
 }
+// Node 0's planner, coordinator for 10 periods (past the first record's wait) at clk's now.
+Planner settled(ManualClock& clk) {
+  Planner p(0, kPeriod, kGrace);
+  p.took_over(clk.now());
+  clk.advance(10 * kPeriod);
+  return p;
+}
 std::vector<uint32_t> ids_of(const Record& r) {
   std::vector<uint32_t> v;
   for (const auto& m : r.members) v.push_back(m.id);
@@ -59,9 +66,7 @@ TEST_CASE("coordinator: the first record waits out the start, then has every reg
 TEST_CASE("coordinator: a lost lease is a restore point; a join is not; nothing changes, no record",
           "[snapshot][coordinator]") {
   ManualClock clk;
-  Planner p(0, kPeriod, kGrace);
-  p.took_over(clk.now());
-  clk.advance(10 * kPeriod);
+  Planner p = settled(clk);
   Planner::Input in;
   in.current = rec(4, {0, 1, 2}, 2, 7);
   in.registered = mems({0, 1, 2});
@@ -93,9 +98,7 @@ TEST_CASE("coordinator: a lost lease is a restore point; a join is not; nothing 
 TEST_CASE("coordinator: a restarted member (new incarnation) is a loss and a join",
           "[snapshot][coordinator]") {
   ManualClock clk;
-  Planner p(0, kPeriod, kGrace);
-  p.took_over(clk.now());
-  clk.advance(10 * kPeriod);
+  Planner p = settled(clk);
   Planner::Input in;
   in.current = rec(2, {0, 1, 2});
   in.registered = mems({0, 1});
@@ -114,9 +117,7 @@ TEST_CASE("coordinator: a restarted member (new incarnation) is a loss and a joi
 TEST_CASE("coordinator: eviction needs two observers; one cut link evicts nobody",
           "[snapshot][coordinator]") {
   ManualClock clk;
-  Planner p(0, kPeriod, kGrace);
-  p.took_over(clk.now());
-  clk.advance(10 * kPeriod);
+  Planner p = settled(clk);
   Planner::Input in;
   in.current = rec(1, {0, 1, 2});
   in.registered = mems({0, 1, 2});
@@ -222,9 +223,7 @@ TEST_CASE("coordinator: a step rolled back at one restore point stays rolled bac
   // first restore point: a node away across both, returning with it spilled, must not count
   // it, although 12 <= 15.
   ManualClock clk;
-  Planner p(0, kPeriod, kGrace);
-  p.took_over(clk.now());
-  clk.advance(10 * kPeriod);
+  Planner p = settled(clk);
   Planner::Input in;
   in.current = rec(3, {0, 1, 2, 3});
   in.registered = mems({0, 1, 2});  // node 3 is lost
@@ -270,9 +269,7 @@ TEST_CASE(
   CHECK(legacy.restore_points.empty());
   CHECK_FALSE(shard_current(legacy, 0, 1));  // unknown: as that form decided
   ManualClock clk;
-  Planner p(0, kPeriod, kGrace);
-  p.took_over(clk.now());
-  clk.advance(10 * kPeriod);
+  Planner p = settled(clk);
   Planner::Input in;
   in.current = legacy;
   in.registered = mems({0, 1, 2});  // a join: no restore point
