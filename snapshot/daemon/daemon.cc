@@ -228,14 +228,8 @@ void Daemon::tick() {
   for (uint64_t id : late) {
     auto it = fetches_.find(id);
     if (it == fetches_.end()) continue;
-    PendingFetch& pf = it->second;
-    SNAP_WARN(
-        "restore of rank %u buffer %u step %llu: node %u did not answer within %lld ms; asking "
-        "the next replica",
-        pf.want.rank, pf.want.buffer, static_cast<unsigned long long>(pf.want.step), pf.asked,
-        static_cast<long long>((now - pf.asked_at) / 1000));
-    pf.silent.push_back(pf.asked);
-    ask_next(pf);
+    pass_over(it->second, "did not answer within " +
+                              std::to_string((now - it->second.asked_at) / 1000) + " ms");
   }
   resync_replicas();
   for (auto it = clients_.begin(); it != clients_.end();)

@@ -424,7 +424,9 @@ class Daemon {
   // Fetches waiting on `peer` move on to their next replica now (it is kept for a second
   // pass): the FETCH never left (the connection to it could not be made) or its process is
   // gone (it came back as a new incarnation). `why` goes into the log line. Loop thread.
-  void fetches_lost(uint32_t peer, const char* why);
+  void fetches_lost(uint32_t peer, const std::string& why);
+  // Logs why pf's replica is passed over (kept for a second pass) and asks the next.
+  void pass_over(PendingFetch& pf, const std::string& why);
   bool on_fetched(uint32_t peer, const std::shared_ptr<PeerConn>& in);
   void fetched_checked(uint32_t peer, uint64_t id, const std::shared_ptr<Bytes>& body, bool sum_ok);
 

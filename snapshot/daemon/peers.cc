@@ -181,7 +181,7 @@ void Daemon::connect(const std::shared_ptr<PeerConn>& o, uint32_t id) {
       // (aborted) or already replaced by a newer one, which carries its own queue.
       auto cur = outs_.find(id);
       if (e && e != asio::error::operation_aborted && cur != outs_.end() && cur->second == fresh)
-        fetches_lost(id, ("cannot be reached (" + e.message() + ")").c_str());
+        fetches_lost(id, "cannot be reached (" + e.message() + ")");
       return;
     }
     HelloBody h{};

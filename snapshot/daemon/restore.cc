@@ -130,20 +130,23 @@ void Daemon::ask_next(PendingFetch& pf) {
   send_peer(pf.asked, peer_frame(PeerMsg::kFetch, q));
 }
 
-void Daemon::fetches_lost(uint32_t peer, const char* why) {
+void Daemon::fetches_lost(uint32_t peer, const std::string& why) {
   std::vector<uint64_t> ids;
   for (auto& [id, pf] : fetches_)
     if (pf.asked == peer) ids.push_back(id);
   for (uint64_t id : ids) {
     auto it = fetches_.find(id);
     if (it == fetches_.end()) continue;
-    PendingFetch& pf = it->second;
-    SNAP_WARN("restore of rank %u buffer %u step %llu: node %u %s; asking the next replica",
-              pf.want.rank, pf.want.buffer, static_cast<unsigned long long>(pf.want.step), peer,
-              why);
-    pf.silent.push_back(peer);
-    ask_next(pf);
+    pass_over(it->second, why);
   }
+}
+
+void Daemon::pass_over(PendingFetch& pf, const std::string& why) {
+  SNAP_WARN("restore of rank %u buffer %u step %llu: node %u %s; asking the next replica",
+            pf.want.rank, pf.want.buffer, static_cast<unsigned long long>(pf.want.step), pf.asked,
+            why.c_str());
+  pf.silent.push_back(pf.asked);
+  ask_next(pf);
 }
 
 // A FETCHED frame from a peer: a refusal moves on to the next replica; a shard is checked

@@ -47,6 +47,7 @@ struct Cluster {
   std::vector<std::string> boards, sockets, spills, logs;
   std::vector<pid_t> pids;
   std::vector<std::string> extra;  // more daemon arguments for every node
+  int period_ms = 100;             // --period-ms of every node
 
   // `slot` keeps the test cases of one process on different ports.
   Cluster(int nodes, const std::string& name, bool spill, int slot, int etcd_members = 1)
@@ -103,7 +104,7 @@ struct Cluster {
                                  "--board",
                                  boards[i],
                                  "--period-ms",
-                                 "100",
+                                 std::to_string(period_ms),
                                  "--socket",
                                  sockets[i],
                                  "--etcd",
