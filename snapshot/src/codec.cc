@@ -324,6 +324,109 @@ void xor_into(uint8_t* acc, const uint8_t* in, size_t n) {
   for (; j < n; ++j) acc[j] ^= in[j];
 }
 
+// ---- tagged chunks (codec.h): the sparse form of a lossless delta's chunk ----
+
+// The encoder writes a chunk sparse when at most m / kSparseDivisor of its elements changed;
+// a decoder accepts any count whose entries are no larger than the dense chunk.
+constexpr size_t kSparseDivisor = 8;
+
+bool sparse_count_ok(uint64_t n, uint64_t m, uint64_t es) { return n * (4 + es) <= m * es; }
+
+// The elements of the shuffled chunk s (m elements, es byte planes) with a nonzero byte, in
+// increasing order, into *idx; false as soon as there are more than `limit` (*idx partial).
+bool find_changed(const uint8_t* s, size_t m, size_t es, size_t limit, std::vector<uint32_t>* idx) {
+  idx->clear();
+  size_t i = 0;
+#if defined(__SSE2__)
+  const __m128i zero = _mm_setzero_si128();
+  for (; i + 16 <= m; i += 16) {
+    __m128i o = ld(s + i);
+    for (size_t k = 1; k < es; ++k) o = _mm_or_si128(o, ld(s + k * m + i));
+    unsigned mask = ~unsigned(_mm_movemask_epi8(_mm_cmpeq_epi8(o, zero))) & 0xffffu;
+    for (; mask != 0; mask &= mask - 1) {
+      if (idx->size() == limit) return false;
+      idx->push_back(uint32_t(i + size_t(__builtin_ctz(mask))));
+    }
+  }
+#endif
+  for (; i < m; ++i) {
+    uint8_t o = 0;
+    for (size_t k = 0; k < es; ++k) o = uint8_t(o | s[k * m + i]);
+    if (o == 0) continue;
+    if (idx->size() == limit) return false;
+    idx->push_back(uint32_t(i));
+  }
+  return true;
+}
+
+// A sparse chunk's body for the elements idx of the shuffled chunk s: 4 byte planes of the
+// gaps, then es byte planes of the values (n * (4 + es) bytes at out).
+void write_sparse(const uint8_t* s, size_t m, size_t es, const std::vector<uint32_t>& idx,
+                  uint8_t* out) {
+  const size_t n = idx.size();
+  uint32_t prev = UINT32_MAX;  // index -1: the first gap is the first index
+  for (size_t j = 0; j < n; ++j) {
+    const uint32_t gap = idx[j] - prev - 1;
+    for (size_t b = 0; b < 4; ++b) out[b * n + j] = uint8_t(gap >> (8 * b));
+    prev = idx[j];
+  }
+  uint8_t* v = out + 4 * n;
+  for (size_t k = 0; k < es; ++k)
+    for (size_t j = 0; j < n; ++j) v[k * n + j] = s[k * m + idx[j]];
+}
+
+// XORs a sparse chunk's n entries (body: gap planes, value planes) into its chunk of m
+// elements: the shuffled chunk (byte k of element i at k*m + i) when `shuffled`, else the
+// state's chunk (at i*es + k). target null: checks only. False with *why when an index is not
+// inside the chunk (`off`: the chunk's first element, for the message).
+bool apply_sparse(const uint8_t* body, size_t n, size_t m, size_t es, uint8_t* target,
+                  bool shuffled, uint64_t off, std::string* why) {
+  const uint8_t* v = body + 4 * n;
+  uint64_t next = 0;  // the smallest index entry j may have: index j-1 + 1
+  for (size_t j = 0; j < n; ++j) {
+    const uint64_t gap = uint64_t(body[j]) | uint64_t(body[n + j]) << 8 |
+                         uint64_t(body[2 * n + j]) << 16 | uint64_t(body[3 * n + j]) << 24;
+    const uint64_t i = next + gap;
+    if (i >= m) {
+      *why = "sparse chunk at element " + std::to_string(off) + ": entry " + std::to_string(j) +
+             " of " + std::to_string(n) + " has index " + std::to_string(i) +
+             ", expected increasing indices below the chunk's " + std::to_string(m) + " elements";
+      return false;
+    }
+    next = i + 1;
+    if (!target) continue;
+    if (shuffled)
+      for (size_t k = 0; k < es; ++k) target[k * m + i] ^= v[k * n + j];
+    else
+      for (size_t k = 0; k < es; ++k) target[i * es + k] ^= v[k * n + j];
+  }
+  return true;
+}
+
+// Reads a tagged chunk (m elements) from the stream: its tag into *tag, then its body into buf
+// (at most m * es bytes: the dense chunk, or a sparse one's entries). *done counts the content
+// bytes read so far (for messages); `expected` is the most there may be.
+bool pull_tagged(ZSTD_DCtx* d, ZSTD_inBuffer* in, uint8_t* buf, size_t m, size_t es, uint64_t* done,
+                 uint64_t expected, size_t* r, uint32_t* tag, std::string* why) {
+  uint8_t t[4];
+  if (!pull_content(d, in, t, 4, *done, expected, r, why)) return false;
+  *done += 4;
+  *tag = get32(t);
+  size_t body = m * es;
+  if (*tag != kChunkDense) {
+    if (!sparse_count_ok(*tag, m, es)) {
+      *why = "tagged chunk at content byte " + std::to_string(*done - 4) + ": tag " +
+             std::to_string(*tag) + ", expected 0xFFFFFFFF (dense) or a count n of changed " +
+             "elements with n * (4 + " + std::to_string(es) + ") <= " + std::to_string(m * es);
+      return false;
+    }
+    body = size_t(*tag) * (4 + es);
+  }
+  if (body > 0 && !pull_content(d, in, buf, body, *done, expected, r, why)) return false;
+  *done += body;
+  return true;
+}
+
 // One lossy block of bl <= 256 elements at cur/prev (2-byte elements): writes the scale and
 // the codes, updates prev to the reconstruction, raises *max_err. Elements whose bits did not
 // change get code 0 and keep their bits (a NaN or Inf that stays put included); only the
@@ -463,7 +566,8 @@ void write_frame_header(const FrameHeader& h, uint8_t* out) {
   put16(out + 6, uint16_t(kFrameHeaderBytes));
   out[8] = uint8_t(h.dtype);
   out[9] = uint8_t(h.codec);
-  out[10] = uint8_t((h.base ? kFrameBase : 0) | (h.no_payload_crc ? kFrameNoPayloadCrc : 0));
+  out[10] = uint8_t((h.base ? kFrameBase : 0) | (h.no_payload_crc ? kFrameNoPayloadCrc : 0) |
+                    (h.tagged ? kFrameTagged : 0));
   out[11] = 0;
   put32(out + 12, h.chunk_elems);
   put64(out + 16, h.seq);
@@ -506,13 +610,19 @@ bool parse_frame_header(const uint8_t* frame, size_t n, FrameHeader* out, std::s
   if (frame[9] > uint8_t(Codec::kLossyDynRange))
     return fail("codec " + std::to_string(frame[9]) +
                 ", expected 0 (kLossless) or 1 (kLossyDynRange)");
-  if ((frame[10] & ~(kFrameBase | kFrameNoPayloadCrc)) != 0 || frame[11] != 0)
+  if ((frame[10] & ~(kFrameBase | kFrameNoPayloadCrc | kFrameTagged)) != 0 || frame[11] != 0)
     return fail("flags " + std::to_string(frame[10]) + " / reserved " + std::to_string(frame[11]) +
-                ", expected flags 0..3 (bit 0 base, bit 1 no payload CRC) and reserved 0");
+                ", expected flags 0..7 (bit 0 base, bit 1 no payload CRC, bit 2 tagged chunks) "
+                "and reserved 0");
   h.dtype = DType(frame[8]);
   h.codec = Codec(frame[9]);
   h.base = (frame[10] & kFrameBase) != 0;
   h.no_payload_crc = (frame[10] & kFrameNoPayloadCrc) != 0;
+  h.tagged = (frame[10] & kFrameTagged) != 0;
+  if (h.tagged && (h.base || h.codec != Codec::kLossless))
+    return fail(std::string("flag bit 2 (tagged chunks) on a ") + (h.base ? "base" : "delta") +
+                " frame with codec " + codec_name(h.codec) +
+                ", tagged chunks are for kLossless deltas only");
   h.chunk_elems = get32(frame + 12);
   h.seq = get64(frame + 16);
   h.base_seq = get64(frame + 24);
@@ -612,11 +722,13 @@ std::unique_ptr<DeltaEncoder> DeltaEncoder::create(const EncoderConfig& cfg, std
   const size_t scratch = std::max<size_t>(m * es, m + 4 * ceil_div(m, kLossyBlockElems));
   e->prev_ = make_big(cfg.size_bytes, false);
   e->scratch_.reset(new (std::nothrow) uint8_t[scratch]);
+  e->sparse_.reset(new (std::nothrow) uint8_t[m * es]);
   e->cctx_ = ZSTD_createCCtx();
-  if (!e->prev_ || !e->scratch_ || !e->cctx_) {
-    *err = p + "cannot allocate " + std::to_string(cfg.size_bytes + scratch) + " bytes";
+  if (!e->prev_ || !e->scratch_ || !e->sparse_ || !e->cctx_) {
+    *err = p + "cannot allocate " + std::to_string(cfg.size_bytes + scratch + m * es) + " bytes";
     return nullptr;
   }
+  e->changed_.reserve(m / kSparseDivisor);
   e->out_stage_.resize(ZSTD_CStreamOutSize());
   size_t r = ZSTD_CCtx_setParameter(e->cctx_, ZSTD_c_compressionLevel, cfg.zstd_level);
   if (!ZSTD_isError(r)) r = ZSTD_CCtx_setParameter(e->cctx_, ZSTD_c_checksumFlag, 0);
@@ -672,11 +784,30 @@ bool DeltaEncoder::encode_lossless(const uint8_t* cur, bool base, std::vector<ui
   // A base is about as large as the buffer: one allocation instead of a doubling series.
   // (Reserving touches no pages; deltas, usually small, grow as needed.)
   if (base) frame->reserve(kFrameHeaderBytes + ZSTD_compressBound(cfg_.size_bytes));
-  if (!begin_stream(cfg_.size_bytes, err)) return false;
+  // Tagged chunks' content size is known only at the end: not pledged (codec.h).
+  const bool tagged = !base && cfg_.sparse_chunks;
+  if (!begin_stream(tagged ? ZSTD_CONTENTSIZE_UNKNOWN : cfg_.size_bytes, err)) return false;
   for (uint64_t off = 0; off < elems_; off += kChunkElems) {
     const size_t m = size_t(std::min<uint64_t>(kChunkElems, elems_ - off));
+    const bool last = off + m == elems_;
     shuffle_copy(esize_, cur + off * esize_, prev_.get() + off * esize_, m, !base, scratch_.get());
-    if (!push(scratch_.get(), m * esize_, off + m == elems_, frame, err)) return false;
+    if (!tagged) {
+      if (!push(scratch_.get(), m * esize_, last, frame, err)) return false;
+      continue;
+    }
+    uint8_t tag[4];
+    if (find_changed(scratch_.get(), m, esize_, m / kSparseDivisor, &changed_)) {
+      const size_t n = changed_.size();
+      write_sparse(scratch_.get(), m, esize_, changed_, sparse_.get());
+      put32(tag, uint32_t(n));
+      if (!push(tag, 4, false, frame, err) ||
+          !push(sparse_.get(), n * (4 + esize_), last, frame, err))
+        return false;
+    } else {
+      put32(tag, kChunkDense);
+      if (!push(tag, 4, false, frame, err) || !push(scratch_.get(), m * esize_, last, frame, err))
+        return false;
+    }
   }
   return true;
 }
@@ -756,6 +887,7 @@ bool DeltaEncoder::encode(const void* cur_v, std::vector<uint8_t>* frame, Encode
   h.payload_size = frame->size() - kFrameHeaderBytes;
   h.payload_crc = cfg_.payload_crc ? crc_ : 0;
   h.no_payload_crc = !cfg_.payload_crc;
+  h.tagged = used == Codec::kLossless && !base && cfg_.sparse_chunks;
   write_frame_header(h, frame->data());
   if (base) base_seq_ = seq;
   need_base_ = false;
@@ -859,7 +991,10 @@ bool DeltaDecoder::check(const uint8_t* frame, size_t n, FrameHeader* hp, uint64
     return fail("payload CRC-32 " + hex32(crc) + " does not match the header's " +
                 hex32(h.payload_crc) + ": the payload is corrupted");
   const bool lossy = h.codec == Codec::kLossyDynRange;
-  const uint64_t expected = lossy ? lossy_content_bytes(elems_) : uint64_t(size_);
+  // Tagged chunks: a u32 tag per chunk, and no chunk larger than its dense form.
+  const uint64_t expected = lossy      ? lossy_content_bytes(elems_)
+                            : h.tagged ? uint64_t(size_) + 4 * ceil_div(elems_, h.chunk_elems)
+                                       : uint64_t(size_);
   const size_t fsz = ZSTD_findFrameCompressedSize(payload, psz);
   if (ZSTD_isError(fsz) || fsz != psz)
     return fail("the payload (" + std::to_string(psz) + " bytes) is not exactly one zstd frame (" +
@@ -867,6 +1002,19 @@ bool DeltaDecoder::check(const uint8_t* frame, size_t n, FrameHeader* hp, uint64
                                    : "the first frame has " + std::to_string(fsz) + " bytes") +
                 ")");
   const unsigned long long cs = ZSTD_getFrameContentSize(payload, psz);
+  if (h.tagged) {
+    if (cs == ZSTD_CONTENTSIZE_ERROR ||
+        (cs != ZSTD_CONTENTSIZE_UNKNOWN &&
+         (cs > expected || cs < 4 * ceil_div(elems_, h.chunk_elems))))
+      return fail("zstd frame content size " +
+                  (cs == ZSTD_CONTENTSIZE_ERROR ? std::string("unreadable") : std::to_string(cs)) +
+                  ", expected unknown or " + std::to_string(4 * ceil_div(elems_, h.chunk_elems)) +
+                  ".." + std::to_string(expected) + " bytes for " + std::to_string(elems_) + " " +
+                  dtype_name(dtype_) + " elements in tagged chunks of " +
+                  std::to_string(h.chunk_elems));
+    *content = expected;
+    return true;
+  }
   if (cs != expected)
     return fail("zstd frame content size " +
                 (cs == ZSTD_CONTENTSIZE_UNKNOWN ? std::string("unknown")
@@ -886,6 +1034,20 @@ bool DeltaDecoder::apply(const uint8_t* frame, size_t n, std::string* err) {
     *err = kPfx + m;
     return false;
   };
+  if (h.tagged) {
+    // Tagged chunks have no fixed content size: decoded once to check every tag, count and
+    // index (nothing written), then again into the state (one chunk of scratch either way).
+    std::string why;
+    if (!stream(frame, h, expected, false, &why)) return fail(why);
+    if (!stream(frame, h, expected, true, &why)) {
+      has_state_ = false;  // cannot happen: the same bytes passed the first decode
+      return fail(why + " (found while decoding: the state was partly written and is discarded)");
+    }
+    has_state_ = true;
+    last_seq_ = h.seq;
+    base_seq_ = h.base_seq;
+    return true;
+  }
   const bool lossy = h.codec == Codec::kLossyDynRange;
   const uint8_t* payload = frame + kFrameHeaderBytes;
   const size_t psz = size_t(h.payload_size);
@@ -957,11 +1119,20 @@ bool DeltaDecoder::apply_streaming(const uint8_t* frame, size_t n, std::string* 
   FrameHeader h;
   uint64_t expected = 0;
   if (!check(frame, n, &h, &expected, err)) return false;
-  auto fail = [&](const std::string& m) {
-    *err = kPfx + m + " (found while decoding: the state was partly written and is discarded)";
+  std::string why;
+  if (!stream(frame, h, expected, true, &why)) {
+    *err = kPfx + why + " (found while decoding: the state was partly written and is discarded)";
     has_state_ = false;
     return false;
-  };
+  }
+  has_state_ = true;
+  last_seq_ = h.seq;
+  base_seq_ = h.base_seq;
+  return true;
+}
+
+bool DeltaDecoder::stream(const uint8_t* frame, const FrameHeader& h, uint64_t expected, bool write,
+                          std::string* why) {
   const bool lossy = h.codec == Codec::kLossyDynRange;
   const uint64_t chunk = h.chunk_elems;
   const size_t chunk_bytes =
@@ -970,63 +1141,78 @@ bool DeltaDecoder::apply_streaming(const uint8_t* frame, size_t n, std::string* 
     scratch_.reset(new (std::nothrow) uint8_t[chunk_bytes]);
     scratch_size_ = scratch_ ? chunk_bytes : 0;
     if (!scratch_) {
-      *err = std::string(kPfx) + "cannot allocate " + std::to_string(chunk_bytes) + " bytes";
+      *why = "cannot allocate " + std::to_string(chunk_bytes) + " bytes";
       return false;
     }
   }
   size_t r = ZSTD_DCtx_reset(dctx_, ZSTD_reset_session_only);
-  if (ZSTD_isError(r)) return fail(std::string("zstd: ") + ZSTD_getErrorName(r));
+  if (ZSTD_isError(r)) {
+    *why = std::string("zstd: ") + ZSTD_getErrorName(r);
+    return false;
+  }
   ZSTD_inBuffer in{frame + kFrameHeaderBytes, size_t(h.payload_size), 0};
   r = 1;
+  uint64_t done = 0;  // content bytes read
+  uint8_t* buf = scratch_.get();
   for (uint64_t off = 0; off < elems_; off += chunk) {
     const size_t m = size_t(std::min<uint64_t>(chunk, elems_ - off));
     const size_t nb = size_t(ceil_div(m, kLossyBlockElems));
     const size_t want = lossy ? 4 * nb + m : m * esize_;
-    std::string why;
-    if (!pull_content(dctx_, &in, scratch_.get(), want, off * esize_, expected, &r, &why))
-      return fail(why);
     uint8_t* st = state_ + off * esize_;
+    if (h.tagged) {
+      uint32_t tag = 0;
+      if (!pull_tagged(dctx_, &in, buf, m, esize_, &done, expected, &r, &tag, why)) return false;
+      if (tag != kChunkDense) {
+        if (!apply_sparse(buf, tag, m, esize_, write ? st : nullptr, false, off, why)) return false;
+        continue;
+      }
+    } else {
+      if (!pull_content(dctx_, &in, buf, want, done, expected, &r, why)) return false;
+      done += want;
+    }
     if (lossy) {
-      const uint8_t* scales = scratch_.get();
+      const uint8_t* scales = buf;
       const int8_t* codes = reinterpret_cast<const int8_t*>(scales + 4 * nb);
       for (size_t b = 0; b < nb; ++b) {
         float sc;
         std::memcpy(&sc, scales + 4 * b, 4);
-        if (!(sc >= 0 && sc <= FLT_MAX))
-          return fail("lossy scale " + std::to_string(sc) + " of block " +
-                      std::to_string(off / kLossyBlockElems + b) +
-                      ", expected a finite value >= 0");
+        if (!(sc >= 0 && sc <= FLT_MAX)) {
+          *why = "lossy scale " + std::to_string(sc) + " of block " +
+                 std::to_string(off / kLossyBlockElems + b) + ", expected a finite value >= 0";
+          return false;
+        }
       }
       bool bad = false;
       for (size_t j = 0; j < m; ++j) bad |= codes[j] == -128;
-      if (bad) return fail("lossy code -128 in the chunk at element " + std::to_string(off));
+      if (bad) {
+        size_t j = 0;
+        while (codes[j] != -128) ++j;
+        *why = "lossy code -128 at element " + std::to_string(off + j) + ", expected -127..127";
+        return false;
+      }
+      if (!write) continue;
       if (dtype_ == DType::kBF16)
         lossy_apply_chunk<true>(scales, codes, m, st);
       else
         lossy_apply_chunk<false>(scales, codes, m, st);
-    } else {
+    } else if (write) {
       if (!h.base) {
-        // A sparse delta: most chunks are all zero (nothing changed), and XOR with 0 is a no-op.
-        const uint8_t* p = scratch_.get();
+        // A sparse delta in the untagged layout: most chunks are all zero (nothing changed),
+        // and XOR with 0 is a no-op.
         uint64_t acc = 0;
         size_t j = 0;
         for (; j + 8 <= want; j += 8) {
           uint64_t v;
-          std::memcpy(&v, p + j, 8);
+          std::memcpy(&v, buf + j, 8);
           acc |= v;
         }
-        for (; j < want; ++j) acc |= p[j];
+        for (; j < want; ++j) acc |= buf[j];
         if (acc == 0) continue;
       }
-      unshuffle_any(esize_, scratch_.get(), m, !h.base, st);
+      unshuffle_any(esize_, buf, m, !h.base, st);
     }
   }
-  std::string why;
-  if (!stream_ends(dctx_, &in, r, expected, scratch_.get(), &why)) return fail(why);
-  has_state_ = true;
-  last_seq_ = h.seq;
-  base_seq_ = h.base_seq;
-  return true;
+  return stream_ends(dctx_, &in, r, done, buf, why);
 }
 
 bool DeltaDecoder::apply_chain(const uint8_t* const* frames, const size_t* sizes, size_t count,
@@ -1042,10 +1228,10 @@ bool DeltaDecoder::apply_chain(const uint8_t* const* frames, const size_t* sizes
   const bool had = has_state_;
   const uint64_t had_last = last_seq_, had_base = base_seq_;
   std::vector<FrameHeader> hs(count);
+  std::vector<uint64_t> bound(count, 0);  // each frame's content bytes, at most
   bool fused = count > 1 && count <= kMaxFusedFrames;
   for (size_t k = 0; k < count; ++k) {
-    uint64_t content = 0;
-    const bool ok = check(frames[k], sizes[k], &hs[k], &content, err);
+    const bool ok = check(frames[k], sizes[k], &hs[k], &bound[k], err);
     if (!ok) {
       *err = "chain frame " + std::to_string(k) + " of " + std::to_string(count) + ": " + *err;
       has_state_ = had;
@@ -1101,6 +1287,7 @@ bool DeltaDecoder::apply_chain(const uint8_t* const* frames, const size_t* sizes
   }
   std::vector<ZSTD_inBuffer> in(count);
   std::vector<size_t> r(count, 1);
+  std::vector<uint64_t> done(count, 0);  // content bytes read, per frame
   for (size_t k = 0; k < count; ++k) {
     ZSTD_DCtx* d = k ? extra_dctx_[k - 1] : dctx_;
     const size_t rr = ZSTD_DCtx_reset(d, ZSTD_reset_session_only);
@@ -1115,14 +1302,31 @@ bool DeltaDecoder::apply_chain(const uint8_t* const* frames, const size_t* sizes
     const size_t want = m * esize_;
     for (size_t k = 0; k < count; ++k) {
       ZSTD_DCtx* d = k ? extra_dctx_[k - 1] : dctx_;
-      if (!pull_content(d, &in[k], k ? tmp : acc, want, off * esize_, size_, &r[k], &why))
+      if (!hs[k].tagged) {
+        if (!pull_content(d, &in[k], k ? tmp : acc, want, done[k], bound[k], &r[k], &why))
+          return fail(k, why);
+        done[k] += want;
+        if (k) xor_into(acc, tmp, want);
+        continue;
+      }
+      uint32_t tag = 0;
+      if (!pull_tagged(d, &in[k], tmp, m, esize_, &done[k], bound[k], &r[k], &tag, &why))
         return fail(k, why);
-      if (k) xor_into(acc, tmp, want);
+      if (tag == kChunkDense) {
+        if (k)
+          xor_into(acc, tmp, want);
+        else
+          std::memcpy(acc, tmp, want);
+        continue;
+      }
+      // A sparse chunk: its entries XOR straight into the shuffled chunk.
+      if (k == 0) std::memset(acc, 0, want);
+      if (!apply_sparse(tmp, tag, m, esize_, acc, true, off, &why)) return fail(k, why);
     }
     unshuffle_any(esize_, acc, m, !hs[0].base, state_ + off * esize_);
   }
   for (size_t k = 0; k < count; ++k)
-    if (!stream_ends(k ? extra_dctx_[k - 1] : dctx_, &in[k], r[k], size_, tmp, &why))
+    if (!stream_ends(k ? extra_dctx_[k - 1] : dctx_, &in[k], r[k], done[k], tmp, &why))
       return fail(k, why);
   has_state_ = true;
   last_seq_ = hs[count - 1].seq;

@@ -17,7 +17,8 @@
 //
 // Frame layout (all integers little-endian), kFrameHeaderBytes = 64, then the payload:
 //    0 u32 magic kFrameMagic ("R2SF")    4 u16 version (1)      6 u16 header bytes (64)
-//    8 u8  dtype    9 u8 codec   10 u8 flags (bit 0: base; bit 1: no payload CRC; others 0)
+//    8 u8  dtype    9 u8 codec   10 u8 flags (bit 0: base; bit 1: no payload CRC; bit 2:
+//                                  tagged chunks, lossless deltas only; others 0)
 //   11 u8 reserved (0)
 //   12 u32 chunk_elems (shuffle / lossy chunk, elements; a multiple of 256 in [256, 2^24])
 //   16 u64 seq (this snapshot)  24 u64 base_seq (the base its chain starts from; == seq for a base)
@@ -28,7 +29,17 @@
 //   60 u32 CRC-32 of header bytes 0..59
 // The payload is exactly one zstd frame whose declared content size is
 //   lossless: raw_size (per chunk of m elements: byte k of element i at offset k*m + i);
-//   lossy:    per chunk of m elements: ceil(m/256) float32 scales, then m int8 codes.
+//   lossy:    per chunk of m elements: ceil(m/256) float32 scales, then m int8 codes;
+//   lossless with flag bit 2 (tagged chunks; the encoder's deltas): at most raw_size + 4 per
+//   chunk, or unknown (the encoder does not know it before the last chunk). Per chunk of m
+//   elements a u32 tag, then
+//     tag 0xFFFFFFFF (dense): the chunk as above, m * ES shuffled bytes;
+//     tag n (sparse, n * (4 + ES) <= m * ES): the n elements that changed, in increasing
+//       order, as 4 byte planes of n u32 gaps (gap j = index j - index j-1 - 1, with
+//       index -1 = -1; byte b of gap j at b*n + j), then ES byte planes of their XOR
+//       values (byte k of value j at k*n + j). Indices are within the chunk (< m).
+//   A sparse chunk decodes in time proportional to n: a delta of a step that moved 1 % of
+//   the elements decodes about 10x faster than as zero runs (docs/BENCHMARKS.md).
 // The header's codec names the payload's encoding: a lossy encoder's bases (and a lossy
 // delta that met a non-finite value, sent as a base instead) carry kLossless.
 //
@@ -74,7 +85,8 @@ constexpr uint32_t kLossyBlockElems = 256;  // elements per lossy scale
 constexpr uint32_t kChunkElems = 1u << 18;  // elements per shuffle chunk (what the encoder writes)
 constexpr uint32_t kMaxChunkElems = 1u << 24;  // largest chunk a decoder accepts
 
-enum FrameFlags : uint8_t { kFrameBase = 1, kFrameNoPayloadCrc = 2 };
+enum FrameFlags : uint8_t { kFrameBase = 1, kFrameNoPayloadCrc = 2, kFrameTagged = 4 };
+constexpr uint32_t kChunkDense = 0xFFFFFFFFu;  // tagged chunks: the tag of a dense chunk
 
 // A frame header as parsed (or to be written).
 struct FrameHeader {
@@ -90,12 +102,14 @@ struct FrameHeader {
   uint64_t payload_size = 0;    // bytes after the header
   uint32_t payload_crc = 0;     // zlib crc32 of the payload (0 when no_payload_crc)
   bool no_payload_crc = false;  // flag bit 1: not computed, not checked (see the layout)
+  bool tagged = false;          // flag bit 2: tagged chunks (lossless deltas only)
 };
 
 // Parses and checks the header of the frame [frame, frame + n) on its own (no buffer, no
 // payload check): n >= 64, magic, version, header bytes, header CRC, dtype/codec/flag values,
 // chunk_elems, elem_count * element size == raw_size (no overflow), a lossy codec only for
-// kF16/kBF16, a base only kLossless, base_seq == seq for a base and < seq for a delta, and
+// kF16/kBF16, a base only kLossless, tagged chunks only on a lossless delta, base_seq == seq
+// for a base and < seq for a delta, and
 // n == 64 + payload_size
 // (a shorter frame is "truncated", a longer one has trailing bytes). Returns false with *err
 // naming the field, its value and the accepted form; *out is set only on success. Reads
@@ -118,6 +132,10 @@ struct EncoderConfig {
   // false: no payload CRC (flag bit 1), for a caller that checksums the whole frame itself
   // (the snapshot client: ShardMeta::checksum), saving a pass over the payload.
   bool payload_crc = true;
+  // Lossless deltas as tagged chunks (flag bit 2): a chunk in which at most 1/8 of the
+  // elements changed is written as their indices and values (sparse), others as before.
+  // false: the untagged layout of every version-1 decoder.
+  bool sparse_chunks = true;
 };
 
 struct EncodeStats {
@@ -138,7 +156,7 @@ class DeltaEncoder {
   // Returns nullptr with *err naming the field and the accepted range for an invalid config
   // (size 0 or not a multiple of the element size, lossy for a dtype other than kF16/kBF16,
   // base_every 0, a zstd level or worker count this libzstd refuses) or a failed allocation.
-  // Memory: the buffer's reconstruction (size_bytes), one chunk of scratch (kChunkElems
+  // Memory: the buffer's reconstruction (size_bytes), two chunks of scratch (kChunkElems
   // elements) and zstd's context; the frame is the caller's.
   static std::unique_ptr<DeltaEncoder> create(const EncoderConfig& cfg, std::string* err);
   ~DeltaEncoder();
@@ -194,6 +212,8 @@ class DeltaEncoder {
   uint32_t crc_ = 0;                    // running CRC of the payload being written
   BigBytes prev_;                       // the decoder's view (size_bytes)
   std::unique_ptr<uint8_t[]> scratch_;  // one chunk, shuffled or scales + codes
+  std::unique_ptr<uint8_t[]> sparse_;   // one chunk: a sparse chunk's gap and value planes
+  std::vector<uint32_t> changed_;       // a sparse chunk's indices (at most m / 8)
   std::vector<uint8_t> out_stage_;      // zstd output staging
   ZSTD_CCtx_s* cctx_ = nullptr;
 };
@@ -204,9 +224,10 @@ class DeltaDecoder {
   // Allocates the state (size_bytes, zeroed) unless `state` is given: then the state is the
   // caller's memory (size_bytes, not owned, must outlive the decoder; its bytes are kept until
   // the first base). The payload scratch is allocated at the first frame: apply(), at most
-  // size_bytes + 4 * ceil(elements / 256) bytes (from the registered size); apply_streaming()
-  // one chunk and apply_chain() two, of the frames' chunk_elems (at most kMaxChunkElems
-  // elements each, whatever the buffer's size).
+  // size_bytes + 4 * ceil(elements / 256) bytes (from the registered size), or one chunk for
+  // tagged chunks (decoded twice: checked, then written); apply_streaming() one chunk and
+  // apply_chain() two, of the frames' chunk_elems (at most kMaxChunkElems elements each,
+  // whatever the buffer's size).
   static std::unique_ptr<DeltaDecoder> create(DType dtype, size_t size_bytes, std::string* err,
                                               uint8_t* state = nullptr);
   ~DeltaDecoder();
@@ -218,7 +239,8 @@ class DeltaDecoder {
   // elem_count and raw_size against the registered buffer, the chain (a base is accepted by
   // an empty decoder or with a seq above the last one; a delta needs seq == last seq + 1 and
   // base_seq == the chain's base), the payload CRC, one zstd frame of exactly the expected
-  // content size, and for lossy payloads finite non-negative scales and codes in [-127, 127].
+  // content size (tagged chunks: at most it), for lossy payloads finite non-negative scales
+  // and codes in [-127, 127], and for tagged chunks every tag, count and index.
   // Returns false with *err naming the field, its value and the accepted form; the decoder is
   // then unchanged (state, last_seq, base_seq).
   [[nodiscard]] bool apply(const uint8_t* frame, size_t n, std::string* err);
@@ -269,8 +291,14 @@ class DeltaDecoder {
   uint64_t last_seq_ = 0;
   uint64_t base_seq_ = 0;
   // Checks the frame (header, buffer, chain, payload CRC, zstd frame and content size) for
-  // apply() and apply_streaming(); sets *h and *content (the zstd content bytes).
+  // apply() and apply_streaming(); sets *h and *content (the zstd content bytes; for tagged
+  // chunks, the most there may be).
   bool check(const uint8_t* frame, size_t n, FrameHeader* h, uint64_t* content, std::string* err);
+  // Decodes a checked frame chunk by chunk through one chunk of scratch: into the state when
+  // `write`, else only checking what decoding finds (zstd, lossy scales and codes, sparse
+  // indices). False with *why (no prefix).
+  bool stream(const uint8_t* frame, const FrameHeader& h, uint64_t expected, bool write,
+              std::string* why);
 
   BigBytes own_state_;
   uint8_t* state_ = nullptr;  // own_state_ or the caller's
