@@ -78,6 +78,7 @@
 
 #include <sys/mman.h>
 
+#include "local_etcd.h"
 #include "r2ccl/health_board.h"
 #include "r2ccl/snapshot/big_buffer.h"
 #include "r2ccl/snapshot/codec.h"
@@ -262,124 +263,13 @@ extern "C" void on_signal(int sig) {
   raise(sig);
 }
 
-// A free loopback TCP port: bound to port 0, then released (a small race, loopback only).
 int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  const bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-                  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0;
-  if (fd >= 0) ::close(fd);
-  if (!ok) fail("cannot find a free loopback port");
-  return ntohs(a.sin_port);
-}
-
-std::string tail_of(const std::string& path, size_t bytes = 2000) {
-  std::ifstream f(path);
-  std::stringstream s;
-  s << f.rdbuf();
-  const std::string t = s.str();
-  return t.size() > bytes ? "..." + t.substr(t.size() - bytes) : t;
+  const int port = r2ccl::snap::free_loopback_port();
+  if (port < 0) fail("cannot find a free loopback port");
+  return port;
 }
 
 namespace etcd = r2ccl::snap::etcd;
-
-// The control plane's etcd for the benchmark's clusters: a one-member etcd on 127.0.0.1 (free
-// client and peer ports, a temporary data directory), started once per run and killed at exit.
-// Raft heartbeat 50 ms and election timeout 500 ms (etcd's defaults are 100/1000): the member
-// elects itself sooner, and etcd's smallest lease TTL, ceil(1.5 x election timeout) s, is 1 s
-// instead of 2 s. fsync is etcd's default (on).
-struct LocalEtcd {
-  pid_t pid = -1;
-  std::string dir, url, log;
-  LocalEtcd(const std::string& binary, const std::string& workdir) {
-    if (access(binary.c_str(), X_OK) != 0)
-      fail("no etcd at " + binary + " (Debian: etcd-server; or --etcd URL for a running one)");
-    std::string t = workdir + "/r2ccl-bench-etcd.XXXXXX";
-    if (!mkdtemp(t.data())) fail("cannot create a directory under " + workdir);
-    dir = t;
-    log = dir + "/etcd.log";
-    const int cport = free_port(), pport = free_port();
-    url = "http://127.0.0.1:" + std::to_string(cport);
-    const std::string peer = "http://127.0.0.1:" + std::to_string(pport);
-    std::vector<std::string> a{binary,
-                               "--name",
-                               "bench",
-                               "--data-dir",
-                               dir + "/data",
-                               "--listen-client-urls",
-                               url,
-                               "--advertise-client-urls",
-                               url,
-                               "--listen-peer-urls",
-                               peer,
-                               "--initial-advertise-peer-urls",
-                               peer,
-                               "--initial-cluster",
-                               "bench=" + peer,
-                               "--initial-cluster-state",
-                               "new",
-                               "--heartbeat-interval",
-                               "50",
-                               "--election-timeout",
-                               "500",
-                               "--logger",
-                               "zap",
-                               "--log-outputs",
-                               "stderr"};
-    std::vector<char*> argv;
-    for (auto& x : a) argv.push_back(x.data());
-    argv.push_back(nullptr);
-    posix_spawn_file_actions_t fa;
-    posix_spawn_file_actions_init(&fa);
-    posix_spawn_file_actions_addopen(&fa, 0, "/dev/null", O_RDONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 1, "/dev/null", O_WRONLY, 0);
-    posix_spawn_file_actions_addopen(&fa, 2, log.c_str(), O_WRONLY | O_CREAT | O_APPEND, 0644);
-    const int rc = posix_spawn(&pid, binary.c_str(), &fa, nullptr, argv.data(), environ);
-    posix_spawn_file_actions_destroy(&fa);
-    if (rc != 0) fail("cannot start " + binary + ": " + strerror(rc));
-    track(pid, true);
-    // Ready when a put succeeds (the member elected itself and serves the JSON gateway).
-    etcd::Options eo;
-    eo.endpoints = {url};
-    eo.timeout_ms = 500;
-    etcd::Client c(eo);
-    const auto t0 = Clock::now();
-    for (;;) {
-      if (c.put("/r2ccl-bench/ready", "1").ok()) break;
-      int st;
-      if (waitpid(pid, &st, WNOHANG) == pid) {
-        track(pid, false);
-        pid = -1;
-        fail("etcd exited at start; its log:\n" + tail_of(log));
-      }
-      if (secs(t0, Clock::now()) > 20)
-        fail("etcd did not answer in 20 s; its log:\n" + tail_of(log));
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    note("etcd " + url + " ready after " + fmt(secs(t0, Clock::now())) + " s (data " + dir + ")");
-  }
-  ~LocalEtcd() {
-    if (pid > 0) {
-      kill(pid, SIGTERM);
-      int st;
-      bool gone = false;
-      for (int i = 0; i < 100 && !gone; ++i) {
-        gone = waitpid(pid, &st, WNOHANG) == pid;
-        if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
-      if (!gone) {
-        kill(pid, SIGKILL);
-        waitpid(pid, &st, 0);
-      }
-      track(pid, false);
-    }
-    std::error_code ec;
-    std::filesystem::remove_all(dir, ec);
-  }
-};
 
 // Every change under a job's etcd prefix, stamped with the steady clock (CLOCK_MONOTONIC, the
 // daemons' log clock) when this process's watch delivered it.
@@ -1617,13 +1507,21 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
   signal(SIGINT, on_signal);
   signal(SIGTERM, on_signal);
-  std::unique_ptr<LocalEtcd> local_etcd;
+  std::unique_ptr<r2ccl::snap::LocalEtcd> local_etcd;
   try {
     const auto t0 = Clock::now();
     const bool cluster = o.mode != "decode" && o.mode != "pages";
     if (cluster && o.etcd_url.empty()) {
-      local_etcd = std::make_unique<LocalEtcd>(o.etcd_bin, o.workdir);
-      o.etcd_url = local_etcd->url;
+      // One member on 127.0.0.1 (free ports, a temporary data directory under --workdir),
+      // killed at exit: raft heartbeat 50 ms and election timeout 500 ms, so it elects itself
+      // sooner and etcd's smallest lease TTL is 1 s. fsync is etcd's default (on).
+      const auto te = Clock::now();
+      local_etcd = std::make_unique<r2ccl::snap::LocalEtcd>(
+          "bench", 1, r2ccl::snap::LocalEtcd::Transport::kHttp, o.etcd_bin, o.workdir);
+      std::string err;
+      if (!local_etcd->start(&err)) fail("etcd: " + err);
+      o.etcd_url = local_etcd->endpoints();
+      note("etcd " + o.etcd_url + " ready after " + fmt(secs(te, Clock::now())) + " s");
     }
     if (o.mode == "take") {
       if (o.codec != "lossy") run_take(o, "lossless");

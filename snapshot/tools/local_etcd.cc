@@ -1,4 +1,4 @@
-#include "etcd_fixture.h"
+#include "local_etcd.h"
 
 #include <curl/curl.h>
 #include <netinet/in.h>
@@ -13,29 +13,41 @@
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <thread>
 
-#include "net_harness.h"
 #include "r2ccl/snapshot/etcd.h"
 
-namespace r2ccl::test {
-namespace etcd = r2ccl::snap::etcd;
+namespace r2ccl::snap {
 namespace {
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t n = sizeof(a);
-  int port = -1;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
-      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0)
-    port = ntohs(a.sin_port);
-  close(fd);
-  return port;
+std::string read_file(const std::string& path) {
+  std::ifstream f(path);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+std::string shell_quote(const std::string& s) {
+  std::string q = "'";
+  for (char c : s) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+// Runs `cmd` through the shell with stderr joined to stdout (kept in *out); its exit status,
+// or -1 when it could not be run.
+int run_command(const std::string& cmd, std::string* out = nullptr) {
+  FILE* p = popen((cmd + " 2>&1").c_str(), "r");
+  if (!p) return -1;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof(buf), p)) > 0)
+    if (out) out->append(buf, n);
+  const int st = pclose(p);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
 size_t append(char* p, size_t s, size_t n, void* u) {
@@ -45,7 +57,7 @@ size_t append(char* p, size_t s, size_t n, void* u) {
 // One POST to etcd's gateway with the TLS files of `tls` (none for http). Requests of the
 // fixture that etcd serves without a token (maintenance status; the auth setup, made before
 // authentication is on) use it directly. *out: the answer, or curl's error text.
-bool post(const std::string& url, const std::string& body, const EtcdCluster::TlsFiles& tls,
+bool post(const std::string& url, const std::string& body, const LocalEtcd::TlsFiles& tls,
           std::string* out) {
   CURL* c = curl_easy_init();
   if (!c) return false;
@@ -95,40 +107,60 @@ extendedKeyUsage = clientAuth
 
 }  // namespace
 
-std::string EtcdCluster::binary() { return env_or("R2CCL_TEST_ETCD", "/usr/bin/etcd"); }
+int free_loopback_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t n = sizeof(a);
+  int port = -1;
+  if (fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) == 0 &&
+      getsockname(fd, reinterpret_cast<sockaddr*>(&a), &n) == 0)
+    port = ntohs(a.sin_port);
+  if (fd >= 0) close(fd);
+  return port;
+}
 
-EtcdCluster::EtcdCluster(const std::string& tag, int members, Transport transport)
-    : tag_(tag + std::to_string(getpid())), transport_(transport) {
+LocalEtcd::LocalEtcd(const std::string& tag, int members, Transport transport,
+                     const std::string& binary, const std::string& dir)
+    : tag_(tag + std::to_string(getpid())), binary_(binary), transport_(transport) {
+  std::string base = dir;
+  if (base.empty()) {
+    const char* t = getenv("TMPDIR");
+    base = t && *t ? t : "/tmp";
+  }
+  // Everything of this cluster (data directories, logs, certificates) in one directory,
+  // removed with it.
+  std::string d = base + "/r2ccl-" + tag_ + "-XXXXXX";
+  if (mkdtemp(d.data())) home_ = d;
   for (int i = 0; i < members; ++i) {
-    client_ports_.push_back(free_port());
-    peer_ports_.push_back(free_port());
+    client_ports_.push_back(free_loopback_port());
+    peer_ports_.push_back(free_loopback_port());
     pids_.push_back(-1);
-    dirs_.push_back(temp_path(tag_ + "-etcd" + std::to_string(i)));
-    logs_.push_back(temp_path(tag_ + "-etcd" + std::to_string(i) + ".log"));
+    dirs_.push_back(path("etcd" + std::to_string(i)));
+    logs_.push_back(path("etcd" + std::to_string(i) + ".log"));
   }
 }
 
-EtcdCluster::~EtcdCluster() {
-  for (size_t i = 0; i < pids_.size(); ++i) {
-    if (pids_[i] > 0) {
-      kill(pids_[i], SIGCONT);
-      kill(pids_[i], SIGKILL);
-      waitpid(pids_[i], nullptr, 0);
+std::string LocalEtcd::path(const std::string& what) const { return home_ + "/" + what; }
+
+LocalEtcd::~LocalEtcd() {
+  for (pid_t& p : pids_)
+    if (p > 0) {
+      kill(p, SIGCONT);
+      kill(p, SIGKILL);
+      waitpid(p, nullptr, 0);
     }
-    const std::string rm = "rm -rf '" + dirs_[i] + "'";
-    if (system(rm.c_str()) != 0) {
-    }
-  }
-  if (!tls_dir_.empty() && run_command("rm -rf " + shell_quote(tls_dir_)) != 0) {
-  }
+  std::error_code ec;
+  if (!home_.empty()) std::filesystem::remove_all(home_, ec);
 }
 
-std::string EtcdCluster::endpoint(int i) const {
+std::string LocalEtcd::endpoint(int i) const {
   return std::string(transport_ == Transport::kTls ? "https" : "http") +
          "://127.0.0.1:" + std::to_string(client_ports_[i]);
 }
 
-snap::etcd::Options EtcdCluster::client_options() const {
+etcd::Options LocalEtcd::client_options() const {
   etcd::Options o;
   std::string perr;
   etcd::parse_endpoints(endpoints(), &o, &perr);
@@ -144,14 +176,13 @@ snap::etcd::Options EtcdCluster::client_options() const {
 
 // A CA, etcd's certificate and a client certificate signed by it, and a second CA, with EC
 // P-256 keys (each made in milliseconds; RSA keys take longer on a loaded machine).
-bool EtcdCluster::make_certificates(std::string* err) {
-  tls_dir_ = temp_path(tag_ + "-tls");
-  if (mkdir(tls_dir_.c_str(), 0700) != 0) {
-    *err = "cannot create " + tls_dir_ + ": " + strerror(errno);
-    tls_dir_.clear();
+bool LocalEtcd::make_certificates(std::string* err) {
+  const std::string tls_dir = path("tls");
+  if (mkdir(tls_dir.c_str(), 0700) != 0) {
+    *err = "cannot create " + tls_dir + ": " + strerror(errno);
     return false;
   }
-  const std::string d = tls_dir_ + "/";
+  const std::string d = tls_dir + "/";
   std::ofstream(d + "openssl.cnf") << kOpensslConfig;
   const std::string cnf = " -config " + shell_quote(d + "openssl.cnf");
   const std::string newkey = " -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes";
@@ -168,7 +199,7 @@ bool EtcdCluster::make_certificates(std::string* err) {
            name + " -out " + q(name + ".crt");
   };
   // The client's subject has no CN: with authentication on, etcd's gateway refuses a client
-  // certificate that has one (etcd_fixture.h).
+  // certificate that has one (local_etcd.h).
   const std::string cmd = self_signed("ca", "/CN=r2ccl test CA") + " && " +
                           signed_by_ca("server", "/CN=r2ccl-test-etcd", 2) + " && " +
                           signed_by_ca("client", "/O=r2ccl-test-client", 3) + " && " +
@@ -187,19 +218,19 @@ bool EtcdCluster::make_certificates(std::string* err) {
   tls_.other_ca = d + "other.crt";
   return true;
 }
-std::string EtcdCluster::endpoints() const {
+std::string LocalEtcd::endpoints() const {
   std::string s;
   for (int i = 0; i < members(); ++i) s += (i ? "," : "") + endpoint(i);
   return s;
 }
 
-bool EtcdCluster::spawn(int i, bool fresh) {
+bool LocalEtcd::spawn(int i, bool fresh) {
   std::string cluster;
   for (int k = 0; k < members(); ++k)
     cluster += (k ? "," : "") + std::string("m") + std::to_string(k) +
                "=http://127.0.0.1:" + std::to_string(peer_ports_[k]);
   const std::string c = endpoint(i), p = "http://127.0.0.1:" + std::to_string(peer_ports_[i]);
-  std::vector<std::string> a{binary(),
+  std::vector<std::string> a{binary_,
                              "--name",
                              "m" + std::to_string(i),
                              "--data-dir",
@@ -250,9 +281,13 @@ bool EtcdCluster::spawn(int i, bool fresh) {
   return true;
 }
 
-bool EtcdCluster::start(std::string* err) {
-  if (access(binary().c_str(), X_OK) != 0) {
-    *err = binary() + " not found (scripts/setup.sh installs Debian's etcd-server)";
+bool LocalEtcd::start(std::string* err) {
+  if (access(binary_.c_str(), X_OK) != 0) {
+    *err = "no etcd at " + binary_ + " (scripts/setup.sh installs Debian's etcd-server)";
+    return false;
+  }
+  if (home_.empty()) {
+    *err = "cannot create a directory for etcd's data (r2ccl-" + tag_ + "-XXXXXX)";
     return false;
   }
   if (transport_ == Transport::kTls && tls_.ca.empty() && !make_certificates(err)) return false;
@@ -272,7 +307,7 @@ bool EtcdCluster::start(std::string* err) {
   return false;
 }
 
-int EtcdCluster::leader() const {
+int LocalEtcd::leader() const {
   for (int i = 0; i < members(); ++i) {
     std::string a;
     // etcd answers the status without a token, also with authentication on.
@@ -287,7 +322,7 @@ int EtcdCluster::leader() const {
   return -1;
 }
 
-void EtcdCluster::kill_member(int i) {
+void LocalEtcd::kill_member(int i) {
   if (pids_[i] <= 0) return;
   kill(pids_[i], SIGCONT);
   kill(pids_[i], SIGKILL);
@@ -295,11 +330,11 @@ void EtcdCluster::kill_member(int i) {
   pids_[i] = -1;
 }
 
-void EtcdCluster::pause_member(int i, bool on) {
+void LocalEtcd::pause_member(int i, bool on) {
   if (pids_[i] > 0) kill(pids_[i], on ? SIGSTOP : SIGCONT);
 }
 
-bool EtcdCluster::restart_member(int i, std::string* err) {
+bool LocalEtcd::restart_member(int i, std::string* err) {
   if (pids_[i] > 0) return true;
   if (!spawn(i, false)) {
     *err = "fork failed";
@@ -308,7 +343,7 @@ bool EtcdCluster::restart_member(int i, std::string* err) {
   return true;
 }
 
-bool EtcdCluster::enable_auth(const std::string& password, std::string* err) {
+bool LocalEtcd::enable_auth(const std::string& password, std::string* err) {
   int live = 0;
   while (live < members() && pids_[live] <= 0) ++live;
   if (live == members() || password.empty()) {
@@ -338,7 +373,7 @@ bool EtcdCluster::enable_auth(const std::string& password, std::string* err) {
   return true;
 }
 
-bool EtcdCluster::get(const std::string& key, std::string* value) const {
+bool LocalEtcd::get(const std::string& key, std::string* value) const {
   etcd::Client cl(client_options());
   std::vector<etcd::KeyValue> kv;
   value->clear();
@@ -347,7 +382,7 @@ bool EtcdCluster::get(const std::string& key, std::string* value) const {
   return true;
 }
 
-std::vector<std::pair<std::string, std::string>> EtcdCluster::get_prefix(
+std::vector<std::pair<std::string, std::string>> LocalEtcd::get_prefix(
     const std::string& prefix) const {
   etcd::Client cl(client_options());
   std::vector<etcd::KeyValue> kv;
@@ -357,7 +392,7 @@ std::vector<std::pair<std::string, std::string>> EtcdCluster::get_prefix(
   return out;
 }
 
-std::string EtcdCluster::logs() const {
+std::string LocalEtcd::logs() const {
   std::string s;
   for (int i = 0; i < members(); ++i) {
     const std::string t = read_file(logs_[i]);
@@ -367,4 +402,4 @@ std::string EtcdCluster::logs() const {
   return s;
 }
 
-}  // namespace r2ccl::test
+}  // namespace r2ccl::snap
