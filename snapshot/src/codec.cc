@@ -3,6 +3,9 @@
 #include "r2ccl/snapshot/codec.h"
 
 #include <zlib.h>
+// ZSTD_c_srcSizeHint (zstd >= 1.4.4) is in zstd.h's experimental section: only that enum
+// value is used, no experimental function (Debian links libzstd dynamically).
+#define ZSTD_STATIC_LINKING_ONLY
 #include <zstd.h>
 
 #include <algorithm>
@@ -277,8 +280,8 @@ void unshuffle_any(size_t es, const uint8_t* in, size_t m, bool xor_into, uint8_
 }
 
 // Decodes exactly `want` more content bytes of the zstd stream `in` into out (`done` bytes of
-// `expected` came before). *r: the last ZSTD_decompressStream result (0 once the frame ended).
-// False with *why on a zstd error or a payload that ends early.
+// `expected` came before; 0: not known, tagged chunks). *r: the last ZSTD_decompressStream result
+// (0 once the frame ended). False with *why on a zstd error or a payload that ends early.
 bool pull_content(ZSTD_DCtx* d, ZSTD_inBuffer* in, uint8_t* out, size_t want, uint64_t done,
                   uint64_t expected, size_t* r, std::string* why) {
   ZSTD_outBuffer o{out, want, 0};
@@ -291,7 +294,8 @@ bool pull_content(ZSTD_DCtx* d, ZSTD_inBuffer* in, uint8_t* out, size_t want, ui
     }
     if (o.pos < o.size && (*r == 0 || (in->pos == before_in && o.pos == before_out))) {
       *why = "zstd: the payload ended after " + std::to_string(done + o.pos) +
-             " content bytes, expected " + std::to_string(expected);
+             " content bytes, expected " +
+             (expected ? std::to_string(expected) : std::to_string(done + want) + " or more");
       return false;
     }
   }
@@ -406,25 +410,44 @@ bool apply_sparse(const uint8_t* body, size_t n, size_t m, size_t es, uint8_t* t
 // Reads a tagged chunk (m elements) from the stream: its tag into *tag, then its body into buf
 // (at most m * es bytes: the dense chunk, or a sparse one's entries). *done counts the content
 // bytes read so far (for messages); `expected` is the most there may be.
-bool pull_tagged(ZSTD_DCtx* d, ZSTD_inBuffer* in, uint8_t* buf, size_t m, size_t es, uint64_t* done,
-                 uint64_t expected, size_t* r, uint32_t* tag, std::string* why) {
+bool pull_tagged(ZSTD_DCtx* d, ZSTD_inBuffer* in, uint8_t* buf, size_t m, size_t es, uint64_t off,
+                 uint64_t* done, size_t* r, uint32_t* tag, std::string* why) {
+  const std::string where = "the tagged chunk at element " + std::to_string(off);
   uint8_t t[4];
-  if (!pull_content(d, in, t, 4, *done, expected, r, why)) return false;
+  if (!pull_content(d, in, t, 4, *done, 0, r, why)) {
+    *why = where + ", its tag: " + *why;
+    return false;
+  }
   *done += 4;
   *tag = get32(t);
   size_t body = m * es;
   if (*tag != kChunkDense) {
     if (!sparse_count_ok(*tag, m, es)) {
-      *why = "tagged chunk at content byte " + std::to_string(*done - 4) + ": tag " +
-             std::to_string(*tag) + ", expected 0xFFFFFFFF (dense) or a count n of changed " +
-             "elements with n * (4 + " + std::to_string(es) + ") <= " + std::to_string(m * es);
+      *why = where + ": tag " + std::to_string(*tag) +
+             ", expected 0xFFFFFFFF (dense) or a count n of changed elements with n * (4 + " +
+             std::to_string(es) + ") <= " + std::to_string(m * es);
       return false;
     }
     body = size_t(*tag) * (4 + es);
   }
-  if (body > 0 && !pull_content(d, in, buf, body, *done, expected, r, why)) return false;
+  if (body > 0 && !pull_content(d, in, buf, body, *done, 0, r, why)) {
+    *why = where + ", its " + std::to_string(body) + " bytes (tag " + std::to_string(*tag) +
+           "): " + *why;
+    return false;
+  }
   *done += body;
   return true;
+}
+
+// The largest zstd window a decoder of `size` bytes (`elems` elements) accepts: its frames'
+// content is at most size + 4 bytes per chunk of at least 256 elements, and zstd never needs a
+// window larger than the content (2^10 at least; at most zstd's default limit, 2^27). Without
+// it, a frame of unknown content size (tagged chunks) could ask for 128 MiB for a tiny buffer.
+int window_log_max(uint64_t size, uint64_t elems) {
+  const uint64_t bound = size + 4 * ceil_div(elems, kLossyBlockElems);
+  int wl = 10;
+  while (wl < 27 && (uint64_t(1) << wl) < bound) ++wl;
+  return wl;
 }
 
 // One lossy block of bl <= 256 elements at cur/prev (2-byte elements): writes the scale and
@@ -737,6 +760,15 @@ std::unique_ptr<DeltaEncoder> DeltaEncoder::create(const EncoderConfig& cfg, std
     *err = p + "zstd: " + ZSTD_getErrorName(r);
     return nullptr;
   }
+  // Tagged deltas stream without a content size (codec.h): the hint (at most their content,
+  // the buffer + 4 bytes per chunk) sizes zstd's window and tables as for a known size, as the
+  // decoder's window limit expects. A libzstd without it writes untagged deltas instead.
+  if (e->cfg_.sparse_chunks) {
+    const uint64_t bound = cfg.size_bytes + 4 * ceil_div(e->elems_, kChunkElems);
+    const int hint = int(std::min<uint64_t>(bound, uint64_t(INT32_MAX)));
+    if (ZSTD_isError(ZSTD_CCtx_setParameter(e->cctx_, ZSTD_c_srcSizeHint, hint)))
+      e->cfg_.sparse_chunks = false;
+  }
   if (cfg.zstd_workers > 0) {
     r = ZSTD_CCtx_setParameter(e->cctx_, ZSTD_c_nbWorkers, cfg.zstd_workers);
     if (ZSTD_isError(r)) {
@@ -909,7 +941,11 @@ bool DeltaEncoder::encode(const void* cur_v, std::vector<uint8_t>* frame, Encode
 // DeltaDecoder
 
 DeltaDecoder::DeltaDecoder(DType dtype, size_t size_bytes)
-    : dtype_(dtype), size_(size_bytes), esize_(dtype_size(dtype)), elems_(size_bytes / esize_) {}
+    : dtype_(dtype),
+      size_(size_bytes),
+      esize_(dtype_size(dtype)),
+      elems_(size_bytes / esize_),
+      window_log_max_(window_log_max(size_bytes, elems_)) {}
 
 DeltaDecoder::~DeltaDecoder() {
   ZSTD_freeDCtx(dctx_);
@@ -938,6 +974,7 @@ std::unique_ptr<DeltaDecoder> DeltaDecoder::create(DType dtype, size_t size_byte
     d->state_ = d->own_state_.get();
   }
   d->dctx_ = ZSTD_createDCtx();
+  if (d->dctx_) ZSTD_DCtx_setParameter(d->dctx_, ZSTD_d_windowLogMax, d->window_log_max_);
   if (!d->state_ || !d->dctx_) {
     *err = "DeltaDecoder: cannot allocate " + std::to_string(size_bytes) + " bytes";
     return nullptr;
@@ -1135,8 +1172,10 @@ bool DeltaDecoder::stream(const uint8_t* frame, const FrameHeader& h, uint64_t e
                           std::string* why) {
   const bool lossy = h.codec == Codec::kLossyDynRange;
   const uint64_t chunk = h.chunk_elems;
+  // One chunk, of at most the registered buffer's elements (not what the header says).
+  const uint64_t cm = std::min<uint64_t>(chunk, elems_);
   const size_t chunk_bytes =
-      lossy ? size_t(4 * ceil_div(chunk, kLossyBlockElems) + chunk) : size_t(chunk * esize_);
+      lossy ? size_t(4 * ceil_div(cm, kLossyBlockElems) + cm) : size_t(cm * esize_);
   if (scratch_size_ < chunk_bytes) {
     scratch_.reset(new (std::nothrow) uint8_t[chunk_bytes]);
     scratch_size_ = scratch_ ? chunk_bytes : 0;
@@ -1161,7 +1200,7 @@ bool DeltaDecoder::stream(const uint8_t* frame, const FrameHeader& h, uint64_t e
     uint8_t* st = state_ + off * esize_;
     if (h.tagged) {
       uint32_t tag = 0;
-      if (!pull_tagged(dctx_, &in, buf, m, esize_, &done, expected, &r, &tag, why)) return false;
+      if (!pull_tagged(dctx_, &in, buf, m, esize_, off, &done, &r, &tag, why)) return false;
       if (tag != kChunkDense) {
         if (!apply_sparse(buf, tag, m, esize_, write ? st : nullptr, false, off, why)) return false;
         continue;
@@ -1268,7 +1307,7 @@ bool DeltaDecoder::apply_chain(const uint8_t* const* frames, const size_t* sizes
   // domain and the state is written once: one pass over it for the whole chain, not one per
   // frame.
   const uint64_t chunk = hs[0].chunk_elems;
-  const size_t chunk_bytes = size_t(chunk * esize_);
+  const size_t chunk_bytes = size_t(std::min<uint64_t>(chunk, elems_) * esize_);
   if (scratch_size_ < 2 * chunk_bytes) {
     scratch_.reset(new (std::nothrow) uint8_t[2 * chunk_bytes]);
     scratch_size_ = scratch_ ? 2 * chunk_bytes : 0;
@@ -1279,6 +1318,7 @@ bool DeltaDecoder::apply_chain(const uint8_t* const* frames, const size_t* sizes
   }
   while (extra_dctx_.size() + 1 < count) {
     ZSTD_DCtx* d = ZSTD_createDCtx();
+    if (d) ZSTD_DCtx_setParameter(d, ZSTD_d_windowLogMax, window_log_max_);
     if (!d) {
       *err = std::string(kPfx) + "cannot allocate a zstd decompression context";
       return false;
@@ -1310,7 +1350,7 @@ bool DeltaDecoder::apply_chain(const uint8_t* const* frames, const size_t* sizes
         continue;
       }
       uint32_t tag = 0;
-      if (!pull_tagged(d, &in[k], tmp, m, esize_, &done[k], bound[k], &r[k], &tag, &why))
+      if (!pull_tagged(d, &in[k], tmp, m, esize_, off, &done[k], &r[k], &tag, &why))
         return fail(k, why);
       if (tag == kChunkDense) {
         if (k)

@@ -1214,6 +1214,20 @@ TEST_CASE("refused frames: clear errors, decoder unchanged", "[snapshot][codec]"
     expect_refused(*dec, tagged(kChunkDense, std::vector<uint8_t>(100, 0)),
                    "the payload ended after");
     expect_refused(*dec, tagged(3, entries({0, 1, 2, 3})), "the frame does not end after its");
+    // Content of unknown size that asks for a 128 MiB zstd window (for this 6000-byte buffer):
+    // refused before zstd allocates it.
+    {
+      ZSTD_CCtx* cc = ZSTD_createCCtx();
+      REQUIRE_FALSE(ZSTD_isError(ZSTD_CCtx_setParameter(cc, ZSTD_c_windowLog, 27)));
+      std::vector<uint8_t> c4(4, 0), out(1024);
+      ZSTD_outBuffer ob{out.data(), out.size(), 0};
+      ZSTD_inBuffer none{c4.data(), 0, 0}, ib{c4.data(), c4.size(), 0};
+      ZSTD_compressStream2(cc, &ob, &none, ZSTD_e_continue);  // the size is not known up front
+      REQUIRE(ZSTD_compressStream2(cc, &ob, &ib, ZSTD_e_end) == 0);
+      ZSTD_freeCCtx(cc);
+      out.resize(ob.pos);
+      expect_refused(*dec, with_payload(f2, out), "Frame requires too much memory");
+    }
     // The same entries, well formed, are applied: three elements XOR'd with 0x5a in their low
     // byte, the rest unchanged.
     const View before = view(*dec);

@@ -30,9 +30,10 @@
 // The payload is exactly one zstd frame whose declared content size is
 //   lossless: raw_size (per chunk of m elements: byte k of element i at offset k*m + i);
 //   lossy:    per chunk of m elements: ceil(m/256) float32 scales, then m int8 codes;
-//   lossless with flag bit 2 (tagged chunks; the encoder's deltas): at most raw_size + 4 per
-//   chunk, or unknown (the encoder does not know it before the last chunk). Per chunk of m
-//   elements a u32 tag, then
+//   lossless with flag bit 2 (tagged chunks; the encoder's deltas): from 4 to raw_size + 4
+//   bytes per chunk, or unknown (the encoder does not know it before the last chunk; a
+//   decoder accepts no zstd window larger than the buffer + 4 bytes per 256 elements). Per chunk of
+//   m elements a u32 tag, then
 //     tag 0xFFFFFFFF (dense): the chunk as above, m * ES shuffled bytes;
 //     tag n (sparse, n * (4 + ES) <= m * ES): the n elements that changed, in increasing
 //       order, as 4 byte planes of n u32 gaps (gap j = index j - index j-1 - 1, with
@@ -157,7 +158,8 @@ class DeltaEncoder {
   // (size 0 or not a multiple of the element size, lossy for a dtype other than kF16/kBF16,
   // base_every 0, a zstd level or worker count this libzstd refuses) or a failed allocation.
   // Memory: the buffer's reconstruction (size_bytes), two chunks of scratch (kChunkElems
-  // elements) and zstd's context; the frame is the caller's.
+  // elements), the indices of a sparse chunk (kChunkElems / 8 u32) and zstd's context (sized
+  // from size_bytes); the frame is the caller's.
   static std::unique_ptr<DeltaEncoder> create(const EncoderConfig& cfg, std::string* err);
   ~DeltaEncoder();
   DeltaEncoder(const DeltaEncoder&) = delete;
@@ -287,6 +289,7 @@ class DeltaDecoder {
   size_t size_;
   size_t esize_;
   uint64_t elems_;
+  int window_log_max_;  // zstd's window limit for this buffer's frames (codec.cc)
   bool has_state_ = false;
   uint64_t last_seq_ = 0;
   uint64_t base_seq_ = 0;
