@@ -621,6 +621,9 @@ Status Client::take(uint64_t step, r2ccl_snap_take_stats_t* st) {
       sets_[set].step = step;
       sets_[set].generation = generation;
       jobs_.push_back(set);
+      // From the first take on, the worker makes the buffers' huge pages while idle (not
+      // before: a replacement's first call, restore(), has the cores to itself).
+      if (!collapse_started_) collapse_ = collapse_started_ = cow_ready_;
     }
     fill_prev(st);
   }
@@ -637,6 +640,20 @@ void Client::worker_main() {
     int set;
     {
       std::unique_lock<std::mutex> l(work_mu_);
+      // Idle: the copy-on-write buffers become huge pages, one 2 MiB page per step (cow.h),
+      // so that take() write-protects 512x fewer page table entries. A take() under way
+      // (kBusy) comes with a job; the pages after it.
+      while (collapse_ && !restoring_ && !stop_ && jobs_.empty()) {
+        l.unlock();
+        CowBuffers::Collapse c;
+        {
+          std::lock_guard<std::mutex> lc(cow_mu_);
+          c = cow_.collapse_step();
+        }
+        l.lock();
+        if (c == CowBuffers::Collapse::kDone) collapse_ = false;
+        if (c == CowBuffers::Collapse::kBusy) break;
+      }
       work_cv_.wait(l, [&] { return stop_ || !jobs_.empty(); });
       if (stop_) return;
       set = jobs_.front();
@@ -788,7 +805,18 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
   {
     std::lock_guard<std::mutex> l(work_mu_);
     background_status(true);  // an earlier take's failure does not concern restore
+    restoring_ = true;        // no huge pages made meanwhile: the decoders have the cores
   }
+  struct Resume {  // ... and again once restore returns
+    Client* c;
+    ~Resume() {
+      {
+        std::lock_guard<std::mutex> l(c->work_mu_);
+        c->restoring_ = false;
+      }
+      c->work_cv_.notify_all();
+    }
+  } resume{this};
   uint64_t before;
   {
     std::lock_guard<std::mutex> l(mu_);

@@ -176,7 +176,10 @@ class Client {
   // worker before it encodes that set (or by the next take()). cow_mu_ serialises both.
   std::mutex cow_mu_;
   CowBuffers cow_;
-  bool cow_ready_ = false;      // init() succeeded (at freeze)
+  bool cow_ready_ = false;  // init() succeeded (at freeze)
+  // Under work_mu_: the worker has huge pages to make (cow.h), from the first take on, and
+  // not while a restore runs.
+  bool collapse_ = false, collapse_started_ = false, restoring_ = false;
   std::vector<bool> cow_skip_;  // per user buffer: copied at take() (device, pinned host)
   int cow_set_ = -1;            // the staging set a capture in progress fills
   std::string cow_note_;        // why the last take() copied instead (for the stats' reader)

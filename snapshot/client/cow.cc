@@ -5,17 +5,22 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <mutex>
 
 namespace r2ccl::snap::client {
 
-// One registered buffer's whole pages [lo, hi), in chunks of `chunk` bytes (a multiple of the
-// page size). Read by the fault handler without locks: lo, hi, chunk, n and state are fixed
-// from init() on; dst is written before `armed` is set (release) and read after it (acquire).
+// One registered buffer's whole pages [lo, hi), in chunks of `chunk` bytes (a multiple of
+// 2 MiB) counted from `base` (lo rounded down to 2 MiB): chunk i is [base + i*chunk,
+// base + (i+1)*chunk) within [lo, hi), so making a copied chunk writable again never splits a
+// huge page. Read by the fault handler without locks: lo, hi, base, chunk, n and state are
+// fixed from init() on; dst is written before `armed` is set (release) and read after it
+// (acquire). collapse_next is the worker's alone (under the caller's mutex).
 struct CowRegion {
-  uintptr_t lo = 0, hi = 0;
+  uintptr_t lo = 0, hi = 0, base = 0;
+  uintptr_t collapse_next = 0, collapse_end = 0;  // the whole 2 MiB pages inside [lo, hi)
   size_t chunk = 0, n = 0;
   std::unique_ptr<std::atomic<uint8_t>[]> state;  // kProtected, kCopying, kCopied per chunk
   std::atomic<uint8_t*> dst{nullptr};             // staging for byte lo
@@ -28,12 +33,21 @@ constexpr uint8_t kProtected = 0, kCopying = 1, kCopied = 2;
 constexpr size_t kMaxRegions = 4096;          // registered buffers, process-wide
 constexpr size_t kMinChunk = 2u << 20;        // 2 MiB: a transparent huge page
 constexpr size_t kMaxChunksPerRegion = 1024;  // bounds the mappings mprotect splits off
+constexpr int kMadvCollapse = 25;  // MADV_COLLAPSE (Linux 6.1 uapi); older glibc headers lack it
 
 std::atomic<CowRegion*> g_regions[kMaxRegions];
 std::atomic<int> g_inside{0};  // handlers running (unregistering waits for 0)
 std::mutex g_mu;               // installation and slot allocation (never in the handler)
 struct sigaction g_prev {};
 bool g_installed = false;
+
+// Chunk i's bytes: [*at, *at + *len), inside [lo, hi).
+void chunk_range(const CowRegion& r, size_t i, uintptr_t* at, size_t* len) {
+  const uintptr_t a = std::max(r.lo, r.base + i * r.chunk);
+  const uintptr_t b = std::min(r.hi, r.base + (i + 1) * r.chunk);
+  *at = a;
+  *len = b - a;
+}
 
 void spin_until_copied(const CowRegion& r, size_t i) {
   while (r.state[i].load(std::memory_order_acquire) != kCopied) sched_yield();
@@ -47,8 +61,10 @@ void copy_all_and_release(CowRegion& r) {
   for (size_t i = 0; i < r.n; ++i) {
     uint8_t expect = kProtected;
     if (r.state[i].compare_exchange_strong(expect, kCopying, std::memory_order_acq_rel)) {
-      const size_t off = i * r.chunk, len = std::min(r.chunk, size_t(r.hi - r.lo) - off);
-      std::memcpy(dst + off, reinterpret_cast<const void*>(r.lo + off), len);
+      uintptr_t at;
+      size_t len;
+      chunk_range(r, i, &at, &len);
+      std::memcpy(dst + (at - r.lo), reinterpret_cast<const void*>(at), len);
       r.state[i].store(kCopied, std::memory_order_release);
     }
   }
@@ -60,10 +76,12 @@ void copy_all_and_release(CowRegion& r) {
 void capture_chunk(CowRegion& r, size_t i) {
   uint8_t expect = kProtected;
   if (r.state[i].compare_exchange_strong(expect, kCopying, std::memory_order_acq_rel)) {
-    const size_t off = i * r.chunk, len = std::min(r.chunk, size_t(r.hi - r.lo) - off);
+    uintptr_t at;
+    size_t len;
+    chunk_range(r, i, &at, &len);
     uint8_t* dst = r.dst.load(std::memory_order_acquire);
-    std::memcpy(dst + off, reinterpret_cast<const void*>(r.lo + off), len);
-    if (::mprotect(reinterpret_cast<void*>(r.lo + off), len, PROT_READ | PROT_WRITE) != 0) {
+    std::memcpy(dst + (at - r.lo), reinterpret_cast<const void*>(at), len);
+    if (::mprotect(reinterpret_cast<void*>(at), len, PROT_READ | PROT_WRITE) != 0) {
       r.state[i].store(kCopied, std::memory_order_release);
       copy_all_and_release(r);
       return;
@@ -93,7 +111,7 @@ void on_segv(int sig, siginfo_t* si, void* uc) {
       if (!r || a < r->lo || a >= r->hi) continue;
       ours = true;
       // Not armed: the capture ended after this fault was raised; the page is writable now.
-      if (r->armed.load(std::memory_order_acquire)) capture_chunk(*r, (a - r->lo) / r->chunk);
+      if (r->armed.load(std::memory_order_acquire)) capture_chunk(*r, (a - r->base) / r->chunk);
     }
   }
   g_inside.fetch_sub(1);
@@ -152,11 +170,15 @@ bool CowBuffers::init(const std::vector<std::pair<uint8_t*, size_t>>& bufs, std:
     auto* r = new CowRegion;
     r->lo = lo;
     r->hi = hi;
-    const size_t len = hi - lo;
+    r->base = lo / kMinChunk * kMinChunk;
+    const size_t len = hi - r->base;
     size_t chunk = std::max(kMinChunk, (len + kMaxChunksPerRegion - 1) / kMaxChunksPerRegion);
-    chunk = (chunk + page - 1) / page * page;
+    chunk = (chunk + kMinChunk - 1) / kMinChunk * kMinChunk;
     r->chunk = chunk;
     r->n = (len + chunk - 1) / chunk;
+    // Its whole 2 MiB pages, which the worker turns into huge pages (collapse_step()).
+    r->collapse_next = (lo + kMinChunk - 1) / kMinChunk * kMinChunk;
+    r->collapse_end = std::max(r->collapse_next, hi / kMinChunk * kMinChunk);
     r->state.reset(new std::atomic<uint8_t>[r->n]);
     for (size_t i = 0; i < r->n; ++i) r->state[i].store(kCopied);
     size_t k = 0;
@@ -220,6 +242,24 @@ bool CowBuffers::begin(const std::vector<uint8_t*>& dst, std::string* why) {
     active_ = true;
   }
   return active_;
+}
+
+CowBuffers::Collapse CowBuffers::collapse_step() {
+  if (collapse_done_) return Collapse::kDone;
+  if (active_) return Collapse::kBusy;
+  for (CowRegion* r : regions_) {
+    if (!r || r->collapse_next >= r->collapse_end) continue;
+    void* at = reinterpret_cast<void*>(r->collapse_next);
+    r->collapse_next += kMinChunk;
+    if (::madvise(at, kMinChunk, kMadvCollapse) != 0 && (errno == EINVAL || errno == ENOSYS))
+      // A kernel before 6.1, THP off for the process, or a buffer the caller advised
+      // MADV_NOHUGEPAGE (or not anonymous memory): none of this buffer, then.
+      r->collapse_next = r->collapse_end;
+    // Other errors (no huge page free, pages pinned for DMA): that page stays as it is.
+    return Collapse::kMore;
+  }
+  collapse_done_ = true;
+  return Collapse::kDone;
 }
 
 void CowBuffers::finish() {
