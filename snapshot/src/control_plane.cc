@@ -394,6 +394,11 @@ void ControlPlane::run() {
       nullptr);
   const TimeUs ka_every = std::max<TimeUs>(c_.lease_ttl_s * kUsPerSec / 3, 100 * kUsPerMs);
   TimeUs next_turn = now_us(), last_turn = now_us();
+  // The test hook's stale view: whether this node coordinated, and its fence, at the end of
+  // the turn before a pause (a stop can land in the middle of a turn, whose keep-alive then
+  // finds the lease expired and steps down before the next turn sees the pause).
+  bool led_before = false;
+  Compare fence_before = fence();
   for (;;) {
     std::deque<std::function<void()>> jobs;
     {
@@ -407,7 +412,7 @@ void ControlPlane::run() {
     const TimeUs now = now_us();
     const bool paused = now - last_turn > 3 * c_.period + ka_every;
     last_turn = now;
-    if (paused && c_.test_write_after_pause && leader_) {
+    if (paused && c_.test_write_after_pause && led_before) {
       std::optional<Record> r;
       {
         std::lock_guard<std::mutex> l(record_mu_);
@@ -418,7 +423,7 @@ void ControlPlane::run() {
         r->epoch += 1;
         etcd::TxnResult tr;
         etcd::Status s =
-            kv_->txn({fence()},
+            kv_->txn({fence_before},
                      {{Op::kPut, record_key(c_.prefix), encode_record(*r), "", 0},
                       {Op::kPut, epoch_key(c_.prefix, r->epoch), encode_record(*r), "", 0}},
                      {}, &tr);
@@ -450,6 +455,8 @@ void ControlPlane::run() {
       // At least every 250 ms: a long heartbeat period must not delay the lease path.
       next_turn = now + std::min<TimeUs>(c_.period, 250 * kUsPerMs);
     }
+    led_before = leader_;
+    fence_before = fence();
   }
 }
 

@@ -1,6 +1,7 @@
 /* libr2ccl-snapshot: the snapshot client of issue 6. A training process registers its state
  * buffers (parameters, optimizer state) and calls r2ccl_snap_take() every step; the library
- * delta-encodes them (codec.h: XOR + byte shuffle + zstd, a full base every K snapshots,
+ * delta-encodes them (codec.h: XOR + byte shuffle + zstd, a chunk where few elements changed
+ * as their indices and values, a full base every K snapshots,
  * opt-in lossy FP16/BF16) on its own thread and sends one SHARD per buffer to the node's
  * r2ccl_snapshotd over its Unix socket (protocol: r2ccl/snapshot/client_wire.h). After a
  * failure, r2ccl_snap_restore() fetches the newest step that is complete on every rank and
