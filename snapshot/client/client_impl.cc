@@ -641,21 +641,28 @@ void Client::worker_main() {
     {
       std::unique_lock<std::mutex> l(work_mu_);
       // Idle: the copy-on-write buffers become huge pages, one 2 MiB page per step (cow.h),
-      // so that take() write-protects 512x fewer page table entries. A take() under way
-      // (kBusy) comes with a job; the pages after it.
-      while (collapse_ && !restoring_ && !stop_ && jobs_.empty()) {
-        l.unlock();
-        CowBuffers::Collapse c;
-        {
-          std::lock_guard<std::mutex> lc(cow_mu_);
-          c = cow_.collapse_step();
+      // so that take() write-protects 512x fewer page table entries; not while a restore
+      // runs. kBusy (a capture not completed yet: a take() is queueing its job, or failed
+      // after protecting): try again 10 ms later or at the next job.
+      for (;;) {
+        if (stop_) return;
+        if (!jobs_.empty()) break;
+        if (collapse_ && !restoring_) {
+          l.unlock();
+          CowBuffers::Collapse c;
+          {
+            std::lock_guard<std::mutex> lc(cow_mu_);
+            c = cow_.collapse_step();
+          }
+          l.lock();
+          if (c == CowBuffers::Collapse::kDone) collapse_ = false;
+          if (c == CowBuffers::Collapse::kBusy)
+            work_cv_.wait_for(l, std::chrono::milliseconds(10),
+                              [&] { return stop_ || !jobs_.empty(); });
+          continue;
         }
-        l.lock();
-        if (c == CowBuffers::Collapse::kDone) collapse_ = false;
-        if (c == CowBuffers::Collapse::kBusy) break;
+        work_cv_.wait(l, [&] { return stop_ || !jobs_.empty() || (collapse_ && !restoring_); });
       }
-      work_cv_.wait(l, [&] { return stop_ || !jobs_.empty(); });
-      if (stop_) return;
       set = jobs_.front();
       jobs_.pop_front();
       working_ = true;

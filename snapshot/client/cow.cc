@@ -1,5 +1,6 @@
 #include "cow.h"
 
+#include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -207,6 +208,7 @@ void CowBuffers::release_regions() {
 }
 
 CowBuffers::~CowBuffers() {
+  if (pagemap_fd_ >= 0) ::close(pagemap_fd_);
   finish();
   std::lock_guard<std::mutex> l(g_mu);
   release_regions();
@@ -244,6 +246,25 @@ bool CowBuffers::begin(const std::vector<uint8_t*>& dst, std::string* why) {
   return active_;
 }
 
+// Whether every 4 KiB page of the 2 MiB page at `at` holds memory of this process's own
+// (present and exclusively mapped, /proc/self/pagemap bits 63 and 56: no privilege needed).
+// Collapsing fills what is not with real memory: a range never written, or only read (the
+// shared zero page, as the take's copy maps it), would become resident for nothing. True when
+// the pagemap cannot be read (the collapse then goes ahead).
+bool CowBuffers::written_whole(uintptr_t at) {
+  if (pagemap_fd_ == -1) pagemap_fd_ = ::open("/proc/self/pagemap", O_RDONLY | O_CLOEXEC);
+  if (pagemap_fd_ < 0) {
+    pagemap_fd_ = -2;  // not again
+    return true;
+  }
+  uint64_t e[kMinChunk / 4096];
+  const off_t off = off_t(at / 4096 * sizeof(uint64_t));
+  if (::pread(pagemap_fd_, e, sizeof(e), off) != ssize_t(sizeof(e))) return true;
+  for (uint64_t x : e)
+    if (!(x >> 63 & 1) || !(x >> 56 & 1)) return false;
+  return true;
+}
+
 CowBuffers::Collapse CowBuffers::collapse_step() {
   if (collapse_done_) return Collapse::kDone;
   if (active_) return Collapse::kBusy;
@@ -251,11 +272,10 @@ CowBuffers::Collapse CowBuffers::collapse_step() {
     if (!r || r->collapse_next >= r->collapse_end) continue;
     void* at = reinterpret_cast<void*>(r->collapse_next);
     r->collapse_next += kMinChunk;
-    if (::madvise(at, kMinChunk, kMadvCollapse) != 0 && (errno == EINVAL || errno == ENOSYS))
-      // A kernel before 6.1, THP off for the process, or a buffer the caller advised
-      // MADV_NOHUGEPAGE (or not anonymous memory): none of this buffer, then.
-      r->collapse_next = r->collapse_end;
-    // Other errors (no huge page free, pages pinned for DMA): that page stays as it is.
+    if (written_whole(r->collapse_next - kMinChunk)) (void)::madvise(at, kMinChunk, kMadvCollapse);
+    // Errors leave that page as it is: EINVAL (a kernel before 6.1, THP off for the process,
+    // a range advised MADV_NOHUGEPAGE), EAGAIN/ENOMEM (no huge page free, pages pinned for
+    // DMA). One failed call per 2 MiB costs microseconds.
     return Collapse::kMore;
   }
   collapse_done_ = true;

@@ -16,8 +16,9 @@
 // installed later by someone else that does not chain to the previous one would break the
 // capture: begin() checks that this one is still installed and copies synchronously if not.
 //
-// Units: bytes. Thread-safety: one CowBuffers per client handle; begin() and finish() are
-// serialised by the caller (Client::cow_mu_); the fault handler runs on any thread.
+// Units: bytes. Thread-safety: one CowBuffers per client handle; begin(), finish() and
+// collapse_step() are serialised by the caller (Client::cow_mu_); the fault handler runs on
+// any thread.
 #pragma once
 
 #include <atomic>
@@ -54,15 +55,17 @@ class CowBuffers {
   bool active() const { return active_; }
 
   // Transparent huge pages for the buffers: write-protecting a 2 MiB huge page is one page
-  // table entry instead of 512, so take() of 1 GiB blocks for well under a millisecond instead
-  // of tens (docs/BENCHMARKS.md). collapse_step() turns the next whole 2 MiB page of a buffer
-  // into a huge page (MADV_COLLAPSE, Linux >= 6.1: whatever the THP sysfs setting, but not
-  // where the caller advised MADV_NOHUGEPAGE or disabled THP for the process; a few ms per page
-  // on a paravirtualised guest, the training thread's stores meanwhile are safe). kMore: call
-  // again; kBusy: a capture is in progress, call again after it; kDone: nothing left (or the
-  // kernel cannot: then never). Called by the library's worker thread while it is idle, under
-  // the caller's mutex. Copy-on-write chunks are whole 2 MiB pages, so making a copied chunk
-  // writable again keeps its huge pages.
+  // table entry instead of 512 (docs/BENCHMARKS.md, "Restore and take() at their targets":
+  // take() of 1 GiB blocked 0.002 s instead of 0.05 s). collapse_step() turns the next whole
+  // 2 MiB page of a buffer, if every 4 KiB of it was written by this process (not a range
+  // never written or only read: collapsing would make it resident), into a huge page
+  // (MADV_COLLAPSE, Linux
+  // >= 6.1, whatever the THP sysfs setting; not where the caller advised MADV_NOHUGEPAGE or
+  // disabled THP for the process; a few ms per page on a paravirtualised guest; the training
+  // thread's stores meanwhile are safe). kMore: call again; kBusy: a capture is in progress,
+  // call again after it; kDone: every page was tried once. Copy-on-write chunks start on 2 MiB
+  // boundaries and are multiples of 2 MiB (the first and last cut to the buffer's pages), so
+  // making a copied chunk writable again never splits a huge page.
   enum class Collapse { kMore, kBusy, kDone };
   Collapse collapse_step();
 
@@ -74,6 +77,8 @@ class CowBuffers {
   std::vector<std::pair<uint8_t*, size_t>> bufs_;
   bool active_ = false;
   bool collapse_done_ = false;
+  int pagemap_fd_ = -1;  // /proc/self/pagemap (-2: cannot be read)
+  bool written_whole(uintptr_t at);
 };
 
 }  // namespace r2ccl::snap::client

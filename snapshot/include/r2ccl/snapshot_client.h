@@ -169,11 +169,11 @@ int r2ccl_snap_get_rng_state(r2ccl_snap_t* h, void* buf, size_t cap, size_t* n);
  *    R2CCL_SNAPSHOT_TAKE=copy. The pages are made read-write again. If another SIGSEGV handler
  *    replaced the library's without chaining, take() copies (as with copy).
  *    Write-protecting costs one page-table entry per page: from the first take on, the
- *    background thread, while idle, turns each buffer's whole 2 MiB pages into transparent
- *    huge pages (MADV_COLLAPSE, Linux >= 6.1; not where the caller advised MADV_NOHUGEPAGE,
- *    nor while a restore runs), so a take of 1 GiB protects 512 entries instead of 262144
- *    (docs/BENCHMARKS.md: 0.05 s -> a few ms on the test machine). The chunks are whole
- *    2 MiB pages, so the huge pages stay.
+ *    background thread, while idle, turns each buffer's whole 2 MiB pages that are fully
+ *    resident into transparent huge pages (MADV_COLLAPSE, Linux >= 6.1; not where the caller
+ *    advised MADV_NOHUGEPAGE, nor while a restore runs), so a take of 1 GiB protects 512
+ *    entries instead of 262144 (docs/BENCHMARKS.md: blocked 0.002 s instead of 0.05 s on the
+ *    test machine). The copy chunks start on 2 MiB boundaries, so the huge pages stay.
  *  - copy, and device buffers: take() copies every buffer before it returns.
  * An error of an earlier take on the background thread is returned here (ENCODE once;
  * CONNECTION sticky). stats may be NULL. */
