@@ -1450,12 +1450,14 @@ int main(int argc, char** argv) {
   app.add_option("--changed-fraction", o.model.changed_fraction,
                  "sparse: elements moved per step (default 0.01; >= 1: all)")
       ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--lr", o.model.lr, "sparse: step size of a moved element (default 1e-4)");
+  app.add_option("--lr", o.model.lr, "sparse: step size of a moved element (default 1e-4)")
+      ->check(CLI::Range(1e-12, 1e3));
   app.add_option("--buffers", o.buffers, "registered buffers the state is split into (default 1)")
       ->check(CLI::Range(1, 64));
   app.add_option("--step-ms", o.step_ms,
                  "take: a training step of this many ms between takes, no flush (default 0: flush "
-                 "after each take)");
+                 "after each take)")
+      ->check(CLI::Range(0, 3600000));
   app.add_option("--nodes", o.nodes, "recovery: nodes, one rank each (3..8)")
       ->check(CLI::Range(3, 8));
   app.add_option("--period-ms", o.period_ms,
@@ -1475,14 +1477,22 @@ int main(int argc, char** argv) {
       ->type_name("URL");
   app.add_option("--etcd-bin", o.etcd_bin,
                  "etcd started when --etcd is absent (default /usr/bin/etcd)")
-      ->type_name("PATH");
+      ->type_name("PATH")
+      ->check(CLI::ExistingFile);
   app.add_option("--mem-limit-mb", o.mem_limit_mb,
-                 "daemons' --mem-limit-mb (default: the daemon's)");
-  app.add_option("--timeout-s", o.timeout_s, "bound on each wait (default 120)");
-  app.add_option("--workdir", o.workdir, "where the cluster's files go (default /tmp)");
+                 "daemons' --mem-limit-mb (default: the daemon's)")
+      ->check(CLI::Range(1, 1 << 24));
+  app.add_option("--timeout-s", o.timeout_s, "bound on each wait (default 120)")
+      ->check(CLI::Range(1, 86400));
+  app.add_option("--workdir", o.workdir, "where the cluster's files go (default /tmp)")
+      ->check(CLI::ExistingDirectory);
   app.add_option("--seed", o.seed, "state seed");
   app.add_flag("--keep", o.keep, "keep the daemons' logs and files");
   CLI11_PARSE(app, argc, argv);
+  if (!std::isfinite(o.model.lr)) {  // NaN passes CLI::Range
+    fprintf(stderr, "--lr: %g, expected a finite value in [1e-12, 1000]\n", o.model.lr);
+    return 2;
+  }
   try {
     o.bytes = parse_size(bytes);
   } catch (const CLI::Error& e) {
