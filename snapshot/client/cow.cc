@@ -25,6 +25,7 @@ struct CowRegion {
   size_t chunk = 0, n = 0;
   std::unique_ptr<std::atomic<uint8_t>[]> state;  // kProtected, kCopying, kCopied per chunk
   std::atomic<uint8_t*> dst{nullptr};             // staging for byte lo
+  std::atomic<int> releasing{0};                  // copy_all_and_release() calls not done yet
   std::atomic<bool> armed{false};
 };
 
@@ -83,8 +84,12 @@ void capture_chunk(CowRegion& r, size_t i) {
     uint8_t* dst = r.dst.load(std::memory_order_acquire);
     std::memcpy(dst + (at - r.lo), reinterpret_cast<const void*>(at), len);
     if (::mprotect(reinterpret_cast<void*>(at), len, PROT_READ | PROT_WRITE) != 0) {
+      // Counted before chunk i shows copied: finish() then waits for this release, so the
+      // next take cannot protect the region again before its mprotect makes it writable.
+      r.releasing.fetch_add(1, std::memory_order_acq_rel);
       r.state[i].store(kCopied, std::memory_order_release);
       copy_all_and_release(r);
+      r.releasing.fetch_sub(1, std::memory_order_acq_rel);
       return;
     }
     r.state[i].store(kCopied, std::memory_order_release);
@@ -287,6 +292,7 @@ void CowBuffers::finish() {
   for (CowRegion* r : regions_) {
     if (!r || !r->armed.load(std::memory_order_acquire)) continue;
     for (size_t i = 0; i < r->n; ++i) capture_chunk(*r, i);
+    while (r->releasing.load(std::memory_order_acquire) != 0) sched_yield();
     r->armed.store(false, std::memory_order_release);
   }
   active_ = false;
