@@ -144,6 +144,15 @@ void wait_complete(FakeSnapd& d, uint64_t step) {
   REQUIRE(d.complete_step() == step);
 }
 
+// Flushes, waits until `step` is complete at the daemon, restores and returns the step restored.
+uint64_t flush_and_restore(r2ccl_snap_t* s, FakeSnapd& d, uint64_t step) {
+  SNAP_OK(r2ccl_snap_flush(s, 20 * 1000000));
+  wait_complete(d, step);
+  uint64_t restored = 0;
+  SNAP_OK(r2ccl_snap_restore(s, 20 * 1000000, &restored));
+  return restored;
+}
+
 // flush() means "written to the socket": the fake may still be reading the last shard.
 void wait_shards(FakeSnapd& d, uint64_t n) {
   for (int i = 0; i < 500 && d.shards_received() < n; ++i)
@@ -984,11 +993,7 @@ TEST_CASE(
     std::memset(tiny.data(), 0xab, tiny.size());
     std::memset(mid.data(), 0xcd, mid.size() * 2);
     other.join();
-    SNAP_OK(r2ccl_snap_flush(s, 20 * 1000000));
-    wait_complete(dm.d, 1);
-    uint64_t restored = 0;
-    SNAP_OK(r2ccl_snap_restore(s, 20 * 1000000, &restored));
-    CHECK(restored == 1);
+    CHECK(flush_and_restore(s, dm.d, 1) == 1);
     CHECK(holds(1));
     // Steps 2 and 3 (a new base, a delta): each overwritten right after its take().
     fill(2);
@@ -996,10 +1001,7 @@ TEST_CASE(
     fill(3);
     SNAP_OK(r2ccl_snap_take(s, 3, nullptr));
     fill(4);
-    SNAP_OK(r2ccl_snap_flush(s, 20 * 1000000));
-    wait_complete(dm.d, 3);
-    SNAP_OK(r2ccl_snap_restore(s, 20 * 1000000, &restored));
-    CHECK(restored == 3);
+    CHECK(flush_and_restore(s, dm.d, 3) == 3);
     CHECK(holds(3));
     r2ccl_snap_close(s);
   }
@@ -1130,11 +1132,7 @@ TEST_CASE("snapshot client: copy-on-write buffers become huge pages, exactly cap
   std::memset(b, 0xcc, nb);
   other.join();
   CHECK(huge_bytes_in(a, na) >= na);  // the copied chunks were made writable whole
-  SNAP_OK(r2ccl_snap_flush(s, 20 * 1000000));
-  wait_complete(dm.d, 2);
-  uint64_t restored = 0;
-  SNAP_OK(r2ccl_snap_restore(s, 20 * 1000000, &restored));
-  CHECK(restored == 2);
+  CHECK(flush_and_restore(s, dm.d, 2) == 2);
   CHECK(holds(2));
   r2ccl_snap_close(s);
   munmap(a, na);
