@@ -65,6 +65,7 @@ Connection::Connection(const ConnEnv& env, Role role, int dev, std::unique_ptr<P
     RailLive& rl = live(p);
     p.down_seen = rl.down_events.load();
     p.up_seen = rl.up_events.load();
+    p.addr_seen = rl.addr_events.load();
     if (!d.up) {
       rl.failed_paths++;
       p.counted_failed = true;
@@ -172,7 +173,8 @@ bool Connection::peer_known_gone() const {
   bool refused = false;
   for (const auto& p : paths_) {
     if (p.health->connected()) return false;
-    const bool local_down = !env_.rails->live(p.rail).link_up.load();
+    const RailLive& rl = env_.rails->live(p.rail);
+    const bool local_down = !rl.link_up.load() || !rl.has_addr.load();
     if (!p.refused && !p.unreachable && !local_down) return false;
     refused |= p.refused;
   }
@@ -245,22 +247,14 @@ void Connection::check_paths(TimeUs now) {
   for (auto& p : paths_) {
     // The watchdog counts again from when the paused peer can answer.
     if (stalled) p.ack_progress = std::max(p.ack_progress, now);
+    check_rail_events(p, now);
     RailLive& rl = live(p);
-    const uint32_t down = rl.down_events.load(std::memory_order_relaxed);
-    if (down != p.down_seen) {
-      p.down_seen = down;
-      if (!rl.link_up.load() && p.health->connected())
-        fail_path(p, FailCause::kLinkDown, env_.rails->link_event_source(), now);
-    }
-    const uint32_t up = rl.up_events.load(std::memory_order_relaxed);
-    if (up != p.up_seen) {
-      p.up_seen = up;
-      p.health->on_link_up(now);
-    }
     if (!p.health->connected()) {
-      // Failback: the sending side reconnects once the link is up and backoff/hold-down allow.
+      // Failback: the sending side reconnects once the link is up, the rail has an address,
+      // and backoff/hold-down allow.
       if (role_ == Role::kSend && !p.reconnecting && !p.gate_pending && rl.link_up.load() &&
-          p.health->should_reconnect(now) && io_->can_reconnect(p.index, *this)) {
+          rl.has_addr.load() && p.health->should_reconnect(now) &&
+          io_->can_reconnect(p.index, *this)) {
         p.reconnecting = true;
         io_->reconnect(p.index, *this, now);
       }
@@ -323,6 +317,60 @@ void Connection::check_paths(TimeUs now) {
     n.sent_at = now;
     send_notice(n);
   }
+  for (auto& n : addr_notices_) {
+    if (now - n.sent_at < 2 * hb) continue;
+    n.sent_at = now;
+    CtrlMsg m;
+    m.type = CtrlType::kAddr;
+    m.id = n.id;
+    m.path = static_cast<uint16_t>(n.rail);
+    queue_ctrl(m);
+  }
+}
+
+void Connection::check_rail_events(Path& p, TimeUs now) {
+  RailLive& rl = live(p);
+  const uint32_t down = rl.down_events.load(std::memory_order_relaxed);
+  if (down != p.down_seen) {
+    p.down_seen = down;
+    if (!rl.link_up.load() && p.health->connected())
+      fail_path(p, FailCause::kLinkDown, env_.rails->link_event_source(), now);
+  }
+  const uint32_t up = rl.up_events.load(std::memory_order_relaxed);
+  if (up != p.up_seen) {
+    p.up_seen = up;
+    p.health->on_link_up(now);
+    // The peer may be backing off its reconnects to this rail: tell it the rail is back.
+    if (rl.link_up.load() && rl.has_addr.load()) announce_rail(p.rail, now);
+  }
+  const uint32_t addr = rl.addr_events.load(std::memory_order_acquire);
+  if (addr == p.addr_seen) return;
+  p.addr_seen = addr;
+  // The path's sockets use the old address: nothing sent on them arrives any more.
+  if (p.health->connected() && io_->address_stale(p.index))
+    fail_path(p, FailCause::kAddressChanged,
+              rl.has_addr.load() ? "the rail's local address was replaced"
+                                 : "the rail's local address was removed",
+              now);
+  if (rl.has_addr.load()) {
+    p.health->on_link_up(now);  // reconnect from the new address now, not after backoff
+    if (rl.link_up.load()) announce_rail(p.rail, now);
+  }
+}
+
+void Connection::announce_rail(int rail, TimeUs now) {
+  if (!caps_.address_notices) return;
+  for (const auto& n : addr_notices_)
+    if (n.rail == rail && n.sent_at == now) return;  // another path on the rail just told it
+  addr_notices_.erase(std::remove_if(addr_notices_.begin(), addr_notices_.end(),
+                                     [&](const AddrNotice& n) { return n.rail == rail; }),
+                      addr_notices_.end());
+  addr_notices_.push_back({next_notice_++, rail, now});
+  CtrlMsg m;
+  m.type = CtrlType::kAddr;
+  m.id = addr_notices_.back().id;
+  m.path = static_cast<uint16_t>(rail);
+  queue_ctrl(m);
 }
 
 void Connection::fail_path(Path& p, FailCause cause, const char* detail_c, TimeUs now) {
@@ -375,7 +423,7 @@ void Connection::fail_path(Path& p, FailCause cause, const char* detail_c, TimeU
     queue_recv_state(-1);
   }
   if (!from_peer) {  // tell the other end; re-sent until answered
-    notices_.push_back({next_notice_++, p.index, io_->generation(p.index), now});
+    notices_.push_back({next_notice_++, p.index, io_->generation(p.index), now, cause});
     send_notice(notices_.back());
   }
   resend_notices(now);
@@ -506,6 +554,7 @@ void Connection::send_notice(const Notice& n) {
   m.id = n.id;
   m.path = static_cast<uint16_t>(n.path);
   m.gen = n.gen;
+  m.cause = n.cause;
   queue_ctrl(m);
 }
 
@@ -535,6 +584,21 @@ void Connection::on_ctrl(int via, const CtrlMsg& m, TimeUs now) {
     give_up(Status::kInternal, why, now);
     return;
   }
+  if (m.type == CtrlType::kAddr) {
+    // The backend has recorded the peer's rail and told on_peer_address for its paths.
+    CtrlMsg a;
+    a.type = CtrlType::kAddrAck;
+    a.id = m.id;
+    a.path = m.path;
+    queue_ctrl(a, via);
+    return;
+  }
+  if (m.type == CtrlType::kAddrAck) {
+    addr_notices_.erase(std::remove_if(addr_notices_.begin(), addr_notices_.end(),
+                                       [&](const AddrNotice& n) { return n.id == m.id; }),
+                        addr_notices_.end());
+    return;
+  }
   if (m.path >= paths_.size()) {
     R2CCL_WARN("conn %016" PRIx64 ": control message for path %u of %zu ignored", id_, m.path,
                paths_.size());
@@ -546,7 +610,9 @@ void Connection::on_ctrl(int via, const CtrlMsg& m, TimeUs now) {
     case CtrlType::kFail: {
       // A notice naming the path it came on is stale (that path works): ignore it.
       if (current && via != p.index) {
-        if (p.health->connected())
+        if (p.health->connected() && m.cause == FailCause::kAddressChanged)
+          fail_path(p, FailCause::kAddressChanged, "the peer's address on the rail changed", now);
+        else if (p.health->connected())
           fail_path(p, FailCause::kPeerNotice, "the peer declared it failed", now);
         else if (role_ == Role::kRecv)
           queue_recv_state(-1);  // its FAIL_ACK promises it
@@ -945,6 +1011,17 @@ void Connection::on_reconnect_failed(int path, bool refused, const char* detail,
   p.health->on_reconnect_failed(now);
   R2CCL_INFO(NCCL_NET, "reconnect of path %d (%s) of conn %016" PRIx64 " failed: %s", p.index,
              p.label.c_str(), id_, detail ? detail : "?");
+}
+
+void Connection::on_peer_address(int path, TimeUs now) {
+  if (path < 0 || path >= npaths() || gave_up_) return;
+  Path& p = paths_[path];
+  if (p.health->connected() && io_->address_stale(p.index))
+    fail_path(p, FailCause::kAddressChanged, "the peer's address on the rail changed", now);
+  // Reconnect to the new address now, not after the backoff the old one earned.
+  p.health->on_link_up(now);
+  R2CCL_INFO(NCCL_NET, "path %d (%s) of conn %016" PRIx64 ": the peer's rail has a new address",
+             p.index, p.label.c_str(), id_);
 }
 
 void Connection::on_peer_bye(TimeUs now) {

@@ -157,6 +157,7 @@ class Connection final : public PathSink {
   void on_probe_ok(int path, TimeUs now) override;
   void on_reconnected(int path, TimeUs now) override;
   void on_reconnect_failed(int path, bool refused, const char* detail, TimeUs now) override;
+  void on_peer_address(int path, TimeUs now) override;
   void on_peer_bye(TimeUs now) override;
   void on_peer_gone(const char* evidence, TimeUs now) override;
   void on_fatal(Status st, const char* why, TimeUs now) override;
@@ -178,6 +179,7 @@ class Connection final : public PathSink {
     bool probe_idle = false;  // nothing was in flight when the probe left: a clean RTT
     uint32_t down_seen = 0;
     uint32_t up_seen = 0;
+    uint32_t addr_seen = 0;  // RailLive::addr_events last handled
     bool counted_failed = false;
     bool gate_pending = false;  // sender: replay waits for the receiver's FAIL / FAIL_ACK
     bool reconnecting = false;  // sender: PathIo::reconnect in progress
@@ -197,6 +199,14 @@ class Connection final : public PathSink {
     uint64_t id;
     int path;
     uint32_t gen;
+    TimeUs sent_at;
+    FailCause cause;
+  };
+  // "My rail's address changed / it is usable again" (kAddr), re-sent every 2 heartbeat
+  // periods until the peer's kAddrAck with its id.
+  struct AddrNotice {
+    uint64_t id;
+    int rail;
     TimeUs sent_at;
   };
   struct Recovery {
@@ -253,6 +263,11 @@ class Connection final : public PathSink {
   void queue_recv_state(int prefer);
   void send_notice(const Notice& n);
   void resend_notices(TimeUs now);
+  // Tells the peer that local rail `rail` has a new address or is usable again (only where
+  // PathCaps::address_notices); supersedes an unanswered notice for the same rail.
+  void announce_rail(int rail, TimeUs now);
+  // What the rail's link and address events mean for path p (check_paths).
+  void check_rail_events(Path& p, TimeUs now);
   // sender
   void schedule_chunks(TimeUs now);
   void on_ack(uint64_t seq, uint32_t prefix, uint32_t base, uint64_t bitmap, TimeUs now);
@@ -297,6 +312,7 @@ class Connection final : public PathSink {
   std::deque<PendingCtrl> ctrlq_;
   std::deque<Notice> notices_;
   uint64_t next_notice_ = 1;
+  std::deque<AddrNotice> addr_notices_;
   std::vector<Recovery> recoveries_;
   std::vector<Recovery> gated_;  // sender: failures whose replay waits for the gate
   std::vector<PathLoad> loads_;  // schedule_chunks scratch

@@ -43,6 +43,7 @@ const char* fail_cause_name(FailCause c) {
     case FailCause::kSetup: return "not connected at setup";
     case FailCause::kRetryExceeded: return "completion error";
     case FailCause::kAsyncError: return "async error event";
+    case FailCause::kAddressChanged: return "address changed";
   }
   return "?";
 }
@@ -70,6 +71,9 @@ bool PathHealth::on_failure(FailCause cause, TimeUs now) {
   }
   backoff_ = p_.reconnect_min;
   next_attempt_ = now + backoff_;
+  // A renumbered rail did nothing wrong: an address change (DHCP, NetworkManager) is not a
+  // flap, and must not hold a healthy rail down.
+  if (cause == FailCause::kAddressChanged) return true;
   // A stable stretch resets the hold-down ladder.
   if (now - healthy_since_ >= p_.holddown_reset) {
     holddown_len_ = 0;

@@ -24,16 +24,17 @@ const char* path_state_name(PathState s);
 
 enum class FailCause : uint8_t {
   kNone,
-  kLinkDown,       // netlink: the rail's interface lost carrier or went admin-down
-  kSocketError,    // send/recv error (ENETUNREACH, ETIMEDOUT from TCP_USER_TIMEOUT, ...)
-  kPeerClosed,     // end-of-file or reset from the peer
-  kAckTimeout,     // acknowledgement watchdog on a busy path
-  kHeartbeatMiss,  // nothing received for 3 heartbeat periods
-  kPeerNotice,     // the other end declared the path failed
-  kProtocol,       // the peer sent a frame that breaks the protocol
-  kSetup,          // the path could not be connected at setup
-  kRetryExceeded,  // verbs: a work completion with retry-exceeded or flush status
-  kAsyncError,     // verbs: an asynchronous error event on one of the path's QPs or its CQ
+  kLinkDown,        // netlink: the rail's interface lost carrier or went admin-down
+  kSocketError,     // send/recv error (ENETUNREACH, ETIMEDOUT from TCP_USER_TIMEOUT, ...)
+  kPeerClosed,      // end-of-file or reset from the peer
+  kAckTimeout,      // acknowledgement watchdog on a busy path
+  kHeartbeatMiss,   // nothing received for 3 heartbeat periods
+  kPeerNotice,      // the other end declared the path failed
+  kProtocol,        // the peer sent a frame that breaks the protocol
+  kSetup,           // the path could not be connected at setup
+  kRetryExceeded,   // verbs: a work completion with retry-exceeded or flush status
+  kAsyncError,      // verbs: an asynchronous error event on one of the path's QPs or its CQ
+  kAddressChanged,  // the address a path's sockets use at either end was removed or replaced
 };
 const char* fail_cause_name(FailCause c);
 // True for causes that say the peer process is gone (or broke the protocol) rather than a
@@ -67,7 +68,8 @@ class PathHealth {
   bool connected() const { return state_ != PathState::kFailed; }
   FailCause last_cause() const { return cause_; }
 
-  // Any failure. Returns true if the path was not already failed (a new failure).
+  // Any failure. Returns true if the path was not already failed (a new failure). A failure
+  // with cause kAddressChanged does not count as a flap (no hold-down).
   bool on_failure(FailCause cause, TimeUs now);
   // The transport connected the path again; probing starts.
   void on_reconnected(TimeUs now);

@@ -18,6 +18,13 @@ struct RailLive : RailCounters {
   std::atomic<bool> link_up{true};       // netlink carrier/admin state, or the HCA port's
   std::atomic<uint32_t> down_events{0};  // link-down (port error) notifications seen
   std::atomic<uint32_t> up_events{0};    // link-up (port active) notifications seen
+  // The rail's local address changed (removed, replaced, or one came back; TCP: netlink's
+  // address groups, or a reconnect that found another address): the count, and whether the
+  // rail has a usable address now (an IPv6 address still in duplicate address detection is
+  // not usable). Written by the transport's runtime before it bumps addr_events, so a
+  // connection that sees the new count also sees has_addr and the runtime's new address.
+  std::atomic<uint32_t> addr_events{0};
+  std::atomic<bool> has_addr{true};
 };
 
 class RailTable {

@@ -14,7 +14,8 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <fcntl.h>
-#include <linux/if.h>  // IFF_UP, IFF_RUNNING, IFF_LOWER_UP (no <net/if.h>: they clash)
+#include <linux/if.h>       // IFF_UP, IFF_RUNNING, IFF_LOWER_UP (no <net/if.h>: they clash)
+#include <linux/if_addr.h>  // struct ifaddrmsg
 #include <linux/netlink.h>
 #include <linux/rtnetlink.h>
 #include <poll.h>
@@ -304,6 +305,26 @@ struct LinkMonitor::Callbacks {
     auto* mon = static_cast<LinkMonitor*>(arg);
     if (!mon->sink_) return detail::kNlOk;  // not inside drain(): nothing to deliver to
     const nlmsghdr* hdr = mon->api_->nlmsg_hdr(msg);
+    if (hdr && (hdr->nlmsg_type == RTM_NEWADDR || hdr->nlmsg_type == RTM_DELADDR)) {
+      // Only which interface: the consumer re-reads its addresses (and their flags).
+      if (hdr->nlmsg_len < NLMSG_LENGTH(sizeof(ifaddrmsg))) {
+        mon->need_resync_ = true;
+        return detail::kNlOk;
+      }
+      const auto* ifa = static_cast<const ifaddrmsg*>(NLMSG_DATA(hdr));
+      try {
+        Event ev;
+        ev.ifindex = static_cast<int>(ifa->ifa_index);
+        ev.address = true;
+        ev.when = now_us();
+        R2CCL_TRACE("link monitor: ifindex %d address %s", ev.ifindex,
+                    hdr->nlmsg_type == RTM_NEWADDR ? "added or changed" : "removed");
+        mon->sink_->push_back(ev);
+      } catch (...) {
+        mon->need_resync_ = true;
+      }
+      return detail::kNlOk;
+    }
     if (!hdr || (hdr->nlmsg_type != RTM_NEWLINK && hdr->nlmsg_type != RTM_DELLINK))
       return detail::kNlOk;
     ParseCtx ctx{mon, hdr->nlmsg_type == RTM_DELLINK};
@@ -399,6 +420,12 @@ bool LinkMonitor::open(int rcvbuf_bytes) {
     err = api->nl_socket_add_membership(sk, RTNLGRP_LINK);
   }
   if (err >= 0) {
+    step = "nl_socket_add_membership(RTNLGRP_IPV4_IFADDR)";
+    err = api->nl_socket_add_membership(sk, RTNLGRP_IPV4_IFADDR);
+  }
+  if (err >= 0 && api->nl_socket_add_membership(sk, RTNLGRP_IPV6_IFADDR) < 0)
+    R2CCL_INFO(NCCL_INIT | NCCL_NET, "link monitor: no IPv6 address notifications (no IPv6?)");
+  if (err >= 0) {
     step = "nl_socket_set_nonblocking";
     err = api->nl_socket_set_nonblocking(sk);
   }
@@ -425,8 +452,8 @@ bool LinkMonitor::open(int rcvbuf_bytes) {
   api_ = api;
   resyncs_ = 0;
   need_resync_ = false;
-  R2CCL_INFO(NCCL_INIT | NCCL_NET, "link monitor: netlink fd %d subscribed to link notifications",
-             fd);
+  R2CCL_INFO(NCCL_INIT | NCCL_NET,
+             "link monitor: netlink fd %d subscribed to link and address notifications", fd);
   return true;
 }
 
@@ -482,7 +509,12 @@ void LinkMonitor::drain(std::vector<Event>* out) {
     ev.ifname = std::move(name);
     ev.up = link_is_up(ev.ifname);
     ev.when = t;
+    Event addr;
+    addr.ifindex = ev.ifindex;
+    addr.address = true;
+    addr.when = t;
     out->push_back(std::move(ev));
+    out->push_back(addr);
     ++n;
   }
   closedir(d);

@@ -1,5 +1,7 @@
 // Netlink link monitor: tells the background thread within milliseconds that a rail's interface
-// went down (admin down, carrier loss, removal) or came back.
+// went down (admin down, carrier loss, removal) or came back, and that an interface's IPv4 or
+// IPv6 addresses changed (RTNLGRP_IPV4_IFADDR, RTNLGRP_IPV6_IFADDR: an address added, removed,
+// or its flags changed, such as the end of IPv6 duplicate address detection).
 //
 // libnl is NOT linked. libnl-3.so.200 and libnl-route-3.so.200 are dlopen'ed (RTLD_NOW |
 // RTLD_LOCAL) the first time a monitor is opened, and the handful of functions used are looked up
@@ -52,6 +54,10 @@ class LinkMonitor {
     bool up = false;
     bool removed = false;  // RTM_DELLINK: the interface is gone (and up is false)
     TimeUs when = 0;       // now_us() when the monitor read the notification
+    // An address notification (RTM_NEWADDR/RTM_DELADDR) for `ifindex`: `up`, `removed` and
+    // `ifname` mean nothing; the consumer re-reads the interface's addresses. After lost
+    // notifications every interface gets one.
+    bool address = false;
   };
 
   // Requested receive-buffer size of the netlink socket (the kernel caps it at rmem_max).
@@ -62,21 +68,23 @@ class LinkMonitor {
   LinkMonitor(const LinkMonitor&) = delete;
   LinkMonitor& operator=(const LinkMonitor&) = delete;
 
-  // Opens a non-blocking, close-on-exec netlink socket subscribed to RTNLGRP_LINK in the calling
-  // thread's network namespace (the fd is owned by libnl's socket: never close it yourself).
-  // Returns true if already open. Returns false if libnl or the socket is unavailable; the first
-  // such failure in the process logs the one WARN, later ones are INFO. rcvbuf_bytes: tests pass a
-  // tiny value to provoke an overflow.
+  // Opens a non-blocking, close-on-exec netlink socket subscribed to RTNLGRP_LINK (and the two
+  // address groups; a kernel without IPv6 refuses that group, which is then left out) in the
+  // calling thread's network namespace (the fd is owned by libnl's socket: never close it
+  // yourself). Returns true if already open. Returns false if libnl or the socket is unavailable;
+  // the first such failure in the process logs the one WARN, later ones are INFO. rcvbuf_bytes:
+  // tests pass a tiny value to provoke an overflow.
   bool open(int rcvbuf_bytes = kDefaultRcvbufBytes);
 
   // For poll(POLLIN); -1 when not open.
   int fd() const { return fd_; }
 
   // Reads every pending notification without blocking (at most kMaxReadsPerDrain datagrams per
-  // call; the fd stays readable if more are left) and appends one Event per link notification
-  // (bridge-family notifications are ignored). After lost notifications (ENOBUFS) or an
-  // unparsable one it appends the current state of every interface in /sys/class/net, all with
-  // the same `when`. No-op when not open or out is null.
+  // call; the fd stays readable if more are left) and appends one Event per link or address
+  // notification (bridge-family notifications are ignored). After lost notifications (ENOBUFS)
+  // or an unparsable one it appends the current state of every interface in /sys/class/net,
+  // and an address event for each, all with the same `when`. No-op when not open or out is
+  // null.
   static constexpr int kMaxReadsPerDrain = 256;
   void drain(std::vector<Event>* out);
 

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <atomic>
 #include <climits>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 
@@ -95,6 +96,29 @@ Rail make_rail(const IfAddr& ifa, const std::string& display, const sockaddr_sto
   return r;
 }
 
+// IPv6 addresses of the calling thread's network namespace that are in duplicate address
+// detection or failed it: "ADDR32HEX IFINDEX PLEN SCOPE FLAGS IFNAME" lines of
+// /proc/net/if_inet6 (flags: IFA_F_TENTATIVE 0x40, IFA_F_DADFAILED 0x08, linux/if_addr.h).
+std::vector<in6_addr> tentative_ipv6() {
+  std::vector<in6_addr> out;
+  FILE* f = fopen("/proc/net/if_inet6", "re");
+  if (!f) return out;
+  char hex[33];
+  unsigned ifindex, plen, scope, flags;
+  char name[IFNAMSIZ + 1];
+  while (fscanf(f, "%32s %x %x %x %x %16s", hex, &ifindex, &plen, &scope, &flags, name) == 6) {
+    if ((flags & (0x40u | 0x08u)) == 0 || strlen(hex) != 32) continue;
+    in6_addr a{};
+    for (int i = 0; i < 16; ++i) {
+      char b[3] = {hex[2 * i], hex[2 * i + 1], 0};
+      a.s6_addr[i] = static_cast<uint8_t>(strtoul(b, nullptr, 16));
+    }
+    out.push_back(a);
+  }
+  fclose(f);
+  return out;
+}
+
 }  // namespace
 
 const uint8_t* addr_bytes(const sockaddr_storage& a) {
@@ -180,11 +204,69 @@ bool parse_rail_spec(const std::string& spec_in, RailSpec* out, std::string* err
 }
 
 std::vector<IfAddr> system_interfaces() {
+  std::vector<IfAddr> v;
+  read_system_interfaces(&v);
+  return v;
+}
+
+bool read_system_interfaces(std::vector<IfAddr>* out) {
+  out->clear();
   ifaddrs* list = nullptr;
-  if (getifaddrs(&list) != 0) return {};
+  if (getifaddrs(&list) != 0) return false;
   std::vector<IfAddr> v = interfaces_from(list);
   freeifaddrs(list);
-  return v;
+  bool any6 = false;
+  for (const auto& i : v) any6 |= i.family == AF_INET6;
+  if (any6) {
+    const std::vector<in6_addr> tent = tentative_ipv6();
+    for (auto& i : v) {
+      if (i.family != AF_INET6) continue;
+      const auto& a6 = reinterpret_cast<const sockaddr_in6*>(&i.addr)->sin6_addr;
+      for (const auto& t : tent)
+        if (memcmp(&t, &a6, sizeof(t)) == 0) i.tentative = true;
+    }
+  }
+  *out = std::move(v);
+  return true;
+}
+
+bool same_address(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  return memcmp(addr_bytes(a), addr_bytes(b), a.ss_family == AF_INET6 ? 16 : 4) == 0;
+}
+
+bool resolve_rail_address(const Rail& r, const std::vector<IfAddr>& ifs, sockaddr_storage* addr,
+                          int* prefix_len) {
+  if (r.fixed_addr) {
+    bool covered = !r.fixed_covered;
+    for (const auto& i : ifs)
+      covered |=
+          i.ifname == r.ifname && !i.tentative &&
+          (same_address(i.addr, r.addr) || same_subnet(i.family, addr_bytes(i.addr), i.prefix_len,
+                                                       r.family, addr_bytes(r.addr), i.prefix_len));
+    if (!covered) return false;
+    *addr = r.addr;
+    *prefix_len = r.prefix_len;
+    return true;
+  }
+  const IfAddr* same_fam = nullptr;
+  const IfAddr* other_fam = nullptr;
+  for (const auto& i : ifs) {
+    if (i.ifname != r.ifname || i.tentative) continue;
+    if (same_address(i.addr, r.addr)) {
+      *addr = i.addr;
+      *prefix_len = r.fixed_addr ? r.prefix_len : i.prefix_len;
+      return true;
+    }
+    if (r.fixed_addr) continue;
+    if (i.family == r.family && !same_fam) same_fam = &i;
+    if (i.family != r.family && !other_fam) other_fam = &i;
+  }
+  const IfAddr* pick = same_fam ? same_fam : other_fam;
+  if (!pick) return false;
+  *addr = pick->addr;
+  *prefix_len = pick->prefix_len;
+  return true;
 }
 
 std::vector<IfAddr> interfaces_from(const ifaddrs* list) {
@@ -268,13 +350,18 @@ bool select_rails(const std::string& spec_str, const std::string& spec_var,
           }
           // The interface's own prefix when the address is inside one of its subnets.
           int plen = fam == AF_INET ? 32 : 128;
+          bool covered = false;
           for (const auto& j : ifs)
             if (j.ifname == i.ifname && j.family == fam &&
                 same_subnet(fam, addr_bytes(a), j.prefix_len, fam, addr_bytes(j.addr),
-                            j.prefix_len))
+                            j.prefix_len)) {
               plen = j.prefix_len;
+              covered = true;
+            }
           seen.push_back(i.ifname);
           rails.push_back(make_rail(i, i.ifname + "@" + e.addr, a, fam, plen, speed_override));
+          rails.back().fixed_addr = true;
+          rails.back().fixed_covered = covered;
           break;
         }
         if (!i.up) continue;

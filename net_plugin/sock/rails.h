@@ -26,6 +26,12 @@ struct Rail {
   int prefix_len = 32;
   int speed_mbps = 10000;
   std::string pci_path;  // sysfs PCI path, empty for virtual NICs
+  // IFNAME@ADDR: the rail is that address, not "the interface's address" (which may change).
+  bool fixed_addr = false;
+  // IFNAME@ADDR whose address was the interface's own, or inside one of its subnets (lo@127.0.0.2
+  // on lo's 127.0.0.1/8), when the rail was selected: it is usable while that still holds. One
+  // that was neither is taken as the user gave it and never judged.
+  bool fixed_covered = false;
 };
 
 // One entry of an interface spec: NCCL syntax. The whole list may start with '^' (exclude
@@ -50,8 +56,15 @@ struct IfAddr {
   int family;
   sockaddr_storage addr;
   int prefix_len;
+  // IPv6 duplicate address detection not done yet, or failed (/proc/net/if_inet6 flags
+  // IFA_F_TENTATIVE, IFA_F_DADFAILED): the kernel refuses to bind it.
+  bool tentative = false;
 };
+// The system's interfaces (getifaddrs(3)), with IPv6 addresses in duplicate address
+// detection marked tentative. Any thread. read_system_interfaces: false when getifaddrs
+// failed (out of descriptors or memory: the addresses are unknown, not gone).
 std::vector<IfAddr> system_interfaces();
+bool read_system_interfaces(std::vector<IfAddr>* out);
 // The same from a getifaddrs(3)-style list (another source of it: the fake verbs provider's
 // netdevs). Pure.
 std::vector<IfAddr> interfaces_from(const ::ifaddrs* list);
@@ -69,6 +82,18 @@ constexpr size_t kMaxRailsPerProcess = 16;
 bool select_rails(const std::string& spec, const std::string& spec_var,
                   const std::vector<IfAddr>& ifs, int speed_override_mbps, std::vector<Rail>* out,
                   std::string* err, std::vector<std::string>* left_out = nullptr);
+
+// The address rail `r` uses now, given the interfaces `ifs` (system_interfaces()): an
+// IFNAME@ADDR rail, its address while the interface has it or an address whose subnet holds
+// it (when it was so at selection: Rail::fixed_covered, else always); any other rail, its current
+// address while the interface still has it (an address added beside it changes nothing),
+// else the interface's first address of the same family, else of the other family. Never a
+// tentative address. False when the interface has no usable address (removed, or all in
+// duplicate address detection): *addr/*prefix_len untouched. Pure.
+bool resolve_rail_address(const Rail& r, const std::vector<IfAddr>& ifs, sockaddr_storage* addr,
+                          int* prefix_len);
+// The same address (family and bytes; ports are not compared).
+bool same_address(const sockaddr_storage& a, const sockaddr_storage& b);
 
 std::string addr_to_string(const sockaddr_storage& a);
 // "127.0.0.1:5000", "[fe80::1]:5000".

@@ -105,7 +105,7 @@ int finish_connect(int fd) {
   return 0;
 }
 
-int open_rail_listener(const Rail& rail, std::string* err) {
+int open_rail_listener(const Rail& rail, std::string* err, uint16_t port) {
   int fd = socket(rail.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
     *err = std::string("socket(): ") + strerror(errno);
@@ -117,9 +117,9 @@ int open_rail_listener(const Rail& rail, std::string* err) {
   bind_address_no_port(fd);
   sockaddr_storage a = rail.addr;
   if (a.ss_family == AF_INET)
-    reinterpret_cast<sockaddr_in*>(&a)->sin_port = 0;
+    reinterpret_cast<sockaddr_in*>(&a)->sin_port = port;
   else
-    reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = 0;
+    reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = port;
   if (bind(fd, reinterpret_cast<sockaddr*>(&a), rail.addrlen) != 0 || listen(fd, 256) != 0) {
     *err = "listen on " + addr_to_string(a) + " (rail " + rail.name + "): " + strerror(errno);
     close(fd);

@@ -28,8 +28,9 @@ int open_rail_socket(const Rail& rail, TimeUs user_timeout, SockFailure* why);
 int start_connect(int fd, const sockaddr_storage& peer);
 // 0 when the connect finished, -EINPROGRESS while pending, -errno on failure.
 int finish_connect(int fd);
-// Listening socket on the rail's address, ephemeral port. -1 and *err on failure.
-int open_rail_listener(const Rail& rail, std::string* err);
+// Listening socket on the rail's address, on `port` (network order; 0: an ephemeral port).
+// -1 and *err on failure (a taken port: EADDRINUSE, named).
+int open_rail_listener(const Rail& rail, std::string* err, uint16_t port = 0);
 uint16_t local_port(int fd);
 void set_socket_options(int fd, TimeUs user_timeout);
 // TCP_USER_TIMEOUT of `fd`, microseconds rounded up to whole ms (0: the kernel default). The

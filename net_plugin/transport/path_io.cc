@@ -48,6 +48,11 @@ TimeUs PathIo::fault_start(int path, TimeUs now) const {
   return 0;
 }
 
+bool PathIo::address_stale(int path) const {
+  (void)path;
+  return false;
+}
+
 void PathIo::abort(TimeUs now) { (void)now; }
 
 Status PathIo::start_flush(int n, void** data, const int* sizes, void** mhandles, uint64_t* token) {

@@ -60,12 +60,28 @@ struct RemoteBuffer {
 // PathSink::on_ctrl. Field use per type:
 //   kAck      seq = message, prefix = every chunk below landed (the chunk count: the whole
 //             message), base/bitmap = landed chunks [base, base+64)
-//   kFail     id = notice id, path, gen: "I declared this path failed" (answered by kFailAck)
+//   kFail     id = notice id, path, gen: "I declared this path failed" (answered by kFailAck);
+//             cause = why, where the backend carries it (TCP; else kNone)
 //   kFailAck  id, path, gen
 //   kDrain    path, on: the receiver's node drains (1) or returns (0) its rail of the path
 // kTruncated (sender -> receiver): the isend matching receive `seq` is `size` bytes, more
 // than the receive's capacity; the receive fails (NCCL fails a truncated message too).
-enum class CtrlType : uint8_t { kAck = 1, kFail = 2, kFailAck = 3, kDrain = 4, kTruncated = 5 };
+//   kAddr     id = notice id, path = the sender's LOCAL RAIL index (not a path): "my rail's
+//             address changed, or the rail is usable again"; the backend adds the rail's
+//             current address and listener to its encoding, and the receiving backend
+//             records them and reports PathSink::on_peer_address for each path to that rail
+//             before it delivers the message (answered by kAddrAck). Only where
+//             PathCaps::address_notices.
+//   kAddrAck  id
+enum class CtrlType : uint8_t {
+  kAck = 1,
+  kFail = 2,
+  kFailAck = 3,
+  kDrain = 4,
+  kTruncated = 5,
+  kAddr = 6,
+  kAddrAck = 7,
+};
 
 struct CtrlMsg {
   CtrlType type = CtrlType::kAck;
@@ -78,6 +94,7 @@ struct CtrlMsg {
   uint64_t bitmap = 0;
   uint64_t size = 0;  // kTruncated: the isend's bytes
   bool on = false;
+  FailCause cause = FailCause::kNone;  // kFail
 };
 
 // One chunk to put on a path (sender).
@@ -135,6 +152,11 @@ enum class PostResult : uint8_t {
 struct PathCaps {
   bool receiver_acks = true;
   bool quiesce_before_replay = false;
+  // The backend addresses paths by the rails' IP addresses, which can change under a running
+  // connection (DHCP, NetworkManager, container re-plumbing): the engine tells the peer
+  // (kAddr) when a rail's address changes or its link comes back, and asks
+  // PathIo::address_stale. TCP: yes. Verbs: no (a GID change travels in its REBUILD).
+  bool address_notices = false;
 };
 
 // Events from a backend. Implemented by engine::Connection.
@@ -174,6 +196,9 @@ class PathSink {
   // A reconnect started by PathIo::reconnect failed. refused: nothing listens any more
   // (the peer's process is gone).
   virtual void on_reconnect_failed(int path, bool refused, const char* detail, TimeUs now) = 0;
+  // The peer's rail at the far end of `path` has a new address, or is usable again (its
+  // kAddr): the backend has recorded it (and dropped a reconnect in progress to the old one).
+  virtual void on_peer_address(int path, TimeUs now) = 0;
   // The peer closed the connection on purpose (BYE).
   virtual void on_peer_bye(TimeUs now) = 0;
   // The peer's process is gone (a channel ended without BYE), with the evidence.
@@ -256,6 +281,11 @@ class PathIo {
   virtual TimeUs stall_floor(int path) const;
   // Evidence of an injected fault on the path: when it started. Default 0: none known.
   virtual TimeUs fault_start(int path, TimeUs now) const;
+  // The path's connection uses an address that is no longer current at either end (TCP: its
+  // sockets are bound to an address the local rail no longer has, or connected to one the
+  // peer's rail no longer has): it cannot carry anything and is failed at once. Default:
+  // false (only where PathCaps::address_notices).
+  virtual bool address_stale(int path) const;
 
   // Tells the peer, best effort and without waiting, that this end closes on purpose.
   virtual void say_goodbye(TimeUs now) = 0;

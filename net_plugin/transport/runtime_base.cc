@@ -365,6 +365,10 @@ void RuntimeBase::bg_loop() {
       events.clear();
       monitor.drain(&events);
       for (const auto& e : events) {
+        if (e.address) {
+          on_address_event(e.ifindex, e.when);
+          continue;
+        }
         for (size_t i = 0; i < rails_.size(); ++i) {
           if (rails_[i].ifname.empty() || rails_[i].ifname != e.ifname) continue;
           const bool was = live_[i].link_up.exchange(e.up);

@@ -144,6 +144,12 @@ class RuntimeBase : public Transport, public RailTable {
     (void)n;
     (void)now;
   }
+  // Netlink: the addresses of interface `ifindex` changed (background thread). The transport
+  // re-reads its rails' addresses (TCP); default: nothing (verbs follows GID events).
+  virtual void on_address_event(int ifindex, TimeUs now) {
+    (void)ifindex;
+    (void)now;
+  }
   void register_conn(Connection* c);
   void unregister_conn(Connection* c);
   // This process's knobs as the setup exchanges them (transport/handshake.h); the transport

@@ -477,3 +477,28 @@ TEST_CASE("a path that keeps failing its probes backs off towards reconnect_max"
   while (!h.should_reconnect(at)) at += kUsPerMs;
   CHECK(at - t >= hp.reconnect_max - kUsPerMs);
 }
+
+TEST_CASE("address changes are not flaps: renumbering never holds a rail down", "[path_health]") {
+  HealthParams p;  // 3 flaps in 10 s
+  PathHealth h(p, PathState::kHealthy, kT0);
+  TimeUs now = kT0 + 100 * kUsPerSec;
+  for (int change = 1; change <= 5; ++change) {
+    REQUIRE(h.on_failure(FailCause::kAddressChanged, now));
+    CHECK_FALSE(h.take_holddown_started());
+    CHECK_FALSE(h.held_down(now));
+    CHECK(h.should_reconnect(now + p.reconnect_min));
+    now += p.reconnect_min;
+    recover(h, p, now);
+    now += 500 * kUsPerMs;
+  }
+  // The same rhythm of link failures does start one (so the test can fail).
+  for (int flap = 1; flap <= 2; ++flap) {
+    REQUIRE(h.on_failure(FailCause::kLinkDown, now));
+    now += p.reconnect_min;
+    recover(h, p, now);
+    now += 500 * kUsPerMs;
+  }
+  REQUIRE(h.on_failure(FailCause::kLinkDown, now));
+  CHECK(h.take_holddown_started());
+  CHECK(h.current_holddown() == p.holddown_min);
+}

@@ -534,3 +534,69 @@ TEST_CASE("more rails than one process carries: the first 16 in name order, the 
   CHECK(rails.size() == kMaxRailsPerProcess);
   CHECK(left_out.empty());
 }
+
+TEST_CASE("a rail's address is resolved again after it changes", "[rails]") {
+  std::vector<Rail> rails;
+  std::string err;
+  REQUIRE(select_rails("=eth0", "R2CCL_SOCKET_IFNAME", host(), 0, &rails, &err));
+  REQUIRE(rails.size() == 1);
+  const Rail r = rails[0];
+  sockaddr_storage a{};
+  int plen = 0;
+  // Unchanged.
+  REQUIRE(resolve_rail_address(r, host(), &a, &plen));
+  CHECK(addr_to_string(a) == "10.0.0.1");
+  // An address added beside the current one changes nothing, wherever it is listed.
+  std::vector<IfAddr> two = {iface("eth0", 2, true, "10.0.0.7", 24),
+                             iface("eth0", 2, true, "10.0.0.1", 24)};
+  REQUIRE(resolve_rail_address(r, two, &a, &plen));
+  CHECK(addr_to_string(a) == "10.0.0.1");
+  // The old one gone: the new one, with its prefix.
+  std::vector<IfAddr> renumbered = {iface("eth0", 2, true, "10.0.0.7", 16)};
+  REQUIRE(resolve_rail_address(r, renumbered, &a, &plen));
+  CHECK(addr_to_string(a) == "10.0.0.7");
+  CHECK(plen == 16);
+  // Same family first, else the other one.
+  std::vector<IfAddr> both = {iface("eth0", 2, true, "fd00::7", 64),
+                              iface("eth0", 2, true, "10.0.0.8", 24)};
+  REQUIRE(resolve_rail_address(r, both, &a, &plen));
+  CHECK(addr_to_string(a) == "10.0.0.8");
+  std::vector<IfAddr> v6 = {iface("eth0", 2, true, "fd00::7", 64)};
+  REQUIRE(resolve_rail_address(r, v6, &a, &plen));
+  CHECK(addr_to_string(a) == "fd00::7");
+  // An address in duplicate address detection is not usable; nor is another interface's.
+  v6[0].tentative = true;
+  plen = -1;
+  CHECK_FALSE(resolve_rail_address(r, v6, &a, &plen));
+  CHECK(plen == -1);  // untouched
+  CHECK_FALSE(resolve_rail_address(r, {iface("eth2", 4, true, "10.0.0.9", 24)}, &a, &plen));
+  CHECK_FALSE(resolve_rail_address(r, {}, &a, &plen));
+}
+
+TEST_CASE("an IFNAME@ADDR rail is only ever its address", "[rails]") {
+  std::vector<Rail> rails;
+  std::string err;
+  std::vector<IfAddr> ifs = {iface("eth0", 2, true, "10.0.0.1", 24),
+                             iface("eth0", 2, true, "10.0.0.2", 24)};
+  REQUIRE(select_rails("eth0@10.0.0.2", "R2CCL_SOCKET_IFNAME", ifs, 0, &rails, &err));
+  REQUIRE(rails.size() == 1);
+  CHECK(rails[0].fixed_addr);
+  sockaddr_storage a{};
+  int plen = 0;
+  REQUIRE(resolve_rail_address(rails[0], ifs, &a, &plen));
+  CHECK(addr_to_string(a) == "10.0.0.2");
+  CHECK(plen == 24);
+  // Its address removed, but inside the subnet of the interface's other one: still usable
+  // (as lo@127.0.0.2 is on lo's 127.0.0.1/8).
+  ifs.pop_back();
+  CHECK(resolve_rail_address(rails[0], ifs, &a, &plen));
+  CHECK(addr_to_string(a) == "10.0.0.2");
+  // No address of the interface holds it any more: not usable.
+  ifs = {iface("eth0", 2, true, "10.1.0.1", 24)};
+  CHECK_FALSE(resolve_rail_address(rails[0], ifs, &a, &plen));
+  CHECK_FALSE(resolve_rail_address(rails[0], {}, &a, &plen));
+  // Given outside every subnet of its interface: taken as given, never judged.
+  REQUIRE(select_rails("eth0@192.168.9.9", "R2CCL_SOCKET_IFNAME", ifs, 0, &rails, &err));
+  CHECK_FALSE(rails[0].fixed_covered);
+  CHECK(resolve_rail_address(rails[0], {}, &a, &plen));
+}

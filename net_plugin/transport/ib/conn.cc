@@ -1269,6 +1269,10 @@ PostResult Conn::post_ctrl(int path, const CtrlMsg& c, PathSink& sink, TimeUs no
       m.a = c.seq;
       m.b = c.size;
       break;
+    case CtrlType::kAddr:
+    case CtrlType::kAddrAck:
+      // Never sent: verbs has no PathCaps::address_notices (a GID change rides on REBUILD).
+      return PostResult::kPosted;
   }
   if (path < 0) {
     // No RDMA path is usable: the side channel carries control messages.

@@ -58,6 +58,11 @@ std::string wire_name(const WireRail& w) {
   return name;
 }
 
+// A peer rail's address, without port ("10.0.0.2", "fd00::2").
+std::string rail_addr_string(const WireRail& w) {
+  return addr_to_string(wire_to_sockaddr(w.family, w.addr, 0));
+}
+
 // Warn once per process and message (missing rails are reported per rail, not per connection).
 void warn_once(const std::string& msg) {
   static std::mutex mu;
@@ -135,7 +140,7 @@ void Conn::close_streams(Path& p) {
 // Handshakes (connector side): connect, send HELLO, read HELLO_ACK.
 
 void Conn::start_handshake(Handshake* hs, int local_rail, int peer_rail, uint32_t flags,
-                           uint32_t gen, TimeUs now) {
+                           uint32_t gen, TimeUs now, const Rail* local) {
   sockaddr_storage peer;
   if (peer_rail >= 0) {
     const WireRail& w = peer_rails_[peer_rail];
@@ -149,6 +154,7 @@ void Conn::start_handshake(Handshake* hs, int local_rail, int peer_rail, uint32_
   hs->err = 0;
   hs->op = SockOp::kConnect;
   hs->refused = false;
+  hs->note.clear();
   hs->deadline = now + kPathHandshakeTimeout;
   hs->what = rail_name(local_rail) + " -> " + addr_port_string(peer);
   if (FaultInjector::instance().query(local_rail, now).down) {
@@ -157,7 +163,8 @@ void Conn::start_handshake(Handshake* hs, int local_rail, int peer_rail, uint32_
     return;
   }
   SockFailure why;
-  hs->fd = open_rail_socket(rt_->rails()[local_rail], cfg_.tcp_user_timeout, &why);
+  hs->fd =
+      open_rail_socket(local ? *local : rt_->rail_now(local_rail), cfg_.tcp_user_timeout, &why);
   if (hs->fd < 0) {
     hs->stage = -1;
     hs->err = why.err;  // as the kernel said it (EMFILE, EADDRNOTAVAIL, ...), classified later
@@ -200,6 +207,7 @@ bool Conn::Handshake::cannot_heal() const {
 }
 
 std::string Conn::Handshake::cause() const {
+  if (!note.empty()) return note;
   if (refused) return std::string("refused by the peer: ") + refusal.text;
   if (err == 0) return "no answer";
   const std::string d = describe_errno(err, op);
@@ -894,6 +902,7 @@ PostResult Conn::post_ctrl(int path, const CtrlMsg& m, PathSink& sink, TimeUs no
       h.seq = m.id;
       h.a = m.path;
       h.b = m.gen;
+      h.total = static_cast<uint64_t>(m.cause);
       break;
     case CtrlType::kDrain:
       h = frame(FrameType::kDrain);
@@ -905,6 +914,23 @@ PostResult Conn::post_ctrl(int path, const CtrlMsg& m, PathSink& sink, TimeUs no
       h = frame(FrameType::kTruncated);
       h.seq = m.seq;
       h.total = m.size;
+      break;
+    case CtrlType::kAddr: {
+      // m.path is our rail: its address and listener now.
+      if (m.path >= rt_->rails().size()) return PostResult::kPosted;  // nothing to tell
+      const WireRail w = rt_->wire_rail(m.path);
+      h = frame(FrameType::kAddr);
+      h.seq = m.id;
+      h.a = m.path;
+      h.b = static_cast<uint32_t>(w.family) | static_cast<uint32_t>(w.prefix_len) << 8 |
+            static_cast<uint32_t>(w.port) << 16;
+      memcpy(&h.off, w.addr, 8);
+      memcpy(&h.total, w.addr + 8, 8);
+      break;
+    }
+    case CtrlType::kAddrAck:
+      h = frame(FrameType::kAddrAck);
+      h.seq = m.id;
       break;
   }
   queue_ctrl(paths_[path], h, now);
@@ -1082,6 +1108,9 @@ bool Conn::handle_frame(Path& p, Stream& s, PathSink& sink, TimeUs now, const ch
       m.path = static_cast<uint16_t>(std::min<uint32_t>(h.a, 0xffff));
       m.gen = h.b;
       m.on = h.off != 0;
+      // Only the cause that changes what the receiver does; anything else is a plain notice.
+      if (type == FrameType::kFail && h.total == static_cast<uint64_t>(FailCause::kAddressChanged))
+        m.cause = FailCause::kAddressChanged;
       sink.on_ctrl(p.index, m, now);
       return true;
     }
@@ -1096,6 +1125,22 @@ bool Conn::handle_frame(Path& p, Stream& s, PathSink& sink, TimeUs now, const ch
       if (h.seq == p.ping_id) sink.on_probe_ok(p.index, now);
       return true;
     case FrameType::kBye: sink.on_peer_bye(now); return true;
+    case FrameType::kAddr: {
+      if (!take_peer_address(h, sink, now, why)) return false;
+      CtrlMsg m;
+      m.type = CtrlType::kAddr;
+      m.id = h.seq;
+      m.path = static_cast<uint16_t>(h.a);
+      sink.on_ctrl(p.index, m, now);
+      return true;
+    }
+    case FrameType::kAddrAck: {
+      CtrlMsg m;
+      m.type = CtrlType::kAddrAck;
+      m.id = h.seq;
+      sink.on_ctrl(p.index, m, now);
+      return true;
+    }
     case FrameType::kSetupDone:
       return true;  // a repeat from the setup (the connector sends one per setup)
     default: *why = "unknown frame type"; return false;
@@ -1175,7 +1220,7 @@ void Conn::check_peer_process(PathSink& sink, TimeUs now) {
       return;
     }
     SockFailure why;  // cannot open one now (descriptors): try again later, proves nothing
-    peer_check_fd_ = open_rail_socket(rt_->rails()[rail_of(p)], cfg_.tcp_user_timeout, &why);
+    peer_check_fd_ = open_rail_socket(rt_->rail_now(rail_of(p)), cfg_.tcp_user_timeout, &why);
     const WireRail& w = peer_rails_[p.peer_rail >= 0 ? p.peer_rail : 0];
     if (peer_check_fd_ >= 0 &&
         start_connect(peer_check_fd_, wire_to_sockaddr(w.family, w.addr, w.port)) ==
@@ -1219,13 +1264,115 @@ bool Conn::can_reconnect(int path, PathSink& sink) const {
 void Conn::reconnect(int path, PathSink& sink, TimeUs now) {
   (void)sink;
   Path& p = paths_[path];
+  // The local address is resolved again on every attempt: it may have changed without the
+  // runtime knowing yet (no netlink), and then the runtime is told.
+  bool has = false;
+  Rail local = rt_->rail_now(rail_of(p), &has);
+  sockaddr_storage a{};
+  int plen = local.prefix_len;
+  std::vector<IfAddr> ifs;
+  if (!read_system_interfaces(&ifs)) {
+    // Unknown now (out of descriptors): the runtime's address, as it last knew it.
+  } else if (resolve_rail_address(local, ifs, &a, &plen)) {
+    if (!has || !same_address(a, local.addr) || plen != local.prefix_len) rt_->recheck_addresses();
+    local.addr = a;
+    local.family = a.ss_family;
+    local.addrlen = a.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+    local.prefix_len = plen;
+    has = true;
+  } else if (has) {
+    rt_->recheck_addresses();
+    has = false;
+  }
+  const WireRail& w = peer_rails_[p.peer_rail];
+  std::string note;
+  if (!has) {
+    note = "rail " + local.name + " has no usable address";
+  } else if (!same_subnet(local.family, addr_bytes(local.addr), local.prefix_len, w.family, w.addr,
+                          w.prefix_len)) {
+    const std::string mine = addr_to_string(local.addr) + "/" + std::to_string(local.prefix_len);
+    const std::string theirs = rail_addr_string(w) + "/" + std::to_string(w.prefix_len);
+    note = "rail " + local.name + " (" + mine + ") and the peer's rail " + wire_name(w) + " (" +
+           theirs + ") are not in one subnet";
+    if (first_time("subnet:" + local.name + ":" + mine + ":" + theirs))
+      R2CCL_WARN(
+          "path %d of conn %016llx: %s; the path is not used until an address changes (warned "
+          "once per address pair)",
+          p.index, static_cast<unsigned long long>(conn_id_), note.c_str());
+  }
   p.reconnect.assign(n_streams_, Handshake{});
   for (int s = 0; s < n_streams_; ++s) {
-    p.reconnect[s].path = p.index;
-    p.reconnect[s].stream = s;
-    start_handshake(&p.reconnect[s], rail_of(p), p.peer_rail, kHelloReconnect,
-                    desc(p).generation + 1, now);
+    Handshake& hs = p.reconnect[s];
+    hs.path = p.index;
+    hs.stream = s;
+    if (!note.empty()) {
+      hs.stage = -1;
+      hs.err = ENETUNREACH;
+      hs.note = note;
+      continue;
+    }
+    start_handshake(&hs, rail_of(p), p.peer_rail, kHelloReconnect, desc(p).generation + 1, now,
+                    &local);
   }
+}
+
+bool Conn::address_stale(int path) const {
+  const Path& p = paths_[path];
+  int fd = -1;
+  for (const auto& s : p.streams)
+    if (s.fd >= 0) {
+      fd = s.fd;
+      break;
+    }
+  if (fd < 0) return false;
+  sockaddr_storage mine{}, theirs{};
+  socklen_t ml = sizeof(mine), tl = sizeof(theirs);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&mine), &ml) != 0) return false;
+  bool has = false;
+  const Rail local = rt_->rail_now(rail_of(p), &has);
+  if (!has || !same_address(mine, local.addr)) return true;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&theirs), &tl) != 0) return false;
+  if (p.peer_rail < 0 || p.peer_rail >= static_cast<int>(peer_rails_.size())) return false;
+  const WireRail& w = peer_rails_[p.peer_rail];
+  const sockaddr_storage peer = wire_to_sockaddr(w.family, w.addr, w.port);
+  return !same_address(theirs, peer);
+}
+
+bool Conn::take_peer_address(const FrameHeader& h, PathSink& sink, TimeUs now, const char** why) {
+  const int family = static_cast<int>(h.b & 0xff);
+  const int plen = static_cast<int>((h.b >> 8) & 0xff);
+  if (h.a >= peer_rails_.size() || (family != AF_INET && family != AF_INET6) ||
+      plen > (family == AF_INET ? 32 : 128)) {
+    *why = "address notice with a bad rail, family or prefix length";
+    return false;
+  }
+  WireRail& w = peer_rails_[h.a];
+  WireRail n = w;
+  n.family = static_cast<uint8_t>(family);
+  n.prefix_len = static_cast<uint8_t>(plen);
+  n.port = static_cast<uint16_t>(h.b >> 16);
+  memset(n.addr, 0, sizeof(n.addr));
+  memcpy(n.addr, &h.off, 8);
+  memcpy(n.addr + 8, &h.total, 8);
+  if (family == AF_INET) memset(n.addr + 4, 0, sizeof(n.addr) - 4);
+  const bool changed = memcmp(&n, &w, sizeof(n)) != 0;
+  if (changed)
+    R2CCL_INFO(NCCL_NET, "conn %016llx: the peer's rail %s is now %s/%d port %u",
+               static_cast<unsigned long long>(conn_id_), wire_name(w).c_str(),
+               rail_addr_string(n).c_str(), plen, ntohs(n.port));
+  w = n;
+  for (auto& p : paths_) {
+    if (p.peer_rail != static_cast<int>(h.a)) continue;
+    if (!p.reconnect.empty()) {
+      // Going to the old address, or backing off: start over at once.
+      for (auto& hs : p.reconnect)
+        if (hs.fd >= 0) ::close(hs.fd);
+      p.reconnect.clear();
+      sink.on_reconnect_failed(p.index, false, "the peer's rail has a new address", now);
+    }
+    sink.on_peer_address(p.index, now);
+  }
+  return true;
 }
 
 void Conn::step_reconnect(PathSink& sink, Path& p, TimeUs now) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "engine/connection.h"
+#include "sock/rails.h"
 #include "sock/sock_errors.h"
 #include "transport/tcp/wire.h"
 #include "transport/transport.h"
@@ -68,7 +69,7 @@ class Conn final : public ConnIo {
   const uint8_t* secret() const { return secret_; }
 
   // --- PathIo ---
-  PathCaps caps() const override { return PathCaps{true, false}; }
+  PathCaps caps() const override { return PathCaps{true, false, true}; }
   void poll(PathSink& sink, TimeUs now) override;
   void flush(PathSink& sink, TimeUs now) override;
   bool ready(int path) const override { return paths_[path].attached_ok(); }
@@ -78,6 +79,7 @@ class Conn final : public ConnIo {
   bool probe(int path, PathSink& sink, TimeUs now) override;
   void stop_path(int path, bool from_peer, TimeUs now) override;
   bool can_reconnect(int path, PathSink& sink) const override;
+  bool address_stale(int path) const override;
   void reconnect(int path, PathSink& sink, TimeUs now) override;
   // The kernel's last TCP ACK on the path's sockets (TCP_INFO).
   TimeUs heard_within(int path, TimeUs now) const override;
@@ -130,6 +132,7 @@ class Conn final : public ConnIo {
     bool refused = false;          // failed: the listener refused the hello (refusal below)
     WireRefusal refusal{};
     std::string what;  // "RAIL -> PEER ADDRESS"
+    std::string note;  // failed before any socket call: why (cause() says it)
     // Why it failed, for a message: the refusal's text, or the errno with its limit.
     std::string cause() const;
     // Refused because the listening process is out of descriptors (Refusal::kNoResources).
@@ -165,8 +168,12 @@ class Conn final : public ConnIo {
   Status setup_failed(const Handshake& hs, const char* what);
   Status accept_step(bool* done, TimeUs now);
   Status plan_paths(const HelloBody& peer, int control_rail, int control_peer_rail, TimeUs now);
+  // `local`: the local rail as resolved for this attempt (reconnects), else rail_now().
   void start_handshake(Handshake* hs, int local_rail, int peer_rail, uint32_t flags, uint32_t gen,
-                       TimeUs now);
+                       TimeUs now, const Rail* local = nullptr);
+  // ADDR from the peer: records its rail's address and listener, drops reconnects in progress
+  // to the old one, tells the engine per path. False with *why when the frame is malformed.
+  bool take_peer_address(const FrameHeader& h, PathSink& sink, TimeUs now, const char** why);
   int step_handshake(Handshake* hs, int local_rail, TimeUs now);
   bool peek_setup_done(Path& p, Stream& s);
   // frames

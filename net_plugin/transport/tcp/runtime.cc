@@ -91,6 +91,7 @@ Status Runtime::init(const Config* cfg, std::string* err) {
     listen_fds_.push_back(fd);
     listen_ports_.push_back(local_port(fd));
   }
+  rail_has_addr_.assign(rails_.size(), 1);
   accept_gates_.resize(listen_fds_.size());
   keep_spare_descriptor();
   start_background();
@@ -113,12 +114,12 @@ Status Runtime::listen(int dev, void* handle, Listener** out) {
   h.listen_id = l->listen_id;
   for (int k = 0; k < n && h.n_endpoints < kMaxHandleEndpoints; ++k) {
     const int r = (dev + k) % n;
-    const Rail& rail = rails_[r];
+    const WireRail w = wire_rail(r);
     WireEndpoint& e = h.endpoints[h.n_endpoints++];
-    e.family = static_cast<uint8_t>(rail.family);
+    e.family = w.family;
     e.rail = static_cast<uint8_t>(r);
-    e.port = listen_ports_[r];
-    memcpy(e.addr, addr_bytes(rail.addr), rail.family == AF_INET ? 4 : 16);
+    e.port = w.port;
+    memcpy(e.addr, w.addr, sizeof(e.addr));
   }
   memset(handle, 0, NCCL_NET_HANDLE_MAXSIZE);
   memcpy(handle, &h, sizeof(h));
@@ -173,16 +174,93 @@ int Runtime::arm_faults(const char* spec) {
   return 0;
 }
 
+Rail Runtime::rail_now(int r, bool* has_addr) const {
+  std::lock_guard<std::mutex> lk(addr_mu_);
+  if (has_addr) *has_addr = rail_has_addr_.empty() || rail_has_addr_[r];
+  return rails_[r];
+}
+
+WireRail Runtime::wire_rail(int r) const {
+  WireRail w;
+  memset(&w, 0, sizeof(w));
+  std::lock_guard<std::mutex> lk(addr_mu_);
+  const Rail& rail = rails_[r];
+  w.family = static_cast<uint8_t>(rail.family);
+  w.prefix_len = static_cast<uint8_t>(rail.prefix_len);
+  w.port = listen_ports_[r];
+  memcpy(w.addr, addr_bytes(rail.addr), rail.family == AF_INET ? 4 : 16);
+  snprintf(w.name, sizeof(w.name), "%s", rail.name.c_str());
+  return w;
+}
+
 void Runtime::fill_wire_rails(HelloBody* h) const {
   h->n_rails = static_cast<uint32_t>(std::min<size_t>(rails_.size(), kMaxRails));
-  for (uint32_t i = 0; i < h->n_rails; ++i) {
-    WireRail& w = h->rails[i];
-    memset(&w, 0, sizeof(w));
-    w.family = static_cast<uint8_t>(rails_[i].family);
-    w.prefix_len = static_cast<uint8_t>(rails_[i].prefix_len);
-    w.port = listen_ports_[i];
-    memcpy(w.addr, addr_bytes(rails_[i].addr), rails_[i].family == AF_INET ? 4 : 16);
-    snprintf(w.name, sizeof(w.name), "%s", rails_[i].name.c_str());
+  for (uint32_t i = 0; i < h->n_rails; ++i) h->rails[i] = wire_rail(static_cast<int>(i));
+}
+
+void Runtime::on_address_event(int ifindex, TimeUs now) { refresh_addresses(ifindex, now); }
+
+void Runtime::refresh_addresses(int ifindex, TimeUs now) {
+  (void)now;
+  std::vector<IfAddr> ifs;
+  if (!read_system_interfaces(&ifs)) return;  // unknown (out of descriptors), not gone
+  for (size_t r = 0; r < rails_.size(); ++r) {
+    if (ifindex >= 0 && rails_[r].ifindex != ifindex) continue;
+    Rail cur = rail_now(static_cast<int>(r));
+    bool had = false;
+    {
+      std::lock_guard<std::mutex> lk(addr_mu_);
+      had = rail_has_addr_[r];
+    }
+    sockaddr_storage a{};
+    int plen = cur.prefix_len;
+    const bool has = resolve_rail_address(cur, ifs, &a, &plen);
+    if (has == had && (!has || (same_address(a, cur.addr) && plen == cur.prefix_len))) continue;
+    const std::string before =
+        had ? addr_to_string(cur.addr) + "/" + std::to_string(cur.prefix_len) : "none";
+    uint16_t port = 0;
+    {
+      std::lock_guard<std::mutex> lk(addr_mu_);
+      port = listen_ports_[r];
+    }
+    if (has) {
+      cur.addr = a;
+      cur.family = a.ss_family;
+      cur.addrlen = a.ss_family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+      cur.prefix_len = plen;
+      // Where the peers will reconnect: the same port when it is free, else a new one (the
+      // address notice carries it).
+      std::string err;
+      int fd = open_rail_listener(cur, &err, port);
+      if (fd < 0) fd = open_rail_listener(cur, &err, 0);
+      if (fd < 0) {
+        R2CCL_WARN("rail %s: cannot listen on its new address %s: %s; peers cannot reconnect to it",
+                   cur.name.c_str(), addr_to_string(a).c_str(), err.c_str());
+      } else {
+        ::close(listen_fds_[r]);
+        listen_fds_[r] = fd;
+        port = local_port(fd);
+      }
+    }
+    {
+      std::lock_guard<std::mutex> lk(addr_mu_);
+      if (has) {
+        rails_[r].addr = cur.addr;
+        rails_[r].family = cur.family;
+        rails_[r].addrlen = cur.addrlen;
+        rails_[r].prefix_len = cur.prefix_len;
+      }
+      listen_ports_[r] = port;
+      rail_has_addr_[r] = has;
+    }
+    RailLive& l = live(static_cast<int>(r));
+    l.has_addr.store(has, std::memory_order_relaxed);
+    l.addr_events.fetch_add(1, std::memory_order_release);
+    const std::string after =
+        has ? addr_to_string(cur.addr) + "/" + std::to_string(cur.prefix_len) : "none";
+    R2CCL_WARN("rail %s: address %s -> %s%s", cur.name.c_str(), before.c_str(), after.c_str(),
+               has ? "; its paths reconnect from/to it and the peers are told"
+                   : "; its paths are out of service until it has one");
   }
 }
 
@@ -210,7 +288,14 @@ void Runtime::bg_add_fds(std::vector<pollfd>* fds) {
 
 void Runtime::bg_on_fds(const pollfd* fds, size_t n, TimeUs now) {
   for (size_t r = 0; r < listen_fds_.size() && r < n; ++r)
-    if (fds[r].revents & POLLIN) accept_new(static_cast<int>(r), now);
+    if ((fds[r].revents & POLLIN) && fds[r].fd == listen_fds_[r])
+      accept_new(static_cast<int>(r), now);
+  // Addresses are read again on netlink events, when a connection asks, and once a second
+  // whatever happens (no libnl, or a lost event; one getifaddrs, some 50 us).
+  if (addr_recheck_.exchange(false, std::memory_order_relaxed) || now >= next_addr_check_) {
+    next_addr_check_ = now + kAddrCheckPeriod;
+    refresh_addresses(-1, now);
+  }
   if (!pending_.empty()) service_handshakes(now);
 }
 

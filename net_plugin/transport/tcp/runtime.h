@@ -11,6 +11,7 @@
 // comm registry is guarded by listens_mu_.
 #pragma once
 
+#include <atomic>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,10 +35,20 @@ class Runtime final : public RuntimeBase {
   // Thread: init, once per process.
   static Status create(const Config* cfg, std::unique_ptr<Runtime>* out, std::string* err);
 
+  // The rails. Names, interfaces, speeds and indices never change; a rail's address and
+  // listener port can (DHCP, NetworkManager, container re-plumbing): read those with
+  // rail_now() / wire_rail(), never from here.
   const std::vector<Rail>& rails() const { return rails_; }
-  // Listener endpoint of rail r (port in network order).
-  uint16_t listener_port(int r) const { return listen_ports_[r]; }
+  // Rail r with its current address (a copy; any thread). *has_addr (may be null): whether the
+  // rail has a usable address now.
+  Rail rail_now(int r, bool* has_addr = nullptr) const;
+  // Rail r as the wire carries it: current address, prefix, listener port (any thread).
+  WireRail wire_rail(int r) const;
   void fill_wire_rails(HelloBody* h) const;
+  // A connection found rail r's address on the system differ from rail_now() (it resolves
+  // the address again before every reconnect): the background thread re-reads every rail's
+  // address at its next pass, as on a netlink address event. Any thread.
+  void recheck_addresses() { addr_recheck_.store(true, std::memory_order_relaxed); }
   // This process's knobs (R2CCL_CHUNK_SIZE, _BACKUP_PATHS, _NSOCKS_PER_PATH, _STRIPE), as the
   // HELLO and its answer carry them.
   WireKnobs knobs() const;
@@ -66,6 +77,11 @@ class Runtime final : public RuntimeBase {
   void accept_new(int rail, TimeUs now);
   void refuse_waiting(int rail, TimeUs now);
   void bg_on_fds(const pollfd* fds, size_t n, TimeUs now) override;
+  // Address changes (background thread): re-reads the addresses of the rails on `ifindex`
+  // (-1: every rail); for a rail whose address changed it opens the listener on the new one
+  // (the same port when free), then bumps RailLive::addr_events so the connections see it.
+  void on_address_event(int ifindex, TimeUs now) override;
+  void refresh_addresses(int ifindex, TimeUs now);
   void service_handshakes(TimeUs now);
   // Routes a checked hello to its listen comm or connection; false with *why (and the
   // refusal to answer, kAborted for none) when refused.
@@ -74,10 +90,15 @@ class Runtime final : public RuntimeBase {
   bool take_refusal(const WireRefusal& r, const char** why);
   void send_refusal(int fd, Refusal r, const Incoming& in, const std::string& text) const;
 
-  std::vector<Rail> rails_;
+  std::vector<Rail> rails_;  // addr, addrlen, family, prefix_len guarded by addr_mu_
   int rank_ = -1;
-  std::vector<int> listen_fds_;
-  std::vector<uint16_t> listen_ports_;
+  std::vector<int> listen_fds_;         // background thread (after init)
+  std::vector<uint16_t> listen_ports_;  // guarded by addr_mu_
+  std::vector<char> rail_has_addr_;     // guarded by addr_mu_
+  mutable std::mutex addr_mu_;
+  std::atomic<bool> addr_recheck_{false};
+  static constexpr TimeUs kAddrCheckPeriod = kUsPerSec;
+  TimeUs next_addr_check_ = 0;  // background thread
   // Per listener; the background thread owns them (accept_starved() only reads).
   std::vector<AcceptGate> accept_gates_;
 

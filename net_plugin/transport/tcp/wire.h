@@ -10,8 +10,8 @@
 //   CTS        seq=message, total=posted receive capacity, a=tag
 //   ACK        seq=message, a=prefix (every chunk below landed; the chunk count: all), b=window
 //              base, total=bitmap of landed chunks [base, base+64)
-//   FAIL       a=path index declared failed, b=its generation, seq=notice id (answered by
-//              FAIL_ACK)
+//   FAIL       a=path index declared failed, b=its generation, seq=notice id, total=the
+//              cause (engine FailCause; 0 before wire version 4) (answered by FAIL_ACK)
 //   FAIL_ACK   a=path index, b=generation, seq=notice id
 //   DRAIN      a=path index, b=generation, off=1 drained / 0 returned (receiver -> sender:
 //              its node's failure predictor drains the receiver's rail of the path)
@@ -22,6 +22,11 @@
 //              posted receive; the receive fails)
 //   SETUP_DONE total=bitmap of paths the connector got up, a=number of paths
 //              (first frame on the first path that is up)
+//   ADDR       seq=notice id, a=the sender's rail index, b=family | prefix_len << 8 |
+//              listener port (network order) << 16, off and total=the rail's address (16
+//              bytes, an IPv4 address in the first 4): the rail has this address now, or is
+//              usable again (answered by ADDR_ACK)
+//   ADDR_ACK   seq=notice id
 // A listener that refuses a HELLO answers a WireRefusal (transport/handshake.h, 256 bytes, no
 // frame header: its magic is not a frame's) naming why, then closes; so does the per-process
 // listener get one from a connector of the other transport or wire version, which fails the
@@ -40,11 +45,12 @@
 
 namespace r2ccl::net::tcp {
 
+// 4: ADDR and ADDR_ACK frames (a rail's new address, told to the peer);
 // 3: the handle starts with the common head (transport kind; transport/handshake.h), the
 //    HELLO carries the wire version and the knobs, a refused HELLO is answered (WireRefusal),
 //    TRUNCATED frames;
 // 2: DRAIN frames, generations in FAIL_ACK.
-constexpr uint16_t kWireVersion = 3;
+constexpr uint16_t kWireVersion = 4;
 constexpr int kMaxHandleEndpoints = 4;
 constexpr int kMaxRails = 16;   // = kMaxRailsPerProcess (sock/rails.h): select_rails keeps no more
 constexpr int kMaxPaths = 4;    // primary + up to 3 backups
@@ -88,6 +94,8 @@ enum class FrameType : uint8_t {
   kBye = 11,
   kDrain = 12,
   kTruncated = 13,
+  kAddr = 14,
+  kAddrAck = 15,
 };
 constexpr uint16_t kFrameMagic = 0x5232;  // "2R"
 
