@@ -37,7 +37,7 @@ OPTIONS
   --prefix P               rail lab prefix (default r2b, smoke r2bs); only this lab is touched
   --rate RATE              rail shaping for the shaped rows (default 2gbit)
   --only LIST              comma list of groups to run: tput, small, faults, degraded,
-                           faultfree, unshaped (default: all)
+                           faultfree, unshaped, addr (default: all; addr is not in --smoke)
   -h, --help               this text
 
   R2CCL_BENCH_LOOPBACK=1 forces the loopback-only smoke run (to test that path as root).
@@ -1198,6 +1198,52 @@ faultfree_row() {
     "$(short_cmd "${TRAFFIC_ENV[@]}" -- "${TRAFFIC_ARGS[@]}") --repeat R, jobs back to back" "fault-free/"
 }
 
+# Rails whose address changes (issue 16): the rail lab scenarios of tests/lab/
+# test_lab_addresses.cc (far/near end renumbers, address added before the old one goes, old
+# address back, both ends back 3 s apart, back from another subnet; IPv6 after DAD), run by the
+# lab test executable on its own lab; each prints how long after both ends were usable the
+# rail carried traffic again (the sender's failback line).
+addr_rows() {
+  local dir=$OUT/addr exe=$BUILD/bin/r2ccl_lab_tests
+  mkdir -p "$dir"
+  if [ ! -x "$exe" ]; then
+    add_row "Address change: rail back after both ends are usable, worst case" "<= 2 s" "$exe missing" n/a "make r2ccl_lab_tests" "addr/"
+    return
+  fi
+  local cmd=("$exe" "[#test_lab_addresses]" --filenames-as-tags)
+  echo "R2CCL_TEST_PLUGIN=$PLUGIN_SO R2CCL_TEST_RAILAB=$RAILAB ${cmd[*]}; load $(loadavg)" >"$dir/cmd.txt"
+  local rc=0
+  R2CCL_HEALTH_BOARD=none R2CCL_TEST_PLUGIN=$PLUGIN_SO R2CCL_TEST_PERF=$PERF R2CCL_TEST_RAILAB=$RAILAB \
+    timeout 300 "${cmd[@]}" >"$dir/out.txt" 2>&1 || rc=$?
+  echo "exit $rc; load $(loadavg)" >>"$dir/cmd.txt"
+  # "NAME: rail0 carries traffic again X s after both ends are usable" (Catch wraps lines)
+  python3 - "$dir/out.txt" >"$dir/times.tsv" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+text = re.sub(r"\n  ", " ", text)
+# a number Catch wrapped reads "0. 120844" once joined
+num = r"(-?[0-9.e-]+(?: [0-9e-]+)?)"
+val = lambda t: float(t.replace(" ", ""))
+for m in re.finditer(r"warning:\s+(.+?): rail0 carries traffic again " + num + " s after", text):
+    print(f"{m.group(1)}\t{val(m.group(2)):.3f}")
+m = re.search(r"IPv6: DAD took " + num + " s; rail0 carries traffic again " + num + " s after", text)
+if m:
+    print(f"IPv6 (after DAD, which took {val(m.group(1)):.2f} s)\t{val(m.group(2)):.3f}")
+PY
+  local n worst cases
+  n=$(wc -l <"$dir/times.tsv")
+  worst=$(cut -f2 "$dir/times.tsv" | sort -g | tail -1)
+  cases=$(awk -F'\t' '{printf "%s%s %s s", (NR>1?"; ":""), $1, $2}' "$dir/times.tsv")
+  if [ "$rc" -ne 0 ] || [ "$n" -lt 7 ]; then
+    echo "addr: the lab scenarios failed (exit $rc, $n of 7 cases timed; $dir/out.txt)" >>"$OUT/broken.txt"
+    BROKEN=1
+    add_row "Address change: rail back after both ends are usable, worst of 7 cases" "<= 2 s" "failed: exit $rc, $n cases timed" BROKEN "${cmd[*]}" "addr/"
+    return
+  fi
+  add_row "Address change: rail carries traffic again after both ends are usable (IPv6: after DAD), worst of 7 cases" "<= 2 s" \
+    "$worst s ($cases)" "$(awk -v w="$worst" 'BEGIN{print (w <= 2.0) ? "ok" : "MISS"}')" "${cmd[*]}" "addr/"
+}
+
 # ------------------------------------------------------------------------------- main
 {
   echo "bench_net.sh $([ $SMOKE -eq 1 ] && echo --smoke) mode=$MODE prefix=$PREFIX rate=$RATE faults=$FAULTS fault-free-seconds=$FF_SECS"
@@ -1217,6 +1263,7 @@ if [ $MODE = lab ]; then
     [ $SMOKE -eq 1 ] || degraded_row "$RATE shaped" "failover to the backup (no stripe)" 0 1 1 R2CCL_SOCKET_IFNAME=rail
   fi
   want faultfree && faultfree_row
+  [ $SMOKE -eq 1 ] || { want addr && addr_rows; }
   if want unshaped; then
     lab_up "" && {
       tput_rows unshaped 0
