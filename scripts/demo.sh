@@ -36,17 +36,26 @@ if [ $MODE = auto ] && bash scripts/railab.sh check >/dev/null 2>&1; then
   RDV=(--rendezvous 10.210.250.1:$PORT --nranks 2)
   ip netns exec ${P}b "$PERF" "${RDV[@]}" --rank 1 "${SWEEP[@]}" >"$OUT/rank1.log" 2>&1 &
   R1=$!
-  # Kill rail 0 (it carries the traffic: device 0's primary path) in pass 2, as the 16 MiB
-  # AllReduces start: from then on the rail is busy almost all the time, so chunks are in
-  # flight when it dies (the small sizes leave gaps between collectives).
+  # Kill rail 0 (it carries the traffic: device 0's primary path) in pass 2, at a moment when
+  # it is busy (its transmit counter grew by more than 2 MB in 20 ms, ~800 Mbit/s): then
+  # chunks are in flight when it dies, however loaded this machine is (the checks between
+  # collectives leave the rail idle part of the time, and a fault timed from the log alone
+  # could fall into such a gap).
   (
     for _ in $(seq 1 1800); do
-      awk '/# pass 2\/3/{p=1} p && $1=="8388608"{f=1} END{exit !f}' "$OUT/rank0.log" 2>/dev/null && break
+      grep -q '# pass 2/3' "$OUT/rank0.log" 2>/dev/null && break
       sleep 0.1
     done
-    sleep 0.2
-    echo "[demo] >>> taking rail0 down now (ip link set rail0 down in ${P}a)"
-    bash scripts/railab.sh fault link-down 0 --prefix $P | sed 's/^/[demo] /'
+    tx() { ip netns exec ${P}a cat /sys/class/net/rail0/statistics/tx_bytes; }
+    prev=$(tx)
+    for _ in $(seq 1 3000); do
+      sleep 0.02
+      cur=$(tx)
+      [ $((cur - prev)) -gt 2000000 ] && break
+      prev=$cur
+    done
+    echo "[demo] >>> rail0 is busy: taking it down now (ip link set rail0 down in ${P}a)"
+    ip -n ${P}a link set rail0 down
     sleep 3
     echo "[demo] >>> bringing rail0 back up"
     bash scripts/railab.sh fault link-up 0 --prefix $P | sed 's/^/[demo] /'
