@@ -10,6 +10,7 @@
 #include <errno.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -73,6 +74,7 @@ struct Options {
   bool markdown = false;
   int timeout = 600;
   bool flush = true;
+  double idle_s = 0;  // --idle SEC: connections open and idle this long before the sweep
 };
 
 const char kUsage[] =
@@ -112,7 +114,9 @@ const char kUsage[] =
     "  --timeout SEC     fail a run that takes longer than this (default 600)\n"
     "\n"
     "Topology\n"
-    "  --channels C      independent rings (default 1); channel c uses device (dev0+c)%ndev\n"
+    "  --channels C      independent rings (default 1, at most 512: NCCL opens up to 64 per\n"
+    "                    peer; more stand for the connections of several peers); channel c\n"
+    "                    uses device (dev0+c)%ndev\n"
     "  --dev D           dev0, the device of channel 0 (default 0)\n"
     "\n"
     "Work\n"
@@ -127,6 +131,9 @@ const char kUsage[] =
     "  -w, --warmup_iters N  untimed iterations per size (default 2)\n"
     "  --repeat R        run the whole sweep R times on the same connections, printing\n"
     "                    '# pass k/R' before each table (default 1)\n"
+    "  --idle SEC        once every connection is up, leave them idle SEC seconds (1..3600) and\n"
+    "                    print per rank the setup time and the process's CPU time meanwhile\n"
+    "                    (the plugin's background work: probes, progress), then run the sweep\n"
     "  --slice BYTES     cut each ring step into slices of this size (default 1M, max 1G)\n"
     "  --inflight K      isend and irecv requests outstanding per connection (1..8, default 4)\n"
     "  --no-flush        do not call iflush after each receive (default: call it; a NULL\n"
@@ -208,7 +215,7 @@ Options parse_args(int argc, char** argv) {
     } else if (a == "--nranks") {
       o.nranks = static_cast<int>(parse_long(a, value(), 1, 1 << 20));
     } else if (a == "--channels") {
-      o.channels = static_cast<int>(parse_long(a, value(), 1, 64));
+      o.channels = static_cast<int>(parse_long(a, value(), 1, 512));
     } else if (a == "--dev") {
       o.dev = static_cast<int>(parse_long(a, value(), 0, 1 << 20));
     } else if (a == "--op") {
@@ -239,6 +246,8 @@ Options parse_args(int argc, char** argv) {
       o.warmup = static_cast<int>(parse_long(a, value(), 0, INT_MAX));
     } else if (a == "--repeat") {
       o.repeat = static_cast<int>(parse_long(a, value(), 1, INT_MAX));
+    } else if (a == "--idle") {
+      o.idle_s = static_cast<double>(parse_long(a, value(), 1, 3600));
     } else if (a == "--slice") {
       o.slice = parse_size(a, value());
       if (o.slice < sizeof(float) || o.slice > kMaxSlice) usage_error("--slice must be in [4, 1G]");
@@ -560,6 +569,7 @@ int rank_main(const Options& o, int rank, int nranks, const RdvAddress& rdv_addr
           all[next].begin() +
               static_cast<long>(sizeof(uint64_t) + (c + 1) * NCCL_NET_HANDLE_MAXSIZE));
     set_phase("connect/accept");
+    const auto setup_start = std::chrono::steady_clock::now();
     for (int pending = 2 * C; pending > 0;) {
       bool progress = false;
       for (int c = 0; c < C; c++) {
@@ -578,6 +588,29 @@ int rank_main(const Options& o, int rank, int nranks, const RdvAddress& rdv_addr
         }
       }
       if (!progress) usleep(100);
+    }
+
+    const double setup_s =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
+    if (o.idle_s > 0) {
+      // The plugin's background work alone: this thread sleeps, so the process's CPU time
+      // over the idle period is everything else (background threads, probes).
+      set_phase("idle");
+      rusage r0{}, r1{};
+      getrusage(RUSAGE_SELF, &r0);
+      const auto t0 = std::chrono::steady_clock::now();
+      std::this_thread::sleep_for(std::chrono::duration<double>(o.idle_s));
+      getrusage(RUSAGE_SELF, &r1);
+      const double wall =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      auto us = [](const timeval& t) { return t.tv_sec * 1e6 + t.tv_usec; };
+      const double cpu_us = us(r1.ru_utime) - us(r0.ru_utime) + us(r1.ru_stime) - us(r0.ru_stime);
+      printf(
+          "# rank %d: setup of %d send + %d receive connections took %.3f s; idle %.1f s: "
+          "%.1f ms CPU (user %.1f, sys %.1f) = %.2f %% of a core\n",
+          rank, C, C, setup_s, wall, cpu_us / 1e3, (us(r1.ru_utime) - us(r0.ru_utime)) / 1e3,
+          (us(r1.ru_stime) - us(r0.ru_stime)) / 1e3, 100.0 * cpu_us / 1e6 / wall);
+      fflush(stdout);
     }
 
     // Buffers, registered on the comms that use them.
