@@ -942,6 +942,26 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   [ $MODE = lo ] && t1="(loopback: info only)"
   add_row "SendRecv $size, one rail ($tag): r2ccl vs iperf3" "$t1" \
     "${q}x: r2ccl $g Gbit/s, iperf3 $ref Gbit/s (before $before, after $after); iperf3 --bidir $bidir Gbit/s per direction (r2ccl ${bq}x)" "$r" "$cmd" "${d}/"
+  # one direction, 1 MiB messages (issue 16: the transport's CPU cost per byte against one
+  # iperf3 stream in the same run; unshaped, both are CPU-bound on 2 cores)
+  d=$OUT/tput-1way-$(slug "$tag")
+  local n1=200
+  [ $SMOKE -eq 1 ] && n1=20
+  local args1=(--op send -b 1M -e 1M -n $n1 -w 10 --check)
+  log "throughput, one direction, one rail ($tag): iperf3, r2ccl, iperf3"
+  before=$(iperf_run "$d" $secs 0 | awk '{print $NF}')
+  run_pair "$d" "${env1[@]}" -- "${args1[@]}"
+  check_run "$d" $? "1-rail one-direction throughput ($tag)"
+  after=nan
+  [ $twice = 1 ] && after=$(iperf_run "$d" $secs 0 | awk '{print $NF}')
+  r=$(H perf "$d/rank0.out")
+  g=$(awk '{print $4}' <<<"$r")
+  ref=$(python3 -c "import sys; v=[float(x) for x in sys.argv[1:] if x!='nan']; print('%.3f'%(sum(v)/len(v)) if v else 'nan')" "$before" "$after")
+  q=$(ratio "$g" "$ref")
+  cmd="$(short_cmd "${env1[@]}" -- "${args1[@]}"); iperf3 -t $secs -O $IPERF_OMIT on rail0 before+after"
+  if [ $MODE = lab ]; then t1=">= 0.9x iperf3"; r=$(verdict_ge "$q" 0.9); else t1="(loopback: info only)"; r=info; fi
+  add_row "Send 1M, one direction, one rail ($tag): r2ccl vs one iperf3 stream" "$t1" \
+    "${q}x: r2ccl $g Gbit/s, iperf3 $ref Gbit/s (before $before, after $after)" "$r" "$cmd" "${d}/"
   # stripe over 2 rails
   d=$OUT/tput-stripe-$(slug "$tag")
   local env2=(R2CCL_SOCKET_IFNAME=rail R2CCL_STRIPE=1)

@@ -14,6 +14,7 @@ const char* op_name(Op op) {
     case Op::kAllGather: return "allgather";
     case Op::kBroadcast: return "broadcast";
     case Op::kSendRecv: return "sendrecv";
+    case Op::kSend: return "send";
   }
   return "?";
 }
@@ -184,6 +185,12 @@ void Engine::plan(Op op, const Geometry& g) {
         size_t lo = g.count * c / C, n = g.count * (c + 1) / C - lo;
         add_sends(p, sendbuf_ + lo, n, ch.mh_send_sendbuf, -1);
         add_recvs(p, recvbuf_ + lo, n, ch.mh_recv_recvbuf, -1);
+        break;
+      }
+      case Op::kSend: {
+        size_t lo = g.count * c / C, n = g.count * (c + 1) / C - lo;
+        if (r == 0 && N > 1) add_sends(p, sendbuf_ + lo, n, ch.mh_send_sendbuf, -1);
+        if (r == 1) add_recvs(p, recvbuf_ + lo, n, ch.mh_recv_recvbuf, -1);
         break;
       }
     }
@@ -375,6 +382,12 @@ uint64_t Engine::verify(uint32_t seed) const {
     }
     case Op::kSendRecv: {
       const float b = val_b((cfg_.rank - 1 + N) % N, seed);
+      for (size_t i = 0; i < g_.count; i++) wrong += !same_bits(recvbuf_[i], val_a(i, seed) + b);
+      break;
+    }
+    case Op::kSend: {
+      if (cfg_.rank != 1) break;  // only rank 1 receives
+      const float b = val_b(0, seed);
       for (size_t i = 0; i < g_.count; i++) wrong += !same_bits(recvbuf_[i], val_a(i, seed) + b);
       break;
     }

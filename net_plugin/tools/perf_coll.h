@@ -25,7 +25,9 @@
 
 namespace r2perf {
 
-enum class Op { kAllReduce, kAllGather, kBroadcast, kSendRecv };
+// kSend: one direction only (rank 0 sends to rank 1, which receives; other ranks idle), for
+// measuring a transport's one-way throughput against a single iperf3 stream.
+enum class Op { kAllReduce, kAllGather, kBroadcast, kSendRecv, kSend };
 
 const char* op_name(Op op);     // "allreduce", ...
 const char* redop_name(Op op);  // "sum" or "none"

@@ -121,8 +121,9 @@ const char kUsage[] =
     "\n"
     "Work\n"
     "  --op OP           allreduce (float sum; ring reduce-scatter + all-gather), allgather,\n"
-    "                    broadcast (ring pipeline from rank 0) or sendrecv (to the next rank,\n"
-    "                    from the previous one). Default allreduce.\n"
+    "                    broadcast (ring pipeline from rank 0), sendrecv (to the next rank,\n"
+    "                    from the previous one) or send (one direction: rank 0 sends to rank\n"
+    "                    1, other ranks idle). Default allreduce.\n"
     "  -b, --minbytes S  smallest size (default 8); K, M, G suffixes (powers of 1024); 0 is fine\n"
     "  -e, --maxbytes S  largest size (default 64M)\n"
     "  -f, --stepfactor F  multiply the size by F (default 2)\n"
@@ -228,8 +229,10 @@ Options parse_args(int argc, char** argv) {
         o.op = Op::kBroadcast;
       else if (op == "sendrecv")
         o.op = Op::kSendRecv;
+      else if (op == "send")
+        o.op = Op::kSend;
       else
-        usage_error("--op: '" + op + "' is not allreduce, allgather, broadcast or sendrecv");
+        usage_error("--op: '" + op + "' is not allreduce, allgather, broadcast, sendrecv or send");
     } else if (a == "-b" || a == "--minbytes") {
       o.min_bytes = parse_size(a, value());
     } else if (a == "-e" || a == "--maxbytes") {
