@@ -37,7 +37,8 @@ OPTIONS
   --prefix P               rail lab prefix (default r2b, smoke r2bs); only this lab is touched
   --rate RATE              rail shaping for the shaped rows (default 2gbit)
   --only LIST              comma list of groups to run: tput, small, faults, degraded,
-                           faultfree, unshaped, addr (default: all; addr is not in --smoke)
+                           faultfree, unshaped, addr, shadow (default: all; addr and
+                           shadow are not in --smoke)
   -h, --help               this text
 
   R2CCL_BENCH_LOOPBACK=1 forces the loopback-only smoke run (to test that path as root).
@@ -1264,6 +1265,44 @@ PY
     "$worst s ($cases)" "$(awk -v w="$worst" 'BEGIN{print (w <= 2.0) ? "ok" : "MISS"}')" "${cmd[*]}" "addr/"
 }
 
+# Shadow routing (issue 16): tests/lab/test_lab_shadow.cc on its own lab (2 rails at 500 Mbit/s,
+# 60 ms tbf queue): 16 competing iperf3 streams fill rail0's queue while a paced r2ccl stream
+# runs; the row is the time from `railab.sh fault queue-start` (its own run time and the
+# streams' ramp-up included) to the sender's drain line, the time from queue-stop to the return
+# line, and the message rate kept while drained. False drains without faults: the fault-free
+# row counts every "shadow routing:" line.
+shadow_rows() {
+  local dir=$OUT/shadow exe=$BUILD/bin/r2ccl_lab_tests
+  mkdir -p "$dir"
+  local cmd=("$exe" "[#test_lab_shadow]" --filenames-as-tags)
+  echo "R2CCL_TEST_PLUGIN=$PLUGIN_SO R2CCL_TEST_RAILAB=$RAILAB ${cmd[*]}; load $(loadavg)" >"$dir/cmd.txt"
+  local rc=0
+  R2CCL_HEALTH_BOARD=none R2CCL_TEST_PLUGIN=$PLUGIN_SO R2CCL_TEST_PERF=$PERF R2CCL_TEST_RAILAB=$RAILAB \
+    timeout 300 "${cmd[@]}" >"$dir/out.txt" 2>&1 || rc=$?
+  echo "exit $rc; load $(loadavg)" >>"$dir/cmd.txt"
+  local m
+  m=$(python3 - "$dir/out.txt" <<'PY'
+import re, sys
+t = re.sub(r"\n  ", " ", open(sys.argv[1]).read())
+num = r"(-?[0-9.e-]+(?: [0-9e-]+)?)"
+m = re.search(r"rail0 drained " + num + r" s after the queue filled; back " + num +
+              r" s after it emptied; messages/s before " + num + r", while drained " + num, t)
+if m:
+    d, b, r0, r1 = (float(g.replace(" ", "")) for g in m.groups())
+    print(f"{d:.2f} {b:.2f} {r1 / r0:.2f}")
+PY
+)
+  if [ "$rc" -ne 0 ] || [ -z "$m" ]; then
+    echo "shadow: the lab scenario failed (exit $rc; $dir/out.txt)" >>"$OUT/broken.txt"
+    BROKEN=1
+    add_row "Shadow routing: queued rail drained" "(info)" "failed: exit $rc" BROKEN "${cmd[*]}" "shadow/"
+    return
+  fi
+  read -r d b k <<<"$m"
+  add_row "Shadow routing: rail0 queued behind 16 competing streams (500 Mbit/s, 60 ms queue): drained after / back after queue-stop / message rate kept" "(info: no target set)" \
+    "drained $d s after queue-start; back $b s after queue-stop; rate kept ${k}x; no path failed" info "${cmd[*]}" "shadow/"
+}
+
 # ------------------------------------------------------------------------------- main
 {
   echo "bench_net.sh $([ $SMOKE -eq 1 ] && echo --smoke) mode=$MODE prefix=$PREFIX rate=$RATE faults=$FAULTS fault-free-seconds=$FF_SECS"
@@ -1284,6 +1323,7 @@ if [ $MODE = lab ]; then
   fi
   want faultfree && faultfree_row
   [ $SMOKE -eq 1 ] || { want addr && addr_rows; }
+  [ $SMOKE -eq 1 ] || { want shadow && shadow_rows; }
   if want unshaped; then
     lab_up "" && {
       tput_rows unshaped 0

@@ -24,10 +24,12 @@ namespace r2ccl::test {
 // A rail lab for one test case; torn down on destruction.
 class Lab {
  public:
-  Lab(int rails, const std::string& rate) {
+  // `extra`: more `railab.sh up` options (e.g. "--latency 60").
+  Lab(int rails, const std::string& rate, const std::string& extra = "") {
     prefix_ = "rt" + std::to_string(getpid() % 100000);
     std::string cmd = railab() + " up --rails " + std::to_string(rails) + " --prefix " + prefix_;
     if (!rate.empty()) cmd += " --rate " + rate;
+    if (!extra.empty()) cmd += " " + extra;
     std::string out;
     ok_ = run_command(cmd, &out) == 0;
     if (!ok_) FAIL("railab up failed: " << out);

@@ -1,0 +1,133 @@
+// Shadow routing in the rail lab (issue 16, part 5): a rail whose latency rises while it still
+// delivers (its queue filled by competing TCP streams on a shaped rail) is drained by the
+// sender's probe RTTs, keeps its connection, carries no new chunks meanwhile, and comes back
+// when its latency is normal again; the traffic goes on over the other rail throughout.
+#include <fstream>
+
+#include "lab_util.h"
+
+using namespace r2ccl::test;
+
+namespace {
+
+// A paced stream (64 KiB every 20 ms) until `stop` exists, then a 1-byte message that ends it;
+// the sender appends the CLOCK_MONOTONIC stamp (us) of every completed send to `done`.
+constexpr size_t kMsg = 64u << 10;
+
+int send_paced(Endpoint& ep, const std::string& started, const std::string& stop,
+               const std::string& done) {
+  std::vector<char> buf(kMsg);
+  std::ofstream out(done);
+  for (int i = 0;; ++i) {
+    const bool last = access(stop.c_str(), F_OK) == 0;
+    const size_t n = last ? 1 : kMsg;
+    fill_pattern(buf.data(), n, static_cast<uint64_t>(i) + 1);
+    void* req = nullptr;
+    ncclResult_t r = ep.post_send(buf.data(), n, &req, 60000);
+    if (r == ncclSuccess && i == 0) std::ofstream(started) << mono_us();
+    if (r == ncclSuccess) r = ep.wait(req, 60000);
+    if (r != ncclSuccess) {
+      fprintf(stderr, "send %d failed: %d\n", i, r);
+      return 10;
+    }
+    out << mono_us() << "\n" << std::flush;
+    if (last) return 0;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+}
+
+int recv_paced(Endpoint& ep) {
+  std::vector<char> buf(kMsg);
+  for (int i = 0;; ++i) {
+    int got = -1;
+    ncclResult_t r = ep.recv(buf.data(), buf.size(), 60000, &got);
+    if (r != ncclSuccess) {
+      fprintf(stderr, "recv %d failed: %d\n", i, r);
+      return 10;
+    }
+    const long long bad = check_pattern(buf.data(), static_cast<size_t>(got), i + 1ull);
+    if (bad >= 0 || (got != 1 && got != static_cast<int>(kMsg))) {
+      fprintf(stderr, "recv %d: size %d, first wrong byte at %lld\n", i, got, bad);
+      return 11;
+    }
+    if (got == 1) return 0;
+  }
+}
+
+// Completed sends per second within [a, b) (CLOCK_MONOTONIC seconds).
+double rate_between(const std::string& done, double a, double b) {
+  std::ifstream f(done);
+  long long t;
+  int n = 0;
+  while (f >> t)
+    if (t / 1e6 >= a && t / 1e6 < b) ++n;
+  return n / (b - a);
+}
+
+}  // namespace
+
+TEST_CASE("lab: a rail queued behind competing traffic drains and comes back (shadow routing)",
+          "[lab]") {
+  // 500 Mbit/s rails whose queue holds up to 60 ms: 16 competing streams fill rail0's queue
+  // from side a (the sender's side), so the sender's probes on it wait ~60 ms, far above the
+  // idle baseline (< 1 ms) and above R2CCL_LATENCY_MIN_EXCESS (20 ms), while it still
+  // delivers everything.
+  Lab lab(2, "500mbit", "--latency 60");
+  PairOptions o = lab_pair(lab, "shadow");
+  o.finish_together = true;
+  const std::string slog_path = o.sender_env["R2CCL_LOG_FILE"];
+  const std::string started = temp_path("shadow-started");
+  const std::string stop = temp_path("shadow-stop");
+  const std::string done = temp_path("shadow-done");
+  unlink(started.c_str());
+  unlink(stop.c_str());
+  double q_start = 0, q_stop = 0, drained = -1, back = -1;
+  std::string qout;
+  PairResult r;
+  {
+    Later events(0, [&] {
+      after_start(started, 3000);  // the probe RTT baseline
+      q_start = mono_us() / 1e6;
+      qout = lab.fault("queue-start 0 --streams 16");
+      for (int k = 0; k < 600 && drained < 0; ++k) {
+        const auto v = stamps_of(read_file(slog_path), "shadow routing: rail rail0 probe RTT");
+        for (double x : v)
+          if (x > q_start && (drained < 0 || x < drained)) drained = x;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(3000));  // traffic on rail1
+      q_stop = mono_us() / 1e6;
+      lab.fault("queue-stop 0");
+      for (int k = 0; k < 1000 && back < 0; ++k) {
+        const auto v =
+            stamps_of(read_file(slog_path), "shadow routing: rail rail0 probe RTT is back");
+        for (double x : v)
+          if (x > q_stop) back = x;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+      std::ofstream(stop) << 1;
+    });
+    r = run_pair(
+        o, [&](Endpoint& ep) { return send_paced(ep, started, stop, done); },
+        [&](Endpoint& ep) { return recv_paced(ep); });
+  }
+  lab.fault("queue-stop 0");
+  const std::string slog = read_file(slog_path);
+  INFO("sender log:\n" << slog << "\nqueue-start: " << qout);
+  REQUIRE(r.sender_status == 0);
+  REQUIRE(r.receiver_status == 0);
+  REQUIRE(drained > 0);
+  CHECK(back > 0);
+  const double before = rate_between(done, q_start - 2.0, q_start);
+  const double during = rate_between(done, drained, q_stop);
+  WARN("shadow routing: rail0 drained "
+       << drained - q_start << " s after the queue filled; back " << (back > 0 ? back - q_stop : -1)
+       << " s after it emptied; messages/s before " << before << ", while drained " << during);
+  CHECK(drained - q_start <= 5.0);
+  // Drained, not failed: the path keeps its connection, nothing is replayed.
+  CHECK(count_lines_containing(slog, "path on rail rail0 failed") == 0);
+  CHECK(count_lines_containing(slog, "switchover:") == 0);
+  // The traffic went on over rail1 at the paced rate.
+  CHECK(during >= 0.8 * before);
+}
