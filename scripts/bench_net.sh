@@ -1219,24 +1219,32 @@ faultfree_row() {
     "$(short_cmd "${TRAFFIC_ENV[@]}" -- "${TRAFFIC_ARGS[@]}") --repeat R, jobs back to back" "fault-free/"
 }
 
+# run_lab_test DIR FILE: runs the lab test file tests/lab/FILE.cc (its own lab) from the build
+# tree into DIR/out.txt, the command and load in DIR/cmd.txt; returns its exit status.
+run_lab_test() {
+  local dir=$1 file=$2 rc=0
+  mkdir -p "$dir"
+  local cmd=("$BUILD/bin/r2ccl_lab_tests" "[#$file]" --filenames-as-tags)
+  if [ ! -x "${cmd[0]}" ]; then
+    echo "${cmd[0]} is missing: make -C $BUILD r2ccl_lab_tests" | tee "$dir/out.txt" >&2
+    return 127
+  fi
+  echo "R2CCL_TEST_PLUGIN=$PLUGIN_SO R2CCL_TEST_RAILAB=$RAILAB ${cmd[*]}; load $(loadavg)" >"$dir/cmd.txt"
+  R2CCL_HEALTH_BOARD=none R2CCL_TEST_PLUGIN=$PLUGIN_SO R2CCL_TEST_PERF=$PERF R2CCL_TEST_RAILAB=$RAILAB \
+    timeout 300 "${cmd[@]}" >"$dir/out.txt" 2>&1 || rc=$?
+  echo "exit $rc; load $(loadavg)" >>"$dir/cmd.txt"
+  return $rc
+}
+
 # Rails whose address changes (issue 16): the rail lab scenarios of tests/lab/
 # test_lab_addresses.cc (far/near end renumbers, address added before the old one goes, old
 # address back, both ends back 3 s apart, back from another subnet; IPv6 after DAD), run by the
 # lab test executable on its own lab; each prints how long after both ends were usable the
 # rail carried traffic again (the sender's failback line).
 addr_rows() {
-  local dir=$OUT/addr exe=$BUILD/bin/r2ccl_lab_tests
-  mkdir -p "$dir"
-  if [ ! -x "$exe" ]; then
-    add_row "Address change: rail back after both ends are usable, worst case" "<= 2 s" "$exe missing" n/a "make r2ccl_lab_tests" "addr/"
-    return
-  fi
-  local cmd=("$exe" "[#test_lab_addresses]" --filenames-as-tags)
-  echo "R2CCL_TEST_PLUGIN=$PLUGIN_SO R2CCL_TEST_RAILAB=$RAILAB ${cmd[*]}; load $(loadavg)" >"$dir/cmd.txt"
-  local rc=0
-  R2CCL_HEALTH_BOARD=none R2CCL_TEST_PLUGIN=$PLUGIN_SO R2CCL_TEST_PERF=$PERF R2CCL_TEST_RAILAB=$RAILAB \
-    timeout 300 "${cmd[@]}" >"$dir/out.txt" 2>&1 || rc=$?
-  echo "exit $rc; load $(loadavg)" >>"$dir/cmd.txt"
+  local dir=$OUT/addr rc=0
+  local cmd="r2ccl_lab_tests [#test_lab_addresses] --filenames-as-tags"
+  run_lab_test "$dir" test_lab_addresses || rc=$?
   # "NAME: rail0 carries traffic again X s after both ends are usable" (Catch wraps lines)
   python3 - "$dir/out.txt" >"$dir/times.tsv" <<'PY'
 import re, sys
@@ -1258,11 +1266,11 @@ PY
   if [ "$rc" -ne 0 ] || [ "$n" -lt 7 ]; then
     echo "addr: the lab scenarios failed (exit $rc, $n of 7 cases timed; $dir/out.txt)" >>"$OUT/broken.txt"
     BROKEN=1
-    add_row "Address change: rail back after both ends are usable, worst of 7 cases" "<= 2 s" "failed: exit $rc, $n cases timed" BROKEN "${cmd[*]}" "addr/"
+    add_row "Address change: rail back after both ends are usable, worst of 7 cases" "<= 2 s" "failed: exit $rc, $n cases timed" BROKEN "$cmd" "addr/"
     return
   fi
   add_row "Address change: rail carries traffic again after both ends are usable (IPv6: after DAD), worst of 7 cases" "<= 2 s" \
-    "$worst s ($cases)" "$(awk -v w="$worst" 'BEGIN{print (w <= 2.0) ? "ok" : "MISS"}')" "${cmd[*]}" "addr/"
+    "$worst s ($cases)" "$(awk -v w="$worst" 'BEGIN{print (w <= 2.0) ? "ok" : "MISS"}')" "$cmd" "addr/"
 }
 
 # Shadow routing (issue 16): tests/lab/test_lab_shadow.cc on its own lab (2 rails at 500 Mbit/s,
@@ -1272,14 +1280,9 @@ PY
 # line, and the message rate kept while drained. False drains without faults: the fault-free
 # row counts every "shadow routing:" line.
 shadow_rows() {
-  local dir=$OUT/shadow exe=$BUILD/bin/r2ccl_lab_tests
-  mkdir -p "$dir"
-  local cmd=("$exe" "[#test_lab_shadow]" --filenames-as-tags)
-  echo "R2CCL_TEST_PLUGIN=$PLUGIN_SO R2CCL_TEST_RAILAB=$RAILAB ${cmd[*]}; load $(loadavg)" >"$dir/cmd.txt"
-  local rc=0
-  R2CCL_HEALTH_BOARD=none R2CCL_TEST_PLUGIN=$PLUGIN_SO R2CCL_TEST_PERF=$PERF R2CCL_TEST_RAILAB=$RAILAB \
-    timeout 300 "${cmd[@]}" >"$dir/out.txt" 2>&1 || rc=$?
-  echo "exit $rc; load $(loadavg)" >>"$dir/cmd.txt"
+  local dir=$OUT/shadow rc=0
+  local cmd="r2ccl_lab_tests [#test_lab_shadow] --filenames-as-tags"
+  run_lab_test "$dir" test_lab_shadow || rc=$?
   local m
   m=$(python3 - "$dir/out.txt" <<'PY'
 import re, sys
@@ -1295,12 +1298,12 @@ PY
   if [ "$rc" -ne 0 ] || [ -z "$m" ]; then
     echo "shadow: the lab scenario failed (exit $rc; $dir/out.txt)" >>"$OUT/broken.txt"
     BROKEN=1
-    add_row "Shadow routing: queued rail drained" "(info)" "failed: exit $rc" BROKEN "${cmd[*]}" "shadow/"
+    add_row "Shadow routing: queued rail drained" "(info)" "failed: exit $rc" BROKEN "$cmd" "shadow/"
     return
   fi
   read -r d b k <<<"$m"
   add_row "Shadow routing: rail0 queued behind 16 competing streams (500 Mbit/s, 60 ms queue): drained after / back after queue-stop / message rate kept" "(info: no target set)" \
-    "drained $d s after queue-start; back $b s after queue-stop; rate kept ${k}x; no path failed" info "${cmd[*]}" "shadow/"
+    "drained $d s after queue-start; back $b s after queue-stop; rate kept ${k}x; no path failed" info "$cmd" "shadow/"
 }
 
 # ------------------------------------------------------------------------------- main

@@ -93,6 +93,52 @@ inline int send_stream(Endpoint& ep, const Stream& s) {
   return 0;
 }
 
+// A stream that lasts until the file `stop` exists: messages of `bytes` (every byte a pattern of
+// the message's index), one every `pace_ms` (0: back to back), then a 1-byte message that tells
+// the receiver to stop. `started` is created once the first send is posted; when `done` is not
+// empty, the CLOCK_MONOTONIC stamp (us) of every completed send is appended to it.
+inline int send_until_stop(Endpoint& ep, size_t bytes, const std::string& started,
+                           const std::string& stop, int pace_ms = 0, const std::string& done = "") {
+  std::vector<char> buf(bytes);
+  std::ofstream out;
+  if (!done.empty()) out.open(done);
+  for (int i = 0;; ++i) {
+    const bool last = access(stop.c_str(), F_OK) == 0;
+    const size_t n = last ? 1 : bytes;
+    fill_pattern(buf.data(), n, static_cast<uint64_t>(i) + 1);
+    void* req = nullptr;
+    ncclResult_t r = ep.post_send(buf.data(), n, &req, 60000);
+    if (r == ncclSuccess && i == 0) std::ofstream(started) << mono_us();
+    if (r == ncclSuccess) r = ep.wait(req, 60000);
+    if (r != ncclSuccess) {
+      fprintf(stderr, "send %d failed: %d\n", i, r);
+      return 10;
+    }
+    if (out.is_open()) out << mono_us() << "\n" << std::flush;
+    if (last) return 0;
+    if (pace_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pace_ms));
+  }
+}
+
+// The receiving side of send_until_stop: every byte checked, until the 1-byte end marker.
+inline int recv_until_marker(Endpoint& ep, size_t bytes) {
+  std::vector<char> buf(bytes);
+  for (int i = 0;; ++i) {
+    int got = -1;
+    ncclResult_t r = ep.recv(buf.data(), buf.size(), 60000, &got);
+    if (r != ncclSuccess) {
+      fprintf(stderr, "recv %d failed: %d\n", i, r);
+      return 10;
+    }
+    const long long bad = check_pattern(buf.data(), static_cast<size_t>(got), i + 1ull);
+    if (bad >= 0 || (got != 1 && got != static_cast<int>(bytes))) {
+      fprintf(stderr, "recv %d: size %d, first wrong byte at %lld\n", i, got, bad);
+      return 11;
+    }
+    if (got == 1) return 0;
+  }
+}
+
 // Waits until `path` exists (the transfer started), then `ms` more. Bounded by 60 s.
 inline void after_start(const std::string& path, int ms) {
   for (int i = 0; i < 6000 && access(path.c_str(), F_OK) != 0; ++i)

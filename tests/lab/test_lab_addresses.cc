@@ -15,45 +15,7 @@ using namespace r2ccl::test;
 
 namespace {
 
-// A stream that lasts until `stop` exists: 8 MiB messages, every byte checked, then one
-// 1-byte message that tells the receiver to stop.
-constexpr size_t kMsg = 8u << 20;
-
-int send_until(Endpoint& ep, const std::string& started, const std::string& stop) {
-  std::vector<char> buf(kMsg);
-  for (int i = 0;; ++i) {
-    const bool last = access(stop.c_str(), F_OK) == 0;
-    const size_t n = last ? 1 : kMsg;
-    fill_pattern(buf.data(), n, static_cast<uint64_t>(i) + 1);
-    void* req = nullptr;
-    ncclResult_t r = ep.post_send(buf.data(), n, &req, 60000);
-    if (r == ncclSuccess && i == 0) std::ofstream(started) << mono_us();
-    if (r == ncclSuccess) r = ep.wait(req, 60000);
-    if (r != ncclSuccess) {
-      fprintf(stderr, "send %d failed: %d\n", i, r);
-      return 10;
-    }
-    if (last) return 0;
-  }
-}
-
-int recv_until(Endpoint& ep) {
-  std::vector<char> buf(kMsg);
-  for (int i = 0;; ++i) {
-    int got = -1;
-    ncclResult_t r = ep.recv(buf.data(), buf.size(), 60000, &got);
-    if (r != ncclSuccess) {
-      fprintf(stderr, "recv %d failed: %d\n", i, r);
-      return 10;
-    }
-    const long long bad = check_pattern(buf.data(), static_cast<size_t>(got), i + 1ull);
-    if (bad >= 0 || (got != 1 && got != static_cast<int>(kMsg))) {
-      fprintf(stderr, "recv %d: size %d, first wrong byte at %lld\n", i, got, bad);
-      return 11;
-    }
-    if (got == 1) return 0;
-  }
-}
+constexpr size_t kMsg = 8u << 20;  // per message of the stream
 
 double now_s() { return mono_us() / 1e6; }
 
@@ -162,8 +124,8 @@ TEST_CASE("lab: a rail whose address changes comes back (IPv4)", "[lab]") {
       std::ofstream(stop) << 1;
     });
     r = run_pair(
-        o, [&](Endpoint& ep) { return send_until(ep, started, stop); },
-        [&](Endpoint& ep) { return recv_until(ep); });
+        o, [&](Endpoint& ep) { return send_until_stop(ep, kMsg, started, stop); },
+        [&](Endpoint& ep) { return recv_until_marker(ep, kMsg); });
   }
   const std::string slog = read_file(slog_path);
   const std::string rlog = read_file(rlog_path);
@@ -246,8 +208,8 @@ TEST_CASE("lab: a rail whose IPv6 address changes comes back after DAD", "[lab]"
       std::ofstream(stop) << 1;
     });
     r = run_pair(
-        o, [&](Endpoint& ep) { return send_until(ep, started, stop); },
-        [&](Endpoint& ep) { return recv_until(ep); });
+        o, [&](Endpoint& ep) { return send_until_stop(ep, kMsg, started, stop); },
+        [&](Endpoint& ep) { return recv_until_marker(ep, kMsg); });
   }
   const std::string slog = read_file(slog_path);
   INFO("sender log:\n" << slog << "\nsender stderr:\n" << read_file(o.sender_stderr));

@@ -10,49 +10,7 @@ using namespace r2ccl::test;
 
 namespace {
 
-// A paced stream (64 KiB every 20 ms) until `stop` exists, then a 1-byte message that ends it;
-// the sender appends the CLOCK_MONOTONIC stamp (us) of every completed send to `done`.
-constexpr size_t kMsg = 64u << 10;
-
-int send_paced(Endpoint& ep, const std::string& started, const std::string& stop,
-               const std::string& done) {
-  std::vector<char> buf(kMsg);
-  std::ofstream out(done);
-  for (int i = 0;; ++i) {
-    const bool last = access(stop.c_str(), F_OK) == 0;
-    const size_t n = last ? 1 : kMsg;
-    fill_pattern(buf.data(), n, static_cast<uint64_t>(i) + 1);
-    void* req = nullptr;
-    ncclResult_t r = ep.post_send(buf.data(), n, &req, 60000);
-    if (r == ncclSuccess && i == 0) std::ofstream(started) << mono_us();
-    if (r == ncclSuccess) r = ep.wait(req, 60000);
-    if (r != ncclSuccess) {
-      fprintf(stderr, "send %d failed: %d\n", i, r);
-      return 10;
-    }
-    out << mono_us() << "\n" << std::flush;
-    if (last) return 0;
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-  }
-}
-
-int recv_paced(Endpoint& ep) {
-  std::vector<char> buf(kMsg);
-  for (int i = 0;; ++i) {
-    int got = -1;
-    ncclResult_t r = ep.recv(buf.data(), buf.size(), 60000, &got);
-    if (r != ncclSuccess) {
-      fprintf(stderr, "recv %d failed: %d\n", i, r);
-      return 10;
-    }
-    const long long bad = check_pattern(buf.data(), static_cast<size_t>(got), i + 1ull);
-    if (bad >= 0 || (got != 1 && got != static_cast<int>(kMsg))) {
-      fprintf(stderr, "recv %d: size %d, first wrong byte at %lld\n", i, got, bad);
-      return 11;
-    }
-    if (got == 1) return 0;
-  }
-}
+constexpr size_t kMsg = 64u << 10;  // a paced stream: 64 KiB every 20 ms
 
 // Completed sends per second within [a, b) (CLOCK_MONOTONIC seconds).
 double rate_between(const std::string& done, double a, double b) {
@@ -109,8 +67,8 @@ TEST_CASE("lab: a rail queued behind competing traffic drains and comes back (sh
       std::ofstream(stop) << 1;
     });
     r = run_pair(
-        o, [&](Endpoint& ep) { return send_paced(ep, started, stop, done); },
-        [&](Endpoint& ep) { return recv_paced(ep); });
+        o, [&](Endpoint& ep) { return send_until_stop(ep, kMsg, started, stop, 20, done); },
+        [&](Endpoint& ep) { return recv_until_marker(ep, kMsg); });
   }
   lab.fault("queue-stop 0");
   const std::string slog = read_file(slog_path);
