@@ -131,6 +131,11 @@ class Connection final : public PathSink {
     last_progress_.store(now, std::memory_order_relaxed);
     token_.store(0, std::memory_order_release);
   }
+  // Leaves without counting as progress (the background thread only looked at it).
+  void leave_untouched() { token_.store(0, std::memory_order_release); }
+  // What an idle connection waits for (PathIo::wait_fds); false: progress it on every pass
+  // (the transport cannot say, or control messages wait for a path). Token held.
+  bool wait_fds(std::vector<pollfd>* out) const { return ctrlq_.empty() && io_->wait_fds(out); }
   TimeUs last_progress() const { return last_progress_.load(std::memory_order_relaxed); }
 
   PathIo& io() { return *io_; }

@@ -26,6 +26,8 @@
 // microseconds on CLOCK_MONOTONIC (r2ccl/clock.h), passed in by the caller.
 #pragma once
 
+#include <poll.h>
+
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -287,6 +289,13 @@ class PathIo {
   // false (only where PathCaps::address_notices).
   virtual bool address_stale(int path) const;
 
+  // While the connection is idle (no proxy-thread call for a while) the background thread
+  // progresses it when one of these descriptors is ready, and otherwise only every
+  // RuntimeBase::kIdleTick: appends {fd, events} (POLLIN for input, POLLOUT for queued output
+  // or a connect in progress). False when the backend cannot say what it waits for (then the
+  // connection is progressed on every background pass). Descriptors may be stale by the time
+  // they are polled: a spurious wake-up only. Token holder. Default: false.
+  virtual bool wait_fds(std::vector<pollfd>* out) const;
   // Tells the peer, best effort and without waiting, that this end closes on purpose.
   virtual void say_goodbye(TimeUs now) = 0;
   // The peer as the logs name it ("10.0.0.2:43210"; "" when unknown). Any thread holding

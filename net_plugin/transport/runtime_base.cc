@@ -209,6 +209,7 @@ void RuntimeBase::unregister_conn(Connection* c) {
   // Taking the registry lock also waits out a background progress pass over `c`.
   std::lock_guard<std::mutex> lk(registry_mu_);
   conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
+  ++unregistered_;  // the background thread's collected pointers may be stale now
 }
 
 // ------------------------------------------------------------------------------------------
@@ -324,15 +325,57 @@ void RuntimeBase::close(Connection* c) {
 // ------------------------------------------------------------------------------------------
 // Background thread
 
-void RuntimeBase::progress_idle_conns() {
+int RuntimeBase::collect_idle(std::vector<pollfd>* fds, TimeUs now) {
+  idle_.clear();
+  bool busy = false;  // some connection is driven by the proxy thread, or may go idle soon
+  std::lock_guard<std::mutex> lk(registry_mu_);
+  idle_unregistered_ = unregistered_;
+  for (Connection* c : conns_) {
+    const TimeUs quiet = now - c->last_progress();
+    if (quiet < traits_.idle_progress_after) {
+      busy = true;
+      continue;
+    }
+    if (!c->try_enter()) {
+      busy = true;
+      continue;
+    }
+    const size_t first = fds->size();
+    const bool knows = c->wait_fds(fds);
+    c->leave_untouched();
+    if (!knows) {
+      fds->resize(first);
+      busy = true;
+    }
+    idle_.push_back({c, first, knows ? static_cast<int>(fds->size() - first) : -1});
+  }
+  // Every connection idle and waiting on its descriptors: sleep until one is ready or the
+  // next tick. Otherwise the transport's period, as before.
+  return busy ? traits_.bg_poll_ms : static_cast<int>(kIdleTick / kUsPerMs);
+}
+
+void RuntimeBase::progress_idle_conns(const std::vector<pollfd>& fds) {
   const TimeUs now = now_us();
   std::lock_guard<std::mutex> lk(registry_mu_);
-  for (Connection* c : conns_) {
-    if (now - c->last_progress() < traits_.idle_progress_after) continue;
-    if (!c->try_enter()) continue;
+  if (unregistered_ != idle_unregistered_) {
+    // A connection was closed since the set was collected: its pointer may dangle. The
+    // registry itself is current; take one pass over it the old way.
+    for (Connection* c : conns_) {
+      if (now - c->last_progress() < traits_.idle_progress_after) continue;
+      if (!c->try_enter()) continue;
+      const TimeUs t = now_us();
+      c->progress(t);
+      c->leave(t);
+    }
+    return;
+  }
+  for (const IdleConn& ic : idle_) {
+    bool go = ic.n < 0 || now - ic.c->last_progress() >= kIdleTick;
+    for (int k = 0; k < ic.n && !go; ++k) go = fds[ic.first + k].revents != 0;
+    if (!go || !ic.c->try_enter()) continue;
     const TimeUs t = now_us();
-    c->progress(t);
-    c->leave(t);
+    ic.c->progress(t);
+    ic.c->leave(t);
   }
 }
 
@@ -359,7 +402,8 @@ void RuntimeBase::bg_loop() {
     bg_add_fds(&fds);
     const size_t own = fds.size();
     if (monitor.fd() >= 0) fds.push_back({monitor.fd(), POLLIN, 0});
-    ::poll(fds.data(), fds.size(), traits_.bg_poll_ms);
+    const int timeout = collect_idle(&fds, now_us());
+    ::poll(fds.data(), fds.size(), timeout);
     bg_on_fds(fds.data(), own, now_us());
     if (monitor.fd() >= 0) {
       events.clear();
@@ -379,7 +423,7 @@ void RuntimeBase::bg_loop() {
         }
       }
     }
-    progress_idle_conns();
+    progress_idle_conns(fds);
     const TimeUs now = now_us();
     predict_.tick(now);
     publish_board(now);

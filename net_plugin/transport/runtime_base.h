@@ -44,6 +44,10 @@ namespace r2ccl::net {
 class RuntimeBase : public Transport, public RailTable {
  public:
   ~RuntimeBase() override = default;
+  // An idle connection whose transport says what it waits for (PathIo::wait_fds) is
+  // progressed when that is ready, and otherwise this often: its timers (probes, the
+  // watchdog, notices, reconnects) run at most this late while nothing arrives.
+  static constexpr TimeUs kIdleTick = 25 * kUsPerMs;
 
   // --- RailTable ---
   int rail_count() const override { return static_cast<int>(rails_.size()); }
@@ -162,7 +166,13 @@ class RuntimeBase : public Transport, public RailTable {
   // own handles and for what is no r2ccl handle. Old handles without a head fail at once.
   std::unique_ptr<ConnIo> refuse_handle(int dev, const void* handle, Status* st);
   void bg_loop();
-  void progress_idle_conns();
+  // Background pass over the connections the proxy thread left idle (kIdleProgressAfter):
+  // collect_idle() appends what each waits for to the pass's poll set;
+  // progress_idle_conns() then progresses those whose descriptors are ready, whose kIdleTick
+  // is due, or that cannot say what they wait for (every pass, as before). Returns the poll
+  // timeout to use (ms).
+  int collect_idle(std::vector<pollfd>* fds, TimeUs now);
+  void progress_idle_conns(const std::vector<pollfd>& fds);
   void publish_board(TimeUs now);
 
   const Config* cfg_ = nullptr;
@@ -176,6 +186,16 @@ class RuntimeBase : public Transport, public RailTable {
 
   std::mutex registry_mu_;
   std::vector<Connection*> conns_;  // guarded by registry_mu_
+  uint64_t unregistered_ = 0;       // guarded by registry_mu_: connections removed so far
+  // The background thread's idle pass (background thread only): per connection, its range
+  // in the poll set (n < 0: it cannot say, progress it every pass).
+  struct IdleConn {
+    Connection* c;
+    size_t first;
+    int n;
+  };
+  std::vector<IdleConn> idle_;
+  uint64_t idle_unregistered_ = 0;  // unregistered_ when idle_ was collected
 
   // Health board (docs/HEALTH-BOARD.md): opened at init unless R2CCL_HEALTH_BOARD=none;
   // published by the background thread.

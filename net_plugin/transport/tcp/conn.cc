@@ -1155,6 +1155,27 @@ void Conn::finish_payload(Path& p, Stream& s, PathSink& sink, TimeUs now) {
   sink.on_chunk_read(p.index, pl, s.p_clean, now);
 }
 
+bool Conn::wait_fds(std::vector<pollfd>* out) const {
+  // Injected faults run on timers and delayed frames; handed-over streams wait in the inbox.
+  if (FaultInjector::instance().enabled()) return false;
+  if (role_ == Role::kRecv) {
+    std::lock_guard<std::mutex> lk(inbox_mu_);
+    if (!inbox_.empty()) return false;
+  }
+  for (const auto& p : paths_) {
+    for (const auto& hs : p.reconnect)
+      if (hs.fd >= 0 && hs.stage >= 0 && hs.stage < 3)
+        out->push_back({hs.fd, static_cast<short>(hs.stage == 2 ? POLLIN : POLLOUT), 0});
+    if (!p.attached_ok()) continue;
+    for (const auto& st : p.streams) {
+      const bool out_pending = st.cur_active || !st.ctrlq.empty() || !st.dataq.empty();
+      out->push_back({st.fd, static_cast<short>(POLLIN | (out_pending ? POLLOUT : 0)), 0});
+    }
+  }
+  if (peer_check_fd_ >= 0) out->push_back({peer_check_fd_, POLLIN | POLLOUT, 0});
+  return true;
+}
+
 void Conn::poll(PathSink& sink, TimeUs now) {
   if (role_ == Role::kRecv) drain_inbox(sink, now);
   for (auto& p : paths_)

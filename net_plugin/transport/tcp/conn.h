@@ -86,6 +86,7 @@ class Conn final : public ConnIo {
   TimeUs fault_start(int path, TimeUs now) const override;
   void say_goodbye(TimeUs now) override;
   std::string peer_name() const override;
+  bool wait_fds(std::vector<pollfd>* out) const override;
 
  private:
   struct OutFrame {
@@ -238,7 +239,7 @@ class Conn final : public ConnIo {
   uint64_t setup_done_bitmap_ = 0;
   bool setup_done_seen_ = false;
   uint32_t setup_done_paths_ = 0;
-  std::mutex inbox_mu_;
+  mutable std::mutex inbox_mu_;
   std::vector<Incoming> inbox_;  // guarded by inbox_mu_
 };
 
