@@ -18,6 +18,13 @@ struct RailLive : RailCounters {
   std::atomic<bool> link_up{true};       // netlink carrier/admin state, or the HCA port's
   std::atomic<uint32_t> down_events{0};  // link-down (port error) notifications seen
   std::atomic<uint32_t> up_events{0};    // link-up (port active) notifications seen
+  // The scheduler's process-wide view of the rail (engine/goodput.h; written by the data
+  // path of every connection, lock-free): the sum of the goodput (kbit/s) this process's
+  // busy paths on the rail measure, and the rail's capacity estimate (kbit/s; 0: not yet
+  // measured) with the time it was last updated (microseconds, the callers' clock).
+  std::atomic<uint64_t> goodput_load_kbps{0};
+  std::atomic<uint64_t> goodput_cap_kbps{0};
+  std::atomic<int64_t> goodput_cap_at{0};
 };
 
 class RailTable {
