@@ -1253,10 +1253,15 @@ unequal_rows() {
   check_run "$d/stripe" $? "unequal rails stripe"
   run_pair "$d/fast" R2CCL_SOCKET_IFNAME=rail0 -- "${args[@]}"
   check_run "$d/fast" $? "unequal rails, fast rail alone"
+  run_pair "$d/before" "${env2[@]}" R2CCL_TEST_HOOKS=no_goodput -- "${args[@]}"
+  check_run "$d/before" $? "unequal rails stripe, no_goodput"
   after=$(iperf_run "$d/iperf" $secs 0 1 | sed 's/ *$//')
   ref=$(python3 -c "import sys; v=[float(x) for x in sys.argv[1:] if x!='nan']; print('%.3f'%(sum(v)/len(v)) if v else 'nan')" "$(awk '{print $NF}' <<<"$before")" "$(awk '{print $NF}' <<<"$after")")
   g=$(H perf "$d/stripe/rank0.out" | awk '{print $4}')
   gf=$(H perf "$d/fast/rank0.out" | awk '{print $4}')
+  local gb qb
+  gb=$(H perf "$d/before/rank0.out" | awk '{print $4}')
+  qb=$(ratio "$gb" "$ref")
   q=$(ratio "$g" "$ref")
   qf=$(ratio "$g" "$gf")
   local res
@@ -1264,8 +1269,8 @@ unequal_rows() {
   [ "$res" = ok ] && ! ge "$qf" 1.0 && res=MISS
   add_row "Stripe over unequal rails ($UNEQ_RATES): r2ccl vs iperf3 on both rails at once" \
     ">= 0.95x the sum; >= the fast rail alone" \
-    "${q}x the sum: r2ccl $g Gbit/s, iperf3 both at once $ref Gbit/s (before: $before, after: $after, per rail and sum); r2ccl on rail0 alone $gf Gbit/s (stripe ${qf}x of it); load $l0 -> $(loadavg)" \
-    "$res" "$(short_cmd "${env2[@]}" -- "${args[@]}"); the same with R2CCL_SOCKET_IFNAME=rail0; iperf3 -t $secs on rail0+rail1 at once before+after" "unequal/"
+    "${q}x the sum: r2ccl $g Gbit/s, iperf3 both at once $ref Gbit/s (before: $before, after: $after, per rail and sum); r2ccl on rail0 alone $gf Gbit/s (stripe ${qf}x of it); the scheduler before (R2CCL_TEST_HOOKS=no_goodput) $gb Gbit/s = ${qb}x the sum; load $l0 -> $(loadavg)" \
+    "$res" "$(short_cmd "${env2[@]}" -- "${args[@]}"); the same with R2CCL_SOCKET_IFNAME=rail0, and with R2CCL_TEST_HOOKS=no_goodput; iperf3 -t $secs on rail0+rail1 at once before+after" "unequal/"
 }
 
 # ratedrop_row: on the unequal lab, a striped run; after a few passes rail 0's tbf (side a,
@@ -1273,14 +1278,16 @@ unequal_rows() {
 # the time until their summed rate over 100 ms reaches 0.9x the new sum (250 + 500 Mbit/s):
 # while the scheduler still believes rail 0 fast, the chunks queued on it hold every message
 # back and the sum stays near 0.3 Gbit/s.
-ratedrop_row() {
-  local d=$OUT/ratedrop drop=250mbit target=0.675
+ratedrop_row() {  # ratedrop_row [HOOKS]: HOOKS=no_goodput is the scheduler before (reference)
+  local hooks=${1:-}
+  local d=$OUT/ratedrop${hooks:+-$hooks} drop=250mbit target=0.675
   local rep=14 wait_rows=6
   [ $SMOKE -eq 1 ] && { rep=5; wait_rows=2; }
   local args=(--op sendrecv -b 64M -e 64M -n 2 -w 1 --check --repeat "$rep")
   local env2=(R2CCL_SOCKET_IFNAME=rail R2CCL_STRIPE=1)
+  [ -n "$hooks" ] && env2+=("R2CCL_TEST_HOOKS=$hooks")
   mkdir -p "$d"
-  log "live rate drop: rail0 2gbit -> $drop mid-run (stripe)"
+  log "live rate drop: rail0 2gbit -> $drop mid-run (stripe${hooks:+, $hooks})"
   local l0
   l0=$(loadavg)
   rm -f "$d/stop"
@@ -1303,10 +1310,12 @@ ratedrop_row() {
   r=$(H follow "$d/tx.tsv" "$t0" "$target" 0.1)
   echo "$r" >"$d/follow.txt"
   f=$(awk '{print $2}' <<<"$r")
-  add_row "Live rate drop on one rail (rail0 2gbit -> $drop mid-run, stripe): time until the split follows" \
-    "<= 1 s" \
+  local name="Live rate drop on one rail (rail0 2gbit -> $drop mid-run, stripe): time until the split follows" t="<= 1 s" res
+  res=$(verdict_le "$f" 1.0)
+  if [ -n "$hooks" ]; then name="$name; the scheduler before (R2CCL_TEST_HOOKS=$hooks, reference)"; t="(reference)"; res=info; fi
+  add_row "$name" "$t" \
     "${f} s from the tc command (which itself took $(python3 -c "print('%.2f' % ($t1 - $t0))") s) until the rails' summed send rate over 100 ms >= $target Gbit/s (0.9x 250+500 Mbit/s); before $(awk '{print $4}' <<<"$r") Gbit/s (rail0 share $(awk '{print $8}' <<<"$r")), after $(awk '{print $6}' <<<"$r") Gbit/s (rail0 share $(awk '{print $10}' <<<"$r")); load $l0 -> $(loadavg)" \
-    "$(verdict_le "$f" 1.0)" "$(short_cmd "${env2[@]}" -- "${args[@]}"); railab.sh fault rate 0 $drop --side a after $wait_rows passes" "ratedrop/"
+    "$res" "$(short_cmd "${env2[@]}" -- "${args[@]}"); railab.sh fault rate 0 $drop --side a after $wait_rows passes" "${d#"$OUT"/}/"
 }
 
 # spread_rows: 4 rails at 500mbit (the 2 cores are not the limit), 4 channels (channel c's
@@ -1406,7 +1415,7 @@ if [ $MODE = lab ]; then
   if want16 unequal || want16 ratedrop; then
     lab_up "$UNEQ_RATES" 2 && {
       want16 unequal && unequal_rows
-      want16 ratedrop && ratedrop_row
+      want16 ratedrop && { ratedrop_row; [ $SMOKE -eq 1 ] || ratedrop_row no_goodput; }
     }
   fi
   want16 spread && lab_up 500mbit 4 && spread_rows

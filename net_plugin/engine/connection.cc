@@ -654,9 +654,11 @@ void Connection::schedule_chunks(TimeUs now) {
         p.peer_drain || env_.rails->live(p.rail).predict_drain.load(std::memory_order_relaxed);
     if (p.inflight_bytes == 0 && p.published_kbps != 0 && now - p.last_send > kWithdrawUs)
       withdraw_goodput(p, now);
-    const double weight = path_weight(p.goodput.measured(), p.goodput.mbps(),
-                                      rail_spare_mbps(live(p), p.published_kbps),
-                                      env_.rails->rail_speed_mbps(p.rail));
+    const double weight =
+        env_.hooks.goodput ? path_weight(p.goodput.measured(), p.goodput.mbps(),
+                                         rail_spare_mbps(live(p), p.published_kbps),
+                                         env_.rails->rail_speed_mbps(p.rail))
+                           : static_cast<double>(std::max(1, env_.rails->rail_speed_mbps(p.rail)));
     loads[i] = PathLoad{
         p.health->carries_data() && ready && !predicted,
         p.inflight_bytes,
@@ -677,7 +679,7 @@ void Connection::schedule_chunks(TimeUs now) {
     uint32_t idx;
     while (r->smsg.peek_next(&idx)) {
       const uint32_t len = r->smsg.chunk_len(idx);
-      const int pi = pick_path(loads, stripe, len, r->allowed);
+      const int pi = pick_path(loads, stripe, len, r->allowed, env_.hooks.goodput);
       if (pi < 0) return;
       Path& p = paths_[pi];
       ChunkOut c;

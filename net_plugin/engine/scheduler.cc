@@ -8,8 +8,8 @@ static bool has_room(const PathLoad& p, uint32_t len) {
   return p.inflight_bytes == 0 || p.inflight_bytes + len <= p.window_bytes;
 }
 
-int pick_path(const std::vector<PathLoad>& paths, bool stripe, uint32_t next_len,
-              uint32_t allowed) {
+int pick_path(const std::vector<PathLoad>& paths, bool stripe, uint32_t next_len, uint32_t allowed,
+              bool earliest_finish) {
   auto in_mask = [allowed](size_t i) { return i < 32 && ((allowed >> i) & 1u) != 0; };
   bool any = false;
   for (size_t i = 0; i < paths.size(); ++i) any |= in_mask(i) && paths[i].carries_data;
@@ -22,6 +22,20 @@ int pick_path(const std::vector<PathLoad>& paths, bool stripe, uint32_t next_len
       return has_room(paths[i], next_len) ? static_cast<int>(i) : -1;
     }
     return -1;
+  }
+  if (!earliest_finish) {
+    int best = -1;
+    double best_load = 0;
+    for (size_t i = 0; i < paths.size(); ++i) {
+      const PathLoad& p = paths[i];
+      if (!eligible(i) || !has_room(p, next_len)) continue;
+      const double load = static_cast<double>(p.inflight_bytes) / (p.weight > 0 ? p.weight : 1.0);
+      if (best < 0 || load < best_load) {
+        best = static_cast<int>(i);
+        best_load = load;
+      }
+    }
+    return best;
   }
   // Earliest finish among every eligible path, full or not; and among those with room.
   int best = -1;

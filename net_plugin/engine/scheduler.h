@@ -34,7 +34,9 @@ struct PathLoad {
   bool starving = false;    // stripe on: empty and given nothing for a while (see above)
 };
 
+// `earliest_finish` false: the rule before goodput weights (test hook no_goodput): among the
+// paths with room, the least in-flight bytes per unit of weight; never waits for a full one.
 int pick_path(const std::vector<PathLoad>& paths, bool stripe, uint32_t next_len,
-              uint32_t allowed = ~0u);
+              uint32_t allowed = ~0u, bool earliest_finish = true);
 
 }  // namespace r2ccl::net

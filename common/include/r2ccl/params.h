@@ -180,7 +180,8 @@ struct ParamDef {
   X(test_hooks, "R2CCL_TEST_HOOKS", kString, "", 0, 0, nullptr,                                 \
     "Test only. Comma list of protections to switch off: no_replay, no_dedup, "                 \
     "no_stale_guard, no_bilateral_err (verbs: replay without moving the peer's QPs to ERR), "   \
-    "force_flush (verbs: iflush reads back host buffers too), gpu_pci=PATH (verbs: GPU "        \
+    "force_flush (verbs: iflush reads back host buffers too), no_goodput (the scheduler "       \
+    "before goodput weights: configured rail speed, least-loaded), gpu_pci=PATH (verbs: GPU "   \
     "buffers are accepted in any build, host memory standing in, and their GPU sits at the "    \
     "sysfs PCI path PATH). "                                                                    \
     "Used by tests to prove each protection matters.")                                          \
