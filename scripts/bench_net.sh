@@ -46,6 +46,7 @@ OPTIONS
   -h, --help               this text
 
   R2CCL_BENCH_LOOPBACK=1 forces the loopback-only smoke run (to test that path as root).
+  R2CCL_BENCH_SPREAD_RATE=RATE shapes the spread group's 4 rails (default 500mbit).
 
 EXIT STATUS
   0 every run completed with 0 wrong bytes (speed targets never change the exit status);
@@ -385,6 +386,30 @@ def cmd_follow(args):
     a, sa = (float('nan'), float('nan')) if math.isnan(follow) else span(t0 + follow + 0.5, rows[-1][0] - 0.2)
     print('follow_s %.3f before_gbps %.3f after_gbps %.3f share0_before %.3f share0_after %.3f' %
           (follow, b, a, sb, sa))
+
+def cmd_perfcpu(args):
+    """perfcpu OUT STOPFILE: every 0.2 s, the CPU seconds (user + system) of every r2ccl_perf
+    process so far, until STOPFILE exists; then writes 'cpu_s S wall_s W cores C' to OUT: the
+    ranks' own CPU (the most seen per process, summed) over the sampling time."""
+    hz = os.sysconf('SC_CLK_TCK')
+    seen = {}
+    t0 = time.monotonic()
+    while not os.path.exists(args[1]):
+        for d in os.listdir('/proc'):
+            if not d.isdigit():
+                continue
+            try:
+                st = open('/proc/%s/stat' % d).read()
+            except OSError:
+                continue
+            if '(r2ccl_perf)' not in st:
+                continue
+            f = st.rsplit(')', 1)[1].split()
+            seen[d] = max(seen.get(d, 0), (int(f[11]) + int(f[12])) / hz)
+        time.sleep(0.2)
+    wall = time.monotonic() - t0
+    cpu = sum(seen.values())
+    open(args[0], 'w').write('cpu_s %.1f wall_s %.1f cores %.2f\n' % (cpu, wall, cpu / wall if wall else 0))
 
 def cmd_cpu(_):
     """cpu: 'total idle' jiffies of /proc/stat (all CPUs)."""
@@ -1323,6 +1348,7 @@ ratedrop_row() {  # ratedrop_row [HOOKS]: HOOKS=no_goodput is the scheduler befo
 # of one op move equal bytes and the op ends with the slowest, so bytes per channel / op time
 # is the slowest channel's rate. R2CCL_FAILOVER_SPREAD=1 (spread over every survivor) against
 # 0 (move to one backup). CPU from /proc/stat over the run.
+SPREAD_RATE=${R2CCL_BENCH_SPREAD_RATE:-500mbit}
 spread_rows() {
   local sp
   for sp in 1 0; do
@@ -1335,6 +1361,10 @@ spread_rows() {
     local l0 c0 c1
     l0=$(loadavg)
     c0=$(H cpu)
+    rm -f "$d/cpu.stop"
+    H perfcpu "$d/cpu.txt" "$d/cpu.stop" &
+    local cp=$!
+    echo $cp >>"$OUT/.pids"
     run_pair "$d" "${env[@]}" -- "${args[@]}" &
     local p=$! end=$((SECONDS + 120)) ts took
     while [ "$(H rows "$d/rank0.out")" -lt $wait_rows ] && [ $SECONDS -lt $end ] && kill -0 $p 2>/dev/null; do sleep 0.2; done
@@ -1342,6 +1372,8 @@ spread_rows() {
     wait $p
     local rc=$?
     c1=$(H cpu)
+    touch "$d/cpu.stop"
+    wait $cp 2>/dev/null
     fault link-up 0 >/dev/null
     check_run "$d" $rc "failed rail's load (spread=$sp)"
     local r before after q busy
@@ -1353,9 +1385,9 @@ spread_rows() {
     local name target res
     if [ "$sp" = 1 ]; then name="spread over every survivor (R2CCL_FAILOVER_SPREAD=1)"; target=">= 0.7125x (0.95 x 3/4)"; res=$(verdict_ge "$q" 0.7125)
     else name="moved to one backup (R2CCL_FAILOVER_SPREAD=0, reference)"; target="(reference: 1/2 expected)"; res=info; fi
-    add_row "Failed rail's load, 4 rails at 500mbit, 4 channels, rail0 down for good: $name; slowest channel after/before" \
+    add_row "Failed rail's load, 4 rails at $SPREAD_RATE, 4 channels, rail0 down for good: $name; slowest channel after/before" \
       "$target" \
-      "${q}x: per channel $(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / 4))" "$after") Gbit/s after ($(awk '{print $2}' <<<"$r") passes), $(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / 4))" "$before") before (sum over channels $after / $before); CPU busy ${busy} % of $(nproc) cores during the run; load $l0 -> $(loadavg)" \
+      "${q}x: per channel $(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / 4))" "$after") Gbit/s after ($(awk '{print $2}' <<<"$r") passes), $(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / 4))" "$before") before (sum over channels $after / $before); r2ccl_perf ranks used $(awk '{print $6}' "$d/cpu.txt" 2>/dev/null) of $(nproc) cores, the whole machine was ${busy} % busy during the run; load $l0 -> $(loadavg)" \
       "$res" "$(short_cmd "${env[@]}" -- "${args[@]}"); railab.sh fault link-down 0 after $wait_rows passes" "spread-$sp/"
     sleep 2
   done
@@ -1418,7 +1450,7 @@ if [ $MODE = lab ]; then
       want16 ratedrop && { ratedrop_row; [ $SMOKE -eq 1 ] || ratedrop_row no_goodput; }
     }
   fi
-  want16 spread && lab_up 500mbit 4 && spread_rows
+  want16 spread && lab_up "$SPREAD_RATE" 4 && spread_rows
   if want unshaped; then
     lab_up "" && {
       tput_rows unshaped 0
