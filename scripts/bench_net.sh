@@ -47,6 +47,9 @@ OPTIONS
 
   R2CCL_BENCH_LOOPBACK=1 forces the loopback-only smoke run (to test that path as root).
   R2CCL_BENCH_SPREAD_RATE=RATE shapes the spread group's 4 rails (default 500mbit).
+  R2CCL_BENCH_UNEQ_RATES=R0,R1 the unequal and ratedrop groups' 2 rails (default 2gbit,500mbit;
+  ratedrop drops rail 0 to 1/8 of its rate). R2CCL_BENCH_SIZE=S their message size (64M).
+  (Lower rates keep a busy machine's CPUs from being the limit.)
 
 EXIT STATUS
   0 every run completed with 0 wrong bytes (speed targets never change the exit status);
@@ -353,11 +356,13 @@ def cmd_txsample(args):
         time.sleep(0.02)
 
 def cmd_follow(args):
-    """follow TX.tsv FAULT_TS TARGET_GBPS WIN_S: the rails' summed send rate over sliding
-    windows of WIN_S. 'follow_s S before_gbps B after_gbps A share0_before X share0_after Y':
-    S = seconds from FAULT_TS until a window ending then reaches TARGET_GBPS (nan: never);
-    B = the mean rate over the 2 s before the fault, A = from FAULT_TS + S + 0.5 s to the end;
-    share0 = rail 0's part of the bytes in those spans."""
+    """follow TX.tsv FAULT_TS TARGET_GBPS WIN_S DROP_GBPS: the rails' send rates over sliding
+    windows of WIN_S. 'effect_s E follow_s S before_gbps B after_gbps A share0_before X
+    share0_after Y': E = seconds from FAULT_TS (when the tc command started) until rail 0's
+    rate is down to 1.2x DROP_GBPS (the drop in effect); S = seconds from then until the
+    summed rate over a window reaches TARGET_GBPS again (0 if it never fell below); nan:
+    never. B = the mean summed rate over the 2 s before FAULT_TS, A = from E + S + 0.5 s to
+    the end; share0 = rail 0's part of the bytes in those spans."""
     rows = []
     for line in open(args[0]):
         f = line.split()
@@ -365,27 +370,44 @@ def cmd_follow(args):
             rows.append((float(f[0]), [int(x) for x in f[1:]]))
         except ValueError:
             pass
-    t0, target, win = float(args[1]), float(args[2]), float(args[3])
+    t0, target, win, drop = float(args[1]), float(args[2]), float(args[3]), float(args[4])
     def span(a, b):
         r = [x for x in rows if a <= x[0] <= b]
         if len(r) < 2:
-            return float('nan'), float('nan')
+            return float('nan'), float('nan'), float('nan')
         dt = r[-1][0] - r[0][0]
         d = [r[-1][1][i] - r[0][1][i] for i in range(len(r[0][1]))]
         tot = sum(d)
-        return tot * 8 / dt / 1e9, (d[0] / tot if tot else float('nan'))
-    follow = float('nan')
-    for i, (t, _) in enumerate(rows):
+        return tot * 8 / dt / 1e9, (d[0] / tot if tot else float('nan')), d[0] * 8 / dt / 1e9
+    nan = float('nan')
+    effect = nan
+    for t, _ in rows:
         if t < t0 + win:
             continue
-        g, _ = span(t - win, t)
-        if g >= target:
-            follow = t - t0
+        if span(t - win, t)[2] <= 1.2 * drop:
+            effect = t
             break
-    b, sb = span(t0 - 2, t0)
-    a, sa = (float('nan'), float('nan')) if math.isnan(follow) else span(t0 + follow + 0.5, rows[-1][0] - 0.2)
-    print('follow_s %.3f before_gbps %.3f after_gbps %.3f share0_before %.3f share0_after %.3f' %
-          (follow, b, a, sb, sa))
+    follow = nan
+    if not math.isnan(effect):
+        follow = 0.0
+        dipped = False
+        for t, _ in rows:
+            if t < effect:
+                continue
+            g = span(t - win, t)[0]
+            if g < target:
+                dipped = True
+            elif dipped:
+                follow = t - effect
+                break
+        if dipped and follow == 0.0:
+            follow = nan
+    b, sb, _ = span(t0 - 2, t0)
+    a, sa = nan, nan
+    if not math.isnan(follow):
+        a, sa, _ = span(effect + follow + 0.5, rows[-1][0] - 0.2)
+    print('effect_s %.3f follow_s %.3f before_gbps %.3f after_gbps %.3f share0_before %.3f share0_after %.3f' %
+          ((effect - t0) if not math.isnan(effect) else nan, follow, b, a, sb, sa))
 
 def cmd_perfcpu(args):
     """perfcpu OUT STOPFILE: every 0.2 s, the CPU seconds (user + system) of every r2ccl_perf
@@ -1263,9 +1285,9 @@ degraded_lo() {
 # ------------------------------------------------------------------ issue 16: unequal rails
 # unequal_rows: the lab is 2 rails shaped 2gbit and 500mbit. r2ccl striped over both against
 # iperf3 on both at once (before and after), and r2ccl on the fast rail alone.
-UNEQ_RATES=2gbit,500mbit
+UNEQ_RATES=${R2CCL_BENCH_UNEQ_RATES:-2gbit,500mbit}
 unequal_rows() {
-  local d=$OUT/unequal size=64M iters=10 secs=8
+  local d=$OUT/unequal size=$BIG iters=10 secs=8
   [ $SMOKE -eq 1 ] && { size=16M; iters=3; secs=1; }
   local args=(--op sendrecv -b "$size" -e "$size" -n "$iters" -w 2 --check)
   local env2=(R2CCL_SOCKET_IFNAME=rail R2CCL_STRIPE=1)
@@ -1303,12 +1325,21 @@ unequal_rows() {
 # the time until their summed rate over 100 ms reaches 0.9x the new sum (250 + 500 Mbit/s):
 # while the scheduler still believes rail 0 fast, the chunks queued on it hold every message
 # back and the sum stays near 0.3 Gbit/s.
+# rate_gbps RATE: tc-style rate (2gbit, 500mbit) in Gbit/s
+rate_gbps() { python3 -c "import re,sys; m=re.match(r'^([0-9.]+)([kmg]?)(bit)?$', sys.argv[1].lower()); print(float(m.group(1)) * {'':1e-9,'k':1e-6,'m':1e-3,'g':1.0}[m.group(2)])" "$1"; }
 ratedrop_row() {  # ratedrop_row [HOOKS]: HOOKS=no_goodput is the scheduler before (reference)
   local hooks=${1:-}
-  local d=$OUT/ratedrop${hooks:+-$hooks} drop=250mbit target=0.675
+  # rail 0 drops to 1/8 of its rate; target: 0.9x the new sum
+  local r0 r1 dropg drop target
+  r0=$(rate_gbps "${UNEQ_RATES%%,*}")
+  r1=$(rate_gbps "${UNEQ_RATES##*,}")
+  dropg=$(python3 -c "import sys; print('%g' % (float(sys.argv[1]) / 8))" "$r0")
+  drop="$(python3 -c "import sys; print(int(float(sys.argv[1]) * 1000))" "$dropg")mbit"
+  target=$(python3 -c "import sys; print('%.3f' % (0.9 * (float(sys.argv[1]) + float(sys.argv[2]))))" "$dropg" "$r1")
+  local d=$OUT/ratedrop${hooks:+-$hooks}
   local rep=14 wait_rows=6
   [ $SMOKE -eq 1 ] && { rep=5; wait_rows=2; }
-  local args=(--op sendrecv -b 64M -e 64M -n 2 -w 1 --check --repeat "$rep")
+  local args=(--op sendrecv -b "$BIG" -e "$BIG" -n 2 -w 1 --check --repeat "$rep")
   local env2=(R2CCL_SOCKET_IFNAME=rail R2CCL_STRIPE=1)
   [ -n "$hooks" ] && env2+=("R2CCL_TEST_HOOKS=$hooks")
   mkdir -p "$d"
@@ -1332,14 +1363,14 @@ ratedrop_row() {  # ratedrop_row [HOOKS]: HOOKS=no_goodput is the scheduler befo
   bash "$RAILAB" fault rate 0 restore --side a --prefix "$PREFIX" >>"$OUT/railab.log" 2>&1
   check_run "$d" $rc "live rate drop"
   local r f
-  r=$(H follow "$d/tx.tsv" "$t0" "$target" 0.1)
+  r=$(H follow "$d/tx.tsv" "$t0" "$target" 0.1 "$dropg")
   echo "$r" >"$d/follow.txt"
-  f=$(awk '{print $2}' <<<"$r")
-  local name="Live rate drop on one rail (rail0 2gbit -> $drop mid-run, stripe): time until the split follows" t="<= 1 s" res
+  f=$(awk '{print $4}' <<<"$r")
+  local name="Live rate drop on one rail (rail0 ${UNEQ_RATES%%,*} -> $drop mid-run, rail1 ${UNEQ_RATES##*,}, stripe): time until the split follows" t="<= 1 s" res
   res=$(verdict_le "$f" 1.0)
   if [ -n "$hooks" ]; then name="$name; the scheduler before (R2CCL_TEST_HOOKS=$hooks, reference)"; t="(reference)"; res=info; fi
   add_row "$name" "$t" \
-    "${f} s from the tc command (which itself took $(python3 -c "print('%.2f' % ($t1 - $t0))") s) until the rails' summed send rate over 100 ms >= $target Gbit/s (0.9x 250+500 Mbit/s); before $(awk '{print $4}' <<<"$r") Gbit/s (rail0 share $(awk '{print $8}' <<<"$r")), after $(awk '{print $6}' <<<"$r") Gbit/s (rail0 share $(awk '{print $10}' <<<"$r")); load $l0 -> $(loadavg)" \
+    "${f} s from the drop taking effect (rail0 under 1.2x $dropg Gbit/s over 100 ms, $(awk '{print $2}' <<<"$r") s after the tc command started; the command took $(python3 -c "print('%.2f' % ($t1 - $t0))") s) until the rails' summed send rate over 100 ms is back to >= $target Gbit/s (0.9x the new sum; 0: it never fell below); before $(awk '{print $6}' <<<"$r") Gbit/s (rail0 share $(awk '{print $10}' <<<"$r")), after $(awk '{print $8}' <<<"$r") Gbit/s (rail0 share $(awk '{print $12}' <<<"$r")); load $l0 -> $(loadavg)" \
     "$res" "$(short_cmd "${env2[@]}" -- "${args[@]}"); railab.sh fault rate 0 $drop --side a after $wait_rows passes" "${d#"$OUT"/}/"
 }
 
@@ -1349,12 +1380,13 @@ ratedrop_row() {  # ratedrop_row [HOOKS]: HOOKS=no_goodput is the scheduler befo
 # is the slowest channel's rate. R2CCL_FAILOVER_SPREAD=1 (spread over every survivor) against
 # 0 (move to one backup). CPU from /proc/stat over the run.
 SPREAD_RATE=${R2CCL_BENCH_SPREAD_RATE:-500mbit}
+BIG=${R2CCL_BENCH_SIZE:-64M}   # message size of the issue 16 rows
 spread_rows() {
   local sp
   for sp in 1 0; do
     local d=$OUT/spread-$sp rep=14 wait_rows=3 settle=1.5
     [ $SMOKE -eq 1 ] && { rep=6; wait_rows=2; settle=0.5; }
-    local args=(--op sendrecv --channels 4 -b 64M -e 64M -n 2 -w 1 --check --repeat "$rep")
+    local args=(--op sendrecv --channels 4 -b "$BIG" -e "$BIG" -n 2 -w 1 --check --repeat "$rep")
     local env=(R2CCL_SOCKET_IFNAME=rail R2CCL_BACKUP_PATHS=3 R2CCL_FAILOVER_SPREAD=$sp)
     mkdir -p "$d"
     log "failed rail's load: 4 rails, 4 channels, rail0 down, R2CCL_FAILOVER_SPREAD=$sp"
