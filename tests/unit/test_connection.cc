@@ -627,8 +627,8 @@ TEST_CASE("connection: a path cut mid-message is detected and its chunks replaye
 
 TEST_CASE("connection: stripe off, a failed primary's traffic spreads over every survivor",
           "[connection]") {
-  // R2CCL_FAILOVER_SPREAD=1 (the default): both backups carry the failed primary's chunks;
-  // 0: the first backup alone (the "move to one backup" reference of docs/BENCHMARKS.md).
+  // R2CCL_FAILOVER_SPREAD=1: both backups carry the failed primary's chunks;
+  // 0 (the default for now): the first backup alone, as before.
   for (bool spread : {true, false}) {
     INFO("R2CCL_FAILOVER_SPREAD=" << spread);
     EventLog log;
