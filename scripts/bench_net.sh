@@ -37,11 +37,21 @@ OPTIONS
   --prefix P               rail lab prefix (default r2b, smoke r2bs); only this lab is touched
   --rate RATE              rail shaping for the shaped rows (default 2gbit)
   --only LIST              comma list of groups to run: tput, small, faults, degraded,
-                           faultfree, unshaped, addr, shadow (default: all; addr and
-                           shadow are not in --smoke)
+                           faultfree, unshaped, addr, shadow, unequal, ratedrop, spread
+                           (default: all; addr, shadow, unequal, ratedrop and spread are not
+                           in --smoke unless named)
+                           unequal: stripe over 2 rails shaped 2gbit and 500mbit against
+                           iperf3 on both at once and the fast rail alone; ratedrop: rail 0 of
+                           that lab drops to 250mbit mid-run, time until the split follows;
+                           spread: 4 rails at 500mbit, 4 channels, rail 0 down for good,
+                           R2CCL_FAILOVER_SPREAD=1 against 0 (move to one backup)
   -h, --help               this text
 
   R2CCL_BENCH_LOOPBACK=1 forces the loopback-only smoke run (to test that path as root).
+  R2CCL_BENCH_SPREAD_RATE=RATE shapes the spread group's 4 rails (default 500mbit).
+  R2CCL_BENCH_UNEQ_RATES=R0,R1 the unequal and ratedrop groups' 2 rails (default 2gbit,500mbit;
+  ratedrop drops rail 0 to 1/8 of its rate). R2CCL_BENCH_SIZE=S their message size (64M).
+  (Lower rates keep a busy machine's CPUs from being the limit.)
 
 EXIT STATUS
   0 every run completed with 0 wrong bytes (speed targets never change the exit status);
@@ -102,6 +112,9 @@ done
 command -v python3 >/dev/null || { echo "$PROG: python3 is needed" >&2; exit 1; }
 
 want() { [ "$ONLY" = all ] || [[ ",$ONLY," == *",$1,"* ]]; }
+# The issue 16 groups (unequal, ratedrop, spread) build labs of their own: in a full run and
+# when named, never in the default smoke run (it stays short).
+want16() { [[ ",$ONLY," == *",$1,"* ]] || { [ "$ONLY" = all ] && [ $SMOKE -eq 0 ]; }; }
 
 # ------------------------------------------------------------------------------- lab or loopback
 MODE=lab
@@ -327,6 +340,109 @@ def cmd_degraded(args):
     m = lambda rs: sum(r['busbw'] for r in rs) / len(rs) * 8 if rs else float('nan')
     print('after_rows %d after_gbps %.3f before_rows %d before_gbps %.3f' %
           (len(after), m(after), len(before), m(before)))
+
+def cmd_txsample(args):
+    """txsample OUT RAILS STOPFILE: every 20 ms a line 'monotonic tx_bytes(rail0) ...' of
+    this namespace's rails until STOPFILE exists (run it inside side a)."""
+    out = open(args[0], 'w')
+    n = int(args[1])
+    while not os.path.exists(args[2]):
+        v = []
+        for i in range(n):
+            try:
+                v.append(open('/sys/class/net/rail%d/statistics/tx_bytes' % i).read().strip())
+            except OSError:
+                v.append('nan')
+        out.write('%.6f %s\n' % (time.monotonic(), ' '.join(v)))
+        out.flush()
+        time.sleep(0.02)
+
+def cmd_follow(args):
+    """follow TX.tsv FAULT_TS TARGET_GBPS WIN_S DROP_GBPS: the rails' send rates over sliding
+    windows of WIN_S. 'effect_s E follow_s S before_gbps B after_gbps A share0_before X
+    share0_after Y': E = seconds from FAULT_TS (when the tc command started) until rail 0's
+    rate is down to 1.2x DROP_GBPS (the drop in effect); S = seconds from then until the
+    summed rate over a window reaches TARGET_GBPS again (0 if it never fell below); nan:
+    never. B = the mean summed rate over the 2 s before FAULT_TS, A = from E + S + 0.5 s to
+    the end; share0 = rail 0's part of the bytes in those spans."""
+    rows = []
+    for line in open(args[0]):
+        f = line.split()
+        try:
+            rows.append((float(f[0]), [int(x) for x in f[1:]]))
+        except ValueError:
+            pass
+    t0, target, win, drop = float(args[1]), float(args[2]), float(args[3]), float(args[4])
+    def span(a, b):
+        r = [x for x in rows if a <= x[0] <= b]
+        if len(r) < 2:
+            return float('nan'), float('nan'), float('nan')
+        dt = r[-1][0] - r[0][0]
+        d = [r[-1][1][i] - r[0][1][i] for i in range(len(r[0][1]))]
+        tot = sum(d)
+        return tot * 8 / dt / 1e9, (d[0] / tot if tot else float('nan')), d[0] * 8 / dt / 1e9
+    nan = float('nan')
+    effect = nan
+    for t, _ in rows:
+        if t < t0 + win:
+            continue
+        if span(t - win, t)[2] <= 1.2 * drop:
+            effect = t
+            break
+    follow = nan
+    if not math.isnan(effect):
+        follow = 0.0
+        dipped = False
+        for t, _ in rows:
+            if t < effect:
+                continue
+            g = span(t - win, t)[0]
+            if g < target:
+                dipped = True
+            elif dipped:
+                follow = t - effect
+                break
+        if dipped and follow == 0.0:
+            follow = nan
+    b, sb, _ = span(t0 - 2, t0)
+    a, sa = nan, nan
+    if not math.isnan(follow):
+        a, sa, _ = span(effect + follow + 0.5, rows[-1][0] - 0.2)
+    print('effect_s %.3f follow_s %.3f before_gbps %.3f after_gbps %.3f share0_before %.3f share0_after %.3f' %
+          ((effect - t0) if not math.isnan(effect) else nan, follow, b, a, sb, sa))
+
+def cmd_perfcpu(args):
+    """perfcpu OUT STOPFILE: every 0.2 s, the CPU seconds (user + system) of every r2ccl_perf
+    process so far, until STOPFILE exists; then writes 'cpu_s S wall_s W cores C' to OUT: the
+    ranks' own CPU (the most seen per process, summed) over the sampling time."""
+    hz = os.sysconf('SC_CLK_TCK')
+    seen = {}
+    t0 = time.monotonic()
+    while not os.path.exists(args[1]):
+        for d in os.listdir('/proc'):
+            if not d.isdigit():
+                continue
+            try:
+                st = open('/proc/%s/stat' % d).read()
+            except OSError:
+                continue
+            if '(r2ccl_perf)' not in st:
+                continue
+            f = st.rsplit(')', 1)[1].split()
+            seen[d] = max(seen.get(d, 0), (int(f[11]) + int(f[12])) / hz)
+        time.sleep(0.2)
+    wall = time.monotonic() - t0
+    cpu = sum(seen.values())
+    open(args[0], 'w').write('cpu_s %.1f wall_s %.1f cores %.2f\n' % (cpu, wall, cpu / wall if wall else 0))
+
+def cmd_cpu(_):
+    """cpu: 'total idle' jiffies of /proc/stat (all CPUs)."""
+    f = open('/proc/stat').readline().split()[1:]
+    v = [int(x) for x in f]
+    print(sum(v), v[3] + v[4])
+
+def cmd_now(_):
+    print('%.6f' % time.monotonic())
 
 EV = re.compile(TS + r' \[R2CCL\] (.*)$')
 def events(path):
@@ -830,15 +946,16 @@ verdict_ge() { if [ "$1" = nan ]; then echo n/a; elif ge "$1" "$2"; then echo ok
 verdict_le() { if [ "$1" = nan ] || [ "$1" = n/a ]; then echo n/a; elif le "$1" "$2"; then echo ok; else echo MISS; fi; }
 kv() { sed -n "s/.*\\b$1=\\([^ ]*\\).*/\\1/p" | head -1; }   # kv KEY < "a=1 b=2"
 
-lab_up() {  # lab_up [RATE]
-  local args=(up --rails 2 --prefix "$PREFIX")
+lab_up() {  # lab_up [RATE[,RATE...]] [RAILS]
+  local n=${2:-2}
+  local args=(up --rails "$n" --prefix "$PREFIX")
   [ -n "${1:-}" ] && args+=(--rate "$1")
   if ! bash "$RAILAB" "${args[@]}" >>"$OUT/railab.log" 2>&1; then
     broke "railab.sh ${args[*]} failed (see railab.log)"
     return 1
   fi
   LAB_UP=1
-  log "lab $PREFIX up: 2 rails${1:+, $1}"
+  log "lab $PREFIX up: $n rails${1:+, $1}"
 }
 # fault KIND RAIL: prints "TS TOOK_US" from railab.sh's fault line (side a)
 fault() {
@@ -1187,6 +1304,149 @@ degraded_lo() {
     info "$(short_cmd "${env[@]}" -- "${args[@]}")" "degraded-lo/"
 }
 
+# ------------------------------------------------------------------ issue 16: unequal rails
+# unequal_rows: the lab is 2 rails shaped 2gbit and 500mbit. r2ccl striped over both against
+# iperf3 on both at once (before and after), and r2ccl on the fast rail alone.
+UNEQ_RATES=${R2CCL_BENCH_UNEQ_RATES:-2gbit,500mbit}
+unequal_rows() {
+  local d=$OUT/unequal size=$BIG iters=10 secs=8
+  [ $SMOKE -eq 1 ] && { size=16M; iters=3; secs=1; }
+  local args=(--op sendrecv -b "$size" -e "$size" -n "$iters" -w 2 --check)
+  local env2=(R2CCL_SOCKET_IFNAME=rail R2CCL_STRIPE=1)
+  mkdir -p "$d"
+  log "stripe over unequal rails ($UNEQ_RATES): iperf3 both, r2ccl stripe, r2ccl rail0 alone, iperf3 both"
+  local before after ref g gf q qf l0
+  l0=$(loadavg)
+  before=$(iperf_run "$d/iperf" $secs 0 1 | sed 's/ *$//')
+  run_pair "$d/stripe" "${env2[@]}" -- "${args[@]}"
+  check_run "$d/stripe" $? "unequal rails stripe"
+  run_pair "$d/fast" R2CCL_SOCKET_IFNAME=rail0 -- "${args[@]}"
+  check_run "$d/fast" $? "unequal rails, fast rail alone"
+  run_pair "$d/before" "${env2[@]}" R2CCL_TEST_HOOKS=no_goodput -- "${args[@]}"
+  check_run "$d/before" $? "unequal rails stripe, no_goodput"
+  after=$(iperf_run "$d/iperf" $secs 0 1 | sed 's/ *$//')
+  ref=$(python3 -c "import sys; v=[float(x) for x in sys.argv[1:] if x!='nan']; print('%.3f'%(sum(v)/len(v)) if v else 'nan')" "$(awk '{print $NF}' <<<"$before")" "$(awk '{print $NF}' <<<"$after")")
+  g=$(H perf "$d/stripe/rank0.out" | awk '{print $4}')
+  gf=$(H perf "$d/fast/rank0.out" | awk '{print $4}')
+  local gb qb
+  gb=$(H perf "$d/before/rank0.out" | awk '{print $4}')
+  qb=$(ratio "$gb" "$ref")
+  q=$(ratio "$g" "$ref")
+  qf=$(ratio "$g" "$gf")
+  local res
+  res=$(verdict_ge "$q" 0.95)
+  [ "$res" = ok ] && ! ge "$qf" 1.0 && res=MISS
+  add_row "Stripe over unequal rails ($UNEQ_RATES): r2ccl vs iperf3 on both rails at once" \
+    ">= 0.95x the sum; >= the fast rail alone" \
+    "${q}x the sum: r2ccl $g Gbit/s, iperf3 both at once $ref Gbit/s (before: $before, after: $after, per rail and sum); r2ccl on rail0 alone $gf Gbit/s (stripe ${qf}x of it); the scheduler before (R2CCL_TEST_HOOKS=no_goodput) $gb Gbit/s = ${qb}x the sum; load $l0 -> $(loadavg)" \
+    "$res" "$(short_cmd "${env2[@]}" -- "${args[@]}"); the same with R2CCL_SOCKET_IFNAME=rail0, and with R2CCL_TEST_HOOKS=no_goodput; iperf3 -t $secs on rail0+rail1 at once before+after" "unequal/"
+}
+
+# ratedrop_row: on the unequal lab, a striped run; after a few passes rail 0's tbf (side a,
+# the data direction) drops to 250mbit. The rails' send counters (side a, every 20 ms) give
+# the time until their summed rate over 100 ms reaches 0.9x the new sum (250 + 500 Mbit/s):
+# while the scheduler still believes rail 0 fast, the chunks queued on it hold every message
+# back and the sum stays near 0.3 Gbit/s.
+# rate_gbps RATE: tc-style rate (2gbit, 500mbit) in Gbit/s
+rate_gbps() { python3 -c "import re,sys; m=re.match(r'^([0-9.]+)([kmg]?)(bit)?$', sys.argv[1].lower()); print(float(m.group(1)) * {'':1e-9,'k':1e-6,'m':1e-3,'g':1.0}[m.group(2)])" "$1"; }
+ratedrop_row() {  # ratedrop_row [HOOKS]: HOOKS=no_goodput is the scheduler before (reference)
+  local hooks=${1:-}
+  # rail 0 drops to 1/8 of its rate; target: 0.9x the new sum
+  local r0 r1 dropg drop target
+  r0=$(rate_gbps "${UNEQ_RATES%%,*}")
+  r1=$(rate_gbps "${UNEQ_RATES##*,}")
+  dropg=$(python3 -c "import sys; print('%g' % (float(sys.argv[1]) / 8))" "$r0")
+  drop="$(python3 -c "import sys; print(int(float(sys.argv[1]) * 1000))" "$dropg")mbit"
+  target=$(python3 -c "import sys; print('%.3f' % (0.9 * (float(sys.argv[1]) + float(sys.argv[2]))))" "$dropg" "$r1")
+  local d=$OUT/ratedrop${hooks:+-$hooks}
+  local rep=14 wait_rows=6
+  [ $SMOKE -eq 1 ] && { rep=5; wait_rows=2; }
+  local args=(--op sendrecv -b "$BIG" -e "$BIG" -n 2 -w 1 --check --repeat "$rep")
+  local env2=(R2CCL_SOCKET_IFNAME=rail R2CCL_STRIPE=1)
+  [ -n "$hooks" ] && env2+=("R2CCL_TEST_HOOKS=$hooks")
+  mkdir -p "$d"
+  log "live rate drop: rail0 2gbit -> $drop mid-run (stripe${hooks:+, $hooks})"
+  local l0
+  l0=$(loadavg)
+  rm -f "$d/stop"
+  ip netns exec "$NA" python3 "$HELPER" txsample "$d/tx.tsv" 2 "$d/stop" &
+  local sp=$!
+  echo $sp >>"$OUT/.pids"
+  run_pair "$d" "${env2[@]}" -- "${args[@]}" &
+  local p=$! end=$((SECONDS + 120)) t0 t1
+  while [ "$(H rows "$d/rank0.out")" -lt $wait_rows ] && [ $SECONDS -lt $end ] && kill -0 $p 2>/dev/null; do sleep 0.1; done
+  t0=$(H now)
+  bash "$RAILAB" fault rate 0 "$drop" --side a --prefix "$PREFIX" >>"$OUT/railab.log" 2>&1
+  t1=$(H now)
+  wait $p
+  local rc=$?
+  touch "$d/stop"
+  wait $sp 2>/dev/null
+  bash "$RAILAB" fault rate 0 restore --side a --prefix "$PREFIX" >>"$OUT/railab.log" 2>&1
+  check_run "$d" $rc "live rate drop"
+  local r f
+  r=$(H follow "$d/tx.tsv" "$t0" "$target" 0.1 "$dropg")
+  echo "$r" >"$d/follow.txt"
+  f=$(awk '{print $4}' <<<"$r")
+  local name="Live rate drop on one rail (rail0 ${UNEQ_RATES%%,*} -> $drop mid-run, rail1 ${UNEQ_RATES##*,}, stripe): time until the split follows" t="<= 1 s" res
+  res=$(verdict_le "$f" 1.0)
+  if [ -n "$hooks" ]; then name="$name; the scheduler before (R2CCL_TEST_HOOKS=$hooks, reference)"; t="(reference)"; res=info; fi
+  add_row "$name" "$t" \
+    "${f} s from the drop taking effect (rail0 under 1.2x $dropg Gbit/s over 100 ms, $(awk '{print $2}' <<<"$r") s after the tc command started; the command took $(python3 -c "print('%.2f' % ($t1 - $t0))") s) until the rails' summed send rate over 100 ms is back to >= $target Gbit/s (0.9x the new sum; 0: it never fell below); before $(awk '{print $6}' <<<"$r") Gbit/s (rail0 share $(awk '{print $10}' <<<"$r")), after $(awk '{print $8}' <<<"$r") Gbit/s (rail0 share $(awk '{print $12}' <<<"$r")); load $l0 -> $(loadavg)" \
+    "$res" "$(short_cmd "${env2[@]}" -- "${args[@]}"); railab.sh fault rate 0 $drop --side a after $wait_rows passes" "${d#"$OUT"/}/"
+}
+
+# spread_rows: 4 rails at 500mbit (the 2 cores are not the limit), 4 channels (channel c's
+# primary on rail c), R2CCL_BACKUP_PATHS=3, rail 0 down for good after 3 passes. The channels
+# of one op move equal bytes and the op ends with the slowest, so bytes per channel / op time
+# is the slowest channel's rate. R2CCL_FAILOVER_SPREAD=1 (spread over every survivor) against
+# 0 (move to one backup). CPU from /proc/stat over the run.
+SPREAD_RATE=${R2CCL_BENCH_SPREAD_RATE:-500mbit}
+BIG=${R2CCL_BENCH_SIZE:-64M}   # message size of the issue 16 rows
+spread_rows() {
+  local sp
+  for sp in 1 0; do
+    local d=$OUT/spread-$sp rep=14 wait_rows=3 settle=1.5
+    [ $SMOKE -eq 1 ] && { rep=6; wait_rows=2; settle=0.5; }
+    local args=(--op sendrecv --channels 4 -b "$BIG" -e "$BIG" -n 2 -w 1 --check --repeat "$rep")
+    local env=(R2CCL_SOCKET_IFNAME=rail R2CCL_BACKUP_PATHS=3 R2CCL_FAILOVER_SPREAD=$sp)
+    mkdir -p "$d"
+    log "failed rail's load: 4 rails, 4 channels, rail0 down, R2CCL_FAILOVER_SPREAD=$sp"
+    local l0 c0 c1
+    l0=$(loadavg)
+    c0=$(H cpu)
+    rm -f "$d/cpu.stop"
+    H perfcpu "$d/cpu.txt" "$d/cpu.stop" &
+    local cp=$!
+    echo $cp >>"$OUT/.pids"
+    run_pair "$d" "${env[@]}" -- "${args[@]}" &
+    local p=$! end=$((SECONDS + 120)) ts took
+    while [ "$(H rows "$d/rank0.out")" -lt $wait_rows ] && [ $SECONDS -lt $end ] && kill -0 $p 2>/dev/null; do sleep 0.2; done
+    read -r ts took < <(fault link-down 0)
+    wait $p
+    local rc=$?
+    c1=$(H cpu)
+    touch "$d/cpu.stop"
+    wait $cp 2>/dev/null
+    fault link-up 0 >/dev/null
+    check_run "$d" $rc "failed rail's load (spread=$sp)"
+    local r before after q busy
+    r=$(H degraded "$d/rank0.out" "${ts:-0}" "$settle")
+    after=$(awk '{print $4}' <<<"$r")
+    before=$(awk '{print $8}' <<<"$r")
+    q=$(ratio "$after" "$before")
+    busy=$(python3 -c "import sys; a=sys.argv[1].split(); b=sys.argv[2].split(); t=int(b[0])-int(a[0]); i=int(b[1])-int(a[1]); print('%.0f' % (100.0*(t-i)/t if t else float('nan')))" "$c0" "$c1")
+    local name target res
+    if [ "$sp" = 1 ]; then name="spread over every survivor (R2CCL_FAILOVER_SPREAD=1)"; target=">= 0.7125x (0.95 x 3/4)"; res=$(verdict_ge "$q" 0.7125)
+    else name="moved to one backup (R2CCL_FAILOVER_SPREAD=0, reference)"; target="(reference: 1/2 expected)"; res=info; fi
+    add_row "Failed rail's load, 4 rails at $SPREAD_RATE, 4 channels, rail0 down for good: $name; slowest channel after/before" \
+      "$target" \
+      "${q}x: per channel $(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / 4))" "$after") Gbit/s after ($(awk '{print $2}' <<<"$r") passes), $(python3 -c "import sys; print('%.3f' % (float(sys.argv[1]) / 4))" "$before") before (sum over channels $after / $before); r2ccl_perf ranks used $(awk '{print $6}' "$d/cpu.txt" 2>/dev/null) of $(nproc) cores, the whole machine was ${busy} % busy during the run; load $l0 -> $(loadavg)" \
+      "$res" "$(short_cmd "${env[@]}" -- "${args[@]}"); railab.sh fault link-down 0 after $wait_rows passes" "spread-$sp/"
+    sleep 2
+  done
+}
+
 faultfree_row() {
   local d=$OUT/fault-free runsecs=120
   [ "$FF_SECS" -lt $runsecs ] && runsecs=$((FF_SECS / 2 > 2 ? FF_SECS / 2 : 2))
@@ -1325,8 +1585,15 @@ if [ $MODE = lab ]; then
     [ $SMOKE -eq 1 ] || degraded_row "$RATE shaped" "failover to the backup (no stripe)" 0 1 1 R2CCL_SOCKET_IFNAME=rail
   fi
   want faultfree && faultfree_row
-  [ $SMOKE -eq 1 ] || { want addr && addr_rows; }
-  [ $SMOKE -eq 1 ] || { want shadow && shadow_rows; }
+  want16 addr && addr_rows
+  want16 shadow && shadow_rows
+  if want16 unequal || want16 ratedrop; then
+    lab_up "$UNEQ_RATES" 2 && {
+      want16 unequal && unequal_rows
+      want16 ratedrop && { ratedrop_row; [ $SMOKE -eq 1 ] || ratedrop_row no_goodput; }
+    }
+  fi
+  want16 spread && lab_up "$SPREAD_RATE" 4 && spread_rows
   if want unshaped; then
     lab_up "" && {
       tput_rows unshaped 0

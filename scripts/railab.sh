@@ -16,7 +16,7 @@ usage() {
 railab.sh - rail lab for r2ccl: real multi-rail faults with network namespaces (needs root)
 
 USAGE
-  railab.sh up     [--rails N] [--rate RATE] [--latency MS] [--burst BYTES] [--mtu N] [--prefix P]
+  railab.sh up     [--rails N] [--rate RATE[,RATE...]] [--latency MS] [--burst BYTES] [--mtu N] [--prefix P]
   railab.sh down   [--prefix P]
   railab.sh fault  KIND RAIL [ARGS] [--side a|b] [--prefix P]
   railab.sh status [--prefix P]
@@ -36,8 +36,11 @@ TOPOLOGY (prefix P, default r2l; env R2CCL_RAILAB_PREFIX also sets it)
 
 UP OPTIONS
   --rails N      number of rails, 1..8 (default 2)
-  --rate RATE    shape every rail, both directions, with tc tbf (e.g. 2gbit, 200mbit, 500kbit;
+  --rate RATE[,RATE...]
+                 shape every rail, both directions, with tc tbf (e.g. 2gbit, 200mbit, 500kbit;
                  units are bits: bit, kbit, mbit, gbit, or k/m/g). Default: unshaped.
+                 A comma list gives each rail its own rate, rail 0 first (one per rail:
+                 --rails 2 --rate 2gbit,500mbit); unequal rails for the scheduler's tests.
                  Shape test rails: unshaped veth is CPU-bound and noisy on small machines.
   --latency MS   tbf queue size expressed as time at RATE (default 20): the most queueing delay
                  a saturated rail can add
@@ -62,7 +65,8 @@ FAULT KINDS  (RAIL is the rail index; --side defaults to a)
                             unless --side X is given (then only frames sent by X)
   rate RATE | rate restore  rate collapse: tbf rate on rail<RAIL> becomes RATE (both directions
                             unless --side is given); `restore` (alias kind: rate-restore) puts
-                            back the lab's --rate, or removes shaping on an unshaped lab
+                            back the lab's --rate (the rail's own with a per-rail list), or
+                            removes shaping on an unshaped lab
   queue-start [--streams N] | queue-stop
                             queueing delay: N (default 4) competing iperf3 TCP (cubic) streams
                             saturate the rail from the side towards the other side (pids kept
@@ -398,7 +402,22 @@ cmd_up() {
   [[ $lat =~ ^[0-9]+$ ]] && ((lat >= 1)) || die "--latency must be a positive number of ms"
   [[ $burst =~ ^[0-9]+$ ]] || die "--burst must be a number of bytes"
   [[ $mtu =~ ^[0-9]+$ ]] && ((mtu >= 576 && mtu <= 65535)) || die "--mtu must be 576..65535"
-  [[ -n $rate ]] && bps=$(parse_rate "$rate")
+  # One rate for every rail, or a comma list with one per rail.
+  local rates=() rail_bps=()
+  [[ -n $rate ]] && IFS=, read -r -a rates <<<"$rate"
+  if ((${#rates[@]} > 1)) && ((${#rates[@]} != rails)); then
+    die "--rate: ${#rates[@]} rates for $rails rails (give one rate, or one per rail: RATE0,RATE1,...)"
+  fi
+  for ((i = 0; i < rails; i++)); do
+    if ((${#rates[@]} == 0)); then
+      rail_bps[i]=0
+    elif ((${#rates[@]} == 1)); then
+      rail_bps[i]=$(parse_rate "${rates[0]}")
+    else
+      rail_bps[i]=$(parse_rate "${rates[i]}")
+    fi
+  done
+  bps=${rail_bps[0]}
   local A B BR
   A=$(ns_a) B=$(ns_b) BR=$(ns_br)
 
@@ -407,6 +426,7 @@ cmd_up() {
   {
     echo "rails=$rails"
     echo "rate_bps=$bps"
+    for ((i = 0; i < rails; i++)); do echo "rate_bps_$i=${rail_bps[i]}"; done
     echo "latency_ms=$lat"
     echo "burst=$burst"
     echo "mtu=$mtu"
@@ -441,12 +461,11 @@ cmd_up() {
   nft_setup "$A" "$rails"
   nft_setup "$B" "$rails"
   nft_setup_wire "$BR" "$rails"
-  if ((bps > 0)); then
-    for ((i = 0; i < rails; i++)); do
-      tbf_set "$A" "rail$i" "$bps" "$lat" "$burst"
-      tbf_set "$B" "rail$i" "$bps" "$lat" "$burst"
-    done
-  fi
+  for ((i = 0; i < rails; i++)); do
+    ((rail_bps[i] > 0)) || continue
+    tbf_set "$A" "rail$i" "${rail_bps[i]}" "$lat" "$burst"
+    tbf_set "$B" "rail$i" "${rail_bps[i]}" "$lat" "$burst"
+  done
   for ((i = 0; i < rails; i++)); do
     wait_oper_up "$A" "rail$i"
     wait_oper_up "$B" "rail$i"
@@ -455,8 +474,15 @@ cmd_up() {
   trap - EXIT
 
   local ratetxt=unshaped
+  local ratelist="" r
+  for ((i = 0; i < rails; i++)); do
+    r=unshaped
+    ((rail_bps[i] > 0)) && r=$(human_rate "${rail_bps[i]}")
+    ratelist+="${ratelist:+,}$r"
+  done
   ((bps > 0)) && ratetxt="$(human_rate "$bps") tbf both directions (latency ${lat}ms, $(tbf_rate_of "$A" rail0) reported by tc)"
-  event "up rails=$rails rate=$( ((bps > 0)) && human_rate "$bps" || echo unshaped)"
+  ((${#rates[@]} > 1)) && ratetxt="per rail $ratelist, tbf both directions (latency ${lat}ms)"
+  event "up rails=$rails rate=$( ((${#rates[@]} > 1)) && echo "$ratelist" || { ((bps > 0)) && human_rate "$bps" || echo unshaped; })"
   echo "  namespaces : $A (side a)  $B (side b)  $BR (bridge per rail)"
   for ((i = 0; i < rails; i++)); do
     printf '  rail%-2d     : %s:rail%d 10.210.%d.1/24 <-> %s:a%d [br%d] %s:b%d <-> %s:rail%d 10.210.%d.2/24\n' \
@@ -540,7 +566,7 @@ fault_rate() { # side|"" rail RATE|restore
   lat=$(state_get latency_ms 20)
   burst=$(state_get burst 0)
   if [[ $3 == restore ]]; then
-    bps=$(state_get rate_bps 0)
+    bps=$(state_get "rate_bps_$2" "$(state_get rate_bps 0)")
   else
     bps=$(parse_rate "$3")
   fi

@@ -75,8 +75,10 @@ Connection::Connection(const ConnEnv& env, Role role, int dev, std::unique_ptr<P
 }
 
 Connection::~Connection() {
-  for (auto& p : paths_)
+  for (auto& p : paths_) {
     if (p.counted_failed) live(p).failed_paths--;
+    withdraw_goodput(p, p.last_send);
+  }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -384,6 +386,8 @@ void Connection::fail_path(Path& p, FailCause cause, const char* detail_c, TimeU
   p.peer_drain = false;  // learnt again after the path comes back
   p.drain_sent = false;
   p.inflight_bytes = 0;
+  p.goodput.on_stop();
+  withdraw_goodput(p, now);
   io_->stop_path(p.index, from_peer, now);
   p.failed_at = now;
   p.pending_switchovers = 0;
@@ -669,6 +673,7 @@ void Connection::on_ack(uint64_t seq, uint32_t prefix, uint32_t base, uint64_t b
     Path& q = paths_[path];
     q.inflight_bytes = q.inflight_bytes > len ? q.inflight_bytes - len : 0;
     q.ack_progress = now;
+    if (q.goodput.on_ack(len, q.inflight_bytes, 4 * chunk_, now)) publish_goodput(q, now);
   });
   finish_send_if_complete(r);
 }
@@ -684,31 +689,63 @@ void Connection::finish_send_if_complete(Request* r) {
   remove_active(r);
 }
 
+// A path with nothing in flight that got no chunk for this long is `starving` (scheduler.h):
+// it may take a chunk while a faster path is full, so its estimate stays current.
+constexpr TimeUs kStarveUs = 100 * kUsPerMs;
+// A path idle for this long withdraws its goodput from its rail's load.
+constexpr TimeUs kWithdrawUs = 2 * PathGoodput::kMaxSampleUs;
+
+void Connection::publish_goodput(Path& p, TimeUs now) {
+  const auto kbps = static_cast<uint64_t>(p.goodput.mbps() * 1000.0);
+  rail_publish(live(p), static_cast<int64_t>(kbps) - static_cast<int64_t>(p.published_kbps), true,
+               now);
+  p.published_kbps = kbps;
+}
+
+void Connection::withdraw_goodput(Path& p, TimeUs now) {
+  if (p.published_kbps == 0) return;
+  rail_publish(live(p), -static_cast<int64_t>(p.published_kbps), false, now);
+  p.published_kbps = 0;
+}
+
 void Connection::schedule_chunks(TimeUs now) {
   std::vector<PathLoad>& loads = loads_;  // reused: no allocation on the data path
   loads.resize(paths_.size());
   for (size_t i = 0; i < paths_.size(); ++i) {
-    const Path& p = paths_[i];
+    Path& p = paths_[i];
     const bool ready = io_->ready(p.index);
     // A rail the failure predictor drains (at either end) is used like a path draining for
     // RTT outliers: only when nothing else can carry data.
     const bool predicted =
         p.peer_drain || env_.rails->live(p.rail).predict_drain.load(std::memory_order_relaxed);
+    if (p.inflight_bytes == 0 && p.published_kbps != 0 && now - p.last_send > kWithdrawUs)
+      withdraw_goodput(p, now);
+    const double weight =
+        env_.hooks.goodput ? path_weight(p.goodput.measured(), p.goodput.mbps(),
+                                         rail_spare_mbps(live(p), p.published_kbps),
+                                         env_.rails->rail_speed_mbps(p.rail))
+                           : static_cast<double>(std::max(1, env_.rails->rail_speed_mbps(p.rail)));
     loads[i] = PathLoad{
         p.health->carries_data() && ready && !predicted,
         p.inflight_bytes,
         static_cast<uint64_t>(cfg_.path_window),
-        static_cast<double>(std::max(1, env_.rails->rail_speed_mbps(p.rail))),
+        weight,
         (p.health->state() == PathState::kDraining || (predicted && p.health->carries_data())) &&
             ready,
-        io_->has_room(p.index)};
+        io_->has_room(p.index),
+        p.inflight_bytes == 0 && now - p.last_send > kStarveUs};
   }
+  // Stripe off: the primary (path 0) alone while it carries data; once it cannot, its chunks
+  // spread over every survivor by the same rule as striping (R2CCL_FAILOVER_SPREAD=1), or go
+  // to the first surviving backup (0).
+  const bool stripe =
+      cfg_.stripe || (cfg_.failover_spread && !loads.empty() && !loads[0].carries_data);
   for (Request* r : active_) {
     if (r->kind != Request::Kind::kSend) continue;
     uint32_t idx;
     while (r->smsg.peek_next(&idx)) {
       const uint32_t len = r->smsg.chunk_len(idx);
-      const int pi = pick_path(loads, cfg_.stripe, len, r->allowed);
+      const int pi = pick_path(loads, stripe, len, r->allowed, env_.hooks.goodput);
       if (pi < 0) return;
       Path& p = paths_[pi];
       ChunkOut c;
@@ -733,6 +770,9 @@ void Connection::schedule_chunks(TimeUs now) {
         continue;
       }
       const bool replay = r->smsg.take_next(pi);
+      p.goodput.on_send(p.inflight_bytes, now);
+      p.last_send = now;
+      loads[pi].starving = false;
       if (p.inflight_bytes == 0) p.ack_progress = now;
       p.inflight_bytes += len;
       loads[pi].inflight_bytes += len;
@@ -995,6 +1035,7 @@ void Connection::on_reconnected(int path, TimeUs now) {
   p.last_alive = p.ack_progress = p.last_probe = now;
   p.probe_out = false;
   p.inflight_bytes = 0;
+  p.goodput.on_stop();
   R2CCL_INFO(NCCL_NET, "path %d (%s) of conn %016" PRIx64 " reconnected (generation %u); probing",
              p.index, p.label.c_str(), id_, io_->generation(p.index));
   // Whatever could not be said while no path was up goes again on the path that came back.

@@ -10,9 +10,10 @@
 // Data flow (receiver-driven): irecv posts a CTS (sequence, capacity, where the buffer is);
 // isend needs the CTS with its sequence (NULL request until then); the message is cut into
 // chunks of the connection's chunk size; a path takes chunks while its unacknowledged bytes
-// are under R2CCL_PATH_WINDOW (stripe off: the first healthy path; on: the least loaded per
-// rail speed); a chunk is acknowledged by the receiver's ACK (TCP) or by its RC completion
-// (verbs); a send completes when every chunk is acknowledged.
+// are under R2CCL_PATH_WINDOW (stripe off: the primary, or once it cannot carry data every
+// survivor; on: every healthy path; among several, the one that would finish the chunk
+// first by its measured goodput, engine/goodput.h); a chunk is acknowledged by the receiver's ACK
+// (TCP) or by its RC completion (verbs); a send completes when every chunk is acknowledged.
 //
 // Failure: any detector (transport error, link-down event, the acknowledgement watchdog, the
 // heartbeat rule) fails the path exactly once (PathHealth). The detecting end tells the
@@ -49,6 +50,7 @@
 #include <vector>
 
 #include "engine/conn_policy.h"
+#include "engine/goodput.h"
 #include "engine/path_health.h"
 #include "engine/rail_env.h"
 #include "engine/recv_message.h"
@@ -199,6 +201,11 @@ class Connection final : public PathSink {
     bool peer_drain = false;  // sender: the receiver's node drains its end
     bool drain_sent = false;  // receiver: the drain state last told to the sender
     uint64_t chunks_sent = 0;
+    // sender: the scheduler's goodput estimate (engine/goodput.h), what of it this path has
+    // published into its rail's process-wide load (kbit/s), and its latest chunk
+    PathGoodput goodput;
+    uint64_t published_kbps = 0;
+    TimeUs last_send = 0;
   };
   struct Notice {
     uint64_t id;
@@ -275,6 +282,10 @@ class Connection final : public PathSink {
   void check_rail_events(Path& p, TimeUs now);
   // sender
   void schedule_chunks(TimeUs now);
+  // The path's goodput estimate into its rail's load (publish), or out of it (withdraw:
+  // the path is idle, failed or closing).
+  void publish_goodput(Path& p, TimeUs now);
+  void withdraw_goodput(Path& p, TimeUs now);
   void on_ack(uint64_t seq, uint32_t prefix, uint32_t base, uint64_t bitmap, TimeUs now);
   void finish_send_if_complete(Request* r);
   void check_recoveries(TimeUs now);

@@ -25,6 +25,13 @@ struct RailLive : RailCounters {
   // connection that sees the new count also sees has_addr and the runtime's new address.
   std::atomic<uint32_t> addr_events{0};
   std::atomic<bool> has_addr{true};
+  // The scheduler's process-wide view of the rail (engine/goodput.h; written by the data
+  // path of every connection, lock-free): the sum of the goodput (kbit/s) this process's
+  // busy paths on the rail measure, and the rail's capacity estimate (kbit/s; 0: not yet
+  // measured) with the time it was last updated (microseconds, the callers' clock).
+  std::atomic<uint64_t> goodput_load_kbps{0};
+  std::atomic<uint64_t> goodput_cap_kbps{0};
+  std::atomic<int64_t> goodput_cap_at{0};
 };
 
 class RailTable {

@@ -19,12 +19,14 @@ bool parse_test_hooks(const std::string& s, TestHooks* out, std::string* err) {
       out->bilateral_err = false;
     else if (tok == "force_flush")
       out->force_flush = true;
+    else if (tok == "no_goodput")
+      out->goodput = false;
     else if (tok.compare(0, 8, "gpu_pci=") == 0 && tok.size() > 8)
       out->gpu_pci = tok.substr(8);
     else {
       *err = "R2CCL_TEST_HOOKS: unknown hook '" + tok +
              "'; accepted: comma list of no_replay, no_dedup, no_stale_guard, no_bilateral_err, "
-             "force_flush, gpu_pci=PATH (a sysfs PCI path)";
+             "force_flush, no_goodput, gpu_pci=PATH (a sysfs PCI path)";
       return false;
     }
   }

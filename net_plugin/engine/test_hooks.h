@@ -22,6 +22,10 @@ struct TestHooks {
   // /sys/devices/pci0000:00/0000:00:01.0/0000:0d:00.0; it need not exist), instead of the
   // CUDA driver's answer. "" = off.
   std::string gpu_pci;
+  // no_goodput: the scheduler as before issue 16: weights are the configured rail speed and
+  // striping is least-loaded among the paths with room (no waiting for a full faster path).
+  // The A/B reference of docs/BENCHMARKS.md; R2CCL_FAILOVER_SPREAD is separate.
+  bool goodput = true;
 };
 
 // Returns false with *err naming R2CCL_TEST_HOOKS and the accepted hooks.

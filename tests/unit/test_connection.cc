@@ -625,6 +625,40 @@ TEST_CASE("connection: a path cut mid-message is detected and its chunks replaye
   }
 }
 
+TEST_CASE("connection: stripe off, a failed primary's traffic spreads over every survivor",
+          "[connection]") {
+  // R2CCL_FAILOVER_SPREAD=1: both backups carry the failed primary's chunks;
+  // 0 (the default for now): the first backup alone, as before.
+  for (bool spread : {true, false}) {
+    INFO("R2CCL_FAILOVER_SPREAD=" << spread);
+    EventLog log;
+    Pair t(false, 3,
+           {{"R2CCL_ACK_TIMEOUT", "20ms"},
+            {"R2CCL_PATH_WINDOW", "256K"},
+            {"R2CCL_CHUNK_SIZE", "64K"},
+            {"R2CCL_FAILOVER_SPREAD", spread ? "1" : "0"}});
+    Message m(t, 8 << 20, 3);
+    t.run(300);  // chunks in flight on path 0 only (the fault-free default is unchanged)
+    CHECK(t.wire.chunks_posted[0] > 0);
+    CHECK(t.wire.chunks_posted[1] == 0);
+    CHECK(t.wire.chunks_posted[2] == 0);
+    t.wire.cut[0] = true;
+    t.wire.refuse[0] = true;
+    REQUIRE(arrives(t, m, 2 * kUsPerSec));
+    CHECK(log.count("switchover: rail mem0 failed") == 1);
+    CHECK(t.wire.chunks_posted[1] > 0);
+    if (spread) {
+      CHECK(t.wire.chunks_posted[2] > 0);
+      // Equal survivors share about equally.
+      const double a = static_cast<double>(t.wire.chunks_posted[1]);
+      const double b = static_cast<double>(t.wire.chunks_posted[2]);
+      CHECK(a / (a + b) == Approx(0.5).margin(0.15));
+    } else {
+      CHECK(t.wire.chunks_posted[2] == 0);
+    }
+  }
+}
+
 TEST_CASE("connection: verbs-shaped replay waits for the receiver's quiesce (the gate)",
           "[connection]") {
   for (bool bilateral : {true, false}) {

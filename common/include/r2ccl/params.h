@@ -40,8 +40,13 @@ struct ParamDef {
   X(nsocks_per_path, "R2CCL_NSOCKS_PER_PATH", kInt, "1", 1, 8, nullptr,                         \
     "TCP streams per path; more streams fill fast links.")                                      \
   X(stripe, "R2CCL_STRIPE", kBool, "0", 0, 1, nullptr,                                          \
-    "1: stripe chunks over every healthy path (bandwidth-weighted); 0: primary path only, "     \
-    "backups stay idle and probed.")                                                            \
+    "1: stripe chunks over every healthy path, weighted by each path's measured goodput; 0: "   \
+    "primary path only, backups stay idle and probed.")                                         \
+  X(failover_spread, "R2CCL_FAILOVER_SPREAD", kBool, "0", 0, 1, nullptr,                        \
+    "With R2CCL_STRIPE=0, while the primary path cannot carry data (failed, draining): 1 "      \
+    "spreads its chunks over every surviving path by goodput and the rail's spare capacity "    \
+    "in the process; 0 moves them to the first surviving backup only (default while verbs "     \
+    "loses a connection when several paths carry through a peer HCA reset).")                   \
   X(chunk_size, "R2CCL_CHUNK_SIZE", kSize, "512K", 4096, 64.0 * 1024 * 1024, nullptr,           \
     "Bytes per chunk, the unit of scheduling, acknowledgement and replay. 512 KiB keeps a "     \
     "replay cheap while headers cost under 0.01 %.")                                            \
@@ -176,7 +181,8 @@ struct ParamDef {
   X(test_hooks, "R2CCL_TEST_HOOKS", kString, "", 0, 0, nullptr,                                 \
     "Test only. Comma list of protections to switch off: no_replay, no_dedup, "                 \
     "no_stale_guard, no_bilateral_err (verbs: replay without moving the peer's QPs to ERR), "   \
-    "force_flush (verbs: iflush reads back host buffers too), gpu_pci=PATH (verbs: GPU "        \
+    "force_flush (verbs: iflush reads back host buffers too), no_goodput (the scheduler "       \
+    "before goodput weights: configured rail speed, least-loaded), gpu_pci=PATH (verbs: GPU "   \
     "buffers are accepted in any build, host memory standing in, and their GPU sits at the "    \
     "sysfs PCI path PATH). "                                                                    \
     "Used by tests to prove each protection matters.")                                          \
