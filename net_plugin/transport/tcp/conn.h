@@ -68,7 +68,7 @@ class Conn final : public ConnIo {
   const uint8_t* secret() const { return secret_; }
 
   // --- PathIo ---
-  PathCaps caps() const override { return PathCaps{true, false}; }
+  PathCaps caps() const override { return PathCaps{true, false, true}; }
   void poll(PathSink& sink, TimeUs now) override;
   void flush(PathSink& sink, TimeUs now) override;
   bool ready(int path) const override { return paths_[path].attached_ok(); }
