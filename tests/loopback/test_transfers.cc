@@ -161,7 +161,7 @@ TEST_CASE("eager: every size 8 B .. 64 KiB arrives intact, irecv posted first or
           for (size_t i = 0; i < sizes.size(); ++i) {
             // A receive buffer larger than the message: NCCL's irecv size is a capacity.
             bufs.push_back(raw_buffer(sizes[i] + 100 + kTail));
-            memset(bufs.back().get(), 0x5a, sizes[i] + 100 + kTail);
+            memset(bufs.back().get(), kCanary, sizes[i] + 100 + kTail);
             void* req = nullptr;
             ncclResult_t res = ep.post_recv(bufs.back().get(), sizes[i] + 100, &req, 10000);
             EP_REQUIRE(res == ncclSuccess && req, 10, "irecv %zu: result %d", sizes[i], res);
@@ -204,7 +204,7 @@ TEST_CASE("eager: sizes around the threshold, eager and rendezvous in turn, arri
         for (int pass = 0; pass < 20; ++pass)
           for (size_t i = 0; i < sizes.size(); ++i) {
             auto buf = raw_buffer(sizes[i] + 16);
-            memset(buf.get(), 0x5a, sizes[i] + 16);
+            memset(buf.get(), kCanary, sizes[i] + 16);
             int sz = -1;
             ncclResult_t res = ep.recv(buf.get(), sizes[i], 20000, &sz);
             EP_REQUIRE(res == ncclSuccess, 10, "recv %zu: result %d", sizes[i], res);
