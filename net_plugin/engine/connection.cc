@@ -14,6 +14,12 @@ namespace {
 constexpr size_t kHistory = 64;              // completed receives kept for duplicates
 constexpr size_t kMaxQueuedCtrl = 8192;      // bound on control messages waiting for a path
 constexpr TimeUs kByeGrace = 1 * kUsPerSec;  // pending requests after the peer's BYE
+// Eager credit: each eager message costs its bytes plus this much (so the area also bounds
+// how many messages it holds); the area is the larger of kMinEagerArea and 4 messages of the
+// threshold's size. Both ends compute it from the negotiated threshold.
+constexpr uint64_t kEagerEntryCost = 256;
+constexpr uint64_t kMinEagerArea = 256 * 1024;
+uint64_t eager_cost(uint64_t len) { return len + kEagerEntryCost; }
 
 std::string cause_text(FailCause c, const std::string& detail) {
   std::string s = fail_cause_name(c);
@@ -50,6 +56,8 @@ Connection::Connection(const ConnEnv& env, Role role, int dev, std::unique_ptr<P
   caps_ = io_->caps();
   id_ = io_->conn_id();
   chunk_ = io_->chunk_size();
+  eager_thr_ = caps_.eager ? std::min(io_->eager_threshold(), chunk_) : 0;
+  eager_area_ = eager_thr_ > 0 ? std::max(kMinEagerArea, 4 * eager_cost(eager_thr_)) : 0;
   for (auto& r : reqs_) r.conn = this;
   const int n = io_->npaths();
   paths_.resize(static_cast<size_t>(n));
@@ -510,8 +518,10 @@ void Connection::flush_ctrl(TimeUs now) {
   while (!ctrlq_.empty()) {
     const PendingCtrl& q = ctrlq_.front();
     const int cp = control_path(q.prefer);
+    CtrlMsg m = q.m;
+    if (m.type == CtrlType::kAck) m.credit = eager_freed_;  // the latest, whatever is queued
     // No path at all: the transport's fallback channel, if it has one (verbs side channel).
-    const PostResult r = io_->post_ctrl(cp, q.m, *this, now);
+    const PostResult r = io_->post_ctrl(cp, m, *this, now);
     if (r == PostResult::kFull) return;
     if (r == PostResult::kPosted) ctrlq_.pop_front();
     // kFailed: the path failed while posting; try the next one.
@@ -548,6 +558,14 @@ void Connection::queue_recv_state(int prefer) {
     a.prefix = d.nchunks;
     queue_ctrl(a, prefer);
   }
+  for (const auto& e : area_) {  // eager messages stored before their irecv
+    if (!e->landed) continue;
+    CtrlMsg a;
+    a.type = CtrlType::kAck;
+    a.seq = e->seq;
+    a.prefix = 1;
+    queue_ctrl(a, prefer);
+  }
 }
 
 void Connection::send_notice(const Notice& n) {
@@ -573,19 +591,15 @@ void Connection::on_ctrl(int via, const CtrlMsg& m, TimeUs now) {
   if (gave_up_ || (peer_closed_ && m.type != CtrlType::kAck)) return;
   if (m.type == CtrlType::kAck) {
     if (role_ != Role::kSend) return;
+    // Credit is cumulative: the largest value wins; never more than was spent.
+    if (m.credit > eager_freed_seen_) eager_freed_seen_ = std::min(m.credit, eager_sent_);
     on_ack(m.seq, m.prefix, m.base, m.bitmap, now);
     return;
   }
   if (m.type == CtrlType::kTruncated) {
     const Request* r = role_ == Role::kRecv ? find_active(m.seq) : nullptr;
     if (!r) return;  // not ours (any more)
-    char why[160];
-    snprintf(why, sizeof(why),
-             "the isend matching irecv %llu is %llu bytes, larger than the irecv's %llu bytes "
-             "(truncated)",
-             static_cast<unsigned long long>(m.seq), static_cast<unsigned long long>(m.size),
-             static_cast<unsigned long long>(r->size));
-    give_up(Status::kInternal, why, now);
+    eager_truncated(m.seq, m.size, r->size, now);
     return;
   }
   if (m.type == CtrlType::kAddr) {
@@ -687,6 +701,7 @@ void Connection::finish_send_if_complete(Request* r) {
   if (!r->smsg.complete()) return;
   r->done = true;
   remove_active(r);
+  if (r->internal) r->used = false;  // nobody tests it: back to the pool
 }
 
 // A path with nothing in flight that got no chunk for this long is `starving` (scheduler.h):
@@ -760,6 +775,7 @@ void Connection::schedule_chunks(TimeUs now) {
       c.len = len;
       c.last = idx + 1 == c.nchunks;
       c.chunk_size = chunk_;
+      c.eager = r->eager;
       const PostResult res = io_->post_chunk(pi, c, *this, now);
       if (res == PostResult::kFull) {
         loads[pi].room = false;
@@ -828,6 +844,12 @@ void Connection::landed(Request* r, int path, uint32_t idx, TimeUs now) {
   r->done = true;
   last_recv_done_ = now;
   r->dirty_windows.clear();
+  if (r->eager) {
+    // Consumed: its credit goes back to the sender on the ACK below (flush_ctrl), and a copy
+    // still in the area (one that arrived before the irecv on a path that failed) goes.
+    eager_freed_ += eager_cost(r->rmsg.total());
+    erase_entry(r->seq);
+  }
   if (caps_.receiver_acks) {
     CtrlMsg a;
     a.type = CtrlType::kAck;
@@ -850,9 +872,25 @@ ChunkPlace Connection::on_chunk_header(int path, const ChunkHeader& h, TimeUs no
     pl.why = "data frame sent to the sending side";
     return pl;
   }
+  if (h.eager) {
+    // A header that lies about an eager message fails its path before any byte is written.
+    const char* bad = nullptr;
+    if (eager_thr_ == 0)
+      bad = "eager data on a connection without eager messages";
+    else if (h.idx != 0 || h.nchunks != 1 || h.offset != 0 || h.len != h.total)
+      bad = "an eager chunk that is not one whole message";
+    else if (h.len > eager_thr_)
+      bad = "an eager message larger than the negotiated R2CCL_EAGER_THRESHOLD";
+    if (bad) {
+      pl.action = ChunkPlace::Action::kProtocolError;
+      pl.why = bad;
+      return pl;
+    }
+  }
   Request* r = find_active(h.seq);
   if (!r || r->kind != Request::Kind::kRecv) {
     if (h.seq >= next_recv_seq_) {
+      if (h.eager) return place_in_area(path, h, now);
       pl.action = ChunkPlace::Action::kProtocolError;
       pl.why = "data for a message that has no clear-to-send";
       return pl;
@@ -868,6 +906,10 @@ ChunkPlace Connection::on_chunk_header(int path, const ChunkHeader& h, TimeUs no
       a.prefix = d.nchunks;
       queue_ctrl(a, path);
     }
+    return pl;
+  }
+  if (h.eager && h.total > r->size) {  // the sender could not check: it had no CTS
+    eager_truncated(r->seq, h.total, r->size, now);
     return pl;
   }
   const char* bad = nullptr;
@@ -886,12 +928,18 @@ ChunkPlace Connection::on_chunk_header(int path, const ChunkHeader& h, TimeUs no
   pl.action = ChunkPlace::Action::kRead;
   pl.dst = r->rmsg.buffer() + h.offset;
   pl.req = r;
+  if (h.eager) r->eager = true;
   return pl;
 }
 
 // The stale-data guard, before every partial read: the message is still posted, not
 // complete, and the chunk has not landed on another path meanwhile.
 bool Connection::chunk_wanted(const ChunkPlace& pl) const {
+  if (pl.area) {  // an eager-area entry: still there (it may have been freed), not yet whole
+    for (const auto& e : area_)
+      if (e.get() == pl.req) return e->seq == pl.seq && !e->landed;
+    return false;
+  }
   const auto* r = static_cast<const Request*>(pl.req);
   if (!r || !r->used || r->done || r->seq != pl.seq || r->kind != Request::Kind::kRecv)
     return false;
@@ -900,6 +948,12 @@ bool Connection::chunk_wanted(const ChunkPlace& pl) const {
 
 void Connection::on_chunk_read(int path, const ChunkPlace& pl, bool clean, TimeUs now) {
   if (!clean || !chunk_wanted(pl)) return;
+  if (pl.area) {
+    auto* e = static_cast<EagerEntry*>(const_cast<void*>(pl.req));
+    e->landed = true;
+    deliver_eager(e, path, now);
+    return;
+  }
   landed(static_cast<Request*>(const_cast<void*>(pl.req)), path, pl.idx, now);
 }
 
@@ -923,6 +977,139 @@ void Connection::on_chunk_placed(int path, uint64_t seq_low, int seq_bits, uint3
     case ChunkVerdict::kDuplicate: env_.rails->live(paths_[path].rail).discarded_chunks++; break;
     case ChunkVerdict::kProtocolError: on_path_error(path, FailCause::kProtocol, why, now); break;
   }
+}
+
+// ------------------------------------------------------------------------------------------
+// Eager messages
+
+bool Connection::eager_fits(uint64_t size) const {
+  return eager_thr_ > 0 && size <= eager_thr_ && role_ == Role::kSend &&
+         eager_sent_ - eager_freed_seen_ + eager_cost(size) <= eager_area_;
+}
+
+bool Connection::eager_unacked() const {
+  return std::any_of(active_.begin(), active_.end(), [](const Request* r) { return r->internal; });
+}
+
+Request* Connection::free_shadow() {
+  for (auto& q : shadows_)
+    if (!q->used) return q.get();
+  shadows_.push_back(std::make_unique<Request>());
+  shadows_.back()->conn = this;
+  return shadows_.back().get();
+}
+
+Connection::EagerEntry* Connection::find_entry(uint64_t seq) {
+  for (auto& e : area_)
+    if (e->seq == seq) return e.get();
+  return nullptr;
+}
+
+void Connection::erase_entry(uint64_t seq) {
+  for (size_t i = 0; i < area_.size(); ++i) {
+    if (area_[i]->seq != seq) continue;
+    area_used_ -= std::min(area_used_, eager_cost(area_[i]->total));
+    spare_entries_.push_back(std::move(area_[i]));
+    area_.erase(area_.begin() + static_cast<long>(i));
+    return;
+  }
+}
+
+// Receiver: an eager message whose irecv is not posted yet goes into the area, within the
+// credit the sender was given (a sender that exceeds it is in error: protocol error).
+ChunkPlace Connection::place_in_area(int path, const ChunkHeader& h, TimeUs now) {
+  (void)now;
+  ChunkPlace pl;
+  pl.seq = h.seq;
+  pl.idx = h.idx;
+  const auto error = [&](const char* why) {
+    pl.action = ChunkPlace::Action::kProtocolError;
+    pl.why = why;
+    return pl;
+  };
+  EagerEntry* e = find_entry(h.seq);
+  if (e) {
+    if (e->total != h.total) return error("an eager message whose size changed between copies");
+    if (e->landed && env_.hooks.guard.dedup) {  // a replay crossing the original
+      env_.rails->live(paths_[path].rail).discarded_chunks++;
+      CtrlMsg a;
+      a.type = CtrlType::kAck;
+      a.seq = h.seq;
+      a.prefix = 1;
+      queue_ctrl(a, path);
+      return pl;
+    }
+  } else {
+    // Every eager message beyond the posted receives holds credit, so the sender can be at
+    // most area / kEagerEntryCost messages ahead.
+    if (h.seq - next_recv_seq_ >= eager_area_ / kEagerEntryCost)
+      return error("an eager message too far ahead of the posted receives");
+    const uint64_t cost = eager_cost(h.len);
+    if (area_used_ + cost > eager_area_)
+      return error("an eager message beyond the receiver's eager credit");
+    std::unique_ptr<EagerEntry> fresh;
+    if (!spare_entries_.empty()) {
+      fresh = std::move(spare_entries_.back());
+      spare_entries_.pop_back();
+    } else {
+      fresh = std::make_unique<EagerEntry>();
+    }
+    fresh->seq = h.seq;
+    fresh->total = h.total;
+    fresh->landed = false;
+    fresh->data.resize(h.len);
+    area_used_ += cost;
+    area_.push_back(std::move(fresh));
+    e = area_.back().get();
+  }
+  // Another copy may be reading into the same entry: it writes the same bytes.
+  pl.action = ChunkPlace::Action::kRead;
+  pl.dst = e->data.data();
+  pl.req = e;
+  pl.area = true;
+  return pl;
+}
+
+void Connection::deliver_eager(EagerEntry* e, int path, TimeUs now) {
+  const uint64_t seq = e->seq;
+  Request* r = find_active(seq);
+  if (r && r->kind == Request::Kind::kRecv && !r->done) {
+    if (e->total > r->size) {
+      eager_truncated(r->seq, e->total, r->size, now);
+      return;
+    }
+    const char* bad = nullptr;
+    const ChunkVerdict v =
+        r->rmsg.check(e->total, 1, 0, 0, static_cast<uint32_t>(e->total), env_.hooks.guard, &bad);
+    if (v == ChunkVerdict::kWrite) {
+      if (e->total > 0) memcpy(r->rmsg.buffer(), e->data.data(), e->total);
+      r->eager = true;
+      landed(r, path, 0, now);  // acknowledges, returns the credit, frees the entry
+    }
+    erase_entry(seq);
+    return;
+  }
+  if (seq < next_recv_seq_) {  // its receive completed meanwhile from another copy
+    erase_entry(seq);
+    return;
+  }
+  // Stored: acknowledged now, so the sender's copy and its acknowledgement watchdog need not
+  // wait for the irecv; the credit comes back when the irecv consumes it.
+  CtrlMsg a;
+  a.type = CtrlType::kAck;
+  a.seq = e->seq;
+  a.prefix = 1;
+  queue_ctrl(a, path);
+}
+
+void Connection::eager_truncated(uint64_t seq, uint64_t size, uint64_t capacity, TimeUs now) {
+  char why[160];
+  snprintf(why, sizeof(why),
+           "the isend matching irecv %llu is %llu bytes, larger than the irecv's %llu bytes "
+           "(truncated)",
+           static_cast<unsigned long long>(seq), static_cast<unsigned long long>(size),
+           static_cast<unsigned long long>(capacity));
+  give_up(Status::kInternal, why, now);
 }
 
 void Connection::send_acks() {
@@ -969,6 +1156,8 @@ bool Connection::traffic_in_flight(int path) const {
     if (r->kind == Request::Kind::kRecv &&
         (r->rmsg.nchunks() != 0 || r->rmsg.landed_count() != 0) && !r->rmsg.complete())
       return true;
+  for (const auto& e : area_)  // an eager message being read into the area
+    if (!e->landed) return true;
   return false;
 }
 
@@ -1233,15 +1422,18 @@ Status Connection::isend(void* data, uint64_t size, int tag, void* mhandle, Requ
   *req = nullptr;
   if (error_ != Status::kOk) return error_;
   if (peer_closed_) return peer_closed_error();
-  if (cts_.empty() || cts_.front().seq != next_send_seq_) {
+  // An eager message needs credit, a rendezvous one its CTS; progress may bring either.
+  auto have_cts = [&] { return !cts_.empty() && cts_.front().seq == next_send_seq_; };
+  if (!eager_fits(size) && !have_cts()) {
     progress(now);
     if (error_ != Status::kOk) return error_;
-    if (cts_.empty() || cts_.front().seq != next_send_seq_) return Status::kOk;  // no CTS yet
+    if (!eager_fits(size) && !have_cts()) return Status::kOk;  // no CTS (or credit) yet
   }
-  if (size > cts_.front().cap) {
+  if (have_cts() && size > cts_.front().cap) {
     // A caller's error NCCL would report as truncation. The connection fails at this end
     // (later calls return the error) and the receiver is told, so its request fails too
-    // instead of waiting; the peer's give-up then closes the connection (BYE).
+    // instead of waiting; the peer's give-up then closes the connection (BYE). (An eager
+    // message sent before its CTS arrived is checked by the receiver instead.)
     R2CCL_WARN(
         "isend of %llu bytes on device %d is larger than the matching irecv %llu (%llu "
         "bytes): the connection fails at both ends",
@@ -1258,21 +1450,42 @@ Status Connection::isend(void* data, uint64_t size, int tag, void* mhandle, Requ
     error_ = Status::kInternal;
     return error_;
   }
+  const bool eager = eager_fits(size);
+  const bool cts_here = have_cts();
   Request* r = free_request();
   if (!r) return Status::kOk;  // all 32 in use: NCCL calls again
+  // The request that carries the bytes: NCCL's, or (eager copy) an internal one.
+  Request* t = r;
+  if (eager && cfg_.eager_copy) {
+    t = free_shadow();
+    t->copy.assign(static_cast<const char*>(data), static_cast<const char*>(data) + size);
+  }
   r->used = true;
   r->done = false;
   r->kind = Request::Kind::kSend;
   r->seq = next_send_seq_++;
-  r->data = static_cast<const char*>(data);
   r->size = size;
-  r->tag = tag;
-  r->mhandle = mhandle;
-  r->remote = cts_.front().remote;
-  r->allowed = io_->allowed_paths(mhandle) & r->remote.allowed;
-  r->smsg.reset(r->seq, size, chunk_);
-  cts_.pop_front();
-  active_.push_back(r);
+  r->eager = eager;
+  r->internal = false;
+  if (t != r) {
+    t->used = true;
+    t->done = false;
+    t->kind = Request::Kind::kSend;
+    t->seq = r->seq;
+    t->size = size;
+    t->eager = true;
+    t->internal = true;
+    r->done = true;  // NCCL's request completes now: its bytes are copied
+  }
+  t->data = t == r ? static_cast<const char*>(data) : t->copy.data();
+  t->tag = tag;
+  t->mhandle = t == r ? mhandle : nullptr;
+  t->remote = cts_here ? cts_.front().remote : RemoteBuffer{};
+  t->allowed = (t == r ? io_->allowed_paths(mhandle) : kAllPaths) & t->remote.allowed;
+  t->smsg.reset(t->seq, size, chunk_);
+  if (cts_here) cts_.pop_front();
+  if (eager) eager_sent_ += eager_cost(size);
+  active_.push_back(t);
   *req = r;
   progress(now);
   return Status::kOk;
@@ -1297,9 +1510,13 @@ Status Connection::irecv(void* data, uint64_t size, int tag, void* mhandle, Requ
   r->ack_path = -1;
   r->cts_path = -1;
   r->cts_delivered = false;
+  r->eager = false;
+  r->internal = false;
   r->rmsg.reset(r->seq, static_cast<char*>(data), size);
   active_.push_back(r);
   *req = r;
+  // An eager message that arrived before this irecv completes it now (no CTS goes out).
+  if (EagerEntry* e = find_entry(r->seq); e && e->landed) deliver_eager(e, -1, now);
   progress(now);
   return Status::kOk;
 }

@@ -7,6 +7,13 @@
 // failback, and every event line. The transport below (transport/path_io.h) only moves
 // bytes and reports events.
 //
+// Eager messages (PathCaps::eager; docs/ARCHITECTURE.md "Eager messages"): an isend of at
+// most the negotiated R2CCL_EAGER_THRESHOLD bytes, with eager credit left, goes at once as one
+// chunk without waiting for the CTS; the receiver places it into the posted buffer, or keeps
+// it in its bounded eager area until the irecv with its sequence is posted. With
+// R2CCL_EAGER_COPY the isend completes once its bytes are copied into an internal request
+// that is acknowledged and replayed like any other. The receiver returns credit on its ACKs.
+//
 // Data flow (receiver-driven): irecv posts a CTS (sequence, capacity, where the buffer is);
 // isend needs the CTS with its sequence (NULL request until then); the message is cut into
 // chunks of the connection's chunk size; a path takes chunks while its unacknowledged bytes
@@ -102,6 +109,11 @@ struct Request {
   bool cts_delivered = false;           // the transport confirmed the CTS arrived
   // flush
   uint64_t flush_token = 0;
+  // eager messages (PathCaps::eager, size <= the negotiated threshold)
+  bool eager = false;      // sender: sent without a CTS; receiver: arrived so
+  bool internal = false;   // sender: the engine's own copy of a completed eager isend (not
+                           // NCCL's), released when acknowledged
+  std::vector<char> copy;  // internal: the bytes (data points here)
 };
 
 class Connection final : public PathSink {
@@ -148,6 +160,13 @@ class Connection final : public PathSink {
   PathState path_state(int i) const { return paths_[i].health->state(); }
   Status error() const { return error_; }
   size_t pending_requests() const { return active_.size(); }
+  // Sender: eager messages whose isend completed (R2CCL_EAGER_COPY) and that the receiver has
+  // not acknowledged yet. The closing side progresses until there are none (token held).
+  bool eager_unacked() const;
+  // The negotiated eager threshold in use (bytes, 0: off) and the eager area's size (bytes
+  // of credit), the same at both ends.
+  uint64_t eager_threshold() const { return eager_thr_; }
+  uint64_t eager_area() const { return eager_area_; }
 
   // --- PathSink ---
   void on_path_alive(int path, TimeUs now) override;
@@ -244,6 +263,13 @@ class Connection final : public PathSink {
     uint64_t seq;
     uint32_t nchunks;
   };
+  // Receiver: an eager message that arrived before its irecv (the eager area).
+  struct EagerEntry {
+    uint64_t seq = 0;
+    uint64_t total = 0;
+    bool landed = false;  // every byte is in `data` (and it was acknowledged)
+    std::vector<char> data;
+  };
 
   // paths
   bool usable(const Path& p) const;
@@ -300,6 +326,17 @@ class Connection final : public PathSink {
   void check_give_up(TimeUs now);
   void closing_progress(TimeUs now);
   Status peer_closed_error();
+  // eager messages
+  bool eager_fits(uint64_t size) const;
+  Request* free_shadow();
+  EagerEntry* find_entry(uint64_t seq);
+  ChunkPlace place_in_area(int path, const ChunkHeader& h, TimeUs now);
+  // A landed area entry meets its posted receive (if any): copied, the receive lands, the
+  // entry is freed. Otherwise it is acknowledged as stored (first time only).
+  void deliver_eager(EagerEntry* e, int path, TimeUs now);
+  void erase_entry(uint64_t seq);
+  // The receive's eager message does not fit its capacity: the connection fails (truncation).
+  void eager_truncated(uint64_t seq, uint64_t size, uint64_t capacity, TimeUs now);
   // requests
   Request* free_request();
   Request* find_active(uint64_t seq);
@@ -324,6 +361,16 @@ class Connection final : public PathSink {
   std::deque<Cts> cts_;          // sender: CTS not yet matched, in sequence order
   uint64_t next_send_seq_ = 0;
   uint64_t next_recv_seq_ = 0;
+  // eager messages (0: off)
+  uint64_t eager_thr_ = 0;
+  uint64_t eager_area_ = 0;
+  uint64_t eager_sent_ = 0;        // sender: credit spent, cumulative (bytes)
+  uint64_t eager_freed_seen_ = 0;  // sender: credit the receiver returned, cumulative
+  std::vector<std::unique_ptr<Request>> shadows_;  // sender: internal requests (pool)
+  std::vector<std::unique_ptr<EagerEntry>> area_;  // receiver: the eager area
+  std::vector<std::unique_ptr<EagerEntry>> spare_entries_;
+  uint64_t area_used_ = 0;    // receiver: credit held by area_ (bytes)
+  uint64_t eager_freed_ = 0;  // receiver: credit of consumed eager messages, cumulative
   std::deque<Done> history_;  // receiver: recently completed receives
   std::deque<PendingCtrl> ctrlq_;
   std::deque<Notice> notices_;

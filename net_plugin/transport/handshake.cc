@@ -124,9 +124,23 @@ std::string version_mismatch_text(uint8_t kind, unsigned connector_version,
          "; every process of a job must run the same r2ccl";
 }
 
+void set_eager_threshold(WireKnobs* k, uint64_t bytes) {
+  bytes = std::min(bytes, kMaxWireEagerThreshold);
+  for (int i = 0; i < 3; ++i) k->eager_threshold[i] = static_cast<uint8_t>(bytes >> (8 * i));
+}
+
+uint64_t eager_threshold_of(const WireKnobs& k) {
+  return static_cast<uint64_t>(k.eager_threshold[0]) |
+         static_cast<uint64_t>(k.eager_threshold[1]) << 8 |
+         static_cast<uint64_t>(k.eager_threshold[2]) << 16;
+}
+
 Negotiated negotiate(const WireKnobs& sender, const WireKnobs& receiver) {
   Negotiated n;
   n.chunk_size = std::min(sender.chunk_size, receiver.chunk_size);
+  const uint64_t es = eager_threshold_of(sender), er = eager_threshold_of(receiver);
+  n.eager_threshold = std::min({es, er, n.chunk_size});
+  note_min("R2CCL_EAGER_THRESHOLD", es, er);
   n.backup_paths = std::min(sender.backup_paths, receiver.backup_paths);
   n.streams = std::min(sender.streams, receiver.streams);
   n.adaptive_routing = sender.adaptive_routing != 0;

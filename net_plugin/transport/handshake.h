@@ -123,9 +123,17 @@ struct WireKnobs {
   uint8_t stripe;            // R2CCL_STRIPE
   uint8_t adaptive_routing;  // verbs: 1 when this end writes chunks in adaptive-routing mode
   uint8_t kind;              // TransportKind
-  uint8_t reserved[3];
+  // R2CCL_EAGER_THRESHOLD, bytes, 24 bits little-endian (set_eager_threshold/
+  // eager_threshold_of). These bytes were reserved and zero before, so an older peer announces
+  // 0 and its connections stay without eager messages: no wire version change.
+  uint8_t eager_threshold[3];
 };
 static_assert(sizeof(WireKnobs) == 16, "WireKnobs layout");
+// Largest R2CCL_EAGER_THRESHOLD the knobs can carry (24 bits).
+constexpr uint64_t kMaxWireEagerThreshold = (1u << 24) - 1;
+// Stores `bytes` (capped at kMaxWireEagerThreshold) into k.eager_threshold.
+void set_eager_threshold(WireKnobs* k, uint64_t bytes);
+uint64_t eager_threshold_of(const WireKnobs& k);
 
 // What a connection uses, from both ends' knobs; the same at both ends whichever calls it.
 struct Negotiated {
@@ -133,6 +141,7 @@ struct Negotiated {
   int backup_paths = 0;           // the smaller of the two
   int streams = 1;                // the smaller of the two
   bool adaptive_routing = false;  // the sending side's (verbs)
+  uint64_t eager_threshold = 0;   // the smaller of the two, at most chunk_size; 0: off
 };
 // `sender` are the knobs of the connection's sending (connecting) side. Each knob whose two
 // values differ is warned about once per process, naming both values and the one in use.

@@ -61,7 +61,9 @@ struct RemoteBuffer {
 // wire format (TCP frame header, verbs RDMA SEND) and delivers the peer's through
 // PathSink::on_ctrl. Field use per type:
 //   kAck      seq = message, prefix = every chunk below landed (the chunk count: the whole
-//             message), base/bitmap = landed chunks [base, base+64)
+//             message), base/bitmap = landed chunks [base, base+64); credit = the receiver's
+//             eager credit (every ACK, whatever its message: bytes, cumulative; see
+//             PathCaps::eager)
 //   kFail     id = notice id, path, gen: "I declared this path failed" (answered by kFailAck);
 //             cause = why, where the backend carries it (TCP; else kNone)
 //   kFailAck  id, path, gen
@@ -95,6 +97,9 @@ struct CtrlMsg {
   uint32_t base = 0;
   uint64_t bitmap = 0;
   uint64_t size = 0;  // kTruncated: the isend's bytes
+  // kAck: eager credit the receiver has freed since the connection started (bytes, cumulative,
+  // monotonic; 0 = none or eager off). The sender takes the largest value it has seen.
+  uint64_t credit = 0;
   bool on = false;
   FailCause cause = FailCause::kNone;  // kFail
 };
@@ -112,6 +117,9 @@ struct ChunkOut {
   uint32_t len = 0;
   bool last = false;
   uint64_t chunk_size = 0;  // the connection's chunk size
+  // An eager message (PathCaps::eager): one chunk sent without the receiver's CTS, into its
+  // eager area when no receive is posted yet. `remote` is then an empty RemoteBuffer.
+  bool eager = false;
 };
 
 // One clear-to-send (receiver): the posted buffer of receive `seq`.
@@ -131,6 +139,7 @@ struct ChunkHeader {
   uint32_t idx = 0;
   uint32_t nchunks = 0;
   uint32_t len = 0;
+  bool eager = false;  // sent without a CTS (ChunkOut::eager)
 };
 struct ChunkPlace {
   enum class Action : uint8_t { kRead, kDiscard, kProtocolError } action = Action::kDiscard;
@@ -139,6 +148,7 @@ struct ChunkPlace {
   uint64_t seq = 0;
   uint32_t idx = 0;
   const char* why = nullptr;  // kProtocolError
+  bool area = false;          // the engine's own: `req` is an eager-area entry, not a request
 };
 
 enum class PostResult : uint8_t {
@@ -159,6 +169,10 @@ struct PathCaps {
   // (kAddr) when a rail's address changes or its link comes back, and asks
   // PathIo::address_stale. TCP: yes. Verbs: no (a GID change travels in its REBUILD).
   bool address_notices = false;
+  // The transport carries eager messages (ChunkOut/ChunkHeader::eager, CtrlMsg::credit) and
+  // sets eager_threshold() from both ends' knobs. TCP: yes. Verbs: no (its chunks are RDMA
+  // writes into the posted buffer, which needs the CTS's address and rkeys).
+  bool eager = false;
 };
 
 // Events from a backend. Implemented by engine::Connection.
@@ -234,6 +248,9 @@ class PathIo {
   // --- identity, set by the backend's setup ---
   uint64_t conn_id() const { return conn_id_; }  // how both ends name the connection
   uint64_t chunk_size() const { return chunk_size_; }
+  // Largest message (bytes) sent eagerly, both ends' R2CCL_EAGER_THRESHOLD negotiated (the
+  // smaller, at most the chunk size); 0: every message waits for its CTS.
+  uint64_t eager_threshold() const { return eager_threshold_; }
   int npaths() const { return static_cast<int>(paths_desc_.size()); }
   const PathDesc& path(int i) const { return paths_desc_[i]; }
   uint32_t generation(int i) const { return paths_desc_[i].generation; }
@@ -329,6 +346,7 @@ class PathIo {
  protected:
   uint64_t conn_id_ = 0;
   uint64_t chunk_size_ = 0;
+  uint64_t eager_threshold_ = 0;
   std::vector<PathDesc> paths_desc_;
 };
 

@@ -308,6 +308,7 @@ WireKnobs RuntimeBase::own_knobs(int streams) const {
   k.streams = static_cast<uint8_t>(streams);
   k.stripe = cfg_->stripe ? 1 : 0;
   k.kind = static_cast<uint8_t>(traits_.kind);
+  set_eager_threshold(&k, static_cast<uint64_t>(cfg_->eager_threshold));
   return k;
 }
 
@@ -317,6 +318,15 @@ void RuntimeBase::close(Connection* c) {
   // After unregistering, the background thread can no longer pick the connection; NCCL has
   // stopped its proxy thread before closing. The token is free or freed within one pass.
   while (!c->try_enter()) {
+  }
+  // Eager isends that completed on their copy (R2CCL_EAGER_COPY) are NCCL's completed sends:
+  // their bytes must reach the receiver before the paths close. Bounded: a receiver that is
+  // gone fails the connection (error) or the bound ends the wait.
+  const TimeUs t0 = now_us();
+  const TimeUs bound = std::min<TimeUs>(cfg_->failover_timeout, 5 * kUsPerSec);
+  while (c->eager_unacked() && c->error() == Status::kOk && now_us() - t0 < bound) {
+    c->progress(now_us());
+    if (c->eager_unacked()) usleep(50);
   }
   c->say_goodbye(now_us());
   delete c;

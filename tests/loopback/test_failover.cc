@@ -130,3 +130,51 @@ TEST_CASE("r2ccl_perf demo: rail 0 reset, --repeat 2 --check --expect-replay exi
   CHECK(count_lines_containing(out, "[R2CCL] switchover: rail lo@127.0.0.1 failed") >= 1);
   CHECK(count_lines_containing(out, "[R2CCL] Successfully recovered in") >= 1);
 }
+
+TEST_CASE("eager messages: a black hole on rail 0 mid-stream is lossless; without replay it fails",
+          "[loopback][failover][eager]") {
+  // A stream of 16 KiB messages, every one eager (R2CCL_EAGER_THRESHOLD=64K): the black hole
+  // holds the frames queued on rail 0 until the acknowledgement watchdog fails the path,
+  // which drops them with its sockets, so the unacknowledged eager chunks must be replayed on
+  // rail 1. With replay off (test hook) the same loss must stall the stream. A run whose
+  // fault met no eager chunk in flight proves nothing and is repeated (at most 3).
+  for (bool replay : {true, false}) {
+    INFO((replay ? "replay on" : "replay off (R2CCL_TEST_HOOKS=no_replay)"));
+    bool conclusive = false;
+    for (int attempt = 1; attempt <= 3 && !conclusive; ++attempt) {
+      PairOptions o;
+      o.env = {{"R2CCL_SOCKET_IFNAME", kTwoRails},
+               {"R2CCL_EAGER_THRESHOLD", "64K"},
+               {"R2CCL_FAULT_INJECT", "rank=-1,rail=0,at=150,kind=blackhole"}};
+      if (!replay) o.env["R2CCL_TEST_HOOKS"] = "no_replay";
+      o.sender_env = {{"R2CCL_RANK", "0"}};
+      o.receiver_env = {{"R2CCL_RANK", "1"}};
+      o.timeout_s = 120;
+      StreamSpec s;
+      s.msg = 16 * 1024;
+      s.min_messages = 2000;
+      s.min_seconds = 1.0;
+      s.pattern_per_message = true;
+      s.stall_ms = replay ? 20000 : 3000;
+      FaultRun r = run_stream(o, s);
+      INFO("attempt " << attempt << "\nsender log:\n"
+                      << r.sender_log << "receiver log:\n"
+                      << r.receiver_log);
+      const std::vector<int> lost = to_replay_counts(r.sender_log);
+      conclusive = !lost.empty() && lost[0] >= 1;
+      if (!conclusive) {
+        WARN("attempt " << attempt << ": the fault found no eager chunk in flight; again");
+        continue;
+      }
+      if (replay) {
+        CHECK(r.pair.sender_status == kOk);
+        CHECK(r.pair.receiver_status == kOk);
+        CHECK(count_lines_containing(r.sender_log, "give-up:") == 0);
+        CHECK(to_replay_counts(r.sender_log) == replayed_counts(r.sender_log));
+      } else {
+        CHECK(r.pair.receiver_status != kOk);  // the lost messages never arrive
+      }
+    }
+    CHECK(conclusive);
+  }
+}

@@ -100,3 +100,120 @@ TEST_CASE("r2ccl_perf --rendezvous refuses what it cannot use at once, naming th
   for (const char* form : {"HOST:PORT", "[IPV6]:PORT", "[IPV6%SCOPE]:PORT", "fe80::/10"})
     CHECK(help.find(form) != std::string::npos);
 }
+
+namespace {
+
+// Eager messages (R2CCL_EAGER_THRESHOLD, here 64 KiB, set explicitly so the cases do not
+// depend on the default): every size 8 B .. 64 KiB, 0 B and one byte below the threshold,
+// with every irecv posted before the data, or only after every isend completed (which
+// proves the isends went without a CTS), then sizes around the threshold one by one.
+constexpr size_t kEagerThr = 64 * KiB;
+
+std::vector<size_t> eager_sizes() {
+  std::vector<size_t> v = {0, kEagerThr - 1};
+  for (size_t s = 8; s <= kEagerThr; s *= 2) v.push_back(s);
+  return v;  // 16 messages: their credit (bytes + 256 each) fits the 256 KiB area
+}
+
+uint64_t eager_seed(size_t i, size_t size) { return 0xe9e0 + 131 * i + size; }
+
+PairOptions eager_pair() {
+  PairOptions o = two_rails();
+  o.env["R2CCL_EAGER_THRESHOLD"] = std::to_string(kEagerThr);
+  o.timeout_s = 120;
+  return o;
+}
+
+}  // namespace
+
+TEST_CASE("eager: every size 8 B .. 64 KiB arrives intact, irecv posted first or after the isend",
+          "[loopback][eager]") {
+  for (bool irecv_first : {true, false}) {
+    INFO((irecv_first ? "every irecv posted first" : "every isend completed first"));
+    const std::vector<size_t> sizes = eager_sizes();
+    PairResult r = run_pair(
+        eager_pair(),
+        [&](Endpoint& ep) {
+          char note[Endpoint::kNoteBytes] = {};
+          if (irecv_first) EP_REQUIRE(ep.hear(note, 30000), 30, "no word from the receiver");
+          std::vector<std::unique_ptr<char[]>> bufs;
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            bufs.push_back(raw_buffer(sizes[i]));
+            fill_pattern(bufs.back().get(), sizes[i], eager_seed(i, sizes[i]));
+            void* req = nullptr;
+            ncclResult_t res = ep.post_send(bufs.back().get(), sizes[i], &req, 10000);
+            EP_REQUIRE(res == ncclSuccess && req, 10, "isend %zu: result %d", sizes[i], res);
+            int sz = -1;
+            // Eager: the isend completes although (isend first) no irecv is posted yet.
+            res = ep.wait(req, 10000, &sz);
+            EP_REQUIRE(res == ncclSuccess, 11, "send %zu: result %d", sizes[i], res);
+            EP_REQUIRE(sz == static_cast<int>(sizes[i]), 12, "send reported %d", sz);
+          }
+          if (!irecv_first) EP_REQUIRE(ep.say_text("sent"), 31, "cannot tell the receiver");
+          return 0;
+        },
+        [&](Endpoint& ep) {
+          char note[Endpoint::kNoteBytes] = {};
+          if (!irecv_first) EP_REQUIRE(ep.hear(note, 30000), 30, "no word from the sender");
+          constexpr size_t kTail = 64;
+          std::vector<std::unique_ptr<char[]>> bufs;
+          std::vector<void*> reqs;
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            // A receive buffer larger than the message: NCCL's irecv size is a capacity.
+            bufs.push_back(raw_buffer(sizes[i] + 100 + kTail));
+            memset(bufs.back().get(), kCanary, sizes[i] + 100 + kTail);
+            void* req = nullptr;
+            ncclResult_t res = ep.post_recv(bufs.back().get(), sizes[i] + 100, &req, 10000);
+            EP_REQUIRE(res == ncclSuccess && req, 10, "irecv %zu: result %d", sizes[i], res);
+            reqs.push_back(req);
+          }
+          if (irecv_first) EP_REQUIRE(ep.say_text("posted"), 31, "cannot tell the sender");
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            int sz = -1;
+            ncclResult_t res = ep.wait(reqs[i], 30000, &sz);
+            EP_REQUIRE(res == ncclSuccess, 11, "recv %zu: result %d", sizes[i], res);
+            const int rc = check_received(bufs[i].get(), sizes[i], sizes[i] + 100, kTail, sz,
+                                          eager_seed(i, sizes[i]));
+            if (rc != 0) return rc;
+          }
+          return 0;
+        });
+    CHECK(r.sender_status == 0);
+    CHECK(r.receiver_status == 0);
+  }
+}
+
+TEST_CASE("eager: sizes around the threshold, eager and rendezvous in turn, arrive intact",
+          "[loopback][eager]") {
+  const std::vector<size_t> sizes = {
+      kEagerThr - 1, kEagerThr, kEagerThr + 1, 8, 2 * kEagerThr, kEagerThr, kEagerThr + 1, 0, 1};
+  PairResult r = run_pair(
+      eager_pair(),
+      [&](Endpoint& ep) {
+        for (int pass = 0; pass < 20; ++pass)
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            auto buf = raw_buffer(sizes[i]);
+            fill_pattern(buf.get(), sizes[i], eager_seed(i + 100 * pass, sizes[i]));
+            int sz = -1;
+            ncclResult_t res = ep.send(buf.get(), sizes[i], 20000, &sz);
+            EP_REQUIRE(res == ncclSuccess, 10, "send %zu: result %d", sizes[i], res);
+          }
+        return 0;
+      },
+      [&](Endpoint& ep) {
+        for (int pass = 0; pass < 20; ++pass)
+          for (size_t i = 0; i < sizes.size(); ++i) {
+            auto buf = raw_buffer(sizes[i] + 16);
+            memset(buf.get(), kCanary, sizes[i] + 16);
+            int sz = -1;
+            ncclResult_t res = ep.recv(buf.get(), sizes[i], 20000, &sz);
+            EP_REQUIRE(res == ncclSuccess, 10, "recv %zu: result %d", sizes[i], res);
+            const int rc = check_received(buf.get(), sizes[i], sizes[i], 16, sz,
+                                          eager_seed(i + 100 * pass, sizes[i]));
+            if (rc != 0) return rc;
+          }
+        return 0;
+      });
+  CHECK(r.sender_status == 0);
+  CHECK(r.receiver_status == 0);
+}

@@ -87,6 +87,9 @@ struct MemWire {
   MemIo* end[2] = {nullptr, nullptr};
   int chunks_posted[kMaxPathsPerConn] = {};
   int fail_acks_dropped = 0;  // FAIL_ACKs still to drop (tests of re-sent notices)
+  // Eager messages (receiver places only): the threshold both ends negotiated, 0 = off.
+  uint64_t eager = 0;
+  int cts_posted = 0;
 };
 
 class MemIo final : public PathIo {
@@ -94,6 +97,7 @@ class MemIo final : public PathIo {
   MemIo(MemWire* w, int side, int npaths) : w_(w), side_(side) {
     conn_id_ = 0x1234;
     chunk_size_ = 64 * 1024;
+    eager_threshold_ = w->eager;
     for (int i = 0; i < npaths; ++i)
       paths_desc_.push_back(PathDesc{i, "mem" + std::to_string(i), true, 0});
     stopped_.assign(npaths, false);
@@ -102,7 +106,13 @@ class MemIo final : public PathIo {
     peer_reconnected_.assign(npaths, false);
     w_->end[side] = this;
   }
-  PathCaps caps() const override { return PathCaps{!w_->nic_places, w_->nic_places}; }
+  PathCaps caps() const override {
+    PathCaps c;
+    c.receiver_acks = !w_->nic_places;
+    c.quiesce_before_replay = w_->nic_places;
+    c.eager = !w_->nic_places && w_->eager > 0;
+    return c;
+  }
   bool ready(int p) const override { return !stopped_[p]; }
 
   void poll(PathSink& sink, TimeUs now) override {
@@ -162,6 +172,7 @@ class MemIo final : public PathIo {
     it.cap = c.capacity;
     it.rb.addr = reinterpret_cast<uintptr_t>(c.buf);
     it.rb.allowed = allowed;  // what this end's registration allows (verbs: CTS excluded)
+    w_->cts_posted++;
     send(p, std::move(it), now);
     return PostResult::kPosted;
   }
@@ -243,7 +254,7 @@ class MemIo final : public PathIo {
           reply(it, std::move(done), now);
           return;
         }
-        ChunkHeader h{c.seq, c.offset, c.total, c.idx, c.nchunks, c.len};
+        ChunkHeader h{c.seq, c.offset, c.total, c.idx, c.nchunks, c.len, c.eager};
         ChunkPlace pl = sink.on_chunk_header(it.path, h, now);
         if (pl.action == ChunkPlace::Action::kProtocolError) {
           sink.on_path_error(it.path, FailCause::kProtocol, pl.why, now);
@@ -312,9 +323,10 @@ struct EventLog {
 // A sender and a receiver joined by a MemWire, driven by one manual clock.
 struct Pair {
   explicit Pair(bool nic_places, int npaths = 2, std::map<std::string, std::string> env = {},
-                TestHooks hooks = {})
+                TestHooks hooks = {}, uint64_t eager = 0)
       : cfg(test_config(std::move(env))), srails(npaths), rrails(npaths) {
     wire.nic_places = nic_places;
+    wire.eager = eager;
     ConnEnv e;
     e.cfg = &cfg;
     e.health = health_params_from(cfg);
@@ -957,4 +969,277 @@ TEST_CASE("path plan: primary, then backups nearest first; peers paired by score
   auto shared = pair_rails(2, 2, true, only0);
   REQUIRE(shared.size() == 2);
   CHECK(shared[1].peer == 0);
+}
+
+// ------------------------------------------------------------------------------------------
+// Eager messages (receiver places, PathCaps::eager): threshold 4 KiB, chunk 64 KiB.
+
+namespace {
+
+constexpr uint64_t kEagerThr = 4096;
+
+// Sends `n` bytes; true when the isend was accepted within `tries` passes.
+Request* isend_now(Pair& t, const std::vector<char>& src, int tries = 1) {
+  Request* s = nullptr;
+  for (int i = 0; i < tries && !s; ++i) {
+    REQUIRE(t.send->isend(const_cast<char*>(src.data()), src.size(), 0, nullptr, &s, t.now) ==
+            Status::kOk);
+    if (!s) t.step();
+  }
+  return s;
+}
+
+bool test_done(Connection& c, Request* r, TimeUs now, int* size = nullptr) {
+  int d = 0, sz = 0;
+  REQUIRE(c.test(r, &d, &sz, now) == Status::kOk);
+  if (size) *size = sz;
+  return d != 0;
+}
+
+}  // namespace
+
+TEST_CASE("connection: an eager isend goes without a CTS; the irecv posted later gets its bytes",
+          "[connection][eager]") {
+  for (bool copy : {true, false}) {
+    INFO((copy ? "R2CCL_EAGER_COPY=1" : "R2CCL_EAGER_COPY=0"));
+    Pair t(false, 2, {{"R2CCL_EAGER_COPY", copy ? "1" : "0"}}, {}, kEagerThr);
+    REQUIRE(t.send->eager_threshold() == kEagerThr);
+    for (uint64_t n : {uint64_t{0}, uint64_t{8}, kEagerThr - 1, kEagerThr}) {
+      INFO("size " << n);
+      const int cts_before = t.wire.cts_posted;
+      auto src = pattern(n, n + 1);
+      Request* s = isend_now(t, src);  // no irecv posted: a rendezvous isend would wait
+      REQUIRE(s != nullptr);
+      if (copy) {
+        CHECK(test_done(*t.send, s, t.now));   // completes on the copy, before any ACK
+        std::fill(src.begin(), src.end(), 0);  // NCCL may reuse its buffer at once
+        src = pattern(n, n + 1);
+      }
+      t.run(2 * kUsPerMs);  // stored in the receiver's eager area, acknowledged
+      if (!copy) CHECK(test_done(*t.send, s, t.now));  // the stored copy was acknowledged
+      CHECK(t.send->pending_requests() == 0);
+      std::vector<char> dst(n + 100, 0);
+      Request* r = nullptr;
+      REQUIRE(t.recv->irecv(dst.data(), dst.size(), 0, nullptr, &r, t.now) == Status::kOk);
+      REQUIRE(r != nullptr);
+      int size = -1;
+      CHECK(test_done(*t.recv, r, t.now, &size));  // from the area, at once
+      CHECK(size == static_cast<int>(n));
+      CHECK(std::equal(src.begin(), src.end(), dst.begin()));
+      t.run(kUsPerMs);
+      CHECK(t.wire.cts_posted == cts_before);  // no CTS for a message already there
+    }
+  }
+}
+
+TEST_CASE("connection: eager sizes around the threshold, irecv posted first or not",
+          "[connection][eager]") {
+  Pair t(false, 2, {}, {}, kEagerThr);
+  uint64_t seed = 100;
+  for (bool irecv_first : {true, false}) {
+    for (uint64_t n : {kEagerThr - 1, kEagerThr, kEagerThr + 1, uint64_t{20000}}) {
+      INFO("size " << n << (irecv_first ? ", irecv first" : ", isend first"));
+      const bool eager = n <= kEagerThr;
+      auto src = pattern(n, ++seed);
+      std::vector<char> dst(n, 0);
+      Request *s = nullptr, *r = nullptr;
+      if (irecv_first) REQUIRE(t.recv->irecv(dst.data(), n, 0, nullptr, &r, t.now) == Status::kOk);
+      s = isend_now(t, src);
+      if (eager) CHECK(s != nullptr);
+      if (!eager && !irecv_first) CHECK(s == nullptr);  // waits for the CTS
+      if (!irecv_first) REQUIRE(t.recv->irecv(dst.data(), n, 0, nullptr, &r, t.now) == Status::kOk);
+      if (!s) s = isend_now(t, src, 1000);
+      REQUIRE(s != nullptr);
+      REQUIRE(r != nullptr);
+      bool done = false;
+      REQUIRE(t.wait(s, r, 100 * kUsPerMs, &done) == Status::kOk);
+      CHECK(done);
+      CHECK(dst == src);
+    }
+  }
+  t.run(kUsPerMs);
+  CHECK(t.rrails.live(0).discarded_chunks.load() == 0);
+}
+
+TEST_CASE("connection: eager credit bounds what the sender sends before the receiver consumes",
+          "[connection][eager]") {
+  Pair t(false, 2, {}, {}, kEagerThr);
+  const uint64_t area = t.send->eager_area();
+  REQUIRE(area == t.recv->eager_area());
+  const uint64_t cost = kEagerThr + 256;
+  // The receiver posts nothing: the sender sends until its credit is spent, then waits.
+  std::vector<std::vector<char>> srcs;
+  int sent = 0;
+  for (int i = 0; i < 1000; ++i) {
+    srcs.push_back(pattern(kEagerThr, 500 + i));
+    Request* s = isend_now(t, srcs.back(), 20);
+    if (!s) {
+      srcs.pop_back();
+      break;
+    }
+    CHECK(test_done(*t.send, s, t.now));
+    ++sent;
+  }
+  CHECK(sent == static_cast<int>(area / cost));
+  CHECK(t.send->path_state(0) == PathState::kHealthy);  // the receiver accepted all of it
+  // The receiver consumes them in order; the credit returns and the next one goes.
+  for (int i = 0; i < sent; ++i) {
+    std::vector<char> dst(kEagerThr);
+    Request* r = nullptr;
+    REQUIRE(t.recv->irecv(dst.data(), dst.size(), 0, nullptr, &r, t.now) == Status::kOk);
+    REQUIRE(r != nullptr);
+    CHECK(test_done(*t.recv, r, t.now));
+    CHECK(dst == srcs[static_cast<size_t>(i)]);
+  }
+  t.run(2 * kUsPerMs);
+  auto more = pattern(kEagerThr, 9);
+  CHECK(isend_now(t, more) != nullptr);
+}
+
+TEST_CASE(
+    "connection: eager messages cut mid-flight are replayed on a survivor (not without "
+    "replay)",
+    "[connection][eager]") {
+  for (bool replay : {true, false}) {
+    INFO((replay ? "replay on" : "replay off (test hook no_replay)"));
+    EventLog log;
+    TestHooks hooks;
+    hooks.replay = replay;
+    Pair t(false, 2, {{"R2CCL_ACK_TIMEOUT", "20ms"}}, hooks, kEagerThr);
+    constexpr int kN = 8;
+    std::vector<std::vector<char>> srcs, dsts(kN, std::vector<char>(kEagerThr, 0));
+    std::vector<Request*> rs(kN, nullptr);
+    for (int i = 0; i < kN / 2; ++i)  // half posted before, half after the data arrives
+      REQUIRE(t.recv->irecv(dsts[i].data(), kEagerThr, 0, nullptr, &rs[i], t.now) == Status::kOk);
+    t.run(kUsPerMs);
+    t.wire.cut[0] = true;  // everything sent from now on path 0 is lost
+    t.wire.refuse[0] = true;
+    for (int i = 0; i < kN; ++i) {
+      srcs.push_back(pattern(kEagerThr, 700 + i));
+      Request* s = isend_now(t, srcs.back());
+      REQUIRE(s != nullptr);
+      CHECK(test_done(*t.send, s, t.now));  // complete on the copy
+    }
+    for (int i = kN / 2; i < kN; ++i)
+      REQUIRE(t.recv->irecv(dsts[i].data(), kEagerThr, 0, nullptr, &rs[i], t.now) == Status::kOk);
+    bool all = false;
+    for (TimeUs end = t.now + 2 * kUsPerSec; t.now < end && !all;) {
+      t.step();
+      all = true;
+      for (int i = 0; i < kN; ++i) {
+        if (!rs[i]) continue;
+        int d = 0, sz = 0;
+        REQUIRE(t.recv->test(rs[i], &d, &sz, t.now) == Status::kOk);
+        if (d) rs[i] = nullptr;
+        all &= d != 0;
+      }
+    }
+    if (!replay) {
+      CHECK_FALSE(all);  // what was lost on path 0 is never sent again
+      continue;
+    }
+    CHECK(all);
+    for (int i = 0; i < kN; ++i) CHECK(dsts[i] == srcs[i]);
+    INFO(log.text());
+    CHECK(log.count("switchover: rail mem0 failed") == 1);
+    CHECK(t.srails.live(1).chunks_replayed.load() == static_cast<uint64_t>(kN));
+    t.run(10 * kUsPerMs);
+    CHECK_FALSE(t.send->eager_unacked());
+  }
+}
+
+TEST_CASE("connection: a duplicate eager message is discarded, in the area or after delivery",
+          "[connection][eager]") {
+  Pair t(false, 2, {}, {}, kEagerThr);
+  auto src = pattern(1000, 3);
+  REQUIRE(isend_now(t, src) != nullptr);
+  Item copy;
+  for (const auto& it : t.wire.to[1])
+    if (it.kind == Item::kChunk) copy = it;
+  REQUIRE(copy.chunk.eager);
+  t.run(kUsPerMs);
+  copy.at = t.now;
+  t.wire.to[1].push_back(copy);  // a replay crossing the stored original
+  t.run(kUsPerMs);
+  CHECK(t.rrails.live(0).discarded_chunks.load() == 1);
+  std::vector<char> dst(1000);
+  Request* r = nullptr;
+  REQUIRE(t.recv->irecv(dst.data(), dst.size(), 0, nullptr, &r, t.now) == Status::kOk);
+  CHECK(test_done(*t.recv, r, t.now));
+  CHECK(dst == src);
+  copy.at = t.now;
+  t.wire.to[1].push_back(copy);  // and one after the receive completed
+  t.run(kUsPerMs);
+  CHECK(t.rrails.live(0).discarded_chunks.load() == 2);
+  CHECK(t.send->path_state(0) == PathState::kHealthy);
+}
+
+TEST_CASE("connection: lying eager headers are protocol errors, never writes",
+          "[connection][eager]") {
+  Pair t(false, 2, {}, {}, kEagerThr);
+  auto hdr = [](uint64_t seq, uint64_t len) {
+    ChunkHeader h{seq, 0, len, 0, 1, static_cast<uint32_t>(len), true};
+    return h;
+  };
+  struct Case {
+    const char* what;
+    ChunkHeader h;
+    const char* why;
+  };
+  ChunkHeader split = hdr(0, 100);
+  split.nchunks = 2;
+  ChunkHeader offset = hdr(0, 100);
+  offset.offset = 8;
+  offset.len = 92;
+  const Case cases[] = {
+      {"larger than the threshold", hdr(0, kEagerThr + 1), "larger than the negotiated"},
+      {"not one whole message", split, "not one whole message"},
+      {"an offset", offset, "not one whole message"},
+      {"far ahead of the receives", hdr(1u << 20, 100), "too far ahead"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.what);
+    const ChunkPlace pl = t.recv->on_chunk_header(0, c.h, t.now);
+    CHECK(pl.action == ChunkPlace::Action::kProtocolError);
+    CHECK(std::string(pl.why ? pl.why : "").find(c.why) != std::string::npos);
+  }
+  // Beyond the credit: the area fills to its size, then the next one is refused.
+  const uint64_t cost = kEagerThr + 256;
+  uint64_t seq = 0;
+  for (; (seq + 1) * cost <= t.recv->eager_area(); ++seq) {
+    const ChunkPlace pl = t.recv->on_chunk_header(0, hdr(seq, kEagerThr), t.now);
+    REQUIRE(pl.action == ChunkPlace::Action::kRead);
+    REQUIRE(pl.area);
+  }
+  const ChunkPlace over = t.recv->on_chunk_header(0, hdr(seq, kEagerThr), t.now);
+  CHECK(over.action == ChunkPlace::Action::kProtocolError);
+  CHECK(std::string(over.why).find("beyond the receiver's eager credit") != std::string::npos);
+  // A connection without eager messages refuses an eager header.
+  Pair off(false, 2);
+  const ChunkPlace pl = off.recv->on_chunk_header(0, hdr(0, 8), off.now);
+  CHECK(pl.action == ChunkPlace::Action::kProtocolError);
+}
+
+TEST_CASE("connection: an eager isend larger than the irecv fails both as truncated",
+          "[connection][eager]") {
+  for (bool irecv_first : {true, false}) {
+    INFO((irecv_first ? "irecv first" : "isend first"));
+    EventLog log;
+    Pair t(false, 2, {}, {}, kEagerThr);
+    auto src = pattern(2000, 5);
+    std::vector<char> dst(1000, 0);
+    Request* r = nullptr;
+    if (irecv_first) {
+      REQUIRE(t.recv->irecv(dst.data(), dst.size(), 0, nullptr, &r, t.now) == Status::kOk);
+      t.step();  // the CTS is on its way, not there yet
+    }
+    REQUIRE(isend_now(t, src) != nullptr);
+    t.run(kUsPerMs);
+    if (!irecv_first) (void)t.recv->irecv(dst.data(), dst.size(), 0, nullptr, &r, t.now);
+    t.run(kUsPerMs);
+    CHECK(t.recv->error() == Status::kInternal);
+    CHECK(std::all_of(dst.begin(), dst.end(), [](char c) { return c == 0; }));
+    INFO(log.text());
+    CHECK(log.count("(truncated)") == 1);
+  }
 }

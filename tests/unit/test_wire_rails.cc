@@ -600,3 +600,30 @@ TEST_CASE("an IFNAME@ADDR rail is only ever its address", "[rails]") {
   CHECK_FALSE(rails[0].fixed_covered);
   CHECK(resolve_rail_address(rails[0], {}, &a, &plen));
 }
+
+TEST_CASE("knobs: R2CCL_EAGER_THRESHOLD travels in the formerly reserved bytes and negotiates",
+          "[wire]") {
+  WireKnobs a{}, b{};
+  a.chunk_size = b.chunk_size = 512 * 1024;
+  a.streams = b.streams = 1;
+  a.kind = b.kind = static_cast<uint8_t>(TransportKind::kTcp);
+  // An older peer's knobs: those bytes are zero, so eager messages stay off.
+  set_eager_threshold(&a, 64 * 1024);
+  CHECK(eager_threshold_of(a) == 64 * 1024);
+  CHECK(negotiate(a, b).eager_threshold == 0);
+  CHECK(negotiate(b, a).eager_threshold == 0);
+  // Both ends: the smaller, at most the chunk size.
+  set_eager_threshold(&b, 4096);
+  CHECK(negotiate(a, b).eager_threshold == 4096);
+  CHECK(negotiate(b, a).eager_threshold == 4096);
+  set_eager_threshold(&a, 1024 * 1024);
+  set_eager_threshold(&b, 1024 * 1024);
+  CHECK(negotiate(a, b).eager_threshold == 512 * 1024);
+  // 24 bits: larger values are capped, and every bit of a value survives.
+  set_eager_threshold(&a, uint64_t{1} << 30);
+  CHECK(eager_threshold_of(a) == kMaxWireEagerThreshold);
+  set_eager_threshold(&a, 0xabcdef);
+  CHECK(eager_threshold_of(a) == 0xabcdef);
+  std::string why;
+  CHECK(knobs_valid(a, 8, &why));
+}

@@ -52,6 +52,14 @@ struct ParamDef {
     "replay cheap while headers cost under 0.01 %.")                                            \
   X(path_window, "R2CCL_PATH_WINDOW", kSize, "4M", 64 * 1024, 1024.0 * 1024 * 1024, nullptr,    \
     "Unacknowledged bytes allowed on one path; bounds what a failure must replay.")             \
+  X(eager_threshold, "R2CCL_EAGER_THRESHOLD", kSize, "64K", 0, 1024.0 * 1024, nullptr,          \
+    "Messages of at most this many bytes go at once, without waiting for the receiver's "       \
+    "clear-to-send, into a bounded, credited area at the receiver (TCP; verbs always "          \
+    "waits). Both ends are negotiated (the smaller, at most R2CCL_CHUNK_SIZE). 0 disables.")    \
+  X(eager_copy, "R2CCL_EAGER_COPY", kBool, "1", 0, 1, nullptr,                                  \
+    "1: an eager isend completes once its bytes are copied into a sender-side buffer kept "     \
+    "until the receiver acknowledges them (for replay); 0: it completes on that "               \
+    "acknowledgement.")                                                                         \
   X(heartbeat_interval, "R2CCL_HEARTBEAT_INTERVAL", kDuration, "100ms", 1000, 10e6, nullptr,    \
     "Probe period on idle and backup paths. A path silent for 3 periods has failed.")           \
   X(ack_timeout, "R2CCL_ACK_TIMEOUT", kDuration, "100ms", 1000, 60e6, nullptr,                  \

@@ -489,6 +489,7 @@ Status Conn::connect_step(bool* done, TimeUs now) {
     n_streams_ = n.streams;
     backups_ = n.backup_paths;
     chunk_size_ = n.chunk_size;
+    eager_threshold_ = n.eager_threshold;
     int peer_rail = handle_.endpoints[control_candidate_ % handle_.n_endpoints].rail;
     if (peer_rail >= static_cast<int>(peer.n_rails)) peer_rail = 0;
     R2CCL_CHECK(plan_paths(peer, control_rail_, peer_rail, now));
@@ -641,7 +642,9 @@ Status Conn::accept_step(bool* done, TimeUs now) {
       }
       conn_id_ = b.conn_id;
       n_streams_ = static_cast<int>(b.n_streams);
-      chunk_size_ = negotiate(b.knobs, rt_->knobs()).chunk_size;  // the listener checked them
+      const Negotiated n = negotiate(b.knobs, rt_->knobs());  // the listener checked them
+      chunk_size_ = n.chunk_size;
+      eager_threshold_ = n.eager_threshold;
       peer_rails_.assign(b.rails, b.rails + b.n_rails);
       paths_.resize(b.n_paths);
       paths_desc_.assign(b.n_paths, PathDesc{});
@@ -866,6 +869,7 @@ PostResult Conn::post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs 
   f.h.total = c.total;
   f.h.a = c.idx;
   f.h.b = c.nchunks;
+  f.h.flags = c.eager ? kFrameEager : 0;
   f.payload = c.src;
   const TimeUs delay = FaultInjector::instance().query(rail_of(p), now).delay;
   f.not_before = delay > 0 ? now + delay : 0;
@@ -895,6 +899,7 @@ PostResult Conn::post_ctrl(int path, const CtrlMsg& m, PathSink& sink, TimeUs no
       h.a = m.prefix;
       h.b = m.base;
       h.total = m.bitmap;
+      h.off = m.credit;
       break;
     case CtrlType::kFail:
     case CtrlType::kFailAck:
@@ -1053,6 +1058,7 @@ bool Conn::handle_frame(Path& p, Stream& s, PathSink& sink, TimeUs now, const ch
       ch.idx = h.a;
       ch.nchunks = h.b;
       ch.len = h.len;
+      ch.eager = (h.flags & kFrameEager) != 0;
       s.place = sink.on_chunk_header(p.index, ch, now);
       if (s.place.action == ChunkPlace::Action::kProtocolError) {
         *why = s.place.why;
@@ -1082,6 +1088,7 @@ bool Conn::handle_frame(Path& p, Stream& s, PathSink& sink, TimeUs now, const ch
       m.prefix = h.a;
       m.base = h.b;
       m.bitmap = h.total;
+      m.credit = h.off;
       sink.on_ctrl(p.index, m, now);
       return true;
     }

@@ -69,7 +69,14 @@ class Conn final : public ConnIo {
   const uint8_t* secret() const { return secret_; }
 
   // --- PathIo ---
-  PathCaps caps() const override { return PathCaps{true, false, true}; }
+  PathCaps caps() const override {
+    PathCaps c;
+    c.receiver_acks = true;
+    c.quiesce_before_replay = false;
+    c.address_notices = true;
+    c.eager = true;
+    return c;
+  }
   void poll(PathSink& sink, TimeUs now) override;
   void flush(PathSink& sink, TimeUs now) override;
   bool ready(int path) const override { return paths_[path].attached_ok(); }

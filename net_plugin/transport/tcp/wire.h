@@ -6,10 +6,12 @@
 // a HelloBody). Field use per type:
 //   HELLO      a=the connector's wire version (kWireVersion), len=sizeof(HelloBody)
 //   HELLO_ACK  a=the listener's wire version, len=sizeof(HelloBody)
-//   DATA       seq=message, a=chunk index, b=chunk count, off=offset, total=message bytes
+//   DATA       seq=message, a=chunk index, b=chunk count, off=offset, total=message bytes,
+//              flags kFrameEager: an eager message, sent without the CTS (PathCaps::eager)
 //   CTS        seq=message, total=posted receive capacity, a=tag
 //   ACK        seq=message, a=prefix (every chunk below landed; the chunk count: all), b=window
-//              base, total=bitmap of landed chunks [base, base+64)
+//              base, total=bitmap of landed chunks [base, base+64), off=eager credit freed
+//              (bytes, cumulative; CtrlMsg::credit; 0 from a peer without eager messages)
 //   FAIL       a=path index declared failed, b=its generation, seq=notice id, total=the
 //              cause (engine FailCause; 0 before wire version 4) (answered by FAIL_ACK)
 //   FAIL_ACK   a=path index, b=generation, seq=notice id
@@ -98,6 +100,9 @@ enum class FrameType : uint8_t {
   kAddrAck = 15,
 };
 constexpr uint16_t kFrameMagic = 0x5232;  // "2R"
+// FrameHeader::flags of a DATA frame. A peer that never negotiated eager messages (knob 0)
+// never sets it.
+constexpr uint8_t kFrameEager = 1;
 
 struct FrameHeader {
   uint16_t magic;
