@@ -1033,6 +1033,11 @@ wait_flowing() {
 # ------------------------------------------------------------------------------- measurements
 # Throughput rows: r2ccl sendrecv of SIZE on one rail, and striped over 2 rails, against iperf3
 # run just before and just after (mean of the two).
+# mean_of X...: the mean of the values that are not "nan" (3 decimals), or nan.
+mean_of() {
+  python3 -c "import sys; v=[float(x) for x in sys.argv[1:] if x!='nan']; print('%.3f'%(sum(v)/len(v)) if v else 'nan')" "$@"
+}
+
 tput_rows() {  # tput_rows TAG TARGETED(1|0)
   local tag=$1 targeted=$2 d cmd r g before after ref q t1 t2
   local size=64M iters=20 secs=8 twice=1
@@ -1052,7 +1057,7 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   [ $twice = 1 ] && after=$(iperf_run "$d" $secs 0 | awk '{print $NF}')
   r=$(H perf "$d/rank0.out")
   g=$(awk '{print $4}' <<<"$r")
-  ref=$(python3 -c "import sys; v=[float(x) for x in sys.argv[1:] if x!='nan']; print('%.3f'%(sum(v)/len(v)) if v else 'nan')" "$before" "$after")
+  ref=$(mean_of "$before" "$after")
   q=$(ratio "$g" "$ref")
   [ "$bidir" != nan ] && bq=$(ratio "$g" "$bidir")
   cmd="$(short_cmd "${env1[@]}" -- "${args[@]}"); iperf3 -t $secs -O $IPERF_OMIT on rail0 before+after (and --bidir)"
@@ -1072,10 +1077,9 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   check_run "$d" $? "1-rail one-direction throughput ($tag)"
   after=nan
   [ $twice = 1 ] && after=$(iperf_run "$d" $secs 0 | awk '{print $NF}')
-  r=$(H perf "$d/rank0.out")
-  g=$(awk '{print $4}' <<<"$r")
-  ref=$(python3 -c "import sys; v=[float(x) for x in sys.argv[1:] if x!='nan']; print('%.3f'%(sum(v)/len(v)) if v else 'nan')" "$before" "$after")
-  q=$(ratio "$g" "$ref")
+  g=$(H perf "$d/rank0.out" | awk '{print $4}')
+  q=$(ratio "$g" "$(mean_of "$before" "$after")")
+  ref=$(mean_of "$before" "$after")
   cmd="$(short_cmd "${env1[@]}" -- "${args1[@]}"); iperf3 -t $secs -O $IPERF_OMIT on rail0 before+after"
   if [ $MODE = lab ]; then t1=">= 0.9x iperf3"; r=$(verdict_ge "$q" 0.9); else t1="(loopback: info only)"; r=info; fi
   add_row "Send 1M, one direction, one rail ($tag): r2ccl vs one iperf3 stream" "$t1" \
@@ -1094,7 +1098,7 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   if [ $MODE = lab ] && [ $twice = 1 ]; then after=$(iperf_run "$d" $secs 0 1 | sed 's/ *$//'); fi
   r=$(H perf "$d/rank0.out")
   g=$(awk '{print $4}' <<<"$r")
-  ref=$(python3 -c "import sys; v=[float(x) for x in sys.argv[1:] if x!='nan']; print('%.3f'%(sum(v)/len(v)) if v else 'nan')" "$(awk '{print $NF}' <<<"$before")" "$(awk '{print $NF}' <<<"$after")")
+  ref=$(mean_of "$(awk '{print $NF}' <<<"$before")" "$(awk '{print $NF}' <<<"$after")")
   q=$(ratio "$g" "$ref")
   [ "${bidir##* }" != nan ] && bq=$(ratio "$g" "${bidir##* }")
   cmd="$(short_cmd "${env2[@]}" -- "${args[@]}"); iperf3 on rail0 and rail1 at once, before+after (and --bidir)"
@@ -1325,7 +1329,7 @@ unequal_rows() {
   run_pair "$d/before" "${env2[@]}" R2CCL_TEST_HOOKS=no_goodput -- "${args[@]}"
   check_run "$d/before" $? "unequal rails stripe, no_goodput"
   after=$(iperf_run "$d/iperf" $secs 0 1 | sed 's/ *$//')
-  ref=$(python3 -c "import sys; v=[float(x) for x in sys.argv[1:] if x!='nan']; print('%.3f'%(sum(v)/len(v)) if v else 'nan')" "$(awk '{print $NF}' <<<"$before")" "$(awk '{print $NF}' <<<"$after")")
+  ref=$(mean_of "$(awk '{print $NF}' <<<"$before")" "$(awk '{print $NF}' <<<"$after")")
   g=$(H perf "$d/stripe/rank0.out" | awk '{print $4}')
   gf=$(H perf "$d/fast/rank0.out" | awk '{print $4}')
   local gb qb
