@@ -1078,8 +1078,8 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   after=nan
   [ $twice = 1 ] && after=$(iperf_run "$d" $secs 0 | awk '{print $NF}')
   g=$(H perf "$d/rank0.out" | awk '{print $4}')
-  q=$(ratio "$g" "$(mean_of "$before" "$after")")
   ref=$(mean_of "$before" "$after")
+  q=$(ratio "$g" "$ref")
   cmd="$(short_cmd "${env1[@]}" -- "${args1[@]}"); iperf3 -t $secs -O $IPERF_OMIT on rail0 before+after"
   if [ $MODE = lab ]; then t1=">= 0.9x iperf3"; r=$(verdict_ge "$q" 0.9); else t1="(loopback: info only)"; r=info; fi
   add_row "Send 1M, one direction, one rail ($tag): r2ccl vs one iperf3 stream" "$t1" \
