@@ -380,7 +380,10 @@ void RuntimeBase::progress_idle_conns(const std::vector<pollfd>& fds) {
     return;
   }
   for (const IdleConn& ic : idle_) {
-    bool go = ic.n < 0 || now - ic.c->last_progress() >= kIdleTick;
+    // The proxy thread may have taken the connection up again during the poll.
+    const TimeUs quiet = now - ic.c->last_progress();
+    if (quiet < traits_.idle_progress_after) continue;
+    bool go = ic.n < 0 || quiet >= kIdleTick;
     for (int k = 0; k < ic.n && !go; ++k) go = fds[ic.first + k].revents != 0;
     if (!go || !ic.c->try_enter()) continue;
     const TimeUs t = now_us();
