@@ -88,7 +88,13 @@ bool write_frame(int fd, uint16_t type, const void* a, size_t na, const void* b,
         }
         continue;
       }
-      *err = std::string("write to the daemon failed: ") + std::strerror(errno);
+      // EPIPE / ECONNRESET: the daemon closed its end (it restarted, or dropped this client);
+      // said as such, like the end of file a read sees for the same event.
+      if (errno == EPIPE || errno == ECONNRESET)
+        *err =
+            std::string("the daemon closed the connection (write: ") + std::strerror(errno) + ")";
+      else
+        *err = std::string("write to the daemon failed: ") + std::strerror(errno);
       return false;
     }
     size_t left = static_cast<size_t>(w);
