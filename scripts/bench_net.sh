@@ -103,18 +103,24 @@ PERF=$BUILD/bin/r2ccl_perf
 PLUGIN_SO=$BUILD/lib/libnccl-net-r2ccl.so
 PLAIN_SO=$BUILD/lib/libnccl-net-plaintcp.so
 RAILAB=$ROOT/scripts/railab.sh
-for f in "$PERF" "$PLUGIN_SO" "$PLAIN_SO"; do
-  if [ ! -e "$f" ]; then
-    echo "$PROG: $f is missing; build first: cmake -S $ROOT -B $BUILD -DCMAKE_BUILD_TYPE=Release -DR2CCL_WERROR=ON && make -C $BUILD -j2 (or run scripts/test.sh)" >&2
-    exit 1
-  fi
-done
 command -v python3 >/dev/null || { echo "$PROG: python3 is needed" >&2; exit 1; }
 
 want() { [ "$ONLY" = all ] || [[ ",$ONLY," == *",$1,"* ]]; }
 # The issue 16 groups (unequal, ratedrop, spread) build labs of their own: in a full run and
 # when named, never in the default smoke run (it stays short).
 want16() { [[ ",$ONLY," == *",$1,"* ]] || { [ "$ONLY" = all ] && [ $SMOKE -eq 0 ]; }; }
+# What the chosen groups run (the plaintcp plugin only for the small-message group, the lab
+# test executable only for addr and shadow), each named with its make target.
+need=("$PERF:r2ccl_perf" "$PLUGIN_SO:nccl-net-r2ccl")
+want small && need+=("$PLAIN_SO:nccl-net-plaintcp")
+{ want16 addr || want16 shadow; } && need+=("$BUILD/bin/r2ccl_lab_tests:r2ccl_lab_tests")
+for e in "${need[@]}"; do
+  f=${e%:*}
+  if [ ! -e "$f" ]; then
+    echo "$PROG: $f is missing; build first: cmake -S $ROOT -B $BUILD -DCMAKE_BUILD_TYPE=Release -DR2CCL_WERROR=ON && make -C $BUILD -j2 ${e##*:} (or run scripts/test.sh)" >&2
+    exit 1
+  fi
+done
 
 # ------------------------------------------------------------------------------- lab or loopback
 MODE=lab
@@ -1617,7 +1623,7 @@ fi
 echo "load at end $(loadavg); wall time $((SECONDS - T_START)) s" >>"$OUT/env.txt"
 {
   echo "Commit $COMMIT, $(date -Is), mode $MODE$([ $SMOKE -eq 1 ] && echo ', smoke'), $(nproc) CPUs, load average at start/end: $(sed -n 's/.*load at start //p' "$OUT/env.txt") / $(loadavg), wall time $((SECONDS - T_START)) s."
-  echo "Command: scripts/bench_net.sh $([ $SMOKE -eq 1 ] && echo '--smoke ')--faults $FAULTS --fault-free-seconds $FF_SECS --rate $RATE; raw logs relative to $OUT"
+  echo "Command: scripts/bench_net.sh $([ $SMOKE -eq 1 ] && echo '--smoke ')$([ "$ONLY" = all ] || echo "--only $ONLY ")--faults $FAULTS --fault-free-seconds $FF_SECS --rate $RATE; raw logs relative to $OUT"
   echo
   H table "$ROWS" "$COMMIT"
 } >"$OUT/results.md"
