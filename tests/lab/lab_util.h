@@ -13,6 +13,7 @@
 #include <fstream>
 #include <functional>
 #include <random>
+#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -42,6 +43,18 @@ class Lab {
     std::string out;
     run_command(railab() + " fault " + args + " --prefix " + prefix_, &out);
     return out;
+  }
+  // tx_bytes of rail0..rail(n-1) on `side` (the kernel's counters: what it really sent).
+  std::vector<double> tx_bytes(int n, const std::string& side = "a") const {
+    std::string cmd = "cat";
+    for (int i = 0; i < n; ++i)
+      cmd += " /sys/class/net/rail" + std::to_string(i) + "/statistics/tx_bytes";
+    std::istringstream in(exec(side, cmd));
+    std::vector<double> v;
+    double x;
+    while (in >> x) v.push_back(x);
+    v.resize(static_cast<size_t>(n), 0.0);
+    return v;
   }
   std::string exec(const std::string& side, const std::string& cmd) const {
     std::string out;

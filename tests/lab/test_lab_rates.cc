@@ -13,23 +13,6 @@
 
 using namespace r2ccl::test;
 
-namespace {
-
-// tx_bytes of rail0..rail(n-1) in the lab's side a.
-std::vector<double> tx_bytes(const Lab& lab, int n) {
-  std::string cmd = "cat";
-  for (int i = 0; i < n; ++i)
-    cmd += " /sys/class/net/rail" + std::to_string(i) + "/statistics/tx_bytes";
-  std::istringstream in(lab.exec("a", cmd));
-  std::vector<double> v;
-  double x;
-  while (in >> x) v.push_back(x);
-  v.resize(static_cast<size_t>(n), 0.0);
-  return v;
-}
-
-}  // namespace
-
 TEST_CASE("lab: stripe off, a downed primary's traffic spreads over every surviving rail",
           "[lab]") {
   Lab lab(4, "500mbit");
@@ -48,9 +31,9 @@ TEST_CASE("lab: stripe off, a downed primary's traffic spreads over every surviv
           after_start(s.started, 1000);
           fault_out = lab.fault("link-down 0");
           std::this_thread::sleep_for(std::chrono::milliseconds(500));  // detection, replay
-          at_fault = tx_bytes(lab, 4);
+          at_fault = lab.tx_bytes(4);
           std::this_thread::sleep_for(std::chrono::milliseconds(2000));
-          later = tx_bytes(lab, 4);
+          later = lab.tx_bytes(4);
         });
         r = run_pair(
             o, [&](Endpoint& ep) { return send_stream(ep, s); },

@@ -15,23 +15,6 @@
 
 using namespace r2ccl::test;
 
-namespace {
-
-// tx_bytes of rail0..rail(n-1) in the lab's side a.
-std::vector<double> tx_bytes(const Lab& lab, int n) {
-  std::string cmd = "cat";
-  for (int i = 0; i < n; ++i)
-    cmd += " /sys/class/net/rail" + std::to_string(i) + "/statistics/tx_bytes";
-  std::istringstream in(lab.exec("a", cmd));
-  std::vector<double> v;
-  double x;
-  while (in >> x) v.push_back(x);
-  v.resize(static_cast<size_t>(n), 0.0);
-  return v;
-}
-
-}  // namespace
-
 TEST_CASE("long: stripe over 2 rails follows a live rate drop on one of them", "[long]") {
   Lab lab(2, "1gbit");
   PairOptions o = lab_pair(lab, "ratedrop");
@@ -46,9 +29,9 @@ TEST_CASE("long: stripe over 2 rails follows a live rate drop on one of them", "
       after_start(s.started, 1500);
       fault_out = lab.fault("rate 0 100mbit --side a");
       std::this_thread::sleep_for(std::chrono::milliseconds(1000));  // the split follows
-      t1 = tx_bytes(lab, 2);
+      t1 = lab.tx_bytes(2);
       std::this_thread::sleep_for(std::chrono::milliseconds(2000));
-      t2 = tx_bytes(lab, 2);
+      t2 = lab.tx_bytes(2);
     });
     r = run_pair(
         o, [&](Endpoint& ep) { return send_stream(ep, s); },
