@@ -166,6 +166,14 @@ TEST_CASE("eager messages: a black hole on rail 0 mid-stream is lossless; withou
         WARN("attempt " << attempt << ": the fault found no eager chunk in flight; again");
         continue;
       }
+      // Replay off, yet everything arrived: the unacknowledged chunks had landed before the
+      // black hole and only their acknowledgements were lost (seen on a loaded machine).
+      // Nothing was missing, so this run says nothing about replay: again.
+      if (!replay && r.pair.receiver_status == kOk && r.pair.sender_status == kOk && attempt < 3) {
+        WARN("attempt " << attempt << ": only acknowledgements were lost; again");
+        conclusive = false;
+        continue;
+      }
       if (replay) {
         CHECK(r.pair.sender_status == kOk);
         CHECK(r.pair.receiver_status == kOk);
