@@ -70,6 +70,8 @@ Connection::Connection(const ConnEnv& env, Role role, int dev, std::unique_ptr<P
     p.health = std::make_unique<PathHealth>(env_.health,
                                             d.up ? PathState::kHealthy : PathState::kFailed, now);
     p.last_alive = p.ack_progress = p.last_probe = now;
+    p.link_id = new_link_path_id();
+    attach_link(p);
     RailLive& rl = live(p);
     p.down_seen = rl.down_events.load();
     p.up_seen = rl.up_events.load();
@@ -84,6 +86,7 @@ Connection::Connection(const ConnEnv& env, Role role, int dev, std::unique_ptr<P
 
 Connection::~Connection() {
   for (auto& p : paths_) {
+    resign_prober(p);
     if (p.counted_failed) live(p).failed_paths--;
     withdraw_goodput(p, p.last_send);
   }
@@ -231,8 +234,10 @@ bool Connection::peer_stalled(TimeUs now) const {
 void Connection::check_paths(TimeUs now) {
   const TimeUs hb = cfg_.heartbeat_interval;
   // If this process itself was not scheduled for a while (an overloaded host), the silence
-  // it sees is its own: shift the liveness clocks by the gap instead of blaming the paths.
-  if (last_check_ != 0 && now - last_check_ > hb / 2) {
+  // it sees is its own: shift the liveness clocks by the gap instead of blaming the paths. An
+  // idle connection is checked every RuntimeBase::kIdleTick (25 ms) or when something
+  // arrives: gaps up to a heartbeat period are its normal cadence.
+  if (last_check_ != 0 && now - last_check_ > hb) {
     const TimeUs gap = now - last_check_;
     for (auto& p : paths_) {
       p.last_alive += gap;
@@ -272,34 +277,48 @@ void Connection::check_paths(TimeUs now) {
     }
     if (!io_->ready(p.index)) continue;  // the peer is re-creating the path
     const bool probing = p.health->state() == PathState::kProbing;
-    // A heartbeat goes every period whether or not the last one was answered: it is how the
-    // peer hears this end (its transport's ACK clock too) while the other direction waits (a
-    // TCP stream in retransmission backoff holds the answer back); the peer's watchdog then
-    // waits 10x before failing a live path. Probing sends the next probe once one is answered.
-    if (now - p.last_probe >= beat || (probing && !p.probe_out)) {
+    // Shadow routing is the link's: every sending path of it drains and returns together.
+    if (role_ == Role::kSend && p.health->set_draining(p.link->shadowed.load()))
+      R2CCL_INFO(NCCL_NET, "path %d (%s) of conn %016" PRIx64 " %s (shadow routing on its link)",
+                 p.index, p.label.c_str(), id_,
+                 p.health->carries_data() ? "carries traffic again" : "drained");
+    // Probes. The link's prober beats every period whether or not the last one was answered:
+    // it is how the peer hears this end (its transport's ACK clock too) while the other
+    // direction waits (a TCP stream in retransmission backoff holds the answer back). A
+    // reconnected path proves itself with its own probes, the next once one is answered. An
+    // awaiting receiver beats on every path (the sender's watchdog asks each path's
+    // transport whether it heard the peer).
+    if (!probing && follow_verdict(p, now)) continue;
+    const bool prober = !probing && link_prober(p, now);
+    const bool beats = probing || prober || awaiting;
+    if (beats && (now - p.last_probe >= beat || (probing && !p.probe_out))) {
       const bool superseded = p.probe_out;
       if (io_->probe(p.index, *this, now)) {
         p.probe_out = true;
         p.probe_sent = p.last_probe = now;
+        if (prober) p.link->probed_at.store(now, std::memory_order_relaxed);
         // The next answer may be the earlier probe's (verbs completions carry no id): no RTT.
         p.probe_idle = !superseded && p.inflight_bytes == 0;
       }
       if (!p.health->connected()) continue;  // posting the probe failed the path
     }
-    // Heartbeat rule: nothing heard on the path for 3 periods. If the transport below still
-    // hears from the peer (TCP: the kernel's ACKs), the rail works and the peer process is
-    // merely slow.
-    // Neither rule calls a path dead while the transport below may still recover it itself
-    // (verbs: two QP retransmissions), and the watchdog also waits until what is in flight
-    // was due at the rail's speed (a 64 MiB chunk takes 5.4 ms at 100 Gbps): one rule for
-    // both transports (ARCHITECTURE.md, detection table).
     const TimeUs floor = io_->stall_floor(p.index);
-    if (now - p.last_alive > std::max(3 * hb, floor) && !stalled) {
-      const TimeUs heard = io_->heard_within(p.index, now);
-      if (heard > 3 * hb) {
-        fail_path(p, FailCause::kHeartbeatMiss,
-                  silence("silent", now - p.last_alive, heard).c_str(), now);
-        continue;
+    if (prober && check_link(p, stalled, now)) continue;
+    if (probing) {
+      // A reconnected path's own heartbeat rule (it has no share in its link's liveness yet).
+      // If the transport below still hears from the peer (TCP: the kernel's ACKs), the rail
+      // works and the peer process is merely slow. Neither this rule nor the watchdog calls a
+      // path dead while the transport below may still recover it itself (verbs: two QP
+      // retransmissions), and the watchdog also waits until what is in flight was due at the
+      // rail's speed (a 64 MiB chunk takes 5.4 ms at 100 Gbps): one rule for both transports
+      // (ARCHITECTURE.md, detection table).
+      if (now - p.last_alive > std::max(3 * hb, floor) && !stalled) {
+        const TimeUs heard = io_->heard_within(p.index, now);
+        if (heard > 3 * hb) {
+          fail_path(p, FailCause::kHeartbeatMiss,
+                    silence("silent", now - p.last_alive, heard).c_str(), now);
+          continue;
+        }
       }
     }
     // Acknowledgement watchdog (sender): chunks in flight, no acknowledgement progress. A
@@ -336,6 +355,74 @@ void Connection::check_paths(TimeUs now) {
     m.path = static_cast<uint16_t>(n.rail);
     queue_ctrl(m);
   }
+}
+
+void Connection::attach_link(Path& p) {
+  const uint64_t key = io_->link_key(p.index);
+  if (p.link && key == p.link_key && key != 0) return;
+  resign_prober(p);
+  p.link_key = key;
+  p.link = env_.links ? env_.links->get(key) : std::make_shared<LinkLive>(env_.health);
+  p.verdicts_seen = p.link->verdicts.load();
+}
+
+bool Connection::link_prober(Path& p, TimeUs now) {
+  LinkLive& l = *p.link;
+  uint64_t cur = l.prober.load(std::memory_order_acquire);
+  if (cur == p.link_id) return true;
+  const TimeUs hb = cfg_.heartbeat_interval;
+  const bool sends = role_ == Role::kSend;
+  const bool stopped = cur != 0 && now - l.probed_at.load(std::memory_order_relaxed) > 3 * hb;
+  if (cur != 0 && !stopped && !(sends && !l.prober_sends.load(std::memory_order_relaxed)))
+    return false;
+  if (!l.prober.compare_exchange_strong(cur, p.link_id, std::memory_order_acq_rel)) return false;
+  l.prober_sends.store(sends, std::memory_order_relaxed);
+  l.probed_at.store(now, std::memory_order_relaxed);
+  p.prober_since = now;
+  p.last_probe = 0;  // probe now
+  return true;
+}
+
+void Connection::resign_prober(Path& p) {
+  if (!p.link) return;
+  uint64_t me = p.link_id;
+  p.link->prober.compare_exchange_strong(me, 0, std::memory_order_acq_rel);
+}
+
+// Heartbeat rule, applied by the link's prober: nothing heard on the link for 3 periods. If
+// the transport below still hears from the peer (TCP: the kernel's ACKs of this path's
+// probes), the rail works and the peer process is merely slow. A path that just became the
+// prober has not probed long enough for its transport's evidence to count. Never sooner than
+// the transport's own recovery could work (verbs: two QP retransmissions; ARCHITECTURE.md,
+// detection table).
+bool Connection::check_link(Path& p, bool stalled, TimeUs now) {
+  LinkLive& l = *p.link;
+  const TimeUs hb = cfg_.heartbeat_interval;
+  const TimeUs heard = std::max(p.last_alive, l.heard.load(std::memory_order_relaxed));
+  if (stalled || now - heard <= std::max(3 * hb, io_->stall_floor(p.index)) ||
+      now - p.prober_since <= 3 * hb)
+    return false;
+  const TimeUs below = io_->heard_within(p.index, now);
+  if (below <= 3 * hb) return false;
+  l.silent_since.store(heard, std::memory_order_relaxed);
+  p.verdicts_seen = l.verdicts.fetch_add(1, std::memory_order_release) + 1;
+  fail_path(p, FailCause::kHeartbeatMiss, silence("silent", now - heard, below).c_str(), now);
+  return true;
+}
+
+bool Connection::follow_verdict(Path& p, TimeUs now) {
+  // The prober's verdict holds for every path of the link that heard nothing since.
+  LinkLive& l = *p.link;
+  const uint32_t v = l.verdicts.load(std::memory_order_acquire);
+  if (v == p.verdicts_seen) return false;
+  p.verdicts_seen = v;
+  const TimeUs since = l.silent_since.load(std::memory_order_relaxed);
+  if (p.last_alive > since || l.heard.load(std::memory_order_relaxed) > since) return false;
+  fail_path(
+      p, FailCause::kHeartbeatMiss,
+      silence("the link silent", now - since, INT64_MAX).append(" (its prober's finding)").c_str(),
+      now);
+  return true;
 }
 
 void Connection::check_rail_events(Path& p, TimeUs now) {
@@ -390,6 +477,7 @@ void Connection::fail_path(Path& p, FailCause cause, const char* detail_c, TimeU
   const TimeUs last_alive = std::max(p.last_alive, p.ack_progress);
   if (!p.health->on_failure(cause, now)) return;  // exactly once per failure
   const bool from_peer = cause == FailCause::kPeerNotice;
+  resign_prober(p);
   p.probe_out = false;
   p.peer_drain = false;  // learnt again after the path comes back
   p.drain_sent = false;
@@ -1162,7 +1250,13 @@ bool Connection::traffic_in_flight(int path) const {
 }
 
 void Connection::on_path_alive(int path, TimeUs now) {
-  if (path >= 0 && path < npaths()) paths_[path].last_alive = now;
+  if (path < 0 || path >= npaths()) return;
+  Path& p = paths_[path];
+  p.last_alive = now;
+  std::atomic<TimeUs>& heard = p.link->heard;
+  TimeUs h = heard.load(std::memory_order_relaxed);
+  while (h < now && !heard.compare_exchange_weak(h, now, std::memory_order_relaxed)) {
+  }
 }
 
 void Connection::on_path_error(int path, FailCause cause, const char* detail, TimeUs now) {
@@ -1196,17 +1290,29 @@ void Connection::on_probe_ok(int path, TimeUs now) {
     }
     return;
   }
-  // Shadow routing: the sender drains a path whose idle RTT is an outlier.
-  if (role_ != Role::kSend || !p.probe_idle) return;
+  // Shadow routing: the link's prober, sending, feeds its idle probe RTTs to the link's
+  // baseline; an outlier period drains every sending path of the link (check_paths).
+  LinkLive& l = *p.link;
+  if (role_ != Role::kSend || !p.probe_idle ||
+      l.prober.load(std::memory_order_relaxed) != p.link_id)
+    return;
   const TimeUs rtt = now - p.probe_sent;
-  const int d = p.health->on_rtt_sample(rtt, now);
+  int d;
+  double mean;
+  {
+    std::lock_guard<std::mutex> lk(l.rtt_mu);
+    d = l.rtt.sample(rtt);
+    mean = l.rtt.mean_us();
+  }
+  if (d == 0) return;
+  l.shadowed.store(d > 0, std::memory_order_relaxed);
+  p.health->set_draining(d > 0);
   if (d > 0)
     log_event(
         "shadow routing: rail %s probe RTT %.2f ms exceeds its baseline %.2f ms + %.1f sigma; "
         "draining it (kept connected)",
-        rail_name(p.rail).c_str(), rtt / 1e3, p.health->rtt_mean_us() / 1e3,
-        env_.health.latency_sigma);
-  else if (d < 0)
+        rail_name(p.rail).c_str(), rtt / 1e3, mean / 1e3, env_.health.latency_sigma);
+  else
     log_event("shadow routing: rail %s probe RTT is back to its baseline; it carries traffic again",
               rail_name(p.rail).c_str());
 }
@@ -1218,6 +1324,8 @@ void Connection::on_reconnected(int path, TimeUs now) {
   p.refused = false;
   p.unreachable = false;
   p.health->on_reconnected(now);
+  attach_link(p);  // the peer's rail may have another address now
+  p.verdicts_seen = p.link->verdicts.load();
   // The peer answered: whatever it seemed to cause was the rails'.
   for (auto& q : paths_)
     if (q.charge_pending) charge_rail(q);

@@ -58,6 +58,7 @@
 
 #include "engine/conn_policy.h"
 #include "engine/goodput.h"
+#include "engine/link_live.h"
 #include "engine/path_health.h"
 #include "engine/rail_env.h"
 #include "engine/recv_message.h"
@@ -81,6 +82,8 @@ struct ConnEnv {
   HealthParams health;
   TestHooks hooks;
   RailTable* rails = nullptr;
+  // The process's links (engine/link_live.h); null: every path gets a private link.
+  LinkTable* links = nullptr;
 };
 
 // NCCL's request handle.
@@ -225,6 +228,13 @@ class Connection final : public PathSink {
     PathGoodput goodput;
     uint64_t published_kbps = 0;
     TimeUs last_send = 0;
+    // The link the path runs over (engine/link_live.h), the key it was taken with, the path's
+    // id as the link's prober, since when it probes for the link, and the verdicts seen.
+    std::shared_ptr<LinkLive> link;
+    uint64_t link_key = 0;
+    uint64_t link_id = 0;
+    TimeUs prober_since = 0;
+    uint32_t verdicts_seen = 0;
   };
   struct Notice {
     uint64_t id;
@@ -281,6 +291,17 @@ class Connection final : public PathSink {
   std::string rail_name(int rail) const;
   RailLive& live(const Path& p) { return env_.rails->live(p.rail); }
   void check_paths(TimeUs now);
+  // The path's link (PathIo::link_key), taken at setup and again after a reconnect whose key
+  // changed; verdicts posted before now are not the path's.
+  void attach_link(Path& p);
+  // Path p probes for its link: it is the prober, or becomes it (none, the prober stopped
+  // probing for 3 heartbeat periods, or p sends and the prober receives).
+  bool link_prober(Path& p, TimeUs now);
+  void resign_prober(Path& p);
+  // The heartbeat rule for p's link, p being its prober; the link's verdict for p. True when
+  // p failed.
+  bool check_link(Path& p, bool stalled, TimeUs now);
+  bool follow_verdict(Path& p, TimeUs now);
   void fail_path(Path& p, FailCause cause, const char* detail, TimeUs now);
   void open_gate(Path& p, TimeUs now);
   void mark_recovered(Path& p);

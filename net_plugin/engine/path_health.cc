@@ -61,7 +61,6 @@ bool PathHealth::on_failure(FailCause cause, TimeUs now) {
   state_ = PathState::kFailed;
   cause_ = cause;
   probes_ = 0;
-  outliers_ = normals_ = 0;
   if (!was_up) {
     // Failed again while probing: keep backing off, so a rail that accepts connections but
     // never passes its probes is retried ever more slowly (up to reconnect_max).
@@ -122,42 +121,49 @@ bool PathHealth::should_reconnect(TimeUs now) const {
   return state_ == PathState::kFailed && now >= next_attempt_ && now >= holddown_until_;
 }
 
-double PathHealth::rtt_std_us() const {
-  return rtt_n_ > 1 ? std::sqrt(rtt_m2_ / (rtt_n_ - 1)) : 0.0;
+bool PathHealth::set_draining(bool on) {
+  if (on && state_ == PathState::kHealthy) {
+    state_ = PathState::kDraining;
+    return true;
+  }
+  if (!on && state_ == PathState::kDraining) {
+    state_ = PathState::kHealthy;
+    return true;
+  }
+  return false;
 }
 
-int PathHealth::on_rtt_sample(TimeUs rtt, TimeUs now) {
-  (void)now;
-  if (p_.latency_sigma <= 0 || (state_ != PathState::kHealthy && state_ != PathState::kDraining))
-    return 0;
+double RttBaseline::std_us() const { return n_ > 1 ? std::sqrt(m2_ / (n_ - 1)) : 0.0; }
+
+int RttBaseline::sample(TimeUs rtt) {
+  if (p_.latency_sigma <= 0) return 0;
   const double x = static_cast<double>(rtt);
-  if (rtt_n_ < p_.rtt_baseline_samples) {
-    ++rtt_n_;
-    const double d = x - rtt_mean_;
-    rtt_mean_ += d / rtt_n_;
-    rtt_m2_ += d * (x - rtt_mean_);
+  if (n_ < p_.rtt_baseline_samples) {
+    ++n_;
+    const double d = x - mean_;
+    mean_ += d / n_;
+    m2_ += d * (x - mean_);
     return 0;
   }
   const double limit =
-      rtt_mean_ + std::max(p_.latency_sigma * rtt_std_us(), static_cast<double>(p_.rtt_floor));
+      mean_ + std::max(p_.latency_sigma * std_us(), static_cast<double>(p_.rtt_floor));
   if (x > limit) {
     normals_ = 0;
-    if (++outliers_ >= p_.rtt_outlier_run && state_ == PathState::kHealthy) {
-      state_ = PathState::kDraining;
+    if (++outliers_ >= p_.rtt_outlier_run && !outlier_) {
+      outlier_ = true;
       return +1;
     }
     return 0;
   }
   outliers_ = 0;
-  // Normal samples keep refining the baseline slowly (bounded weight), so drift is followed.
-  if (rtt_n_ < 64) {
-    ++rtt_n_;
-    const double d = x - rtt_mean_;
-    rtt_mean_ += d / rtt_n_;
-    rtt_m2_ += d * (x - rtt_mean_);
+  if (n_ < 64) {
+    ++n_;
+    const double d = x - mean_;
+    mean_ += d / n_;
+    m2_ += d * (x - mean_);
   }
-  if (state_ == PathState::kDraining && ++normals_ >= p_.rtt_outlier_run) {
-    state_ = PathState::kHealthy;
+  if (outlier_ && ++normals_ >= p_.rtt_outlier_run) {
+    outlier_ = false;
     normals_ = 0;
     return -1;
   }

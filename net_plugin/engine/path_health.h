@@ -79,9 +79,10 @@ class PathHealth {
   bool on_probe_pass(TimeUs now);
   // The rail's link came back (netlink). Allows an immediate reconnect attempt unless held down.
   void on_link_up(TimeUs now);
-  // Probe round-trip time sample. Returns +1 when the path starts draining, -1 when it
-  // returns from draining, 0 otherwise.
-  int on_rtt_sample(TimeUs rtt, TimeUs now);
+  // Shadow routing (RttBaseline below, kept per rail pair): drain a HEALTHY path (true) or
+  // bring a DRAINING one back (false). Returns true when the state changed; any other state
+  // is left alone.
+  bool set_draining(bool on);
 
   // FAILED, not held down, and the backoff delay has passed.
   bool should_reconnect(TimeUs now) const;
@@ -94,8 +95,6 @@ class PathHealth {
     holddown_started_ = false;
     return r;
   }
-  double rtt_mean_us() const { return rtt_mean_; }
-  double rtt_std_us() const;
 
  private:
   HealthParams p_;
@@ -109,10 +108,28 @@ class PathHealth {
   TimeUs holddown_until_ = 0;
   TimeUs holddown_len_ = 0;  // 0 = next hold-down uses holddown_min
   bool holddown_started_ = false;
-  // RTT baseline (Welford) and outlier runs.
-  int rtt_n_ = 0;
-  double rtt_mean_ = 0, rtt_m2_ = 0;
+};
+
+// Shadow routing's judge: the baseline of idle probe round-trip times (Welford over the first
+// rtt_baseline_samples, then refined by normal samples with bounded weight so drift is
+// followed) and runs of outliers (above mean + max(latency_sigma x std, rtt_floor)).
+// rtt_outlier_run outliers in a row start an outlier period, as many normal samples in a row
+// end it. latency_sigma 0: never an outlier. Times in microseconds. Thread-safety: none.
+class RttBaseline {
+ public:
+  explicit RttBaseline(const HealthParams& p) : p_(p) {}
+  // One round trip. Returns +1 when an outlier period starts, -1 when it ends, 0 otherwise.
+  int sample(TimeUs rtt);
+  bool outlier() const { return outlier_; }
+  double mean_us() const { return mean_; }
+  double std_us() const;
+
+ private:
+  HealthParams p_;
+  int n_ = 0;
+  double mean_ = 0, m2_ = 0;
   int outliers_ = 0, normals_ = 0;
+  bool outlier_ = false;
 };
 
 }  // namespace r2ccl::net

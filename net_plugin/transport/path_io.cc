@@ -48,6 +48,11 @@ TimeUs PathIo::fault_start(int path, TimeUs now) const {
   return 0;
 }
 
+uint64_t PathIo::link_key(int path) const {
+  (void)path;
+  return 0;
+}
+
 bool PathIo::wait_fds(std::vector<pollfd>* out) const {
   (void)out;
   return false;

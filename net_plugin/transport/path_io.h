@@ -313,6 +313,12 @@ class PathIo {
   // connection is progressed on every background pass). Descriptors may be stale by the time
   // they are polled: a spurious wake-up only. Token holder. Default: false.
   virtual bool wait_fds(std::vector<pollfd>* out) const;
+  // The link the path runs over (engine/link_live.h): a key, the same in every connection of
+  // this process, naming (local rail, peer rail, peer process); paths with equal keys share
+  // one liveness (one prober, one heartbeat rule, one RTT baseline). 0: the transport cannot
+  // name the peer process (verbs today): the path gets a private link. May change when the
+  // path reconnects (the peer's rail got another address). Token holder. Default 0.
+  virtual uint64_t link_key(int path) const;
   // Tells the peer, best effort and without waiting, that this end closes on purpose.
   virtual void say_goodbye(TimeUs now) = 0;
   // The peer as the logs name it ("10.0.0.2:43210"; "" when unknown). Any thread holding

@@ -138,6 +138,8 @@ Status RuntimeBase::init_base(const Config* cfg, const Traits& traits, std::vect
   env_.cfg = cfg_;
   env_.health = health_params_from(*cfg_);
   env_.rails = this;
+  links_ = std::make_unique<LinkTable>(env_.health);
+  env_.links = links_.get();
   if (!parse_test_hooks(cfg_->test_hooks, &env_.hooks, err)) return Status::kInvalidUsage;
   const TestHooks& h = env_.hooks;
   if (!h.replay || !h.guard.dedup || !h.guard.stale_guard || !h.bilateral_err)

@@ -178,6 +178,7 @@ class RuntimeBase : public Transport, public RailTable {
   const Config* cfg_ = nullptr;
   Traits traits_{};
   ConnEnv env_;
+  std::unique_ptr<LinkTable> links_;  // env_.links: the process's links (engine/link_live.h)
   std::vector<RailInfo> rails_;
   std::vector<Device> devices_;
   int mr_types_ = NCCL_PTR_HOST;

@@ -102,6 +102,7 @@ class MemIo final : public PathIo {
       paths_desc_.push_back(PathDesc{i, "mem" + std::to_string(i), true, 0});
     stopped_.assign(npaths, false);
     last_rx_.assign(npaths, 0);
+    kernel_ack_.assign(npaths, 0);
     reconnect_at_.assign(npaths, 0);
     peer_reconnected_.assign(npaths, false);
     w_->end[side] = this;
@@ -186,6 +187,7 @@ class MemIo final : public PathIo {
     return PostResult::kPosted;
   }
   bool probe(int p, PathSink&, TimeUs now) override {
+    ++probes[p];
     Item it;
     it.kind = Item::kProbe;
     send(p, std::move(it), now);
@@ -204,7 +206,10 @@ class MemIo final : public PathIo {
   TimeUs stall_floor(int) const override { return floor; }
   TimeUs heard_within(int p, TimeUs now) const override {
     if (!heard_from_items) return heard;
-    return last_rx_[p] ? now - last_rx_[p] : INT64_MAX;
+    TimeUs last = last_rx_[p];
+    // (The latest ACK may still be on its way: counted as heard now, 2 x latency early.)
+    if (!w_->cut[p]) last = std::max(last, std::min(kernel_ack_[p], now));
+    return last ? now - last : INT64_MAX;
   }
   void say_goodbye(TimeUs) override {}
   uint32_t allowed_paths(const void*) const override { return allowed; }
@@ -214,6 +219,10 @@ class MemIo final : public PathIo {
     sink.on_path_error(p, FailCause::kSocketError, "reset", now);
   }
 
+  // The link of path p: link_base + p (0: private links, the default).
+  uint64_t link_key(int p) const override { return link_base ? link_base + p : 0; }
+  uint64_t link_base = 0;
+  int probes[kMaxPathsPerConn] = {};  // probes posted per path
   TimeUs heard = INT64_MAX;
   TimeUs floor = 0;  // stall_floor: the transport's own recovery time (verbs retransmissions)
   // true: the transport "hears" the peer whenever anything of the peer's arrives on the path
@@ -227,6 +236,10 @@ class MemIo final : public PathIo {
  private:
   void send(int p, Item it, TimeUs now) {
     if (w_->cut[p] || stopped_[p]) return;  // lost
+    // TCP's ACK clock: the peer's kernel acknowledges what this end sends one round trip
+    // later, even while the stream towards this end waits behind a lost segment (a pure ACK is
+    // no part of that stream). Only a cut path (a black hole) silences it.
+    kernel_ack_[p] = std::max(kernel_ack_[p], now + 2 * w_->latency);
     it.path = p;
     it.gen = paths_desc_[p].generation;
     it.at = now + w_->latency;
@@ -284,7 +297,8 @@ class MemIo final : public PathIo {
     }
   }
 
-  std::vector<TimeUs> last_rx_;  // when the peer's last item arrived, per path
+  std::vector<TimeUs> last_rx_;     // when the peer's last item arrived, per path
+  std::vector<TimeUs> kernel_ack_;  // when the peer's kernel ACKs this end's latest item
   MemWire* w_;
   int side_;
   std::vector<bool> stopped_;
@@ -320,10 +334,18 @@ struct EventLog {
   int count(const std::string& s) const { return test::count_lines_containing(text(), s); }
 };
 
+// Links shared by several Pairs (engine/link_live.h): each end's process has its table;
+// path p of every Pair runs over link `key + p`.
+struct SharedLinks {
+  LinkTable* send = nullptr;
+  LinkTable* recv = nullptr;
+  uint64_t key = 0;
+};
+
 // A sender and a receiver joined by a MemWire, driven by one manual clock.
 struct Pair {
   explicit Pair(bool nic_places, int npaths = 2, std::map<std::string, std::string> env = {},
-                TestHooks hooks = {}, uint64_t eager = 0)
+                TestHooks hooks = {}, uint64_t eager = 0, const SharedLinks* links = nullptr)
       : cfg(test_config(std::move(env))), srails(npaths), rrails(npaths) {
     wire.nic_places = nic_places;
     wire.eager = eager;
@@ -335,9 +357,12 @@ struct Pair {
     auto rio = std::make_unique<MemIo>(&wire, 1, npaths);
     sio_ = sio.get();
     rio_ = rio.get();
+    if (links) sio->link_base = rio->link_base = links->key;
     e.rails = &srails;  // each end has its own rails, as two processes do
+    e.links = links ? links->send : nullptr;
     send = std::make_unique<Connection>(e, Role::kSend, 0, std::move(sio), now);
     e.rails = &rrails;
+    e.links = links ? links->recv : nullptr;
     recv = std::make_unique<Connection>(e, Role::kRecv, 0, std::move(rio), now);
   }
   void step() {
@@ -452,6 +477,60 @@ TEST_CASE("connection: traffic in flight from the first chunk until the message 
     CHECK(recv_seen);  // 16 chunks, one 64 KiB window at a time: seen part-landed
     CHECK_FALSE(t.recv->traffic_in_flight(0));
     CHECK_FALSE(t.send->traffic_in_flight(0));
+  }
+}
+
+TEST_CASE("connection: liveness is probed once per link; a silent link fails every path on it",
+          "[connection][link]") {
+  // Two connections between the same two processes over the same two rail pairs (NCCL's
+  // channels): one prober per link and end, so the probes do not multiply with connections,
+  // and a black hole on rail pair 0 fails path 0 of both within 3 heartbeat periods and a
+  // little, the prober's by its own rule, the other's by the prober's verdict.
+  for (bool nic : {false, true}) {
+    INFO(shape_name(nic));
+    EventLog log;
+    HealthParams hp;
+    LinkTable ls(hp), lr(hp);
+    SharedLinks links{&ls, &lr, 100};
+    Pair a(nic, 2, {}, {}, 0, &links), b(nic, 2, {}, {}, 0, &links);
+    for (MemIo* io : {&a.sio(), &a.rio(), &b.sio(), &b.rio()}) io->heard_from_items = true;
+    CHECK(ls.size() == 2);
+    CHECK(lr.size() == 2);
+    const TimeUs hb = a.cfg.heartbeat_interval;
+    REQUIRE(hb == 30 * kUsPerMs);
+    auto step = [&] {
+      a.step();
+      b.now = a.now - kStep;
+      b.step();
+    };
+    for (TimeUs end = a.now + kUsPerSec; a.now < end;) step();
+    INFO(log.text());
+    CHECK(log.count("failed (") == 0);
+    // ~33 probes per link and end in 1 s (66 with a prober per path).
+    for (int path = 0; path < 2; ++path) {
+      const int sp = a.sio().probes[path] + b.sio().probes[path];
+      const int rp = a.rio().probes[path] + b.rio().probes[path];
+      CHECK(sp >= 25);
+      CHECK(sp <= 40);
+      CHECK(rp >= 25);
+      CHECK(rp <= 40);
+    }
+    a.wire.cut[0] = b.wire.cut[0] = true;
+    const TimeUs t0 = a.now;
+    TimeUs fa = 0, fb = 0;
+    while (a.now < t0 + kUsPerSec && !(fa && fb)) {
+      step();
+      if (!fa && a.send->path_state(0) == PathState::kFailed) fa = a.now;
+      if (!fb && b.send->path_state(0) == PathState::kFailed) fb = b.now;
+    }
+    INFO(log.text());
+    REQUIRE(fa);
+    REQUIRE(fb);
+    CHECK(fa - t0 <= 4 * hb + 10 * kUsPerMs);
+    CHECK(fb - t0 <= 4 * hb + 10 * kUsPerMs);
+    CHECK(log.count("its prober's finding") >= 1);
+    CHECK(a.send->path_state(1) == PathState::kHealthy);
+    CHECK(b.send->path_state(1) == PathState::kHealthy);
   }
 }
 

@@ -65,7 +65,7 @@ TEST_CASE("an empty environment gives the documented defaults", "[params]") {
   CHECK_FALSE(c.stripe);
   CHECK(c.chunk_size == 512 * 1024);
   CHECK(c.path_window == 4 * 1024 * 1024);
-  CHECK(c.heartbeat_interval == 100'000);
+  CHECK(c.heartbeat_interval == 30'000);
   CHECK(c.ack_timeout == 100'000);
   CHECK(c.tcp_user_timeout == 200'000);
   CHECK(c.failover_timeout == 10'000'000);

@@ -13,6 +13,7 @@ using r2ccl::net::FailCause;
 using r2ccl::net::HealthParams;
 using r2ccl::net::PathHealth;
 using r2ccl::net::PathState;
+using r2ccl::net::RttBaseline;
 
 namespace {
 
@@ -33,8 +34,30 @@ TimeUs first_reconnect_time(const PathHealth& h, TimeUs from, TimeUs limit) {
   return -1;
 }
 
+// Shadow routing as the engine runs it (engine/link_live.h): the link's RttBaseline judges
+// the probe RTTs, the path drains and returns with it (PathHealth::set_draining).
+struct ShadowedPath {
+  ShadowedPath(const HealthParams& p, PathState s, TimeUs now) : h(p, s, now), b(p) {}
+  // The RttBaseline's verdict (+1 outliers start, -1 they end, 0), applied to the path.
+  int on_rtt_sample(TimeUs rtt, TimeUs now) {
+    (void)now;
+    const int d = b.sample(rtt);
+    if (d != 0) h.set_draining(d > 0);
+    return d;
+  }
+  PathState state() const { return h.state(); }
+  bool carries_data() const { return h.carries_data(); }
+  bool connected() const { return h.connected(); }
+  bool on_failure(FailCause c, TimeUs now) { return h.on_failure(c, now); }
+  bool take_holddown_started() { return h.take_holddown_started(); }
+  double rtt_mean_us() const { return b.mean_us(); }
+  double rtt_std_us() const { return b.std_us(); }
+  PathHealth h;
+  RttBaseline b;
+};
+
 // Feeds the baseline: 8 samples around 100 us (mean exactly 100 us).
-void feed_baseline(PathHealth& h, TimeUs now) {
+void feed_baseline(ShadowedPath& h, TimeUs now) {
   const TimeUs s[] = {100, 110, 90, 100, 105, 95, 100, 100};
   for (TimeUs x : s) REQUIRE(h.on_rtt_sample(x, now) == 0);
 }
@@ -325,7 +348,7 @@ TEST_CASE("failures while probing do not count as flaps", "[path_health]") {
 
 TEST_CASE("RTT outliers drain a path and normal samples bring it back", "[path_health]") {
   HealthParams p;  // sigma 3, 8 baseline samples, run of 3, floor 5 ms
-  PathHealth h(p, PathState::kHealthy, kT0);
+  ShadowedPath h(p, PathState::kHealthy, kT0);
   feed_baseline(h, kT0);
   CHECK(h.rtt_mean_us() == Approx(100.0));
   CHECK(h.rtt_std_us() > 0.0);
@@ -355,7 +378,7 @@ TEST_CASE("RTT outliers drain a path and normal samples bring it back", "[path_h
 TEST_CASE("the RTT baseline absorbs the first samples whatever they are", "[path_health]") {
   HealthParams p;
   REQUIRE(p.rtt_baseline_samples == 8);
-  PathHealth h(p, PathState::kHealthy, kT0);
+  ShadowedPath h(p, PathState::kHealthy, kT0);
   // Two fast samples, then six slow ones: all eight form the baseline, none is an outlier.
   CHECK(h.on_rtt_sample(100, kT0) == 0);
   CHECK(h.on_rtt_sample(100, kT0) == 0);
@@ -366,7 +389,7 @@ TEST_CASE("the RTT baseline absorbs the first samples whatever they are", "[path
 
 TEST_CASE("an RTT within the floor is never an outlier", "[path_health]") {
   HealthParams p;
-  PathHealth h(p, PathState::kHealthy, kT0);
+  ShadowedPath h(p, PathState::kHealthy, kT0);
   feed_baseline(h, kT0);
   // 4.9 ms above a 100 us mean with a tiny std: inside the 5 ms floor.
   for (int i = 0; i < 10; ++i) CHECK(h.on_rtt_sample(100 + 4900, kT0) == 0);
@@ -375,7 +398,7 @@ TEST_CASE("an RTT within the floor is never an outlier", "[path_health]") {
 
 TEST_CASE("the RTT limit uses sigma * std when that exceeds the floor", "[path_health]") {
   HealthParams p;
-  PathHealth h(p, PathState::kHealthy, kT0);
+  ShadowedPath h(p, PathState::kHealthy, kT0);
   // Mean 20 ms, sample std ~10.7 ms: limit ~52 ms.
   for (int i = 0; i < 4; ++i) {
     h.on_rtt_sample(10 * kUsPerMs, kT0);
@@ -394,7 +417,7 @@ TEST_CASE("the RTT limit uses sigma * std when that exceeds the floor", "[path_h
 
 TEST_CASE("outliers must be consecutive to drain, normals consecutive to return", "[path_health]") {
   HealthParams p;
-  PathHealth h(p, PathState::kHealthy, kT0);
+  ShadowedPath h(p, PathState::kHealthy, kT0);
   feed_baseline(h, kT0);
   const TimeUs bad = 20 * kUsPerMs, good = 100;
   for (int i = 0; i < 5; ++i) {
@@ -419,30 +442,39 @@ TEST_CASE("outliers must be consecutive to drain, normals consecutive to return"
 TEST_CASE("latency_sigma = 0 disables shadow routing", "[path_health]") {
   HealthParams p;
   p.latency_sigma = 0;
-  PathHealth h(p, PathState::kHealthy, kT0);
+  ShadowedPath h(p, PathState::kHealthy, kT0);
   for (int i = 0; i < 8; ++i) h.on_rtt_sample(100, kT0);
   for (int i = 0; i < 20; ++i) CHECK(h.on_rtt_sample(500 * kUsPerMs, kT0) == 0);
   CHECK(h.state() == PathState::kHealthy);
   CHECK(h.carries_data());
 }
 
-TEST_CASE("RTT samples on a failed or probing path are ignored", "[path_health]") {
+TEST_CASE("shadow routing leaves a failed or probing path alone", "[path_health]") {
   HealthParams p;
   PathHealth h(p, PathState::kHealthy, kT0);
-  feed_baseline(h, kT0);
   h.on_failure(FailCause::kLinkDown, kT0);
-  for (int i = 0; i < 5; ++i) CHECK(h.on_rtt_sample(20 * kUsPerMs, kT0) == 0);
+  CHECK_FALSE(h.set_draining(true));
   CHECK(h.state() == PathState::kFailed);
   h.on_reconnected(kT0 + kUsPerSec);
-  for (int i = 0; i < 5; ++i) CHECK(h.on_rtt_sample(20 * kUsPerMs, kT0) == 0);
+  CHECK_FALSE(h.set_draining(true));
   CHECK(h.state() == PathState::kProbing);
+  CHECK_FALSE(h.set_draining(false));
+  CHECK(h.state() == PathState::kProbing);
+  // Healthy <-> draining only, each once.
+  PathHealth g(p, PathState::kHealthy, kT0);
+  CHECK(g.set_draining(true));
+  CHECK_FALSE(g.set_draining(true));
+  CHECK(g.state() == PathState::kDraining);
+  CHECK(g.set_draining(false));
+  CHECK_FALSE(g.set_draining(false));
+  CHECK(g.state() == PathState::kHealthy);
 }
 
 TEST_CASE("a draining path that fails is failed, and its failure counts as a flap",
           "[path_health]") {
   HealthParams p;
   p.holddown_flaps = 1;  // every down-up from an up state starts a hold-down
-  PathHealth h(p, PathState::kHealthy, kT0);
+  ShadowedPath h(p, PathState::kHealthy, kT0);
   feed_baseline(h, kT0);
   for (int i = 0; i < 3; ++i) h.on_rtt_sample(20 * kUsPerMs, kT0);
   REQUIRE(h.state() == PathState::kDraining);

@@ -10,8 +10,10 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <functional>
 #include <mutex>
 #include <set>
+#include <string_view>
 
 #include "engine/path_plan.h"
 #include "fault/fault_injector.h"
@@ -1364,6 +1366,22 @@ bool Conn::address_stale(int path) const {
   const WireRail& w = peer_rails_[p.peer_rail];
   const sockaddr_storage peer = wire_to_sockaddr(w.family, w.addr, w.port);
   return !same_address(theirs, peer);
+}
+
+// The peer process is named by its listener on the peer rail (address and port: one
+// listener per process and rail), so the key is (local rail, that listener).
+uint64_t Conn::link_key(int path) const {
+  const Path& p = paths_[path];
+  if (p.peer_rail < 0 || p.peer_rail >= static_cast<int>(peer_rails_.size())) return 0;
+  const WireRail& w = peer_rails_[p.peer_rail];
+  char key[4 + 1 + 2 + sizeof(w.addr)];
+  const int32_t local = rail_of(p);
+  memcpy(key, &local, 4);
+  key[4] = static_cast<char>(w.family);
+  memcpy(key + 5, &w.port, 2);
+  memcpy(key + 7, w.addr, sizeof(w.addr));
+  const uint64_t h = std::hash<std::string_view>{}(std::string_view(key, sizeof(key)));
+  return h != 0 ? h : 1;
 }
 
 bool Conn::take_peer_address(const FrameHeader& h, PathSink& sink, TimeUs now, const char** why) {

@@ -87,6 +87,7 @@ class Conn final : public ConnIo {
   void stop_path(int path, bool from_peer, TimeUs now) override;
   bool can_reconnect(int path, PathSink& sink) const override;
   bool address_stale(int path) const override;
+  uint64_t link_key(int path) const override;
   void reconnect(int path, PathSink& sink, TimeUs now) override;
   // The kernel's last TCP ACK on the path's sockets (TCP_INFO).
   TimeUs heard_within(int path, TimeUs now) const override;

@@ -1,0 +1,31 @@
+#include "engine/link_live.h"
+
+namespace r2ccl::net {
+
+std::shared_ptr<LinkLive> LinkTable::get(uint64_t key) {
+  if (key == 0) return std::make_shared<LinkLive>(hp_);
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = map_.find(key);
+  if (it != map_.end())
+    if (auto l = it->second.lock()) return l;
+  // Drop entries whose links closed, so the map stays the size of the live links.
+  for (auto e = map_.begin(); e != map_.end();)
+    e = e->second.expired() ? map_.erase(e) : std::next(e);
+  auto l = std::make_shared<LinkLive>(hp_);
+  map_[key] = l;
+  return l;
+}
+
+size_t LinkTable::size() {
+  std::lock_guard<std::mutex> lk(mu_);
+  size_t n = 0;
+  for (const auto& e : map_) n += e.second.expired() ? 0 : 1;
+  return n;
+}
+
+uint64_t new_link_path_id() {
+  static std::atomic<uint64_t> next{1};
+  return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+}  // namespace r2ccl::net
