@@ -128,7 +128,9 @@ if command -v nvcc >/dev/null 2>&1 || [ -x /usr/local/cuda/bin/nvcc ]; then
 fi
 # unit_test_fakeverbs (the fake provider's own timing-based scenarios) is left out here: under
 # ASan on 2 cores its cross-process throughput scenario has missed its deadline; it runs in
-# the plain build above, and the plugin's verbs code runs under ASan through ib_fake.
+# the plain build above, and the plugin's verbs code runs under ASan through ib_fake. The
+# shared suite runs only for TCP here (tests/CMakeLists.txt: the build-asan tree has no
+# loopback_test_shared_ib).
 phase "bad input, unit, shared suite, verbs, snapshotd under asan" run_ctest build-asan asan -j "$JOBS" -R 'bad_input|unit_|shared|ib_fake|snapshotd' -E 'unit_test_fakeverbs'
 if [ $HAVE_CUDA -eq 1 ]; then
   phase "USE_CUDA build (compile only, background)" bg_build_wait cuda-build

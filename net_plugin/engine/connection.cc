@@ -237,10 +237,14 @@ void Connection::check_paths(TimeUs now) {
   // it sees is its own: shift the liveness clocks by the gap instead of blaming the paths. An
   // idle connection is checked every RuntimeBase::kIdleTick (25 ms) or when something
   // arrives: gaps up to a heartbeat period are its normal cadence.
+  // (Not the last sign of life of a path that follows its link's prober: it was not expected
+  // to hear anything, and its link's verdict compares against it.)
   if (last_check_ != 0 && now - last_check_ > hb) {
     const TimeUs gap = now - last_check_;
     for (auto& p : paths_) {
-      p.last_alive += gap;
+      if (p.health->state() == PathState::kProbing ||
+          p.link->prober.load(std::memory_order_relaxed) == p.link_id)
+        p.last_alive += gap;
       p.ack_progress += gap;
     }
   }
@@ -406,22 +410,39 @@ bool Connection::check_link(Path& p, bool stalled, TimeUs now) {
   if (below <= 3 * hb) return false;
   l.silent_since.store(heard, std::memory_order_relaxed);
   p.verdicts_seen = l.verdicts.fetch_add(1, std::memory_order_release) + 1;
+  if (env_.links) env_.links->note_event();  // wakes the link's idle connections
   fail_path(p, FailCause::kHeartbeatMiss, silence("silent", now - heard, below).c_str(), now);
   return true;
 }
 
+// The prober's verdict fails every other path of the link that has not heard anything within
+// the last period. One that did (a busy path reading what reached its socket before the
+// fault, or a flow the fault spared: black holes in a fabric may hit some 5-tuples only) must
+// hear something new within one more period, or it fails too.
 bool Connection::follow_verdict(Path& p, TimeUs now) {
-  // The prober's verdict holds for every path of the link that heard nothing since.
+  const TimeUs hb = cfg_.heartbeat_interval;
   LinkLive& l = *p.link;
   const uint32_t v = l.verdicts.load(std::memory_order_acquire);
-  if (v == p.verdicts_seen) return false;
-  p.verdicts_seen = v;
+  if (v != p.verdicts_seen) {
+    p.verdicts_seen = v;
+    if (now - p.last_alive <= hb) {
+      p.verdict_at = now;
+      p.alive_at_verdict = p.last_alive;
+      return false;
+    }
+  } else if (p.verdict_at == 0 || p.last_alive > p.alive_at_verdict) {
+    p.verdict_at = 0;
+    return false;
+  } else if (now - p.verdict_at <= hb) {
+    return false;
+  }
   const TimeUs since = l.silent_since.load(std::memory_order_relaxed);
-  if (p.last_alive > since || l.heard.load(std::memory_order_relaxed) > since) return false;
-  fail_path(
-      p, FailCause::kHeartbeatMiss,
-      silence("the link silent", now - since, INT64_MAX).append(" (its prober's finding)").c_str(),
-      now);
+  p.verdict_at = 0;
+  fail_path(p, FailCause::kHeartbeatMiss,
+            silence("the link silent", now - since, INT64_MAX)
+                .append(" (its prober's finding)")
+                .c_str(),
+            now);
   return true;
 }
 
@@ -478,6 +499,7 @@ void Connection::fail_path(Path& p, FailCause cause, const char* detail_c, TimeU
   if (!p.health->on_failure(cause, now)) return;  // exactly once per failure
   const bool from_peer = cause == FailCause::kPeerNotice;
   resign_prober(p);
+  p.verdict_at = 0;
   p.probe_out = false;
   p.peer_drain = false;  // learnt again after the path comes back
   p.drain_sent = false;
@@ -1075,6 +1097,34 @@ bool Connection::eager_fits(uint64_t size) const {
          eager_sent_ - eager_freed_seen_ + eager_cost(size) <= eager_area_;
 }
 
+TimeUs Connection::idle_due(TimeUs now) const {
+  if (gave_up_ || peer_closed_ || !active_.empty() || !ctrlq_.empty() || !notices_.empty() ||
+      !addr_notices_.empty() || !recoveries_.empty() || !gated_.empty())
+    return 0;
+  // A receiver that completed a receive lately beats fast for a while (check_paths).
+  if (role_ == Role::kRecv && last_recv_done_ != 0 && now - last_recv_done_ < 4 * cfg_.ack_timeout)
+    return 0;
+  const TimeUs hb = cfg_.heartbeat_interval;
+  TimeUs due = INT64_MAX;
+  for (const auto& p : paths_) {
+    const PathState st = p.health->state();
+    if ((st != PathState::kHealthy && st != PathState::kDraining) || p.inflight_bytes > 0 ||
+        p.charge_pending || p.reconnecting || p.verdict_at != 0 || !io_->ready(p.index))
+      return 0;
+    const LinkLive& l = *p.link;
+    if (l.prober.load(std::memory_order_relaxed) == p.link_id) {
+      // The next probe, and the heartbeat rule should nothing arrive meanwhile.
+      due = std::min(due, p.last_probe + hb);
+      const TimeUs heard = std::max(p.last_alive, l.heard.load(std::memory_order_relaxed));
+      due = std::min(due, std::max(heard, p.prober_since) + 3 * hb + 1);
+    } else {
+      // Taking over from a prober that stopped probing.
+      due = std::min(due, l.probed_at.load(std::memory_order_relaxed) + 3 * hb + 1);
+    }
+  }
+  return due;
+}
+
 bool Connection::eager_unacked() const {
   return std::any_of(active_.begin(), active_.end(), [](const Request* r) { return r->internal; });
 }
@@ -1306,6 +1356,7 @@ void Connection::on_probe_ok(int path, TimeUs now) {
   }
   if (d == 0) return;
   l.shadowed.store(d > 0, std::memory_order_relaxed);
+  if (env_.links) env_.links->note_event();
   p.health->set_draining(d > 0);
   if (d > 0)
     log_event(
@@ -1326,6 +1377,7 @@ void Connection::on_reconnected(int path, TimeUs now) {
   p.health->on_reconnected(now);
   attach_link(p);  // the peer's rail may have another address now
   p.verdicts_seen = p.link->verdicts.load();
+  p.verdict_at = 0;
   // The peer answered: whatever it seemed to cause was the rails'.
   for (auto& q : paths_)
     if (q.charge_pending) charge_rail(q);

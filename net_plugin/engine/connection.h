@@ -153,6 +153,13 @@ class Connection final : public PathSink {
   // What an idle connection waits for (PathIo::wait_fds); false: progress it on every pass
   // (the transport cannot say, or control messages wait for a path). Token held.
   bool wait_fds(std::vector<pollfd>* out) const { return ctrlq_.empty() && io_->wait_fds(out); }
+  // An idle connection whose descriptors say what it waits for: when its timers next need a
+  // progress pass if nothing arrives (microseconds, the callers' clock), assuming it is also
+  // progressed whenever a rail event, a link's verdict or shadow-routing change, or a
+  // predicted drain happens in the process (RuntimeBase). 0: it has work under way (requests,
+  // notices, a failed, probing or reconnecting path, chunks in flight): progress it every
+  // RuntimeBase::kIdleTick as before. Token held.
+  TimeUs idle_due(TimeUs now) const;
   TimeUs last_progress() const { return last_progress_.load(std::memory_order_relaxed); }
 
   PathIo& io() { return *io_; }
@@ -235,6 +242,10 @@ class Connection final : public PathSink {
     uint64_t link_id = 0;
     TimeUs prober_since = 0;
     uint32_t verdicts_seen = 0;
+    // A verdict found the path alive within its last period: since when it must show new
+    // life (0: no such watch), and its last sign of life then.
+    TimeUs verdict_at = 0;
+    TimeUs alive_at_verdict = 0;
   };
   struct Notice {
     uint64_t id;

@@ -337,9 +337,20 @@ void RuntimeBase::close(Connection* c) {
 // ------------------------------------------------------------------------------------------
 // Background thread
 
+uint64_t RuntimeBase::idle_signature() {
+  uint64_t sig = links_->events();
+  for (size_t i = 0; i < rails_.size(); ++i) {
+    const RailLive& l = live_[i];
+    sig += l.down_events.load() + l.up_events.load() + l.addr_events.load();
+    sig = sig * 3 + (l.predict_drain.load() ? 1 : 0);
+  }
+  return sig;
+}
+
 int RuntimeBase::collect_idle(std::vector<pollfd>* fds, TimeUs now) {
   idle_.clear();
   bool busy = false;  // some connection is driven by the proxy thread, or may go idle soon
+  TimeUs next = now + kIdleWaitMax;
   std::lock_guard<std::mutex> lk(registry_mu_);
   idle_unregistered_ = unregistered_;
   for (Connection* c : conns_) {
@@ -354,20 +365,32 @@ int RuntimeBase::collect_idle(std::vector<pollfd>* fds, TimeUs now) {
     }
     const size_t first = fds->size();
     const bool knows = c->wait_fds(fds);
+    TimeUs due = 0;
+    if (knows) {
+      due = c->idle_due(now);
+      if (due == 0) due = c->last_progress() + kIdleTick;  // work under way: the tick
+      next = std::min(next, due);
+    }
     c->leave_untouched();
     if (!knows) {
       fds->resize(first);
       busy = true;
     }
-    idle_.push_back({c, first, knows ? static_cast<int>(fds->size() - first) : -1});
+    idle_.push_back({c, first, knows ? static_cast<int>(fds->size() - first) : -1, due});
   }
   // Every connection idle and waiting on its descriptors: sleep until one is ready or the
-  // next tick. Otherwise the transport's period, as before.
-  return busy ? traits_.bg_poll_ms : static_cast<int>(kIdleTick / kUsPerMs);
+  // earliest timer. Otherwise the transport's period, as before.
+  if (busy) return traits_.bg_poll_ms;
+  return static_cast<int>(std::max<TimeUs>(next - now + kUsPerMs - 1, 0) / kUsPerMs);
 }
 
 void RuntimeBase::progress_idle_conns(const std::vector<pollfd>& fds) {
   const TimeUs now = now_us();
+  // A rail event, a link's verdict or shadow-routing change, or a predicted drain: every idle
+  // connection looks (Connection::idle_due counts on it).
+  const uint64_t sig = idle_signature();
+  const bool all = sig != idle_sig_;
+  idle_sig_ = sig;
   std::lock_guard<std::mutex> lk(registry_mu_);
   if (unregistered_ != idle_unregistered_) {
     // A connection was closed since the set was collected: its pointer may dangle. The
@@ -385,7 +408,7 @@ void RuntimeBase::progress_idle_conns(const std::vector<pollfd>& fds) {
     // The proxy thread may have taken the connection up again during the poll.
     const TimeUs quiet = now - ic.c->last_progress();
     if (quiet < traits_.idle_progress_after) continue;
-    bool go = ic.n < 0 || quiet >= kIdleTick;
+    bool go = ic.n < 0 || all || now >= ic.due;
     for (int k = 0; k < ic.n && !go; ++k) go = fds[ic.first + k].revents != 0;
     if (!go || !ic.c->try_enter()) continue;
     const TimeUs t = now_us();

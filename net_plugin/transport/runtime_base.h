@@ -48,6 +48,9 @@ class RuntimeBase : public Transport, public RailTable {
   // progressed when that is ready, and otherwise this often: its timers (probes, the
   // watchdog, notices, reconnects) run at most this late while nothing arrives.
   static constexpr TimeUs kIdleTick = 25 * kUsPerMs;
+  // The background thread's longest sleep while every connection is idle and quiet
+  // (Connection::idle_due): the health board's and the predictor's own periods.
+  static constexpr TimeUs kIdleWaitMax = 100 * kUsPerMs;
 
   // --- RailTable ---
   int rail_count() const override { return static_cast<int>(rails_.size()); }
@@ -173,6 +176,9 @@ class RuntimeBase : public Transport, public RailTable {
   // timeout to use (ms).
   int collect_idle(std::vector<pollfd>* fds, TimeUs now);
   void progress_idle_conns(const std::vector<pollfd>& fds);
+  // What every idle connection must look at when it changes: the rails' link and address
+  // events, their predicted drains, the links' verdicts and shadow-routing changes.
+  uint64_t idle_signature();
   void publish_board(TimeUs now);
 
   const Config* cfg_ = nullptr;
@@ -194,9 +200,11 @@ class RuntimeBase : public Transport, public RailTable {
     Connection* c;
     size_t first;
     int n;
+    TimeUs due;  // progress it then even if nothing is ready (Connection::idle_due)
   };
   std::vector<IdleConn> idle_;
   uint64_t idle_unregistered_ = 0;  // unregistered_ when idle_ was collected
+  uint64_t idle_sig_ = 0;           // idle_signature() at the last idle pass
 
   // Health board (docs/HEALTH-BOARD.md): opened at init unless R2CCL_HEALTH_BOARD=none;
   // published by the background thread.

@@ -534,6 +534,58 @@ TEST_CASE("connection: liveness is probed once per link; a silent link fails eve
   }
 }
 
+TEST_CASE("connection: an idle connection woken after its link's verdict fails its path",
+          "[connection][link]") {
+  // The background thread leaves an idle connection alone until its descriptors, a timer it
+  // names (idle_due) or a process-wide event (a link's verdict) wake it; the silence it then
+  // sees is the link's, not its own scheduling gap.
+  HealthParams hp;
+  LinkTable ls(hp), lr(hp);
+  SharedLinks links{&ls, &lr, 100};
+  EventLog log;
+  Pair a(false, 2, {}, {}, 0, &links), b(false, 2, {}, {}, 0, &links);
+  for (MemIo* io : {&a.sio(), &a.rio(), &b.sio(), &b.rio()}) io->heard_from_items = true;
+  const TimeUs hb = a.cfg.heartbeat_interval;
+  auto step = [&] {
+    a.step();
+    b.now = a.now - kStep;
+    b.step();
+  };
+  for (TimeUs end = a.now + 200 * kUsPerMs; a.now < end;) step();
+  // b's send connection: not a prober, quiet, so it names a far timer (taking over a prober
+  // that stopped) and no work under way; a's has the next probe and the heartbeat rule.
+  const TimeUs due_a = a.send->idle_due(a.now), due_b = b.send->idle_due(a.now);
+  CHECK(due_a > a.now);
+  CHECK(due_a <= a.now + hb);
+  CHECK(due_b > a.now + 2 * hb);
+  CHECK(due_b <= a.now + 3 * hb + kUsPerMs);
+  // A request under way: the tick as before.
+  std::vector<char> dst(1024);
+  Request* r = nullptr;
+  REQUIRE(b.recv->irecv(dst.data(), dst.size(), 0, nullptr, &r, b.now) == Status::kOk);
+  CHECK(b.recv->idle_due(b.now) == 0);
+  // Rail pair 0 goes silent; only a runs until its prober's verdict.
+  const uint32_t events = ls.events();
+  a.wire.cut[0] = b.wire.cut[0] = true;
+  const TimeUs t0 = a.now;
+  while (a.now < t0 + kUsPerSec && a.send->path_state(0) != PathState::kFailed) a.step();
+  REQUIRE(a.send->path_state(0) == PathState::kFailed);
+  CHECK(ls.events() != events);  // the runtime wakes every idle connection
+  // b's send connection wakes: it reads what reached it before the cut (the receiver's
+  // beats), which does not count as the link being alive: nothing new within a period fails
+  // it.
+  b.now = a.now + 5 * kUsPerMs;
+  const TimeUs woke = b.now;
+  while (b.now < woke + 3 * hb && b.send->path_state(0) != PathState::kFailed) {
+    b.send->progress(b.now);
+    b.now += kStep;
+  }
+  INFO(log.text());
+  CHECK(b.send->path_state(0) == PathState::kFailed);
+  CHECK(b.now - woke <= hb + kUsPerMs);
+  CHECK(log.count("path on rail mem0 failed (heartbeat miss: the link silent") == 1);
+}
+
 TEST_CASE("connection: a stalled direction is not a dead path while the peer's heartbeats arrive",
           "[connection]") {
   // The sender's chunks and the answers to the receiver's probes wait 250 ms on path 0 (a TCP
