@@ -221,7 +221,7 @@ bool Connection::peer_stalled(TimeUs now) const {
   for (const auto& p : paths_) {
     if (!p.health->connected() || !io_->ready(p.index)) continue;
     ++connected;
-    newest = std::max(newest, p.last_alive);
+    newest = std::max({newest, p.last_alive, p.link->heard.load(std::memory_order_relaxed)});
   }
   const TimeUs silent = now - newest;
   if (connected < 2 || silent <= hb || silent >= cfg_.failover_timeout) return false;
@@ -390,7 +390,9 @@ bool Connection::link_prober(Path& p, TimeUs now) {
 void Connection::resign_prober(Path& p) {
   if (!p.link) return;
   uint64_t me = p.link_id;
-  p.link->prober.compare_exchange_strong(me, 0, std::memory_order_acq_rel);
+  // Another path of the link takes over at its next check; idle ones are woken for it.
+  if (p.link->prober.compare_exchange_strong(me, 0, std::memory_order_acq_rel) && env_.links)
+    env_.links->note_event();
 }
 
 // Heartbeat rule, applied by the link's prober: nothing heard on the link for 3 periods. If
@@ -438,11 +440,10 @@ bool Connection::follow_verdict(Path& p, TimeUs now) {
   }
   const TimeUs since = l.silent_since.load(std::memory_order_relaxed);
   p.verdict_at = 0;
-  fail_path(p, FailCause::kHeartbeatMiss,
-            silence("the link silent", now - since, INT64_MAX)
-                .append(" (its prober's finding)")
-                .c_str(),
-            now);
+  fail_path(
+      p, FailCause::kHeartbeatMiss,
+      silence("the link silent", now - since, INT64_MAX).append(" (its prober's finding)").c_str(),
+      now);
   return true;
 }
 
@@ -1117,10 +1118,9 @@ TimeUs Connection::idle_due(TimeUs now) const {
       due = std::min(due, p.last_probe + hb);
       const TimeUs heard = std::max(p.last_alive, l.heard.load(std::memory_order_relaxed));
       due = std::min(due, std::max(heard, p.prober_since) + 3 * hb + 1);
-    } else {
-      // Taking over from a prober that stopped probing.
-      due = std::min(due, l.probed_at.load(std::memory_order_relaxed) + 3 * hb + 1);
     }
+    // A path that follows its link's prober needs no timer: the prober resigning (failed,
+    // closed) or posting a verdict is a process-wide event that wakes every idle connection.
   }
   return due;
 }

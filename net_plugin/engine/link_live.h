@@ -56,9 +56,9 @@ class LinkTable {
   std::shared_ptr<LinkLive> get(uint64_t key);
   // Links in the table (shared ones only; stats and tests).
   size_t size();
-  // A verdict or a shadow-routing change on some link: the count, so the runtime can progress
-  // its idle connections, which otherwise wait for their descriptors and timers
-  // (Connection::idle_due). Any thread.
+  // A verdict, a shadow-routing change or a prober resigning on some link: the count, so the
+  // runtime can progress its idle connections, which otherwise wait for their descriptors
+  // and timers (Connection::idle_due). Any thread.
   void note_event() { events_.fetch_add(1, std::memory_order_release); }
   uint32_t events() const { return events_.load(std::memory_order_acquire); }
 

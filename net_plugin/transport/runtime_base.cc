@@ -1,5 +1,6 @@
 #include "transport/runtime_base.h"
 
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -205,13 +206,23 @@ void RuntimeBase::start_background() {
 void RuntimeBase::register_conn(Connection* c) {
   std::lock_guard<std::mutex> lk(registry_mu_);
   conns_.push_back(c);
+  const uint64_t serial = next_serial_++;
+  serial_of_[c] = serial;
+  bg_conns_[serial].c = c;
+  new_conns_.push_back(serial);
 }
 
 void RuntimeBase::unregister_conn(Connection* c) {
-  // Taking the registry lock also waits out a background progress pass over `c`.
+  // Taking the registry lock also waits out a background progress pass over `c`. Its
+  // descriptors leave the epoll set when they close; stale serials in the background
+  // thread's lists find no entry.
   std::lock_guard<std::mutex> lk(registry_mu_);
   conns_.erase(std::remove(conns_.begin(), conns_.end(), c), conns_.end());
-  ++unregistered_;  // the background thread's collected pointers may be stale now
+  auto it = serial_of_.find(c);
+  if (it != serial_of_.end()) {
+    bg_conns_.erase(it->second);
+    serial_of_.erase(it);
+  }
 }
 
 // ------------------------------------------------------------------------------------------
@@ -347,74 +358,111 @@ uint64_t RuntimeBase::idle_signature() {
   return sig;
 }
 
-int RuntimeBase::collect_idle(std::vector<pollfd>* fds, TimeUs now) {
-  idle_.clear();
-  bool busy = false;  // some connection is driven by the proxy thread, or may go idle soon
-  TimeUs next = now + kIdleWaitMax;
-  std::lock_guard<std::mutex> lk(registry_mu_);
-  idle_unregistered_ = unregistered_;
-  for (Connection* c : conns_) {
-    const TimeUs quiet = now - c->last_progress();
-    if (quiet < traits_.idle_progress_after) {
-      busy = true;
-      continue;
-    }
-    if (!c->try_enter()) {
-      busy = true;
-      continue;
-    }
-    const size_t first = fds->size();
-    const bool knows = c->wait_fds(fds);
-    TimeUs due = 0;
-    if (knows) {
-      due = c->idle_due(now);
-      if (due == 0) due = c->last_progress() + kIdleTick;  // work under way: the tick
-      next = std::min(next, due);
-    }
-    c->leave_untouched();
-    if (!knows) {
-      fds->resize(first);
-      busy = true;
-    }
-    idle_.push_back({c, first, knows ? static_cast<int>(fds->size() - first) : -1, due});
+bool RuntimeBase::watch(uint64_t serial, TimeUs now) {
+  if (epfd_ < 0) return false;
+  BgConn& b = bg_conns_[serial];
+  scratch_fds_.clear();
+  if (!b.c->wait_fds(&scratch_fds_)) return false;
+  for (const pollfd& f : scratch_fds_) {
+    epoll_event ev{};
+    ev.events = EPOLLONESHOT | ((f.events & POLLIN) ? EPOLLIN : 0u) |
+                ((f.events & POLLOUT) ? EPOLLOUT : 0u);
+    ev.data.u64 = serial;
+    // Re-arm; a descriptor new to the set (a reconnected stream, or one whose number an
+    // earlier, closed socket had) is added.
+    if (epoll_ctl(epfd_, EPOLL_CTL_MOD, f.fd, &ev) != 0 && errno == ENOENT &&
+        epoll_ctl(epfd_, EPOLL_CTL_ADD, f.fd, &ev) != 0)
+      R2CCL_WARN("background thread: cannot watch descriptor %d: %s", f.fd, strerror(errno));
   }
-  // Every connection idle and waiting on its descriptors: sleep until one is ready or the
-  // earliest timer. Otherwise the transport's period, as before.
-  if (busy) return traits_.bg_poll_ms;
-  return static_cast<int>(std::max<TimeUs>(next - now + kUsPerMs - 1, 0) / kUsPerMs);
+  TimeUs due = b.c->idle_due(now);
+  if (due == 0) due = now + kIdleTick;  // work under way: the tick
+  b.due = due;
+  b.watched = true;
+  timers_.push({due, serial});
+  return true;
 }
 
-void RuntimeBase::progress_idle_conns(const std::vector<pollfd>& fds) {
-  const TimeUs now = now_us();
-  // A rail event, a link's verdict or shadow-routing change, or a predicted drain: every idle
-  // connection looks (Connection::idle_due counts on it).
-  const uint64_t sig = idle_signature();
-  const bool all = sig != idle_sig_;
-  idle_sig_ = sig;
-  std::lock_guard<std::mutex> lk(registry_mu_);
-  if (unregistered_ != idle_unregistered_) {
-    // A connection was closed since the set was collected: its pointer may dangle. The
-    // registry itself is current; take one pass over it the old way.
-    for (Connection* c : conns_) {
-      if (now - c->last_progress() < traits_.idle_progress_after) continue;
-      if (!c->try_enter()) continue;
-      const TimeUs t = now_us();
-      c->progress(t);
-      c->leave(t);
-    }
+void RuntimeBase::wake_conn(uint64_t serial, TimeUs now) {
+  auto it = bg_conns_.find(serial);
+  if (it == bg_conns_.end() || !it->second.watched) return;  // closed, or looked at already
+  BgConn& b = it->second;
+  b.watched = false;
+  Connection* c = b.c;
+  if (now - c->last_progress() < traits_.idle_progress_after || !c->try_enter()) {
+    if (!b.active) active_.push_back(serial);
+    b.active = true;
     return;
   }
-  for (const IdleConn& ic : idle_) {
-    // The proxy thread may have taken the connection up again during the poll.
-    const TimeUs quiet = now - ic.c->last_progress();
-    if (quiet < traits_.idle_progress_after) continue;
-    bool go = ic.n < 0 || all || now >= ic.due;
-    for (int k = 0; k < ic.n && !go; ++k) go = fds[ic.first + k].revents != 0;
-    if (!go || !ic.c->try_enter()) continue;
-    const TimeUs t = now_us();
-    ic.c->progress(t);
-    ic.c->leave(t);
+  const TimeUs t = now_us();
+  c->progress(t);
+  if (!watch(serial, t)) {
+    if (!b.active) active_.push_back(serial);
+    b.active = true;
   }
+  c->leave(t);
+}
+
+int RuntimeBase::idle_pass(TimeUs now) {
+  // New connections start active: the proxy thread is about to drive them.
+  for (uint64_t serial : new_conns_) {
+    auto it = bg_conns_.find(serial);
+    if (it == bg_conns_.end() || it->second.active) continue;
+    it->second.active = true;
+    active_.push_back(serial);
+  }
+  new_conns_.clear();
+  // A rail event, a link's verdict or shadow-routing change, or a predicted drain: every
+  // watched connection looks (Connection::idle_due counts on it).
+  const uint64_t sig = idle_signature();
+  if (sig != idle_sig_) {
+    idle_sig_ = sig;
+    std::vector<uint64_t> all;
+    for (const auto& e : bg_conns_)
+      if (e.second.watched) all.push_back(e.first);
+    for (uint64_t serial : all) wake_conn(serial, now);
+  }
+  // Ready descriptors.
+  epoll_event evs[256];
+  int n;
+  while ((n = epoll_wait(epfd_, evs, 256, 0)) > 0) {
+    for (int i = 0; i < n; ++i) wake_conn(evs[i].data.u64, now_us());
+    if (n < 256) break;
+  }
+  // Due timers (a superseded entry no longer matches its connection's).
+  while (!timers_.empty() && timers_.top().first <= now) {
+    const auto [due, serial] = timers_.top();
+    timers_.pop();
+    auto it = bg_conns_.find(serial);
+    if (it != bg_conns_.end() && it->second.watched && it->second.due == due)
+      wake_conn(serial, now_us());
+  }
+  // Active connections: idle ones are progressed, and watched once their transport can say
+  // what they wait for (verbs cannot: progressed on every pass, as before).
+  size_t keep = 0;
+  for (size_t i = 0; i < active_.size(); ++i) {
+    const uint64_t serial = active_[i];
+    auto it = bg_conns_.find(serial);
+    if (it == bg_conns_.end()) continue;
+    BgConn& b = it->second;
+    Connection* c = b.c;
+    if (now - c->last_progress() < traits_.idle_progress_after || !c->try_enter()) {
+      active_[keep++] = serial;
+      continue;
+    }
+    const TimeUs t = now_us();
+    c->progress(t);
+    if (watch(serial, t)) {
+      b.active = false;
+    } else {
+      active_[keep++] = serial;
+    }
+    c->leave(t);
+  }
+  active_.resize(keep);
+  if (!active_.empty()) return traits_.bg_poll_ms;
+  const TimeUs next =
+      timers_.empty() ? now + kIdleWaitMax : std::min(timers_.top().first, now + kIdleWaitMax);
+  return static_cast<int>(std::max<TimeUs>(next - now + kUsPerMs - 1, 0) / kUsPerMs);
 }
 
 void RuntimeBase::bg_loop() {
@@ -433,14 +481,20 @@ void RuntimeBase::bg_loop() {
   } else if (any_if && !cfg_->link_events) {
     R2CCL_INFO(NCCL_NET | NCCL_INIT, "link notifications off (R2CCL_LINK_EVENTS=0)");
   }
+  epfd_ = epoll_create1(EPOLL_CLOEXEC);
+  if (epfd_ < 0)
+    R2CCL_WARN("background thread: epoll_create1: %s; idle connections are progressed every %d ms",
+               strerror(errno), traits_.bg_poll_ms);
   std::vector<pollfd> fds;
   std::vector<LinkMonitor::Event> events;
+  int timeout = 0;
   for (;;) {
     fds.clear();
     bg_add_fds(&fds);
     const size_t own = fds.size();
     if (monitor.fd() >= 0) fds.push_back({monitor.fd(), POLLIN, 0});
-    const int timeout = collect_idle(&fds, now_us());
+    // The watched connections' descriptors: readable epoll set.
+    if (epfd_ >= 0) fds.push_back({epfd_, POLLIN, 0});
     ::poll(fds.data(), fds.size(), timeout);
     bg_on_fds(fds.data(), own, now_us());
     if (monitor.fd() >= 0) {
@@ -461,7 +515,10 @@ void RuntimeBase::bg_loop() {
         }
       }
     }
-    progress_idle_conns(fds);
+    {
+      std::lock_guard<std::mutex> lk(registry_mu_);
+      timeout = idle_pass(now_us());
+    }
     const TimeUs now = now_us();
     predict_.tick(now);
     publish_board(now);

@@ -15,7 +15,8 @@
 //    connect/accept/close) and the background thread; never by isend/irecv/test.
 //  - A connection and its transport: whoever holds its progress token (Connection::
 //    try_enter). The proxy thread takes it inside isend/irecv/test; the background thread
-//    only for connections idle for kIdleProgressAfter. No two threads ever drive one
+//    only for connections idle for Traits::idle_progress_after, when one of their
+//    descriptors is ready or a timer is due (idle_pass). No two threads ever drive one
 //    connection, and test() never waits on a lock.
 #pragma once
 
@@ -25,8 +26,11 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <queue>
 #include <string>
 #include <thread>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "engine/connection.h"
@@ -48,7 +52,7 @@ class RuntimeBase : public Transport, public RailTable {
   // progressed when that is ready, and otherwise this often: its timers (probes, the
   // watchdog, notices, reconnects) run at most this late while nothing arrives.
   static constexpr TimeUs kIdleTick = 25 * kUsPerMs;
-  // The background thread's longest sleep while every connection is idle and quiet
+  // The background thread's longest sleep while every connection is watched
   // (Connection::idle_due): the health board's and the predictor's own periods.
   static constexpr TimeUs kIdleWaitMax = 100 * kUsPerMs;
 
@@ -169,15 +173,24 @@ class RuntimeBase : public Transport, public RailTable {
   // own handles and for what is no r2ccl handle. Old handles without a head fail at once.
   std::unique_ptr<ConnIo> refuse_handle(int dev, const void* handle, Status* st);
   void bg_loop();
-  // Background pass over the connections the proxy thread left idle (kIdleProgressAfter):
-  // collect_idle() appends what each waits for to the pass's poll set;
-  // progress_idle_conns() then progresses those whose descriptors are ready, whose kIdleTick
-  // is due, or that cannot say what they wait for (every pass, as before). Returns the poll
-  // timeout to use (ms).
-  int collect_idle(std::vector<pollfd>* fds, TimeUs now);
-  void progress_idle_conns(const std::vector<pollfd>& fds);
-  // What every idle connection must look at when it changes: the rails' link and address
-  // events, their predicted drains, the links' verdicts and shadow-routing changes.
+  // The connections the background thread looks after (docs/ARCHITECTURE.md, threads). Each
+  // registered connection is either *watched* (the proxy thread left it idle and its
+  // transport says what it waits for: its descriptors armed one-shot in the thread's epoll set,
+  // its next timer, Connection::idle_due, in a heap) or *active* (driven by the proxy thread,
+  // new, or unable to say what it waits for, like verbs: looked at on every pass). An event
+  // or timer of a watched connection progresses it and watches it again; one found active
+  // joins the active list; an active one idle for Traits::idle_progress_after is progressed
+  // and watched. So an idle pass costs what is ready, not the number of connections.
+  // Background thread, under registry_mu_. Returns the poll timeout to use (ms).
+  int idle_pass(TimeUs now);
+  // Progresses a watched connection woken by an event, a timer or a process-wide change, or
+  // moves it to the active list when the proxy thread has it.
+  void wake_conn(uint64_t serial, TimeUs now);
+  // Token held: arms the connection's descriptors and its timer. False when its transport
+  // cannot say what it waits for.
+  bool watch(uint64_t serial, TimeUs now);
+  // What every watched connection must look at when it changes: the rails' link and address
+  // events, their predicted drains, the links' verdicts, shadow-routing changes and probers.
   uint64_t idle_signature();
   void publish_board(TimeUs now);
 
@@ -193,18 +206,26 @@ class RuntimeBase : public Transport, public RailTable {
 
   std::mutex registry_mu_;
   std::vector<Connection*> conns_;  // guarded by registry_mu_
-  uint64_t unregistered_ = 0;       // guarded by registry_mu_: connections removed so far
-  // The background thread's idle pass (background thread only): per connection, its range
-  // in the poll set (n < 0: it cannot say, progress it every pass).
-  struct IdleConn {
-    Connection* c;
-    size_t first;
-    int n;
-    TimeUs due;  // progress it then even if nothing is ready (Connection::idle_due)
+  // What the background thread knows of each connection, by serial (guarded by registry_mu_;
+  // only the background thread reads the watch state).
+  struct BgConn {
+    Connection* c = nullptr;
+    bool watched = false;  // descriptors armed, timer `due` in timers_
+    bool active = false;   // in active_
+    TimeUs due = 0;
   };
-  std::vector<IdleConn> idle_;
-  uint64_t idle_unregistered_ = 0;  // unregistered_ when idle_ was collected
-  uint64_t idle_sig_ = 0;           // idle_signature() at the last idle pass
+  std::unordered_map<uint64_t, BgConn> bg_conns_;        // guarded by registry_mu_
+  std::unordered_map<Connection*, uint64_t> serial_of_;  // guarded by registry_mu_
+  uint64_t next_serial_ = 1;                             // guarded by registry_mu_
+  std::vector<uint64_t> new_conns_;                      // guarded by registry_mu_
+  // Background thread only.
+  int epfd_ = -1;
+  std::vector<uint64_t> active_;
+  std::priority_queue<std::pair<TimeUs, uint64_t>, std::vector<std::pair<TimeUs, uint64_t>>,
+                      std::greater<>>
+      timers_;
+  std::vector<pollfd> scratch_fds_;
+  uint64_t idle_sig_ = 0;  // idle_signature() at the last pass
 
   // Health board (docs/HEALTH-BOARD.md): opened at init unless R2CCL_HEALTH_BOARD=none;
   // published by the background thread.
