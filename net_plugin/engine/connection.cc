@@ -301,8 +301,10 @@ void Connection::check_paths(TimeUs now) {
         p.probe_out = true;
         p.probe_sent = p.last_probe = now;
         if (prober) p.link->probed_at.store(now, std::memory_order_relaxed);
-        // The next answer may be the earlier probe's (verbs completions carry no id): no RTT.
+        // Without an echo of its send time (verbs completions carry no id) the next answer may
+        // be the earlier probe's: no RTT then.
         p.probe_idle = !superseded && p.inflight_bytes == 0;
+        p.sent[p.sent_next++ % 8] = {now, p.inflight_bytes == 0};
       }
       if (!p.health->connected()) continue;  // posting the probe failed the path
     }
@@ -1318,10 +1320,20 @@ void Connection::on_path_error(int path, FailCause cause, const char* detail, Ti
   fail_path(paths_[path], cause, detail, now);
 }
 
-void Connection::on_probe_ok(int path, TimeUs now) {
+void Connection::on_probe_ok(int path, TimeUs now, TimeUs sent_at) {
   if (path < 0 || path >= npaths()) return;
   Path& p = paths_[path];
-  p.probe_out = false;
+  // Which probe this answers: the one sent at `sent_at` when the transport says, else the
+  // latest (a clean sample only if it superseded none).
+  bool idle = p.probe_idle;
+  TimeUs rtt = now - p.probe_sent;
+  if (sent_at > 0) {
+    idle = false;
+    for (const auto& q : p.sent)
+      if (q.at == sent_at) idle = q.idle;
+    rtt = now - sent_at;
+  }
+  if (sent_at == 0 || sent_at == p.probe_sent) p.probe_out = false;
   p.last_alive = now;
   if (p.health->state() == PathState::kProbing) {
     if (!p.health->on_probe_pass(now)) return;
@@ -1343,10 +1355,9 @@ void Connection::on_probe_ok(int path, TimeUs now) {
   // Shadow routing: the link's prober, sending, feeds its idle probe RTTs to the link's
   // baseline; an outlier period drains every sending path of the link (check_paths).
   LinkLive& l = *p.link;
-  if (role_ != Role::kSend || !p.probe_idle ||
+  if (role_ != Role::kSend || !idle || rtt < 0 ||
       l.prober.load(std::memory_order_relaxed) != p.link_id)
     return;
-  const TimeUs rtt = now - p.probe_sent;
   int d;
   double mean;
   {

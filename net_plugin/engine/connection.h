@@ -190,7 +190,7 @@ class Connection final : public PathSink {
   void on_cts_delivered(uint64_t seq, TimeUs now) override;
   void on_ctrl(int path, const CtrlMsg& m, TimeUs now) override;
   void on_path_error(int path, FailCause cause, const char* detail, TimeUs now) override;
-  void on_probe_ok(int path, TimeUs now) override;
+  void on_probe_ok(int path, TimeUs now, TimeUs sent_at) override;
   void on_reconnected(int path, TimeUs now) override;
   void on_reconnect_failed(int path, bool refused, const char* detail, TimeUs now) override;
   void on_peer_address(int path, TimeUs now) override;
@@ -213,6 +213,14 @@ class Connection final : public PathSink {
     TimeUs probe_sent = 0;
     bool probe_out = false;
     bool probe_idle = false;  // nothing was in flight when the probe left: a clean RTT
+    // The latest probes: when each left and whether it was idle (answers that name their probe,
+    // PathSink::on_probe_ok's sent_at, give RTTs even when the RTT exceeds the period).
+    struct SentProbe {
+      TimeUs at = 0;
+      bool idle = false;
+    };
+    SentProbe sent[8];
+    uint32_t sent_next = 0;
     uint32_t down_seen = 0;
     uint32_t up_seen = 0;
     uint32_t addr_seen = 0;  // RailLive::addr_events last handled

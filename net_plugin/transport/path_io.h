@@ -204,8 +204,11 @@ class PathSink {
   // The path failed (socket error, end of file, completion error, protocol error, the
   // peer re-created it). The engine decides what follows; exactly once per failure.
   virtual void on_path_error(int path, FailCause cause, const char* detail, TimeUs now) = 0;
-  // A probe posted by PathIo::probe came back.
-  virtual void on_probe_ok(int path, TimeUs now) = 0;
+  // A probe posted by PathIo::probe came back. `sent_at`: when it left (the `now` of its
+  // PathIo::probe call, echoed by the peer: TCP), so an answer to an earlier probe than the
+  // latest still gives a round trip; 0 when the transport cannot tell which probe it was
+  // (verbs): then it is taken as the latest probe's answer.
+  virtual void on_probe_ok(int path, TimeUs now, TimeUs sent_at) = 0;
   // The path is connected again (connector: its reconnect finished; acceptor: the peer
   // re-created it). Probing starts.
   virtual void on_reconnected(int path, TimeUs now) = 0;

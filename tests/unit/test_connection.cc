@@ -293,7 +293,7 @@ class MemIo final : public PathIo {
         reply(it, std::move(ack), now);
         return;
       }
-      case Item::kProbeAck: sink.on_probe_ok(it.path, now); return;
+      case Item::kProbeAck: sink.on_probe_ok(it.path, now, 0); return;
     }
   }
 

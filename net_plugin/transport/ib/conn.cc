@@ -1364,7 +1364,7 @@ void Conn::on_send_wc(Path& p, const ibv_wc& wc, PathSink& sink, TimeUs now) {
     switch (w.kind) {
       case kWrData: sink.on_chunk_acked(p.index, w.seq, w.idx, now); break;
       case kWrCts: sink.on_cts_delivered(w.seq, now); break;
-      case kWrProbe: sink.on_probe_ok(p.index, now); break;
+      case kWrProbe: sink.on_probe_ok(p.index, now, 0); break;
       default: break;
     }
     return;

@@ -1131,7 +1131,11 @@ bool Conn::handle_frame(Path& p, Stream& s, PathSink& sink, TimeUs now, const ch
       return true;
     }
     case FrameType::kPong:
-      if (h.seq == p.ping_id) sink.on_probe_ok(p.index, now);
+      // An answer to one of the latest probes (off: its send time, echoed); an older one
+      // (from before a reconnect) proves nothing about the path now.
+      if (h.seq <= p.ping_id && h.seq + 8 > p.ping_id)
+        sink.on_probe_ok(p.index, now,
+                         h.off <= static_cast<uint64_t>(now) ? static_cast<TimeUs>(h.off) : 0);
       return true;
     case FrameType::kBye: sink.on_peer_bye(now); return true;
     case FrameType::kAddr: {
