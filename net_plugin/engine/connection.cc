@@ -1364,6 +1364,21 @@ void Connection::on_probe_ok(int path, TimeUs now, TimeUs sent_at) {
     std::lock_guard<std::mutex> lk(l.rtt_mu);
     d = l.rtt.sample(rtt);
     mean = l.rtt.mean_us();
+    l.sample_high.store(l.rtt.last_high(), std::memory_order_relaxed);
+    l.sampled_at.store(now, std::memory_order_relaxed);
+  }
+  // RTTs that rose on every link of the process at once are a stall of this machine or its
+  // peers, not this rail queueing: nothing to drain towards.
+  if (d > 0 && env_.links && env_.links->every_other_high(&l, now, 4 * cfg_.heartbeat_interval)) {
+    {
+      std::lock_guard<std::mutex> lk(l.rtt_mu);
+      l.rtt.forget_run();
+    }
+    R2CCL_INFO(NCCL_NET,
+               "shadow routing: rail %s probe RTT %.2f ms is high, but so is every other link's: "
+               "a stall, not the rail; not drained",
+               rail_name(p.rail).c_str(), rtt / 1e3);
+    return;
   }
   if (d == 0) return;
   l.shadowed.store(d > 0, std::memory_order_relaxed);

@@ -23,6 +23,19 @@ size_t LinkTable::size() {
   return n;
 }
 
+bool LinkTable::every_other_high(const LinkLive* self, TimeUs now, TimeUs window) {
+  std::lock_guard<std::mutex> lk(mu_);
+  int recent = 0;
+  for (const auto& e : map_) {
+    const auto l = e.second.lock();
+    if (!l || l.get() == self) continue;
+    if (now - l->sampled_at.load(std::memory_order_relaxed) > window) continue;
+    if (!l->sample_high.load(std::memory_order_relaxed)) return false;
+    ++recent;
+  }
+  return recent > 0;
+}
+
 uint64_t new_link_path_id() {
   static std::atomic<uint64_t> next{1};
   return next.fetch_add(1, std::memory_order_relaxed);

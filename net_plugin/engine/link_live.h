@@ -44,6 +44,9 @@ struct LinkLive {
   std::atomic<uint32_t> verdicts{0};      // the prober found the link silent: the count
   std::atomic<TimeUs> silent_since{0};    // the latest verdict: the link was last heard then
   std::atomic<bool> shadowed{false};      // the link's probe RTTs are outliers now
+  // The prober's latest RTT sample: when, and whether it was above the baseline's limit.
+  std::atomic<TimeUs> sampled_at{0};
+  std::atomic<bool> sample_high{false};
   std::mutex rtt_mu;
   RttBaseline rtt;  // guarded by rtt_mu
 };
@@ -56,6 +59,11 @@ class LinkTable {
   std::shared_ptr<LinkLive> get(uint64_t key);
   // Links in the table (shared ones only; stats and tests).
   size_t size();
+  // True when at least one other link of the table was sampled within `window` of `now` and
+  // every such link's latest sample was high too: RTTs that rise on every rail pair at once
+  // are this machine or its peers stalling (CPU starvation, a paused process), not one rail
+  // queueing, and draining every rail would move traffic nowhere. Any thread.
+  bool every_other_high(const LinkLive* self, TimeUs now, TimeUs window);
   // A verdict, a shadow-routing change or a prober resigning on some link: the count, so the
   // runtime can progress its idle connections, which otherwise wait for their descriptors
   // and timers (Connection::idle_due). Any thread.

@@ -143,10 +143,12 @@ int RttBaseline::sample(TimeUs rtt) {
     const double d = x - mean_;
     mean_ += d / n_;
     m2_ += d * (x - mean_);
+    last_high_ = false;
     return 0;
   }
   const double limit =
       mean_ + std::max(p_.latency_sigma * std_us(), static_cast<double>(p_.rtt_floor));
+  last_high_ = x > limit;
   if (x > limit) {
     normals_ = 0;
     if (++outliers_ >= p_.rtt_outlier_run && !outlier_) {

@@ -121,6 +121,14 @@ class RttBaseline {
   // One round trip. Returns +1 when an outlier period starts, -1 when it ends, 0 otherwise.
   int sample(TimeUs rtt);
   bool outlier() const { return outlier_; }
+  // Whether the latest sample was above the limit (an outlier, counted or not).
+  bool last_high() const { return last_high_; }
+  // Forgets a run that just started an outlier period (it was not the path's: the caller
+  // saw every path's RTT rise at once), so a later run of outliers starts one again.
+  void forget_run() {
+    outlier_ = false;
+    outliers_ = 0;
+  }
   double mean_us() const { return mean_; }
   double std_us() const;
 
@@ -130,6 +138,7 @@ class RttBaseline {
   double mean_ = 0, m2_ = 0;
   int outliers_ = 0, normals_ = 0;
   bool outlier_ = false;
+  bool last_high_ = false;
 };
 
 }  // namespace r2ccl::net

@@ -534,6 +534,46 @@ TEST_CASE("connection: liveness is probed once per link; a silent link fails eve
   }
 }
 
+TEST_CASE("links: RTTs high on every link at once are a stall, not one rail queueing",
+          "[connection][link]") {
+  HealthParams hp;
+  LinkTable t(hp);
+  auto a = t.get(1), b = t.get(2), c = t.get(3);
+  const TimeUs now = kT0, window = 120 * kUsPerMs;
+  auto sample = [&](LinkLive& l, bool high, TimeUs at) {
+    l.sample_high = high;
+    l.sampled_at = at;
+  };
+  // No other link sampled lately: a's outliers are its own.
+  sample(*b, true, now - 2 * window);
+  sample(*c, true, now - 2 * window);
+  CHECK_FALSE(t.every_other_high(a.get(), now, window));
+  // Every other link high within the window: a stall.
+  sample(*b, true, now - 10 * kUsPerMs);
+  sample(*c, true, now - 50 * kUsPerMs);
+  CHECK(t.every_other_high(a.get(), now, window));
+  // One other link normal: a rail of its own (the shadow-routing case).
+  sample(*c, false, now - 5 * kUsPerMs);
+  CHECK_FALSE(t.every_other_high(a.get(), now, window));
+  // Private links (key 0) are not in the table: a process whose transport cannot share
+  // links judges each path alone, as before.
+  auto p0 = t.get(0);
+  CHECK(t.size() == 3);
+  CHECK_FALSE(t.every_other_high(p0.get(), now, window));
+  // The baseline forgets a run it was told was not its rail's, and starts one again.
+  RttBaseline r(hp);
+  for (int i = 0; i < hp.rtt_baseline_samples; ++i) r.sample(100);
+  CHECK(r.sample(50 * kUsPerMs) == 0);
+  CHECK(r.sample(50 * kUsPerMs) == 0);
+  CHECK(r.sample(50 * kUsPerMs) == +1);
+  CHECK(r.last_high());
+  r.forget_run();
+  CHECK_FALSE(r.outlier());
+  CHECK(r.sample(50 * kUsPerMs) == 0);
+  CHECK(r.sample(50 * kUsPerMs) == 0);
+  CHECK(r.sample(50 * kUsPerMs) == +1);
+}
+
 TEST_CASE("connection: an idle connection woken after its link's verdict fails its path",
           "[connection][link]") {
   // The background thread leaves an idle connection alone until its descriptors, a timer it
