@@ -294,8 +294,17 @@ void Connection::check_paths(TimeUs now) {
     // transport whether it heard the peer).
     if (!probing && follow_verdict(p, now)) continue;
     const bool prober = !probing && link_prober(p, now);
-    const bool beats = probing || prober || awaiting;
-    if (beats && (now - p.last_probe >= beat || (probing && !p.probe_out))) {
+    // A busy sending path whose acknowledgements stall probes too, 4 times per
+    // R2CCL_ACK_TIMEOUT: the watchdog asks its transport whether the peer's machine still
+    // answers (TCP: the kernel's last ACK), and a path that only waits for acknowledgements
+    // sends nothing its kernel could have had answered (a starved receiver process then looked
+    // like a black hole).
+    const bool acks_stalled = role_ == Role::kSend && p.inflight_bytes > 0 &&
+                              now - p.ack_progress >= cfg_.ack_timeout / 2;
+    const bool beats = probing || prober || awaiting || acks_stalled;
+    const TimeUs period =
+        acks_stalled ? std::min(beat, std::max<TimeUs>(cfg_.ack_timeout / 4, 1)) : beat;
+    if (beats && (now - p.last_probe >= period || (probing && !p.probe_out))) {
       const bool superseded = p.probe_out;
       if (io_->probe(p.index, *this, now)) {
         p.probe_out = true;
@@ -582,9 +591,10 @@ void Connection::open_gate(Path& p, TimeUs now) {
     else
       live(p).switchovers++;
     log_event("switchover: rail %s failed (%s); path %d of conn %016" PRIx64
-              " -> %s; %d chunks to replay",
+              " -> %s; %d chunks to replay%s",
               rail.c_str(), cause_text(rec.cause, rec.detail).c_str(), p.index, id_, to.c_str(),
-              rec.replayed);
+              rec.replayed,
+              env_.hooks.replay || rec.replayed == 0 ? "" : " (not replayed: test hook no_replay)");
     recoveries_.push_back(std::move(rec));
   } else {
     log_event("backup path on rail %s failed (%s); conn %016" PRIx64 " keeps %s", rail.c_str(),
@@ -603,11 +613,17 @@ void Connection::check_recoveries(TimeUs now) {
       ++it;
       continue;
     }
+    // Under the test hook no_replay nothing was replayed: the line says so.
+    const bool hooked = !env_.hooks.replay && it->replayed > 0;
+    char tail[80] = "";
+    if (hooked)
+      snprintf(tail, sizeof(tail), "; %d in flight not replayed (test hook no_replay)",
+               it->replayed);
     log_event(
         "Successfully recovered in %.3f s (rail %s: %s, detected after %.0f ms, %d chunks "
-        "replayed)",
+        "replayed)%s",
         (now - it->detect) / 1e6, rail_name(paths_[it->path].rail).c_str(),
-        fail_cause_name(it->cause), it->detect_ms, it->replayed);
+        fail_cause_name(it->cause), it->detect_ms, hooked ? 0 : it->replayed, tail);
     it = recoveries_.erase(it);
   }
 }
@@ -1362,7 +1378,7 @@ void Connection::on_probe_ok(int path, TimeUs now, TimeUs sent_at) {
   double mean;
   {
     std::lock_guard<std::mutex> lk(l.rtt_mu);
-    d = l.rtt.sample(rtt);
+    d = l.rtt.sample(rtt, now);
     mean = l.rtt.mean_us();
     l.sample_high.store(l.rtt.last_high(), std::memory_order_relaxed);
     l.sampled_at.store(now, std::memory_order_relaxed);

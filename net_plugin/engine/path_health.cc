@@ -135,7 +135,7 @@ bool PathHealth::set_draining(bool on) {
 
 double RttBaseline::std_us() const { return n_ > 1 ? std::sqrt(m2_ / (n_ - 1)) : 0.0; }
 
-int RttBaseline::sample(TimeUs rtt) {
+int RttBaseline::sample(TimeUs rtt, TimeUs now) {
   if (p_.latency_sigma <= 0) return 0;
   const double x = static_cast<double>(rtt);
   if (n_ < p_.rtt_baseline_samples) {
@@ -151,7 +151,8 @@ int RttBaseline::sample(TimeUs rtt) {
   last_high_ = x > limit;
   if (x > limit) {
     normals_ = 0;
-    if (++outliers_ >= p_.rtt_outlier_run && !outlier_) {
+    if (outliers_++ == 0) run_start_ = now;
+    if (outliers_ >= p_.rtt_outlier_run && now - run_start_ >= p_.rtt_outlier_span && !outlier_) {
       outlier_ = true;
       return +1;
     }

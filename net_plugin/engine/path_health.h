@@ -52,7 +52,11 @@ struct HealthParams {
   TimeUs holddown_reset = 60 * kUsPerSec;
   double latency_sigma = 3.0;  // 0 disables shadow routing
   int rtt_baseline_samples = 8;
-  int rtt_outlier_run = 3;          // consecutive outliers to drain, consecutive normals to return
+  int rtt_outlier_run = 3;  // consecutive outliers to drain, consecutive normals to return
+  // The outliers of a run must also span this long: a stall of the machine shorter than that
+  // is not a rail queueing (3 probes spanned 300 ms at the old 100 ms heartbeat; at 30 ms, 3
+  // probes fit inside one 100 ms stall of a loaded host).
+  TimeUs rtt_outlier_span = 300 * kUsPerMs;
   TimeUs rtt_floor = 5 * kUsPerMs;  // an RTT within baseline + floor is never an outlier
 };
 
@@ -113,13 +117,15 @@ class PathHealth {
 // Shadow routing's judge: the baseline of idle probe round-trip times (Welford over the first
 // rtt_baseline_samples, then refined by normal samples with bounded weight so drift is
 // followed) and runs of outliers (above mean + max(latency_sigma x std, rtt_floor)).
-// rtt_outlier_run outliers in a row start an outlier period, as many normal samples in a row
+// rtt_outlier_run outliers in a row, spanning rtt_outlier_span, start an outlier period, as
+// many normal samples in a row
 // end it. latency_sigma 0: never an outlier. Times in microseconds. Thread-safety: none.
 class RttBaseline {
  public:
   explicit RttBaseline(const HealthParams& p) : p_(p) {}
-  // One round trip. Returns +1 when an outlier period starts, -1 when it ends, 0 otherwise.
-  int sample(TimeUs rtt);
+  // One round trip, measured at `now`. Returns +1 when an outlier period starts, -1 when it
+  // ends, 0 otherwise.
+  int sample(TimeUs rtt, TimeUs now);
   bool outlier() const { return outlier_; }
   // Whether the latest sample was above the limit (an outlier, counted or not).
   bool last_high() const { return last_high_; }
@@ -137,6 +143,7 @@ class RttBaseline {
   int n_ = 0;
   double mean_ = 0, m2_ = 0;
   int outliers_ = 0, normals_ = 0;
+  TimeUs run_start_ = 0;  // the first outlier of the current run
   bool outlier_ = false;
   bool last_high_ = false;
 };

@@ -562,16 +562,18 @@ TEST_CASE("links: RTTs high on every link at once are a stall, not one rail queu
   CHECK_FALSE(t.every_other_high(p0.get(), now, window));
   // The baseline forgets a run it was told was not its rail's, and starts one again.
   RttBaseline r(hp);
-  for (int i = 0; i < hp.rtt_baseline_samples; ++i) r.sample(100);
-  CHECK(r.sample(50 * kUsPerMs) == 0);
-  CHECK(r.sample(50 * kUsPerMs) == 0);
-  CHECK(r.sample(50 * kUsPerMs) == +1);
+  TimeUs clock = kT0;
+  auto next = [&](TimeUs rtt) { return r.sample(rtt, clock += 150 * kUsPerMs); };
+  for (int i = 0; i < hp.rtt_baseline_samples; ++i) next(100);
+  CHECK(next(50 * kUsPerMs) == 0);
+  CHECK(next(50 * kUsPerMs) == 0);
+  CHECK(next(50 * kUsPerMs) == +1);
   CHECK(r.last_high());
   r.forget_run();
   CHECK_FALSE(r.outlier());
-  CHECK(r.sample(50 * kUsPerMs) == 0);
-  CHECK(r.sample(50 * kUsPerMs) == 0);
-  CHECK(r.sample(50 * kUsPerMs) == +1);
+  CHECK(next(50 * kUsPerMs) == 0);
+  CHECK(next(50 * kUsPerMs) == 0);
+  CHECK(next(50 * kUsPerMs) == +1);
 }
 
 TEST_CASE("connection: an idle connection woken after its link's verdict fails its path",

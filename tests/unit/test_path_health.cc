@@ -39,12 +39,14 @@ TimeUs first_reconnect_time(const PathHealth& h, TimeUs from, TimeUs limit) {
 struct ShadowedPath {
   ShadowedPath(const HealthParams& p, PathState s, TimeUs now) : h(p, s, now), b(p) {}
   // The RttBaseline's verdict (+1 outliers start, -1 they end, 0), applied to the path.
+  // Probes 150 ms apart (the tests' `now` stays put), so 3 outliers span 300 ms.
   int on_rtt_sample(TimeUs rtt, TimeUs now) {
     (void)now;
-    const int d = b.sample(rtt);
+    const int d = b.sample(rtt, clock += 150 * kUsPerMs);
     if (d != 0) h.set_draining(d > 0);
     return d;
   }
+  TimeUs clock = 0;
   PathState state() const { return h.state(); }
   bool carries_data() const { return h.carries_data(); }
   bool connected() const { return h.connected(); }
@@ -373,6 +375,30 @@ TEST_CASE("RTT outliers drain a path and normal samples bring it back", "[path_h
   CHECK(h.on_rtt_sample(normal, kT0) == -1);
   CHECK(h.state() == PathState::kHealthy);
   CHECK(h.carries_data());
+}
+
+TEST_CASE("RTT outliers must span rtt_outlier_span: a short stall of the host drains nothing",
+          "[path_health]") {
+  HealthParams p;  // run of 3, span 300 ms
+  RttBaseline b(p);
+  TimeUs t = kT0;
+  for (int i = 0; i < p.rtt_baseline_samples; ++i) b.sample(100, t += 30 * kUsPerMs);
+  // Probes every 30 ms: 3 outliers within 60 ms (one 100 ms stall) start nothing...
+  for (int i = 0; i < 3; ++i) CHECK(b.sample(20 * kUsPerMs, t += 30 * kUsPerMs) == 0);
+  CHECK_FALSE(b.outlier());
+  // ...an outlier run that lasts 300 ms does.
+  int d = 0;
+  for (int i = 0; i < 10 && d == 0; ++i) d = b.sample(20 * kUsPerMs, t += 30 * kUsPerMs);
+  CHECK(d == +1);
+  CHECK(b.outlier());
+  // A normal sample in between starts the span again.
+  RttBaseline c(p);
+  for (int i = 0; i < p.rtt_baseline_samples; ++i) c.sample(100, t += 30 * kUsPerMs);
+  for (int k = 0; k < 5; ++k) {
+    for (int i = 0; i < 5; ++i) CHECK(c.sample(20 * kUsPerMs, t += 30 * kUsPerMs) == 0);
+    CHECK(c.sample(100, t += 30 * kUsPerMs) == 0);
+  }
+  CHECK_FALSE(c.outlier());
 }
 
 TEST_CASE("the RTT baseline absorbs the first samples whatever they are", "[path_health]") {
