@@ -299,8 +299,11 @@ void Connection::check_paths(TimeUs now) {
     // answers (TCP: the kernel's last ACK), and a path that only waits for acknowledgements
     // sends nothing its kernel could have had answered (a starved receiver process then looked
     // like a black hole).
+    // (Only where the transport has such evidence: verbs cannot tell, and its probes would
+    // only queue behind the stalled writes.)
     const bool acks_stalled = role_ == Role::kSend && p.inflight_bytes > 0 &&
-                              now - p.ack_progress >= cfg_.ack_timeout / 2;
+                              now - p.ack_progress >= cfg_.ack_timeout / 2 &&
+                              io_->heard_within(p.index, now) != INT64_MAX;
     const bool beats = probing || prober || awaiting || acks_stalled;
     const TimeUs period =
         acks_stalled ? std::min(beat, std::max<TimeUs>(cfg_.ack_timeout / 4, 1)) : beat;
