@@ -314,6 +314,49 @@ TEST_CASE("verbs: a device-fatal error (HCA reset): failover, the device is reop
   }
 }
 
+TEST_CASE(
+    "verbs: buffers registered while the primary HCA is dead (device-fatal, reset not done): "
+    "registered on the backup, on the primary once it is reopened; failover spread on and off",
+    "[loopback][ib][failover]") {
+  SKIP_WITHOUT_FAKE();
+  // NCCL registers buffers at any time, so a regMr can come while an HCA's device is dead
+  // (every command fails with EIO until its reset is done). Here each process's stream
+  // registers its 8 buffers just after the fault (injected in its `before` hook, at once:
+  // deterministic). Before, that regMr failed as a whole (as NCCL would, the harness now
+  // fails the post); the harness then went on without a registration, so the receiver's CTS
+  // carried rkey 0 for every path and the sender's first write on the surviving backup ended
+  // the connection with a remote access error: the case above, when its fault at 400 ms came
+  // before the receiver's stream had registered its buffers (a slow start on a loaded host;
+  // seen mostly with R2CCL_FAILOVER_SPREAD=1).
+  for (const bool at_sender : {true, false}) {
+    for (const char* spread : {"0", "1"}) {
+      DYNAMIC_SECTION((at_sender ? "the sender's" : "the receiver's")
+                      << " primary HCA, R2CCL_FAILOVER_SPREAD=" << spread) {
+        PairOptions o = ib_pair();
+        o.env["R2CCL_PROBE_COUNT"] = "2";
+        o.env["R2CCL_FAILOVER_SPREAD"] = spread;
+        // (A failure in the hook shows as a missing "device fatal error" line below.)
+        auto inject = [at_sender](Endpoint&, bool sender) {
+          if (sender != at_sender) return;
+          void* dl = dlopen(fake_lib().c_str(), RTLD_NOW | RTLD_NOLOAD);
+          auto* f =
+              dl ? reinterpret_cast<int (*)(const char*)>(dlsym(dl, "fakeverbs_inject")) : nullptr;
+          if (f) f("device_fatal,dev=mlx5_0,for_ms=500");
+        };
+        StreamRun r = run_stream(o, short_stream(2.0), inject);
+        INFO("sender log:\n" << r.sender_log << "receiver log:\n" << r.receiver_log);
+        CHECK(r.pair.sender_status == kStreamOk);
+        CHECK(r.pair.receiver_status == kStreamOk);
+        const std::string& hit = at_sender ? r.sender_log : r.receiver_log;
+        CHECK(count_lines_containing(hit, "mlx5_0:1 device fatal error") == 1);
+        CHECK(count_lines_containing(hit, "mlx5_0:1 device reopened after its fatal error") == 1);
+        CHECK(count_lines_containing(r.sender_log, "failback: rail mlx5_0:1 is back") >= 1);
+        CHECK(count_lines_containing(r.sender_log + r.receiver_log, "give-up:") == 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("verbs: a fatal QP (async event) on an idle backup path fails that path at once",
           "[loopback][ib][failover]") {
   SKIP_WITHOUT_FAKE();

@@ -218,7 +218,11 @@ void* Endpoint::mhandle_for(void* buf, size_t size) {
   for (auto& m : mrs)
     if (m.buf == buf && m.size >= size) return m.mh;
   void* mh = nullptr;
-  if (plugin.net->regMr(comm, buf, size, mr_type, &mh) != ncclSuccess) return nullptr;
+  const ncclResult_t r = plugin.net->regMr(comm, buf, size, mr_type, &mh);
+  if (r != ncclSuccess || !mh) {
+    reg_error = r != ncclSuccess ? r : ncclInternalError;
+    return nullptr;
+  }
   mrs.push_back({buf, size, mh});
   return mh;
 }
@@ -226,6 +230,7 @@ void* Endpoint::mhandle_for(void* buf, size_t size) {
 ncclResult_t Endpoint::post_send(void* buf, size_t size, void** req, int timeout_ms) {
   *req = nullptr;
   void* mh = mhandle_for(buf, size ? size : 1);
+  if (!mh) return reg_error;
   double end = now_s() + timeout_ms / 1e3;
   while (!*req) {
     ncclResult_t r = plugin.net->isend(comm, buf, size, 0, mh, nullptr, req);
@@ -238,6 +243,7 @@ ncclResult_t Endpoint::post_send(void* buf, size_t size, void** req, int timeout
 ncclResult_t Endpoint::post_recv(void* buf, size_t size, void** req, int timeout_ms) {
   *req = nullptr;
   void* mh = mhandle_for(buf, size ? size : 1);
+  if (!mh) return reg_error;
   double end = now_s() + timeout_ms / 1e3;
   int tag = 0;
   while (!*req) {

@@ -39,11 +39,15 @@ struct Endpoint {
   // non-success result, or ncclSuccess; *size gets the reported size. timeout in ms.
   ncclResult_t send(void* buf, size_t size, int timeout_ms, int* size_out = nullptr);
   ncclResult_t recv(void* buf, size_t size, int timeout_ms, int* size_out = nullptr);
-  // Non-blocking building blocks.
+  // Non-blocking building blocks. A failed regMr fails the post with its result, as it
+  // fails NCCL's operation (the plugin never gets a buffer without its registration).
   ncclResult_t post_send(void* buf, size_t size, void** req, int timeout_ms);
   ncclResult_t post_recv(void* buf, size_t size, void** req, int timeout_ms);
   ncclResult_t wait(void* req, int timeout_ms, int* size_out = nullptr);
+  // The registration of [buf, buf + size) (made at first use, kept until the endpoint
+  // closes); nullptr when regMr failed, with its result in reg_error.
   void* mhandle_for(void* buf, size_t size);
+  ncclResult_t reg_error = ncclSuccess;
   // The buffer type mhandle_for registers with (NCCL_PTR_CUDA: a GPU buffer as NCCL would
   // register it; host memory stands in where the plugin accepts that, e.g. the verbs
   // transport with R2CCL_TEST_HOOKS=gpu_pci=PATH).

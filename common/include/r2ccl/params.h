@@ -42,11 +42,12 @@ struct ParamDef {
   X(stripe, "R2CCL_STRIPE", kBool, "0", 0, 1, nullptr,                                          \
     "1: stripe chunks over every healthy path, weighted by each path's measured goodput; 0: "   \
     "primary path only, backups stay idle and probed.")                                         \
-  X(failover_spread, "R2CCL_FAILOVER_SPREAD", kBool, "0", 0, 1, nullptr,                        \
+  X(failover_spread, "R2CCL_FAILOVER_SPREAD", kBool, "1", 0, 1, nullptr,                        \
     "With R2CCL_STRIPE=0, while the primary path cannot carry data (failed, draining): 1 "      \
     "spreads its chunks over every surviving path by goodput and the rail's spare capacity "    \
-    "in the process; 0 moves them to the first surviving backup only (default while verbs "     \
-    "loses a connection when several paths carry through a peer HCA reset).")                   \
+    "in the process; 0 moves them to the first surviving backup only (the default until a "     \
+    "verbs bug was fixed: a regMr during an HCA reset failed, seen as a lost connection with "  \
+    "spreading on).")                                                                           \
   X(chunk_size, "R2CCL_CHUNK_SIZE", kSize, "512K", 4096, 64.0 * 1024 * 1024, nullptr,           \
     "Bytes per chunk, the unit of scheduling, acknowledgement and replay. 512 KiB keeps a "     \
     "replay cheap while headers cost under 0.01 %.")                                            \

@@ -237,8 +237,12 @@ Status Conn::refresh_area_mrs(const HcaInfo& h, int hca) {
 }
 
 ibv_mr* Conn::mr_on(const IbMr* cm, int hca, uint32_t epoch) {
-  if (!cm || !cm->by_hca[hca]) return nullptr;
-  if (cm->epoch_by_hca[hca] == epoch) return cm->by_hca[hca];
+  if (!cm || (!cm->by_hca[hca] && !cm->deferred_by_hca[hca])) return nullptr;
+  if (cm->by_hca[hca] && cm->epoch_by_hca[hca] == epoch) return cm->by_hca[hca];
+  // A QP of the incarnation a deferred registration could not be made on (still dead), or
+  // of one older than the registration: nothing to make. (Making it again here would
+  // deregister an MR whose rkey a CTS may have given the sender.)
+  if (epoch <= cm->epoch_by_hca[hca]) return nullptr;
   auto* m = const_cast<IbMr*>(cm);  // the handle is this connection's; only its progress uses it
   if (!m->cached) {
     R2CCL_WARN(
@@ -247,21 +251,27 @@ ibv_mr* Conn::mr_on(const IbMr* cm, int hca, uint32_t epoch) {
         rt_->rail_name(hca).c_str(), m->data, m->size);
     return nullptr;
   }
-  m->cache_by_hca[hca]->release(m->by_hca[hca]);
+  if (m->by_hca[hca]) m->cache_by_hca[hca]->release(m->by_hca[hca]);
   m->by_hca[hca] = nullptr;
+  m->cache_by_hca[hca].reset();
   std::string err;
   uint32_t now_epoch = 0;
   std::shared_ptr<MrCache> c = rt_->mr_cache(hca, &now_epoch);
   void* mr = c->acquire(m->data, m->size, &err);
   if (!mr) {
-    R2CCL_WARN("regMr again of %zu bytes at %p on %s (reopened after a fatal error): %s", m->size,
-               m->data, rt_->rail_name(hca).c_str(), err.c_str());
-    m->cache_by_hca[hca].reset();
+    R2CCL_WARN(
+        "regMr of %zu bytes at %p on %s (device reopened after a fatal error): %s; its "
+        "chunks use the other paths",
+        m->size, m->data, rt_->rail_name(hca).c_str(), err.c_str());
+    // Tried again on the device's next incarnation, not at every use of this one.
+    m->deferred_by_hca[hca] = true;
+    m->epoch_by_hca[hca] = now_epoch;
     return nullptr;
   }
   m->by_hca[hca] = static_cast<ibv_mr*>(mr);
   m->cache_by_hca[hca] = std::move(c);
   m->epoch_by_hca[hca] = now_epoch;
+  m->deferred_by_hca[hca] = false;
   return now_epoch == epoch ? m->by_hca[hca] : nullptr;
 }
 
@@ -320,15 +330,29 @@ Status Conn::reg_mr(void* data, size_t size, int type, void** mhandle) {
   m->by_hca.assign(rt_->hcas().size(), nullptr);
   m->cache_by_hca.assign(rt_->hcas().size(), nullptr);
   m->epoch_by_hca.assign(rt_->hcas().size(), 0);
+  m->deferred_by_hca.assign(rt_->hcas().size(), false);
   if (type != NCCL_PTR_HOST) m->allowed = gpu_paths(data);
   // The path set is fixed at setup and failback re-creates QPs on the same HCAs, so one
   // registration per HCA of the set stays valid for the connection's life (or until the
   // device is reopened after a fatal error: mr_on registers it again).
+  std::string dead;  // HCAs whose registration waits for their device's reset
+  bool any = false;
   for (const auto& p : paths_) {
-    if (m->by_hca[p.hca] || !((m->allowed >> p.index) & 1u)) continue;
+    if (m->by_hca[p.hca] || m->deferred_by_hca[p.hca] || !((m->allowed >> p.index) & 1u)) continue;
     std::string err;
     std::shared_ptr<MrCache> c = rt_->mr_cache(p.hca, &m->epoch_by_hca[p.hca]);
     void* mr = c->acquire(data, size, &err);
+    if (!mr && errno == EIO) {
+      // The device had a fatal error and its reset is not done (mlx5 in internal-error state
+      // fails every command but the destroy ones with EIO; the runtime may not have read
+      // IBV_EVENT_DEVICE_FATAL yet). NCCL registers buffers at any time and a failed regMr
+      // fails its communicator, for a rail the connection fails over from: the buffer is
+      // registered on the other HCAs now, on this one once its QPs are on the reopened
+      // device (mr_on). Until then the CTS excludes the path (post_cts).
+      m->deferred_by_hca[p.hca] = true;
+      dead += (dead.empty() ? "" : ", ") + rt_->rail_name(p.hca);
+      continue;
+    }
     if (!mr) {
       R2CCL_WARN("regMr of %zu bytes at %p on %s: %s", size, data, rt_->hcas()[p.hca].name.c_str(),
                  err.c_str());
@@ -337,7 +361,21 @@ Status Conn::reg_mr(void* data, size_t size, int type, void** mhandle) {
     }
     m->by_hca[p.hca] = static_cast<ibv_mr*>(mr);
     m->cache_by_hca[p.hca] = std::move(c);
+    any = true;
   }
+  if (!dead.empty() && !any) {
+    R2CCL_WARN(
+        "regMr of %zu bytes at %p: every HCA that may carry it is dead (%s: a fatal error, "
+        "reset not done)",
+        size, data, dead.c_str());
+    dereg_mr(m);
+    return Status::kSystem;
+  }
+  if (!dead.empty())
+    R2CCL_INFO(NCCL_NET,
+               "regMr of %zu bytes at %p: not on %s (device dead after a fatal error) until the "
+               "device is reopened; the other paths carry it meanwhile",
+               size, data, dead.c_str());
   *mhandle = m;
   return Status::kOk;
 }
@@ -356,6 +394,7 @@ Status Conn::reg_mr_dmabuf(void* data, size_t size, uint64_t offset, int fd, voi
   m->by_hca.assign(rt_->hcas().size(), nullptr);
   m->cache_by_hca.assign(rt_->hcas().size(), nullptr);
   m->epoch_by_hca.assign(rt_->hcas().size(), 0);
+  m->deferred_by_hca.assign(rt_->hcas().size(), false);
   m->allowed = gpu_paths(data);
   for (const auto& p : paths_) {
     if (m->by_hca[p.hca] || !((m->allowed >> p.index) & 1u)) continue;
@@ -1166,7 +1205,8 @@ PostResult Conn::post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs 
   const ibv_mr* lmr = mr_on(static_cast<const IbMr*>(c.mhandle), p.hca, p.epoch);
   if (c.mhandle && c.len > 0 && !lmr) {
     sink.on_path_error(p.index, FailCause::kSetup,
-                       "the buffer is not registered on this HCA (its device was reopened)", now);
+                       "the buffer is not registered on this HCA (its device had a fatal error)",
+                       now);
     return PostResult::kFailed;
   }
   const uint32_t lkey = lmr ? lmr->lkey : 0;
@@ -1226,7 +1266,10 @@ PostResult Conn::post_cts(int path, const CtsOut& c, PathSink& sink, TimeUs now)
     const ibv_mr* m = allowed ? mr_on(mr, paths_[i].hca, paths_[i].epoch) : nullptr;
     r.rkey[i] = m ? m->rkey : 0;
     r.epochs = static_cast<uint16_t>(r.epochs | ((paths_[i].epoch & 0xfu) << (4 * i)));
-    if (!allowed) r.excluded = static_cast<uint16_t>(r.excluded | (1u << i));
+    // No MR for the path's QPs (deferred while its device is dead, or made again after a
+    // reopen and failed): the sender must not write there with rkey 0, a remote access
+    // error that ends the connection.
+    if (!allowed || (mr && !m)) r.excluded = static_cast<uint16_t>(r.excluded | (1u << i));
   }
   r.tag = c.tag;
   r.seq1 = c.seq + 1;

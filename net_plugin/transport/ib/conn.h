@@ -48,6 +48,10 @@ struct IbMr {
   // (HcaInfo::epoch) it was made on; an older one is made again on first use (Conn::mr_on).
   std::vector<std::shared_ptr<MrCache>> cache_by_hca;
   std::vector<uint32_t> epoch_by_hca;
+  // Per HCA: no registration yet because the device was dead when it was asked for (a fatal
+  // error, its reset not done; epoch_by_hca is that incarnation), or making it again after
+  // a reopen failed: mr_on makes it for a QP of a later incarnation.
+  std::vector<bool> deferred_by_hca;
   uint32_t allowed = kAllPaths;  // paths (bit i = path i) whose HCA holds a registration
   void* data = nullptr;
   size_t size = 0;
@@ -151,9 +155,10 @@ class Conn final : public ConnIo {
   // The connection area's and control slots' MRs on `hca` made again when the device was
   // reopened after a fatal error since they were registered (h.epoch newer).
   Status refresh_area_mrs(const HcaInfo& h, int hca);
-  // m's MR on `hca` for a QP of incarnation `epoch`, registered again (from the MR cache) if
-  // it was made on an older one; nullptr if m is not registered on `hca` at all, or (WARN)
-  // the new registration failed (a dma-buf buffer cannot be: its descriptor is NCCL's).
+  // m's MR on `hca` for a QP of incarnation `epoch`, registered (from the MR cache) if it was
+  // made on an older one or deferred; nullptr if m is not for `hca` at all, the QP's
+  // incarnation is not newer than a deferred registration's dead one, or (WARN) the new
+  // registration failed (a dma-buf buffer cannot be made again: its descriptor is NCCL's).
   ibv_mr* mr_on(const IbMr* m, int hca, uint32_t epoch);
   // Asynchronous QP / CQ errors (Runtime::qp_events_after) on this connection's QPs: their
   // paths fail now, and a loopback flush QP is dropped (made again at the next flush).

@@ -1,5 +1,6 @@
 #include "transport/ib/mr_cache.h"
 
+#include <cerrno>
 #include <limits>
 #include <utility>
 
@@ -27,6 +28,7 @@ void* MrCache::acquire(const void* addr, size_t len, std::string* err) {
   if (len == 0) len = 1;
   if (len - 1 > max - a) {
     *err = "memory registration: range overflows the address space";
+    errno = EINVAL;
     return nullptr;
   }
   const uintptr_t last = a + (len - 1);  // inclusive
@@ -34,6 +36,7 @@ void* MrCache::acquire(const void* addr, size_t len, std::string* err) {
   const uintptr_t last_page = last - last % page_;
   if (last_page > max - page_) {
     *err = "memory registration: range overflows the address space";
+    errno = EINVAL;
     return nullptr;
   }
   const uintptr_t end = last_page + page_;  // exclusive
@@ -50,7 +53,9 @@ void* MrCache::acquire(const void* addr, size_t len, std::string* err) {
   std::string e;
   void* mr = reg_(start, static_cast<size_t>(end - start), &e);
   if (!mr) {
+    const int reg_errno = errno;  // the string copy may allocate
     *err = e.empty() ? "memory registration failed" : e;
+    errno = reg_errno;
     return nullptr;
   }
   auto it = by_start_.emplace(start, Entry{start, end, mr, 1});

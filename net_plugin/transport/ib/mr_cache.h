@@ -27,7 +27,8 @@ namespace r2ccl::net::ib {
 class MrCache {
  public:
   // Registers [page_start, page_start + len) (whole pages); returns an opaque MR (ibv_mr*)
-  // or nullptr with *err set.
+  // or nullptr with *err set and errno the registration's (callers tell a dead device, EIO,
+  // from other failures by it).
   using RegFn = std::function<void*(uintptr_t page_start, size_t len, std::string* err)>;
   using DeregFn = std::function<void(void* mr)>;
 
@@ -42,8 +43,8 @@ class MrCache {
   // Registers [addr, addr+len) rounded out to whole pages (len 0 = the page holding addr),
   // reusing an existing registration that covers the whole page range (reference + 1; when
   // several do, the one with the lowest start, the oldest among equal starts). Returns the
-  // MR, or nullptr with *err (the registration's own error, or a range that overflows the
-  // address space).
+  // MR, or nullptr with *err (the registration's own error, errno as RegFn left it; or a
+  // range that overflows the address space, errno EINVAL).
   void* acquire(const void* addr, size_t len, std::string* err);
 
   // Drops one reference to `mr`; deregisters it when none is left. Returns false (and does

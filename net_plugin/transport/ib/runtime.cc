@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cstring>
 #include <fstream>
 
@@ -116,7 +117,11 @@ std::shared_ptr<MrCache> Runtime::make_mr_cache(ibv_pd* pd) {
         ibv_mr* mr = vv->reg_mr_iova2 ? vv->reg_mr_iova2(pd, addr, len, start,
                                                          kAccess | IBV_ACCESS_RELAXED_ORDERING)
                                       : vv->reg_mr(pd, addr, len, kAccess);
-        if (!mr) *e = std::string("ibv_reg_mr: ") + strerror(errno);
+        if (!mr) {
+          const int reg_errno = errno;  // MrCache's callers read it (EIO: a dead device)
+          *e = std::string("ibv_reg_mr: ") + strerror(reg_errno);
+          errno = reg_errno;
+        }
         return mr;
       },
       [vv](void* mr) { vv->dereg_mr(static_cast<ibv_mr*>(mr)); },
