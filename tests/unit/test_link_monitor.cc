@@ -326,7 +326,15 @@ enum class Scenario { kTransitions, kOverflow };
   const bool opened = sc == Scenario::kOverflow ? m.open(1) : m.open();
   say("open", opened);
   if (!opened) _exit(3);
-  if (sysfs) say("init_r2lm0_up", link_is_up("r2lm0"));
+  if (sysfs) {
+    // A veth's carrier comes on asynchronously once both ends are up: the kernel's linkwatch
+    // batches such non-urgent changes, up to a second apart (net/core/link_watch.c), so a
+    // read right after `ip link set up` may still say down on a busy host (a fresh-clone CI
+    // run read 0 here). Wait for it, up to 3 s.
+    bool up = false;
+    for (int i = 0; i < 300 && !(up = link_is_up("r2lm0")); ++i) usleep(10000);
+    say("init_r2lm0_up", up);
+  }
   std::vector<LinkMonitor::Event> all;
   m.drain(&all);
   all.clear();

@@ -61,9 +61,11 @@ struct ParamDef {
     "1: an eager isend completes once its bytes are copied into a sender-side buffer kept "     \
     "until the receiver acknowledges them (for replay); 0: it completes on that "               \
     "acknowledgement.")                                                                         \
-  X(heartbeat_interval, "R2CCL_HEARTBEAT_INTERVAL", kDuration, "30ms", 1000, 10e6, nullptr,     \
+  X(heartbeat_interval, "R2CCL_HEARTBEAT_INTERVAL", kDuration, "30ms", 10000, 10e6, nullptr,    \
     "Probe period of each link (a rail pair to one peer process: one prober for all the "       \
-    "connections over it). A link silent for 3 periods has failed.")                            \
+    "connections over it). A link silent for 3 periods has failed. At least 10 ms: 3 "          \
+    "periods must exceed the kernel's ACK-time granularity (a jiffy, up to 10 ms) and a busy "  \
+    "host's scheduling delays.")                                                                \
   X(ack_timeout, "R2CCL_ACK_TIMEOUT", kDuration, "100ms", 1000, 60e6, nullptr,                  \
     "Acknowledgement watchdog: a busy path whose chunks see no acknowledgement progress for "   \
     "this long has failed (silent black hole with the link up).")                               \
