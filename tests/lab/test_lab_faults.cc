@@ -23,8 +23,9 @@ TEST_CASE("lab: device 1's rail downed mid-transfer of 1 GiB is replayed lossles
         o.env["R2CCL_FAILOVER_TIMEOUT"] = "2s";
       }
       // Replay off: a link-down that met nothing in flight ("0 chunks to replay": every chunk
-      // had been acknowledged) loses nothing, so that run says nothing about replay; it is
-      // repeated, at most 3 runs (seen about 1 run in 3 on a loaded 2-core machine).
+      // had been acknowledged), or whose chunks in flight had all landed, loses nothing, so
+      // that run says nothing about replay; it is repeated, at most 3 runs (the first seen
+      // about 1 run in 3 on a loaded 2-core machine).
       PairResult r;
       std::string slog, fault_out, why;
       for (int attempt = 1; attempt <= (replay ? 1 : 3); ++attempt) {
@@ -43,10 +44,17 @@ TEST_CASE("lab: device 1's rail downed mid-transfer of 1 GiB is replayed lossles
         slog = read_file(o.sender_env["R2CCL_LOG_FILE"]);
         why = "sender log:\n" + slog + "\nsender stderr:\n" + read_file(o.sender_stderr) +
               "\nreceiver stderr:\n" + read_file(o.receiver_stderr) + "\nfault: " + fault_out;
-        const bool met_nothing = r.sender_status == 0 && r.receiver_status == 0 &&
-                                 slog.find(" 0 chunks to replay") != std::string::npos;
-        if (replay || !met_nothing) break;
-        WARN("attempt " << attempt << ": the link-down met nothing in flight; again");
+        const bool intact = r.sender_status == 0 && r.receiver_status == 0;
+        const bool met_nothing = intact && slog.find(" 0 chunks to replay") != std::string::npos;
+        // Replay off, chunks in flight, yet every byte arrived: they had landed before the
+        // link went down and only their acknowledgements were lost (the receiver's landed
+        // state told the sender); that run says nothing about replay either (seen once in a
+        // fresh-clone run).
+        const bool only_acks_lost = intact && !met_nothing;
+        if (replay || !(met_nothing || only_acks_lost)) break;
+        WARN("attempt " << attempt
+                        << (met_nothing ? ": the link-down met nothing in flight; again"
+                                        : ": only acknowledgements were lost; again"));
       }
       INFO(why);
       if (!replay) {
