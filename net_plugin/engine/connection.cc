@@ -414,16 +414,23 @@ void Connection::resign_prober(Path& p) {
 // probes), the rail works and the peer process is merely slow. A path that just became the
 // prober has not probed long enough for its transport's evidence to count. Never sooner than
 // the transport's own recovery could work (verbs: two QP retransmissions; ARCHITECTURE.md,
-// detection table).
+// detection table). On the connection's last usable path the rule waits 10 periods instead
+// of 3: with no other path, a peer process that is merely descheduled (an overloaded host) looks
+// like a dead link, since its kernel's ACKs may wait for it too (a socket it holds locked, or a
+// delayed ACK), and failing the path would move the traffic nowhere (seen in a CI run: the
+// surviving rail of a 2-rail lab failed after 90 ms of such silence, and came back 51 ms later).
 bool Connection::check_link(Path& p, bool stalled, TimeUs now) {
   LinkLive& l = *p.link;
   const TimeUs hb = cfg_.heartbeat_interval;
   const TimeUs heard = std::max(p.last_alive, l.heard.load(std::memory_order_relaxed));
-  if (stalled || now - heard <= std::max(3 * hb, io_->stall_floor(p.index)) ||
+  const bool survivor = std::any_of(paths_.begin(), paths_.end(),
+                                    [&](const Path& q) { return &q != &p && usable(q); });
+  const TimeUs rule = (survivor ? 3 : 10) * hb;
+  if (stalled || now - heard <= std::max(rule, io_->stall_floor(p.index)) ||
       now - p.prober_since <= 3 * hb)
     return false;
   const TimeUs below = io_->heard_within(p.index, now);
-  if (below <= 3 * hb) return false;
+  if (below <= rule) return false;
   l.silent_since.store(heard, std::memory_order_relaxed);
   p.verdicts_seen = l.verdicts.fetch_add(1, std::memory_order_release) + 1;
   if (env_.links) env_.links->note_event();  // wakes the link's idle connections

@@ -534,6 +534,33 @@ TEST_CASE("connection: liveness is probed once per link; a silent link fails eve
   }
 }
 
+TEST_CASE("connection: the last usable path waits 10 heartbeat periods, not 3",
+          "[connection][link]") {
+  // With no survivor, a descheduled peer process looks like a dead link (its kernel's ACKs
+  // may wait for it too) and failing the path moves the traffic nowhere: the heartbeat rule
+  // waits 10 periods there. With a survivor it stays at 3 (the black-hole target).
+  for (bool nic : {false, true}) {
+    INFO(shape_name(nic));
+    EventLog log;
+    Pair t(nic, 2);
+    t.sio().heard_from_items = t.rio().heard_from_items = true;
+    const TimeUs hb = t.cfg.heartbeat_interval;
+    for (TimeUs end = t.now + 300 * kUsPerMs; t.now < end;) t.step();
+    auto fails_after = [&](int path) {
+      t.wire.cut[path] = true;
+      const TimeUs t0 = t.now;
+      while (t.now < t0 + kUsPerSec && t.send->path_state(path) != PathState::kFailed) t.step();
+      return t.send->path_state(path) == PathState::kFailed ? t.now - t0 : INT64_MAX;
+    };
+    const TimeUs first = fails_after(1);
+    const TimeUs last = fails_after(0);
+    INFO(log.text());
+    CHECK(first <= 4 * hb + 10 * kUsPerMs);
+    CHECK(last >= 9 * hb);
+    CHECK(last <= 11 * hb + 10 * kUsPerMs);
+  }
+}
+
 TEST_CASE("links: RTTs high on every link at once are a stall, not one rail queueing",
           "[connection][link]") {
   HealthParams hp;
