@@ -19,6 +19,13 @@ constexpr TimeUs kByeGrace = 1 * kUsPerSec;  // pending requests after the peer'
 // threshold's size. Both ends compute it from the negotiated threshold.
 constexpr uint64_t kEagerEntryCost = 256;
 constexpr uint64_t kMinEagerArea = 256 * 1024;
+// A receive no larger than the eager threshold expects its message eagerly and posts its CTS
+// only if still waiting after this long (ARCHITECTURE.md, "Eager messages").
+constexpr TimeUs kSmallCtsDelay = 1 * kUsPerMs;
+// How long the acknowledgement of a consumed eager message may wait for company (its sender's
+// request completed on the copy; the ACK frees the copy and returns credit).
+constexpr TimeUs kAckHold = 200;
+constexpr size_t kMaxHeldAcks = 16;
 uint64_t eager_cost(uint64_t len) { return len + kEagerEntryCost; }
 
 std::string cause_text(FailCause c, const std::string& detail) {
@@ -674,6 +681,8 @@ void Connection::queue_recv_state(int prefer) {
   ctrlq_.erase(std::remove_if(ctrlq_.begin(), ctrlq_.end(),
                               [](const PendingCtrl& q) { return q.m.type == CtrlType::kAck; }),
                ctrlq_.end());
+  held_acks_.clear();  // the history below covers them
+  held_credit_ = 0;
   for (Request* r : active_) {
     if (r->kind != Request::Kind::kRecv || r->rmsg.landed_count() == 0) continue;
     CtrlMsg a;
@@ -915,6 +924,7 @@ void Connection::schedule_chunks(TimeUs now) {
       c.last = idx + 1 == c.nchunks;
       c.chunk_size = chunk_;
       c.eager = r->eager;
+      c.lazy_ack = r->eager && r->internal;
       const PostResult res = io_->post_chunk(pi, c, *this, now);
       if (res == PostResult::kFull) {
         loads[pi].room = false;
@@ -946,6 +956,11 @@ void Connection::schedule_chunks(TimeUs now) {
 void Connection::post_ctss(TimeUs now) {
   for (Request* r : active_) {
     if (r->kind != Request::Kind::kRecv || r->done || r->cts_path >= 0) continue;
+    // A small receive's message comes eagerly: a CTS would be one more frame each way per
+    // message. It goes after kSmallCtsDelay all the same: the sender may lack the credit, or
+    // (a caller's error) hold a larger message, which the CTS's capacity then turns into a
+    // truncation error instead of a wait without end.
+    if (eager_thr_ > 0 && r->size <= eager_thr_ && now - r->posted_at < kSmallCtsDelay) continue;
     const int cp = control_path(-1);
     if (cp < 0) return;
     CtsOut c;
@@ -994,7 +1009,13 @@ void Connection::landed(Request* r, int path, uint32_t idx, TimeUs now) {
     a.type = CtrlType::kAck;
     a.seq = r->seq;
     a.prefix = r->rmsg.nchunks();
-    queue_ctrl(a, path);
+    if (r->eager && r->lazy_ack) {
+      if (held_acks_.empty()) held_since_ = now;
+      held_acks_.push_back({a, path});
+      held_credit_ += eager_cost(r->rmsg.total());
+    } else {
+      queue_ctrl(a, path);
+    }
   }
   history_.push_back({r->seq, r->rmsg.nchunks()});
   if (history_.size() > kHistory) history_.pop_front();
@@ -1067,7 +1088,10 @@ ChunkPlace Connection::on_chunk_header(int path, const ChunkHeader& h, TimeUs no
   pl.action = ChunkPlace::Action::kRead;
   pl.dst = r->rmsg.buffer() + h.offset;
   pl.req = r;
-  if (h.eager) r->eager = true;
+  if (h.eager) {
+    r->eager = true;
+    r->lazy_ack = h.lazy_ack;
+  }
   return pl;
 }
 
@@ -1127,8 +1151,8 @@ bool Connection::eager_fits(uint64_t size) const {
 }
 
 TimeUs Connection::idle_due(TimeUs now) const {
-  if (gave_up_ || peer_closed_ || !active_.empty() || !ctrlq_.empty() || !notices_.empty() ||
-      !addr_notices_.empty() || !recoveries_.empty() || !gated_.empty())
+  if (gave_up_ || peer_closed_ || !active_.empty() || !ctrlq_.empty() || !held_acks_.empty() ||
+      !notices_.empty() || !addr_notices_.empty() || !recoveries_.empty() || !gated_.empty())
     return 0;
   // A receiver that completed a receive lately beats fast for a while (check_paths).
   if (role_ == Role::kRecv && last_recv_done_ != 0 && now - last_recv_done_ < 4 * cfg_.ack_timeout)
@@ -1223,6 +1247,7 @@ ChunkPlace Connection::place_in_area(int path, const ChunkHeader& h, TimeUs now)
     fresh->seq = h.seq;
     fresh->total = h.total;
     fresh->landed = false;
+    fresh->lazy_ack = h.lazy_ack;
     fresh->data.resize(h.len);
     area_used_ += cost;
     area_.push_back(std::move(fresh));
@@ -1250,6 +1275,7 @@ void Connection::deliver_eager(EagerEntry* e, int path, TimeUs now) {
     if (v == ChunkVerdict::kWrite) {
       if (e->total > 0) memcpy(r->rmsg.buffer(), e->data.data(), e->total);
       r->eager = true;
+      r->lazy_ack = e->lazy_ack;
       landed(r, path, 0, now);  // acknowledges, returns the credit, frees the entry
     }
     erase_entry(seq);
@@ -1276,6 +1302,25 @@ void Connection::eager_truncated(uint64_t seq, uint64_t size, uint64_t capacity,
            static_cast<unsigned long long>(seq), static_cast<unsigned long long>(size),
            static_cast<unsigned long long>(capacity));
   give_up(Status::kInternal, why, now);
+}
+
+void Connection::say_goodbye(TimeUs now) {
+  if (!held_acks_.empty() && error_ == Status::kOk) {
+    release_acks(now, true);
+    flush_ctrl(now);
+    io_->flush(*this, now);
+  }
+  io_->say_goodbye(now);
+}
+
+void Connection::release_acks(TimeUs now, bool force) {
+  if (held_acks_.empty()) return;
+  if (!force && ctrlq_.empty() && now - held_since_ < kAckHold && held_credit_ < eager_area_ / 2 &&
+      held_acks_.size() < kMaxHeldAcks)
+    return;
+  for (const auto& h : held_acks_) queue_ctrl(h.m, h.prefer);
+  held_acks_.clear();
+  held_credit_ = 0;
 }
 
 void Connection::send_acks() {
@@ -1589,6 +1634,7 @@ void Connection::progress(TimeUs now) {
     post_ctss(now);
     if (caps_.receiver_acks) send_acks();
     tell_drains();
+    release_acks(now, false);
   }
   flush_ctrl(now);
   io_->flush(*this, now);
@@ -1722,14 +1768,19 @@ Status Connection::irecv(void* data, uint64_t size, int tag, void* mhandle, Requ
   r->ack_path = -1;
   r->cts_path = -1;
   r->cts_delivered = false;
+  r->posted_at = now;
   r->eager = false;
+  r->lazy_ack = false;
   r->internal = false;
   r->rmsg.reset(r->seq, static_cast<char*>(data), size);
   active_.push_back(r);
   *req = r;
   // An eager message that arrived before this irecv completes it now (no CTS goes out).
   if (EagerEntry* e = find_entry(r->seq); e && e->landed) deliver_eager(e, -1, now);
-  progress(now);
+  // A large receive's CTS goes at once; a small one has none to send for now (post_ctss), and
+  // its message is read by the next test(): a pass here would be one more poll(2) between
+  // NCCL's irecv and its isend.
+  if (!(eager_thr_ > 0 && size <= eager_thr_)) progress(now);
   return Status::kOk;
 }
 

@@ -110,10 +110,12 @@ struct Request {
   int ack_path = -1;                    // path the latest chunk came on
   int cts_path = -1;                    // path the CTS went on, -1: (re)post it
   bool cts_delivered = false;           // the transport confirmed the CTS arrived
+  TimeUs posted_at = 0;                 // when irecv posted it (a small one's CTS waits)
   // flush
   uint64_t flush_token = 0;
   // eager messages (PathCaps::eager, size <= the negotiated threshold)
   bool eager = false;      // sender: sent without a CTS; receiver: arrived so
+  bool lazy_ack = false;   // receiver, eager: the sender's request completed, the ACK may wait
   bool internal = false;   // sender: the engine's own copy of a completed eager isend (not
                            // NCCL's), released when acknowledged
   std::vector<char> copy;  // internal: the bytes (data points here)
@@ -137,7 +139,9 @@ class Connection final : public PathSink {
   Status test(Request* r, int* done, int* size, TimeUs now);
   void progress(TimeUs now);
   // Best effort, never waits: tells the peer this end closes on purpose.
-  void say_goodbye(TimeUs now) { io_->say_goodbye(now); }
+  // NCCL closed the comm: held acknowledgements go first (the sender's close waits for them),
+  // then BYE on every path.
+  void say_goodbye(TimeUs now);
 
   // --- the progress token ---
   bool try_enter() {
@@ -296,7 +300,8 @@ class Connection final : public PathSink {
   struct EagerEntry {
     uint64_t seq = 0;
     uint64_t total = 0;
-    bool landed = false;  // every byte is in `data` (and it was acknowledged)
+    bool landed = false;    // every byte is in `data` (and it was acknowledged)
+    bool lazy_ack = false;  // ChunkHeader::lazy_ack of the copy that created it
     std::vector<char> data;
   };
 
@@ -358,6 +363,10 @@ class Connection final : public PathSink {
   // receiver
   void post_ctss(TimeUs now);
   void send_acks();
+  // Receiver: acknowledgements of consumed eager messages whose senders completed on their
+  // copy wait (held_acks_) and go together, with other control traffic, or after
+  // kAckHold, or once they return half the eager area's credit; `force`: now.
+  void release_acks(TimeUs now, bool force);
   void tell_drains();
   void landed(Request* r, int path, uint32_t idx, TimeUs now);
   void mark_dirty(Request* r, uint32_t idx, int path);
@@ -413,6 +422,9 @@ class Connection final : public PathSink {
   uint64_t eager_freed_ = 0;  // receiver: credit of consumed eager messages, cumulative
   std::deque<Done> history_;  // receiver: recently completed receives
   std::deque<PendingCtrl> ctrlq_;
+  std::vector<PendingCtrl> held_acks_;  // receiver: see release_acks
+  TimeUs held_since_ = 0;
+  uint64_t held_credit_ = 0;
   std::deque<Notice> notices_;
   uint64_t next_notice_ = 1;
   std::deque<AddrNotice> addr_notices_;

@@ -120,6 +120,9 @@ struct ChunkOut {
   // An eager message (PathCaps::eager): one chunk sent without the receiver's CTS, into its
   // eager area when no receive is posted yet. `remote` is then an empty RemoteBuffer.
   bool eager = false;
+  // Eager only: the sending request already completed (the engine's copy, R2CCL_EAGER_COPY),
+  // so the receiver may hold its acknowledgement back briefly and send several at once.
+  bool lazy_ack = false;
 };
 
 // One clear-to-send (receiver): the posted buffer of receive `seq`.
@@ -139,7 +142,8 @@ struct ChunkHeader {
   uint32_t idx = 0;
   uint32_t nchunks = 0;
   uint32_t len = 0;
-  bool eager = false;  // sent without a CTS (ChunkOut::eager)
+  bool eager = false;     // sent without a CTS (ChunkOut::eager)
+  bool lazy_ack = false;  // its acknowledgement may wait (ChunkOut::lazy_ack; eager only)
 };
 struct ChunkPlace {
   enum class Action : uint8_t { kRead, kDiscard, kProtocolError } action = Action::kDiscard;

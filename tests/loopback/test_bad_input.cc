@@ -1356,10 +1356,16 @@ TEST_CASE("bad input: without the stale guard a lying header writes outside the 
 
   SECTION("buffer ends at a PROT_NONE page: the write is aimed into the guard page") {
     // recv() into a PROT_NONE page fails with EFAULT (the kernel writes, so no SIGSEGV): the
-    // path fails with a socket error naming "Bad address" instead of the protocol error.
+    // path fails with a socket error naming "Bad address" instead of the protocol error. The
+    // chunk is two read stages long (8 KiB), so its end is read by recv() straight into the
+    // buffer; a payload within one stage is copied from it by the plugin, and that copy would
+    // fault in user space instead.
+    constexpr uint32_t kLong = 8192;
+    const FrameHeader lie_long = data_header(0, 7, 8, kCap - kLong + kOver, kCap, kLong);
+    const std::vector<char> payload_long(kLong, 0x11);
     ReceiveSession s;
     start_receive(&s, no_guard, RecvPlan{});
-    REQUIRE(s.fake.send_frame(lie, payload.data()));
+    REQUIRE(s.fake.send_frame(lie_long, payload_long.data()));
     Verdict v = await_result(&s);
     const std::string log = s.child->log();
     INFO("child log:\n" << log);

@@ -267,7 +267,7 @@ class MemIo final : public PathIo {
           reply(it, std::move(done), now);
           return;
         }
-        ChunkHeader h{c.seq, c.offset, c.total, c.idx, c.nchunks, c.len, c.eager};
+        ChunkHeader h{c.seq, c.offset, c.total, c.idx, c.nchunks, c.len, c.eager, c.lazy_ack};
         ChunkPlace pl = sink.on_chunk_header(it.path, h, now);
         if (pl.action == ChunkPlace::Action::kProtocolError) {
           sink.on_path_error(it.path, FailCause::kProtocol, pl.why, now);
@@ -1417,6 +1417,118 @@ TEST_CASE("connection: lying eager headers are protocol errors, never writes",
   Pair off(false, 2);
   const ChunkPlace pl = off.recv->on_chunk_header(0, hdr(0, 8), off.now);
   CHECK(pl.action == ChunkPlace::Action::kProtocolError);
+}
+
+TEST_CASE("connection: a small irecv posts its CTS only if its eager message is late",
+          "[connection][eager]") {
+  // A receive no larger than the threshold expects its message eagerly: no CTS (a frame each
+  // way per message) unless it still waits after 1 ms.
+  Pair t(false, 2, {}, {}, kEagerThr);
+  auto src = pattern(kEagerThr, 11);
+  std::vector<char> dst(kEagerThr, 0);
+  Request* r = nullptr;
+  REQUIRE(t.recv->irecv(dst.data(), dst.size(), 0, nullptr, &r, t.now) == Status::kOk);
+  t.run(500);
+  CHECK(t.wire.cts_posted == 0);
+  Request* s = isend_now(t, src);
+  REQUIRE(s != nullptr);
+  bool done = false;
+  REQUIRE(t.wait(s, r, 10 * kUsPerMs, &done) == Status::kOk);
+  CHECK(done);
+  CHECK(dst == src);
+  t.run(2 * kUsPerMs);
+  CHECK(t.wire.cts_posted == 0);
+  // Nothing comes for 1 ms: the CTS goes (once); the message still arrives.
+  REQUIRE(t.recv->irecv(dst.data(), dst.size(), 0, nullptr, &r, t.now) == Status::kOk);
+  t.run(2 * kUsPerMs);
+  CHECK(t.wire.cts_posted == 1);
+  src = pattern(kEagerThr, 12);
+  s = isend_now(t, src);
+  REQUIRE(s != nullptr);
+  REQUIRE(t.wait(s, r, 10 * kUsPerMs, &done) == Status::kOk);
+  CHECK(done);
+  CHECK(dst == src);
+  CHECK(t.wire.cts_posted == 1);
+}
+
+TEST_CASE("connection: acknowledgements of eager messages completed on their copy go together",
+          "[connection][eager]") {
+  // R2CCL_EAGER_COPY=1: the isend completed on the copy, so the receiver holds the ACK of a
+  // consumed message back (200 us, or half the area's credit) and sends the held ones at once;
+  // 0: NCCL's request waits for the ACK, which goes in the pass that completed the receive.
+  for (bool copy : {true, false}) {
+    INFO((copy ? "R2CCL_EAGER_COPY=1" : "R2CCL_EAGER_COPY=0"));
+    Pair t(false, 2, {{"R2CCL_EAGER_COPY", copy ? "1" : "0"}}, {}, kEagerThr);
+    constexpr int kN = 4;
+    std::vector<std::vector<char>> srcs, dsts(kN, std::vector<char>(1000, 0));
+    std::vector<Request*> rs(kN, nullptr);
+    for (int i = 0; i < kN; ++i)
+      REQUIRE(t.recv->irecv(dsts[i].data(), 1000, 0, nullptr, &rs[i], t.now) == Status::kOk);
+    for (int i = 0; i < kN; ++i) {
+      srcs.push_back(pattern(1000, 40 + i));
+      REQUIRE(isend_now(t, srcs.back()) != nullptr);
+    }
+    auto acks = [&] {
+      return std::count_if(t.rio().sent_ctrl.begin(), t.rio().sent_ctrl.end(),
+                           [](const CtrlMsg& m) { return m.type == CtrlType::kAck; });
+    };
+    int done = 0;
+    TimeUs done_at = 0;
+    long acks_at_done = -1;
+    for (TimeUs end = t.now + 10 * kUsPerMs; t.now < end && done < kN;) {
+      t.step();
+      for (auto& r : rs)
+        if (r && test_done(*t.recv, r, t.now)) {
+          r = nullptr;
+          ++done;
+        }
+    }
+    REQUIRE(done == kN);
+    done_at = t.now;
+    acks_at_done = acks();
+    for (int i = 0; i < kN; ++i) CHECK(std::equal(srcs[i].begin(), srcs[i].end(), dsts[i].begin()));
+    if (!copy) {
+      CHECK(acks_at_done == kN);
+      continue;
+    }
+    CHECK(acks_at_done == 0);
+    TimeUs acked_at = 0;
+    while (t.now < done_at + 2 * kUsPerMs && !acked_at) {
+      t.step();
+      if (acks() == kN) acked_at = t.now;  // all in one pass: 0, then kN
+      REQUIRE((acks() == 0 || acks() == kN));
+    }
+    REQUIRE(acked_at);
+    CHECK(acked_at - done_at >= 200 - kStep);
+    CHECK(acked_at - done_at <= 200 + kStep);
+    t.run(kUsPerMs);
+    CHECK_FALSE(t.send->eager_unacked());  // every copy released
+  }
+}
+
+TEST_CASE("connection: a rendezvous isend against a small irecv fails as truncated, never waits",
+          "[connection][eager]") {
+  // The caller's error NCCL never makes: the sender holds more than the threshold, the
+  // receiver posted less. The small irecv's late CTS carries its capacity, so both fail as
+  // truncated instead of waiting for a CTS without end.
+  EventLog log;
+  Pair t(false, 2, {}, {}, kEagerThr);
+  auto src = pattern(3 * kEagerThr, 13);
+  std::vector<char> dst(1000, 0);
+  Request* r = nullptr;
+  REQUIRE(t.recv->irecv(dst.data(), dst.size(), 0, nullptr, &r, t.now) == Status::kOk);
+  Request* s = nullptr;
+  Status st = Status::kOk;
+  for (TimeUs end = t.now + 50 * kUsPerMs; t.now < end && st == Status::kOk;) {
+    st = t.send->isend(src.data(), src.size(), 0, nullptr, &s, t.now);
+    t.step();
+  }
+  CHECK(st == Status::kInternal);
+  t.run(kUsPerMs);
+  CHECK(t.recv->error() == Status::kInternal);
+  CHECK(std::all_of(dst.begin(), dst.end(), [](char c) { return c == 0; }));
+  INFO(log.text());
+  CHECK(log.count("(truncated)") >= 1);
 }
 
 TEST_CASE("connection: an eager isend larger than the irecv fails both as truncated",

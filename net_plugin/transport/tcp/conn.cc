@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -30,6 +31,8 @@ constexpr size_t kDiscardBytes = 64 * 1024;
 constexpr TimeUs kPathHandshakeTimeout = 1 * kUsPerSec;
 constexpr int kFramesPerRead = 32;  // bound the work of one progress call per stream
 constexpr uint64_t kBytesPerRead = 8ull << 20;
+constexpr size_t kCtrlBatch = 32;     // control frames (40 B headers) per system call
+constexpr size_t kStageBytes = 4096;  // a stream's read stage: headers and small payloads
 
 FrameHeader frame(FrameType t) {
   FrameHeader h{};
@@ -750,6 +753,15 @@ bool Conn::flush_stream(Path& p, Stream& s, TimeUs now) {
   for (int guard = 0; guard < 64; ++guard) {
     if (!s.cur_active) {
       if (!s.ctrlq.empty()) {
+        // Control frames are headers only: every one that is due goes in one system call (an
+        // acknowledgement and a probe queued in the same pass, several acknowledgements).
+        s.batch.clear();
+        while (!s.ctrlq.empty() && s.batch.size() < kCtrlBatch &&
+               s.ctrlq.front().not_before <= now) {
+          s.batch.push_back(s.ctrlq.front().h);
+          s.ctrlq.pop_front();
+        }
+        if (s.batch.empty()) return true;  // delayed (fault injection): data waits behind it
         s.cur_ctrl = true;
       } else if (!s.dataq.empty()) {
         s.cur_ctrl = false;
@@ -759,7 +771,22 @@ bool Conn::flush_stream(Path& p, Stream& s, TimeUs now) {
       s.cur_active = true;
       s.cur_off = 0;
     }
-    OutFrame& f = s.cur_ctrl ? s.ctrlq.front() : s.dataq.front();
+    if (s.cur_ctrl) {
+      const size_t total = s.batch.size() * sizeof(FrameHeader);
+      const ssize_t n = ::send(s.fd, reinterpret_cast<const char*>(s.batch.data()) + s.cur_off,
+                               total - s.cur_off, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (n < 0) {
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
+        watch_window(s, true, now);
+        return true;
+      }
+      if (s.window_shut) watch_window(s, false, now);
+      s.cur_off += static_cast<size_t>(n);
+      if (s.cur_off < total) return true;
+      s.cur_active = false;
+      continue;
+    }
+    OutFrame& f = s.dataq.front();
     if (f.not_before > now) return true;
     const size_t total = sizeof(FrameHeader) + f.h.len;
     iovec iov[2];
@@ -792,10 +819,7 @@ bool Conn::flush_stream(Path& p, Stream& s, TimeUs now) {
     s.cur_off += static_cast<size_t>(n);
     if (s.cur_off < total) return true;
     s.cur_active = false;
-    if (s.cur_ctrl)
-      s.ctrlq.pop_front();
-    else
-      s.dataq.pop_front();
+    s.dataq.pop_front();
   }
   return true;
 }
@@ -871,7 +895,7 @@ PostResult Conn::post_chunk(int path, const ChunkOut& c, PathSink& sink, TimeUs 
   f.h.total = c.total;
   f.h.a = c.idx;
   f.h.b = c.nchunks;
-  f.h.flags = c.eager ? kFrameEager : 0;
+  f.h.flags = c.eager ? static_cast<uint8_t>(kFrameEager | (c.lazy_ack ? kFrameLazyAck : 0)) : 0;
   f.payload = c.src;
   const TimeUs delay = FaultInjector::instance().query(rail_of(p), now).delay;
   f.not_before = delay > 0 ? now + delay : 0;
@@ -973,69 +997,96 @@ void Conn::flush(PathSink& sink, TimeUs now) {
 // ------------------------------------------------------------------------------------------
 // Frames in.
 
+// Reads what the stream has, frame by frame, within kFramesPerRead and kBytesPerRead. Headers and
+// small payloads come through the stream's stage (kStageBytes): one recv takes a small frame
+// whole, or several control frames; a payload of at least a stage's size is read straight into
+// its destination. A read that returns less than it asked for emptied the socket: no further
+// recv (it would only say EAGAIN) until the next pass.
 bool Conn::read_stream(Path& p, Stream& s, PathSink& sink, TimeUs now, FailCause* cause,
                        const char** why) {
   if (s.fd < 0) return true;
   if (FaultInjector::instance().query(rail_of(p), now).blackhole) return true;
+  if (s.stage.empty()) s.stage.resize(kStageBytes);
   int frames = 0;
   uint64_t bytes = 0;
+  bool drained = false;
   while (frames < kFramesPerRead && bytes < kBytesPerRead) {
-    ssize_t n;
-    if (!s.in_payload) {
-      n = ::recv(s.fd, reinterpret_cast<char*>(&s.rh) + s.rh_got, sizeof(FrameHeader) - s.rh_got,
-                 MSG_DONTWAIT);
-    } else {
-      // The stale-data guard, again before every partial read: the chunk may have landed on
-      // another path, or its receive may have completed or failed, meanwhile.
-      const bool write = s.place.action == ChunkPlace::Action::kRead && sink.chunk_wanted(s.place);
-      char* dst;
-      size_t want;
-      if (write) {
-        dst = s.place.dst + s.p_done;
-        want = static_cast<size_t>(s.p_left);
-      } else {
+    if (s.st_off == s.st_len) {
+      if (drained) return true;
+      const bool direct = s.in_payload && s.p_left >= kStageBytes;
+      char* dst = s.stage.data();
+      size_t want = kStageBytes;
+      if (direct) {
+        // The stale-data guard, again before every partial read: the chunk may have landed on
+        // another path, or its receive may have completed or failed, meanwhile.
+        if (s.place.action == ChunkPlace::Action::kRead && sink.chunk_wanted(s.place)) {
+          dst = s.place.dst + s.p_done;
+          want = static_cast<size_t>(s.p_left);
+        } else {
+          s.p_clean = false;
+          dst = discard_.data();
+          want = static_cast<size_t>(std::min<uint64_t>(s.p_left, discard_.size()));
+        }
+      }
+      const ssize_t n = ::recv(s.fd, dst, want, MSG_DONTWAIT);
+      if (n == 0) {
+        *cause = FailCause::kPeerClosed;
+        *why = "end of file";
+        return false;
+      }
+      if (n < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
+        *cause = (errno == ECONNRESET || errno == EPIPE) ? FailCause::kPeerClosed
+                                                         : FailCause::kSocketError;
+        *why = strerror(errno);
+        return false;
+      }
+      sink.on_path_alive(p.index, now);
+      heard_peer(now);
+      bytes += static_cast<uint64_t>(n);
+      drained = static_cast<size_t>(n) < want;
+      if (direct) {
+        s.p_done += static_cast<uint64_t>(n);
+        s.p_left -= static_cast<uint64_t>(n);
+        if (s.p_left == 0) finish_payload(p, s, sink, now);
+        continue;
+      }
+      s.st_off = 0;
+      s.st_len = static_cast<size_t>(n);
+    }
+    const size_t avail = s.st_len - s.st_off;
+    const char* in = s.stage.data() + s.st_off;
+    if (s.in_payload) {
+      const size_t take = static_cast<size_t>(std::min<uint64_t>(s.p_left, avail));
+      // The stale-data guard before every copy, as before every partial read.
+      if (s.place.action == ChunkPlace::Action::kRead && sink.chunk_wanted(s.place))
+        memcpy(s.place.dst + s.p_done, in, take);
+      else
         s.p_clean = false;
-        dst = discard_.data();
-        want = static_cast<size_t>(std::min<uint64_t>(s.p_left, discard_.size()));
-      }
-      n = ::recv(s.fd, dst, want, MSG_DONTWAIT);
-    }
-    if (n == 0) {
-      *cause = FailCause::kPeerClosed;
-      *why = "end of file";
-      return false;
-    }
-    if (n < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return true;
-      *cause = (errno == ECONNRESET || errno == EPIPE) ? FailCause::kPeerClosed
-                                                       : FailCause::kSocketError;
-      *why = strerror(errno);
-      return false;
-    }
-    sink.on_path_alive(p.index, now);
-    heard_peer(now);
-    bytes += static_cast<uint64_t>(n);
-    if (!s.in_payload) {
-      s.rh_got += static_cast<size_t>(n);
-      if (s.rh_got < sizeof(FrameHeader)) continue;
-      s.rh_got = 0;
-      ++frames;
-      if (s.rh.magic != kFrameMagic) {
-        *cause = FailCause::kProtocol;
-        *why = "bad frame magic";
-        return false;
-      }
-      if (!handle_frame(p, s, sink, now, why)) {
-        *cause = FailCause::kProtocol;
-        return false;
-      }
-      if (s.in_payload && s.p_left == 0) finish_payload(p, s, sink, now);
-      if (p.stopped) return true;  // a frame made the engine stop this path
-    } else {
-      s.p_done += static_cast<uint64_t>(n);
-      s.p_left -= static_cast<uint64_t>(n);
+      s.st_off += take;
+      s.p_done += take;
+      s.p_left -= take;
       if (s.p_left == 0) finish_payload(p, s, sink, now);
+      continue;
     }
+    const size_t take = std::min(avail, sizeof(FrameHeader) - s.rh_got);
+    memcpy(reinterpret_cast<char*>(&s.rh) + s.rh_got, in, take);
+    s.st_off += take;
+    s.rh_got += take;
+    if (s.rh_got < sizeof(FrameHeader)) continue;
+    s.rh_got = 0;
+    ++frames;
+    if (s.rh.magic != kFrameMagic) {
+      *cause = FailCause::kProtocol;
+      *why = "bad frame magic";
+      return false;
+    }
+    if (!handle_frame(p, s, sink, now, why)) {
+      *cause = FailCause::kProtocol;
+      return false;
+    }
+    if (s.in_payload && s.p_left == 0) finish_payload(p, s, sink, now);
+    if (p.stopped) return true;  // a frame made the engine stop this path
   }
   return true;
 }
@@ -1061,6 +1112,7 @@ bool Conn::handle_frame(Path& p, Stream& s, PathSink& sink, TimeUs now, const ch
       ch.nchunks = h.b;
       ch.len = h.len;
       ch.eager = (h.flags & kFrameEager) != 0;
+      ch.lazy_ack = ch.eager && (h.flags & kFrameLazyAck) != 0;
       s.place = sink.on_chunk_header(p.index, ch, now);
       if (s.place.action == ChunkPlace::Action::kProtocolError) {
         *why = s.place.why;
@@ -1181,6 +1233,7 @@ bool Conn::wait_fds(std::vector<pollfd>* out) const {
         out->push_back({hs.fd, static_cast<short>(hs.stage == 2 ? POLLIN : POLLOUT), 0});
     if (!p.attached_ok()) continue;
     for (const auto& st : p.streams) {
+      if (st.st_off < st.st_len) return false;  // frames read but not yet handled
       const bool out_pending = st.cur_active || !st.ctrlq.empty() || !st.dataq.empty();
       out->push_back({st.fd, static_cast<short>(POLLIN | (out_pending ? POLLOUT : 0)), 0});
     }
@@ -1194,17 +1247,31 @@ void Conn::poll(PathSink& sink, TimeUs now) {
   for (auto& p : paths_)
     if (!p.reconnect.empty()) step_reconnect(sink, p, now);
   apply_injected_resets(sink, now);
+  // One poll(2) says which streams have something to read, instead of a recv per stream that
+  // mostly answers EAGAIN: the proxy thread calls this in a tight loop while it waits, and a
+  // recv locks the socket (an arriving segment then waits in its backlog; poll does not
+  // lock). Streams with frames already in their stage are read whatever it says.
+  read_fds_.clear();
+  read_at_.clear();
   for (auto& p : paths_) {
     if (!p.attached_ok()) continue;
-    for (auto& s : p.streams) {
-      FailCause cause = FailCause::kNone;
-      const char* why = nullptr;
-      if (!read_stream(p, s, sink, now, &cause, &why)) {
-        sink.on_path_error(p.index, cause, why, now);
-        break;
-      }
-      if (!p.attached_ok()) break;
+    for (size_t i = 0; i < p.streams.size(); ++i) {
+      if (p.streams[i].fd < 0) continue;
+      read_fds_.push_back({p.streams[i].fd, POLLIN, 0});
+      read_at_.push_back({p.index, static_cast<int>(i)});
     }
+  }
+  const bool polled =
+      !read_fds_.empty() && ::poll(read_fds_.data(), static_cast<nfds_t>(read_fds_.size()), 0) >= 0;
+  for (size_t k = 0; k < read_fds_.size(); ++k) {
+    Path& p = paths_[static_cast<size_t>(read_at_[k].first)];
+    if (!p.attached_ok()) continue;  // failed or stopped by what an earlier stream read
+    Stream& s = p.streams[static_cast<size_t>(read_at_[k].second)];
+    if (s.fd != read_fds_[k].fd) continue;
+    if (polled && read_fds_[k].revents == 0 && s.st_off == s.st_len) continue;
+    FailCause cause = FailCause::kNone;
+    const char* why = nullptr;
+    if (!read_stream(p, s, sink, now, &cause, &why)) sink.on_path_error(p.index, cause, why, now);
   }
   if (now >= next_tcp_info_) sample_tcp_info(now);
   // The zero-window rule also looks without an EAGAIN: what a stopped receiver cannot take

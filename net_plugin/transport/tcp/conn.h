@@ -107,9 +107,13 @@ class Conn final : public ConnIo {
     std::deque<OutFrame> ctrlq;
     std::deque<OutFrame> dataq;
     bool cur_active = false;
-    bool cur_ctrl = false;
+    bool cur_ctrl = false;  // the frames going out are `batch`, else dataq's front
     size_t cur_off = 0;
+    std::vector<FrameHeader> batch;  // control frames taken from ctrlq, sent as one
     // reader
+    std::vector<char> stage;  // read stage (kStageBytes, conn.cc), allocated on first read
+    size_t st_off = 0;        // stage bytes handled so far
+    size_t st_len = 0;        // stage bytes read
     FrameHeader rh{};
     size_t rh_got = 0;
     bool in_payload = false;
@@ -219,7 +223,9 @@ class Conn final : public ConnIo {
   std::vector<Path> paths_;
   std::vector<WireRail> peer_rails_;
   std::vector<char> discard_;
-  TimeUs next_tcp_info_ = 0;     // next TCP_INFO read for the failure predictor
+  std::vector<pollfd> read_fds_;              // poll(): the streams it reads, this pass
+  std::vector<std::pair<int, int>> read_at_;  // ... their (path, stream)
+  TimeUs next_tcp_info_ = 0;                  // next TCP_INFO read for the failure predictor
   TimeUs next_window_look_ = 0;  // next zero-window look on the paths with chunks in flight
   TimeUs last_rx_ = 0;           // the last byte from the peer on any path
   bool patient_ = false;         // the silence rule raised every stream's TCP_USER_TIMEOUT

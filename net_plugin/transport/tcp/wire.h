@@ -7,7 +7,8 @@
 //   HELLO      a=the connector's wire version (kWireVersion), len=sizeof(HelloBody)
 //   HELLO_ACK  a=the listener's wire version, len=sizeof(HelloBody)
 //   DATA       seq=message, a=chunk index, b=chunk count, off=offset, total=message bytes,
-//              flags kFrameEager: an eager message, sent without the CTS (PathCaps::eager)
+//              flags kFrameEager: an eager message, sent without the CTS (PathCaps::eager);
+//              kFrameLazyAck (with kFrameEager): its ACK may wait (ChunkOut::lazy_ack)
 //   CTS        seq=message, total=posted receive capacity, a=tag
 //   ACK        seq=message, a=prefix (every chunk below landed; the chunk count: all), b=window
 //              base, total=bitmap of landed chunks [base, base+64), off=eager credit freed
@@ -103,6 +104,9 @@ constexpr uint16_t kFrameMagic = 0x5232;  // "2R"
 // FrameHeader::flags of a DATA frame. A peer that never negotiated eager messages (knob 0)
 // never sets it.
 constexpr uint8_t kFrameEager = 1;
+// ... and with kFrameEager: the sender's request already completed, the ACK may wait (a peer
+// that does not know it acknowledges at once, as before).
+constexpr uint8_t kFrameLazyAck = 2;
 
 struct FrameHeader {
   uint16_t magic;
