@@ -64,9 +64,10 @@ Outcome run(const Lab& lab, const Scenario& sc, const std::string& tag) {
   // Two nodes: each side its own health board, so each has its own sampler.
   o.sender_env["R2CCL_HEALTH_BOARD"] = tag + "-a-" + std::to_string(getpid());
   o.receiver_env["R2CCL_HEALTH_BOARD"] = tag + "-b-" + std::to_string(getpid());
-  // 4 MiB messages at 1 Gbit/s: about 30 a second; 420 outlast the 3 s of health, the 4 s of
-  // degradation and the link-down.
-  Stream s{4u << 20, 420, 60000, temp_path(tag + "-started")};
+  // 4 MiB messages at 1 Gbit/s (one rail at a time: no striping): about 30 a second; 330
+  // (11 s) outlast the 3 s of health, the 4 s of degradation, the link-down and the second
+  // after it.
+  Stream s{4u << 20, 330, 60000, temp_path(tag + "-started")};
   FakeNic& sick = sc.degrade_receiver ? b0 : a0;
   {
     Later driver(0, [&] {

@@ -270,7 +270,7 @@ TEST_CASE("verbs: port flaps: lossless, failback by re-created QPs", "[loopback]
 }
 
 TEST_CASE("verbs: one port down for 300 ms: failback, and the rail then stays in service",
-          "[loopback][ib][failover]") {
+          "[loopback][ib][failover][policy]") {
   SKIP_WITHOUT_FAKE();
   // After failback the primary path carries the stream again for ~2.5 s: a rebuilt path that
   // broke again (e.g. a write to a peer QP not yet connected) would log a second failure.
@@ -675,7 +675,7 @@ TEST_CASE("bad verbs settings fail init with a message naming the variable", "[l
 TEST_CASE(
     "verbs: the receiver's predictor drains its port: the sender is told (DRAIN) and the "
     "port's later failure costs no replay",
-    "[loopback][ib][predict]") {
+    "[loopback][ib][predict][policy]") {
   SKIP_WITHOUT_FAKE();
   // The receiver's mlx5_0 port shows thousands of symbol and receive errors a second from the
   // start; its baseline (no weights: deterministic) drains it within a few 100 ms samples.
