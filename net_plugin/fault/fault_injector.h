@@ -3,7 +3,9 @@
 // send delay), never by calling the engine, so the log names the detector that really fired.
 //
 // Syntax: entries separated by ';', each "rank=R,rail=N,at=MS,kind=K[,for=MS]" with
-//   K = reset | blackhole | delay:MS.  `at` counts from this process's first isend or irecv;
+//   K = reset | blackhole | delay:MS.  `at` counts from the first chunk, CTS or
+//   acknowledgement this process sends (a receiver's CTS comes before its sender's first chunk;
+//   a receiver of eager messages only, which sends no CTS, starts at its first acknowledgement);
 //   `for` (default: forever) ends the fault. rank=-1 or a missing rank matches every process.
 //   Ranges (anything else, or a key given twice, is an error naming the accepted form): rank
 //   [-1, 2^31-1], rail [0, 15], at [0, 86400000] ms, for [1, 86400000] ms, delay [1, 60000] ms.
@@ -44,7 +46,7 @@ class FaultInjector {
 
   void configure(const std::vector<FaultSpec>& specs, int my_rank);
   bool enabled() const { return !specs_.empty(); }
-  // Starts the schedule at the first call (first isend or irecv of the process).
+  // Starts the schedule at the first call (the process's first chunk, CTS or acknowledgement).
   void arm();
   // Replaces the schedule with `specs` (filtered by rank) and starts it now.
   void arm_now(const std::vector<FaultSpec>& specs, int my_rank);

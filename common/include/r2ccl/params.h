@@ -112,7 +112,7 @@ struct ParamDef {
   X(fault_inject, "R2CCL_FAULT_INJECT", kString, "", 0, 0, nullptr,                             \
     "In-process fault schedule, ';'-separated: rank=R,rail=N,at=MS,kind=reset|blackhole|"       \
     "delay:MS[,for=MS]. Acts on this process's sockets of that rail, 'at' counts from the "     \
-    "first isend or irecv. rank matches R2CCL_RANK (or RANK).")                                 \
+    "first chunk, CTS or acknowledgement it sends. rank matches R2CCL_RANK (or RANK).")         \
   X(rank, "R2CCL_RANK", kInt, "-1", -1, 1e9, "RANK",                                            \
     "This process's rank, only used to match R2CCL_FAULT_INJECT entries.")                      \
   X(transport, "R2CCL_TRANSPORT", kString, "auto", 0, 0, nullptr,                               \

@@ -771,40 +771,34 @@ bool Conn::flush_stream(Path& p, Stream& s, TimeUs now) {
       s.cur_active = true;
       s.cur_off = 0;
     }
-    if (s.cur_ctrl) {
-      const size_t total = s.batch.size() * sizeof(FrameHeader);
-      const ssize_t n = ::send(s.fd, reinterpret_cast<const char*>(s.batch.data()) + s.cur_off,
-                               total - s.cur_off, MSG_NOSIGNAL | MSG_DONTWAIT);
-      if (n < 0) {
-        if (errno != EAGAIN && errno != EWOULDBLOCK) return false;
-        watch_window(s, true, now);
-        return true;
-      }
-      if (s.window_shut) watch_window(s, false, now);
-      s.cur_off += static_cast<size_t>(n);
-      if (s.cur_off < total) return true;
-      s.cur_active = false;
-      continue;
-    }
-    OutFrame& f = s.dataq.front();
-    if (f.not_before > now) return true;
-    const size_t total = sizeof(FrameHeader) + f.h.len;
+    // What is left of the current frame (or control batch), as at most 2 pieces.
     iovec iov[2];
     int n_iov = 0;
-    if (s.cur_off < sizeof(FrameHeader)) {
-      iov[n_iov].iov_base = reinterpret_cast<char*>(&f.h) + s.cur_off;
-      iov[n_iov].iov_len = sizeof(FrameHeader) - s.cur_off;
-      ++n_iov;
-      if (f.h.len) {
-        iov[n_iov].iov_base = const_cast<char*>(f.payload);
-        iov[n_iov].iov_len = f.h.len;
-        ++n_iov;
-      }
-    } else {
-      size_t po = s.cur_off - sizeof(FrameHeader);
-      iov[0].iov_base = const_cast<char*>(f.payload) + po;
-      iov[0].iov_len = f.h.len - po;
+    size_t total = 0;
+    if (s.cur_ctrl) {
+      total = s.batch.size() * sizeof(FrameHeader);
+      iov[0].iov_base = reinterpret_cast<char*>(s.batch.data()) + s.cur_off;
+      iov[0].iov_len = total - s.cur_off;
       n_iov = 1;
+    } else {
+      OutFrame& f = s.dataq.front();
+      if (f.not_before > now) return true;
+      total = sizeof(FrameHeader) + f.h.len;
+      if (s.cur_off < sizeof(FrameHeader)) {
+        iov[n_iov].iov_base = reinterpret_cast<char*>(&f.h) + s.cur_off;
+        iov[n_iov].iov_len = sizeof(FrameHeader) - s.cur_off;
+        ++n_iov;
+        if (f.h.len) {
+          iov[n_iov].iov_base = const_cast<char*>(f.payload);
+          iov[n_iov].iov_len = f.h.len;
+          ++n_iov;
+        }
+      } else {
+        size_t po = s.cur_off - sizeof(FrameHeader);
+        iov[0].iov_base = const_cast<char*>(f.payload) + po;
+        iov[0].iov_len = f.h.len - po;
+        n_iov = 1;
+      }
     }
     msghdr m{};
     m.msg_iov = iov;
@@ -819,7 +813,7 @@ bool Conn::flush_stream(Path& p, Stream& s, TimeUs now) {
     s.cur_off += static_cast<size_t>(n);
     if (s.cur_off < total) return true;
     s.cur_active = false;
-    s.dataq.pop_front();
+    if (!s.cur_ctrl) s.dataq.pop_front();
   }
   return true;
 }
@@ -920,6 +914,7 @@ PostResult Conn::post_ctrl(int path, const CtrlMsg& m, PathSink& sink, TimeUs no
   FrameHeader h{};
   switch (m.type) {
     case CtrlType::kAck:
+      FaultInjector::instance().arm();  // a receiver of eager messages sends no CTS
       h = frame(FrameType::kAck);
       h.seq = m.seq;
       h.a = m.prefix;
