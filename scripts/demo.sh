@@ -37,25 +37,33 @@ if [ $MODE = auto ] && bash scripts/railab.sh check >/dev/null 2>&1; then
   ip netns exec ${P}b "$PERF" "${RDV[@]}" --rank 1 "${SWEEP[@]}" >"$OUT/rank1.log" 2>&1 &
   R1=$!
   # Kill rail 0 (it carries the traffic: device 0's primary path) in pass 2, at a moment when
-  # it is busy (its transmit counter grew by more than 2 MB in 20 ms, ~800 Mbit/s): then
-  # chunks are in flight when it dies, however loaded this machine is (the checks between
-  # collectives leave the rail idle part of the time, and a fault timed from the log alone
-  # could fall into such a gap).
+  # it is busy: then chunks are in flight when it dies (the checks between collectives leave
+  # the rail idle part of the time, and a fault timed from the log alone could fall into such
+  # a gap). Busy: its transmit counter grew at >= 800 Mbit/s over the last few ms, measured by
+  # one shell inside the namespace that reads the counter and the clock without starting a
+  # process per look (on a loaded machine each `ip netns exec cat` took tens of ms, so a
+  # fixed "2 MB in 20 ms" was really over 100 ms or more, and a mostly idle rail passed: a
+  # newcomer's demo then killed the rail with nothing in flight and failed), and that then
+  # takes the link down at once.
   (
     for _ in $(seq 1 1800); do
       grep -q '# pass 2/3' "$OUT/rank0.log" 2>/dev/null && break
       sleep 0.1
     done
-    tx() { ip netns exec ${P}a cat /sys/class/net/rail0/statistics/tx_bytes; }
-    prev=$(tx)
-    for _ in $(seq 1 3000); do
-      sleep 0.02
-      cur=$(tx)
-      [ $((cur - prev)) -gt 2000000 ] && break
-      prev=$cur
-    done
-    echo "[demo] >>> rail0 is busy: taking it down now (ip link set rail0 down in ${P}a)"
-    ip -n ${P}a link set rail0 down
+    ip netns exec ${P}a bash -c '
+      f=/sys/class/net/rail0/statistics/tx_bytes
+      exec {nap}<> <(:)                          # a pipe that stays empty: read -t naps on it
+      read -r prev <"$f"; tp=${EPOCHREALTIME/./}
+      for ((i = 0; i < 20000; i++)); do
+        read -r -t 0.002 -u $nap _
+        read -r cur <"$f"; t=${EPOCHREALTIME/./}
+        # bits / us = Mbit/s, over at most 10 ms
+        if ((10#$t > 10#$tp && 10#$t - 10#$tp <= 10000 &&
+              (cur - prev) * 8 >= 800 * (10#$t - 10#$tp))); then break; fi
+        prev=$cur; tp=$t
+      done
+      echo "[demo] >>> rail0 is busy: taking it down now (ip link set rail0 down in the namespace)"
+      ip link set rail0 down' 
     sleep 3
     echo "[demo] >>> bringing rail0 back up"
     bash scripts/railab.sh fault link-up 0 --prefix $P | sed 's/^/[demo] /'
