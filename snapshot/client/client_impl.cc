@@ -824,19 +824,20 @@ Status Client::restore(int64_t timeout_us, uint64_t* step_out) {
       c->work_cv_.notify_all();
     }
   } resume{this};
-  uint64_t before;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    if (dead_) return dead_status();
-    before = states_;
-  }
+  const uint32_t query = ++queries_;
   s = send(ClientMsg::kQuery, nullptr, 0);
   if (!s.ok()) return s;
   StateBody st;
   {
+    // The answer is the first STATE that counts this QUERY, not merely the next STATE: one the
+    // daemon pushed before it read the QUERY may still have been on its way, and its older
+    // complete step would restore less than the newest. Counts compare mod 2^32; the daemon
+    // answers in order, so a later STATE counts this QUERY too (a timed-out restore's late
+    // answer does not).
+    auto answered = [&] { return int32_t(state_.queries - query) >= 0; };
     std::unique_lock<std::mutex> l(mu_);
-    wait_until(cv_, l, deadline, [&] { return dead_ || states_ > before; });
-    if (states_ == before) {
+    wait_until(cv_, l, deadline, [&] { return dead_ || answered(); });
+    if (!answered()) {
       if (dead_) return dead_status();
       return fail(R2CCL_SNAP_ERR_TIMEOUT, "restore: no STATE answered QUERY within the timeout");
     }

@@ -169,6 +169,7 @@ class Client {
   void lend_staging();                       // restore start (train_mu_ held, sets idle)
   void reclaim_staging();                    // restore end: set 1 whole again
   uint64_t next_request_ = 1;
+  uint32_t queries_ = 0;  // QUERYs sent (train_mu_: only restore() sends them), mod 2^32
   std::deque<KvBody> kv_values_;
   std::mutex kv_mu_;  // one kv_get at a time
 

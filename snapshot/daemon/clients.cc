@@ -107,7 +107,7 @@ bool Daemon::handle_client(const std::shared_ptr<ClientConn>& c) {
       c->id = b.rank;
       c->world = b.world;
       SNAP_INFO("client rank %u of %u (pid %d) connected", b.rank, b.world, b.pid);
-      send(c, client_frame(ClientMsg::kState, state_body()), false);
+      send(c, client_frame(ClientMsg::kState, state_body(*c)), false);
       return true;
     }
     case ClientMsg::kShard: {
@@ -130,7 +130,8 @@ bool Daemon::handle_client(const std::shared_ptr<ClientConn>& c) {
       return false;  // reading resumes when the worker stored it
     }
     case ClientMsg::kQuery:
-      send(c, client_frame(ClientMsg::kState, state_body()), false);
+      ++c->queries;  // what tells the answer from a STATE pushed before (client_wire.h)
+      send(c, client_frame(ClientMsg::kState, state_body(*c)), false);
       return true;
     case ClientMsg::kFetch: {
       FetchBody b;
@@ -172,9 +173,10 @@ bool Daemon::handle_client(const std::shared_ptr<ClientConn>& c) {
   return false;
 }
 
-StateBody Daemon::state_body() const {
+StateBody Daemon::state_body(const ClientConn& c) const {
   StateBody s{};
   s.node_id = o_.self;
+  s.queries = c.queries;
   s.has_complete = complete_ ? 1 : 0;
   s.complete_step = complete_.value_or(0);
   s.agreed = written_;
@@ -191,13 +193,12 @@ StateBody Daemon::state_body() const {
 }
 
 void Daemon::push_state() {
-  const Frame f = client_frame(ClientMsg::kState, state_body());
   for (auto it = clients_.begin(); it != clients_.end();) {
     if (!(*it)->open) {
       it = clients_.erase(it);
       continue;
     }
-    if ((*it)->id >= 0) send(*it, f, false);
+    if ((*it)->id >= 0) send(*it, client_frame(ClientMsg::kState, state_body(**it)), false);
     ++it;
   }
 }

@@ -163,8 +163,9 @@ struct Conn {
   std::map<uint16_t, Frame> latest;
   std::deque<Frame> queue;
   uint64_t queued_bytes = 0, dropped = 0;
-  int64_t id = -1;     // peer node id (peer connections) or rank (clients), once HELLO checked
-  uint32_t world = 0;  // clients: the job's world size
+  int64_t id = -1;       // peer node id (peer connections) or rank (clients), once HELLO checked
+  uint32_t world = 0;    // clients: the job's world size
+  uint32_t queries = 0;  // clients: QUERYs read (every STATE to it carries the count)
   // Set while a frame is being handled: reading the next one. A handler that passes work to
   // the worker thread (a shard) leaves it set and the work's completion calls it, so a
   // connection has at most one such frame in flight (backpressure). Cleared on close.
@@ -435,7 +436,7 @@ class Daemon {
   bool open_local(std::string* err);
   void accept_local();
   bool handle_client(const std::shared_ptr<ClientConn>& c);
-  StateBody state_body() const;
+  StateBody state_body(const ClientConn& c) const;  // the STATE for client c, now
   void push_state();
 
   // ---- metrics, the index, the period, test hooks (daemon.cc) ----

@@ -19,6 +19,7 @@ struct FakeSnapd::Conn {
   int fd = -1;
   std::mutex send_mu;
   std::atomic<bool> closed{false};
+  std::atomic<uint32_t> queries{0};  // QUERYs read (StateBody.queries)
   void close_now() {
     if (!closed.exchange(true)) ::shutdown(fd, SHUT_RDWR);
   }
@@ -141,13 +142,16 @@ int64_t FakeSnapd::base_step_of(uint32_t rank, uint32_t buffer, uint64_t step) c
   return it == store_.end() ? -1 : static_cast<int64_t>(it->second.base_step);
 }
 
-bool FakeSnapd::send_state(Conn& c) {
+bool FakeSnapd::send_state(Conn& c, int64_t complete_override) {
   StateBody s{};
+  // The count before the state: a push from another thread that counts a QUERY was then built
+  // after that QUERY was read, as the answer to it is.
+  s.queries = c.queries.load();
   {
     std::lock_guard<std::mutex> l(mu_);
     s.node_id = 0;
-    s.has_complete = has_complete_ ? 1 : 0;
-    s.complete_step = complete_;
+    s.has_complete = has_complete_ || complete_override >= 0 ? 1 : 0;
+    s.complete_step = complete_override >= 0 ? uint64_t(complete_override) : complete_;
     s.agreed.epoch = opt_.epoch;
     s.agreed.n_nodes = 1;
     s.agreed.members[0] = 1;
@@ -207,9 +211,24 @@ void FakeSnapd::conn_main(std::shared_ptr<Conn> c) {
         if (!send_state(*c)) c->close_now();
         break;
       }
-      case ClientMsg::kQuery:
+      case ClientMsg::kQuery: {
+        int64_t stale;
+        {
+          std::lock_guard<std::mutex> l(mu_);
+          stale = opt_.stale_state_on_query;
+        }
+        if (stale >= 0) {
+          if (!send_state(*c, stale)) {
+            c->close_now();
+            break;
+          }
+          pollfd p{c->fd, POLLIN, 0};
+          (void)::poll(&p, 1, 500);
+        }
+        ++c->queries;
         if (!send_state(*c)) c->close_now();
         break;
+      }
       case ClientMsg::kShard: {
         ShardMeta m;
         std::memcpy(&m, p.data(), sizeof(m));

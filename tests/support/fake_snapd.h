@@ -4,7 +4,8 @@
 //   SHARD    kept in memory by (rank, buffer, step); when every rank 0..world-1 has every
 //            buffer of a step, that step becomes the complete step (unless it is above
 //            complete_limit) and every connection gets a STATE
-//   QUERY    -> STATE
+//   QUERY    -> STATE (every STATE counts the QUERYs read on its connection); stale_state_on_query
+//               sends an older step's STATE first and delays the answer
 //   FETCH    -> FETCHED: the chain base..step of (rank, buffer) oldest first, or one frame with
 //               kNotHeld; refuse_buffer and close_on_fetch inject failures
 //   KV_PUT / KV_GET -> KV_VALUE (origin 0, or kKvAbsent)
@@ -34,6 +35,11 @@ struct FakeSnapdOptions {
   // FETCH of this buffer id without avoid_node: its first shard goes out with one payload byte
   // flipped, "served by" node kCorruptNode; a FETCH that avoids that node gets it intact.
   int corrupt_buffer = -1;
+  // >= 0: a QUERY is first followed by a STATE of this complete step that does not count it (a
+  // push of an older step still on its way when the client sent the QUERY), and answered only
+  // once the client sent its next frame or 500 ms passed (a slow daemon): a client that takes
+  // any STATE after its QUERY for the answer has acted on the older step by then.
+  int64_t stale_state_on_query = -1;
 };
 constexpr uint32_t kCorruptNode = 7;
 
@@ -67,7 +73,8 @@ class FakeSnapd {
   };
   void accept_main();
   void conn_main(std::shared_ptr<Conn> c);
-  bool send_state(Conn& c);
+  // complete_override >= 0 replaces the complete step.
+  bool send_state(Conn& c, int64_t complete_override = -1);
   void push_state_all();
   void check_complete(uint64_t step);  // under mu_
 

@@ -193,10 +193,11 @@ int r2ccl_snap_state(r2ccl_snap_t* h, r2ccl_snap_state_t* out);
 int r2ccl_snap_wait_event(r2ccl_snap_t* h, int64_t timeout_us, r2ccl_snap_state_t* out);
 
 /* Restores the newest complete step S into every registered buffer (and the loss scale and
- * RNG blob): flushes pending takes, asks the daemon for S (QUERY), asks for every buffer's chain
- * at once (the daemon stripes them over the replicas), checks each shard's checksum once and
- * decodes each chain as it arrives (up to 4 threads; one pass over the buffer per chain, base
- * and deltas together):
+ * RNG blob): flushes pending takes, asks the daemon for S (QUERY: S as the daemon has it once it
+ * read the QUERY, never an older step whose STATE was still on its way to this handle), asks for
+ * every buffer's chain at once (the daemon stripes them over the replicas), checks each shard's
+ * checksum once and decodes each chain as it arrives (up to 4 threads; one pass over the buffer
+ * per chain, base and deltas together):
  *  - R2CCL_SNAPSHOT_RESTORE=direct (default): straight into the registered host buffers. An
  *    error (REFUSED, CORRUPT, TIMEOUT, CONNECTION) found before any buffer's chain passed its
  *    checks leaves them untouched; one found after leaves some or all of them overwritten, and

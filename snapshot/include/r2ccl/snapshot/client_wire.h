@@ -1,6 +1,6 @@
-// The protocol between the training processes of a node and their r2ccl_snapshotd (version 2:
-// peer_wire.h's 80-byte ShardMeta and 32-byte FetchBody), over the daemon's local Unix stream
-// socket (`--socket PATH`, created mode 0600, or 0660 with
+// The protocol between the training processes of a node and their r2ccl_snapshotd (version 3:
+// peer_wire.h's 80-byte ShardMeta and 32-byte FetchBody; StateBody.queries, new in 3), over
+// the daemon's local Unix stream socket (`--socket PATH`, created mode 0600, or 0660 with
 // `--socket-group`). Same framing as the peer protocol (peer_wire.h): a 16-byte header with
 // magic "R2SC", then `length` payload bytes, checked against the type's size or bounds before
 // anything is read or allocated; a bad frame closes the connection with a logged reason.
@@ -10,7 +10,10 @@
 //   SHARD    ShardMeta + payload: one encoded buffer of a snapshot (the daemon keeps a home copy
 //            and sends it to the rank's replica nodes). No reply; the daemon's STATE tells when
 //            a step became complete.
-//   QUERY    asks for a STATE now
+//   QUERY    asks for a STATE now. Every STATE counts the QUERYs read before it was built
+//            (`queries`): one pushed before the daemon read a QUERY (an older complete step)
+//            may reach the client after it sent that QUERY, so the answer is the first STATE
+//            that counts it.
 //   FETCH    FetchBody: the chain that restores (rank, buffer, step); answered by FETCHED frames
 //            (peer_wire.h FetchedHead [+ ShardMeta + payload]), from the local store or a peer
 //   KV_PUT   KvBody: publish a small value to every node (an etcd key, created only if absent:
@@ -36,7 +39,7 @@
 namespace r2ccl::snap {
 
 constexpr uint32_t kClientMagic = 0x43533252;  // "R2SC" little-endian
-constexpr uint16_t kClientVersion = 2;
+constexpr uint16_t kClientVersion = 3;
 constexpr uint32_t kKvAbsent = 0xffffffffu;
 
 enum class ClientMsg : uint16_t {
@@ -70,8 +73,9 @@ struct StateBody {
   board::AgreedRecord agreed;  // epoch 0: nothing agreed yet
   uint64_t generation;         // the record's generation (restore points so far)
   uint32_t has_restore;        // 1: restore_step is valid (the record is a restore point)
-  uint32_t reserved;
-  uint64_t restore_step;  // what every rank restores in this epoch
+  uint32_t queries;            // QUERYs the daemon had read on this connection when it built
+                               // this STATE (mod 2^32)
+  uint64_t restore_step;       // what every rank restores in this epoch
 };
 
 // Whether `length` payload bytes are acceptable for a client frame of `type` (either
