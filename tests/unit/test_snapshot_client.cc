@@ -145,6 +145,17 @@ void wait_complete(FakeSnapd& d, uint64_t step) {
   REQUIRE(d.complete_step() == step);
 }
 
+// Takes steps 1..last of `m` (one model step before each), flushes, and waits until `last` is
+// complete at the daemon.
+void take_until_complete(r2ccl_snap_t* s, Model& m, FakeSnapd& d, uint64_t last) {
+  for (uint64_t step = 1; step <= last; ++step) {
+    m.step();
+    SNAP_OK(r2ccl_snap_take(s, step, nullptr));
+  }
+  SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
+  wait_complete(d, last);
+}
+
 // Flushes, waits until `step` is complete at the daemon, restores and returns the step restored.
 uint64_t flush_and_restore(r2ccl_snap_t* s, FakeSnapd& d, uint64_t step) {
   SNAP_OK(r2ccl_snap_flush(s, 20 * 1000000));
@@ -265,13 +276,8 @@ TEST_CASE("snapshot client: restore goes by the answer to its QUERY, not an olde
   r2ccl_snap_t* s = open_ok(dm.dir.sock());
   Model m;
   m.reg(s);
-  for (uint64_t step = 1; step <= 4; ++step) {
-    m.step();
-    SNAP_OK(r2ccl_snap_take(s, step, nullptr));
-  }
+  take_until_complete(s, m, dm.d, 4);
   Model::Copy at4 = m.copy();
-  SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
-  wait_complete(dm.d, 4);
   FakeSnapdOptions o;
   o.stale_state_on_query = 3;
   dm.d.set_options(o);
@@ -490,12 +496,7 @@ TEST_CASE("snapshot client: the daemon closing mid-restore is an error, not a ha
   r2ccl_snap_t* s = open_ok(dm.dir.sock());
   Model m;
   m.reg(s);
-  for (uint64_t step = 1; step <= 3; ++step) {
-    m.step();
-    SNAP_OK(r2ccl_snap_take(s, step, nullptr));
-  }
-  SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
-  wait_complete(dm.d, 3);
+  take_until_complete(s, m, dm.d, 3);
   m.step();
   Model::Copy before = m.copy();
   uint64_t restored = 77;
@@ -539,12 +540,7 @@ TEST_CASE("snapshot client: a refused FETCH is an error; staged leaves the buffe
   r2ccl_snap_t* s = open_ok(dm.dir.sock());
   Model m;
   m.reg(s);
-  for (uint64_t step = 1; step <= 2; ++step) {
-    m.step();
-    SNAP_OK(r2ccl_snap_take(s, step, nullptr));
-  }
-  SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
-  wait_complete(dm.d, 2);
+  take_until_complete(s, m, dm.d, 2);
   m.step();
   Model::Copy before = m.copy();
   uint64_t restored = 0;
@@ -1046,12 +1042,7 @@ TEST_CASE("snapshot client: a corrupt shard is caught by its checksum and fetche
   r2ccl_snap_t* s = open_ok(dm.dir.sock());
   Model m;
   m.reg(s);
-  for (uint64_t step = 1; step <= 2; ++step) {
-    m.step();
-    SNAP_OK(r2ccl_snap_take(s, step, nullptr));
-  }
-  SNAP_OK(r2ccl_snap_flush(s, 10 * 1000000));
-  wait_complete(dm.d, 2);
+  take_until_complete(s, m, dm.d, 2);
   Model::Copy at2 = m.copy();
   m.scramble();
   uint64_t restored = 0;
