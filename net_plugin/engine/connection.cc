@@ -430,12 +430,13 @@ bool Connection::check_link(Path& p, bool stalled, TimeUs now) {
   LinkLive& l = *p.link;
   const TimeUs hb = cfg_.heartbeat_interval;
   const TimeUs heard = std::max(p.last_alive, l.heard.load(std::memory_order_relaxed));
+  if (stalled || now - heard <= std::max(3 * hb, io_->stall_floor(p.index)) ||
+      now - p.prober_since <= 3 * hb)
+    return false;  // the common case, without looking at the other paths
   const bool survivor = std::any_of(paths_.begin(), paths_.end(),
                                     [&](const Path& q) { return &q != &p && usable(q); });
   const TimeUs rule = (survivor ? 3 : 10) * hb;
-  if (stalled || now - heard <= std::max(rule, io_->stall_floor(p.index)) ||
-      now - p.prober_since <= 3 * hb)
-    return false;
+  if (now - heard <= rule) return false;
   const TimeUs below = io_->heard_within(p.index, now);
   if (below <= rule) return false;
   l.silent_since.store(heard, std::memory_order_relaxed);
@@ -960,7 +961,7 @@ void Connection::post_ctss(TimeUs now) {
     // message. It goes after kSmallCtsDelay all the same: the sender may lack the credit, or
     // (a caller's error) hold a larger message, which the CTS's capacity then turns into a
     // truncation error instead of a wait without end.
-    if (eager_thr_ > 0 && r->size <= eager_thr_ && now - r->posted_at < kSmallCtsDelay) continue;
+    if (expects_eager(r->size) && now - r->posted_at < kSmallCtsDelay) continue;
     const int cp = control_path(-1);
     if (cp < 0) return;
     CtsOut c;
@@ -1780,7 +1781,7 @@ Status Connection::irecv(void* data, uint64_t size, int tag, void* mhandle, Requ
   // A large receive's CTS goes at once; a small one has none to send for now (post_ctss), and
   // its message is read by the next test(): a pass here would be one more poll(2) between
   // NCCL's irecv and its isend.
-  if (!(eager_thr_ > 0 && size <= eager_thr_)) progress(now);
+  if (!expects_eager(size)) progress(now);
   return Status::kOk;
 }
 

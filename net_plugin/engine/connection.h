@@ -363,6 +363,8 @@ class Connection final : public PathSink {
   // receiver
   void post_ctss(TimeUs now);
   void send_acks();
+  // Receiver: a receive of `capacity` bytes expects its message eagerly (no CTS at once).
+  bool expects_eager(uint64_t capacity) const { return eager_thr_ > 0 && capacity <= eager_thr_; }
   // Receiver: acknowledgements of consumed eager messages whose senders completed on their
   // copy wait (held_acks_) and go together, with other control traffic, or after
   // kAckHold, or once they return half the eager area's credit; `force`: now.
