@@ -1,5 +1,8 @@
 #include "engine/link_live.h"
 
+#include <functional>
+#include <string_view>
+
 namespace r2ccl::net {
 
 std::shared_ptr<LinkLive> LinkTable::get(uint64_t key) {
@@ -39,6 +42,12 @@ bool LinkTable::every_other_high(const LinkLive* self, TimeUs now, TimeUs window
 uint64_t new_link_path_id() {
   static std::atomic<uint64_t> next{1};
   return next.fetch_add(1, std::memory_order_relaxed);
+}
+
+uint64_t link_key_of(const void* bytes, size_t len) {
+  const uint64_t h =
+      std::hash<std::string_view>{}(std::string_view(static_cast<const char*>(bytes), len));
+  return h != 0 ? h : 1;
 }
 
 }  // namespace r2ccl::net

@@ -80,4 +80,8 @@ class LinkTable {
 // A path id for LinkLive::prober: unique in the process, never 0.
 uint64_t new_link_path_id();
 
+// A link key (PathIo::link_key) from the bytes that name a link (the transport's local rail,
+// peer rail and peer process): a hash of them, never 0. Any thread.
+uint64_t link_key_of(const void* bytes, size_t len);
+
 }  // namespace r2ccl::net

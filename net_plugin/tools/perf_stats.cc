@@ -65,8 +65,8 @@ bool print_json(int rank, const std::string& text, FILE* out, StatsSummary* sum)
   uint64_t replays = std::max(num(j, "replays"), rail_replays);
   uint64_t switchovers = std::max(num(j, "switchovers"), rail_switchovers);
   if (out)
-    fprintf(out, "# rank %d total: switchovers %" PRIu64 " replays %" PRIu64 "\n", rank,
-            switchovers, replays);
+    fprintf(out, "# rank %d total: switchovers %" PRIu64 " replays %" PRIu64 " links %" PRIu64 "\n",
+            rank, switchovers, replays, num(j, "links"));
   sum->replays += replays;
   sum->switchovers += switchovers;
   return true;
@@ -83,8 +83,12 @@ uint64_t scan(const std::string& text, const char* key) {
 bool print_json(int rank, const std::string& text, FILE* out, StatsSummary* sum) {
   if (text.empty() || text[0] != '{') return false;
   if (out) fprintf(out, "# rank %d stats: %s\n", rank, text.c_str());
-  sum->replays += scan(text, "replays");
-  sum->switchovers += scan(text, "switchovers");
+  const uint64_t replays = scan(text, "replays"), switchovers = scan(text, "switchovers");
+  if (out)
+    fprintf(out, "# rank %d total: switchovers %" PRIu64 " replays %" PRIu64 " links %" PRIu64 "\n",
+            rank, switchovers, replays, scan(text, "links"));
+  sum->replays += replays;
+  sum->switchovers += switchovers;
   return true;
 }
 #endif

@@ -323,7 +323,7 @@ class PathIo {
   // The link the path runs over (engine/link_live.h): a key, the same in every connection of
   // this process, naming (local rail, peer rail, peer process); paths with equal keys share
   // one liveness (one prober, one heartbeat rule, one RTT baseline). 0: the transport cannot
-  // name the peer process (verbs today): the path gets a private link. May change when the
+  // name the peer process: the path gets a private link. May change when the
   // path reconnects (the peer's rail got another address). Token holder. Default 0.
   virtual uint64_t link_key(int path) const;
   // Tells the peer, best effort and without waiting, that this end closes on purpose.

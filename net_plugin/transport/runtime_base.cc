@@ -140,6 +140,7 @@ Status RuntimeBase::init_base(const Config* cfg, const Traits& traits, std::vect
   env_.health = health_params_from(*cfg_);
   env_.rails = this;
   links_ = std::make_unique<LinkTable>(env_.health);
+  while (process_id_ == 0) process_id_ = rng_.next();
   env_.links = links_.get();
   if (!parse_test_hooks(cfg_->test_hooks, &env_.hooks, err)) return Status::kInvalidUsage;
   const TestHooks& h = env_.hooks;
@@ -556,7 +557,8 @@ std::string RuntimeBase::stats_json() {
     sw += l.switchovers.load();
     rp += l.chunks_replayed.load();
   }
-  o << "],\"switchovers\":" << sw << ",\"replays\":" << rp << "}";
+  o << "],\"switchovers\":" << sw << ",\"replays\":" << rp << ",\"links\":" << links_->size()
+    << "}";
   return o.str();
 }
 

@@ -65,6 +65,9 @@ class RuntimeBase : public Transport, public RailTable {
   const Config& cfg() const { return *cfg_; }
   const ConnEnv& env() const { return env_; }
   uint64_t random_u64() { return rng_.next(); }
+  // This process's identity on the wire where a transport has no other (verbs setup
+  // messages: IbSetupMsg::proc_id): random, drawn at init, never 0. Any thread.
+  uint64_t process_id() const { return process_id_; }
   void random_bytes(void* out, size_t n) { rng_.bytes(out, n); }
 
   // --- RailTable ---
@@ -198,6 +201,7 @@ class RuntimeBase : public Transport, public RailTable {
   Traits traits_{};
   ConnEnv env_;
   std::unique_ptr<LinkTable> links_;  // env_.links: the process's links (engine/link_live.h)
+  uint64_t process_id_ = 0;           // process_id(); set by init_base
   std::vector<RailInfo> rails_;
   std::vector<Device> devices_;
   int mr_types_ = NCCL_PTR_HOST;

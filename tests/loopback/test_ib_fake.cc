@@ -14,8 +14,11 @@
 // beyond NCCL_NET_GDR_LEVEL, and backups paired by real subnets. Each protection switched
 // off through R2CCL_TEST_HOOKS makes its test fail.
 #include <dlfcn.h>
+#include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,6 +43,8 @@
 #include "support/net_harness.h"
 #include "support/stream.h"
 #include "support/transports.h"
+#include "transport/handshake.h"
+#include "transport/ib/wire.h"
 
 using namespace r2ccl::test;
 
@@ -107,6 +112,36 @@ TEST_CASE(
   std::vector<PerfRow> rows = perf_rows(out);
   REQUIRE(rows.size() == 7);  // 1 B .. 16 MiB by 16 (allreduce rounds tiny sizes up)
   for (const auto& row : rows) CHECK(row.wrong == "0");
+}
+
+TEST_CASE("verbs: liveness is shared per link: 8 connections per process probe at most 4 links",
+          "[loopback][ib][link]") {
+  SKIP_WITHOUT_FAKE();
+  // 4 channels = 4 send + 4 receive connections per process, each with a primary and a
+  // backup path over 2 HCAs per end: 16 paths per process, over at most 2 x 2 HCA pairs to
+  // the one peer process. Every path over the same pair shares one liveness (one prober), as
+  // on TCP (engine/link_live.h): the process's getStats counts the shared links.
+  std::map<std::string, std::string> env = {
+      {"R2CCL_TRANSPORT", "ib"},          {"R2CCL_IBVERBS_LIB", fake_lib()},
+      {"R2CCL_SOCKET_IFNAME", "lo"},      {"FAKEVERBS_DIR", fresh_dir()},
+      {"FAKEVERBS_DEVICES", kSenderHcas}, {"R2CCL_LOG_FILE", "none"},
+      {"R2CCL_BACKUP_PATHS", "1"}};
+  std::string out;
+  const int rc = run_command(
+      perf_command(env, "--ranks 2 --check --channels 4 -b 1M -e 1M -n 3 --stats"), &out);
+  INFO(out);
+  REQUIRE(rc == 0);
+  std::regex re("# rank ([01]) total: switchovers [0-9]+ replays [0-9]+ links ([0-9]+)");
+  int ranks = 0;
+  for (auto it = std::sregex_iterator(out.begin(), out.end(), re); it != std::sregex_iterator();
+       ++it) {
+    const int links = std::stoi((*it)[2]);
+    INFO("rank " << (*it)[1]);
+    CHECK(links >= 1);  // 0: every path probes on its own
+    CHECK(links <= 4);
+    ranks++;
+  }
+  CHECK(ranks == 2);
 }
 
 TEST_CASE(
@@ -775,6 +810,76 @@ TEST_CASE(
       "process's (mlx5_0) is RoCE";
   CHECK(s.find(text) != std::string::npos);
   CHECK(rv.find(text) != std::string::npos);
+}
+
+TEST_CASE(
+    "verbs: an older peer's hello (wire version 6, 8 bytes shorter) is refused at once, naming "
+    "both versions",
+    "[loopback][ib][setup]") {
+  SKIP_WITHOUT_FAKE();
+  using namespace r2ccl::net;
+  using namespace r2ccl::net::ib;
+  // Wire version 7 made the setup messages 8 bytes longer (IbSetupMsg::proc_id). A listener
+  // reading an older hello must take it at its own length and refuse the version, not wait
+  // for 8 bytes that never come (the connector would then wait R2CCL_CONNECT_TIMEOUT).
+  PairOptions o = ib_pair();
+  o.skip_connect = true;
+  o.finish_together = true;
+  PairResult r = run_pair(
+      o,
+      [&](Endpoint& ep) {
+        char handle[NCCL_NET_HANDLE_MAXSIZE];
+        if (!ep.hear(handle, 30000)) return 50;
+        HandleHead h;
+        memcpy(&h, handle, sizeof(h));
+        if (h.listener.family != AF_INET) return 51;
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = h.listener.port;
+        memcpy(&a.sin_addr, h.listener.addr, 4);
+        const int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0 || connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)) != 0) return 52;
+        IbSetupMsg m{};
+        m.magic = kIbMsgMagic;
+        m.version = 6;
+        m.type = static_cast<uint16_t>(SetupType::kHello);
+        memcpy(m.secret, h.secret, sizeof(m.secret));
+        m.listen_id = h.listen_id;
+        if (send(fd, &m, kIbSetupMsgSizeV6, 0) != static_cast<ssize_t>(kIbSetupMsgSizeV6))
+          return 53;
+        const auto t0 = std::chrono::steady_clock::now();
+        WireRefusal w{};
+        size_t got = 0;
+        pollfd p{fd, POLLIN, 0};
+        while (got < sizeof(w) && poll(&p, 1, 3000) == 1) {
+          const ssize_t n = recv(fd, reinterpret_cast<char*>(&w) + got, sizeof(w) - got, 0);
+          if (n <= 0) break;
+          got += static_cast<size_t>(n);
+        }
+        close(fd);
+        const double secs =
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        w.text[sizeof(w.text) - 1] = 0;
+        fprintf(stderr, "refusal: %zu bytes after %.3f s, reason %d: %s\n", got, secs, w.reason,
+                w.text);
+        if (got != sizeof(w) || w.magic != kRefusalMagic) return 54;
+        if (w.reason != static_cast<uint8_t>(Refusal::kVersion)) return 55;
+        if (!strstr(w.text, "version 6") || !strstr(w.text, "version 7")) return 56;
+        return secs < 2.0 ? 0 : 57;
+      },
+      [&](Endpoint& ep) {
+        char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+        void* listen = nullptr;
+        if (ep.plugin.net->listen(ep.ctx, 0, handle, &listen) != ncclSuccess || !ep.say(handle))
+          return 50;
+        void* comm = nullptr;
+        double secs = 0;
+        accept_until(ep, listen, 3, &comm, &secs);  // the stranger never becomes a comm
+        ep.plugin.net->closeListen(listen);
+        return comm ? 58 : 0;
+      });
+  CHECK(r.sender_status == 0);
+  CHECK(r.receiver_status == 0);
 }
 
 // ------------------------------------------------------------------------------------------

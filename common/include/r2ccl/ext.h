@@ -35,6 +35,10 @@
 //     "switchovers": integer         total switchovers in this process (sum over rails)
 //     "replays":     integer         total chunks replayed in this process (sum of
 //                                    chunks_replayed over rails)
+//     "links":       integer         links whose liveness is shared now: rail pairs to a peer
+//                                    process, each probed once for every connection over it
+//                                    (engine/link_live.h); a path whose transport cannot
+//                                    name the peer process has a private one, not counted
 //   }
 //
 // Thread-safety: getStats must be safe to call concurrently with the data path.

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "engine/link_live.h"
 #include "engine/path_plan.h"
 #include "r2ccl/log.h"
 #include "r2ccl/random.h"
@@ -629,10 +630,17 @@ bool Conn::sc_write(const void* buf, size_t len) {
 }
 
 int Conn::read_setup(IbSetupMsg* m, WireRefusal* refusal) {
-  // A setup message, or a WireRefusal (shorter: its magic says so after 4 bytes).
+  // A setup message, or a WireRefusal (shorter: its magic says so after 4 bytes), or an
+  // older version's setup message (shorter: its version says so after 6 bytes).
   for (;;) {
-    const size_t want =
-        looks_like_refusal(sc_in_, sc_got_) ? sizeof(WireRefusal) : sizeof(IbSetupMsg);
+    size_t want = looks_like_refusal(sc_in_, sc_got_) ? sizeof(WireRefusal) : sizeof(IbSetupMsg);
+    if (want == sizeof(IbSetupMsg) && sc_got_ >= offsetof(IbSetupMsg, type)) {
+      uint32_t magic;
+      uint16_t version;
+      memcpy(&magic, sc_in_ + offsetof(IbSetupMsg, magic), sizeof(magic));
+      memcpy(&version, sc_in_ + offsetof(IbSetupMsg, version), sizeof(version));
+      if (magic == kIbMsgMagic && version < kIbWireVersion) want = kIbSetupMsgSizeV6;
+    }
     if (sc_got_ >= want) break;
     const ssize_t n = ::recv(sc_fd_, sc_in_ + sc_got_, want - sc_got_, MSG_DONTWAIT);
     if (n > 0) {
@@ -646,7 +654,8 @@ int Conn::read_setup(IbSetupMsg* m, WireRefusal* refusal) {
   const size_t got = sc_got_;
   sc_got_ = 0;
   if (refused) return read_refusal(sc_in_, got, refusal) ? 2 : -1;
-  memcpy(m, sc_in_, sizeof(*m));
+  *m = IbSetupMsg{};
+  memcpy(m, sc_in_, std::min(got, sizeof(*m)));
   return 1;
 }
 
@@ -661,6 +670,20 @@ void Conn::refuse_peer(Refusal r, const std::string& text) {
   sc_fd_ = -1;
   sc_out_.clear();
   peer_told_ = true;
+}
+
+uint64_t Conn::link_key(int path) const {
+  if (peer_proc_ == 0 || path < 0 || path >= static_cast<int>(paths_.size())) return 0;
+  const Path& p = paths_[path];
+  // Local HCA (the rail), the peer's port and GID (its HCA; a new GID after a flap is
+  // another link, as a TCP peer's new address is), the peer process.
+  char key[4 + 1 + sizeof(p.peer.gid) + sizeof(peer_proc_)];
+  const int32_t local = p.hca;
+  memcpy(key, &local, 4);
+  key[4] = static_cast<char>(p.peer.port);
+  memcpy(key + 5, p.peer.gid, sizeof(p.peer.gid));
+  memcpy(key + 5 + sizeof(p.peer.gid), &peer_proc_, sizeof(peer_proc_));
+  return link_key_of(key, sizeof(key));
 }
 
 std::string Conn::side_peer() const {
@@ -696,6 +719,7 @@ IbSetupMsg Conn::setup_msg(SetupType t) const {
   m.type = static_cast<uint16_t>(t);
   memcpy(m.secret, secret_, 16);
   m.conn_id = conn_id_;
+  m.proc_id = rt_->process_id();
   return m;
 }
 
@@ -826,6 +850,7 @@ Status Conn::connect_step(bool* done, TimeUs now) {
                                : bad.c_str());
       return Status::kRemote;
     }
+    peer_proc_ = m.proc_id;
     // Both ends' knobs (transport/handshake.h); the acceptor chose the same from them.
     const Negotiated n = negotiate(rt_->knobs(nqps_, ar_), m.knobs);
     if (m.qps_per_path != static_cast<uint32_t>(n.streams) || m.chunk_size != n.chunk_size) {
@@ -1000,6 +1025,7 @@ Status Conn::accept_step(bool* done, TimeUs now) {
     ar_ = n.adaptive_routing;
     memcpy(secret_, l->secret, 16);
     conn_id_ = m.conn_id;
+    peer_proc_ = m.proc_id;
     chunk_size_ = n.chunk_size;
     peer_area_ = m.area_addr;
     // Pair paths (engine/path_plan.h): our primary with theirs (same link layer); each of

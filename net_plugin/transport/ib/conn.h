@@ -97,6 +97,9 @@ class Conn final : public ConnIo {
   void path_recovered(int path, PathSink& sink, TimeUs now) override;
   void say_goodbye(TimeUs now) override;
   std::string peer_name() const override { return sc_peer_; }
+  // (local HCA, the peer's HCA port and GID, the peer process): shared by every connection
+  // between the two processes over that HCA pair; 0 while the peer process is unknown.
+  uint64_t link_key(int path) const override;
   void abort(TimeUs now) override;
   Status start_flush(int n, void** data, const int* sizes, void** mhandles,
                      uint64_t* token) override;
@@ -275,7 +278,8 @@ class Conn final : public ConnIo {
 
   // side channel
   int sc_fd_ = -1;
-  std::string sc_peer_;  // the side channel's far end ("ADDR:PORT"), set at setup
+  std::string sc_peer_;     // the side channel's far end ("ADDR:PORT"), set at setup
+  uint64_t peer_proc_ = 0;  // the peer process (IbSetupMsg::proc_id), set at setup
   std::vector<char> sc_out_;
   char sc_in_[sizeof(IbSetupMsg)];
   size_t sc_got_ = 0;

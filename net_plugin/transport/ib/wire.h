@@ -38,13 +38,15 @@
 namespace r2ccl::net::ib {
 
 constexpr uint32_t kIbMsgMagic = 0x42493252;  // "R2IB": setup and control messages
+// 7: IbSetupMsg::proc_id (the sending process, so paths of every connection between two
+//    processes over the same HCA pair share one liveness: engine/link_live.h);
 // 6: IbWireHca::subnet_bits and gid_type (backups paired by real subnets, not IPv4 /24);
 // 5: CtsRecord::excluded (GPU buffers stay off backup HCAs beyond NCCL_NET_GDR_LEVEL);
 // 4: receive credits (IbArea::credit_in, written by the receiver); 3: the handle starts with
 //    the common head (transport/handshake.h), knobs in HELLO/REPLY,
 //    refusals (WireRefusal), TRUNCATED control messages; 2: the connection id in the setup
 //    messages.
-constexpr uint16_t kIbWireVersion = 6;
+constexpr uint16_t kIbWireVersion = 7;
 constexpr int kMaxIbPaths = 4;      // primary + up to 3 backups (R2CCL_BACKUP_PATHS <= 3)
 constexpr int kMaxQpsPerPath = 16;  // R2CCL_IB_QPS_PER_PATH maximum
 constexpr int kFifoDepth = 64;      // CTS slots; > NCCL_NET_MAX_REQUESTS outstanding receives
@@ -94,10 +96,16 @@ struct IbSetupMsg {
   WireKnobs knobs;        // HELLO: the connector's own; REPLY: the acceptor's own
   IbWireHca hca[kMaxIbPaths];
   uint32_t qpn[kMaxIbPaths][kMaxQpsPerPath];
+  // The sending process (RuntimeBase::process_id: random, fixed for the process's life, never
+  // 0), in every setup message. Names the peer process in PathIo::link_key.
+  uint64_t proc_id;
 };
-static_assert(sizeof(IbSetupMsg) == 80 + 32 * kMaxIbPaths + 4 * kMaxIbPaths * kMaxQpsPerPath,
+static_assert(sizeof(IbSetupMsg) == 88 + 32 * kMaxIbPaths + 4 * kMaxIbPaths * kMaxQpsPerPath,
               "IbSetupMsg layout");
 static_assert(sizeof(IbSetupMsg) >= sizeof(WireRefusal), "a setup read holds a refusal");
+// Wire versions 3..6 had no proc_id: their setup messages are this long, so a reader of one
+// takes it whole and refuses the version instead of waiting for 8 more bytes.
+constexpr size_t kIbSetupMsgSizeV6 = offsetof(IbSetupMsg, proc_id);
 
 // A clear-to-send record, written by the receiver into slot seq % kFifoDepth of the sender's
 // FIFO. seq1 = sequence + 1 is the last field, so a record is valid once seq1 matches.

@@ -16,6 +16,7 @@
 #include <set>
 #include <string_view>
 
+#include "engine/link_live.h"
 #include "engine/path_plan.h"
 #include "fault/fault_injector.h"
 #include "r2ccl/log.h"
@@ -1446,8 +1447,7 @@ uint64_t Conn::link_key(int path) const {
   key[4] = static_cast<char>(w.family);
   memcpy(key + 5, &w.port, 2);
   memcpy(key + 7, w.addr, sizeof(w.addr));
-  const uint64_t h = std::hash<std::string_view>{}(std::string_view(key, sizeof(key)));
-  return h != 0 ? h : 1;
+  return link_key_of(key, sizeof(key));
 }
 
 bool Conn::take_peer_address(const FrameHeader& h, PathSink& sink, TimeUs now, const char** why) {
