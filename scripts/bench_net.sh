@@ -1056,8 +1056,13 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   d=$OUT/tput-1rail-$(slug "$tag")
   local env1=(R2CCL_SOCKET_IFNAME=rail0)
   [ $MODE = lo ] && env1=(R2CCL_SOCKET_IFNAME=lo@127.0.0.1)
-  local args=(--op sendrecv -b "$size" -e "$size" -n "$iters" -w 2 --check)
-  log "throughput, one rail ($tag): iperf3, r2ccl, iperf3"
+  # Timed iterations back to back (--check 0, as nccl-tests times them); a short --check run
+  # of the same shape before each timed one verifies the data.
+  local args=(--op sendrecv -b "$size" -e "$size" -n "$iters" -w 2 --check 0)
+  local cargs=(--op sendrecv -b "$size" -e "$size" -n 2 -w 1 --check)
+  log "throughput, one rail ($tag): r2ccl --check, iperf3, r2ccl, iperf3"
+  run_pair "$d/check" "${env1[@]}" -- "${cargs[@]}"
+  check_run "$d/check" $? "1-rail data check ($tag)"
   before=$(iperf_run "$d" $secs 0 | awk '{print $NF}')
   local bidir=nan bq=n/a
   [ $twice = 1 ] && [ $MODE = lab ] && bidir=$(IPERF_BIDIR=1 iperf_run "$d" $secs 0 | awk '{print $NF}')
@@ -1070,7 +1075,7 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   ref=$(mean_of "$before" "$after")
   q=$(ratio "$g" "$ref")
   [ "$bidir" != nan ] && bq=$(ratio "$g" "$bidir")
-  cmd="$(short_cmd "${env1[@]}" -- "${args[@]}"); iperf3 -t $secs -O $IPERF_OMIT on rail0 before+after (and --bidir)"
+  cmd="$(short_cmd "${env1[@]}" -- "${args[@]}") (after the same with -n 2 --check); iperf3 -t $secs -O $IPERF_OMIT on rail0 before+after (and --bidir)"
   if [ "$targeted" = 1 ] && [ $MODE = lab ]; then t1=">= 0.99x iperf3"; r=$(verdict_ge "$q" 0.99); else t1="(info: CPU limits)"; r=info; fi
   [ $MODE = lo ] && t1="(loopback: info only)"
   add_row "SendRecv $size, one rail ($tag): r2ccl vs iperf3" "$t1" \
@@ -1078,10 +1083,17 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   # one direction, 1 MiB messages (issue 16: the transport's CPU cost per byte against one
   # iperf3 stream in the same run; unshaped, both are CPU-bound on 2 cores)
   d=$OUT/tput-1way-$(slug "$tag")
-  local n1=200
-  [ $SMOKE -eq 1 ] && n1=20
-  local args1=(--op send -b 1M -e 1M -n $n1 -w 10 --check)
-  log "throughput, one direction, one rail ($tag): iperf3, r2ccl, iperf3"
+  # A stream of 1 MiB messages, as iperf3 streams: the timed run's iterations go back to back
+  # (--check 0, as nccl-tests times them) for 2 GiB, a few seconds like iperf3's; a short
+  # --check run before it verifies the data. (Timing one verified iteration at a time adds a
+  # barrier and an idle pipe per message, and lets a tbf bucket refill between messages; a
+  # run of 200 MiB lasted 0.3 s, within reach of the processes' start-up.)
+  local n1=2000 nc=20
+  [ $SMOKE -eq 1 ] && n1=50 && nc=5
+  local args1=(--op send -b 1M -e 1M -n $n1 -w 20 --check 0)
+  log "throughput, one direction, one rail ($tag): r2ccl --check, iperf3, r2ccl, iperf3"
+  run_pair "$d/check" "${env1[@]}" -- --op send -b 1M -e 1M -n $nc -w 2 --check
+  check_run "$d/check" $? "1-rail one-direction data check ($tag)"
   before=$(iperf_run "$d" $secs 0 | awk '{print $NF}')
   run_pair "$d" "${env1[@]}" -- "${args1[@]}"
   check_run "$d" $? "1-rail one-direction throughput ($tag)"
@@ -1090,7 +1102,7 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   g=$(H perf "$d/rank0.out" | awk '{print $4}')
   ref=$(mean_of "$before" "$after")
   q=$(ratio "$g" "$ref")
-  cmd="$(short_cmd "${env1[@]}" -- "${args1[@]}"); iperf3 -t $secs -O $IPERF_OMIT on rail0 before+after"
+  cmd="$(short_cmd "${env1[@]}" -- "${args1[@]}") (after the same with -n $nc --check); iperf3 -t $secs -O $IPERF_OMIT on rail0 before+after"
   if [ $MODE = lab ]; then t1=">= 0.9x iperf3"; r=$(verdict_ge "$q" 0.9); else t1="(loopback: info only)"; r=info; fi
   add_row "Send 1M, one direction, one rail ($tag): r2ccl vs one iperf3 stream" "$t1" \
     "${q}x: r2ccl $g Gbit/s, iperf3 $ref Gbit/s (before $before, after $after)" "$r" "$cmd" "${d}/"
@@ -1098,7 +1110,9 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   d=$OUT/tput-stripe-$(slug "$tag")
   local env2=(R2CCL_SOCKET_IFNAME=rail R2CCL_STRIPE=1)
   [ $MODE = lo ] && env2=(R2CCL_SOCKET_IFNAME=lo@127.0.0.1,lo@127.0.0.2 R2CCL_STRIPE=1)
-  log "throughput, stripe over 2 rails ($tag)"
+  log "throughput, stripe over 2 rails ($tag): r2ccl --check, iperf3, iperf3 --bidir, r2ccl, iperf3"
+  run_pair "$d/check" "${env2[@]}" -- "${cargs[@]}"
+  check_run "$d/check" $? "stripe data check ($tag)"
   if [ $MODE = lab ]; then before=$(iperf_run "$d" $secs 0 1 | sed 's/ *$//'); else before="n/a n/a nan"; fi
   bidir="n/a n/a nan"; bq=n/a
   [ $twice = 1 ] && [ $MODE = lab ] && bidir=$(IPERF_BIDIR=1 iperf_run "$d" $secs 0 1 | sed 's/ *$//')
@@ -1111,11 +1125,18 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   ref=$(mean_of "$(awk '{print $NF}' <<<"$before")" "$(awk '{print $NF}' <<<"$after")")
   q=$(ratio "$g" "$ref")
   [ "${bidir##* }" != nan ] && bq=$(ratio "$g" "${bidir##* }")
-  cmd="$(short_cmd "${env2[@]}" -- "${args[@]}"); iperf3 on rail0 and rail1 at once, before+after (and --bidir)"
+  cmd="$(short_cmd "${env2[@]}" -- "${args[@]}") (after the same with -n 2 --check); iperf3 on rail0 and rail1 at once, before+after (and --bidir)"
   if [ "$targeted" = 1 ] && [ $MODE = lab ]; then t2=">= 0.9x iperf3 sum"; r=$(verdict_ge "$q" 0.9); else t2="(info: CPU limits)"; r=info; fi
   [ $MODE = lo ] && { t2="(loopback: info only)"; q=n/a; }
   add_row "SendRecv $size, stripe 2 rails ($tag): r2ccl vs iperf3 on both" "$t2" \
     "${q}x: r2ccl $g Gbit/s, iperf3 sum $ref Gbit/s (per rail before: ${before% *}; after: ${after% *}); iperf3 --bidir sum ${bidir##* } Gbit/s per direction (r2ccl ${bq}x)" "$r" "$cmd" "${d}/"
+  # Issue 16 part 4: the same sendrecv (both directions at once) against iperf3 --bidir on
+  # both rails at once, per direction, in the same run.
+  if [ $MODE = lab ] && [ $twice = 1 ]; then
+    if [ "$targeted" = 1 ]; then t2=">= 0.95x iperf3 --bidir"; r=$(verdict_ge "$bq" 0.95); else t2="(info: CPU limits)"; r=info; fi
+    add_row "SendRecv $size, stripe 2 rails, both directions ($tag): r2ccl vs iperf3 --bidir on both" "$t2" \
+      "${bq}x: r2ccl $g Gbit/s per direction, iperf3 --bidir on rail0 and rail1 at once ${bidir##* } Gbit/s per direction (per rail: ${bidir% *})" "$r" "$cmd" "${d}/"
+  fi
 }
 
 small_rows() {
@@ -1331,11 +1352,14 @@ UNEQ_RATES=${R2CCL_BENCH_UNEQ_RATES:-2gbit,500mbit}
 unequal_rows() {
   local d=$OUT/unequal size=$BIG iters=10 secs=8
   [ $SMOKE -eq 1 ] && { size=16M; iters=3; secs=1; }
-  local args=(--op sendrecv -b "$size" -e "$size" -n "$iters" -w 2 --check)
+  # timed iterations back to back (as in tput_rows), after a short --check run
+  local args=(--op sendrecv -b "$size" -e "$size" -n "$iters" -w 2 --check 0)
   local env2=(R2CCL_SOCKET_IFNAME=rail R2CCL_STRIPE=1)
   mkdir -p "$d"
-  log "stripe over unequal rails ($UNEQ_RATES): iperf3 both, r2ccl stripe, r2ccl rail0 alone, iperf3 both"
+  log "stripe over unequal rails ($UNEQ_RATES): r2ccl --check, iperf3 both, r2ccl stripe, r2ccl rail0 alone, iperf3 both"
   local before after ref g gf q qf l0
+  run_pair "$d/check" "${env2[@]}" -- --op sendrecv -b "$size" -e "$size" -n 2 -w 1 --check
+  check_run "$d/check" $? "unequal rails stripe, data check"
   l0=$(loadavg)
   before=$(iperf_run "$d/iperf" $secs 0 1 | sed 's/ *$//')
   run_pair "$d/stripe" "${env2[@]}" -- "${args[@]}"
@@ -1359,7 +1383,7 @@ unequal_rows() {
   add_row "Stripe over unequal rails ($UNEQ_RATES): r2ccl vs iperf3 on both rails at once" \
     ">= 0.95x the sum; >= the fast rail alone" \
     "${q}x the sum: r2ccl $g Gbit/s, iperf3 both at once $ref Gbit/s (before: $before, after: $after, per rail and sum); r2ccl on rail0 alone $gf Gbit/s (stripe ${qf}x of it); the scheduler before (R2CCL_TEST_HOOKS=no_goodput) $gb Gbit/s = ${qb}x the sum; load $l0 -> $(loadavg)" \
-    "$res" "$(short_cmd "${env2[@]}" -- "${args[@]}"); the same with R2CCL_SOCKET_IFNAME=rail0, and with R2CCL_TEST_HOOKS=no_goodput; iperf3 -t $secs on rail0+rail1 at once before+after" "unequal/"
+    "$res" "$(short_cmd "${env2[@]}" -- "${args[@]}") (after the same with -n 2 --check); the same with R2CCL_SOCKET_IFNAME=rail0, and with R2CCL_TEST_HOOKS=no_goodput; iperf3 -t $secs on rail0+rail1 at once before+after" "unequal/"
 }
 
 # ratedrop_row: on the unequal lab, a striped run; after a few passes rail 0's tbf (side a,
