@@ -234,8 +234,14 @@ def perf_rows(path):
             ts, line = float(m.group(1)), m.group(2)
         f = line.split()
         if len(f) == 9 and f[0].isdigit() and f[2] == 'float':
-            rows.append(dict(ts=ts, size=int(f[0]), us=float(f[5]), algbw=float(f[6]),
-                             busbw=float(f[7]), wrong=None if f[8] == 'N/A' else int(f[8])))
+            r = dict(ts=ts, size=int(f[0]), us=float(f[5]), algbw=float(f[6]),
+                     busbw=float(f[7]), wrong=None if f[8] == 'N/A' else int(f[8]))
+            # Gbit/s of bus bandwidth from the size and the time: the table prints GB/s with
+            # 2 decimals (0.28 = 2.24 Gbit/s, 0.29 = 2.32: 3.5 % steps). Where busbw is not
+            # algbw (collectives), its printed factor is used.
+            factor = r['busbw'] / r['algbw'] if r['algbw'] > 0 and r['busbw'] != r['algbw'] else 1.0
+            r['gbps'] = r['size'] * 8 / (r['us'] * 1e3) * factor if r['us'] > 0 else 0.0
+            rows.append(r)
     return rows
 
 def cmd_tsfilter(_):
@@ -269,7 +275,7 @@ def cmd_perf(args):
     if not rows:
         print('rows 0 mean_gbps nan mean_us nan wrong 0')
         return
-    g = sum(r['busbw'] for r in rows) / len(rows) * 8
+    g = sum(r['gbps'] for r in rows) / len(rows)
     us = sum(r['us'] for r in rows) / len(rows)
     w = sum(r['wrong'] or 0 for r in rows)
     print('rows %d mean_gbps %.3f mean_us %.2f wrong %d' % (len(rows), g, us, w))
@@ -343,7 +349,7 @@ def cmd_degraded(args):
     t = float(args[1]) + float(args[2])
     after = [r for i, r in enumerate(rows) if i > 0 and rows[i - 1]['ts'] >= t]
     before = [r for r in rows if r['ts'] < float(args[1])]
-    m = lambda rs: sum(r['busbw'] for r in rs) / len(rs) * 8 if rs else float('nan')
+    m = lambda rs: sum(r['gbps'] for r in rs) / len(rs) if rs else float('nan')
     print('after_rows %d after_gbps %.3f before_rows %d before_gbps %.3f' %
           (len(after), m(after), len(before), m(before)))
 
