@@ -761,6 +761,16 @@ TEST_CASE(
   CHECK(lost == 0);
 }
 
+namespace {
+
+// The listening end of a setup case: a listen comm on device 0, its handle told to the peer.
+bool listen_and_say(Endpoint& ep, void** listen) {
+  char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
+  return ep.plugin.net->listen(ep.ctx, 0, handle, listen) == ncclSuccess && ep.say(handle);
+}
+
+}  // namespace
+
 TEST_CASE(
     "verbs: a link-layer mismatch (IB at one end, RoCE at the other) fails connect and "
     "accept within 2 s with one message",
@@ -788,10 +798,8 @@ TEST_CASE(
         return res == ncclInvalidUsage && !comm && secs < 2.0 ? 0 : 51;
       },
       [&](Endpoint& ep) {
-        char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
         void* listen = nullptr;
-        if (ep.plugin.net->listen(ep.ctx, 0, handle, &listen) != ncclSuccess || !ep.say(handle))
-          return 50;
+        if (!listen_and_say(ep, &listen)) return 50;
         void* comm = nullptr;
         double secs = 0;
         const ncclResult_t res = accept_until(ep, listen, 30, &comm, &secs);
@@ -868,10 +876,8 @@ TEST_CASE(
         return secs < 2.0 ? 0 : 57;
       },
       [&](Endpoint& ep) {
-        char handle[NCCL_NET_HANDLE_MAXSIZE] = {};
         void* listen = nullptr;
-        if (ep.plugin.net->listen(ep.ctx, 0, handle, &listen) != ncclSuccess || !ep.say(handle))
-          return 50;
+        if (!listen_and_say(ep, &listen)) return 50;
         void* comm = nullptr;
         double secs = 0;
         accept_until(ep, listen, 3, &comm, &secs);  // the stranger never becomes a comm
