@@ -101,6 +101,26 @@ TEST_CASE("r2ccl_perf --rendezvous refuses what it cannot use at once, naming th
     CHECK(help.find(form) != std::string::npos);
 }
 
+TEST_CASE(
+    "eager: a threshold above the chunk size is lowered to it, said once, shown in the banner",
+    "[loopback][eager]") {
+  // An eager message is one chunk: R2CCL_EAGER_THRESHOLD=1M with 256 KiB chunks means 256 KiB.
+  std::string out;
+  const std::string cmd = perf_command({{"R2CCL_SOCKET_IFNAME", kTwoRails},
+                                        {"R2CCL_EAGER_THRESHOLD", "1M"},
+                                        {"R2CCL_CHUNK_SIZE", "256K"},
+                                        {"NCCL_DEBUG", "INFO"}},
+                                       "--ranks 2 --op sendrecv -b 64K -e 1M -f 4 -n 2 --check");
+  const int rc = run_command(cmd, &out);
+  INFO(cmd << "\n" << out);
+  CHECK(rc == 0);
+  const std::string warn =
+      "R2CCL_EAGER_THRESHOLD=1048576 is above R2CCL_CHUNK_SIZE=262144: messages of at most "
+      "262144 bytes go eagerly";
+  CHECK(count_lines_containing(out, warn) == 2);  // once per rank (process)
+  CHECK(count_lines_containing(out, "stripe off, eager up to 262144 bytes") == 2);
+}
+
 namespace {
 
 // Eager messages (R2CCL_EAGER_THRESHOLD, here 64 KiB, set explicitly so the cases do not

@@ -56,7 +56,9 @@ struct ParamDef {
   X(eager_threshold, "R2CCL_EAGER_THRESHOLD", kSize, "64K", 0, 1024.0 * 1024, nullptr,          \
     "Messages of at most this many bytes go at once, without waiting for the receiver's "       \
     "clear-to-send, into a bounded, credited area at the receiver (TCP; verbs always "          \
-    "waits). Both ends are negotiated (the smaller, at most R2CCL_CHUNK_SIZE). 0 disables.")    \
+    "waits). Both ends are negotiated (the smaller, at most R2CCL_CHUNK_SIZE: a larger "        \
+    "value is lowered to it, with a WARN at init; the init banner shows the value in use). "    \
+    "0 disables.")                                                                              \
   X(eager_copy, "R2CCL_EAGER_COPY", kBool, "1", 0, 1, nullptr,                                  \
     "1: an eager isend completes once its bytes are copied into a sender-side buffer kept "     \
     "until the receiver acknowledges them (for replay); 0: it completes on that "               \

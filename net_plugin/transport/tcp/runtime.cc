@@ -62,11 +62,22 @@ Status Runtime::init(const Config* cfg, std::string* err) {
     devices.push_back(Device{static_cast<int>(d), r.name, r.pci_path, d, 0,
                              r.name + " (" + std::to_string(r.speed_mbps) + " Mbps)"});
   }
-  char knobs[160];
-  snprintf(
-      knobs, sizeof(knobs), "%lld backup paths, chunk %lld KiB, %lld streams per path, stripe %s",
-      static_cast<long long>(cfg->backup_paths), static_cast<long long>(cfg->chunk_size / 1024),
-      static_cast<long long>(cfg->nsocks_per_path), cfg->stripe ? "on" : "off");
+  // Eager messages are at most one chunk (transport/handshake.h, negotiate): a larger
+  // R2CCL_EAGER_THRESHOLD is lowered to the chunk size, said once here.
+  const long long eager = std::min<long long>(cfg->eager_threshold, cfg->chunk_size);
+  if (cfg->eager_threshold > cfg->chunk_size)
+    R2CCL_WARN(
+        "R2CCL_EAGER_THRESHOLD=%lld is above R2CCL_CHUNK_SIZE=%lld: messages of at most %lld "
+        "bytes go eagerly (an eager message is one chunk)",
+        static_cast<long long>(cfg->eager_threshold), static_cast<long long>(cfg->chunk_size),
+        eager);
+  char knobs[200];
+  snprintf(knobs, sizeof(knobs),
+           "%lld backup paths, chunk %lld KiB, %lld streams per path, stripe %s, eager up to %lld "
+           "bytes",
+           static_cast<long long>(cfg->backup_paths),
+           static_cast<long long>(cfg->chunk_size / 1024),
+           static_cast<long long>(cfg->nsocks_per_path), cfg->stripe ? "on" : "off", eager);
   const Traits traits{"TCP",
                       board::Transport::kTcp,
                       0x52324343434f4e4eull /* "R2CCCONN" */,
