@@ -697,11 +697,13 @@ int rank_main(const Options& o, int rank, int nranks, const RdvAddress& rdv_addr
       int pass_rows = 0;
       if (!o.inject.empty() && pass == o.inject_pass) {
         auto* ext = static_cast<const r2cclExt_v1_t*>(net.symbol(R2CCL_EXT_SYMBOL_V1));
-        if (!ext || !ext->armFaults || ext->armFaults(o.inject.c_str()) != 0) {
-          fprintf(stderr,
-                  "r2ccl_perf: rank %d: --inject: the plugin has no r2cclExt_v1.armFaults "
-                  "or refused '%s'\n",
-                  rank, o.inject.c_str());
+        const char* why = !ext              ? "the plugin exports no r2cclExt_v1"
+                          : !ext->armFaults ? "the plugin's r2cclExt_v1 has no armFaults"
+                          : ext->armFaults(o.inject.c_str()) != 0
+                              ? "the plugin refused it (its WARN line above says why)"
+                              : nullptr;
+        if (why) {
+          fprintf(stderr, "r2ccl_perf: rank %d: --inject '%s': %s\n", rank, o.inject.c_str(), why);
           return 1;
         }
       }

@@ -101,6 +101,22 @@ TEST_CASE("r2ccl_perf --rendezvous refuses what it cannot use at once, naming th
     CHECK(help.find(form) != std::string::npos);
 }
 
+TEST_CASE("r2ccl_perf --inject: a schedule the plugin refuses fails the run, saying so",
+          "[loopback][perf]") {
+  // Rail 7 of 2: the plugin's armFaults refuses it with a WARN naming the rail, and
+  // r2ccl_perf says the plugin refused (not "has no armFaults").
+  std::string out;
+  const std::string cmd = perf_command({{"R2CCL_SOCKET_IFNAME", kTwoRails}},
+                                       "--ranks 2 --op sendrecv -b 1K -e 1K -n 1 -w 0 "
+                                       "--inject 'rail=7,at=10,kind=blackhole'");
+  const int rc = run_command(cmd, &out);
+  INFO(cmd << "\n" << out);
+  CHECK(rc != 0);
+  CHECK(out.find("--inject 'rail=7,at=10,kind=blackhole': the plugin refused it") !=
+        std::string::npos);
+  CHECK(out.find("armFaults: rail 7 does not exist (2 rails)") != std::string::npos);
+}
+
 TEST_CASE(
     "eager: a threshold above the chunk size is lowered to it, said once, shown in the banner",
     "[loopback][eager]") {
