@@ -1374,6 +1374,11 @@ unequal_rows() {
   check_run "$d/fast" $? "unequal rails, fast rail alone"
   run_pair "$d/before" "${env2[@]}" R2CCL_TEST_HOOKS=no_goodput -- "${args[@]}"
   check_run "$d/before" $? "unequal rails stripe, no_goodput"
+  # Two connections (NCCL's channels): one connection has at most --inflight 4 x 1 MiB in
+  # flight (NCCL's 4 MiB per channel), and with both directions busy each rail's reverse
+  # tbf queue delays the acknowledgements, so one connection's window bounds the sum.
+  run_pair "$d/stripe2" "${env2[@]}" -- "${args[@]}" --channels 2
+  check_run "$d/stripe2" $? "unequal rails stripe, 2 channels"
   after=$(iperf_run "$d/iperf" $secs 0 1 | sed 's/ *$//')
   ref=$(mean_of "$(awk '{print $NF}' <<<"$before")" "$(awk '{print $NF}' <<<"$after")")
   g=$(H perf "$d/stripe/rank0.out" | awk '{print $4}')
@@ -1381,6 +1386,9 @@ unequal_rows() {
   local gb qb
   gb=$(H perf "$d/before/rank0.out" | awk '{print $4}')
   qb=$(ratio "$gb" "$ref")
+  local g2 q2
+  g2=$(H perf "$d/stripe2/rank0.out" | awk '{print $4}')
+  q2=$(ratio "$g2" "$ref")
   q=$(ratio "$g" "$ref")
   qf=$(ratio "$g" "$gf")
   local res
@@ -1388,8 +1396,8 @@ unequal_rows() {
   [ "$res" = ok ] && ! ge "$qf" 1.0 && res=MISS
   add_row "Stripe over unequal rails ($UNEQ_RATES): r2ccl vs iperf3 on both rails at once" \
     ">= 0.95x the sum; >= the fast rail alone" \
-    "${q}x the sum: r2ccl $g Gbit/s, iperf3 both at once $ref Gbit/s (before: $before, after: $after, per rail and sum); r2ccl on rail0 alone $gf Gbit/s (stripe ${qf}x of it); the scheduler before (R2CCL_TEST_HOOKS=no_goodput) $gb Gbit/s = ${qb}x the sum; load $l0 -> $(loadavg)" \
-    "$res" "$(short_cmd "${env2[@]}" -- "${args[@]}") (after the same with -n 2 --check); the same with R2CCL_SOCKET_IFNAME=rail0, and with R2CCL_TEST_HOOKS=no_goodput; iperf3 -t $secs on rail0+rail1 at once before+after" "unequal/"
+    "${q}x the sum: r2ccl $g Gbit/s, iperf3 both at once $ref Gbit/s (before: $before, after: $after, per rail and sum); r2ccl on rail0 alone $gf Gbit/s (stripe ${qf}x of it); the scheduler before (R2CCL_TEST_HOOKS=no_goodput) $gb Gbit/s = ${qb}x the sum; 2 channels (connections) $g2 Gbit/s = ${q2}x the sum; load $l0 -> $(loadavg)" \
+    "$res" "$(short_cmd "${env2[@]}" -- "${args[@]}") (after the same with -n 2 --check); the same with R2CCL_SOCKET_IFNAME=rail0, with R2CCL_TEST_HOOKS=no_goodput, and with --channels 2; iperf3 -t $secs on rail0+rail1 at once before+after" "unequal/"
 }
 
 # ratedrop_row: on the unequal lab, a striped run; after a few passes rail 0's tbf (side a,
