@@ -1054,6 +1054,12 @@ mean_of() {
   python3 -c "import sys; v=[float(x) for x in sys.argv[1:] if x!='nan']; print('%.3f'%(sum(v)/len(v)) if v else 'nan')" "$@"
 }
 
+# iperf_text FULL SMOKE: what a throughput row says of its iperf3 runs: FULL, or in a smoke run
+# (one iperf3 run before, none after and no --bidir) SMOKE and that.
+iperf_text() {
+  if [ $SMOKE -eq 1 ]; then echo "$2; smoke: iperf3 once, before, and no --bidir"; else echo "$1"; fi
+}
+
 tput_rows() {  # tput_rows TAG TARGETED(1|0)
   local tag=$1 targeted=$2 d cmd r g before after ref q t1 t2
   local size=64M iters=20 secs=8 twice=1
@@ -1085,7 +1091,7 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   if [ "$targeted" = 1 ] && [ $MODE = lab ]; then t1=">= 0.99x iperf3"; r=$(verdict_ge "$q" 0.99); else t1="(info: CPU limits)"; r=info; fi
   [ $MODE = lo ] && t1="(loopback: info only)"
   add_row "SendRecv $size, one rail ($tag): r2ccl vs iperf3" "$t1" \
-    "${q}x: r2ccl $g Gbit/s, iperf3 $ref Gbit/s (before $before, after $after); iperf3 --bidir $bidir Gbit/s per direction (r2ccl ${bq}x)" "$r" "$cmd" "${d}/"
+    "${q}x: r2ccl $g Gbit/s, iperf3 $ref Gbit/s ($(iperf_text "before $before, after $after; iperf3 --bidir $bidir Gbit/s per direction (r2ccl ${bq}x)" "before $before"))" "$r" "$cmd" "${d}/"
   # one direction, 1 MiB messages (issue 16: the transport's CPU cost per byte against one
   # iperf3 stream in the same run; unshaped, both are CPU-bound on 2 cores)
   d=$OUT/tput-1way-$(slug "$tag")
@@ -1111,7 +1117,7 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   cmd="$(short_cmd "${env1[@]}" -- "${args1[@]}") (after the same with -n $nc --check); iperf3 -t $secs -O $IPERF_OMIT on rail0 before+after"
   if [ $MODE = lab ]; then t1=">= 0.9x iperf3"; r=$(verdict_ge "$q" 0.9); else t1="(loopback: info only)"; r=info; fi
   add_row "Send 1M, one direction, one rail ($tag): r2ccl vs one iperf3 stream" "$t1" \
-    "${q}x: r2ccl $g Gbit/s, iperf3 $ref Gbit/s (before $before, after $after)" "$r" "$cmd" "${d}/"
+    "${q}x: r2ccl $g Gbit/s, iperf3 $ref Gbit/s ($(iperf_text "before $before, after $after" "before $before"))" "$r" "$cmd" "${d}/"
   # stripe over 2 rails
   d=$OUT/tput-stripe-$(slug "$tag")
   local env2=(R2CCL_SOCKET_IFNAME=rail R2CCL_STRIPE=1)
@@ -1135,7 +1141,7 @@ tput_rows() {  # tput_rows TAG TARGETED(1|0)
   if [ "$targeted" = 1 ] && [ $MODE = lab ]; then t2=">= 0.9x iperf3 sum"; r=$(verdict_ge "$q" 0.9); else t2="(info: CPU limits)"; r=info; fi
   [ $MODE = lo ] && { t2="(loopback: info only)"; q=n/a; }
   add_row "SendRecv $size, stripe 2 rails ($tag): r2ccl vs iperf3 on both" "$t2" \
-    "${q}x: r2ccl $g Gbit/s, iperf3 sum $ref Gbit/s (per rail before: ${before% *}; after: ${after% *}); iperf3 --bidir sum ${bidir##* } Gbit/s per direction (r2ccl ${bq}x)" "$r" "$cmd" "${d}/"
+    "${q}x: r2ccl $g Gbit/s, iperf3 sum $ref Gbit/s ($(iperf_text "per rail before: ${before% *}; after: ${after% *}; iperf3 --bidir sum ${bidir##* } Gbit/s per direction (r2ccl ${bq}x)" "per rail: ${before% *}"))" "$r" "$cmd" "${d}/"
   # Issue 16 part 4: the same sendrecv (both directions at once) against iperf3 --bidir on
   # both rails at once, per direction, in the same run.
   if [ $MODE = lab ] && [ $twice = 1 ]; then
