@@ -28,6 +28,12 @@ std::string read_plugin_stats(const Net& net) {
 
 namespace {
 
+// One rank's totals line (tests and bench_net.sh read it).
+void print_total(FILE* out, int rank, uint64_t switchovers, uint64_t replays, uint64_t links) {
+  fprintf(out, "# rank %d total: switchovers %" PRIu64 " replays %" PRIu64 " links %" PRIu64 "\n",
+          rank, switchovers, replays, links);
+}
+
 #ifdef R2PERF_HAVE_NLOHMANN_JSON
 uint64_t num(const nlohmann::json& j, const char* key) {
   auto it = j.find(key);
@@ -64,9 +70,7 @@ bool print_json(int rank, const std::string& text, FILE* out, StatsSummary* sum)
   }
   uint64_t replays = std::max(num(j, "replays"), rail_replays);
   uint64_t switchovers = std::max(num(j, "switchovers"), rail_switchovers);
-  if (out)
-    fprintf(out, "# rank %d total: switchovers %" PRIu64 " replays %" PRIu64 " links %" PRIu64 "\n",
-            rank, switchovers, replays, num(j, "links"));
+  if (out) print_total(out, rank, switchovers, replays, num(j, "links"));
   sum->replays += replays;
   sum->switchovers += switchovers;
   return true;
@@ -84,9 +88,7 @@ bool print_json(int rank, const std::string& text, FILE* out, StatsSummary* sum)
   if (text.empty() || text[0] != '{') return false;
   if (out) fprintf(out, "# rank %d stats: %s\n", rank, text.c_str());
   const uint64_t replays = scan(text, "replays"), switchovers = scan(text, "switchovers");
-  if (out)
-    fprintf(out, "# rank %d total: switchovers %" PRIu64 " replays %" PRIu64 " links %" PRIu64 "\n",
-            rank, switchovers, replays, scan(text, "links"));
+  if (out) print_total(out, rank, switchovers, replays, scan(text, "links"));
   sum->replays += replays;
   sum->switchovers += switchovers;
   return true;
