@@ -105,6 +105,13 @@ int finish_connect(int fd) {
   return 0;
 }
 
+// Connects a rail listener queues before they are accepted. NCCL opens its channels'
+// connections to a peer at once (512 send connections with 2 streams per path put 1,024
+// connects on each rail listener), and a SYN that finds the queue full is dropped and sent
+// again only after the kernel's 1 s SYN timeout. The kernel caps it at net.core.somaxconn
+// (4096 by default since Linux 5.4).
+constexpr int kListenBacklog = 16384;
+
 int open_rail_listener(const Rail& rail, std::string* err, uint16_t port) {
   int fd = socket(rail.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   if (fd < 0) {
@@ -120,7 +127,8 @@ int open_rail_listener(const Rail& rail, std::string* err, uint16_t port) {
     reinterpret_cast<sockaddr_in*>(&a)->sin_port = port;
   else
     reinterpret_cast<sockaddr_in6*>(&a)->sin6_port = port;
-  if (bind(fd, reinterpret_cast<sockaddr*>(&a), rail.addrlen) != 0 || listen(fd, 256) != 0) {
+  if (bind(fd, reinterpret_cast<sockaddr*>(&a), rail.addrlen) != 0 ||
+      listen(fd, kListenBacklog) != 0) {
     *err = "listen on " + addr_to_string(a) + " (rail " + rail.name + "): " + strerror(errno);
     close(fd);
     return -1;

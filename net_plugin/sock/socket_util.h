@@ -29,7 +29,8 @@ int start_connect(int fd, const sockaddr_storage& peer);
 // 0 when the connect finished, -EINPROGRESS while pending, -errno on failure.
 int finish_connect(int fd);
 // Listening socket on the rail's address, on `port` (network order; 0: an ephemeral port).
-// -1 and *err on failure (a taken port: EADDRINUSE, named).
+// -1 and *err on failure (a taken port: EADDRINUSE, named). Its accept queue holds as many
+// connects as net.core.somaxconn allows (a burst of 1,024 at setup is normal). Any thread.
 int open_rail_listener(const Rail& rail, std::string* err, uint16_t port = 0);
 uint16_t local_port(int fd);
 void set_socket_options(int fd, TimeUs user_timeout);

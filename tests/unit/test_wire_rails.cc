@@ -2,6 +2,8 @@
 // lists, same_subnet) and the fault-injection schedule (parse_fault_specs, FaultInjector).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -506,6 +508,75 @@ TEST_CASE("rail sockets bind their address without taking a port until connect",
   CHECK(ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port) != 0);
   CHECK(reinterpret_cast<sockaddr_in*>(&local)->sin_addr.s_addr == htonl(INADDR_LOOPBACK));
   close(fd);
+  close(lfd);
+}
+
+TEST_CASE("a rail listener takes a burst of 1,024 connects without accepting any", "[sock]") {
+  // NCCL opens its channels' connections to a peer at once: 512 send connections with 2
+  // streams per path put 1,024 connects on each of the peer's rail listeners within
+  // milliseconds, before its background thread accepts them. A SYN that finds the accept
+  // queue full is dropped and retried only after the kernel's 1 s SYN timeout (a listen
+  // backlog of 256 made 512 + 512 connections take 1.1 s and warn about paths not connected
+  // at setup). The kernel caps the backlog at net.core.somaxconn (4096 by default since
+  // Linux 5.4).
+  constexpr int kConnects = 1024;
+  long somaxconn = 0;
+  if (FILE* f = fopen("/proc/sys/net/core/somaxconn", "r")) {
+    if (fscanf(f, "%ld", &somaxconn) != 1) somaxconn = 0;
+    fclose(f);
+  }
+  if (somaxconn < kConnects) {
+    WARN("skipped: net.core.somaxconn is " << somaxconn << ", below " << kConnects);
+    return;
+  }
+  rlimit rl{};
+  REQUIRE(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+  if (rl.rlim_cur < kConnects * 3 && rl.rlim_max >= kConnects * 3) {
+    rl.rlim_cur = kConnects * 3;
+    setrlimit(RLIMIT_NOFILE, &rl);
+    REQUIRE(getrlimit(RLIMIT_NOFILE, &rl) == 0);
+  }
+  if (rl.rlim_cur < kConnects * 3) {
+    WARN("skipped: RLIMIT_NOFILE is " << rl.rlim_cur << ", below " << kConnects * 3);
+    return;
+  }
+  Rail rail;
+  rail.ifname = "lo";
+  rail.name = "lo@127.0.0.1";
+  rail.family = AF_INET;
+  rail.addr = make_addr("127.0.0.1");
+  rail.addrlen = sizeof(sockaddr_in);
+  std::string err;
+  const int lfd = open_rail_listener(rail, &err);
+  INFO(err);
+  REQUIRE(lfd >= 0);
+  sockaddr_storage la{};
+  socklen_t lal = sizeof(la);
+  REQUIRE(getsockname(lfd, reinterpret_cast<sockaddr*>(&la), &lal) == 0);
+  std::vector<pollfd> fds;
+  for (int i = 0; i < kConnects; ++i) {
+    SockFailure why;
+    const int fd = open_rail_socket(rail, 0, &why);
+    INFO(why.text);
+    REQUIRE(fd >= 0);
+    REQUIRE(start_connect(fd, la) == 0);
+    fds.push_back({fd, POLLOUT, 0});
+  }
+  // Well within the 1 s after which a dropped SYN is sent again.
+  int connected = 0;
+  const TimeUs deadline = r2ccl::now_us() + 500 * kUsPerMs;
+  std::vector<bool> done(fds.size(), false);
+  while (connected < kConnects && r2ccl::now_us() < deadline) {
+    for (auto& p : fds) p.revents = 0;
+    ::poll(fds.data(), fds.size(), 20);
+    for (size_t i = 0; i < fds.size(); ++i) {
+      if (done[i] || !(fds[i].revents & (POLLOUT | POLLERR | POLLHUP))) continue;
+      done[i] = true;
+      if (finish_connect(fds[i].fd) == 0) ++connected;
+    }
+  }
+  CHECK(connected == kConnects);
+  for (auto& p : fds) close(p.fd);
   close(lfd);
 }
 
