@@ -28,16 +28,16 @@
 namespace r2ccl::test {
 
 // Sockets one connection holds on each side with the defaults (params.h): a path per rail
-// pair, at most 1 + R2CCL_BACKUP_PATHS (2) of them, x R2CCL_NSOCKS_PER_PATH (1) streams: with
-// two rails, 2 paths, so 2 sockets (measured: the hub prints its count; the control
-// connection is one of the paths' streams). Descriptors are sized for 3, the most the
+// pair, at most 1 + R2CCL_BACKUP_PATHS (2) of them, x R2CCL_NSOCKS_PER_PATH (2) streams: with
+// two rails, 2 paths, so 4 sockets (measured: the hub prints its count; the control
+// connection is one of the paths' streams). Descriptors are sized for 6, the most the
 // defaults allow.
-constexpr int kSocketsPerConnection = 3;
+constexpr int kSocketsPerConnection = 6;
 
 inline void port_scale_scenario(int conns, int peers, int range_ports) {
   REQUIRE(conns % peers == 0);
   // RLIMIT_NOFILE of every process: the hub's descriptors are conns x kSocketsPerConnection
-  // sockets (at most 3,000 for 1,000 connections; 2,000 measured), plus the plugin's
+  // sockets (at most 6,000 for 1,000 connections; 4,000 expected), plus the plugin's
   // listeners, netlink socket, pipes and files: a margin of 1,024. A peer needs a quarter of
   // the sockets. Where the hard limit is lower and cannot be raised (no CAP_SYS_RESOURCE), the
   // test cannot run: skipped with a WARN.

@@ -61,7 +61,7 @@ TEST_CASE("an empty environment gives the documented defaults", "[params]") {
   const Config& c = l.cfg;
   CHECK(c.socket_ifname.empty());
   CHECK(c.backup_paths == 2);
-  CHECK(c.nsocks_per_path == 1);
+  CHECK(c.nsocks_per_path == 2);
   CHECK_FALSE(c.stripe);
   CHECK(c.chunk_size == 512 * 1024);
   CHECK(c.path_window == 4 * 1024 * 1024);

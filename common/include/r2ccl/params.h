@@ -37,8 +37,10 @@ struct ParamDef {
     "docker* and virbr*.")                                                                      \
   X(backup_paths, "R2CCL_BACKUP_PATHS", kInt, "2", 0, 3, nullptr,                               \
     "Preheated backup paths per connection, on other rails than the primary.")                  \
-  X(nsocks_per_path, "R2CCL_NSOCKS_PER_PATH", kInt, "1", 1, 8, nullptr,                         \
-    "TCP streams per path; more streams fill fast links.")                                      \
+  X(nsocks_per_path, "R2CCL_NSOCKS_PER_PATH", kInt, "2", 1, 8, nullptr,                         \
+    "TCP streams per path (each its own TCP connection; chunks go round-robin over them). 2: "  \
+    "striping over 2 rails in both directions at once kept 0.96x of iperf3 --bidir, 1 only "    \
+    "0.88x (docs/BENCHMARKS.md); each stream is a descriptor.")                                 \
   X(stripe, "R2CCL_STRIPE", kBool, "0", 0, 1, nullptr,                                          \
     "1: stripe chunks over every healthy path, weighted by each path's measured goodput; 0: "   \
     "primary path only, backups stay idle and probed.")                                         \

@@ -537,12 +537,6 @@ Status Conn::connect_step(bool* done, TimeUs now) {
         if (perm && !permanent) permanent = &hs;
         R2CCL_INFO(NCCL_NET | NCCL_INIT, "path %d (%s) not connected at setup: %s", hs.path,
                    hs.what.c_str(), hs.cause().c_str());
-        if (perm && first_time("setup path:" + rails[paths_desc_[hs.path].rail].name + ":" +
-                               (hs.refused ? std::string("refused") : std::to_string(hs.err))))
-          R2CCL_WARN(
-              "path %d (%s) not connected at setup: %s; it is retried in the background, slowly "
-              "(warned once per rail and cause)",
-              hs.path, hs.what.c_str(), hs.cause().c_str());
       }
     }
     if (pending) return Status::kOk;
@@ -553,11 +547,6 @@ Status Conn::connect_step(bool* done, TimeUs now) {
       if (up) {
         bitmap |= 1ull << p.index;
         p.attached = n_streams_;
-      } else {
-        close_streams(p);
-        desc(p).up = false;
-        warn_once("path on rail " + rt_->rails()[rail_of(p)].name +
-                  " could not be connected at setup; it will be retried in the background");
       }
     }
     if (bitmap == 0) {
@@ -568,6 +557,24 @@ Status Conn::connect_step(bool* done, TimeUs now) {
       setup_stage_ = 1;
       control_candidate_++;
       return Status::kOk;
+    }
+    // The connection comes up: the paths that did not are retried in the background. Said only
+    // now, as a connect that fails as a whole says so once (setup_failed) and retries nothing.
+    for (const auto& hs : setup_hs_) {
+      if (hs.stage != -2 || !hs.cannot_heal() || (bitmap >> hs.path & 1)) continue;
+      if (first_time("setup path:" + rails[paths_desc_[hs.path].rail].name + ":" +
+                     (hs.refused ? std::string("refused") : std::to_string(hs.err))))
+        R2CCL_WARN(
+            "path %d (%s) not connected at setup: %s; it is retried in the background, slowly "
+            "(warned once per rail and cause)",
+            hs.path, hs.what.c_str(), hs.cause().c_str());
+    }
+    for (auto& p : paths_) {
+      if (bitmap >> p.index & 1) continue;
+      close_streams(p);
+      desc(p).up = false;
+      warn_once("path on rail " + rt_->rails()[rail_of(p)].name +
+                " could not be connected at setup; it will be retried in the background");
     }
     // SETUP_DONE on the first path that is up: a = number of paths, total = paths up.
     const int cpath = __builtin_ctzll(bitmap);
