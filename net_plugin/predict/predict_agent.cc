@@ -119,6 +119,8 @@ void PredictAgent::sample_and_publish(TimeUs now) {
   entries_.resize(rails_.size());
   for (size_t i = 0; i < rails_.size(); ++i) {
     const predict::RailRisk& r = risks_[i];
+    if (r.a.hold_new)
+      R2CCL_WARN("r2ccl predict: %s", predict::hold_message(r.name, r.a, pcfg_).c_str());
     board::RiskEntry& e = entries_[i];
     e = board::RiskEntry{};
     board::set_text(e.rail, sizeof(e.rail), r.name);

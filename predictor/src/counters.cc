@@ -17,8 +17,9 @@ namespace r2ccl::predict {
 namespace {
 
 const char* const kNames[kNumCounters] = {
-    "retrans", "tx_packets",    "rx_packets",  "tx_bytes",  "rx_bytes",   "symbol_err",
-    "rcv_err", "link_recovery", "link_downed", "integrity", "buf_overrun"};
+    "retrans",     "tx_packets", "rx_packets",      "tx_bytes",          "rx_bytes",
+    "symbol_err",  "rcv_err",    "link_recovery",   "link_downed",       "integrity",
+    "buf_overrun", "crc_err",    "fec_corr_blocks", "fec_uncorr_blocks", "fec_corr_bits"};
 
 // Reads at most `cap` bytes of a small sysfs-like file. False when it cannot be opened/read or
 // is not a regular file: opened non-blocking and checked with fstat, so a FIFO, a device or a
@@ -155,7 +156,7 @@ SysfsRail::SysfsRail(const std::string& root, const RailSpec& spec) : spec_(spec
     add("statistics/rx_packets", kRxPackets, wrap64);
     add("statistics/tx_bytes", kTxBytes, wrap64);
     add("statistics/rx_bytes", kRxBytes, wrap64);
-    add("statistics/rx_crc_errors", kSymbolErr, wrap64);
+    add("statistics/rx_crc_errors", kCrcErr, wrap64);
     add("statistics/rx_errors", kRcvErr, wrap64);
     add("carrier_changes", kLinkRecovery, wrap64);
     add("carrier_down_count", kLinkDowned, wrap64);

@@ -11,11 +11,11 @@ const char* const kFeatureNames[kNumFeatures] = {
     "buf_overrun_rate", "utilisation", "phy_err_delta", "retrans_delta"};
 const char* const kFeatureCounters[kNumFeatures] = {"retrans",
                                                     "retrans/tx_packets",
-                                                    "symbol_err+rcv_err",
+                                                    "symbol_err+rcv_err+crc_err",
                                                     "link_recovery+link_downed+integrity",
                                                     "buf_overrun",
                                                     "tx_bytes/rx_bytes",
-                                                    "symbol_err+rcv_err",
+                                                    "symbol_err+rcv_err+crc_err",
                                                     "retrans"};
 
 float log_rate(double count, double dt) {
@@ -35,7 +35,7 @@ bool FeatureExtractor::push(const Step& s, FeatureRow* out) {
   r[0] = log_rate(s.d[kRetrans], dt);
   r[1] = static_cast<float>(
       std::min(100.0, 100.0 * std::max(0.0, s.d[kRetrans]) / std::max(1.0, s.d[kTxPackets])));
-  r[2] = log_rate(s.d[kSymbolErr] + s.d[kRcvErr], dt);
+  r[2] = log_rate(s.d[kSymbolErr] + s.d[kRcvErr] + s.d[kCrcErr], dt);
   r[3] = log_rate(s.d[kLinkRecovery] + s.d[kLinkDowned] + s.d[kIntegrity], dt);
   r[4] = log_rate(s.d[kBufOverrun], dt);
   double util = 0;

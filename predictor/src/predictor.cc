@@ -16,7 +16,35 @@ PredictorConfig predictor_config_from(const Config& cfg) {
   p.threshold = static_cast<float>(cfg.predict_threshold);
   p.return_threshold = static_cast<float>(cfg.predict_return_threshold);
   p.return_samples = static_cast<int>(cfg.predict_return_samples);
+  p.enter_samples = static_cast<int>(cfg.predict_enter_samples);
+  p.max_drains_per_hour = static_cast<int>(cfg.predict_max_drains_per_hour);
   return p;
+}
+
+const char* hold_text(Hold h) {
+  switch (h) {
+    case Hold::kHourLimit: return "the hourly drain limit";
+    case Hold::kLastRail: return "the last usable rail";
+    default: return "";
+  }
+}
+
+std::string hold_message(const std::string& rail, const Assessment& a, const PredictorConfig& c) {
+  char buf[320];
+  if (a.hold == Hold::kHourLimit)
+    snprintf(buf, sizeof(buf),
+             "rail %s risk %.2f >= %.2f for %d samples, but not drained: %d drains began within "
+             "the last hour (R2CCL_PREDICT_MAX_DRAINS_PER_HOUR=%d)",
+             rail.c_str(), a.risk, c.threshold, c.enter_samples, a.drains_last_hour,
+             c.max_drains_per_hour);
+  else if (a.hold == Hold::kLastRail)
+    snprintf(buf, sizeof(buf),
+             "rail %s risk %.2f >= %.2f for %d samples, but not drained: it is the last usable "
+             "rail (every other one is down or drained)",
+             rail.c_str(), a.risk, c.threshold, c.enter_samples);
+  else
+    buf[0] = 0;
+  return buf;
 }
 
 const char* source_name(Source s) {
@@ -53,7 +81,8 @@ float RailPredictor::lstm_risk(uint32_t quiet) const {
   return model_->infer(norm_.data(), W, &scratch_);
 }
 
-bool RailPredictor::update(const Step& s, Assessment* out) {
+bool RailPredictor::update(const Step& s, Assessment* out, bool last_usable) {
+  if (s.dt_s > 0) t_s_ += s.dt_s;
   FeatureRow row;
   if (!fx_.push(s, &row)) {
     if (out) *out = last_;
@@ -73,11 +102,28 @@ bool RailPredictor::update(const Step& s, Assessment* out) {
   }
   a.retransmit_ratio = window_.retransmit_ratio();
   a.drain = last_.drain;
-  if (!a.drain && a.risk >= cfg_.threshold) {
-    a.drain = true;
-    a.transition = +1;
-    low_run_ = 0;
-  } else if (a.drain) {
+  constexpr double kHourS = 3600;
+  drain_at_.erase(std::remove_if(drain_at_.begin(), drain_at_.end(),
+                                 [&](double t) { return t <= t_s_ - kHourS; }),
+                  drain_at_.end());
+  if (!a.drain) {
+    high_run_ = a.risk >= cfg_.threshold ? high_run_ + 1 : 0;
+    if (high_run_ >= std::max(1, cfg_.enter_samples)) {
+      if (last_usable)
+        a.hold = Hold::kLastRail;
+      else if (static_cast<int>(drain_at_.size()) >= cfg_.max_drains_per_hour)
+        a.hold = Hold::kHourLimit;
+      if (a.hold == Hold::kNone) {
+        a.drain = true;
+        a.transition = +1;
+        low_run_ = 0;
+        high_run_ = 0;
+        drain_at_.push_back(t_s_);
+      } else {
+        a.hold_new = a.hold != last_.hold;  // once per run of high samples and cause
+      }
+    }
+  } else {
     low_run_ = a.risk < cfg_.return_threshold ? low_run_ + 1 : 0;
     if (low_run_ >= cfg_.return_samples) {
       a.drain = false;
@@ -85,6 +131,7 @@ bool RailPredictor::update(const Step& s, Assessment* out) {
       low_run_ = 0;
     }
   }
+  a.drains_last_hour = static_cast<int>(drain_at_.size());
   last_ = a;
   if (out) *out = a;
   return true;
@@ -176,7 +223,13 @@ void NodeSampler::sample(double now_s, const std::vector<ExtraCounters>& extra,
       continue;
     }
     blind_[i] = false;
-    preds_[i]->update(s, &rr.a);
+    // The guard's set is the node's rails: is any other one usable (link up, not drained)? A
+    // node of one rail is exempt: there is no other rail to keep (the engine still uses a
+    // drained path when it has nothing else).
+    bool other_usable = false;
+    for (size_t j = 0; j < rails_.size() && !other_usable; ++j)
+      other_usable = j != i && steps_[j].link_up && !preds_[j]->last().drain;
+    preds_[i]->update(s, &rr.a, !other_usable && rails_.size() > 1);
     if (rr.a.transition != 0) rr.top = preds_[i]->top_contributors(3);
   }
 }

@@ -59,8 +59,24 @@ std::string TraceReader::where(int col) const {
 }
 
 bool TraceReader::parse_widths(const std::string& line, std::string* err) {
-  // "# widths: NAME=sat16 NAME=wrap32 ..."
-  std::istringstream is(line.substr(line.find(':') + 1));
+  // "# widths: NAME=sat16 NAME=wrap32 ..." (every rail) or "# widths for PREFIX: ..." (rails
+  // whose name starts with PREFIX).
+  const size_t colon = line.find(':');
+  ScopedWidths* scope = nullptr;
+  const std::string head = line.substr(0, colon);
+  if (head.rfind("# widths for ", 0) == 0) {
+    const std::string prefix = head.substr(13);
+    if (prefix.empty() || prefix.find_first_of(" ,") != std::string::npos) {
+      *err = where(-1) + ": bad widths line '" + shown(line) +
+             "' (accepted: '# widths: ...' or '# widths for PREFIX: ...', PREFIX the start of "
+             "rail names, no spaces or commas)";
+      return false;
+    }
+    scoped_.emplace_back();
+    scope = &scoped_.back();
+    scope->prefix = prefix;
+  }
+  std::istringstream is(line.substr(colon + 1));
   std::string item;
   while (is >> item) {
     const size_t eq = item.find('=');
@@ -72,7 +88,12 @@ bool TraceReader::parse_widths(const std::string& line, std::string* err) {
              "columns)";
       return false;
     }
-    widths_[c] = w;
+    if (scope) {
+      scope->w[c] = w;
+      scope->set[c] = true;
+    } else {
+      widths_[c] = w;
+    }
   }
   return true;
 }
@@ -122,7 +143,15 @@ bool TraceReader::next(TraceRow* out, std::string* err) {
     if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.empty()) continue;
     if (line[0] == '#') {
-      if (line.rfind("# widths:", 0) == 0 && !parse_widths(line, err)) return false;
+      if (line.rfind("# widths:", 0) == 0 || line.rfind("# widths for ", 0) == 0) {
+        if (have_header_) {
+          *err = where(-1) +
+                 ": a widths line after the header (widths lines come first, so "
+                 "they hold for the whole file)";
+          return false;
+        }
+        if (!parse_widths(line, err)) return false;
+      }
       continue;
     }
     if (!have_header_) {
@@ -152,6 +181,12 @@ bool TraceReader::next(TraceRow* out, std::string* err) {
       it = rail_index_.emplace(name, static_cast<int>(rails_.size())).first;
       rails_.push_back(name);
       state_.emplace_back();
+      RailState& ns = state_.back();
+      for (int c = 0; c < kNumCounters; ++c) ns.widths[c] = widths_[c];
+      for (const ScopedWidths& sw : scoped_)
+        if (name.rfind(sw.prefix, 0) == 0)
+          for (int c = 0; c < kNumCounters; ++c)
+            if (sw.set[c]) ns.widths[c] = sw.w[c];
     }
     r.rail = it->second;
     RailState& st = state_[static_cast<size_t>(r.rail)];
@@ -185,7 +220,7 @@ bool TraceReader::next(TraceRow* out, std::string* err) {
           }
         }
       }
-      const Delta d = counter_delta(st.prev[c], cur, widths_[c]);
+      const Delta d = counter_delta(st.prev[c], cur, st.widths[c]);
       if (d.kind != DeltaKind::kMissing) {
         s.d[c] = static_cast<double>(d.value);
         s.missing &= ~(1u << c);

@@ -9,8 +9,10 @@
 //       writes the samples as a trace (to retrain on real fleet counters)
 //   r2ccl_predict --features TRACE --out DIR [--horizon SEC]
 //       the feature rows, labels and failure events of a trace as .npy files, for training
-//   r2ccl_predict --evaluate TRACE [--model FILE]
-//       sample-level precision, recall, F1 and accuracy of the LSTM and the baseline
+//   r2ccl_predict --evaluate TRACE [--model FILE] [--min-lead SEC] [--lead-window SEC]
+//       event level, LSTM and baseline each deciding alone: failures warned (and lead times),
+//       false drains per healthy rail-week, also by error floor; then sample-level precision,
+//       recall and F1
 //   r2ccl_predict --info [--model FILE]      the weights file's shape and metadata
 //   r2ccl_predict --bench [--model FILE]     inference cost per rail-sample
 //
@@ -48,7 +50,8 @@ struct Options {
   double interval_s = 5, horizon_s = 30;
   int count = 0, window_steps = 0;
   float threshold = 0.7f, return_threshold = 0.4f;
-  int return_samples = 6;
+  int return_samples = 6, enter_samples = 3, max_drains_per_hour = 2;
+  double min_lead_s = 30, lead_window_s = 1800;
 };
 
 double mono_s() {
@@ -93,8 +96,50 @@ PredictorConfig config_of(const Options& o, const Model* m) {
   c.threshold = o.threshold;
   c.return_threshold = o.return_threshold;
   c.return_samples = o.return_samples;
+  c.enter_samples = o.enter_samples;
+  c.max_drains_per_hour = o.max_drains_per_hour;
   return c;
 }
+
+// The guard's rail sets in a trace file (the last-usable-rail rule, predictor.h): the rails of
+// one node, i.e. those whose names share the part before the first '-' (n000-mlx5_0:1 and
+// n000-mlx5_1:1; a name without '-' is a node of its own). A rail is usable while its link is
+// up and it is not drained. As in the plugin, a node of one rail is exempt (there is no other
+// rail to move to); in a file that lists one rail after another, a node's later rails are not
+// known yet while its first is read.
+struct RailSet {
+  std::vector<int> node;             // per rail
+  std::vector<char> up, drained;     // per rail
+  std::vector<int> usable, members;  // per node
+  std::map<std::string, int> node_index;
+  void ensure(size_t r, const std::string& name) {
+    while (node.size() <= r) {
+      const std::string key = name.substr(0, name.find('-'));
+      auto it = node_index.emplace(key, static_cast<int>(members.size())).first;
+      if (it->second == static_cast<int>(members.size())) {
+        members.push_back(0);
+        usable.push_back(0);
+      }
+      node.push_back(it->second);
+      up.push_back(1);
+      drained.push_back(0);
+      ++members[static_cast<size_t>(it->second)];
+      ++usable[static_cast<size_t>(it->second)];
+    }
+  }
+  bool usable_at(size_t r) const { return up[r] && !drained[r]; }
+  // True when the rail's node has other rails and every one of them is down or drained.
+  bool last_usable(size_t r) const {
+    const size_t n = static_cast<size_t>(node[r]);
+    return members[n] > 1 && usable[n] - (usable_at(r) ? 1 : 0) <= 0;
+  }
+  void set(size_t r, bool link, bool drain) {
+    const bool before = usable_at(r);
+    up[r] = link;
+    drained[r] = drain;
+    usable[static_cast<size_t>(node[r])] += (usable_at(r) ? 1 : 0) - (before ? 1 : 0);
+  }
+};
 
 // ---- --replay ------------------------------------------------------------------------------
 int run_replay(const Options& o) {
@@ -118,14 +163,23 @@ int run_replay(const Options& o) {
     std::vector<double> leads;
   };
   std::map<int, RailRun> runs;
+  RailSet set;
   printf("%-10s %-16s %-4s %-7s %-9s %-6s %s\n", "t_s", "rail", "link", "risk", "baseline", "drain",
          "event");
   TraceRow row;
   while (tr.next(&row, &err)) {
     const std::string& name = tr.rail_names()[static_cast<size_t>(row.rail)];
-    if (!o.rail.empty() && name != o.rail) continue;
+    const size_t ri = static_cast<size_t>(row.rail);
+    set.ensure(ri, name);
     RailRun& rr = runs[row.rail];
     if (!rr.p) rr.p = std::make_unique<RailPredictor>(cfg, mp, base);
+    if (!o.rail.empty() && name != o.rail) {
+      // Not shown, but part of the guard's set: its link and drain still count.
+      const bool last = set.last_usable(ri);
+      if (row.has_step) rr.p->update(row.step, nullptr, last);
+      set.set(ri, row.link_up, rr.p->last().drain);
+      continue;
+    }
     std::string event;
     if (!row.has_step) rr.prev_link = row.link_up;  // a rail's first row: no transition
     if (rr.prev_link && !row.link_up) {
@@ -142,7 +196,10 @@ int run_replay(const Options& o) {
     }
     rr.prev_link = row.link_up;
     Assessment a;
-    const bool scored = row.has_step && rr.p->update(row.step, &a);
+    const bool scored = row.has_step && rr.p->update(row.step, &a, set.last_usable(ri));
+    set.set(ri, row.link_up, rr.p->last().drain);
+    if (scored && a.hold_new)  // stderr: the table's format stays as it is
+      fprintf(stderr, "r2ccl_predict: t %.1f: %s\n", row.t_s, hold_message(name, a, cfg).c_str());
     if (scored && a.transition > 0) {
       rr.drain_since = row.t_s;
       event = "DRAIN: " + rr.p->top_contributors(3);
@@ -163,13 +220,15 @@ int run_replay(const Options& o) {
     fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
     return 1;
   }
-  if (!o.rail.empty() && runs.empty()) {
+  if (!o.rail.empty() &&
+      std::find(tr.rail_names().begin(), tr.rail_names().end(), o.rail) == tr.rail_names().end()) {
     fprintf(stderr, "r2ccl_predict: no rail named '%s' in %s\n", o.rail.c_str(), o.replay.c_str());
     return 1;
   }
   printf("\nsummary (%s decides; drain at risk >= %.2f):\n", mp ? "LSTM" : "baseline",
          cfg.threshold);
   for (const auto& [idx, rr] : runs) {
+    if (!o.rail.empty() && tr.rail_names()[static_cast<size_t>(idx)] != o.rail) continue;
     std::string leads;
     for (double l : rr.leads)
       leads += (leads.empty() ? "" : ", ") + std::to_string(l).substr(0, 5) + " s";
@@ -298,9 +357,68 @@ int run_features(const Options& o) {
 }
 
 // ---- --evaluate ----------------------------------------------------------------------------
-// Sample-level precision, recall, F1 and accuracy of the LSTM and the baseline on a labelled
-// trace: every scored row, risk >= threshold as the alarm, the label as in --features.
+// Event level, for the LSTM and for the baseline, each deciding alone with the same drain
+// policy and guard (predictor.h): per failure, whether its rail was drained when the link went
+// down and for how long before (warned when at least --min-lead); per healthy rail (one with no
+// failure in the file), the drains and the monitored hours, also by the rail's error floor.
+// Then the sample-level precision, recall and F1 of earlier versions.
+namespace eval {
+
+// The error counters whose steady level is a rail's "error floor".
+constexpr int kFloorCounters[] = {kSymbolErr,     kRcvErr,          kCrcErr,
+                                  kFecCorrBlocks, kFecUncorrBlocks, kFecCorrBits};
+constexpr int kFloorRows = 60;  // the floor is read over a rail's first 60 scored rows (5 min)
+// Floor buckets, errors per second (the highest counter's median rate): 0, <= 0.1, <= 1, ...
+constexpr double kFloorEdges[] = {0, 0.1, 1, 10, 100, 1000};
+constexpr int kBuckets = 7;
+const char* const kBucketNames[kBuckets] = {"0",      "0-0.1",    "0.1-1", "1-10",
+                                            "10-100", "100-1000", "> 1000"};
+
+int bucket_of(double rate) {
+  int b = 0;
+  while (b < 6 && rate > kFloorEdges[b]) ++b;
+  return b;
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::nth_element(v.begin(), v.begin() + static_cast<long>(v.size() / 2), v.end());
+  return v[v.size() / 2];
+}
+
+struct Rail {
+  std::vector<double> fails;                             // link 1 -> 0 times
+  std::vector<int> fail_scenario;                        // the rail's scenario at each
+  double up_s = 0;                                       // scored (link up) seconds
+  std::vector<double> rates[std::size(kFloorCounters)];  // first kFloorRows rates per counter
+  int scenario = -1;                                     // the last scenario seen
+  bool prev_link = true;
+  int floor_bucket() const {
+    double hi = 0;
+    for (const auto& r : rates) hi = std::max(hi, median(r));
+    return bucket_of(hi);
+  }
+};
+
+struct Decider {
+  std::vector<std::unique_ptr<RailPredictor>> p;
+  RailSet set;
+  std::vector<std::vector<double>> drain_at;  // per rail: when each drain began
+  std::vector<double> drain_since;            // per rail: start of the drain in progress, or -1
+  std::vector<std::vector<double>> lead;      // per rail, per failure: lead, or -1 (not drained)
+};
+
+struct Tally {
+  int precursor = 0, warned = 0, late = 0, sudden = 0, sudden_warned = 0;
+  std::vector<double> leads;
+  int false_drains = 0, bucket_drains[kBuckets] = {};
+  int early_drains = 0;  // on failing rails, not followed by a failure within --lead-window
+};
+
+}  // namespace eval
+
 int run_evaluate(const Options& o) {
+  using namespace eval;
   Model model;
   bool have = false;
   if (!get_model(o, &model, &have, true)) return 1;  // it compares the LSTM with the baseline
@@ -317,30 +435,142 @@ int run_evaluate(const Options& o) {
     bool lstm, base;
   };
   std::vector<Scored> rows;
-  std::vector<std::unique_ptr<RailPredictor>> preds;
-  std::vector<char> prev_link;
-  std::vector<std::vector<double>> events;
+  std::vector<Rail> rails;
+  Decider dec[2];  // 0: the LSTM decides; 1: the baseline decides
+  const Model* models[2] = {&model, nullptr};
   TraceRow row;
   while (tr.next(&row, &err)) {
     const size_t r = static_cast<size_t>(row.rail);
-    if (r >= preds.size()) {
-      preds.resize(r + 1);
-      prev_link.resize(r + 1, 1);
-      events.resize(r + 1);
+    if (r >= rails.size()) {
+      rails.resize(r + 1);
+      for (Decider& d : dec) {
+        d.p.resize(r + 1);
+        d.drain_at.resize(r + 1);
+        d.drain_since.resize(r + 1, -1);
+        d.lead.resize(r + 1);
+      }
     }
-    if (!preds[r]) preds[r] = std::make_unique<RailPredictor>(cfg, &model, model.baseline);
-    if (!row.has_step) prev_link[r] = row.link_up;
-    if (prev_link[r] && !row.link_up) events[r].push_back(row.t_s);
-    prev_link[r] = row.link_up;
-    Assessment a;
-    if (row.has_step && preds[r]->update(row.step, &a))
-      rows.push_back(
-          {row.rail, row.t_s, a.risk >= cfg.threshold, a.baseline_risk >= cfg.threshold});
+    Rail& rl = rails[r];
+    rl.scenario = row.scenario;
+    if (!row.has_step) rl.prev_link = row.link_up;
+    const bool failed = rl.prev_link && !row.link_up;
+    rl.prev_link = row.link_up;
+    if (failed) {
+      rl.fails.push_back(row.t_s);
+      rl.fail_scenario.push_back(row.scenario);
+    }
+    if (row.has_step && row.link_up && row.step.dt_s > 0) {
+      rl.up_s += row.step.dt_s;
+      for (size_t k = 0; k < std::size(kFloorCounters); ++k) {
+        const int c = kFloorCounters[k];
+        if (!(row.step.missing & (1u << c)) && rl.rates[k].size() < kFloorRows)
+          rl.rates[k].push_back(row.step.d[c] / row.step.dt_s);
+      }
+    }
+    for (int m = 0; m < 2; ++m) {
+      Decider& d = dec[m];
+      d.set.ensure(r, tr.rail_names()[r]);
+      if (!d.p[r]) d.p[r] = std::make_unique<RailPredictor>(cfg, models[m], model.baseline);
+      if (failed) d.lead[r].push_back(d.drain_since[r] >= 0 ? row.t_s - d.drain_since[r] : -1);
+      Assessment a;
+      const bool scored = row.has_step && d.p[r]->update(row.step, &a, d.set.last_usable(r));
+      d.set.set(r, row.link_up, d.p[r]->last().drain);
+      if (!scored) continue;
+      if (a.transition > 0) {
+        d.drain_since[r] = row.t_s;
+        d.drain_at[r].push_back(row.t_s);
+      } else if (a.transition < 0) {
+        d.drain_since[r] = -1;
+      }
+      if (m == 0)
+        rows.push_back(
+            {row.rail, row.t_s, a.risk >= cfg.threshold, a.baseline_risk >= cfg.threshold});
+    }
   }
   if (!err.empty()) {
     fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
     return 1;
   }
+  auto is_sudden = [&](int sc) {
+    return sc >= 0 && tr.scenarios()[static_cast<size_t>(sc)].rfind("sudden", 0) == 0;
+  };
+  Tally tally[2];
+  double healthy_s = 0, bucket_s[kBuckets] = {};
+  int healthy_rails = 0, bucket_rails[kBuckets] = {};
+  for (size_t r = 0; r < rails.size(); ++r) {
+    const Rail& rl = rails[r];
+    const bool healthy = rl.fails.empty();
+    const int b = rl.floor_bucket();
+    if (healthy) {
+      healthy_s += rl.up_s;
+      bucket_s[b] += rl.up_s;
+      ++healthy_rails;
+      ++bucket_rails[b];
+    }
+    for (int m = 0; m < 2; ++m) {
+      Tally& t = tally[m];
+      const Decider& d = dec[m];
+      for (size_t f = 0; f < rl.fails.size(); ++f) {
+        const double lead = d.lead[r][f];
+        if (is_sudden(rl.fail_scenario[f])) {
+          ++t.sudden;
+          t.sudden_warned += lead >= o.min_lead_s;
+          continue;
+        }
+        ++t.precursor;
+        if (lead >= o.min_lead_s) {
+          ++t.warned;
+          t.leads.push_back(lead);
+        } else if (lead >= 0) {
+          ++t.late;
+        }
+      }
+      for (double s : d.drain_at[r]) {
+        if (healthy) {
+          ++t.false_drains;
+          ++t.bucket_drains[b];
+          continue;
+        }
+        const bool explained = std::any_of(rl.fails.begin(), rl.fails.end(), [&](double tf) {
+          return tf > s && tf <= s + o.lead_window_s;
+        });
+        t.early_drains += !explained;
+      }
+    }
+  }
+  const double week_s = 7 * 24 * 3600.0;
+  auto per_week = [&](int n, double secs) { return secs > 0 ? n * week_s / secs : 0.0; };
+  printf(
+      "event level: %zu rails (%d healthy, %.1f rail-hours), drain at risk >= %.2f for %d "
+      "samples, return below %.2f for %d, at most %d drains per rail-hour; warned = drained "
+      ">= %.0f s before the link went down\n",
+      rails.size(), healthy_rails, healthy_s / 3600, cfg.threshold, cfg.enter_samples,
+      cfg.return_threshold, cfg.return_samples, cfg.max_drains_per_hour, o.min_lead_s);
+  printf("%-9s %10s %9s %6s %6s %11s %8s %12s %13s %12s\n", "model", "precursor", "warned", "frac",
+         "late", "median-lead", "sudden", "false-drains", "per-rail-week", "early-drains");
+  const char* names[2] = {"lstm", "baseline"};
+  for (int m = 0; m < 2; ++m) {
+    const Tally& t = tally[m];
+    char lead[32] = "-";
+    if (!t.leads.empty()) snprintf(lead, sizeof(lead), "%.0f s", median(t.leads));
+    char sud[32];
+    snprintf(sud, sizeof(sud), "%d/%d", t.sudden_warned, t.sudden);
+    printf("%-9s %10d %9d %6.3f %6d %11s %8s %12d %13.2f %12d\n", names[m], t.precursor, t.warned,
+           t.precursor ? static_cast<double>(t.warned) / t.precursor : 0.0, t.late, lead, sud,
+           t.false_drains, per_week(t.false_drains, healthy_s), t.early_drains);
+  }
+  printf(
+      "false drains per rail-week on healthy rails, by error floor (the highest error "
+      "counter's median rate over a rail's first %d samples, per second):\n",
+      kFloorRows);
+  printf("%-10s %6s %10s %10s %10s\n", "floor", "rails", "rail-hours", "lstm", "baseline");
+  for (int b = 0; b < kBuckets; ++b) {
+    if (bucket_rails[b] == 0) continue;
+    printf("%-10s %6d %10.1f %10.2f %10.2f\n", kBucketNames[b], bucket_rails[b], bucket_s[b] / 3600,
+           per_week(tally[0].bucket_drains[b], bucket_s[b]),
+           per_week(tally[1].bucket_drains[b], bucket_s[b]));
+  }
+
   struct Confusion {
     double tp = 0, fp = 0, fn = 0, tn = 0;
     void add(bool alarm, bool label) { (alarm ? (label ? tp : fp) : (label ? fn : tn)) += 1; }
@@ -354,15 +584,17 @@ int run_evaluate(const Options& o) {
   } lstm, base;
   size_t positives = 0;
   for (const Scored& x : rows) {
-    const auto& e = events[static_cast<size_t>(x.rail)];
+    const auto& e = rails[static_cast<size_t>(x.rail)].fails;
     auto it = std::upper_bound(e.begin(), e.end(), x.t);
     const bool label = it != e.end() && *it <= x.t + o.horizon_s;
     positives += label;
     lstm.add(x.lstm, label);
     base.add(x.base, label);
   }
-  printf("%zu scored rows, %zu positive (failure within %.0f s), alarm at risk >= %.2f\n",
-         rows.size(), positives, o.horizon_s, cfg.threshold);
+  printf(
+      "\nsample level: %zu scored rows, %zu positive (failure within %.0f s), alarm at risk "
+      ">= %.2f\n",
+      rows.size(), positives, o.horizon_s, cfg.threshold);
   printf("%-9s %9s %9s %9s %9s\n", "model", "precision", "recall", "F1", "accuracy");
   for (const auto& [name, c] : {std::pair<const char*, const Confusion&>{"lstm", lstm},
                                 std::pair<const char*, const Confusion&>{"baseline", base}})
@@ -544,7 +776,8 @@ int main(int argc, char** argv) {
       ->type_name("TRACE");
   modes
       ->add_option("--evaluate", o.evaluate,
-                   "precision, recall, F1 of the LSTM and the baseline on a labelled trace")
+                   "failures warned and false drains per rail-week of the LSTM and the baseline "
+                   "on a trace, then sample-level precision, recall and F1")
       ->type_name("TRACE");
   modes->add_flag("--info", o.info, "describe the weights file");
   modes->add_flag("--bench", o.bench, "time the inference per rail-sample");
@@ -581,6 +814,21 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.0, 1.0));
   app.add_option("--return-samples", o.return_samples, "low samples before returning (default 6)")
       ->check(CLI::Range(1, 100000));
+  app.add_option("--enter-samples", o.enter_samples,
+                 "high samples before draining (default 3, as R2CCL_PREDICT_ENTER_SAMPLES)")
+      ->check(CLI::Range(1, 100000));
+  app.add_option("--max-drains-per-hour", o.max_drains_per_hour,
+                 "drains allowed per rail within an hour (default 2, as "
+                 "R2CCL_PREDICT_MAX_DRAINS_PER_HOUR)")
+      ->check(CLI::Range(0, 100000));
+  app.add_option("--min-lead", o.min_lead_s,
+                 "--evaluate: a failure counts as warned when its rail was drained at least this "
+                 "many seconds before (default 30)")
+      ->check(CLI::Range(0.0, 86400.0));
+  app.add_option("--lead-window", o.lead_window_s,
+                 "--evaluate: a drain on a failing rail not followed by its failure within this "
+                 "many seconds is early (default 1800)")
+      ->check(CLI::Range(1.0, 864000.0));
   app.add_flag("--quiet", o.quiet, "--replay: print only drains, returns and failures");
   try {
     app.parse(argc, argv);

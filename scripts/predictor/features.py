@@ -21,7 +21,7 @@ Features (one float32 row per step whose row has link up; dt = t - t_prev in sec
 per second; computed in float64 and rounded to float32 like the C++):
   0 log1p(retrans / dt)
   1 min(100, 100 * retrans / max(1, tx_packets))            percent
-  2 log1p((symbol_err + rcv_err) / dt)
+  2 log1p((symbol_err + rcv_err + crc_err) / dt)
   3 log1p((link_recovery + link_downed + integrity) / dt)
   4 log1p(buf_overrun / dt)
   5 clip(max(tx_bytes, rx_bytes) * 8 / dt / (speed_mbps * 1e6), 0, 1.5); 0 with no speed
@@ -147,10 +147,16 @@ def compute_features(tr: tracefile.Trace, horizon_s: float = HORIZON_S) -> Featu
     has_step = prev >= 0
     p = np.where(has_step, prev, 0)
     deltas = np.zeros(tr.values.shape, dtype=np.float64)
+    rail_widths = tr.rail_widths or [list(tr.widths)] * len(tr.rails)
     for c, name in enumerate(tracefile.COUNTERS):
-        d = counter_deltas(tr.values[p, c], tr.present[p, c] & has_step, tr.values[:, c],
-                           tr.present[:, c], tr.widths[c])
-        deltas[:, c] = d.astype(np.float64)
+        # Rails may read a counter with different widths ("# widths for PREFIX:").
+        per_rail = [w[c] for w in rail_widths]
+        for width in set(per_rail):
+            rails_w = [i for i, w in enumerate(per_rail) if w == width]
+            rows_w = np.isin(tr.rail, rails_w)
+            d = counter_deltas(tr.values[p, c], tr.present[p, c] & has_step, tr.values[:, c],
+                               tr.present[:, c], width)
+            deltas[rows_w, c] = d[rows_w].astype(np.float64)
 
     rows = np.flatnonzero(has_step & tr.link)
     d = deltas[rows]
@@ -160,7 +166,7 @@ def compute_features(tr: tracefile.Trace, horizon_s: float = HORIZON_S) -> Featu
     x64[:, 0] = np.log1p(d[:, _C["retrans"]] / dt)
     x64[:, 1] = np.minimum(100.0, 100.0 * d[:, _C["retrans"]] /
                            np.maximum(1.0, d[:, _C["tx_packets"]]))
-    x64[:, 2] = np.log1p((d[:, _C["symbol_err"]] + d[:, _C["rcv_err"]]) / dt)
+    x64[:, 2] = np.log1p((d[:, _C["symbol_err"]] + d[:, _C["rcv_err"]] + d[:, _C["crc_err"]]) / dt)
     x64[:, 3] = np.log1p((d[:, _C["link_recovery"]] + d[:, _C["link_downed"]] +
                           d[:, _C["integrity"]]) / dt)
     x64[:, 4] = np.log1p(d[:, _C["buf_overrun"]] / dt)

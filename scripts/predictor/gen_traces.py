@@ -164,7 +164,9 @@ PARAM_DOCS: Dict[str, str] = {
     "healthy_burst_errors_log": "healthy: symbol errors per isolated burst sample",
 }
 
-_ORDER = tracefile.COUNTERS
+# IB-like rails: the IB counters only (the Ethernet / RoCE columns are left out of the file).
+_ORDER = tracefile.BASE_COUNTERS
+_HEADER = tracefile.BASE_HEADER
 
 
 class RailSim:
@@ -561,7 +563,8 @@ def main(argv=None) -> int:
         "mix=" + ",".join(f"{k}={v:.3f}" for k, v in mix.items()),
     ]
     tracefile.write_trace(args.out, comments, WIDTHS,
-                          ([f"{t:.3f}", rail] + row + [sc] for t, rail, row, sc in rows))
+                          ([f"{t:.3f}", rail] + row + [sc] for t, rail, row, sc in rows),
+                          header=_HEADER)
     print(f"gen_traces.py: {len(rows)} rows, {args.rails} rails "
           f"({', '.join(f'{k} {v}' for k, v in counts.items() if v)}) -> {args.out} "
           f"in {time.time() - t0:.1f} s", file=sys.stderr)

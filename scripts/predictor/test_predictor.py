@@ -22,7 +22,7 @@ import weights
 import windows
 from tracefile import Width
 
-HEADER = ",".join(tracefile.HEADER)
+HEADER = ",".join(tracefile.BASE_HEADER)  # the optional Ethernet / RoCE columns left out
 W32, W64, S16, S4 = Width(32, False), Width(64, False), Width(16, True), Width(4, True)
 
 
@@ -116,6 +116,38 @@ class TraceParsing(unittest.TestCase):
         self.assertEqual(int(tr.values[2, c]), 7)
         self.assertEqual(tr.widths[c], W32)
         self.assertEqual(tr.widths[tracefile.COUNTERS.index("tx_bytes")], W64)
+
+
+    def test_widths_for_a_rail_prefix(self):
+        # IB ports and Ethernet interfaces in one file: rcv_err is a 16-bit saturating IB
+        # counter but Linux's 64-bit rx_errors on Ethernet.
+        text = ("# widths: rcv_err=sat16\n# widths for eth: rcv_err=wrap64\n"
+                "t_s,rail,rcv_err,crc_err\n"
+                "0,ib0,65534,\n0,eth0,65534,3\n5,ib0,65535,\n5,eth0,70000,9\n")
+        fd, p = tempfile.mkstemp(suffix=".csv")
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        try:
+            tr = tracefile.read_trace(p)
+            fs = features.compute_features(tr)
+        finally:
+            os.unlink(p)
+        c = tracefile.COUNTERS.index("rcv_err")
+        self.assertEqual(tr.rail_widths[0][c], tracefile.Width(16, True))
+        self.assertEqual(tr.rail_widths[1][c], W64)
+        # eth0: (70000 - 65534) rx errors + 6 crc errors in 5 s on feature 2
+        self.assertAlmostEqual(float(fs.x[1, 2]), math.log1p((70000 - 65534 + 6) / 5), places=4)
+        for bad, needle in (("# widths for : rcv_err=wrap64\n", "bad widths line"),
+                            ("t_s,rail\n# widths: rcv_err=wrap64\n", "after the header")):
+            fd, p = tempfile.mkstemp(suffix=".csv")
+            with os.fdopen(fd, "w") as f:
+                f.write(bad + ("t_s,rail\n" if not bad.startswith("t_s") else ""))
+            try:
+                with self.assertRaises(tracefile.TraceError) as cm:
+                    tracefile.read_trace(p)
+                self.assertIn(needle, str(cm.exception))
+            finally:
+                os.unlink(p)
 
 
 class Features(unittest.TestCase):
@@ -315,7 +347,8 @@ class Generator(unittest.TestCase):
         with tempfile.TemporaryDirectory() as d:
             p = os.path.join(d, "t.csv")
             tracefile.write_trace(p, ["test"], gen_traces.WIDTHS,
-                                  ([f"{t:.3f}", r] + row_ + [s] for t, r, row_, s in rows))
+                                  ([f"{t:.3f}", r] + row_ + [s] for t, r, row_, s in rows),
+                                  header=tracefile.BASE_HEADER)
             tr = tracefile.read_trace(p)
             fs = features.compute_features(tr)
         self.assertEqual(len(tr.rails), 16)

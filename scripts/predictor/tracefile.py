@@ -32,11 +32,15 @@ from typing import Dict, Iterable, List, Optional, Sequence
 import numpy as np
 
 # The canonical counters, in the order of the trace header (docs/PREDICTOR.md "Counters").
-COUNTERS: tuple = (
+BASE_COUNTERS: tuple = (
     "retrans", "tx_packets", "rx_packets", "tx_bytes", "rx_bytes", "symbol_err", "rcv_err",
     "link_recovery", "link_downed", "integrity", "buf_overrun",
 )
+# Ethernet / RoCE physical layer (optional columns; empty on IB rails)
+PHY_COUNTERS: tuple = ("crc_err", "fec_corr_blocks", "fec_uncorr_blocks", "fec_corr_bits")
+COUNTERS: tuple = BASE_COUNTERS + PHY_COUNTERS
 HEADER: tuple = ("t_s", "rail", "link", "speed_mbps") + COUNTERS + ("scenario",)
+BASE_HEADER: tuple = ("t_s", "rail", "link", "speed_mbps") + BASE_COUNTERS + ("scenario",)
 MISSING_TOKENS = ("", "N/A")
 _WIDTH_RE = re.compile(r"^(sat|wrap)([0-9]{1,2})$")
 _UINT_RE = re.compile(r"^[0-9]{1,20}$")
@@ -88,7 +92,9 @@ class Trace:
         scenario: int32 [N], index into ``scenarios`` (-1 without a scenario column).
         line: int64 [N], 1-based line numbers.
         rails, scenarios: names in order of first appearance.
-        widths: one Width per counter (undeclared: wrap64).
+        widths: one Width per counter, file-wide (undeclared: wrap64).
+        rail_widths: per rail, one Width per counter: the file-wide one or that of the last
+            ``# widths for PREFIX:`` line whose PREFIX starts the rail's name.
     """
 
     path: str
@@ -103,6 +109,7 @@ class Trace:
     rails: List[str]
     scenarios: List[str]
     widths: List[Width]
+    rail_widths: List[List[Width]] = dataclasses.field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.t.shape[0])
@@ -136,6 +143,7 @@ def _parse_float(text: str) -> Optional[float]:
 def read_trace(path: str) -> Trace:
     """Reads and validates a trace file. Raises TraceError (or OSError) on bad input."""
     widths = {name: Width() for name in COUNTERS}
+    scoped: List[tuple] = []  # (prefix, {name: Width}) of "# widths for PREFIX:" lines
     header: Optional[List[str]] = None
     rows: List[List[str]] = []
     lines: List[int] = []
@@ -145,8 +153,22 @@ def read_trace(path: str) -> Trace:
             if not text:
                 continue
             if text.startswith("#"):
-                if text.startswith("# widths:"):
-                    widths.update(parse_widths_line(text, f"{path} line {line_no}"))
+                if text.startswith("# widths:") or text.startswith("# widths for "):
+                    where = f"{path} line {line_no}"
+                    if header is not None:
+                        raise TraceError(f"{where}: a widths line after the header (widths lines "
+                                         "come first, so they hold for the whole file)")
+                    head = text.split(":", 1)[0]
+                    if head.startswith("# widths for "):
+                        prefix = head[len("# widths for "):]
+                        if not prefix or " " in prefix or "," in prefix:
+                            raise TraceError(f"{where}: bad widths line '{text}' (accepted: "
+                                             "'# widths: ...' or '# widths for PREFIX: ...', "
+                                             "PREFIX the start of rail names, no spaces or "
+                                             "commas)")
+                        scoped.append((prefix, parse_widths_line(text, where)))
+                    else:
+                        widths.update(parse_widths_line(text, where))
                 continue
             fields = text.split(",")
             if header is None:
@@ -160,8 +182,15 @@ def read_trace(path: str) -> Trace:
             lines.append(line_no)
     if header is None:
         raise TraceError(f"{path}: no header line (expected: {','.join(HEADER)})")
-    return _columns_to_trace(path, header, rows, np.asarray(lines, dtype=np.int64),
-                             [widths[c] for c in COUNTERS])
+    tr = _columns_to_trace(path, header, rows, np.asarray(lines, dtype=np.int64),
+                           [widths[c] for c in COUNTERS])
+    for name in tr.rails:
+        w = dict(widths)
+        for prefix, decl in scoped:
+            if name.startswith(prefix):
+                w.update(decl)
+        tr.rail_widths.append([w[c] for c in COUNTERS])
+    return tr
 
 
 def _check_header(header: Sequence[str], path: str, line_no: int) -> None:
@@ -310,12 +339,13 @@ def widths_line(widths: Dict[str, Width]) -> str:
 
 
 def write_trace(path: str, comments: Iterable[str], widths: Dict[str, Width],
-                rows: Iterable[Sequence[str]]) -> None:
-    """Writes a trace: comment lines (without '#'), the widths line, the header, the rows."""
+                rows: Iterable[Sequence[str]], header: Sequence[str] = HEADER) -> None:
+    """Writes a trace: comment lines (without '#'), the widths line, the header (by default
+    every documented column; the optional ones may be left out), the rows."""
     with open(path, "w", encoding="utf-8", newline="") as f:
         for c in comments:
             f.write(f"# {c}\n")
         f.write(widths_line(widths) + "\n")
-        f.write(",".join(HEADER) + "\n")
+        f.write(",".join(header) + "\n")
         w = csv.writer(f, lineterminator="\n")
         w.writerows(rows)

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "fake_counters.h"
@@ -152,4 +153,73 @@ TEST_CASE("r2ccl_predict --live and --info", "[predict]") {
   CHECK_THAT(out, Catch::Contains("features 8, hidden"));
   CHECK_THAT(out, Catch::Contains("limit 1048576"));
   run_command("rm -rf " + root);
+}
+
+TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week, by floor",
+          "[predict]") {
+  const std::string dir = temp_path("predict-tool-evaluate");
+  run_command("rm -rf " + dir + " && mkdir -p " + dir);
+  // One hour at 5 s. The shipped baseline drains at a mean of >= ~210 phy errors/s over 3
+  // samples; the guard needs 3 such samples and allows 2 drains per rail-hour.
+  std::string trace = "t_s,rail,link,speed_mbps,symbol_err,scenario\n";
+  auto rows = [&](const std::string& rail, const std::string& sc, auto rate_at, double down_at) {
+    double total = 0;
+    for (int t = 0; t <= 3600; t += 5) {
+      total += rate_at(t) * 5;
+      const bool up = down_at < 0 || t < down_at;
+      trace += std::to_string(t) + "," + rail + "," + (up ? "1" : "0") + ",100000," +
+               std::to_string(static_cast<long long>(total)) + "," + sc + "\n";
+      if (!up) break;
+    }
+  };
+  // Quiet, then 10^4 errors/s from 600 s, link down at 900 s: warned ~285 s ahead.
+  rows(
+      "f1", "creep", [](int t) { return t >= 600 ? 1e4 : 0.0; }, 900);
+  // No precursor: reported apart.
+  rows(
+      "s1", "sudden-power", [](int) { return 0.0; }, 600);
+  // Healthy, quiet.
+  rows(
+      "h1", "healthy", [](int) { return 0.0; }, -1);
+  // Healthy with three 50 s error bursts 10 minutes apart: 2 drains, the third refused.
+  rows(
+      "h2", "healthy-burst",
+      [](int t) { return (t % 600 >= 300 && t % 600 < 350 && t < 1800) ? 1e4 : 0.0; }, -1);
+  write(dir + "/t.csv", trace);
+  std::string out;
+  REQUIRE(run("--evaluate " + dir + "/t.csv --model " + kModel, &out) == 0);
+  INFO(out);
+  CHECK_THAT(out, Catch::Contains("event level: 4 rails (2 healthy, 2.0 rail-hours)"));
+  CHECK_THAT(out, Catch::Contains("at most 2 drains per rail-hour"));
+  // model precursor warned frac late median-lead sudden false-drains per-rail-week early
+  const size_t at = out.find("\nbaseline ");
+  REQUIRE(at != std::string::npos);
+  std::istringstream is(out.substr(at + 1, out.find('\n', at + 1) - at - 1));
+  std::string name, frac, lead, unit, sudden;
+  int precursor = -1, warned = -1, late = -1, false_drains = -1, early = -1;
+  double per_week = -1;
+  is >> name >> precursor >> warned >> frac >> late >> lead >> unit >> sudden >> false_drains >>
+      per_week >> early;
+  CHECK(precursor == 1);
+  CHECK(warned == 1);
+  CHECK(frac == "1.000");
+  CHECK(late == 0);
+  CHECK(std::stoi(lead) >= 270);
+  CHECK(std::stoi(lead) <= 290);
+  CHECK(sudden == "0/1");
+  CHECK(false_drains == 2);          // the hourly limit stopped the third burst's
+  CHECK(per_week == Approx(168.0));  // 2 drains in 2 healthy rail-hours
+  CHECK(early == 0);
+  CHECK_THAT(out, Catch::Contains("\n0               2        2.0"));  // both healthy: floor 0
+  // With 5 drains allowed, the third burst drains too.
+  REQUIRE(run("--evaluate " + dir + "/t.csv --model " + std::string(kModel) +
+                  " --max-drains-per-hour 5",
+              &out) == 0);
+  CHECK_THAT(out, Catch::Contains("at most 5 drains per rail-hour"));
+  const size_t at2 = out.find("\nbaseline ");
+  REQUIRE(at2 != std::string::npos);
+  std::istringstream is2(out.substr(at2 + 1, out.find('\n', at2 + 1) - at2 - 1));
+  is2 >> name >> precursor >> warned >> frac >> late >> lead >> unit >> sudden >> false_drains;
+  CHECK(false_drains == 3);
+  run_command("rm -rf " + dir);
 }

@@ -237,7 +237,8 @@ TEST_CASE("SysfsRail reads an Ethernet interface and a TCP rail's own retransmit
   ex.segs_out = 2000;
   REQUIRE(rail.read(1.5, ex, &s, nullptr));
   CHECK(s.speed_mbps == 0);  // "-1": unknown
-  CHECK(s.d[kSymbolErr] == 3);
+  CHECK(s.d[kCrcErr] == 3);
+  CHECK((s.missing & (1u << kSymbolErr)) != 0);  // no IB symbol counter on Ethernet
   CHECK(s.d[kRxBytes] == 1250000);
   CHECK(s.d[kBufOverrun] == 4);  // 3 tx drops + 1 missed
   CHECK(s.d[kLinkRecovery] == 2);
@@ -416,6 +417,7 @@ TEST_CASE("baseline risk and the drain hysteresis", "[predictor]") {
   cfg.threshold = 0.7f;
   cfg.return_threshold = 0.4f;
   cfg.return_samples = 3;
+  cfg.enter_samples = 1;  // the guard's own test below
   RailPredictor p(cfg, nullptr, bp);
   auto step = [](double phy_per_s) {
     Step s;
@@ -451,6 +453,179 @@ TEST_CASE("baseline risk and the drain hysteresis", "[predictor]") {
   down.link_up = false;
   CHECK_FALSE(p.update(down, &a));
   CHECK_FALSE(a.drain);
+}
+
+TEST_CASE("drain guard: enter samples, at most N drains per hour, never the last usable rail",
+          "[predictor]") {
+  BaselineParams bp;
+  bp.threshold[2] = std::log1p(10.0f);  // risk 1.0 at 30 phy errors/s, 0 at none
+  bp.steps = 1;
+  PredictorConfig cfg;
+  cfg.window_steps = 2;
+  cfg.threshold = 0.7f;
+  cfg.return_threshold = 0.4f;
+  cfg.return_samples = 1;
+  cfg.enter_samples = 3;
+  cfg.max_drains_per_hour = 2;
+  auto step = [](double phy_per_s) {
+    Step s;
+    s.dt_s = 60;  // one sample a minute: an hour passes in 60 samples
+    s.d[kSymbolErr] = phy_per_s * s.dt_s;
+    return s;
+  };
+  RailPredictor p(cfg, nullptr, bp);
+  Assessment a;
+  // High, high, low: no drain; then 3 in a row: a drain at the third.
+  for (double x : {30.0, 30.0, 0.0, 30.0, 30.0}) {
+    REQUIRE(p.update(step(x), &a));
+    CHECK_FALSE(a.drain);
+    CHECK(a.hold == Hold::kNone);
+  }
+  REQUIRE(p.update(step(30), &a));
+  CHECK((a.drain && a.transition == 1 && a.drains_last_hour == 1));
+  REQUIRE(p.update(step(0), &a));  // minute 7
+  CHECK((!a.drain && a.transition == -1));
+  for (int i = 0; i < 3; ++i) REQUIRE(p.update(step(30), &a));  // minutes 8-10: drain 2
+  CHECK((a.drain && a.drains_last_hour == 2));
+  REQUIRE(p.update(step(0), &a));  // minute 11
+  CHECK_FALSE(a.drain);
+  // A third high run within the hour is refused, and said once per run.
+  int said = 0;
+  for (int i = 0; i < 10; ++i) {
+    REQUIRE(p.update(step(30), &a));
+    CHECK_FALSE(a.drain);
+    if (i >= 2) CHECK(a.hold == Hold::kHourLimit);
+    said += a.hold_new;
+  }
+  CHECK(said == 1);
+  CHECK_THAT(hold_message("mlx5_0:1", a, cfg),
+             Catch::Contains("2 drains began within the last hour") &&
+                 Catch::Contains("R2CCL_PREDICT_MAX_DRAINS_PER_HOUR=2"));
+  // Still high at minute 66 (the first drain, at minute 6, is an hour old): drained now.
+  int drained_at = -1;
+  for (int minute = 22; minute <= 70 && drained_at < 0; ++minute) {
+    REQUIRE(p.update(step(30), &a));
+    if (a.transition == 1) drained_at = minute;
+  }
+  CHECK(drained_at == 66);
+  CHECK(a.drains_last_hour == 2);  // the one at minute 10, and this one
+
+  // The last usable rail: held however long the risk stays high, then drained at once when
+  // another rail is usable again.
+  RailPredictor q(cfg, nullptr, bp);
+  said = 0;
+  for (int i = 0; i < 5; ++i) {
+    REQUIRE(q.update(step(30), &a, true));
+    CHECK_FALSE(a.drain);
+    said += a.hold_new;
+  }
+  CHECK(said == 1);
+  CHECK(a.hold == Hold::kLastRail);
+  CHECK_THAT(hold_message("eth2", a, cfg), Catch::Contains("last usable rail"));
+  REQUIRE(q.update(step(30), &a, false));
+  CHECK((a.drain && a.transition == 1));
+  // Zero drains per hour: predictions never drain.
+  cfg.max_drains_per_hour = 0;
+  RailPredictor z(cfg, nullptr, bp);
+  for (int i = 0; i < 5; ++i) REQUIRE(z.update(step(30), &a));
+  CHECK((!a.drain && a.hold == Hold::kHourLimit));
+}
+
+TEST_CASE("node sampler: the last usable rail of the node is not drained", "[predictor]") {
+  const std::string root = temp_dir();
+  for (const char* dev : {"eth1", "eth2"}) {
+    write_file(root + "/class/net/" + std::string(dev) + "/statistics/rx_crc_errors", "0\n");
+    write_file(root + "/class/net/" + std::string(dev) + "/operstate", "up\n");
+  }
+  ModelSpec always;  // "failure" whatever it sees
+  always.w_out = {0.0f, 0.0f};
+  always.b_out = 10.0f;
+  auto bytes = build_model(always);
+  Model m;
+  std::string err;
+  REQUIRE(parse_model(bytes.data(), bytes.size(), &m, &err));
+  PredictorConfig cfg;
+  cfg.window_steps = 4;
+  NodeSampler ns(
+      root, {{"eth1", RailSpec::Kind::kEth, "eth1", 1}, {"eth2", RailSpec::Kind::kEth, "eth2", 1}},
+      cfg, &m, m.baseline);
+  std::vector<RailRisk> out;
+  std::vector<std::string> notes;
+  for (int i = 0; i < 4; ++i) ns.sample(10.0 + i, {}, &out, &notes);
+  REQUIRE(out.size() == 2);
+  // Both ask for a drain at the same sample: the first one gets it, the second is the last
+  // usable rail and is held.
+  CHECK(out[0].a.drain);
+  CHECK_FALSE(out[1].a.drain);
+  CHECK(out[1].a.hold == Hold::kLastRail);
+  CHECK(out[1].a.hold_new);
+  // eth1's link goes down: eth2 is still the last usable rail.
+  write_file(root + "/class/net/eth1/operstate", "down\n");
+  ns.sample(14.0, {}, &out, &notes);
+  CHECK_FALSE(out[1].a.drain);
+  CHECK_FALSE(out[1].a.hold_new);  // said once
+  REQUIRE(system(("rm -rf " + root).c_str()) == 0);
+}
+
+TEST_CASE("trace reader: the Ethernet / RoCE physical-layer columns", "[predictor]") {
+  const std::string dir = temp_dir();
+  const std::string path = dir + "/t.csv";
+  write_file(path,
+             "t_s,rail,link,speed_mbps,symbol_err,crc_err,fec_corr_blocks,fec_uncorr_blocks,"
+             "fec_corr_bits,scenario\n"
+             "0,ib0,1,400000,3,,,,,healthy\n"
+             "0,eth0,1,400000,,10,1000,0,50000,healthy\n"
+             "5,ib0,1,400000,4,,,,,healthy\n"
+             "5,eth0,1,400000,,12,1600,1,80000,healthy\n");
+  TraceReader tr;
+  std::string err;
+  REQUIRE(tr.open(path, &err));
+  TraceRow r;
+  for (int i = 0; i < 3; ++i) REQUIRE(tr.next(&r, &err));
+  CHECK(r.rail == 0);
+  CHECK(r.step.d[kSymbolErr] == 1);
+  for (int c : {kCrcErr, kFecCorrBlocks, kFecUncorrBlocks, kFecCorrBits})
+    CHECK((r.step.missing & (1u << c)) != 0);  // an IB port has none of them
+  REQUIRE(tr.next(&r, &err));
+  CHECK(r.rail == 1);
+  CHECK((r.step.missing & (1u << kSymbolErr)) != 0);  // RoCE: no IB symbol counter
+  CHECK(r.step.d[kCrcErr] == 2);
+  CHECK(r.step.d[kFecCorrBlocks] == 600);
+  CHECK(r.step.d[kFecUncorrBlocks] == 1);
+  CHECK(r.step.d[kFecCorrBits] == 30000);
+  CHECK(counter_by_name("fec_corr_bits") == kFecCorrBits);
+  CHECK(std::string(counter_name(kCrcErr)) == "crc_err");
+
+  // Widths per rail prefix: rcv_err is IB's 16-bit saturating counter, Ethernet's 64-bit
+  // rx_errors. Widths lines come before the header.
+  write_file(path,
+             "# widths: rcv_err=sat16\n# widths for eth: rcv_err=wrap64\n"
+             "t_s,rail,rcv_err\n0,ib0,65534\n0,eth0,65534\n5,ib0,65535\n5,eth0,70000\n"
+             "10,eth0,3\n");
+  TraceReader t2;
+  REQUIRE(t2.open(path, &err));
+  for (int i = 0; i < 3; ++i) REQUIRE(t2.next(&r, &err));
+  CHECK(t2.width_of(0, kRcvErr).saturating);
+  CHECK_FALSE(t2.width_of(1, kRcvErr).saturating);
+  CHECK(t2.width_of(1, kRcvErr).bits == 64);
+  CHECK(r.step.d[kRcvErr] == 1);
+  REQUIRE(t2.next(&r, &err));
+  CHECK(r.step.d[kRcvErr] == 70000 - 65534);
+  REQUIRE(t2.next(&r, &err));
+  CHECK(r.step.d[kRcvErr] == 3);  // a reset of a 64-bit counter, not a wrap
+  for (const auto& [body, needle] :
+       {std::pair<const char*, const char*>{"# widths for : rcv_err=wrap64\nt_s,rail\n",
+                                            "bad widths line"},
+        {"t_s,rail\n# widths: rcv_err=wrap64\n0,a\n", "after the header"}}) {
+    write_file(path, body);
+    TraceReader t3;
+    std::string e;
+    REQUIRE(t3.open(path, &e));
+    while (t3.next(&r, &e)) {
+    }
+    CHECK_THAT(e, Catch::Contains(needle));
+  }
+  REQUIRE(system(("rm -rf " + dir).c_str()) == 0);
 }
 
 TEST_CASE("trace reader: widths, deltas, events, and errors naming line and column",
@@ -537,6 +712,8 @@ TEST_CASE("node sampler: a rail without readable counters is never assessed", "[
   ns.sample(10.5, {}, &out, &notes);
   ns.sample(11.0, {}, &out, &notes);
   CHECK(out[0].a.risk > 0.99f);
+  CHECK_FALSE(out[0].a.drain);  // 2 high samples: R2CCL_PREDICT_ENTER_SAMPLES is 3
+  ns.sample(11.5, {}, &out, &notes);
   CHECK(out[0].a.drain);
   CHECK(out[0].a.source == Source::kLstm);
   CHECK(out[1].a.risk == -1);

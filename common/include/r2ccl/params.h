@@ -188,6 +188,13 @@ struct ParamDef {
     "samples (hysteresis; must not exceed R2CCL_PREDICT_THRESHOLD).")                           \
   X(predict_return_samples, "R2CCL_PREDICT_RETURN_SAMPLES", kInt, "6", 1, 100000, nullptr,      \
     "Consecutive low-risk samples before a drained rail carries data again.")                   \
+  X(predict_enter_samples, "R2CCL_PREDICT_ENTER_SAMPLES", kInt, "3", 1, 100000, nullptr,        \
+    "Consecutive samples at or above R2CCL_PREDICT_THRESHOLD before a rail is drained: one "    \
+    "high sample never drains by itself.")                                                      \
+  X(predict_max_drains_per_hour, "R2CCL_PREDICT_MAX_DRAINS_PER_HOUR", kInt, "2", 0, 100000,     \
+    nullptr,                                                                                    \
+    "Predicted drains allowed per rail within any hour; a drain beyond it is refused with a "   \
+    "WARN (0: predictions never drain). Nor is the last usable rail of the node drained.")      \
   X(predict_model, "R2CCL_PREDICT_MODEL", kString, "", 0, 0, nullptr,                           \
     "LSTM weights file. Empty: r2ccl_lstm.bin shipped next to the plugin "                      \
     "(<prefix>/share/r2ccl/). Missing or corrupt: one WARN, the threshold baseline runs.")      \

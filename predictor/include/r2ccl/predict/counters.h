@@ -1,4 +1,4 @@
-// NIC counters for the failure predictor: the eleven canonical counters, the delta of one
+// NIC counters for the failure predictor: the fifteen canonical counters, the delta of one
 // counter reading against the previous one (wraps, saturation, resets, missing values), and
 // the live reader of one rail's counter files under a sysfs root.
 //
@@ -27,13 +27,18 @@ enum Counter : int {
   kRxPackets,     // packets received
   kTxBytes,       // bytes sent
   kRxBytes,       // bytes received
-  kSymbolErr,     // IB symbol errors / Ethernet rx CRC errors
+  kSymbolErr,     // IB symbol errors (16-bit, saturating)
   kRcvErr,        // IB port receive errors / Ethernet rx errors
   kLinkRecovery,  // IB link error recovery / Ethernet carrier changes
   kLinkDowned,    // IB link downed / Ethernet carrier down count
   kIntegrity,     // IB local link integrity errors (no Ethernet equivalent)
   kBufOverrun,    // IB excessive buffer overrun + out_of_buffer / Ethernet rx over, fifo,
                   // missed, tx dropped
+  // Ethernet / RoCE physical layer (a RoCE port has no IB symbol counter; docs/PREDICTOR.md):
+  kCrcErr,           // Ethernet rx CRC (FCS) errors
+  kFecCorrBlocks,    // RS-FEC corrected codewords (IEEE 802.3 30.5.1.1.17)
+  kFecUncorrBlocks,  // RS-FEC uncorrectable codewords (IEEE 802.3 30.5.1.1.18)
+  kFecCorrBits,      // FEC corrected bits (vendor counter, e.g. mlx5)
   kNumCounters
 };
 

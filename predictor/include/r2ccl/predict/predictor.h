@@ -1,9 +1,14 @@
 // Per-rail failure prediction with drain hysteresis, and the node sampler that runs it over
 // every rail of a node. docs/PREDICTOR.md describes the features, models and decisions.
 //
-// Decisions: a rail drains when its risk reaches `threshold`; a drained rail returns once
-// its risk stays below `return_threshold` for `return_samples` consecutive samples. While the
-// link is down nothing is decided (the transport's failover handles a dead link).
+// Decisions: a rail drains when its risk stays at or above `threshold` for `enter_samples`
+// consecutive samples; a drained rail returns once its risk stays below `return_threshold`
+// for `return_samples` consecutive samples. While the link is down nothing is decided (the
+// transport's failover handles a dead link). A guard holds whatever the model says: a rail
+// drains at most `max_drains_per_hour` times within any hour of trace time (a drain beyond it
+// is refused), and never while it is the last usable rail of its set (every other rail down or
+// drained: the caller says so; NodeSampler's set is the node's rails, a node of one rail
+// exempt). A refused drain is reported once per high run (Hold).
 // Thread-safety: none; a RailPredictor/NodeSampler belongs to one thread (the net plugin's
 // background thread, or a tool's main thread). The Model it points to must outlive it.
 #pragma once
@@ -25,11 +30,21 @@ struct PredictorConfig {
   float threshold = 0.7f;         // R2CCL_PREDICT_THRESHOLD
   float return_threshold = 0.4f;  // R2CCL_PREDICT_RETURN_THRESHOLD
   int return_samples = 6;         // R2CCL_PREDICT_RETURN_SAMPLES
+  int enter_samples = 3;          // R2CCL_PREDICT_ENTER_SAMPLES
+  int max_drains_per_hour = 2;    // R2CCL_PREDICT_MAX_DRAINS_PER_HOUR
 };
 PredictorConfig predictor_config_from(const Config& cfg);
 
 enum class Source : uint8_t { kNone = 0, kLstm = 1, kBaseline = 2 };
 const char* source_name(Source s);  // "none", "lstm", "baseline"
+
+// Why a rail whose risk asks for a drain is not drained.
+enum class Hold : uint8_t {
+  kNone = 0,
+  kHourLimit = 1,  // max_drains_per_hour drains already began within the last hour
+  kLastRail = 2,   // every other rail of its set is down or drained
+};
+const char* hold_text(Hold h);  // "", "the hourly drain limit", "the last usable rail"
 
 struct Assessment {
   float risk = -1;                // the deciding model's risk, 0..1
@@ -38,7 +53,14 @@ struct Assessment {
   double retransmit_ratio = -1;   // ccl_retransmit_ratio over the window, 0..1; -1 unknown
   bool drain = false;             // the decision after this sample
   int transition = 0;             // +1: started draining at this sample; -1: returned
+  Hold hold = Hold::kNone;        // the guard refused a drain at this sample
+  bool hold_new = false;          // first refusal of this run of high samples: report it
+  int drains_last_hour = 0;       // drains this rail began within the last hour
 };
+
+// The line a refused drain is reported with (a WARN in the plugin, stderr in the tools):
+// "rail NAME risk R >= T for N samples, but not drained: WHY". "" when a.hold is kNone.
+std::string hold_message(const std::string& rail, const Assessment& a, const PredictorConfig& c);
 
 class RailPredictor {
  public:
@@ -47,7 +69,9 @@ class RailPredictor {
 
   // Feeds one step. Returns true with *out filled when the step produced a feature row (link
   // up, dt > 0); false otherwise (the decision is unchanged; *out keeps the last values).
-  bool update(const Step& s, Assessment* out);
+  // `last_usable`: every other rail of this rail's set is down or drained now, so this one
+  // may not drain (it keeps a drain it already has).
+  bool update(const Step& s, Assessment* out, bool last_usable = false);
 
   const Assessment& last() const { return last_; }
   // The counters that push the risk up most, as "symbol_err+rcv_err (-0.42 if quiet), ...":
@@ -69,6 +93,9 @@ class RailPredictor {
   FeatureWindow window_;
   Assessment last_;
   int low_run_ = 0;
+  int high_run_ = 0;
+  double t_s_ = 0;                       // trace time: the sum of every step's dt
+  std::vector<double> drain_at_;         // when the drains within the last hour began (t_s_)
   mutable std::vector<float> norm_;      // [window x F] scratch
   mutable std::vector<FeatureRow> raw_;  // scratch for the baseline
   mutable Model::Scratch scratch_;

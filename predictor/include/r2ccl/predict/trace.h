@@ -34,7 +34,14 @@ class TraceReader {
 
   const std::vector<std::string>& rail_names() const { return rails_; }
   const std::vector<std::string>& scenarios() const { return scenarios_; }
+  // The file-wide width of a counter ("# widths:"; undeclared: wrap64).
   Width width(int counter) const { return widths_[counter]; }
+  // The width a rail's counter is read with: the file-wide one, or that of the last
+  // "# widths for PREFIX:" line whose PREFIX starts the rail's name and declares the counter,
+  // as they stood at the rail's first row.
+  Width width_of(int rail, int counter) const {
+    return state_[static_cast<size_t>(rail)].widths[counter];
+  }
 
  private:
   bool parse_header(const std::string& line, std::string* err);
@@ -44,7 +51,15 @@ class TraceReader {
   struct RailState {
     double t = 0;
     Reading prev[kNumCounters];
+    Width widths[kNumCounters];
   };
+  // "# widths for PREFIX: ..." lines, in file order.
+  struct ScopedWidths {
+    std::string prefix;
+    Width w[kNumCounters];
+    bool set[kNumCounters] = {};
+  };
+  std::vector<ScopedWidths> scoped_;
   std::ifstream in_;
   std::string path_;
   int line_no_ = 0;
