@@ -180,6 +180,7 @@ bool SysfsRail::read(double now_s, const ExtraCounters& extra, Step* out,
                      std::vector<std::string>* notes) {
   Step s;
   s.missing = (1u << kNumCounters) - 1;
+  uint32_t saturated = 0, counting = 0;
   present_ = 0;
   std::string text;
   for (File& f : files_) {
@@ -201,12 +202,19 @@ bool SysfsRail::read(double now_s, const ExtraCounters& extra, Step* out,
         notes->push_back(path + ": went from " + std::to_string(f.prev.value) + " to " +
                          std::to_string(cur.value) + " (counter reset)");
     }
-    if (d.kind != DeltaKind::kMissing) {
+    if (d.kind == DeltaKind::kSaturated) {
+      saturated |= 1u << f.counter;  // this file counts nothing more
+    } else if (d.kind != DeltaKind::kMissing) {
       s.d[f.counter] += static_cast<double>(d.value) * static_cast<double>(f.scale);
       s.missing &= ~(1u << f.counter);
+      counting |= 1u << f.counter;
     }
     f.prev = cur;
   }
+  // A counter all of whose readable files are saturated counts nothing more: unknown. One with
+  // a file still counting (IB buf_overrun: the 4-bit excessive_buffer_overrun_errors and the
+  // 32-bit out_of_buffer) is what that file counts.
+  s.missing |= saturated & ~counting;
   if (extra.present) {
     const Width wrap64{64, false};
     const Reading r{true, extra.retrans}, g{true, extra.segs_out};

@@ -7,19 +7,57 @@ namespace r2ccl::predict {
 
 namespace {
 const char* const kFeatureNames[kNumFeatures] = {
-    "retrans_rate",     "retrans_pct", "phy_err_rate",  "link_instability",
-    "buf_overrun_rate", "utilisation", "phy_err_delta", "retrans_delta"};
-const char* const kFeatureCounters[kNumFeatures] = {"retrans",
-                                                    "retrans/tx_packets",
-                                                    "symbol_err+rcv_err+crc_err",
+    "err_excess",  "err_slope",   "link_events",   "retrans_excess", "err_accel",
+    "utilisation", "buf_overrun", "retrans_slope", "err_unknown",    "warm"};
+constexpr const char* kPhy = "phy errors (symbol_err, rcv_err, crc_err, fec_*)";
+const char* const kFeatureCounters[kNumFeatures] = {kPhy,
+                                                    kPhy,
                                                     "link_recovery+link_downed+integrity",
-                                                    "buf_overrun",
+                                                    "retrans",
+                                                    kPhy,
                                                     "tx_bytes/rx_bytes",
-                                                    "symbol_err+rcv_err+crc_err",
-                                                    "retrans"};
+                                                    "buf_overrun",
+                                                    "retrans",
+                                                    kPhy,
+                                                    "-"};
+constexpr int kErrCounterIds[] = {kSymbolErr,     kRcvErr,          kCrcErr,
+                                  kFecCorrBlocks, kFecUncorrBlocks, kFecCorrBits};
 
-float log_rate(double count, double dt) {
-  return static_cast<float>(std::log1p(std::max(0.0, count) / dt));
+double log_rate(double count, double dt) { return std::log1p(std::max(0.0, count) / dt); }
+double gain(double dt, double tau) { return 1.0 - std::exp(-dt / tau); }
+
+// One step of a counter's history; returns {excess, slope, accel}.
+struct Trend {
+  double excess, slope, accel;
+};
+// `dt` is already divided by the interval scale (seconds at the trained interval).
+Trend step_track(FeatureExtractor::Track& t, double raw, double dt) {
+  // The median of this log rate and the two before it (fewer at the start: what there is).
+  double x = raw;
+  if (t.n == 1) {
+    x = std::min(raw, t.last[0]);  // of two, the lower: a first burst does not pass either
+  } else if (t.n >= 2) {
+    const double a = t.last[0], b = t.last[1];
+    x = std::max(std::min(a, b), std::min(std::max(a, b), raw));
+  }
+  t.last[1] = t.last[0];
+  t.last[0] = raw;
+  ++t.n;
+  if (!t.seen) {
+    t.seen = true;
+    t.fast = t.slow = t.floor = x;
+    t.slope_avg = 0;
+  } else {
+    t.fast += gain(dt, kFastTauS) * (x - t.fast);
+    t.slow += gain(dt, kSlowTauS) * (x - t.slow);
+    t.floor += gain(dt, t.fast > t.floor ? kFloorUpTauS : kFloorDownTauS) * (t.fast - t.floor);
+  }
+  Trend r;
+  r.excess = t.fast - t.floor;
+  r.slope = (t.fast - t.slow) / (kSlowTauS - kFastTauS) * 60.0;
+  r.accel = r.slope - t.slope_avg;
+  t.slope_avg += gain(dt, kSlowTauS) * (r.slope - t.slope_avg);
+  return r;
 }
 }  // namespace
 
@@ -30,25 +68,45 @@ const char* feature_counters(int f) {
 
 bool FeatureExtractor::push(const Step& s, FeatureRow* out) {
   if (!s.link_up || !(s.dt_s > 0) || !std::isfinite(s.dt_s)) return false;
-  const double dt = s.dt_s;
-  FeatureRow r;
-  r[0] = log_rate(s.d[kRetrans], dt);
-  r[1] = static_cast<float>(
-      std::min(100.0, 100.0 * std::max(0.0, s.d[kRetrans]) / std::max(1.0, s.d[kTxPackets])));
-  r[2] = log_rate(s.d[kSymbolErr] + s.d[kRcvErr] + s.d[kCrcErr], dt);
-  r[3] = log_rate(s.d[kLinkRecovery] + s.d[kLinkDowned] + s.d[kIntegrity], dt);
-  r[4] = log_rate(s.d[kBufOverrun], dt);
+  const double dt = s.dt_s;        // for rates: per second
+  const double dts = dt / scale_;  // for the smoothing times: seconds at the trained interval
+  FeatureRow r{};
+  double excess = 0, slope = 0, accel = 0;
+  int known = 0, unknown = 0;
+  for (int k = 0; k < kErrCounters; ++k) {
+    const int c = kErrCounterIds[k];
+    if (s.missing & (1u << c)) {
+      unknown += err_[k].seen;  // a counter the rail had, unreadable now
+      continue;
+    }
+    const Trend t = step_track(err_[k], log_rate(s.d[c], dt), dts);
+    excess = known ? std::max(excess, t.excess) : t.excess;
+    slope = known ? std::max(slope, t.slope) : t.slope;
+    accel = known ? std::max(accel, t.accel) : t.accel;
+    ++known;
+  }
+  r[kErrExcess] = static_cast<float>(excess);
+  r[kErrSlope] = static_cast<float>(slope);
+  r[kErrAccel] = static_cast<float>(accel);
+  r[kErrUnknown] = known == 0 && unknown > 0 ? 1.0f : 0.0f;
+  if (!(s.missing & (1u << kRetrans))) {
+    const Trend t = step_track(retrans_, log_rate(s.d[kRetrans], dt), dts);
+    r[kRetransExcess] = static_cast<float>(t.excess);
+    r[kRetransSlope] = static_cast<float>(t.slope);
+  }
+  link_ += gain(dts, kFastTauS) *
+           (log_rate(s.d[kLinkRecovery] + s.d[kLinkDowned] + s.d[kIntegrity], dt) - link_);
+  overrun_ += gain(dts, kFastTauS) * (log_rate(s.d[kBufOverrun], dt) - overrun_);
+  r[kLinkEvents] = static_cast<float>(link_);
+  r[kOverrun] = static_cast<float>(overrun_);
   double util = 0;
   if (s.speed_mbps > 0) {
     const double bytes = std::max(s.d[kTxBytes], s.d[kRxBytes]);
     util = std::clamp(bytes * 8.0 / dt / (s.speed_mbps * 1e6), 0.0, 1.5);
   }
-  r[5] = static_cast<float>(util);
-  r[6] = have_prev_ ? r[2] - prev_f2_ : 0.0f;
-  r[7] = have_prev_ ? r[0] - prev_f0_ : 0.0f;
-  prev_f0_ = r[0];
-  prev_f2_ = r[2];
-  have_prev_ = true;
+  r[kUtil] = static_cast<float>(util);
+  seen_s_ += dts;
+  r[kWarm] = static_cast<float>(std::min(1.0, seen_s_ / kWarmS));
   *out = r;
   return true;
 }

@@ -57,7 +57,11 @@ const char* source_name(Source s) {
 
 RailPredictor::RailPredictor(const PredictorConfig& cfg, const Model* model,
                              const BaselineParams& baseline)
-    : cfg_(cfg), model_(model), baseline_(baseline), window_(cfg.window_steps) {
+    : cfg_(cfg),
+      model_(model),
+      baseline_(baseline),
+      fx_(cfg.interval_s),
+      window_(cfg.window_steps) {
   norm_.assign(static_cast<size_t>(window_.capacity()) * kNumFeatures, 0.0f);
   raw_.resize(static_cast<size_t>(window_.capacity()));
 }
@@ -71,7 +75,8 @@ float RailPredictor::lstm_risk(uint32_t quiet) const {
   FeatureRow zero{};
   float quiet_norm[kNumFeatures];
   model_->normalise(zero, quiet_norm);
-  quiet_norm[5] = 0.0f;
+  quiet_norm[kUtil] = 0.0f;
+  quiet_norm[kWarm] = 0.0f;
   for (int i = 0; i < n; ++i) {
     float* dst = &norm_[static_cast<size_t>(W - n + i) * kNumFeatures];
     model_->normalise(window_.row(i), dst);
@@ -149,6 +154,7 @@ std::string RailPredictor::top_contributors(int n) const {
   for (int f = 0; f < kNumFeatures; ++f) {
     if (!model_ && f >= 4) break;  // the baseline looks at features 0..3 only
     const std::string name = feature_counters(f);
+    if (name == "-") continue;  // not a counter (kWarm)
     auto it =
         std::find_if(groups.begin(), groups.end(), [&](const Group& g) { return g.name == name; });
     if (it == groups.end())

@@ -221,7 +221,8 @@ bool TraceReader::next(TraceRow* out, std::string* err) {
         }
       }
       const Delta d = counter_delta(st.prev[c], cur, st.widths[c]);
-      if (d.kind != DeltaKind::kMissing) {
+      // A saturated counter counts nothing more: unknown, not a quiet 0 (nor its last jump).
+      if (d.kind != DeltaKind::kMissing && d.kind != DeltaKind::kSaturated) {
         s.d[c] = static_cast<double>(d.value);
         s.missing &= ~(1u << c);
       }

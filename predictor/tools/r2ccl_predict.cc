@@ -571,6 +571,43 @@ int run_evaluate(const Options& o) {
            per_week(tally[1].bucket_drains[b], bucket_s[b]));
   }
 
+  // Per scenario: failures (with a precursor or sudden) warned, and drains on rails of that
+  // scenario that no failure followed (false on healthy rails, early on failing ones).
+  struct PerScenario {
+    int fails = 0, warned[2] = {}, rails = 0, drains[2] = {};
+    double up_s = 0;
+  };
+  std::map<std::string, PerScenario> by_sc;
+  auto sc_name = [&](int sc) {
+    return sc >= 0 ? tr.scenarios()[static_cast<size_t>(sc)] : std::string("-");
+  };
+  for (size_t r = 0; r < rails.size(); ++r) {
+    const Rail& rl = rails[r];
+    PerScenario& ps = by_sc[sc_name(rl.scenario)];
+    ++ps.rails;
+    ps.up_s += rl.up_s;
+    for (size_t f = 0; f < rl.fails.size(); ++f) {
+      PerScenario& pf = by_sc[sc_name(rl.fail_scenario[f])];
+      ++pf.fails;
+      for (int m = 0; m < 2; ++m) pf.warned[m] += dec[m].lead[r][f] >= o.min_lead_s;
+    }
+    for (int m = 0; m < 2; ++m)
+      for (double s0 : dec[m].drain_at[r])
+        ps.drains[m] += !std::any_of(rl.fails.begin(), rl.fails.end(), [&](double tf) {
+          return tf > s0 && tf <= s0 + o.lead_window_s;
+        });
+  }
+  printf("by scenario (failures warned; drains no failure followed):\n");
+  printf("%-22s %6s %10s %9s %9s %10s %10s\n", "scenario", "rails", "rail-hours", "failures",
+         "warned", "drains", "");
+  printf("%-22s %6s %10s %9s %9s %10s %10s\n", "", "", "", "", "lstm/base", "lstm", "baseline");
+  for (const auto& [name, ps] : by_sc) {
+    char w[32];
+    snprintf(w, sizeof(w), "%d/%d", ps.warned[0], ps.warned[1]);
+    printf("%-22s %6d %10.1f %9d %9s %10d %10d\n", name.c_str(), ps.rails, ps.up_s / 3600, ps.fails,
+           w, ps.drains[0], ps.drains[1]);
+  }
+
   struct Confusion {
     double tp = 0, fp = 0, fn = 0, tn = 0;
     void add(bool alarm, bool label) { (alarm ? (label ? tp : fp) : (label ? fn : tn)) += 1; }

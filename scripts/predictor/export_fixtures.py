@@ -206,9 +206,10 @@ def write_golden(path: str, trace: str, model_path: str, w: weights.LstmWeights,
              f"# trace: {os.path.basename(trace)}; model: {os.path.basename(model_path)} "
              f"(file CRC-32 {file_crc(model_path)}); features: {fs.source}",
              "# one line per scored row (link-up step after the rail's first row), trace order;",
-             "# f0..f7 raw features (float32), label 1 = failure within 30 s, lstm = PyTorch "
-             "float32 risk, baseline = baseline risk",
-             "rail,t_s,f0,f1,f2,f3,f4,f5,f6,f7,label,lstm,baseline"]
+             f"# f0..f{features.N_FEATURES - 1} raw features (float32), label 1 = failure "
+             "within 30 s, lstm = PyTorch float32 risk, baseline = baseline risk",
+             "rail,t_s," + ",".join(f"f{i}" for i in range(features.N_FEATURES)) +
+             ",label,lstm,baseline"]
     for i in range(len(fs)):
         lines.append(",".join([fs.rails[fs.rail[i]], f"{fs.t[i]:.3f}"] +
                               [_g(v) for v in fs.x[i]] +

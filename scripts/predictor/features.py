@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Deltas, the eight features and the labels of a trace (docs/PREDICTOR.md), in numpy.
+"""Deltas, the ten features and the labels of a trace (docs/PREDICTOR.md), in numpy.
 
 The single source of truth for features is the C++ tool (``r2ccl_predict --features``); this
 module is its reference re-implementation and cross-check, and the fallback while the tool is
@@ -10,31 +10,44 @@ Deltas (per counter column, against the previous row of the same rail, whatever 
 state):
   - previous or current reading missing: delta 0. The missing reading becomes the "previous"
     one, so the next reading only re-primes the counter (its delta is 0 as well);
-  - current >= previous: current - previous (a saturated counter stuck at its maximum
-    therefore reads 0 until it is reset);
+  - current >= previous: current - previous;
   - a wrapping counter that went down by more than half its range (and whose previous value
     fits the width): wrapped, delta = (current - previous) mod 2^bits;
   - any other decrease: a reset, delta = current (the count since the reset).
 A rail's first row only primes the deltas and produces no step.
 
+Usable deltas: a delta is usable when both readings are present and the counter is not
+saturated (a saturating counter reading its maximum counts nothing more: unknown, not 0).
+
 Features (one float32 row per step whose row has link up; dt = t - t_prev in seconds; rates
-per second; computed in float64 and rounded to float32 like the C++):
-  0 log1p(retrans / dt)
-  1 min(100, 100 * retrans / max(1, tx_packets))            percent
-  2 log1p((symbol_err + rcv_err + crc_err) / dt)
-  3 log1p((link_recovery + link_downed + integrity) / dt)
-  4 log1p(buf_overrun / dt)
-  5 clip(max(tx_bytes, rx_bytes) * 8 / dt / (speed_mbps * 1e6), 0, 1.5); 0 with no speed
-  6 f2 - f2 of the rail's previous feature row (float32; 0 at the rail's first row)
-  7 f0 - f0 of the rail's previous feature row (float32; 0 at the rail's first row)
-Link-down steps produce no row and do not reset the previous row used by 6 and 7.
+per second; computed in float64 and rounded to float32 like the C++), each counter judged
+against the rail's own history (predictor/include/r2ccl/predict/features.h):
+  per error counter (symbol_err, rcv_err, crc_err, fec_corr_blocks, fec_uncorr_blocks,
+  fec_corr_bits) and for retrans, over its usable steps: x = the median of log1p(delta / dt)
+  and the two before it (of the first two, the lower; the first alone);
+  fast += g(30 s) (x - fast); slow += g(120 s) (x - slow); floor += g(1800 s if fast > floor
+  else 120 s) (fast - floor), with g(tau) = 1 - exp(-dt / tau) and all three = x at the
+  counter's first usable step; excess = fast - floor; slope = (fast - slow) / 90 * 60;
+  accel = slope - slope_avg, then slope_avg += g(120 s) (slope - slope_avg).
+  0 err_excess      max over the error counters usable this step (0 if none)
+  1 err_slope       max over them of slope
+  2 link_events     EWMA g(30 s) of log1p((link_recovery + link_downed + integrity) / dt)
+  3 retrans_excess  retrans's excess (0 when unusable this step)
+  4 err_accel       max over the error counters of accel
+  5 utilisation     clip(max(tx_bytes, rx_bytes) * 8 / dt / (speed_mbps * 1e6), 0, 1.5)
+  6 buf_overrun     EWMA g(30 s) of log1p(buf_overrun / dt)
+  7 retrans_slope   retrans's slope
+  8 err_unknown     1 when none of the error counters is usable this step but the rail has had
+                    a usable step of one (0 otherwise)
+  9 warm            min(1, seconds of feature rows so far / 300)
+Link-down steps produce no row and change no state.
 
 Failure events: a row with link 0 whose previous row of the same rail has link 1 (a rail whose
 first row is down has no event there). Label of a feature row at time t: 1 when a failure
 event of its rail has t < t_fail <= t + horizon (30 s).
 
 Output (``--out FILE.npz``; the same arrays ``r2ccl_predict --features`` writes):
-  x        float32 [N, 8]  unnormalised feature rows, trace order
+  x        float32 [N, 10] unnormalised feature rows, trace order
   rail     int32   [N]     rail index (order of first appearance in the trace)
   t        float64 [N]     seconds
   label    int8    [N]     1 = failure within the horizon
@@ -49,6 +62,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -60,10 +74,13 @@ import numpy as np
 
 import tracefile
 
-N_FEATURES = 8
+N_FEATURES = 10
 HORIZON_S = 30.0
-FEATURE_NAMES = ("retrans_rate", "retrans_pct", "phy_err_rate", "link_instability",
-                 "buf_overrun_rate", "utilisation", "phy_err_delta", "retrans_delta")
+FEATURE_NAMES = ("err_excess", "err_slope", "link_events", "retrans_excess", "err_accel",
+                 "utilisation", "buf_overrun", "retrans_slope", "err_unknown", "warm")
+ERR_COUNTERS = ("symbol_err", "rcv_err", "crc_err", "fec_corr_blocks", "fec_uncorr_blocks",
+                "fec_corr_bits")
+FAST_TAU_S, SLOW_TAU_S, FLOOR_UP_TAU_S, FLOOR_DOWN_TAU_S, WARM_S = 30.0, 120.0, 1800.0, 120.0, 300.0
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DEFAULT_CPP_TOOL = os.path.join(REPO_ROOT, "build", "bin", "r2ccl_predict")
 _C = {name: i for i, name in enumerate(tracefile.COUNTERS)}
@@ -106,7 +123,8 @@ class FeatureSet:
         """Checks shapes and dtypes; raises ValueError naming ``what``."""
         n = len(self)
         checks = [
-            (self.x.shape == (n, N_FEATURES), f"x has shape {self.x.shape}, expected ({n}, 8)"),
+            (self.x.shape == (n, N_FEATURES),
+             f"x has shape {self.x.shape}, expected ({n}, {N_FEATURES})"),
             (self.rail.shape == (n,) and self.label.shape == (n,) and self.scenario.shape == (n,),
              "rail/label/scenario lengths differ from t"),
             (self.event_t.shape == self.event_rail.shape, "event_t and event_rail differ"),
@@ -141,12 +159,67 @@ def counter_deltas(prev_v: np.ndarray, prev_ok: np.ndarray, cur_v: np.ndarray,
     return np.where(prev_ok & cur_ok, d, np.uint64(0)).astype(np.uint64)
 
 
+def counter_usable(prev_v: np.ndarray, prev_ok: np.ndarray, cur_v: np.ndarray,
+                   cur_ok: np.ndarray, width: tracefile.Width) -> np.ndarray:
+    """Where a delta is usable: both readings present, and not a saturated counter at its
+    maximum."""
+    ok = prev_ok & cur_ok
+    if width.saturating:
+        ok &= ~((cur_v >= prev_v) & (cur_v >= np.uint64(width.max_value)))
+    return ok
+
+
+class _Track:
+    """One counter's history (features.h, FeatureExtractor::Track)."""
+
+    __slots__ = ("seen", "fast", "slow", "floor", "slope_avg", "last", "n")
+
+    def __init__(self):
+        self.seen = False
+        self.fast = self.slow = self.floor = self.slope_avg = 0.0
+        self.last = [0.0, 0.0]
+        self.n = 0
+
+    def step(self, raw: float, dt: float):
+        x = raw
+        if self.n == 1:
+            x = min(raw, self.last[0])
+        elif self.n >= 2:
+            a, b = self.last
+            x = max(min(a, b), min(max(a, b), raw))
+        self.last = [raw, self.last[0]]
+        self.n += 1
+        if not self.seen:
+            self.seen = True
+            self.fast = self.slow = self.floor = x
+            self.slope_avg = 0.0
+        else:
+            self.fast += _gain(dt, FAST_TAU_S) * (x - self.fast)
+            self.slow += _gain(dt, SLOW_TAU_S) * (x - self.slow)
+            tau = FLOOR_UP_TAU_S if self.fast > self.floor else FLOOR_DOWN_TAU_S
+            self.floor += _gain(dt, tau) * (self.fast - self.floor)
+        excess = self.fast - self.floor
+        slope = (self.fast - self.slow) / (SLOW_TAU_S - FAST_TAU_S) * 60.0
+        accel = slope - self.slope_avg
+        self.slope_avg += _gain(dt, SLOW_TAU_S) * (slope - self.slope_avg)
+        return excess, slope, accel
+
+
+def _gain(dt: float, tau: float) -> float:
+    return 1.0 - math.exp(-dt / tau)
+
+
+def _log_rate(count: float, dt: float) -> float:
+    return math.log1p(max(0.0, count) / dt)
+
+
 def compute_features(tr: tracefile.Trace, horizon_s: float = HORIZON_S) -> FeatureSet:
     """The feature rows, labels and failure events of a parsed trace."""
     prev = previous_row_index(tr.rail)
     has_step = prev >= 0
     p = np.where(has_step, prev, 0)
     deltas = np.zeros(tr.values.shape, dtype=np.float64)
+    usable = np.zeros(tr.values.shape, dtype=bool)
     rail_widths = tr.rail_widths or [list(tr.widths)] * len(tr.rails)
     for c, name in enumerate(tracefile.COUNTERS):
         # Rails may read a counter with different widths ("# widths for PREFIX:").
@@ -154,35 +227,55 @@ def compute_features(tr: tracefile.Trace, horizon_s: float = HORIZON_S) -> Featu
         for width in set(per_rail):
             rails_w = [i for i, w in enumerate(per_rail) if w == width]
             rows_w = np.isin(tr.rail, rails_w)
-            d = counter_deltas(tr.values[p, c], tr.present[p, c] & has_step, tr.values[:, c],
-                               tr.present[:, c], width)
+            args = (tr.values[p, c], tr.present[p, c] & has_step, tr.values[:, c],
+                    tr.present[:, c], width)
+            ok = counter_usable(*args)
+            d = np.where(ok, counter_deltas(*args), np.uint64(0))  # as the C++: 0 unless usable
             deltas[rows_w, c] = d[rows_w].astype(np.float64)
+            usable[rows_w, c] = ok[rows_w]
 
     rows = np.flatnonzero(has_step & tr.link)
-    d = deltas[rows]
-    dt = (tr.t[rows] - tr.t[p[rows]])
-    speed = tr.speed_mbps[rows]
+    dts = (tr.t[rows] - tr.t[p[rows]])
     x64 = np.zeros((rows.size, N_FEATURES), dtype=np.float64)
-    x64[:, 0] = np.log1p(d[:, _C["retrans"]] / dt)
-    x64[:, 1] = np.minimum(100.0, 100.0 * d[:, _C["retrans"]] /
-                           np.maximum(1.0, d[:, _C["tx_packets"]]))
-    x64[:, 2] = np.log1p((d[:, _C["symbol_err"]] + d[:, _C["rcv_err"]] + d[:, _C["crc_err"]]) / dt)
-    x64[:, 3] = np.log1p((d[:, _C["link_recovery"]] + d[:, _C["link_downed"]] +
-                          d[:, _C["integrity"]]) / dt)
-    x64[:, 4] = np.log1p(d[:, _C["buf_overrun"]] / dt)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        util = np.maximum(d[:, _C["tx_bytes"]], d[:, _C["rx_bytes"]]) * 8.0 / dt / \
-            (speed * 1e6)
-    x64[:, 5] = np.where(speed > 0, np.clip(np.nan_to_num(util), 0.0, 1.5), 0.0)
+    err_cols = [_C[c] for c in ERR_COUNTERS]
+    cr, link_cols = _C["retrans"], [_C["link_recovery"], _C["link_downed"], _C["integrity"]]
+    state = {}  # rail -> [error tracks], retrans track, link, overrun, seen seconds
+    for k, i in enumerate(rows):
+        dt = float(dts[k])
+        if not dt > 0:
+            continue
+        r = int(tr.rail[i])
+        st = state.get(r)
+        if st is None:
+            st = state[r] = [[_Track() for _ in err_cols], _Track(), 0.0, 0.0, 0.0]
+        d, ok = deltas[i], usable[i]
+        excess = slope = accel = 0.0
+        known = unknown = 0
+        for tr_c, c in zip(st[0], err_cols):
+            if not ok[c]:
+                unknown += tr_c.seen
+                continue
+            e, sl, ac = tr_c.step(_log_rate(d[c], dt), dt)
+            excess, slope, accel = ((max(excess, e), max(slope, sl), max(accel, ac)) if known
+                                    else (e, sl, ac))
+            known += 1
+        row = x64[k]
+        row[0], row[1], row[4] = excess, slope, accel
+        row[8] = 1.0 if known == 0 and unknown > 0 else 0.0
+        if ok[cr]:
+            e, sl, _ = st[1].step(_log_rate(d[cr], dt), dt)
+            row[3], row[7] = e, sl
+        st[2] += _gain(dt, FAST_TAU_S) * (_log_rate(sum(d[c] for c in link_cols), dt) - st[2])
+        st[3] += _gain(dt, FAST_TAU_S) * (_log_rate(d[_C["buf_overrun"]], dt) - st[3])
+        row[2], row[6] = st[2], st[3]
+        speed = float(tr.speed_mbps[i])
+        if speed > 0:
+            util = max(d[_C["tx_bytes"]], d[_C["rx_bytes"]]) * 8.0 / dt / (speed * 1e6)
+            row[5] = min(max(util, 0.0), 1.5)
+        st[4] += dt
+        row[9] = min(1.0, st[4] / WARM_S)
     x = x64.astype(np.float32)
-
-    # Features 6 and 7: differences against the rail's previous feature row.
     rail = tr.rail[rows]
-    prev_row = previous_row_index(rail)
-    first = prev_row < 0
-    pr = np.where(first, 0, prev_row)
-    x[:, 6] = np.where(first, np.float32(0), x[:, 2] - x[pr, 2])
-    x[:, 7] = np.where(first, np.float32(0), x[:, 0] - x[pr, 0])
 
     # Failure events and labels.
     ev = np.flatnonzero(has_step & ~tr.link & tr.link[p])

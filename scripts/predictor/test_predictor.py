@@ -123,7 +123,8 @@ class TraceParsing(unittest.TestCase):
         # counter but Linux's 64-bit rx_errors on Ethernet.
         text = ("# widths: rcv_err=sat16\n# widths for eth: rcv_err=wrap64\n"
                 "t_s,rail,rcv_err,crc_err\n"
-                "0,ib0,65534,\n0,eth0,65534,3\n5,ib0,65535,\n5,eth0,70000,9\n")
+                "0,ib0,65500,\n0,eth0,65500,3\n5,ib0,65534,\n5,eth0,65534,9\n"
+                "10,ib0,65535,\n10,eth0,70000,9\n")
         fd, p = tempfile.mkstemp(suffix=".csv")
         with os.fdopen(fd, "w") as f:
             f.write(text)
@@ -135,8 +136,10 @@ class TraceParsing(unittest.TestCase):
         c = tracefile.COUNTERS.index("rcv_err")
         self.assertEqual(tr.rail_widths[0][c], tracefile.Width(16, True))
         self.assertEqual(tr.rail_widths[1][c], W64)
-        # eth0: (70000 - 65534) rx errors + 6 crc errors in 5 s on feature 2
-        self.assertAlmostEqual(float(fs.x[1, 2]), math.log1p((70000 - 65534 + 6) / 5), places=4)
+        # ib0's rcv_err reached 65535 (sat16): unusable, its only error counter, so the row has
+        # none (err_unknown 1); eth0's went on past it (wrap64): usable.
+        self.assertEqual(float(fs.x[2, 8]), 1.0)
+        self.assertEqual(float(fs.x[3, 8]), 0.0)
         for bad, needle in (("# widths for : rcv_err=wrap64\n", "bad widths line"),
                             ("t_s,rail\n# widths: rcv_err=wrap64\n", "after the header")):
             fd, p = tempfile.mkstemp(suffix=".csv")
@@ -164,23 +167,46 @@ class Features(unittest.TestCase):
         ])
         self.assertEqual(len(fs), 1)  # the first row only primes
         x = fs.x[0]
-        self.assertAlmostEqual(x[0], math.log1p(10 / 5), places=6)   # wrapped retrans: 10
-        self.assertAlmostEqual(x[1], 100 * 10 / 200, places=5)
-        self.assertAlmostEqual(x[2], math.log1p((5 + 5) / 5), places=6)
-        self.assertAlmostEqual(x[3], math.log1p(5 / 5), places=6)
-        self.assertAlmostEqual(x[4], math.log1p(10 / 5), places=6)
+        g = 1 - math.exp(-5 / 30)
+        # A counter's first usable step is its own floor: no excess, slope or acceleration.
+        self.assertEqual((x[0], x[1], x[3], x[4], x[7]), (0, 0, 0, 0, 0))
+        self.assertAlmostEqual(x[2], g * math.log1p(5 / 5), places=6)   # link events
         self.assertAlmostEqual(x[5], 312.5e6 * 8 / 5 / 100000e6, places=6)  # 0.005
-        self.assertEqual((x[6], x[7]), (0.0, 0.0))
+        self.assertAlmostEqual(x[6], g * math.log1p(10 / 5), places=6)  # buf_overrun
+        # symbol_err reached 65535 (sat16): unusable, but never seen before, so not "unknown".
+        self.assertEqual(x[8], 0.0)
+        self.assertAlmostEqual(x[9], 5 / 300, places=6)
         self.assertEqual(fs.x.dtype, np.float32)
 
-    def test_ratio_clip_utilisation_clip_and_no_speed(self):
-        fs = self.compute([row(0), row(5, retrans=50, tx_packets=2, tx_bytes=10**12),
-                           row(10, speed="", tx_bytes=2 * 10**12, retrans=50)])
-        self.assertEqual(fs.x[0, 1], 100.0)
-        self.assertEqual(fs.x[0, 5], np.float32(1.5))
-        self.assertEqual(fs.x[1, 5], 0.0)
+    def test_a_steady_floor_reads_zero_whatever_its_level(self):
+        for per_s in (0, 0.4, 12, 900):
+            fs = self.compute([row(5 * i, rcv_err=int(per_s * 5 * i)) for i in range(80)])
+            np.testing.assert_array_equal(fs.x[:, [0, 1, 4]], 0, err_msg=f"{per_s}/s")
+            self.assertEqual(fs.x[-1, 9], 1.0)  # warm after 300 s
 
-    def test_link_down_rows_events_labels_and_differences(self):
+    def test_a_rising_rate_shows_in_excess_slope_and_accel(self):
+        lines, total = [], 0.0
+        for i in range(120):
+            rate = 2.0 if i < 60 else 2.0 * 2 ** ((i - 60) * 5 / 60)  # doubles every minute
+            total += rate * 5
+            lines.append(row(5 * i, rcv_err=int(total)))
+        fs = self.compute(lines)
+        self.assertLess(abs(float(fs.x[55, 0])), 0.05)
+        self.assertGreater(float(fs.x[-1, 0]), 2.0)        # far above the floor
+        self.assertGreater(float(fs.x[-1, 1]), 0.4)        # ~ln 2 per minute
+        self.assertLess(float(fs.x[-1, 1]), 0.8)
+        self.assertGreater(float(fs.x[70, 4]), 0.0)        # accelerating at the onset
+
+    def test_saturated_counter_is_unknown_not_quiet(self):
+        fs = self.compute([row(0, symbol_err=65000), row(5, symbol_err=65100),
+                           row(10, symbol_err=65535), row(15, symbol_err=65535)])
+        np.testing.assert_array_equal(fs.x[:, 8], [0, 0, 0])  # rcv_err still readable
+        fs = self.compute([row(0, symbol_err=65000, rcv_err="N/A"),
+                           row(5, symbol_err=65100, rcv_err="N/A"),
+                           row(10, symbol_err=65535, rcv_err="N/A")])
+        np.testing.assert_array_equal(fs.x[:, 8], [0, 1])  # all it had is unknown now
+
+    def test_link_down_rows_events_labels_and_state(self):
         fs = self.compute([
             row(0, symbol_err=0), row(5, symbol_err=5), row(10, symbol_err=20),
             row(15, link=0, symbol_err=20), row(20, link=0, symbol_err=20),
@@ -189,20 +215,28 @@ class Features(unittest.TestCase):
         ])
         r0 = fs.rail == 0
         np.testing.assert_allclose(fs.t[r0], [5, 10, 25, 30])
-        f2 = np.float32(np.log1p(np.array([5, 15, 50, 0]) / 5.0))
-        np.testing.assert_array_equal(fs.x[r0, 2], f2)
-        # Feature 6 differs against the previous *feature row* (across the link-down gap).
-        np.testing.assert_array_equal(fs.x[r0, 6], [0, f2[1] - f2[0], f2[2] - f2[1],
-                                                    f2[3] - f2[2]])
         # One event (r0 at t=15); r1 starting down is no event.
         np.testing.assert_allclose(fs.event_t, [15])
         np.testing.assert_array_equal(fs.event_rail, [0])
         np.testing.assert_array_equal(fs.label[r0], [1, 1, 0, 0])  # t < 15 <= t + 30
+        # The link-down steps change no state: the step after them continues the history
+        # (its delta is against the row before it, t=20: 50 errors in 5 s).
+        g = lambda dt, tau: 1 - math.exp(-dt / tau)
+        x1, x2, x3 = math.log1p(5 / 5), math.log1p(15 / 5), math.log1p(50 / 5)
+        fast = floor = x1
+        # the median of the last three log rates (of the first two, the lower)
+        for x in (min(x1, x2), sorted((x1, x2, x3))[1]):
+            fast += g(5, 30) * (x - fast)
+            floor += g(5, 1800 if fast > floor else 120) * (fast - floor)
+        self.assertAlmostEqual(float(fs.x[np.flatnonzero(r0)[2], 0]), fast - floor, places=5)
 
     def test_missing_reading_reprimes(self):
+        # retrans: 0, N/A, 100 (re-primes: unusable), 110 (usable: its first step).
         fs = self.compute([row(0, retrans=0), row(5, retrans="N/A"), row(10, retrans=100),
-                           row(15, retrans=110)])
-        np.testing.assert_allclose(fs.x[:, 0], np.float32(np.log1p(np.array([0, 0, 2.0]))))
+                           row(15, retrans=110), row(20, retrans=300), row(25, retrans=490)])
+        self.assertEqual(float(fs.x[2, 3]), 0.0)  # the first usable step is the floor
+        self.assertEqual(float(fs.x[3, 3]), 0.0)  # one step at 38/s: the median filters it
+        self.assertGreater(float(fs.x[4, 3]), 0.0)  # two in a row: above the floor
 
     def test_npz_round_trip(self):
         fs = self.compute([row(0), row(5, retrans=3), row(10, link=0)])
@@ -274,7 +308,7 @@ class WeightsFile(unittest.TestCase):
         w = tiny_weights()
         data = weights.to_bytes(w)
         self.assertEqual(data[:8], b"R2PRDLST")
-        self.assertEqual(struct.unpack_from("<6I", data, 8)[:5], (1, 8, 4, 6, 30))
+        self.assertEqual(struct.unpack_from("<6I", data, 8)[:5], (2, 8, 4, 6, 30))
         H, F = 4, 8
         n_floats = 1 + 2 * F + 5 + 4 * H * F + 4 * H * H + 8 * H + H + 1
         meta_len = struct.unpack_from("<I", data, 8 + 4 * 5 + 4 * (n_floats))[0]
@@ -346,15 +380,31 @@ class Generator(unittest.TestCase):
                                            gen_traces.parse_mix(gen_traces.DEFAULT_MIX))
         with tempfile.TemporaryDirectory() as d:
             p = os.path.join(d, "t.csv")
-            tracefile.write_trace(p, ["test"], gen_traces.WIDTHS,
-                                  ([f"{t:.3f}", r] + row_ + [s] for t, r, row_, s in rows),
-                                  header=tracefile.BASE_HEADER)
+            gen_traces.write_trace(p, ["test"], rows)
             tr = tracefile.read_trace(p)
             fs = features.compute_features(tr)
         self.assertEqual(len(tr.rails), 16)
         self.assertEqual(sum(counts.values()), 16)
         self.assertTrue(np.all(np.isfinite(fs.x)))
         self.assertEqual(tr.widths[tracefile.COUNTERS.index("integrity")], S4)
+        # 2 nodes, --eth-frac 0.4: one IB node and one Ethernet node, with their own widths.
+        C = {c: i for i, c in enumerate(tracefile.COUNTERS)}
+        eth = [i for i, r in enumerate(tr.rails) if r.startswith("e")]
+        ib = [i for i, r in enumerate(tr.rails) if r.startswith("n")]
+        self.assertEqual((len(eth), len(ib)), (8, 8))
+        self.assertEqual(tr.rail_widths[eth[0]][C["rcv_err"]], W64)
+        self.assertEqual(tr.rail_widths[ib[0]][C["rcv_err"]], Width(16, True))
+        is_eth = np.isin(tr.rail, eth)
+        self.assertFalse(tr.present[is_eth, C["symbol_err"]].any())
+        self.assertFalse(tr.present[~is_eth, C["crc_err"]].any())
+        self.assertGreater(tr.present[is_eth, C["crc_err"]].mean(), 0.99)
+        # Only the failure scenarios ever lose the link.
+        fail = [tr.scenarios.index(s) for s in ("optical", "creep", "flap", "sudden")
+                if s in tr.scenarios]
+        self.assertTrue(tr.link[~np.isin(tr.scenario, fail)].all())
+        again, _ = gen_traces.generate(3, 16, 1800, 5.0, "heldout",
+                                       gen_traces.parse_mix(gen_traces.DEFAULT_MIX))
+        self.assertEqual(rows, again)  # deterministic per seed
 
     def test_mix_errors(self):
         with self.assertRaisesRegex(ValueError, "NAME=WEIGHT"):

@@ -10,13 +10,13 @@ import windows
 from weights import LstmWeights
 
 
-def build_model(torch, hidden: int):
-    """torch.nn.LSTM(8, H, batch_first) -> Linear(H, 1) on the last hidden state -> logit."""
+def build_model(torch, hidden: int, n_features: int = features.N_FEATURES):
+    """torch.nn.LSTM(F, H, batch_first) -> Linear(H, 1) on the last hidden state -> logit."""
 
     class LstmRisk(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.lstm = torch.nn.LSTM(features.N_FEATURES, hidden, num_layers=1,
+            self.lstm = torch.nn.LSTM(n_features, hidden, num_layers=1,
                                       batch_first=True)
             self.dense = torch.nn.Linear(hidden, 1)
 
@@ -29,7 +29,7 @@ def build_model(torch, hidden: int):
 
 def from_weights(torch, w: LstmWeights):
     """The torch module holding a weights file's parameters (eval mode)."""
-    m = build_model(torch, w.hidden)
+    m = build_model(torch, w.hidden, w.n_features)
     sd = {"lstm.weight_ih_l0": w.weight_ih, "lstm.weight_hh_l0": w.weight_hh,
           "lstm.bias_ih_l0": w.bias_ih, "lstm.bias_hh_l0": w.bias_hh,
           "dense.weight": w.dense_w.reshape(1, -1), "dense.bias": np.array([w.dense_b])}

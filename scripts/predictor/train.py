@@ -132,6 +132,10 @@ def main(argv=None) -> int:
     ap.add_argument("--train", required=True, help="training trace CSV")
     features.add_source_args(ap)
     ap.add_argument("--epochs", type=int, default=30, help="epochs (default 30)")
+    ap.add_argument("--horizon", type=float, default=120.0,
+                    help="label horizon, seconds: a row is positive when its rail fails within "
+                         "it (default 120: a drain must hold for R2CCL_PREDICT_ENTER_SAMPLES "
+                         "samples and still come at least 30 s ahead)")
     ap.add_argument("--hidden", type=int, default=16,
                     help="LSTM hidden size H (default 16: as good as 32 on the validation rails "
                          "and a third of the inference cost)")
@@ -174,7 +178,8 @@ def main(argv=None) -> int:
 
     # 1-3: features, split, normalisation, windows
     try:
-        fs = features.load_features(args.train, args.features_from, args.cpp_tool)
+        fs = features.load_features(args.train, args.features_from, args.cpp_tool,
+                                    args.horizon)
     except (ValueError, OSError, RuntimeError) as e:
         print(f"train.py: {e}", file=sys.stderr)
         return 1
@@ -291,7 +296,7 @@ def main(argv=None) -> int:
     }
     w = weights.LstmWeights(
         n_features=features.N_FEATURES, hidden=args.hidden, window=args.window,
-        horizon_s=int(features.HORIZON_S), interval_s=interval, mean=norm.mean, std=norm.std,
+        horizon_s=int(args.horizon), interval_s=interval, mean=norm.mean, std=norm.std,
         thresholds=bl.thresholds, steps=bl.steps,
         weight_ih=sd["lstm.weight_ih_l0"].numpy(), weight_hh=sd["lstm.weight_hh_l0"].numpy(),
         bias_ih=sd["lstm.bias_ih_l0"].numpy(), bias_hh=sd["lstm.bias_hh_l0"].numpy(),

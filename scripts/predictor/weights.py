@@ -1,6 +1,6 @@
 """The LSTM weights file (docs/PREDICTOR.md "Weights file"): writer, reader, CRC check.
 
-Layout (little-endian, version 1):
+Layout (little-endian, version 2):
   magic b"R2PRDLST" | u32 version | u32 F, H, W, horizon_s | f32 interval_s
   | f32 mean[F] | f32 std[F] | f32 threshold[4] (+inf = unused) | f32 k
   | f32 weight_ih[4H*F] | f32 weight_hh[4H*H] | f32 bias_ih[4H] | f32 bias_hh[4H]
@@ -21,7 +21,7 @@ from typing import Any, Dict
 import numpy as np
 
 MAGIC = b"R2PRDLST"
-VERSION = 1
+VERSION = 2  # 2: the trend features (issue 17), 10 of them
 MAX_BYTES = 1024 * 1024
 
 

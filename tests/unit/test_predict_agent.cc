@@ -114,7 +114,7 @@ TEST_CASE("agent: the baseline drains a rail whose errors climb, and returns it 
   CHECK(test::count_lines_containing(events, "rail eth0 risk") == 2);
   CHECK(test::count_lines_containing(events, "draining it") == 1);
   CHECK(test::count_lines_containing(events, "(baseline)") == 2);
-  CHECK(test::count_lines_containing(events, "top counters: symbol_err+rcv_err") == 1);
+  CHECK(test::count_lines_containing(events, "top counters: phy errors") == 1);
   CHECK(test::count_lines_containing(events, "carrying data again") == 1);
   CHECK(test::count_lines_containing(events, "eth1") == 0);
 }

@@ -179,7 +179,9 @@ TEST_CASE("SysfsRail reads an InfiniBand port's counters from a fake tree", "[pr
   CHECK(s.d[kTxBytes] == 8000);
   CHECK(s.d[kTxPackets] == 20);
   CHECK(s.d[kRetrans] == 6);  // 4 (wrapped) + 2
-  CHECK(s.d[kBufOverrun] == 1);
+  // Its only file (no out_of_buffer here) reached 15 (sat4): unknown, not its last step.
+  CHECK(s.d[kBufOverrun] == 0);
+  CHECK((s.missing & (1u << kBufOverrun)) != 0);
   CHECK(s.d[kLinkDowned] == 0);
   int saturated = 0;
   for (const auto& n : notes) saturated += n.find("saturated") != std::string::npos;
@@ -253,45 +255,68 @@ TEST_CASE("SysfsRail reads an Ethernet interface and a TCP rail's own retransmit
   REQUIRE(system(("rm -rf " + root).c_str()) == 0);
 }
 
-TEST_CASE("features follow docs/PREDICTOR.md", "[predictor]") {
-  Step s;
-  s.dt_s = 5;
-  s.speed_mbps = 100000;
-  s.d[kRetrans] = 50;
-  s.d[kTxPackets] = 1000;
-  s.d[kSymbolErr] = 20;
-  s.d[kRcvErr] = 5;
-  s.d[kLinkRecovery] = 1;
-  s.d[kIntegrity] = 4;
-  s.d[kBufOverrun] = 10;
-  s.d[kTxBytes] = 31.25e9;  // 50 Gb/s over 5 s = half of 100 Gb/s
-  s.d[kRxBytes] = 1e9;
+TEST_CASE("features follow docs/PREDICTOR.md: trends against the rail's own history",
+          "[predictor]") {
+  auto step = [](double rcv_per_s) {
+    Step s;
+    s.dt_s = 5;
+    s.speed_mbps = 100000;
+    s.missing = (1u << kNumCounters) - 1;
+    for (int c : {kRetrans, kRcvErr, kLinkRecovery, kBufOverrun, kTxBytes, kRxBytes})
+      s.missing &= ~(1u << c);
+    s.d[kRcvErr] = rcv_per_s * 5;
+    s.d[kTxBytes] = 31.25e9;  // 50 Gb/s over 5 s = half of 100 Gb/s
+    return s;
+  };
+  const double g30 = 1 - std::exp(-5.0 / 30);
   FeatureExtractor fx;
   FeatureRow r;
+  // A steady floor reads 0 whatever its level; link events and overruns are smoothed levels.
+  for (double level : {0.0, 3.0, 800.0}) {
+    FeatureExtractor f2;
+    for (int i = 0; i < 100; ++i) {
+      Step s = step(level);
+      REQUIRE(f2.push(s, &r));
+      CHECK(r[kErrExcess] == 0);
+      CHECK(r[kErrSlope] == 0);
+      CHECK(r[kErrAccel] == 0);
+    }
+    CHECK(r[kWarm] == 1);  // 500 s of rows
+  }
+  Step s = step(2);
+  s.d[kLinkRecovery] = 5;
+  s.d[kBufOverrun] = 10;
   REQUIRE(fx.push(s, &r));
-  CHECK(r[0] == Approx(std::log1p(10.0)));
-  CHECK(r[1] == Approx(5.0));
-  CHECK(r[2] == Approx(std::log1p(5.0)));
-  CHECK(r[3] == Approx(std::log1p(1.0)));
-  CHECK(r[4] == Approx(std::log1p(2.0)));
-  CHECK(r[5] == Approx(0.5));
-  CHECK(r[6] == 0);
-  CHECK(r[7] == 0);
-  Step down = s;
+  CHECK(r[kLinkEvents] == Approx(g30 * std::log1p(1.0)));
+  CHECK(r[kOverrun] == Approx(g30 * std::log1p(2.0)));
+  CHECK(r[kUtil] == Approx(0.5));
+  CHECK(r[kErrUnknown] == 0);
+  CHECK(r[kWarm] == Approx(5.0 / 300));
+  // A rate that doubles every minute after 5 quiet minutes: excess, slope and acceleration.
+  for (int i = 0; i < 60; ++i) REQUIRE(fx.push(step(2), &r));
+  CHECK(std::abs(r[kErrExcess]) < 1e-6f);
+  float accel_max = 0;
+  for (int i = 1; i <= 60; ++i) {
+    REQUIRE(fx.push(step(2 * std::pow(2.0, i * 5 / 60.0)), &r));
+    accel_max = std::max(accel_max, r[kErrAccel]);
+  }
+  CHECK(r[kErrExcess] > 2.0f);
+  CHECK(r[kErrSlope] > 0.4f);  // ~ln 2 per minute
+  CHECK(r[kErrSlope] < 0.8f);
+  CHECK(accel_max > 0);
+  // The same counter unreadable now (saturated, missing): unknown, and out of the max.
+  Step sat = step(0);
+  sat.missing |= 1u << kRcvErr;
+  REQUIRE(fx.push(sat, &r));
+  CHECK(r[kErrUnknown] == 1);
+  CHECK(r[kErrExcess] == 0);
+  // Link down, or no time passed: no row.
+  Step down = step(1);
   down.link_up = false;
   CHECK_FALSE(fx.push(down, &r));
-  Step zero = s;
+  Step zero = step(1);
   zero.dt_s = 0;
   CHECK_FALSE(fx.push(zero, &r));
-  s.d[kSymbolErr] = 0;
-  s.d[kRcvErr] = 0;
-  s.d[kTxPackets] = 0;  // no packets: the ratio divides by 1 and clips at 100
-  s.speed_mbps = 0;
-  REQUIRE(fx.push(s, &r));
-  CHECK(r[1] == 100);
-  CHECK(r[5] == 0);
-  CHECK(r[6] == Approx(-std::log1p(5.0)));  // against the previous *row*
-  CHECK(r[7] == Approx(0.0));
 
   FeatureWindow w(3);
   for (int i = 0; i < 5; ++i) {
@@ -326,11 +351,13 @@ TEST_CASE("weights file: parsed, and every kind of damage refused", "[predictor]
   CHECK_THAT(err, Catch::Contains("magic"));
   bad.assign(good.begin(), good.begin() + 30);
   CHECK_FALSE(parse_model(bad.data(), bad.size(), &m, &err));
-  ModelSpec v2;
-  v2.version = 2;
-  auto b2 = build_model(v2);
-  CHECK_FALSE(parse_model(b2.data(), b2.size(), &m, &err));
-  CHECK_THAT(err, Catch::Contains("version 2"));
+  for (uint32_t other : {1u, kModelVersion + 1}) {  // 1: the eight level features of before
+    ModelSpec v;
+    v.version = other;
+    auto b = build_model(v);
+    CHECK_FALSE(parse_model(b.data(), b.size(), &m, &err));
+    CHECK_THAT(err, Catch::Contains("version " + std::to_string(other)));
+  }
   ModelSpec f7;
   f7.F = 7;
   f7.mean.resize(7);
@@ -412,32 +439,42 @@ TEST_CASE("baseline risk and the drain hysteresis", "[predictor]") {
   CHECK(baseline_risk(rows, 3, bp) == Approx(0.35));  // mean over 2 steps
   CHECK(baseline_risk(rows, 0, bp) == 0);
 
+  // The policy on link events (feature 2: their log rate, smoothed over 30 s): one sample a
+  // minute, so a step's own rate dominates (gain 1 - e^-2 = 0.86).
+  BaselineParams lp;
+  lp.threshold[kLinkEvents] = 0.3f;
+  lp.steps = 1;
   PredictorConfig cfg;
   cfg.window_steps = 4;
   cfg.threshold = 0.7f;
   cfg.return_threshold = 0.4f;
   cfg.return_samples = 3;
   cfg.enter_samples = 1;  // the guard's own test below
-  RailPredictor p(cfg, nullptr, bp);
-  auto step = [](double phy_per_s) {
+  RailPredictor p(cfg, nullptr, lp);
+  const double g = 1 - std::exp(-60.0 / 30);
+  double ewma = 0;
+  auto step = [&](double log_rate) {
     Step s;
-    s.dt_s = 1;
-    s.d[kSymbolErr] = phy_per_s;
+    s.dt_s = 60;
+    s.d[kLinkRecovery] = std::expm1(log_rate) * 60;
+    ewma += g * (log_rate - ewma);
     return s;
   };
+  auto risk = [&] { return std::min(1.0, 0.7 * ewma / 0.3); };
   Assessment a;
   REQUIRE(p.update(step(0), &a));
   CHECK(a.source == Source::kBaseline);
   CHECK_FALSE(a.drain);
-  REQUIRE(p.update(step(30), &a));  // mean of log1p(0), log1p(30) over 2 = 1.717 < 2.398
-  CHECK_FALSE(a.drain);
-  REQUIRE(p.update(step(30), &a));
+  REQUIRE(p.update(step(std::log(2.0)), &a));  // one event a second
+  CHECK(a.risk == Approx(risk()).epsilon(1e-4));
   CHECK(a.drain);
   CHECK(a.transition == 1);
-  CHECK_THAT(p.top_contributors(3), Catch::Contains("symbol_err+rcv_err"));
-  // Between the return threshold and the drain threshold (risk 0.60): stays drained.
-  REQUIRE(p.update(step(1), &a));
-  CHECK(a.risk == Approx(0.7 * (std::log1p(30.0) + std::log1p(1.0)) / 2 / std::log1p(10.0)));
+  CHECK_THAT(p.top_contributors(3), Catch::Contains("link_recovery+link_downed+integrity"));
+  // Between the return threshold and the drain threshold: stays drained.
+  REQUIRE(p.update(step(0.2), &a));
+  CHECK(a.risk == Approx(risk()).epsilon(1e-4));
+  CHECK(a.risk > 0.4f);
+  CHECK(a.risk < 0.7f);
   CHECK((a.drain && a.transition == 0));
   // Returns on the 3rd consecutive sample under 0.4, not before.
   int returned_at = -1;
@@ -449,7 +486,7 @@ TEST_CASE("baseline risk and the drain hysteresis", "[predictor]") {
   CHECK(returned_at == 2);
   CHECK_FALSE(a.drain);
   // A link-down step changes nothing.
-  Step down = step(1000);
+  Step down = step(5);
   down.link_up = false;
   CHECK_FALSE(p.update(down, &a));
   CHECK_FALSE(a.drain);
@@ -458,7 +495,7 @@ TEST_CASE("baseline risk and the drain hysteresis", "[predictor]") {
 TEST_CASE("drain guard: enter samples, at most N drains per hour, never the last usable rail",
           "[predictor]") {
   BaselineParams bp;
-  bp.threshold[2] = std::log1p(10.0f);  // risk 1.0 at 30 phy errors/s, 0 at none
+  bp.threshold[kLinkEvents] = 0.3f;  // a link event a second: risk 1; none: under 0.2
   bp.steps = 1;
   PredictorConfig cfg;
   cfg.window_steps = 2;
@@ -467,10 +504,10 @@ TEST_CASE("drain guard: enter samples, at most N drains per hour, never the last
   cfg.return_samples = 1;
   cfg.enter_samples = 3;
   cfg.max_drains_per_hour = 2;
-  auto step = [](double phy_per_s) {
+  auto step = [](double high) {
     Step s;
     s.dt_s = 60;  // one sample a minute: an hour passes in 60 samples
-    s.d[kSymbolErr] = phy_per_s * s.dt_s;
+    s.d[kLinkRecovery] = high > 0 ? 60 : 0;
     return s;
   };
   RailPredictor p(cfg, nullptr, bp);
@@ -608,7 +645,7 @@ TEST_CASE("trace reader: the Ethernet / RoCE physical-layer columns", "[predicto
   CHECK(t2.width_of(0, kRcvErr).saturating);
   CHECK_FALSE(t2.width_of(1, kRcvErr).saturating);
   CHECK(t2.width_of(1, kRcvErr).bits == 64);
-  CHECK(r.step.d[kRcvErr] == 1);
+  CHECK((r.step.missing & (1u << kRcvErr)) != 0);  // reached 65535 (sat16): unknown
   REQUIRE(t2.next(&r, &err));
   CHECK(r.step.d[kRcvErr] == 70000 - 65534);
   REQUIRE(t2.next(&r, &err));
@@ -652,8 +689,8 @@ TEST_CASE("trace reader: widths, deltas, events, and errors naming line and colu
   REQUIRE(tr.next(&r, &err));
   REQUIRE(r.has_step);
   CHECK(r.step.dt_s == 5);
-  CHECK(r.step.d[kRetrans] == 10);  // wrapped at 2^32
-  CHECK(r.step.d[kSymbolErr] == 65530);
+  CHECK(r.step.d[kRetrans] == 10);                    // wrapped at 2^32
+  CHECK((r.step.missing & (1u << kSymbolErr)) != 0);  // reached 65535 (sat16): unknown
   CHECK(r.step.speed_mbps == 100000);
   REQUIRE(tr.next(&r, &err));
   CHECK_FALSE(r.link_up);

@@ -89,7 +89,8 @@ struct Step {
   bool link_up = true;          // link state at this reading
   double speed_mbps = 0;        // link speed, Mb/s; 0 unknown
   double d[kNumCounters] = {};  // deltas; a missing reading counts 0
-  uint32_t missing = 0;         // bit c set: counter c had no usable delta this step
+  uint32_t missing = 0;         // bit c set: counter c had no usable delta this step (no
+                                // reading, or saturated: it counts nothing more, unknown)
 };
 
 // What a rail is, for the live reader.
