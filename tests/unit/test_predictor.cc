@@ -90,6 +90,16 @@ std::vector<uint8_t> build_model(ModelSpec s) {
   return b;
 }
 
+// A model that says "failure" whatever it sees.
+void always_failing_model(Model* m) {
+  ModelSpec always;
+  always.w_out = {0.0f, 0.0f};
+  always.b_out = 10.0f;
+  auto bytes = build_model(always);
+  std::string err;
+  REQUIRE(parse_model(bytes.data(), bytes.size(), m, &err));
+}
+
 float sig(double x) { return static_cast<float>(1 / (1 + std::exp(-x))); }
 
 }  // namespace
@@ -574,13 +584,8 @@ TEST_CASE("node sampler: the last usable rail of the node is not drained", "[pre
     write_file(root + "/class/net/" + std::string(dev) + "/statistics/rx_crc_errors", "0\n");
     write_file(root + "/class/net/" + std::string(dev) + "/operstate", "up\n");
   }
-  ModelSpec always;  // "failure" whatever it sees
-  always.w_out = {0.0f, 0.0f};
-  always.b_out = 10.0f;
-  auto bytes = build_model(always);
-  Model m;
-  std::string err;
-  REQUIRE(parse_model(bytes.data(), bytes.size(), &m, &err));
+  Model m;  // "failure" whatever it sees
+  always_failing_model(&m);
   PredictorConfig cfg;
   cfg.window_steps = 4;
   NodeSampler ns(
@@ -729,13 +734,8 @@ TEST_CASE("node sampler: a rail without readable counters is never assessed", "[
   write_file(root + "/class/net/eth1/statistics/rx_crc_errors", "0\n");
   write_file(root + "/class/net/eth1/operstate", "up\n");
   // A model that says "failure" whatever it sees: only the guard keeps eth9 undrained.
-  ModelSpec always;
-  always.w_out = {0.0f, 0.0f};
-  always.b_out = 10.0f;
-  auto bytes = build_model(always);
   Model m;
-  std::string err;
-  REQUIRE(parse_model(bytes.data(), bytes.size(), &m, &err));
+  always_failing_model(&m);
   PredictorConfig cfg;
   cfg.window_steps = 4;
   NodeSampler ns(

@@ -473,16 +473,24 @@ TEST_CASE("the fault injector is inactive before arm and follows its schedule af
   inj.configure({}, 0);
 }
 
-TEST_CASE("rail sockets bind their address without taking a port until connect", "[sock]") {
-  // IP_BIND_ADDRESS_NO_PORT: the kernel picks the source port per 4-tuple at connect, so one
-  // rail address is not limited to one ephemeral port range per host whatever the peer
-  // (1,600 communicators to 4 peers stopped at 994 of a 1,000-port range without it).
+namespace {
+// lo as a rail at 127.0.0.1.
+Rail loopback_rail() {
   Rail rail;
   rail.ifname = "lo";
   rail.name = "lo@127.0.0.1";
   rail.family = AF_INET;
   rail.addr = make_addr("127.0.0.1");
   rail.addrlen = sizeof(sockaddr_in);
+  return rail;
+}
+}  // namespace
+
+TEST_CASE("rail sockets bind their address without taking a port until connect", "[sock]") {
+  // IP_BIND_ADDRESS_NO_PORT: the kernel picks the source port per 4-tuple at connect, so one
+  // rail address is not limited to one ephemeral port range per host whatever the peer
+  // (1,600 communicators to 4 peers stopped at 994 of a 1,000-port range without it).
+  const Rail rail = loopback_rail();
   SockFailure why;
   const int fd = open_rail_socket(rail, 0, &why);
   INFO(why.text);
@@ -540,12 +548,7 @@ TEST_CASE("a rail listener takes a burst of 1,024 connects without accepting any
     WARN("skipped: RLIMIT_NOFILE is " << rl.rlim_cur << ", below " << kConnects * 3);
     return;
   }
-  Rail rail;
-  rail.ifname = "lo";
-  rail.name = "lo@127.0.0.1";
-  rail.family = AF_INET;
-  rail.addr = make_addr("127.0.0.1");
-  rail.addrlen = sizeof(sockaddr_in);
+  const Rail rail = loopback_rail();
   std::string err;
   const int lfd = open_rail_listener(rail, &err);
   INFO(err);
