@@ -36,8 +36,8 @@ if [ $MODE = auto ] && bash scripts/railab.sh check >/dev/null 2>&1; then
   RDV=(--rendezvous 10.210.250.1:$PORT --nranks 2)
   ip netns exec ${P}b "$PERF" "${RDV[@]}" --rank 1 "${SWEEP[@]}" >"$OUT/rank1.log" 2>&1 &
   R1=$!
-  # Kill rail 0 (it carries the traffic: device 0's primary path) in pass 2, at a moment when
-  # it is busy: then chunks are in flight when it dies (the checks between collectives leave
+  # Kill rail 0 (it carries the traffic: device 0's primary path) in pass 2, during a message
+  # of 16 MiB or more, at a moment when it is busy: then chunks are in flight when it dies (the checks between collectives leave
   # the rail idle part of the time, and a fault timed from the log alone could fall into such
   # a gap). Busy: its transmit counter grew at >= 800 Mbit/s over the last few ms, measured by
   # one shell inside the namespace that reads the counter and the clock without starting a
@@ -45,13 +45,24 @@ if [ $MODE = auto ] && bash scripts/railab.sh check >/dev/null 2>&1; then
   # fixed "2 MB in 20 ms" was really over 100 ms or more, and a mostly idle rail passed: a
   # newcomer's demo then killed the rail with nothing in flight and failed), and that then
   # takes the link down at once.
+  # Pass 2 and its 8 MiB row done: the sizes still to come are 16 and 32 MiB, whose two ring
+  # phases each move 8 or 16 MiB (34-67 ms on a 2 Gbit/s rail), far more than the time from a
+  # busy look to the link going down. (Armed from pass 2's start, a busy look could fall at the
+  # end of a 1 or 2 MiB message, 4-8 ms long, that finished before the link went down: nothing
+  # in flight, nothing replayed, and the demo failed in about 1 run of 6; armed after the
+  # 4 MiB row, in 1 run of 14.)
   (
     for _ in $(seq 1 1800); do
-      grep -q '# pass 2/3' "$OUT/rank0.log" 2>/dev/null && break
+      awk '/# pass 2\/3/ { p = 1 } p && $1 == "8388608" { found = 1 } END { exit !found }' \
+        "$OUT/rank0.log" 2>/dev/null && break
       sleep 0.1
     done
     ip netns exec ${P}a bash -c '
       f=/sys/class/net/rail0/statistics/tx_bytes
+      # ip started now, reading commands from a pipe: the link goes down the moment the line is
+      # written, not after a fork and exec (several ms: a message could end meanwhile, and
+      # between messages the data checks leave the rail idle).
+      coproc IPB { exec ip -batch -; }
       exec {nap}<> <(:)                          # a pipe that stays empty: read -t naps on it
       read -r prev <"$f"; tp=${EPOCHREALTIME/./}
       for ((i = 0; i < 20000; i++)); do
@@ -62,8 +73,10 @@ if [ $MODE = auto ] && bash scripts/railab.sh check >/dev/null 2>&1; then
               (cur - prev) * 8 >= 800 * (10#$t - 10#$tp))); then break; fi
         prev=$cur; tp=$t
       done
+      echo "link set rail0 down" >&"${IPB[1]}"
       echo "[demo] >>> rail0 is busy: taking it down now (ip link set rail0 down in the namespace)"
-      ip link set rail0 down' 
+      eval "exec ${IPB[1]}>&-"                   # end of commands: ip exits
+      wait "$IPB_PID"' 
     sleep 3
     echo "[demo] >>> bringing rail0 back up"
     bash scripts/railab.sh fault link-up 0 --prefix $P | sed 's/^/[demo] /'

@@ -1,8 +1,12 @@
 #include "r2ccl/predict/trace.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdlib>
+#include <cstring>
 #include <sstream>
 
 namespace r2ccl::predict {
@@ -43,9 +47,18 @@ bool parse_double(const std::string& s, double* out) {
 
 bool TraceReader::open(const std::string& path, std::string* err) {
   path_ = path;
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    *err = "cannot open trace " + path + ": " + std::strerror(errno);
+    return false;
+  }
+  if (!S_ISREG(st.st_mode)) {
+    *err = "cannot open trace " + path + ": not a regular file (a CSV file is expected)";
+    return false;
+  }
   in_.open(path);
   if (!in_) {
-    *err = "cannot open trace " + path;
+    *err = "cannot open trace " + path + ": " + std::strerror(errno);
     return false;
   }
   for (int c = 0; c < kNumCounters; ++c) col_counter_[c] = -1;

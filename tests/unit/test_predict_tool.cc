@@ -76,7 +76,10 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
   CHECK_THAT(out, Catch::Contains("bad.csv line 3 column symbol_err"));
   CHECK(run("--features " + dir + "/bad.csv --out " + dir + "/f", &out) == 1);
   CHECK(run("--replay " + dir + "/missing.csv --model " + kModel, &out) == 1);
-  CHECK_THAT(out, Catch::Contains("cannot open trace"));
+  CHECK_THAT(out,
+             Catch::Contains("cannot open trace") && Catch::Contains("No such file or directory"));
+  CHECK(run("--evaluate " + dir + " --model " + kModel, &out) == 1);  // a directory
+  CHECK_THAT(out, Catch::Contains("not a regular file"));
 
   write(dir + "/junk.bin", std::string(4096, 'z'));
   CHECK(run("--info --model " + dir + "/junk.bin", &out) == 1);
