@@ -2,13 +2,12 @@
 // "Baseline"), tuned for the best sample-level F1 on the synthetic training traces
 // (F1 0.5176). Do not edit by hand; re-run scripts/predictor/run_all.sh.
 // Thresholds apply to the mean of the last kBaselineSteps raw rows of features 0..3
-// (retrans rate, retrans %, phy error rate, link instability); kBaselineUnused (+inf)
+// (err_excess, err_slope, link_events, retrans_excess); kBaselineUnused (+inf)
 // turns one off.
 #pragma once
 #include <limits>
 namespace r2ccl::predict {
 constexpr float kBaselineUnused = std::numeric_limits<float>::infinity();
-constexpr float kBaselineThreshold[4] = {
-    1.89366055f, 0.351734191f, 0.0168842189f, 4.45876265f};
+constexpr float kBaselineThreshold[4] = {1.89366055f, 0.351734191f, 0.0168842189f, 4.45876265f};
 constexpr int kBaselineSteps = 1;
 }  // namespace r2ccl::predict

@@ -105,6 +105,14 @@ def split_rails(rail: np.ndarray, val_frac: float, seed: int) -> np.ndarray:
     return np.isin(rail, val)
 
 
+def threshold_line(vals: str) -> str:
+    """The thresholds' declaration as clang-format writes it (the project's 100 columns)."""
+    one = f"constexpr float kBaselineThreshold[4] = {{{vals}}};"
+    if len(one) <= 100:
+        return one + "\n"
+    return f"constexpr float kBaselineThreshold[4] = {{\n    {vals}}};\n"
+
+
 def header_text(p: baseline.BaselineParams, f1: float) -> str:
     def lit(v: float) -> str:
         return "kBaselineUnused" if not np.isfinite(v) else f"{float(v):.9g}f"
@@ -114,13 +122,13 @@ def header_text(p: baseline.BaselineParams, f1: float) -> str:
         "// \"Baseline\"), tuned for the best sample-level F1 on the synthetic training traces\n"
         f"// (F1 {f1:.4f}). Do not edit by hand; re-run scripts/predictor/run_all.sh.\n"
         "// Thresholds apply to the mean of the last kBaselineSteps raw rows of features 0..3\n"
-        "// (retrans rate, retrans %, phy error rate, link instability); kBaselineUnused (+inf)\n"
+        "// (err_excess, err_slope, link_events, retrans_excess); kBaselineUnused (+inf)\n"
         "// turns one off.\n"
         "#pragma once\n"
         "#include <limits>\n"
         "namespace r2ccl::predict {\n"
         "constexpr float kBaselineUnused = std::numeric_limits<float>::infinity();\n"
-        f"constexpr float kBaselineThreshold[4] = {{\n    {vals}}};\n"
+        + threshold_line(vals) +
         f"constexpr int kBaselineSteps = {int(p.steps)};\n"
         "}  // namespace r2ccl::predict\n")
 

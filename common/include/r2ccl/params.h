@@ -181,7 +181,7 @@ struct ParamDef {
     "History the predictor looks at; the model sees WINDOW / INTERVAL samples (24 by default,"  \
     " 2 to 256).")                                                                              \
   X(predict_threshold, "R2CCL_PREDICT_THRESHOLD", kDouble, "0.7", 0.01, 1, nullptr,             \
-    "Risk (probability of a link failure within the weights file's horizon, 120 s for the "      \
+    "Risk (probability of a link failure within the weights file's horizon, 120 s for the "     \
     "shipped one) at or above which a rail is drained: "                                        \
     "no new chunks, in-flight ones finish.")                                                    \
   X(predict_return_threshold, "R2CCL_PREDICT_RETURN_THRESHOLD", kDouble, "0.4", 0, 1, nullptr,  \
