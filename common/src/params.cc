@@ -243,6 +243,11 @@ bool load_config(const EnvLookup& env, const std::vector<std::string>& env_names
                     "<=", "R2CCL_PREDICT_THRESHOLD", num(c.predict_threshold));
     return false;
   }
+  if (c.predict_decider != "lstm" && c.predict_decider != "baseline") {
+    *err = "R2CCL_PREDICT_DECIDER='" + c.predict_decider + "' is not valid; accepted: lstm or " +
+           "baseline";
+    return false;
+  }
   if (c.path_window < c.chunk_size) {
     *err = pair_err("R2CCL_PATH_WINDOW", std::to_string(c.path_window) + " bytes",
                     ">=", "R2CCL_CHUNK_SIZE", std::to_string(c.chunk_size) + " bytes");

@@ -54,6 +54,12 @@ void PredictAgent::tick(TimeUs now) {
 }
 
 void PredictAgent::sample_and_publish(TimeUs now) {
+  if (!model_tried_ && cfg_->predict_decider == "baseline") {
+    model_tried_ = true;
+    R2CCL_INFO(NCCL_NET,
+               "failure predictor: the threshold baseline decides "
+               "(R2CCL_PREDICT_DECIDER=baseline)");
+  }
   if (!model_tried_) {
     model_tried_ = true;
     auto m = std::make_unique<predict::Model>();
@@ -180,7 +186,15 @@ void PredictAgent::apply(size_t i, bool drain, float risk, const char* source,
   const std::string& name = rails_[i].spec.name;
   char who[48] = "";
   if (sampler_pid > 0) snprintf(who, sizeof(who), ", node sampler pid %d", sampler_pid);
-  if (drain) {
+  if (drain && risk < pcfg_.threshold && !top.empty()) {
+    // Not the risk: a flapping link held out (R2CCL_PREDICT_DOWN_HOLD), or a rail inherited
+    // drained; `top` says which.
+    rails_[i].live->predict_drains.fetch_add(1, std::memory_order_relaxed);
+    log_event(
+        "r2ccl predict: rail %s risk %.2f (%s%s): draining it, no new chunks, in-flight ones "
+        "finish: %s",
+        name.c_str(), risk, source, who, top.c_str());
+  } else if (drain) {
     rails_[i].live->predict_drains.fetch_add(1, std::memory_order_relaxed);
     log_event(
         "r2ccl predict: rail %s risk %.2f >= %.2f (%s%s): draining it, no new chunks, "

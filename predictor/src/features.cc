@@ -7,8 +7,8 @@ namespace r2ccl::predict {
 
 namespace {
 const char* const kFeatureNames[kNumFeatures] = {
-    "err_excess",  "err_slope",   "link_events",   "retrans_excess", "err_accel",
-    "utilisation", "buf_overrun", "retrans_slope", "err_unknown",    "warm"};
+    "err_excess",  "err_slope",     "link_events", "retrans_excess", "err_accel",   "utilisation",
+    "buf_overrun", "retrans_slope", "err_unknown", "warm",           "recent_downs"};
 constexpr const char* kPhy = "phy errors (symbol_err, rcv_err, crc_err, fec_*)";
 const char* const kFeatureCounters[kNumFeatures] = {kPhy,
                                                     kPhy,
@@ -19,7 +19,8 @@ const char* const kFeatureCounters[kNumFeatures] = {kPhy,
                                                     "buf_overrun",
                                                     "retrans",
                                                     kPhy,
-                                                    "-"};
+                                                    "-",
+                                                    "link state+link_downed"};
 constexpr int kErrCounterIds[] = {kSymbolErr,     kRcvErr,          kCrcErr,
                                   kFecCorrBlocks, kFecUncorrBlocks, kFecCorrBits};
 
@@ -67,9 +68,25 @@ const char* feature_counters(int f) {
 }
 
 bool FeatureExtractor::push(const Step& s, FeatureRow* out) {
-  if (!s.link_up || !(s.dt_s > 0) || !std::isfinite(s.dt_s)) return false;
+  if (!(s.dt_s > 0) || !std::isfinite(s.dt_s)) return false;
   const double dt = s.dt_s;        // for rates: per second
   const double dts = dt / scale_;  // for the smoothing times: seconds at the trained interval
+  downs_ *= std::exp(-dts / kDownsTauS);
+  const double ticks = (s.missing & (1u << kLinkDowned)) ? 0.0 : std::max(0.0, s.d[kLinkDowned]);
+  if (!s.link_up) {
+    if (up_ == 1) downs_ += 1;  // the down the state shows (a first step down shows none)
+    up_ = 0;
+    down_ticks_ += ticks;
+    return false;
+  }
+  if (up_ == 0) {
+    // Back up: the first link_downed increment is the down already counted.
+    downs_ += std::max(0.0, down_ticks_ + ticks - 1);
+    down_ticks_ = 0;
+  } else {
+    downs_ += ticks;
+  }
+  up_ = 1;
   FeatureRow r{};
   double excess = 0, slope = 0, accel = 0;
   int known = 0, unknown = 0;
@@ -107,6 +124,7 @@ bool FeatureExtractor::push(const Step& s, FeatureRow* out) {
   r[kUtil] = static_cast<float>(util);
   seen_s_ += dts;
   r[kWarm] = static_cast<float>(std::min(1.0, seen_s_ / kWarmS));
+  r[kRecentDowns] = static_cast<float>(std::log1p(downs_));
   *out = r;
   return true;
 }

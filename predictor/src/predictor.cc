@@ -18,6 +18,8 @@ PredictorConfig predictor_config_from(const Config& cfg) {
   p.return_samples = static_cast<int>(cfg.predict_return_samples);
   p.enter_samples = static_cast<int>(cfg.predict_enter_samples);
   p.max_drains_per_hour = static_cast<int>(cfg.predict_max_drains_per_hour);
+  p.down_hold_s = static_cast<double>(cfg.predict_down_hold) / 1e6;
+  p.down_hold_after = static_cast<int>(cfg.predict_down_hold_after);
   return p;
 }
 
@@ -44,6 +46,16 @@ std::string hold_message(const std::string& rail, const Assessment& a, const Pre
              rail.c_str(), a.risk, c.threshold, c.enter_samples);
   else
     buf[0] = 0;
+  return buf;
+}
+
+std::string down_hold_text(const Assessment& a) {
+  if (!(a.down_hold_s > 0)) return "";
+  char buf[160];
+  snprintf(buf, sizeof(buf),
+           "back up after %d link-downs within an hour: held out for %.0f s "
+           "(R2CCL_PREDICT_DOWN_HOLD)",
+           a.downs_last_hour, a.down_hold_s);
   return buf;
 }
 
@@ -87,7 +99,14 @@ float RailPredictor::lstm_risk(uint32_t quiet) const {
 }
 
 bool RailPredictor::update(const Step& s, Assessment* out, bool last_usable) {
+  constexpr double kHourS = 3600;
   if (s.dt_s > 0) t_s_ += s.dt_s;
+  bool back_up = false;
+  if (s.dt_s > 0 && std::isfinite(s.dt_s)) {
+    if (!s.link_up && link_ == 1) down_at_.push_back(t_s_);
+    back_up = s.link_up && link_ == 0;
+    link_ = s.link_up ? 1 : 0;
+  }
   FeatureRow row;
   if (!fx_.push(s, &row)) {
     if (out) *out = last_;
@@ -107,11 +126,31 @@ bool RailPredictor::update(const Step& s, Assessment* out, bool last_usable) {
   }
   a.retransmit_ratio = window_.retransmit_ratio();
   a.drain = last_.drain;
-  constexpr double kHourS = 3600;
-  drain_at_.erase(std::remove_if(drain_at_.begin(), drain_at_.end(),
-                                 [&](double t) { return t <= t_s_ - kHourS; }),
-                  drain_at_.end());
-  if (!a.drain) {
+  auto within_hour = [&](std::vector<double>* v) {
+    v->erase(std::remove_if(v->begin(), v->end(), [&](double t) { return t <= t_s_ - kHourS; }),
+             v->end());
+  };
+  within_hour(&drain_at_);
+  within_hour(&down_at_);
+  a.downs_last_hour = static_cast<int>(down_at_.size());
+  if (back_up && cfg_.down_hold_s > 0 && a.downs_last_hour >= std::max(1, cfg_.down_hold_after)) {
+    const double hold = std::min(
+        kHourS, cfg_.down_hold_s * std::ldexp(1.0, a.downs_last_hour - cfg_.down_hold_after));
+    if (a.drain || !last_usable) {
+      hold_until_ = t_s_ + hold;
+      a.down_hold_s = hold;
+      if (!a.drain) {
+        a.drain = true;
+        a.transition = +1;
+        low_run_ = 0;
+        high_run_ = 0;
+      }
+    }
+  }
+  if (a.drain && t_s_ < hold_until_) {
+    // Held out: the return waits for the hold's end (low samples still count).
+    low_run_ = a.risk < cfg_.return_threshold ? low_run_ + 1 : 0;
+  } else if (!a.drain) {
     high_run_ = a.risk >= cfg_.threshold ? high_run_ + 1 : 0;
     if (high_run_ >= std::max(1, cfg_.enter_samples)) {
       if (last_usable)
@@ -236,7 +275,8 @@ void NodeSampler::sample(double now_s, const std::vector<ExtraCounters>& extra,
     for (size_t j = 0; j < rails_.size() && !other_usable; ++j)
       other_usable = j != i && steps_[j].link_up && !preds_[j]->last().drain;
     preds_[i]->update(s, &rr.a, !other_usable && rails_.size() > 1);
-    if (rr.a.transition != 0) rr.top = preds_[i]->top_contributors(3);
+    if (rr.a.transition != 0)
+      rr.top = rr.a.down_hold_s > 0 ? down_hold_text(rr.a) : preds_[i]->top_contributors(3);
   }
 }
 

@@ -46,11 +46,13 @@ namespace {
 
 struct Options {
   std::string replay, features, evaluate, out, model, rail, rails, record, sysfs_root = "/sys";
+  std::string decider = "baseline";  // as R2CCL_PREDICT_DECIDER
   bool live = false, info = false, bench = false, quiet = false, bench_sysfs = false;
   double interval_s = 5, horizon_s = 30;
   int count = 0, window_steps = 0;
-  float threshold = 0.7f, return_threshold = 0.4f;
-  int return_samples = 6, enter_samples = 3, max_drains_per_hour = 2;
+  float threshold = 0.9f, return_threshold = 0.4f;
+  int return_samples = 6, enter_samples = 3, max_drains_per_hour = 2, down_hold_after = 2;
+  double down_hold_s = 600;
   double min_lead_s = 30, lead_window_s = 1800;
 };
 
@@ -98,6 +100,8 @@ PredictorConfig config_of(const Options& o, const Model* m) {
   c.return_samples = o.return_samples;
   c.enter_samples = o.enter_samples;
   c.max_drains_per_hour = o.max_drains_per_hour;
+  c.down_hold_s = o.down_hold_s;
+  c.down_hold_after = o.down_hold_after;
   return c;
 }
 
@@ -146,9 +150,9 @@ int run_replay(const Options& o) {
   Model model;
   bool have = false;
   if (!get_model(o, &model, &have)) return 1;
-  const Model* mp = have ? &model : nullptr;
+  const Model* mp = have && o.decider == "lstm" ? &model : nullptr;
   const BaselineParams base = have ? model.baseline : default_baseline();
-  const PredictorConfig cfg = config_of(o, mp);
+  const PredictorConfig cfg = config_of(o, have ? &model : nullptr);
   TraceReader tr;
   std::string err;
   if (!tr.open(o.replay, &err)) {
@@ -202,7 +206,7 @@ int run_replay(const Options& o) {
       fprintf(stderr, "r2ccl_predict: t %.1f: %s\n", row.t_s, hold_message(name, a, cfg).c_str());
     if (scored && a.transition > 0) {
       rr.drain_since = row.t_s;
-      event = "DRAIN: " + rr.p->top_contributors(3);
+      event = "DRAIN: " + (a.down_hold_s > 0 ? down_hold_text(a) : rr.p->top_contributors(3));
     } else if (scored && a.transition < 0) {
       rr.drain_since = -1;
       event = "RETURN";
@@ -542,10 +546,12 @@ int run_evaluate(const Options& o) {
   auto per_week = [&](int n, double secs) { return secs > 0 ? n * week_s / secs : 0.0; };
   printf(
       "event level: %zu rails (%d healthy, %.1f rail-hours), drain at risk >= %.2f for %d "
-      "samples, return below %.2f for %d, at most %d drains per rail-hour; warned = drained "
-      ">= %.0f s before the link went down\n",
+      "samples, return below %.2f for %d, at most %d drains per rail-hour, held out %.0f s "
+      "after %d link-downs within an hour; warned = drained >= %.0f s before the link went "
+      "down\n",
       rails.size(), healthy_rails, healthy_s / 3600, cfg.threshold, cfg.enter_samples,
-      cfg.return_threshold, cfg.return_samples, cfg.max_drains_per_hour, o.min_lead_s);
+      cfg.return_threshold, cfg.return_samples, cfg.max_drains_per_hour, cfg.down_hold_s,
+      cfg.down_hold_after, o.min_lead_s);
   printf("%-9s %10s %9s %6s %6s %11s %8s %12s %13s %12s\n", "model", "precursor", "warned", "frac",
          "late", "median-lead", "sudden", "false-drains", "per-rail-week", "early-drains");
   const char* names[2] = {"lstm", "baseline"};
@@ -644,7 +650,7 @@ int run_live(const Options& o) {
   Model model;
   bool have = false;
   if (!get_model(o, &model, &have)) return 1;
-  const Model* mp = have ? &model : nullptr;
+  const Model* mp = have && o.decider == "lstm" ? &model : nullptr;
   std::vector<RailSpec> rails = discover_rails(o.sysfs_root);
   if (!o.rails.empty()) {  // --rails mlx5_0:1,eth2
     std::vector<RailSpec> keep;
@@ -659,8 +665,8 @@ int run_live(const Options& o) {
             o.sysfs_root.c_str(), o.rails.empty() ? "" : (" matching --rails " + o.rails).c_str());
     return 1;
   }
-  NodeSampler ns(o.sysfs_root, rails, config_of(o, mp), mp,
-                 mp ? model.baseline : default_baseline());
+  NodeSampler ns(o.sysfs_root, rails, config_of(o, have ? &model : nullptr), mp,
+                 have ? model.baseline : default_baseline());
   std::vector<RailRisk> out;
   std::vector<std::string> notes;
   // --record: a trace of what was sampled (docs/PREDICTOR.md "Trace format"). Each counter
@@ -845,7 +851,8 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.001, 86400.0));
   app.add_option("--window-steps", o.window_steps, "samples the model sees (default: the model's)")
       ->check(CLI::Range(2, 4096));
-  app.add_option("--threshold", o.threshold, "drain at risk >= this (default 0.7)")
+  app.add_option("--threshold", o.threshold,
+                 "drain at risk >= this (default 0.9, as R2CCL_PREDICT_THRESHOLD)")
       ->check(CLI::Range(0.01, 1.0));
   app.add_option("--return-threshold", o.return_threshold, "return below this (default 0.4)")
       ->check(CLI::Range(0.0, 1.0));
@@ -858,6 +865,18 @@ int main(int argc, char** argv) {
                  "drains allowed per rail within an hour (default 2, as "
                  "R2CCL_PREDICT_MAX_DRAINS_PER_HOUR)")
       ->check(CLI::Range(0, 100000));
+  app.add_option("--decider", o.decider,
+                 "--replay, --live: whose risk drains, baseline or lstm (default baseline, as "
+                 "R2CCL_PREDICT_DECIDER)")
+      ->check(CLI::IsMember({"lstm", "baseline"}));
+  app.add_option("--down-hold", o.down_hold_s,
+                 "seconds a flapping link stays drained once back up (default 600, as "
+                 "R2CCL_PREDICT_DOWN_HOLD; 0 off)")
+      ->check(CLI::Range(0.0, 3600.0));
+  app.add_option("--down-hold-after", o.down_hold_after,
+                 "link-downs within an hour that make a link flapping (default 2, as "
+                 "R2CCL_PREDICT_DOWN_HOLD_AFTER)")
+      ->check(CLI::Range(1, 1000));
   app.add_option("--min-lead", o.min_lead_s,
                  "--evaluate: a failure counts as warned when its rail was drained at least this "
                  "many seconds before (default 30)")

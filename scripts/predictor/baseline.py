@@ -19,7 +19,7 @@ adjacent distinct values.
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, List, Optional, Tuple
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -132,3 +132,45 @@ def tune(x: np.ndarray, rail: np.ndarray, label: np.ndarray,
         log(f"  baseline k={k}: best F1 so far {best[0]:.4f} "
             f"(thresholds {np.round(best[1].thresholds, 3).tolist()}, k={best[1].steps})")
     return best[1], best[0]
+
+
+def tune_events(fs, start: BaselineParams, policy, max_false_per_week: float = 1.0,
+                factors: Iterable[float] = (0.5, 0.7, 1.4, 2.0, 3.0, 5.0, np.inf),
+                passes: int = 2, log=print) -> Tuple[BaselineParams, Dict[str, object]]:
+    """Re-tunes the thresholds for the drain decisions rather than for sample F1: coordinate
+    search over a factor on each threshold (+inf: that feature unused) of the event-level
+    outcome of the plugin's drain policy ``policy`` (metrics.drain_outcomes) on the rows of
+    ``fs``: the most failures warned with at most ``max_false_per_week`` false drains per
+    healthy rail-week; while none qualifies, the fewest false drains. Starts from ``start``
+    (the F1-tuned thresholds) and keeps its k."""
+    import metrics  # here: metrics imports features, which this module does not need
+
+    sm = smoothed(fs.x, fs.rail, start.steps)
+
+    def score(th: np.ndarray) -> Tuple[Tuple[float, float], Dict[str, object]]:
+        o = metrics.drain_outcomes(fs, risk_from_smoothed(sm, th), policy)
+        ok = o["false_per_rail_week"] <= max_false_per_week
+        key = (1.0, o["warned"]) if ok else (0.0, -o["false_per_rail_week"])
+        return key, o
+
+    th = np.array(start.thresholds, dtype=np.float32)
+    best_key, best_o = score(th)
+    for _ in range(passes):
+        improved = False
+        for i in range(th.size):
+            if not (np.isfinite(th[i]) and th[i] > 0):
+                continue
+            for f in factors:
+                cand = th.copy()
+                cand[i] = np.float32(th[i] * f) if np.isfinite(f) else np.float32(np.inf)
+                key, o = score(cand)
+                if key > best_key:
+                    th_best, best_key, best_o, improved = cand, key, o, True
+            if improved:
+                th = th_best
+        log(f"  baseline (drain decisions): thresholds {np.round(th, 4).tolist()}: warned "
+            f"{best_o['warned']}/{best_o['precursor']}, "
+            f"{best_o['false_per_rail_week']:.2f} false drains per rail-week")
+        if not improved:
+            break
+    return BaselineParams(th.astype(np.float32), start.steps), best_o

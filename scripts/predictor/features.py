@@ -1,5 +1,5 @@
 #!/usr/bin/python3
-"""Deltas, the ten features and the labels of a trace (docs/PREDICTOR.md), in numpy.
+"""Deltas, the eleven features and the labels of a trace (docs/PREDICTOR.md), in numpy.
 
 The single source of truth for features is the C++ tool (``r2ccl_predict --features``); this
 module is its reference re-implementation and cross-check, and the fallback while the tool is
@@ -40,7 +40,12 @@ against the rail's own history (predictor/include/r2ccl/predict/features.h):
   8 err_unknown     1 when none of the error counters is usable this step but the rail has had
                     a usable step of one (0 otherwise)
   9 warm            min(1, seconds of feature rows so far / 300)
-Link-down steps produce no row and change no state.
+ 10 recent_downs    log1p(downs), downs decaying by exp(-dt / 600 s) at every step with
+                    dt > 0 (down steps too): +1 at a step with link 0 whose previous usable
+                    step had link 1 (a rail's first step shows no down), and + the usable
+                    link_downed increments, except that the first one after such a down (over
+                    the down steps and the step back up) is that down's.
+Link-down steps produce no row and change no other state.
 
 Failure events: a row with link 0 whose previous row of the same rail has link 1 (a rail whose
 first row is down has no event there). Label of a feature row at time t: 1 when a failure
@@ -74,13 +79,15 @@ import numpy as np
 
 import tracefile
 
-N_FEATURES = 10
+N_FEATURES = 11
 HORIZON_S = 30.0
 FEATURE_NAMES = ("err_excess", "err_slope", "link_events", "retrans_excess", "err_accel",
-                 "utilisation", "buf_overrun", "retrans_slope", "err_unknown", "warm")
+                 "utilisation", "buf_overrun", "retrans_slope", "err_unknown", "warm",
+                 "recent_downs")
 ERR_COUNTERS = ("symbol_err", "rcv_err", "crc_err", "fec_corr_blocks", "fec_uncorr_blocks",
                 "fec_corr_bits")
 FAST_TAU_S, SLOW_TAU_S, FLOOR_UP_TAU_S, FLOOR_DOWN_TAU_S, WARM_S = 30.0, 120.0, 1800.0, 120.0, 300.0
+DOWNS_TAU_S = 600.0
 REPO_ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 DEFAULT_CPP_TOOL = os.path.join(REPO_ROOT, "build", "bin", "r2ccl_predict")
 _C = {name: i for i, name in enumerate(tracefile.COUNTERS)}
@@ -235,20 +242,39 @@ def compute_features(tr: tracefile.Trace, horizon_s: float = HORIZON_S) -> Featu
             usable[rows_w, c] = ok[rows_w]
 
     rows = np.flatnonzero(has_step & tr.link)
-    dts = (tr.t[rows] - tr.t[p[rows]])
+    steps = np.flatnonzero(has_step)  # every step, down ones too (recent_downs)
+    out_k = np.full(tr.t.shape[0], -1, dtype=np.int64)
+    out_k[rows] = np.arange(rows.size)
     x64 = np.zeros((rows.size, N_FEATURES), dtype=np.float64)
     err_cols = [_C[c] for c in ERR_COUNTERS]
     cr, link_cols = _C["retrans"], [_C["link_recovery"], _C["link_downed"], _C["integrity"]]
-    state = {}  # rail -> [error tracks], retrans track, link, overrun, seen seconds
-    for k, i in enumerate(rows):
-        dt = float(dts[k])
+    cd = _C["link_downed"]
+    # rail -> [error tracks], retrans track, link, overrun, seen seconds, downs, up, ticks
+    state = {}
+    for i in steps:
+        dt = float(tr.t[i] - tr.t[p[i]])
         if not dt > 0:
             continue
         r = int(tr.rail[i])
         st = state.get(r)
         if st is None:
-            st = state[r] = [[_Track() for _ in err_cols], _Track(), 0.0, 0.0, 0.0]
+            st = state[r] = [[_Track() for _ in err_cols], _Track(), 0.0, 0.0, 0.0, 0.0, -1, 0.0]
         d, ok = deltas[i], usable[i]
+        st[5] *= math.exp(-dt / DOWNS_TAU_S)
+        ticks = max(0.0, d[cd]) if ok[cd] else 0.0
+        if not tr.link[i]:
+            if st[6] == 1:
+                st[5] += 1.0
+            st[6] = 0
+            st[7] += ticks
+            continue
+        if st[6] == 0:
+            st[5] += max(0.0, st[7] + ticks - 1.0)
+            st[7] = 0.0
+        else:
+            st[5] += ticks
+        st[6] = 1
+        k = int(out_k[i])
         excess = slope = accel = 0.0
         known = unknown = 0
         for tr_c, c in zip(st[0], err_cols):
@@ -274,6 +300,7 @@ def compute_features(tr: tracefile.Trace, horizon_s: float = HORIZON_S) -> Featu
             row[5] = min(max(util, 0.0), 1.5)
         st[4] += dt
         row[9] = min(1.0, st[4] / WARM_S)
+        row[10] = math.log1p(st[5])
     x = x64.astype(np.float32)
     rail = tr.rail[rows]
 

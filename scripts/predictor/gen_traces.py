@@ -26,10 +26,11 @@ happen, and some sat counters start at their maximum (a port nobody has cleared)
 Every rail carries traffic: the rails of a node (8 per node) share the node's job-phase
 utilisation (AR(1) noise around a per-rail level, pauses between jobs), bytes = utilisation x
 speed_mbps x dt, packets = bytes / a per-rail mean packet size plus a management floor. Every
-rail, whatever its scenario, has its own steady error floors, constant for the whole trace
-apart from Poisson noise, over orders of magnitude (a fraction floor_zero_prob exactly 0): IB
-symbol errors 0 .. a few per second (plus receive errors a few % of that, retransmits and rare
-link retrains that do not down the link), Ethernet corrected FEC bits 0 .. hundreds per second
+rail, whatever its scenario, has its own error floors over orders of magnitude (a fraction
+floor_zero_prob exactly 0), steady apart from Poisson noise on some rails and wandering slowly
+on others (one AR(1) factor on every floor, floor_wander_*): IB symbol errors 0 .. hundreds
+per second (plus receive errors a few % of that, retransmits and rare link retrains that do
+not down the link), Ethernet corrected FEC bits 0 .. hundreds per second
 (corrected blocks = bits / 1-3 bits per block), CRC errors 0 .. ~1/s while frames flow,
 uncorrectable blocks ~0. Each rail then follows ONE scenario (the ``scenario`` column):
 
@@ -72,8 +73,8 @@ Not failures (must not trigger a drain):
               link's few IB symbol errors or hundreds of corrected FEC bits per second); some
               idle, some busy (utilisation ~0.85-0.97); some with a counter reset mid-trace;
               some IB ones with symbol_err stuck at 65535 from the start or from mid-trace;
-              half of them also see 1-3 isolated error bursts (a cable touched) that do not
-              grow.
+              half of them also see isolated error bursts (a cable touched; healthy_bursts of
+              healthy_burst_samples each) that do not grow.
 
 ``--params train`` and ``--params heldout`` draw every model's parameters from DIFFERENT
 ranges (PARAMS below, heldout wider; ``--describe`` prints them as a markdown table): faster
@@ -139,7 +140,10 @@ PARAMS: Dict[str, Dict[str, object]] = {
         "util_level": (0.25, 0.85),
         "pkt_size_bytes": (2500, 4200),
         "floor_zero_prob": 0.2,
-        "floor_symbol_per_s_log": (1e-4, 5.0),
+        "floor_symbol_per_s_log": (1e-4, 300.0),
+        "floor_wander_prob": 0.5,
+        "floor_wander_sigma": (0.05, 0.5),
+        "floor_wander_corr_s": (300, 1800),
         "bg_retrans_frac_log": (1e-10, 1e-8),
         "bg_link_events_per_s_log": (1e-6, 1e-4),
         "eth_no_fec_prob": 0.25,
@@ -179,6 +183,8 @@ PARAMS: Dict[str, Dict[str, object]] = {
         "healthy_reset_prob": 0.25,
         "healthy_saturated_prob": 0.25,
         "healthy_burst_errors_log": (20, 3000),
+        "healthy_bursts": (1, 4),
+        "healthy_burst_samples": (1, 5),
     },
     "heldout": {
         "speeds_mbps": (100000, 200000, 400000),
@@ -186,7 +192,10 @@ PARAMS: Dict[str, Dict[str, object]] = {
         "util_level": (0.1, 0.95),
         "pkt_size_bytes": (1500, 4300),
         "floor_zero_prob": 0.3,
-        "floor_symbol_per_s_log": (3e-5, 15.0),
+        "floor_symbol_per_s_log": (3e-5, 1000.0),
+        "floor_wander_prob": 0.6,
+        "floor_wander_sigma": (0.03, 0.8),
+        "floor_wander_corr_s": (200, 3600),
         "bg_retrans_frac_log": (3e-11, 3e-8),
         "bg_link_events_per_s_log": (3e-7, 3e-4),
         "eth_no_fec_prob": 0.35,
@@ -226,6 +235,8 @@ PARAMS: Dict[str, Dict[str, object]] = {
         "healthy_reset_prob": 0.3,
         "healthy_saturated_prob": 0.3,
         "healthy_burst_errors_log": (10, 6000),
+        "healthy_bursts": (1, 5),
+        "healthy_burst_samples": (1, 6),
     },
 }
 
@@ -236,6 +247,9 @@ PARAM_DOCS: Dict[str, str] = {
     "pkt_size_bytes": "mean packet size, bytes",
     "floor_zero_prob": "probability that one of a rail's error floors is exactly 0",
     "floor_symbol_per_s_log": "IB: steady symbol errors per second (floor), every rail",
+    "floor_wander_prob": "probability that a rail's floors wander (temperature, traffic)",
+    "floor_wander_sigma": "wandering floor: std of its log (a slow AR(1) factor on every floor)",
+    "floor_wander_corr_s": "wandering floor: correlation time of that factor, s",
     "bg_retrans_frac_log": "IB: background retransmits, fraction of packets",
     "bg_link_events_per_s_log": "IB: link retrains without a link loss, per second",
     "eth_no_fec_prob": "Ethernet: probability that a node reports no FEC statistics",
@@ -281,6 +295,8 @@ PARAM_DOCS: Dict[str, str] = {
     "healthy_reset_prob": "healthy: probability of a counter reset mid-trace",
     "healthy_saturated_prob": "healthy (IB): probability that symbol_err is stuck at 65535 "
                               "(from the start or from mid-trace)",
+    "healthy_bursts": "healthy: isolated error bursts on a rail that has them",
+    "healthy_burst_samples": "healthy: samples one burst lasts",
     "healthy_burst_errors_log": "healthy: symbol errors per isolated burst sample",
 }
 
@@ -329,6 +345,11 @@ class RailSim:
         else:
             self.floor_sym = self.floor("floor_symbol_per_s_log")
             self.drop_scale = 1.0
+        # Floors are steady on some rails and wander slowly on others (one factor on all).
+        self.wander = np.ones(self.n)
+        if rng.random() < p["floor_wander_prob"]:
+            rho = math.exp(-(t[1] - t[0]) / self.u("floor_wander_corr_s"))
+            self.wander = np.exp(_ar1(rng, self.n, rho=rho, sigma=self.u("floor_wander_sigma")))
 
     # --- helpers -------------------------------------------------------------------------
     def u(self, key: str) -> float:
@@ -428,6 +449,7 @@ class RailSim:
         self.inc["rx_packets"] += np.round(rx_b / self.pkt_size) + self.poisson(mgmt * self.dt * up)
         if self.eth:
             # FEC works on every codeword, idles too: a constant floor whatever the traffic.
+            up = up * self.wander
             self.add_fec(self.floor_bits / self.bpb * self.dt * up)
             self.add_uncorr(self.poisson(self.floor_uncorr * self.dt * up))
             # CRC errors need frames: the floor holds while any traffic flows.
@@ -437,6 +459,7 @@ class RailSim:
                 self.inc["retrans"] += self.poisson(self.logu("eth_tcp_retrans_frac_log") *
                                                     self.inc["tx_packets"])
             return
+        up = up * self.wander
         self.inc["symbol_err"] += self.poisson(self.floor_sym * self.dt * up)
         self.inc["rcv_err"] += self.poisson(self.floor_sym * self.rng.uniform(0, 0.05) *
                                             (0.2 + 0.8 * self.util) * self.dt * up)
@@ -594,9 +617,11 @@ class RailSim:
             self.util[:] = np.clip(self.rng.uniform(0.85, 0.97) * self.phase *
                                    np.exp(_ar1(self.rng, self.n, 0.9, 0.03)), 0.0, 0.98)
         if self.rng.random() < 0.5:
-            for _ in range(int(self.rng.integers(1, 4))):
-                i = int(self.rng.integers(1, self.n - 2))
-                m = int(self.rng.integers(1, 4))
+            lo_b, hi_b = self.p["healthy_bursts"]
+            lo_m, hi_m = self.p["healthy_burst_samples"]
+            for _ in range(int(self.rng.integers(lo_b, hi_b + 1))):
+                m = int(self.rng.integers(lo_m, hi_m + 1))
+                i = int(self.rng.integers(1, max(2, self.n - m - 1)))
                 errs = self.logu("healthy_burst_errors_log")
                 e = np.zeros(self.n)
                 e[i:i + m] = errs

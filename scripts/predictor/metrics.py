@@ -28,6 +28,7 @@ happens during it or within 30 s after it ends.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -154,3 +155,101 @@ def event_metrics(fs: FeatureSet, risk: np.ndarray, interval_s: float,
         "false_alarms_by_scenario": false_alarms,
         "per_scenario": per_scenario,
     }
+
+
+# --- the plugin's drain policy with its guard, and outcomes per failure -------------------
+# Mirrors RailPredictor::update (predictor/src/predictor.cc) and r2ccl_predict --evaluate,
+# except the last-usable-rail hold (it needs the node's other rails; --evaluate applies it).
+
+@dataclasses.dataclass
+class Policy:
+    """Drain policy (R2CCL_PREDICT_THRESHOLD, _ENTER_SAMPLES, _RETURN_THRESHOLD,
+    _RETURN_SAMPLES, _MAX_DRAINS_PER_HOUR)."""
+    threshold: float = 0.9
+    enter_samples: int = 3
+    return_threshold: float = 0.4
+    return_samples: int = 6
+    max_drains_per_hour: int = 2
+    down_hold_s: float = 600.0    # R2CCL_PREDICT_DOWN_HOLD (seconds; 0 off)
+    down_hold_after: int = 2      # R2CCL_PREDICT_DOWN_HOLD_AFTER: downs within an hour
+
+
+def drain_outcomes(fs: FeatureSet, risk: np.ndarray, policy: Policy, min_lead_s: float = 30.0,
+                   lead_window_s: float = 1800.0, interval_s: float = 5.0) -> Dict[str, object]:
+    """Failures warned (drained >= min_lead_s before the link went down; sudden ones apart)
+    and drains on healthy rails (no failure at all) per rail-week of their link-up time, as
+    r2ccl_predict --evaluate counts them. A drain persists across a link-down."""
+    thr = np.float32(policy.threshold)
+    ret = np.float32(policy.return_threshold)
+    ev_scen = fs.event_scenarios()
+    sudden_ev = np.array([s.startswith("sudden") for s in ev_scen], dtype=bool)
+    out = {"precursor": 0, "warned": 0, "late": 0, "sudden": 0, "sudden_warned": 0,
+           "false_drains": 0, "early_drains": 0, "healthy_s": 0.0, "leads": []}
+    order = np.argsort(fs.rail, kind="stable")
+    bounds = np.flatnonzero(np.r_[True, fs.rail[order][1:] != fs.rail[order][:-1], True])
+    for b0, b1 in zip(bounds[:-1], bounds[1:]):
+        rows = order[b0:b1]
+        r = int(fs.rail[rows[0]])
+        t, v = fs.t[rows], risk[rows]
+        sel = np.flatnonzero(fs.event_rail == r)
+        ev_order = sel[np.argsort(fs.event_t[sel], kind="stable")]
+        et = fs.event_t[ev_order]
+        drain, high, low, since = False, 0, 0, -1.0
+        starts: List[float] = []
+        lead = [-1.0] * et.size
+        e = 0
+        hold_until = -np.inf
+        for ti, vi in zip(t, v):
+            back = False
+            while e < et.size and et[e] <= ti:  # failures before this row
+                lead[e] = et[e] - since if drain else -1.0
+                e += 1
+                back = True
+            if back and policy.down_hold_s > 0:
+                n = int(np.sum((et[:e] > ti - 3600.0)))
+                if n >= policy.down_hold_after:
+                    hold = min(3600.0, policy.down_hold_s * 2.0 ** (n - policy.down_hold_after))
+                    hold_until = ti + hold
+                    if not drain:
+                        drain, since, low, high = True, float(ti), 0, 0
+                        starts.append(float(ti))
+            if drain and ti < hold_until:
+                low = low + 1 if vi < ret else 0
+                continue
+            if not drain:
+                high = high + 1 if vi >= thr else 0
+                if high >= max(1, policy.enter_samples):
+                    recent = sum(1 for s in starts if s > ti - 3600.0)
+                    if recent < policy.max_drains_per_hour:
+                        drain, since, low, high = True, float(ti), 0, 0
+                        starts.append(float(ti))
+            else:
+                low = low + 1 if vi < ret else 0
+                if low >= policy.return_samples:
+                    drain, low, since = False, 0, -1.0
+        while e < et.size:
+            lead[e] = et[e] - since if drain else -1.0
+            e += 1
+        if et.size == 0:
+            dts = np.diff(t, prepend=t[0] - interval_s)
+            out["healthy_s"] += float(dts.sum())
+            out["false_drains"] += len(starts)
+            continue
+        for k, idx in enumerate(ev_order):
+            if sudden_ev[idx]:
+                out["sudden"] += 1
+                out["sudden_warned"] += lead[k] >= min_lead_s
+                continue
+            out["precursor"] += 1
+            if lead[k] >= min_lead_s:
+                out["warned"] += 1
+                out["leads"].append(float(lead[k]))
+            elif lead[k] >= 0:
+                out["late"] += 1
+        out["early_drains"] += sum(1 for s in starts if not np.any((et > s) & (et <= s + lead_window_s)))
+    week_s = 7 * 24 * 3600.0
+    out["warned_frac"] = out["warned"] / out["precursor"] if out["precursor"] else 0.0
+    out["false_per_rail_week"] = (out["false_drains"] * week_s / out["healthy_s"]
+                                  if out["healthy_s"] > 0 else 0.0)
+    out["lead_median_s"] = float(np.median(out["leads"])) if out["leads"] else None
+    return out

@@ -3,7 +3,9 @@
 #   1. training traces  (seed 1, --params train)
 #   2. held-out traces  (seed 2, --params heldout: other parameter ranges, not just a seed)
 #   3. train the LSTM, tune the baseline -> predictor/model/r2ccl_lstm.bin, baseline_defaults.h
-#   4. evaluate both on the held-out traces from the exported file (numpy inference)
+#   4. evaluate both on the held-out traces from the exported file (numpy inference), and the
+#      drain policy's operating points there (tune_policy.py: a report; the defaults in
+#      params.h are set by hand from it)
 #   5. C++ test fixtures -> tests/predictor/fixtures/
 #   6. refresh the generated blocks of docs/PREDICTOR.md ("Failure models", "Results")
 # About 4 minutes on an idle 2-core machine (training ~3); traces and logs go to the work
@@ -75,6 +77,10 @@ T_TRAIN=$((SECONDS - T_TRAIN))
 step "4/6 evaluation on the held-out traces"
 "$PY" "$HERE/evaluate.py" --model "$MODEL" --heldout "$WORK/heldout.csv" "${SRC[@]}" \
   --markdown-out "$WORK/results.md" --json-out "$WORK/results.json"
+
+step "4b/6 drain policy on the held-out traces (event level; a report, nothing is changed)"
+"$PY" "$HERE/tune_policy.py" --model "$MODEL" --heldout "$WORK/heldout.csv" "${SRC[@]}" \
+  --json-out "$WORK/policy.json" | tail -n 3
 
 step "5/6 C++ test fixtures"
 "$PY" "$HERE/export_fixtures.py" --model "$MODEL" --heldout "$WORK/heldout.csv" "${SRC[@]}" \

@@ -230,6 +230,27 @@ class Features(unittest.TestCase):
             floor += g(5, 1800 if fast > floor else 120) * (fast - floor)
         self.assertAlmostEqual(float(fs.x[np.flatnonzero(r0)[2], 0]), fast - floor, places=5)
 
+    def test_recent_downs_counts_downs_once_and_fades(self):
+        d = math.exp(-5 / features.DOWNS_TAU_S)
+        fs = self.compute([
+            row(0), row(5),
+            # down for two steps, link_downed ticking once: one down
+            row(10, link=0, link_downed=1), row(15, link=0, link_downed=1), row(20, link_downed=1),
+            # a tick seen only on the way back up is that down's; a second one is another
+            row(25, link=0, link_downed=1), row(30, link_downed=3),
+            # down and up between two samples: link_downed alone
+            row(35, link_downed=4),
+            row(0, rail="r1", link=0), row(5, rail="r1", link=0), row(10, rail="r1"),
+        ])
+        r0 = fs.x[fs.rail == 0, 10]
+        downs = [0.0]
+        downs.append(1 * d * d)                       # t=20
+        downs.append((downs[-1] * d + 1) * d + 1)     # t=30
+        downs.append(downs[-1] * d + 1)               # t=35
+        np.testing.assert_allclose(r0, np.log1p(downs), rtol=1e-6)
+        # a rail down from its first rows shows no down
+        np.testing.assert_array_equal(fs.x[fs.rail == 1, 10], [0])
+
     def test_missing_reading_reprimes(self):
         # retrans: 0, N/A, 100 (re-primes: unusable), 110 (usable: its first step).
         fs = self.compute([row(0, retrans=0), row(5, retrans="N/A"), row(10, retrans=100),
@@ -308,7 +329,7 @@ class WeightsFile(unittest.TestCase):
         w = tiny_weights()
         data = weights.to_bytes(w)
         self.assertEqual(data[:8], b"R2PRDLST")
-        self.assertEqual(struct.unpack_from("<6I", data, 8)[:5], (2, 8, 4, 6, 30))
+        self.assertEqual(struct.unpack_from("<6I", data, 8)[:5], (weights.VERSION, 8, 4, 6, 30))
         H, F = 4, 8
         n_floats = 1 + 2 * F + 5 + 4 * H * F + 4 * H * H + 8 * H + H + 1
         meta_len = struct.unpack_from("<I", data, 8 + 4 * 5 + 4 * (n_floats))[0]
@@ -372,6 +393,66 @@ class EventMetrics(unittest.TestCase):
         risk[(fs.rail == 0)] = 0.9  # on for 200 s before the failure: early, not warned
         m = metrics.event_metrics(fs, risk, 5.0)
         self.assertEqual((m["warned"], m["early"]), (0, 1))
+
+
+class DrainOutcomes(unittest.TestCase):
+    """metrics.drain_outcomes: the plugin's drain policy and guard (predictor.cc)."""
+
+    @staticmethod
+    def rails(n_rows, risks, events=()):
+        """One rail per entry of ``risks`` (a function of t), a row every 5 s; ``events``:
+        (rail, t) link-downs, the rail down for 10 s from t."""
+        xs, rl, ts = [], [], []
+        for r, f in enumerate(risks):
+            for i in range(n_rows):
+                t = 5.0 * (i + 1)
+                if any(er == r and et <= t < et + 10 for er, et in events):
+                    continue
+                rl.append(r)
+                ts.append(t)
+        rail = np.array(rl, np.int32)
+        t = np.array(ts)
+        risk = np.array([risks[r](tt) for r, tt in zip(rl, ts)], np.float32)
+        fs = features.FeatureSet(
+            x=np.zeros((t.size, features.N_FEATURES), np.float32), rail=rail, t=t,
+            label=np.zeros(t.size, np.int8), scenario=np.zeros(t.size, np.int32),
+            scenarios=["s"], event_t=np.array([et for _, et in events], float),
+            event_rail=np.array([er for er, _ in events], np.int32))
+        return fs, risk
+
+    def test_enter_samples_and_the_hourly_limit(self):
+        # Rail 0: high for 2 samples every 100 s (never 3 in a row); rail 1: high for 3 samples
+        # every 300 s, low in between: 2 drains in its first hour, then the limit.
+        fs, risk = self.rails(1440, [lambda t: 0.95 if t % 100 < 10 else 0.0,
+                                     lambda t: 0.95 if t % 300 < 15 else 0.0])
+        o = metrics.drain_outcomes(fs, risk, metrics.Policy(threshold=0.9, enter_samples=3))
+        self.assertEqual(o["false_drains"], 2 + 2)  # 2 h: two per hour on rail 1
+        self.assertAlmostEqual(o["healthy_s"], 2 * 7200.0)
+        o = metrics.drain_outcomes(fs, risk, metrics.Policy(threshold=0.9, enter_samples=2))
+        self.assertGreater(o["false_drains"], 4)
+        o = metrics.drain_outcomes(fs, risk, metrics.Policy(threshold=0.9, enter_samples=3,
+                                                            max_drains_per_hour=100))
+        self.assertEqual(o["false_drains"], 7200 // 300 - 1)  # not at t=0: no row there
+
+    def test_warned_lead_and_the_flap_hold(self):
+        quiet = lambda t: 0.0
+        # One failure warned 60 s ahead (drained at the third high sample).
+        fs, risk = self.rails(200, [lambda t: 0.95 if 400 <= t < 800 else 0.0],
+                              events=[(0, 475.0)])
+        o = metrics.drain_outcomes(fs, risk, metrics.Policy())
+        self.assertEqual((o["precursor"], o["warned"]), (1, 1))
+        self.assertEqual(o["leads"], [475.0 - 410.0])
+        # A link that goes down 3 times, 200 s apart, with a quiet risk: the first two downs
+        # are not warned; after the second the link is held out (600 s), so the third is.
+        ev = [(0, 1000.0), (0, 1200.0), (0, 1400.0)]
+        fs, risk = self.rails(600, [quiet], events=ev)
+        o = metrics.drain_outcomes(fs, risk, metrics.Policy())
+        self.assertEqual((o["precursor"], o["warned"]), (3, 1))
+        self.assertEqual(o["leads"], [1400.0 - 1210.0])
+        o = metrics.drain_outcomes(fs, risk, metrics.Policy(down_hold_s=0))
+        self.assertEqual(o["warned"], 0)
+        o = metrics.drain_outcomes(fs, risk, metrics.Policy(down_hold_after=1))
+        self.assertEqual(o["warned"], 2)
 
 
 class Generator(unittest.TestCase):

@@ -21,7 +21,7 @@ from typing import Any, Dict
 import numpy as np
 
 MAGIC = b"R2PRDLST"
-VERSION = 2  # 2: the trend features (issue 17), 10 of them
+VERSION = 3  # 2: the trend features (issue 17); 3: recent_downs, 11 features
 MAX_BYTES = 1024 * 1024
 
 

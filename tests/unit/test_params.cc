@@ -298,6 +298,15 @@ TEST_CASE("cross-checks between parameters", "[params]") {
     CHECK_THAT(h.err, Contains("0.6"));
     CHECK_THAT(h.err, Contains("0.5"));
   }
+  SECTION("predictor decider and flap hold") {
+    for (const char* ok : {"lstm", "baseline"}) CHECK(load({{"R2CCL_PREDICT_DECIDER", ok}}).ok);
+    Loaded d = load({{"R2CCL_PREDICT_DECIDER", "LSTM2"}});
+    CHECK_FALSE(d.ok);
+    CHECK_THAT(d.err, Contains("R2CCL_PREDICT_DECIDER='LSTM2'") && Contains("lstm or baseline"));
+    CHECK(load({{"R2CCL_PREDICT_DOWN_HOLD", "0"}}).ok);
+    CHECK_FALSE(load({{"R2CCL_PREDICT_DOWN_HOLD", "3601s"}}).ok);  // at most an hour
+    CHECK_FALSE(load({{"R2CCL_PREDICT_DOWN_HOLD_AFTER", "0"}}).ok);
+  }
   SECTION("equal values are fine") {
     CHECK(load({{"R2CCL_RECONNECT_MIN", "1s"}, {"R2CCL_RECONNECT_MAX", "1s"}}).ok);
     CHECK(load({{"R2CCL_CHUNK_SIZE", "1M"}, {"R2CCL_PATH_WINDOW", "1M"}}).ok);

@@ -50,7 +50,7 @@ TEST_CASE("r2ccl_predict --features: rows, labels and events of a trace", "[pred
   REQUIRE(run("--features " + dir + "/t.csv --out " + dir + "/f", &out) == 0);
   INFO(out);
   // Scored rows: a at 5..45 and 55, 60 (the first row primes, 50 is down) = 11; b at 5 = 1.
-  CHECK(npy_shape(dir + "/f/x.npy") == "(12, 10)");
+  CHECK(npy_shape(dir + "/f/x.npy") == "(12, 11)");
   CHECK(npy_shape(dir + "/f/label.npy") == "(12,)");
   CHECK(npy_shape(dir + "/f/event_t.npy") == "(1,)");
   // Positive: a failure within (t, t + 30]: t = 20, 25, ..., 45.
@@ -153,7 +153,7 @@ TEST_CASE("r2ccl_predict --live and --info", "[predict]") {
   CHECK(run("--live --count 1 --interval 0.05 --sysfs-root " + root + "/nothing", &out) == 1);
   CHECK_THAT(out, Catch::Contains("no rails under"));
   CHECK(run("--info --model " + std::string(kModel), &out) == 0);
-  CHECK_THAT(out, Catch::Contains("features 10, hidden"));
+  CHECK_THAT(out, Catch::Contains("features 11, hidden"));
   CHECK_THAT(out, Catch::Contains("limit 1048576"));
   run_command("rm -rf " + root);
 }

@@ -578,6 +578,111 @@ TEST_CASE("drain guard: enter samples, at most N drains per hour, never the last
   CHECK((!a.drain && a.hold == Hold::kHourLimit));
 }
 
+TEST_CASE("recent_downs counts the link-downs the state shows and those between samples",
+          "[predictor]") {
+  auto step = [](bool up, double downed) {
+    Step s;
+    s.dt_s = 5;
+    s.link_up = up;
+    s.d[kLinkDowned] = downed;
+    return s;
+  };
+  const double decay = std::exp(-5.0 / kDownsTauS);
+  FeatureExtractor fx;
+  FeatureRow r;
+  // A first step down shows no down (the state before it is unknown).
+  CHECK_FALSE(fx.push(step(false, 0), &r));
+  REQUIRE(fx.push(step(true, 0), &r));
+  CHECK(r[kRecentDowns] == 0);
+  // Down for two steps (link_downed ticks once, in the first): one down, not two.
+  CHECK_FALSE(fx.push(step(false, 1), &r));
+  CHECK_FALSE(fx.push(step(false, 0), &r));
+  REQUIRE(fx.push(step(true, 0), &r));
+  double downs = 1 * decay * decay;
+  CHECK(r[kRecentDowns] == Approx(std::log1p(downs)));
+  // A tick seen only on the step back up is the same down; a second tick is another one.
+  CHECK_FALSE(fx.push(step(false, 0), &r));
+  REQUIRE(fx.push(step(true, 2), &r));
+  downs = (downs * decay + 1) * decay + 1;
+  CHECK(r[kRecentDowns] == Approx(std::log1p(downs)));
+  // Down and up between two samples (the state never shows it): link_downed alone counts.
+  REQUIRE(fx.push(step(true, 1), &r));
+  downs = downs * decay + 1;
+  CHECK(r[kRecentDowns] == Approx(std::log1p(downs)));
+  // Then it fades: e-fold per kDownsTauS.
+  for (int i = 0; i < kDownsTauS / 5; ++i) REQUIRE(fx.push(step(true, 0), &r));
+  CHECK(r[kRecentDowns] == Approx(std::log1p(downs / std::exp(1.0))).epsilon(1e-4));
+}
+
+TEST_CASE("flap hold: a link back up after its second down within an hour stays drained",
+          "[predictor]") {
+  BaselineParams bp;
+  bp.threshold[kLinkEvents] = 1e6f;  // the risk stays ~0: only the hold drains
+  PredictorConfig cfg;
+  cfg.window_steps = 2;
+  cfg.return_samples = 2;
+  cfg.down_hold_s = 600;
+  cfg.down_hold_after = 2;
+  auto step = [](bool up) {
+    Step s;
+    s.dt_s = 5;
+    s.link_up = up;
+    return s;
+  };
+  RailPredictor p(cfg, nullptr, bp);
+  Assessment a;
+  double t = 0;
+  auto run_up = [&](int n) {  // n steps up; returns the time the rail returned, or -1
+    double back = -1;
+    for (int i = 0; i < n; ++i) {
+      t += 5;
+      REQUIRE(p.update(step(true), &a));
+      if (a.transition == -1) back = t;
+    }
+    return back;
+  };
+  auto go_down = [&]() {
+    t += 5;
+    CHECK_FALSE(p.update(step(false), &a));
+  };
+  run_up(10);
+  go_down();  // the first down: back up, the rail carries data at once
+  run_up(1);
+  CHECK((!a.drain && a.downs_last_hour == 1 && a.down_hold_s == 0));
+  run_up(20);
+  go_down();  // the second, within the hour: held out for 600 s from the step back up
+  run_up(1);
+  const double up2 = t;
+  CHECK((a.drain && a.transition == 1 && a.downs_last_hour == 2 && a.down_hold_s == 600));
+  CHECK_THAT(down_hold_text(a), Catch::Contains("2 link-downs within an hour") &&
+                                    Catch::Contains("600 s") &&
+                                    Catch::Contains("R2CCL_PREDICT_DOWN_HOLD"));
+  const double back = run_up(200);
+  CHECK(back >= up2 + 600);
+  CHECK(back <= up2 + 600 + 5 * cfg.return_samples);
+  // A third down within the hour: twice as long.
+  go_down();
+  run_up(1);
+  CHECK((a.drain && a.downs_last_hour == 3 && a.down_hold_s == 1200));
+  // The last usable rail is never held out.
+  RailPredictor q(cfg, nullptr, bp);
+  for (int k = 0; k < 2; ++k) {
+    REQUIRE(q.update(step(true), &a, true));
+    CHECK_FALSE(q.update(step(false), &a, true));
+  }
+  REQUIRE(q.update(step(true), &a, true));
+  CHECK((!a.drain && a.downs_last_hour == 2));
+  // R2CCL_PREDICT_DOWN_HOLD=0: off.
+  cfg.down_hold_s = 0;
+  RailPredictor z(cfg, nullptr, bp);
+  for (int k = 0; k < 3; ++k) {
+    REQUIRE(z.update(step(true), &a));
+    CHECK_FALSE(z.update(step(false), &a));
+  }
+  REQUIRE(z.update(step(true), &a));
+  CHECK_FALSE(a.drain);
+}
+
 TEST_CASE("node sampler: the last usable rail of the node is not drained", "[predictor]") {
   const std::string root = temp_dir();
   for (const char* dev : {"eth1", "eth2"}) {

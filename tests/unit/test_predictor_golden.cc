@@ -163,8 +163,10 @@ TEST_CASE("golden: replaying the fixture trace reproduces features, labels and r
   CHECK(positives > 0);  // the fixture has failures to warn of
 }
 
-TEST_CASE("golden: the LSTM beats the baseline's F1 on freshly generated held-out traces",
-          "[predictor]") {
+TEST_CASE(
+    "golden: on freshly generated held-out traces both deciders warn most failures and "
+    "rarely drain a healthy rail",
+    "[predictor]") {
   const std::string py = r2ccl::test::env_or("R2CCL_TEST_PYTHON", "/usr/bin/python3");
   std::string out;
   if (r2ccl::test::run_command(py + " -c 'import numpy'", &out) != 0) {
@@ -184,11 +186,20 @@ TEST_CASE("golden: the LSTM beats the baseline's F1 on freshly generated held-ou
   REQUIRE(r2ccl::test::run_command(tool + " --quiet --evaluate " + trace + " --model " + kModelPath,
                                    &out) == 0);
   INFO(out);
-  std::smatch ml, mb;
-  REQUIRE(std::regex_search(out, ml, std::regex("lstm +[0-9.]+ +[0-9.]+ +([0-9.]+)")));
-  REQUIRE(std::regex_search(out, mb, std::regex("baseline +[0-9.]+ +[0-9.]+ +([0-9.]+)")));
-  const double f1_lstm = std::stod(ml[1]), f1_base = std::stod(mb[1]);
-  CHECK(f1_base > 0.2);  // a fair baseline, not a straw man
-  CHECK(f1_lstm > f1_base);
+  // The event table's rows: model precursor warned frac late median-lead sudden false-drains
+  // per-rail-week early-drains (docs/PREDICTOR.md "Event-level evaluation"). With the
+  // defaults (drain at 0.9 for 3 samples, flap hold) our own held-out sample reads about 0.6-0.7
+  // warned and 1-2 false drains on its ~75 healthy rail-hours for each decider.
+  for (const char* model : {"lstm", "baseline"}) {
+    std::smatch m;
+    const std::regex row(std::string("\n") + model +
+                         " +([0-9]+) +([0-9]+) +([0-9.]+) +[0-9]+ +(?:[0-9]+ s|-) +[0-9]+/[0-9]+ "
+                         "+([0-9]+) +[0-9.]+ +[0-9]+");
+    REQUIRE(std::regex_search(out, m, row));
+    INFO(model);
+    CHECK(std::stoi(m[1]) >= 50);   // failures with a precursor in the sample
+    CHECK(std::stod(m[3]) >= 0.5);  // most of them warned >= 30 s ahead
+    CHECK(std::stoi(m[4]) <= 4);    // false drains on healthy rails
+  }
   std::remove(trace.c_str());
 }

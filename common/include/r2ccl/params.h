@@ -180,7 +180,7 @@ struct ParamDef {
   X(predict_window, "R2CCL_PREDICT_WINDOW", kDuration, "120s", 20e3, 86400e6, nullptr,          \
     "History the predictor looks at; the model sees WINDOW / INTERVAL samples (24 by default,"  \
     " 2 to 256).")                                                                              \
-  X(predict_threshold, "R2CCL_PREDICT_THRESHOLD", kDouble, "0.7", 0.01, 1, nullptr,             \
+  X(predict_threshold, "R2CCL_PREDICT_THRESHOLD", kDouble, "0.9", 0.01, 1, nullptr,             \
     "Risk (probability of a link failure within the weights file's horizon, 120 s for the "     \
     "shipped one) at or above which a rail is drained: "                                        \
     "no new chunks, in-flight ones finish.")                                                    \
@@ -196,6 +196,18 @@ struct ParamDef {
     nullptr,                                                                                    \
     "Predicted drains allowed per rail within any hour; a drain beyond it is refused with a "   \
     "WARN (0: predictions never drain). Nor is the last usable rail of the node drained.")      \
+  X(predict_down_hold, "R2CCL_PREDICT_DOWN_HOLD", kDuration, "600s", 0, 3600e6, nullptr,        \
+    "A flapping link: when a rail's link comes back up after its "                              \
+    "R2CCL_PREDICT_DOWN_HOLD_AFTER-th link-down within an hour, it stays drained this long "    \
+    "(doubled for each further down within the hour, at most 1 hour), whatever the risk. 0: "   \
+    "off. Never the last usable rail of the node.")                                             \
+  X(predict_down_hold_after, "R2CCL_PREDICT_DOWN_HOLD_AFTER", kInt, "2", 1, 1000, nullptr,      \
+    "Link-downs within an hour that make a rail flapping (R2CCL_PREDICT_DOWN_HOLD); a single "  \
+    "down returns as soon as the link is back and its risk is low.")                            \
+  X(predict_decider, "R2CCL_PREDICT_DECIDER", kString, "baseline", 0, 0, nullptr,               \
+    "Whose risk drains rails: baseline (the threshold rules) or lstm (the weights file; the "   \
+    "baseline if it cannot be read). The LSTM does not beat the baseline on both counts on "    \
+    "traces we did not generate (docs/PREDICTOR.md \"Event-level evaluation\").")               \
   X(predict_model, "R2CCL_PREDICT_MODEL", kString, "", 0, 0, nullptr,                           \
     "LSTM weights file. Empty: r2ccl_lstm.bin shipped next to the plugin "                      \
     "(<prefix>/share/r2ccl/). Missing or corrupt: one WARN, the threshold baseline runs.")      \

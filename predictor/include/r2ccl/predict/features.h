@@ -1,4 +1,4 @@
-// Features of the failure predictor (docs/PREDICTOR.md "Features"): one row of ten floats
+// Features of the failure predictor (docs/PREDICTOR.md "Features"): one row of eleven floats
 // per sampling step with the link up, and the sliding window of rows the model looks at.
 // Pure; thread-safety: none (one object per rail, owned by one thread).
 #pragma once
@@ -11,7 +11,7 @@
 
 namespace r2ccl::predict {
 
-constexpr int kNumFeatures = 10;
+constexpr int kNumFeatures = 11;
 using FeatureRow = std::array<float, kNumFeatures>;
 
 // The features judge each counter against the rail's own history (a trend), not its level:
@@ -27,6 +27,7 @@ enum Feature : int {
   kRetransSlope = 7,   // retrans: the level's rise, per minute
   kErrUnknown = 8,     // 1: none of the error counters the rail has shown is readable now
   kWarm = 9,           // 0..1: how much of the first 5 minutes the floors have seen
+  kRecentDowns = 10,   // log1p(the rail's link-downs, each decaying with kDownsTauS)
 };
 
 // Feature names, for reports: "err_excess", "err_slope", ...
@@ -50,8 +51,13 @@ const char* feature_counters(int f);
 // runs at another interval scales them by interval / kTrainedIntervalS, so a window of rows
 // means the same number of samples (the lab tests sample every 100 ms to fit a failure into
 // seconds).
+// Link-downs (kRecentDowns): a link that has gone down and come back is likely to go down
+// again (a flapping link), so each down the rail has had counts 1, decaying by e every
+// kDownsTauS, down steps included. A down is the link state going from up to down between
+// two steps, or a link_downed increment beyond the one that down explains (a link that went
+// down and up between two samples, which the state never shows).
 constexpr double kFastTauS = 30, kSlowTauS = 120, kFloorUpTauS = 1800, kFloorDownTauS = 120,
-                 kWarmS = 300, kTrainedIntervalS = 5;
+                 kWarmS = 300, kDownsTauS = 600, kTrainedIntervalS = 5;
 
 // Step deltas -> feature rows, for one rail.
 class FeatureExtractor {
@@ -60,7 +66,8 @@ class FeatureExtractor {
   explicit FeatureExtractor(double interval_s = kTrainedIntervalS)
       : scale_(interval_s > 0 ? interval_s / kTrainedIntervalS : 1.0) {}
   // Returns false (no row) when the link is down or the step is unusable (dt <= 0 or not
-  // finite); the state is then kept for the next row.
+  // finite). A down step counts the down (kRecentDowns) and otherwise keeps the state for
+  // the next row; an unusable step changes nothing.
   bool push(const Step& s, FeatureRow* out);
   void reset() { *this = FeatureExtractor(scale_ * kTrainedIntervalS); }
 
@@ -76,6 +83,9 @@ class FeatureExtractor {
   double scale_ = 1;
   Track err_[kErrCounters], retrans_;
   double link_ = 0, overrun_ = 0, seen_s_ = 0;
+  double downs_ = 0;       // decayed count of link-downs
+  int up_ = -1;            // link state at the last usable step: 1 up, 0 down, -1 none yet
+  double down_ticks_ = 0;  // link_downed increments seen while the link is down
 };
 
 // The last `capacity` raw rows, oldest first, plus the window's retransmit totals.

@@ -19,7 +19,7 @@
 namespace r2ccl::predict {
 
 constexpr char kModelMagic[8] = {'R', '2', 'P', 'R', 'D', 'L', 'S', 'T'};
-constexpr uint32_t kModelVersion = 2;           // 2: the trend features (issue 17), 10 of them
+constexpr uint32_t kModelVersion = 3;  // 2: the trend features (issue 17); 3: recent_downs (11)
 constexpr size_t kModelMaxBytes = 1024 * 1024;  // the issue's budget: under 1 MB
 
 // The threshold detector: the mean of the last `steps` raw rows of features 0..3, risk =

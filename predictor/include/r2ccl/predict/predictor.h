@@ -9,6 +9,12 @@
 // is refused), and never while it is the last usable rail of its set (every other rail down or
 // drained: the caller says so; NodeSampler's set is the node's rails, a node of one rail
 // exempt). A refused drain is reported once per high run (Hold).
+// A flapping link is held out (flap dampening): when the link comes back up after its
+// `down_hold_after`-th down within an hour, the rail is drained for `down_hold_s`, doubled for
+// each further down within the hour (at most an hour), whatever the risk; then the usual
+// return rule applies. The hold needs no enter samples and is not counted against
+// max_drains_per_hour (those limit what the model asks), but it never takes the last usable
+// rail either.
 // Thread-safety: none; a RailPredictor/NodeSampler belongs to one thread (the net plugin's
 // background thread, or a tool's main thread). The Model it points to must outlive it.
 #pragma once
@@ -27,11 +33,13 @@ namespace r2ccl::predict {
 struct PredictorConfig {
   double interval_s = 5;          // R2CCL_PREDICT_INTERVAL
   int window_steps = 24;          // R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL
-  float threshold = 0.7f;         // R2CCL_PREDICT_THRESHOLD
+  float threshold = 0.9f;         // R2CCL_PREDICT_THRESHOLD
   float return_threshold = 0.4f;  // R2CCL_PREDICT_RETURN_THRESHOLD
   int return_samples = 6;         // R2CCL_PREDICT_RETURN_SAMPLES
   int enter_samples = 3;          // R2CCL_PREDICT_ENTER_SAMPLES
   int max_drains_per_hour = 2;    // R2CCL_PREDICT_MAX_DRAINS_PER_HOUR
+  double down_hold_s = 600;       // R2CCL_PREDICT_DOWN_HOLD, seconds; 0 off
+  int down_hold_after = 2;        // R2CCL_PREDICT_DOWN_HOLD_AFTER
 };
 PredictorConfig predictor_config_from(const Config& cfg);
 
@@ -56,7 +64,12 @@ struct Assessment {
   Hold hold = Hold::kNone;        // the guard refused a drain at this sample
   bool hold_new = false;          // first refusal of this run of high samples: report it
   int drains_last_hour = 0;       // drains this rail began within the last hour
+  double down_hold_s = 0;         // > 0: a flap hold of this many seconds began at this sample
+  int downs_last_hour = 0;        // link-downs of this rail within the last hour
 };
+// "back up after 3 link-downs within an hour: held out for 1200 s (R2CCL_PREDICT_DOWN_HOLD)"
+// for an assessment whose down_hold_s > 0; "" otherwise.
+std::string down_hold_text(const Assessment& a);
 
 // The line a refused drain is reported with (a WARN in the plugin, stderr in the tools):
 // "rail NAME risk R >= T for N samples, but not drained: WHY". "" when a.hold is kNone.
@@ -96,6 +109,9 @@ class RailPredictor {
   int high_run_ = 0;
   double t_s_ = 0;                       // trace time: the sum of every step's dt
   std::vector<double> drain_at_;         // when the drains within the last hour began (t_s_)
+  std::vector<double> down_at_;          // when the link-downs within the last hour began
+  int link_ = -1;                        // link state at the last step: 1 up, 0 down, -1 none
+  double hold_until_ = -1;               // a flap hold lasts until this t_s_
   mutable std::vector<float> norm_;      // [window x F] scratch
   mutable std::vector<FeatureRow> raw_;  // scratch for the baseline
   mutable Model::Scratch scratch_;

@@ -1,0 +1,118 @@
+#!/usr/bin/python3
+"""Chooses the drain policy's operating point at event level on OUR held-out traces.
+
+For every drain threshold and R2CCL_PREDICT_ENTER_SAMPLES value in a grid, replays the drain
+policy with its guard (metrics.drain_outcomes, the rules of r2ccl_predict --evaluate) over the
+LSTM's risk and over the baseline's, and counts failures warned >= 30 s ahead and false drains
+per healthy rail-week. The operating point of each decider is the one that warns the most
+failures while keeping false drains at or under --max-false-per-week (ties: fewer false
+drains, then the higher threshold); with none under it, the fewest false drains.
+
+For the baseline the threshold is a scale on its tuned thresholds (a drain at risk >= T means
+mean_i >= threshold_i x T / 0.7), so the chosen scale can be folded into the thresholds and the
+baseline drains at the shared R2CCL_PREDICT_THRESHOLD.
+
+Never run this on the frozen evaluation traces (eval_traces.py): they measure, they do not
+tune.
+
+Example:
+  tune_policy.py --model predictor/model/r2ccl_lstm.bin --heldout heldout.csv --json-out p.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+import numpy as np
+
+import baseline
+import evaluate
+import features
+import metrics
+import weights
+
+THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
+ENTER = (1, 2, 3, 4, 6)
+
+
+def choose(rows, max_false: float):
+    ok = [r for r in rows if r["false_per_rail_week"] <= max_false]
+    if ok:
+        return max(ok, key=lambda r: (r["warned"], -r["false_per_rail_week"], r["threshold"]))
+    return min(rows, key=lambda r: (r["false_per_rail_week"], -r["warned"]))
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 epilog=__doc__.split("\n\n", 1)[1],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="weights file (r2ccl_lstm.bin)")
+    ap.add_argument("--heldout", required=True, help="held-out trace CSV (ours, not the frozen "
+                                                     "evaluation set)")
+    ap.add_argument("--max-false-per-week", type=float, default=1.0,
+                    help="false drains per healthy rail-week allowed (default 1, the issue's "
+                         "target)")
+    ap.add_argument("--thresholds", default=",".join(map(str, THRESHOLDS)),
+                    help="drain thresholds to try, comma list")
+    ap.add_argument("--enter", default=",".join(map(str, ENTER)),
+                    help="R2CCL_PREDICT_ENTER_SAMPLES values to try, comma list")
+    ap.add_argument("--json-out", help="also write the grid and the choices here")
+    features.add_source_args(ap)
+    args = ap.parse_args(argv)
+    try:
+        thresholds = [float(v) for v in args.thresholds.split(",")]
+        enters = [int(v) for v in args.enter.split(",")]
+    except ValueError:
+        print("tune_policy.py: --thresholds and --enter take comma lists of numbers",
+              file=sys.stderr)
+        return 2
+    t0 = time.time()
+    try:
+        w = weights.read(args.model)
+        fs = features.load_features(args.heldout, args.features_from, args.cpp_tool,
+                                    float(w.horizon_s))
+    except (weights.WeightsError, ValueError, OSError, RuntimeError) as e:
+        print(f"tune_policy.py: {e}", file=sys.stderr)
+        return 1
+    risks = {"lstm": evaluate.lstm_risk(w, fs),
+             "baseline": baseline.risk(fs.x, fs.rail, baseline.BaselineParams(w.thresholds,
+                                                                               w.steps))}
+    grid = {}
+    print(f"{'decider':9} {'thr':>5} {'enter':>5} {'warned':>11} {'median-lead':>11} "
+          f"{'false/wk':>9} {'early':>6}")
+    for name, risk in risks.items():
+        grid[name] = []
+        for thr in thresholds:
+            for k in enters:
+                o = metrics.drain_outcomes(fs, risk, metrics.Policy(threshold=thr,
+                                                                    enter_samples=k),
+                                           interval_s=w.interval_s)
+                row = {"threshold": thr, "enter_samples": k, "warned": o["warned"],
+                       "precursor": o["precursor"], "warned_frac": o["warned_frac"],
+                       "false_drains": o["false_drains"],
+                       "false_per_rail_week": o["false_per_rail_week"],
+                       "early_drains": o["early_drains"], "lead_median_s": o["lead_median_s"]}
+                grid[name].append(row)
+                lead = "-" if row["lead_median_s"] is None else f"{row['lead_median_s']:.0f} s"
+                print(f"{name:9} {thr:5.2f} {k:5d} {o['warned']:5d}/{o['precursor']:<5d} "
+                      f"{lead:>11} {row['false_per_rail_week']:9.2f} {o['early_drains']:6d}")
+    healthy_h = metrics.drain_outcomes(fs, risks["lstm"], metrics.Policy(),
+                                       interval_s=w.interval_s)["healthy_s"] / 3600
+    choice = {n: choose(g, args.max_false_per_week) for n, g in grid.items()}
+    for n, c in choice.items():
+        print(f"choice {n}: threshold {c['threshold']}, enter samples {c['enter_samples']}: "
+              f"warned {c['warned']}/{c['precursor']}, {c['false_per_rail_week']:.2f} false "
+              f"drains per rail-week ({healthy_h:.0f} healthy rail-hours)")
+    if args.json_out:
+        with open(args.json_out, "w", encoding="utf-8") as f:
+            json.dump({"grid": grid, "choice": choice, "healthy_rail_hours": healthy_h,
+                       "max_false_per_week": args.max_false_per_week}, f, indent=1)
+    print(f"tune_policy.py: {time.time() - t0:.0f} s", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
