@@ -119,6 +119,49 @@ TEST_CASE("agent: the baseline drains a rail whose errors climb, and returns it 
   CHECK(test::count_lines_containing(events, "eth1") == 0);
 }
 
+TEST_CASE("agent: a link back up after its second down within the hour is held out", "[predict]") {
+  const std::string log = test::temp_path("agent-flap.log");
+  std::string err;
+  REQUIRE(set_event_sink(log, &err));
+  auto env = kFast;
+  env["R2CCL_SYSFS_ROOT"] = temp_root("agent-flap-sysfs");
+  env["R2CCL_PREDICT_DOWN_HOLD"] = "2s";  // 20 samples at 100 ms
+  const Config cfg = config_with(env);
+  Rig rig(env["R2CCL_SYSFS_ROOT"]);
+  rig.agent.init(cfg, rig.rails(), nullptr, "none");
+  TimeUs now = 1000 * kUsPerSec;
+  auto run = [&](int n) {  // n quiet samples; how many of them had eth0 drained
+    int drained = 0;
+    for (int i = 0; i < n; ++i, now += 100 * kUsPerMs) {
+      rig.step(now, NicRates{});
+      drained += rig.live[0].predict_drain.load();
+    }
+    return drained;
+  };
+  auto flap = [&]() {  // down for 3 samples, then up
+    rig.eth0.set_link(false);
+    run(3);
+    rig.eth0.set_link(true);
+  };
+  run(30);
+  flap();  // the first down: eth0 carries data again as soon as it is up
+  CHECK(run(10) == 0);
+  flap();  // the second within the hour: held out for 2 s, then back
+  CHECK(run(10) == 10);
+  CHECK(run(40) >= 10);  // until 20 samples after it came up
+  CHECK_FALSE(rig.live[0].predict_drain.load());
+  CHECK_FALSE(rig.live[1].predict_drain.load());
+  REQUIRE(set_event_sink("stderr", &err));
+  const std::string events = test::read_file(log);
+  INFO(events);
+  CHECK(test::count_lines_containing(events,
+                                     "back up after 2 link-downs within an hour: held out for 2 s "
+                                     "(R2CCL_PREDICT_DOWN_HOLD)") == 1);
+  CHECK(test::count_lines_containing(events, "rail eth0 risk 0.") >= 1);
+  CHECK(test::count_lines_containing(events, "carrying data again") == 1);
+  CHECK(test::count_lines_containing(events, "eth1") == 0);
+}
+
 TEST_CASE("agent: R2CCL_PREDICT=0 never drains", "[predict]") {
   auto env = kFast;
   env["R2CCL_PREDICT"] = "0";
