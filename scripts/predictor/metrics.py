@@ -195,7 +195,8 @@ def drain_outcomes(fs: FeatureSet, risk: np.ndarray, policy: Policy, min_lead_s:
         ev_order = sel[np.argsort(fs.event_t[sel], kind="stable")]
         et = fs.event_t[ev_order]
         drain, high, low, since = False, 0, 0, -1.0
-        starts: List[float] = []
+        starts: List[float] = []     # every drain (for the counts)
+        predicted: List[float] = []  # the model's drains (the hourly limit counts these)
         lead = [-1.0] * et.size
         e = 0
         hold_until = -np.inf
@@ -210,7 +211,7 @@ def drain_outcomes(fs: FeatureSet, risk: np.ndarray, policy: Policy, min_lead_s:
                 if n >= policy.down_hold_after:
                     hold = min(3600.0, policy.down_hold_s * 2.0 ** (n - policy.down_hold_after))
                     hold_until = ti + hold
-                    if not drain:
+                    if not drain:  # not counted against max_drains_per_hour
                         drain, since, low, high = True, float(ti), 0, 0
                         starts.append(float(ti))
             if drain and ti < hold_until:
@@ -219,10 +220,11 @@ def drain_outcomes(fs: FeatureSet, risk: np.ndarray, policy: Policy, min_lead_s:
             if not drain:
                 high = high + 1 if vi >= thr else 0
                 if high >= max(1, policy.enter_samples):
-                    recent = sum(1 for s in starts if s > ti - 3600.0)
+                    recent = sum(1 for s in predicted if s > ti - 3600.0)
                     if recent < policy.max_drains_per_hour:
                         drain, since, low, high = True, float(ti), 0, 0
                         starts.append(float(ti))
+                        predicted.append(float(ti))
             else:
                 low = low + 1 if vi < ret else 0
                 if low >= policy.return_samples:

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import struct
+import subprocess
 import tempfile
 import unittest
 
@@ -453,6 +455,44 @@ class DrainOutcomes(unittest.TestCase):
         self.assertEqual(o["warned"], 0)
         o = metrics.drain_outcomes(fs, risk, metrics.Policy(down_hold_after=1))
         self.assertEqual(o["warned"], 2)
+
+
+class DrainOutcomesMatchTheTool(unittest.TestCase):
+    """metrics.drain_outcomes (what tune_policy.py and train.py tune with) counts what
+    r2ccl_predict --evaluate counts, on a generated trace."""
+
+    MODEL = os.path.join(features.REPO_ROOT, "predictor", "model", "r2ccl_lstm.bin")
+
+    @unittest.skipUnless(os.access(features.DEFAULT_CPP_TOOL, os.X_OK),
+                         "r2ccl_predict not built")
+    def test_same_counts_as_the_cpp_evaluate(self):
+        import evaluate  # numpy LSTM inference from the weights file
+        fd, path = tempfile.mkstemp(suffix=".csv")
+        os.close(fd)
+        try:
+            rows, _ = gen_traces.generate(11, 24, 3600, 5.0, "heldout",
+                                          gen_traces.parse_mix(gen_traces.DEFAULT_MIX))
+            gen_traces.write_trace(path, [], rows)
+            out = subprocess.run([features.DEFAULT_CPP_TOOL, "--quiet", "--evaluate", path,
+                                  "--model", self.MODEL], capture_output=True, text=True,
+                                 check=True).stdout
+            w = weights.read(self.MODEL)
+            fs = features.load_features(path, "cpp", features.DEFAULT_CPP_TOOL,
+                                        float(w.horizon_s))
+        finally:
+            os.unlink(path)
+        risks = {"lstm": evaluate.lstm_risk(w, fs),
+                 "baseline": baseline.risk(fs.x, fs.rail,
+                                           baseline.BaselineParams(w.thresholds, w.steps))}
+        for name, risk in risks.items():
+            m = re.search(r"^%s +(\d+) +(\d+) +[0-9.]+ +(\d+) +(?:\d+ s|-) +(\d+)/(\d+) +(\d+) "
+                          % name, out, re.M)
+            self.assertIsNotNone(m, out)
+            o = metrics.drain_outcomes(fs, risk, metrics.Policy())
+            self.assertGreater(o["precursor"], 5)
+            self.assertEqual((o["precursor"], o["warned"], o["late"], o["sudden_warned"],
+                              o["sudden"], o["false_drains"]),
+                             tuple(int(g) for g in m.groups()), f"{name}:\n{out}")
 
 
 class Generator(unittest.TestCase):
