@@ -56,9 +56,23 @@ void PredictAgent::tick(TimeUs now) {
 void PredictAgent::sample_and_publish(TimeUs now) {
   if (!model_tried_ && cfg_->predict_decider == "baseline") {
     model_tried_ = true;
+    // A weights file named explicitly (a retrained model) carries its own baseline thresholds,
+    // as r2ccl_predict --replay/--evaluate read them; the shipped file's are compiled in.
+    std::string from = "built in";
+    if (!cfg_->predict_model.empty()) {
+      predict::Model m;
+      std::string path, err;
+      if (predict::load_configured_model(*cfg_, &m, &path, &err)) {
+        baseline_ = m.baseline;
+        from = path;
+      } else {
+        log_event("r2ccl predict: %s; the built-in baseline thresholds are used", err.c_str());
+      }
+    }
     R2CCL_INFO(NCCL_NET,
-               "failure predictor: the threshold baseline decides "
-               "(R2CCL_PREDICT_DECIDER=baseline)");
+               "failure predictor: the threshold baseline decides (R2CCL_PREDICT_DECIDER="
+               "baseline), thresholds %s",
+               from.c_str());
   }
   if (!model_tried_) {
     model_tried_ = true;
@@ -78,6 +92,7 @@ void PredictAgent::sample_and_publish(TimeUs now) {
             path.c_str(), m->interval_s, pcfg_.interval_s);
       R2CCL_INFO(NCCL_NET, "failure predictor: LSTM weights %s (%zu bytes, hidden %u)",
                  path.c_str(), m->file_bytes, m->hidden);
+      baseline_ = m->baseline;
       model_ = std::move(m);
     } else {
       // An event line too: visible without NCCL_DEBUG (stderr or R2CCL_LOG_FILE).
@@ -87,9 +102,8 @@ void PredictAgent::sample_and_publish(TimeUs now) {
   if (!sampler_state_) {
     std::vector<predict::RailSpec> specs;
     for (const auto& r : rails_) specs.push_back(r.spec);
-    sampler_state_ = std::make_unique<predict::NodeSampler>(
-        cfg_->sysfs_root, specs, pcfg_, model_.get(),
-        model_ ? model_->baseline : predict::default_baseline());
+    sampler_state_ = std::make_unique<predict::NodeSampler>(cfg_->sysfs_root, specs, pcfg_,
+                                                            model_.get(), baseline_);
   }
   // TCP rails: the retransmits of every r2ccl process on the node, from the board's slots
   // (this process's own counters when there is no board).

@@ -60,6 +60,9 @@ class PredictAgent {
   bool sampler_ = false;
   bool model_tried_ = false;
   std::unique_ptr<predict::Model> model_;  // null: the baseline decides
+  // The baseline's thresholds: the weights file's when one was read (R2CCL_PREDICT_MODEL set,
+  // or the LSTM deciding), else the compiled-in ones (the shipped file's, by construction).
+  predict::BaselineParams baseline_ = predict::default_baseline();
   std::unique_ptr<predict::NodeSampler> sampler_state_;
   std::vector<predict::RailRisk> risks_;
   std::vector<std::string> notes_;

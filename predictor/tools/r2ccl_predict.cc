@@ -544,14 +544,18 @@ int run_evaluate(const Options& o) {
   }
   const double week_s = 7 * 24 * 3600.0;
   auto per_week = [&](int n, double secs) { return secs > 0 ? n * week_s / secs : 0.0; };
+  char hold_buf[96] = "no flap hold";
+  if (cfg.down_hold_s > 0)
+    snprintf(hold_buf, sizeof(hold_buf), "held out %.0f s after %d link-downs within an hour",
+             cfg.down_hold_s, cfg.down_hold_after);
+  const std::string hold_text = hold_buf;
   printf(
       "event level: %zu rails (%d healthy, %.1f rail-hours), drain at risk >= %.2f for %d "
-      "samples, return below %.2f for %d, at most %d drains per rail-hour, held out %.0f s "
-      "after %d link-downs within an hour; warned = drained >= %.0f s before the link went "
-      "down\n",
+      "samples, return below %.2f for %d, at most %d drains per rail-hour, %s; warned = "
+      "drained >= %.0f s before the link went down\n",
       rails.size(), healthy_rails, healthy_s / 3600, cfg.threshold, cfg.enter_samples,
-      cfg.return_threshold, cfg.return_samples, cfg.max_drains_per_hour, cfg.down_hold_s,
-      cfg.down_hold_after, o.min_lead_s);
+      cfg.return_threshold, cfg.return_samples, cfg.max_drains_per_hour, hold_text.c_str(),
+      o.min_lead_s);
   printf("%-9s %10s %9s %6s %6s %11s %8s %12s %13s %12s\n", "model", "precursor", "warned", "frac",
          "late", "median-lead", "sudden", "false-drains", "per-rail-week", "early-drains");
   const char* names[2] = {"lstm", "baseline"};

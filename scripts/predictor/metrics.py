@@ -185,6 +185,8 @@ def drain_outcomes(fs: FeatureSet, risk: np.ndarray, policy: Policy, min_lead_s:
     sudden_ev = np.array([s.startswith("sudden") for s in ev_scen], dtype=bool)
     out = {"precursor": 0, "warned": 0, "late": 0, "sudden": 0, "sudden_warned": 0,
            "false_drains": 0, "early_drains": 0, "healthy_s": 0.0, "leads": []}
+    if len(fs) == 0:
+        raise ValueError("no scored rows (a trace without steps with the link up)")
     order = np.argsort(fs.rail, kind="stable")
     bounds = np.flatnonzero(np.r_[True, fs.rail[order][1:] != fs.rail[order][:-1], True])
     for b0, b1 in zip(bounds[:-1], bounds[1:]):
@@ -253,5 +255,7 @@ def drain_outcomes(fs: FeatureSet, risk: np.ndarray, policy: Policy, min_lead_s:
     out["warned_frac"] = out["warned"] / out["precursor"] if out["precursor"] else 0.0
     out["false_per_rail_week"] = (out["false_drains"] * week_s / out["healthy_s"]
                                   if out["healthy_s"] > 0 else 0.0)
-    out["lead_median_s"] = float(np.median(out["leads"])) if out["leads"] else None
+    # The upper middle of an even count, as r2ccl_predict --evaluate.
+    out["lead_median_s"] = (float(sorted(out["leads"])[len(out["leads"]) // 2])
+                            if out["leads"] else None)
     return out

@@ -56,9 +56,10 @@ def main(argv=None) -> int:
                     help="false drains per healthy rail-week allowed (default 1, the issue's "
                          "target)")
     ap.add_argument("--thresholds", default=",".join(map(str, THRESHOLDS)),
-                    help="drain thresholds to try, comma list")
+                    help="drain thresholds to try, comma list (default %(default)s)")
     ap.add_argument("--enter", default=",".join(map(str, ENTER)),
-                    help="R2CCL_PREDICT_ENTER_SAMPLES values to try, comma list")
+                    help="R2CCL_PREDICT_ENTER_SAMPLES values to try, comma list (default "
+                         "%(default)s)")
     ap.add_argument("--json-out", help="also write the grid and the choices here")
     features.add_source_args(ap)
     args = ap.parse_args(argv)
@@ -69,6 +70,10 @@ def main(argv=None) -> int:
         print("tune_policy.py: --thresholds and --enter take comma lists of numbers",
               file=sys.stderr)
         return 2
+    if not all(0.01 <= t <= 1 for t in thresholds) or not all(k >= 1 for k in enters):
+        print("tune_policy.py: --thresholds must lie in [0.01, 1] (R2CCL_PREDICT_THRESHOLD's "
+              "range) and --enter values be >= 1", file=sys.stderr)
+        return 2
     t0 = time.time()
     try:
         w = weights.read(args.model)
@@ -76,6 +81,9 @@ def main(argv=None) -> int:
                                     float(w.horizon_s))
     except (weights.WeightsError, ValueError, OSError, RuntimeError) as e:
         print(f"tune_policy.py: {e}", file=sys.stderr)
+        return 1
+    if len(fs) == 0:
+        print(f"tune_policy.py: {args.heldout}: no scored rows", file=sys.stderr)
         return 1
     risks = {"lstm": evaluate.lstm_risk(w, fs),
              "baseline": baseline.risk(fs.x, fs.rail, baseline.BaselineParams(w.thresholds,

@@ -117,6 +117,10 @@ TEST_CASE("agent: the baseline drains a rail whose errors climb, and returns it 
   CHECK(test::count_lines_containing(events, "top counters: phy errors") == 1);
   CHECK(test::count_lines_containing(events, "carrying data again") == 1);
   CHECK(test::count_lines_containing(events, "eth1") == 0);
+  // The default decider reads a weights file only when one is named (for its thresholds); this
+  // one cannot be read: said once, and the built-in thresholds decide.
+  CHECK(test::count_lines_containing(events, "/nonexistent/weights.bin") == 1);
+  CHECK(test::count_lines_containing(events, "the built-in baseline thresholds are used") == 1);
 }
 
 TEST_CASE("agent: a link back up after its second down within the hour is held out", "[predict]") {
