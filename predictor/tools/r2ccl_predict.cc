@@ -495,6 +495,13 @@ int run_evaluate(const Options& o) {
     fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
     return 1;
   }
+  if (rows.empty()) {
+    fprintf(stderr,
+            "r2ccl_predict: %s: no step with the link up to score (a trace needs at "
+            "least two rows per rail)\n",
+            o.evaluate.c_str());
+    return 1;
+  }
   auto is_sudden = [&](int sc) {
     return sc >= 0 && tr.scenarios()[static_cast<size_t>(sc)].rfind("sudden", 0) == 0;
   };
