@@ -20,9 +20,10 @@ Event level:
     and excluded from the predictable recall.
 
 The same event metrics are also computed for the plugin's *drain* decisions
-(:func:`drain_state`, mirroring predictor/src/predictor.cc): a rail drains when its risk
-reaches 0.7 and returns once the risk has stayed below 0.4 for 6 consecutive samples; the
-drain persists across a link-down. A drain episode is false when no failure of its rail
+(:func:`drain_state`): a rail drains when its risk reaches 0.7 and returns once the risk has
+stayed below 0.4 for 6 consecutive samples; the drain persists across a link-down. It is
+:func:`rail_policy` (RailPredictor::update's rules, predictor/src/predictor.cc) with the enter
+samples, hourly limit and flap hold off; :func:`drain_outcomes` runs it with them on. A drain episode is false when no failure of its rail
 happens during it or within 30 s after it ends.
 """
 
@@ -59,19 +60,15 @@ def sample_metrics(label: np.ndarray, alarm: np.ndarray) -> Dict[str, float]:
 
 def drain_state(fs: FeatureSet, risk: np.ndarray, threshold=DRAIN,
                 return_threshold=RETURN_THRESHOLD, return_samples=RETURN_SAMPLES) -> np.ndarray:
-    """bool [N]: the rail is drained after this row (RailPredictor::update's hysteresis)."""
+    """bool [N]: the rail is drained after this row, by the drain hysteresis alone (no enter
+    samples, hourly limit or flap hold: rail_policy with those off)."""
+    p = Policy(threshold=float(threshold), enter_samples=1,
+               return_threshold=float(return_threshold), return_samples=return_samples,
+               max_drains_per_hour=1 << 30, down_hold_s=0.0)
     out = np.zeros(len(fs), dtype=bool)
     for r in np.unique(fs.rail):
         rows = np.flatnonzero(fs.rail == r)
-        drain, low = False, 0
-        for i, v in zip(rows, risk[rows]):
-            if not drain and v >= threshold:
-                drain, low = True, 0
-            elif drain:
-                low = low + 1 if v < return_threshold else 0
-                if low >= return_samples:
-                    drain, low = False, 0
-            out[i] = drain
+        out[rows] = rail_policy(fs.t[rows], risk[rows], np.zeros(0), p)[0]
     return out
 
 
@@ -174,13 +171,60 @@ class Policy:
     down_hold_after: int = 2      # R2CCL_PREDICT_DOWN_HOLD_AFTER: downs within an hour
 
 
+def rail_policy(t: np.ndarray, v: np.ndarray, et: np.ndarray, policy: Policy):
+    """RailPredictor::update's decisions over one rail's scored rows (times ``t``, risks
+    ``v``, in order) with its failure events at sorted times ``et``. Returns (drained after
+    each row [bool], the times drains began, per failure its lead: how long the rail had been
+    drained when it went down, or -1 when it was not)."""
+    thr = np.float32(policy.threshold)
+    ret = np.float32(policy.return_threshold)
+    drain, high, low, since = False, 0, 0, -1.0
+    state = np.zeros(t.size, dtype=bool)
+    starts: List[float] = []     # every drain (for the counts)
+    predicted: List[float] = []  # the model's drains (the hourly limit counts these)
+    lead = [-1.0] * et.size
+    e = 0
+    hold_until = -np.inf
+    for i, (ti, vi) in enumerate(zip(t, v)):
+        back = False
+        while e < et.size and et[e] <= ti:  # failures before this row
+            lead[e] = et[e] - since if drain else -1.0
+            e += 1
+            back = True
+        if back and policy.down_hold_s > 0:
+            n = int(np.sum((et[:e] > ti - 3600.0)))
+            if n >= policy.down_hold_after:
+                hold = min(3600.0, policy.down_hold_s * 2.0 ** (n - policy.down_hold_after))
+                hold_until = ti + hold
+                if not drain:  # not counted against max_drains_per_hour
+                    drain, since, low, high = True, float(ti), 0, 0
+                    starts.append(float(ti))
+        if drain and ti < hold_until:
+            low = low + 1 if vi < ret else 0
+        elif not drain:
+            high = high + 1 if vi >= thr else 0
+            if high >= max(1, policy.enter_samples):
+                recent = sum(1 for s in predicted if s > ti - 3600.0)
+                if recent < policy.max_drains_per_hour:
+                    drain, since, low, high = True, float(ti), 0, 0
+                    starts.append(float(ti))
+                    predicted.append(float(ti))
+        else:
+            low = low + 1 if vi < ret else 0
+            if low >= policy.return_samples:
+                drain, low, since = False, 0, -1.0
+        state[i] = drain
+    while e < et.size:
+        lead[e] = et[e] - since if drain else -1.0
+        e += 1
+    return state, starts, lead
+
+
 def drain_outcomes(fs: FeatureSet, risk: np.ndarray, policy: Policy, min_lead_s: float = 30.0,
                    lead_window_s: float = 1800.0, interval_s: float = 5.0) -> Dict[str, object]:
     """Failures warned (drained >= min_lead_s before the link went down; sudden ones apart)
     and drains on healthy rails (no failure at all) per rail-week of their link-up time, as
     r2ccl_predict --evaluate counts them. A drain persists across a link-down."""
-    thr = np.float32(policy.threshold)
-    ret = np.float32(policy.return_threshold)
     ev_scen = fs.event_scenarios()
     sudden_ev = np.array([s.startswith("sudden") for s in ev_scen], dtype=bool)
     out = {"precursor": 0, "warned": 0, "late": 0, "sudden": 0, "sudden_warned": 0,
@@ -192,48 +236,11 @@ def drain_outcomes(fs: FeatureSet, risk: np.ndarray, policy: Policy, min_lead_s:
     for b0, b1 in zip(bounds[:-1], bounds[1:]):
         rows = order[b0:b1]
         r = int(fs.rail[rows[0]])
-        t, v = fs.t[rows], risk[rows]
+        t = fs.t[rows]
         sel = np.flatnonzero(fs.event_rail == r)
         ev_order = sel[np.argsort(fs.event_t[sel], kind="stable")]
         et = fs.event_t[ev_order]
-        drain, high, low, since = False, 0, 0, -1.0
-        starts: List[float] = []     # every drain (for the counts)
-        predicted: List[float] = []  # the model's drains (the hourly limit counts these)
-        lead = [-1.0] * et.size
-        e = 0
-        hold_until = -np.inf
-        for ti, vi in zip(t, v):
-            back = False
-            while e < et.size and et[e] <= ti:  # failures before this row
-                lead[e] = et[e] - since if drain else -1.0
-                e += 1
-                back = True
-            if back and policy.down_hold_s > 0:
-                n = int(np.sum((et[:e] > ti - 3600.0)))
-                if n >= policy.down_hold_after:
-                    hold = min(3600.0, policy.down_hold_s * 2.0 ** (n - policy.down_hold_after))
-                    hold_until = ti + hold
-                    if not drain:  # not counted against max_drains_per_hour
-                        drain, since, low, high = True, float(ti), 0, 0
-                        starts.append(float(ti))
-            if drain and ti < hold_until:
-                low = low + 1 if vi < ret else 0
-                continue
-            if not drain:
-                high = high + 1 if vi >= thr else 0
-                if high >= max(1, policy.enter_samples):
-                    recent = sum(1 for s in predicted if s > ti - 3600.0)
-                    if recent < policy.max_drains_per_hour:
-                        drain, since, low, high = True, float(ti), 0, 0
-                        starts.append(float(ti))
-                        predicted.append(float(ti))
-            else:
-                low = low + 1 if vi < ret else 0
-                if low >= policy.return_samples:
-                    drain, low, since = False, 0, -1.0
-        while e < et.size:
-            lead[e] = et[e] - since if drain else -1.0
-            e += 1
+        _, starts, lead = rail_policy(t, risk[rows], et, policy)
         if et.size == 0:
             dts = np.diff(t, prepend=t[0] - interval_s)
             out["healthy_s"] += float(dts.sum())
