@@ -268,6 +268,9 @@ for opt in libnl-3.so.200 libnl-route-3.so.200; do
     pf NOTE "$opt not installed: r2ccl's link monitor is off (a WARN); detection by socket errors and heartbeats"
   fi
 done
+if [ -n "$LDCACHE" ] && ! grep -qF libnl-genl-3.so.200 <<<"$LDCACHE"; then
+  pf NOTE "libnl-genl-3.so.200 not installed: the failure predictor reads no FEC statistics (an INFO per rail)"
+fi
 
 if [ "$NO_GPU" = 1 ]; then
   say "NO GPU: cannot run NCCL here (exit 3). Run this on a machine with an NVIDIA GPU."

@@ -28,6 +28,7 @@ PKGS=(
   prometheus-cpp-dev                       # snapshot daemon's Prometheus metrics (registry, /metrics)
   python3-torch                            # the snapshot example (CPU training, recovery)
   libnl-3-200 libnl-route-3-200            # link notifications (dlopen'ed at run time)
+  libnl-genl-3-200                         # FEC statistics over ethtool netlink (dlopen'ed)
   iproute2 nftables ethtool iperf3         # rail lab, fault injection, benchmarks
   procps                                   # pgrep/pkill in scripts
 )

@@ -1,5 +1,7 @@
 #include "r2ccl/predict/counters.h"
 
+#include <linux/if.h>  // IFNAMSIZ
+
 #include <dirent.h>
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -11,6 +13,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+
+#include "r2ccl/predict/fec.h"
 
 namespace r2ccl::predict {
 
@@ -149,6 +153,20 @@ SysfsRail::SysfsRail(const std::string& root, const RailSpec& spec) : spec_(spec
     add("counters/local_link_integrity_errors", kIntegrity, sat4);
     add("counters/excessive_buffer_overrun_errors", kBufOverrun, sat4);
     add("hw_counters/out_of_buffer", kBufOverrun, wrap32);
+    // A RoCE port (link_layer "Ethernet") has no physical-layer counter of its own that means
+    // anything: its netdev has them (the netdev of GID 0, the default GID of every RoCE port;
+    // Linux drivers/infiniband/core/sysfs.c, gid_attrs/ndevs). Its CRC errors and FEC
+    // statistics are read there.
+    std::string text;
+    if (read_small(dir_ + "/link_layer", &text) && trim(text) == "Ethernet" &&
+        read_small(dir_ + "/gid_attrs/ndevs/0", &text)) {
+      const std::string ndev = trim(text);
+      if (!ndev.empty() && ndev.size() < IFNAMSIZ && ndev.find('/') == std::string::npos &&
+          ndev != "." && ndev != "..") {
+        fec_ifname_ = ndev;
+        add_at(root + "/class/net/" + ndev + "/statistics/rx_crc_errors", kCrcErr, wrap64);
+      }
+    }
   } else {
     // Linux exposes these as unsigned long (64-bit here); they wrap.
     dir_ = root + "/class/net/" + spec.device;
@@ -164,12 +182,17 @@ SysfsRail::SysfsRail(const std::string& root, const RailSpec& spec) : spec_(spec
     add("statistics/rx_fifo_errors", kBufOverrun, wrap64);
     add("statistics/rx_missed_errors", kBufOverrun, wrap64);
     add("statistics/tx_dropped", kBufOverrun, wrap64);
+    fec_ifname_ = spec.device;
   }
 }
 
 void SysfsRail::add(const char* rel, int counter, Width w, uint64_t scale) {
+  add_at(dir_ + "/" + rel, counter, w, scale);
+}
+
+void SysfsRail::add_at(const std::string& path, int counter, Width w, uint64_t scale) {
   File f;
-  f.rel = rel;
+  f.path = path;
   f.counter = counter;
   f.width = w;
   f.scale = scale;
@@ -184,7 +207,7 @@ bool SysfsRail::read(double now_s, const ExtraCounters& extra, Step* out,
   present_ = 0;
   std::string text;
   for (File& f : files_) {
-    const std::string path = dir_ + "/" + f.rel;
+    const std::string& path = f.path;
     Reading cur = read_small(path, &text) ? parse_reading(text) : Reading{};
     if (cur.present) ++present_;
     if (!cur.present && f.was_present && notes)
@@ -211,6 +234,7 @@ bool SysfsRail::read(double now_s, const ExtraCounters& extra, Step* out,
     }
     f.prev = cur;
   }
+  read_fec(&s, &counting, notes);
   // A counter all of whose readable files are saturated counts nothing more: unknown. One with
   // a file still counting (IB buf_overrun: the 4-bit excessive_buffer_overrun_errors and the
   // 32-bit out_of_buffer) is what that file counts.
@@ -257,6 +281,42 @@ bool SysfsRail::read(double now_s, const ExtraCounters& extra, Step* out,
   s.dt_s = prev < 0 ? 0 : now_s - prev;
   *out = s;  // the priming read too: link state and speed, no deltas
   return prev >= 0;
+}
+
+void SysfsRail::read_fec(Step* s, uint32_t* counting, std::vector<std::string>* notes) {
+  if (!fec_ || fec_ifname_.empty() || fec_off_) return;
+  FecReading r;
+  std::string why;
+  const int rc = fec_->read(fec_ifname_, &r, &why);
+  if (rc != 0) {
+    // Once per kind of failure, not once per sample. A driver without FEC statistics, or a
+    // kernel that does not know the request, will not grow them: stop asking.
+    if (rc != fec_errno_ && notes)
+      notes->push_back(fec_ifname_ + ": FEC statistics unavailable (" + why +
+                       "); fec_corr_blocks, fec_uncorr_blocks and fec_corr_bits stay missing");
+    fec_errno_ = rc;
+    fec_off_ = rc == EOPNOTSUPP || rc == EINVAL || rc == ENOENT;
+    for (Reading& p : fec_prev_) p = Reading{};
+    return;
+  }
+  fec_errno_ = 0;
+  const Reading cur[3] = {r.corrected_blocks, r.uncorrectable_blocks, r.corrected_bits};
+  const int ids[3] = {kFecCorrBlocks, kFecUncorrBlocks, kFecCorrBits};
+  const Width wrap64{64, false};
+  for (int i = 0; i < 3; ++i) {
+    if (cur[i].present) ++present_;
+    const Delta d = counter_delta(fec_prev_[i], cur[i], wrap64);
+    if (d.kind == DeltaKind::kReset && notes)
+      notes->push_back(fec_ifname_ + ": FEC " + counter_name(ids[i]) + " went from " +
+                       std::to_string(fec_prev_[i].value) + " to " + std::to_string(cur[i].value) +
+                       " (counter reset)");
+    if (d.kind != DeltaKind::kMissing) {
+      s->d[ids[i]] += static_cast<double>(d.value);
+      s->missing &= ~(1u << ids[i]);
+      *counting |= 1u << ids[i];
+    }
+    fec_prev_[i] = cur[i];
+  }
 }
 
 std::vector<RailSpec> discover_rails(const std::string& root) {

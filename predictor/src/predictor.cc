@@ -232,8 +232,14 @@ std::string RailPredictor::top_contributors(int n) const {
 NodeSampler::NodeSampler(const std::string& sysfs_root, const std::vector<RailSpec>& rails,
                          const PredictorConfig& cfg, const Model* model,
                          const BaselineParams& baseline) {
+  // FEC statistics are the running kernel's, not a file under the root: asked only when the
+  // root is the real /sys (a fake tree's interface names may not exist, or be other ones).
+  std::string root = sysfs_root;
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  if (root == "/sys") fec_ = std::make_unique<EthtoolFec>();
   for (const auto& r : rails) {
     rails_.emplace_back(sysfs_root, r);
+    rails_.back().set_fec_source(fec_.get());
     preds_.push_back(std::make_unique<RailPredictor>(cfg, model, baseline));
   }
   blind_.assign(rails_.size(), 0);

@@ -1,11 +1,15 @@
 // The failure predictor's pure parts: counter deltas (wraps, saturation, resets, missing
 // values), the sysfs reader on fake counter trees, features, the weights file parser, the
 // LSTM equations, the baseline and the drain hysteresis, and the trace reader.
+#include <linux/ethtool_netlink.h>
+#include <linux/genetlink.h>
+#include <linux/netlink.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
 #include <catch2/catch.hpp>
+#include <cerrno>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -15,6 +19,7 @@
 
 #include "r2ccl/predict/counters.h"
 #include "r2ccl/predict/features.h"
+#include "r2ccl/predict/fec.h"
 #include "r2ccl/predict/model.h"
 #include "r2ccl/predict/predictor.h"
 #include "r2ccl/predict/trace.h"
@@ -262,6 +267,252 @@ TEST_CASE("SysfsRail reads an Ethernet interface and a TCP rail's own retransmit
   auto rails = discover_rails(root);
   REQUIRE(rails.size() == 1);
   CHECK(rails[0].name == "eth1");
+  REQUIRE(system(("rm -rf " + root).c_str()) == 0);
+}
+
+namespace {
+
+// A netlink message built byte by byte as the kernel lays it out (include/uapi/linux/netlink.h:
+// 4-byte aligned attributes, a nest's length covering its children; the kernel sets
+// NLA_F_NESTED on nests), so the parser is checked against the wire format, not against libnl.
+struct NlBuilder {
+  std::vector<uint8_t> b;
+  std::vector<size_t> open;
+  NlBuilder() {
+    b.resize(NLMSG_HDRLEN + GENL_HDRLEN);
+    auto* g = reinterpret_cast<genlmsghdr*>(b.data() + NLMSG_HDRLEN);
+    g->cmd = ETHTOOL_MSG_FEC_GET_REPLY;
+    g->version = ETHTOOL_GENL_VERSION;
+  }
+  void attr(uint16_t type, const void* data, size_t len) {
+    const size_t at = b.size();
+    b.resize(at + NLA_ALIGN(NLA_HDRLEN + len));
+    nlattr h{static_cast<uint16_t>(NLA_HDRLEN + len), type};
+    std::memcpy(b.data() + at, &h, sizeof(h));
+    if (len) std::memcpy(b.data() + at + NLA_HDRLEN, data, len);
+  }
+  void u64s(uint16_t type, std::vector<uint64_t> v) { attr(type, v.data(), v.size() * 8); }
+  void begin(uint16_t type) {
+    open.push_back(b.size());
+    attr(type | NLA_F_NESTED, nullptr, 0);
+  }
+  void end() {
+    const size_t at = open.back();
+    open.pop_back();
+    const uint16_t len = static_cast<uint16_t>(b.size() - at);
+    std::memcpy(b.data() + at, &len, sizeof(len));
+  }
+  const nlmsghdr* msg() {
+    auto* h = reinterpret_cast<nlmsghdr*>(b.data());
+    h->nlmsg_len = static_cast<uint32_t>(b.size());
+    h->nlmsg_type = 0x1c;  // the family id genl_ctrl_resolve returned
+    return h;
+  }
+};
+
+// The reply of a 4-lane RS-FEC port, as net/ethtool/fec.c writes it: the request header back,
+// the active mode, then the stats nest with a pad before each 64-bit array (nla_put_64bit).
+NlBuilder fec_reply(std::vector<uint64_t> corrected, std::vector<uint64_t> uncorr,
+                    std::vector<uint64_t> bits) {
+  NlBuilder m;
+  m.begin(ETHTOOL_A_FEC_HEADER);
+  const uint32_t ifindex = 7;
+  m.attr(ETHTOOL_A_HEADER_DEV_INDEX, &ifindex, 4);
+  m.attr(ETHTOOL_A_HEADER_DEV_NAME, "eth9", 5);
+  m.end();
+  const uint32_t active = 50;  // ETHTOOL_LINK_MODE_FEC_RS_BIT
+  m.attr(ETHTOOL_A_FEC_ACTIVE, &active, 4);
+  m.begin(ETHTOOL_A_FEC_STATS);
+  m.attr(ETHTOOL_A_FEC_STAT_PAD, nullptr, 0);
+  m.u64s(ETHTOOL_A_FEC_STAT_CORRECTED, corrected);
+  m.attr(ETHTOOL_A_FEC_STAT_PAD, nullptr, 0);
+  m.u64s(ETHTOOL_A_FEC_STAT_UNCORR, uncorr);
+  m.attr(ETHTOOL_A_FEC_STAT_PAD, nullptr, 0);
+  m.u64s(ETHTOOL_A_FEC_STAT_CORR_BITS, bits);
+  m.end();
+  return m;
+}
+
+// A FecSource double: scripted totals or errors, counting the requests per interface.
+struct FakeFec : FecSource {
+  int rc = 0;
+  FecReading next;
+  std::vector<std::string> asked;
+  int read(const std::string& ifname, FecReading* out, std::string* why) override {
+    asked.push_back(ifname);
+    if (rc) {
+      *why = std::string("ethtool netlink FEC_GET: ") + std::strerror(rc);
+      return rc;
+    }
+    *out = next;
+    return 0;
+  }
+};
+
+Reading rd(uint64_t v) { return Reading{true, v}; }
+
+}  // namespace
+
+TEST_CASE("parse_fec_reply reads the totals of the kernel's FEC_GET reply", "[predictor]") {
+  FecReading r;
+  std::string why;
+  NlBuilder m = fec_reply({1234, 600, 634, 0, 0}, {}, {99999});
+  REQUIRE(parse_fec_reply(m.msg(), m.b.size(), &r, &why));
+  CHECK(r.corrected_blocks.present);
+  CHECK(r.corrected_blocks.value == 1234);      // the total, not a lane
+  CHECK_FALSE(r.uncorrectable_blocks.present);  // length 0: the driver does not report it
+  CHECK(r.corrected_bits.present);
+  CHECK(r.corrected_bits.value == 99999);
+  // Largest values survive.
+  m = fec_reply({~0ULL}, {1ULL << 40}, {});
+  REQUIRE(parse_fec_reply(m.msg(), m.b.size(), &r, &why));
+  CHECK(r.corrected_blocks.value == ~0ULL);
+  CHECK(r.uncorrectable_blocks.value == (1ULL << 40));
+  CHECK_FALSE(r.corrected_bits.present);
+
+  // Malformed replies are refused with a reason, and nothing is read past the buffer.
+  m = fec_reply({5}, {6}, {7});
+  const nlmsghdr* h = m.msg();
+  CHECK_FALSE(parse_fec_reply(h, m.b.size() - 4, &r, &why));  // claims more than there is
+  CHECK(why.find("shorter") != std::string::npos);
+  CHECK_FALSE(parse_fec_reply(h, 8, &r, &why));
+  NlBuilder odd;
+  odd.begin(ETHTOOL_A_FEC_STATS);
+  const uint8_t twelve[12] = {};
+  odd.attr(ETHTOOL_A_FEC_STAT_CORRECTED, twelve, sizeof(twelve));  // not whole u64s
+  odd.end();
+  CHECK_FALSE(parse_fec_reply(odd.msg(), odd.b.size(), &r, &why));
+  CHECK(why.find("array of u64") != std::string::npos);
+  NlBuilder none;  // no stats nest (a kernel that ignored ETHTOOL_FLAG_STATS)
+  const uint32_t active = 50;
+  none.attr(ETHTOOL_A_FEC_ACTIVE, &active, 4);
+  CHECK_FALSE(parse_fec_reply(none.msg(), none.b.size(), &r, &why));
+  CHECK(why.find("ETHTOOL_A_FEC_STATS") != std::string::npos);
+  // An attribute inside the nest that claims to run past it is not read: no total appears.
+  NlBuilder over;
+  over.begin(ETHTOOL_A_FEC_STATS);
+  over.u64s(ETHTOOL_A_FEC_STAT_CORRECTED, {42});
+  over.end();
+  over.b.resize(over.b.size() + 8);  // room the nest does not own
+  uint16_t bad = NLA_HDRLEN + 16;    // the array claims 16 bytes inside a 12-byte nest payload
+  std::memcpy(over.b.data() + NLMSG_HDRLEN + GENL_HDRLEN + NLA_HDRLEN, &bad, 2);
+  r = FecReading{};
+  r.corrected_blocks = rd(1);
+  const bool ok = parse_fec_reply(over.msg(), over.b.size(), &r, &why);
+  if (ok) CHECK_FALSE(r.corrected_blocks.present);
+}
+
+TEST_CASE("EthtoolFec asks the running kernel and reports why it got nothing", "[predictor]") {
+  // The kernel's ethtool netlink, for real: lo has no FEC (EOPNOTSUPP), an unknown name is
+  // ENODEV, a name longer than IFNAMSIZ is refused before asking. Needs libnl-genl-3-200
+  // (scripts/setup.sh) and a kernel with CONFIG_ETHTOOL_NETLINK (5.6+).
+  EthtoolFec fec;
+  std::string why;
+  REQUIRE(fec.open(&why) == 0);
+  FecReading r;
+  CHECK(fec.read("lo", &r, &why) == EOPNOTSUPP);
+  CHECK(why.find("not supported") != std::string::npos);
+  CHECK(fec.read("r2cclnodev0", &r, &why) == ENODEV);
+  CHECK(fec.read("a-name-of-twenty-chars", &r, &why) == EINVAL);
+  CHECK(why.find("1-15 characters") != std::string::npos);
+  CHECK(fec.read("lo", &r, &why) == EOPNOTSUPP);  // the socket is still in step
+}
+
+TEST_CASE("SysfsRail takes an Ethernet rail's FEC counters from its FecSource", "[predictor]") {
+  const std::string root = temp_dir();
+  write_file(root + "/class/net/eth1/operstate", "up\n");
+  write_file(root + "/class/net/eth1/statistics/rx_crc_errors", "0\n");
+  SysfsRail rail(root, RailSpec{"eth1", RailSpec::Kind::kEth, "eth1", 1});
+  CHECK(rail.fec_ifname() == "eth1");
+  FakeFec fec;
+  rail.set_fec_source(&fec);
+  fec.next = FecReading{rd(100), Reading{}, rd(5000)};
+  Step s;
+  std::vector<std::string> notes;
+  CHECK_FALSE(rail.read(1.0, {}, &s, &notes));
+  fec.next = FecReading{rd(160), Reading{}, rd(5900)};
+  REQUIRE(rail.read(6.0, {}, &s, &notes));
+  CHECK(s.d[kFecCorrBlocks] == 60);
+  CHECK(s.d[kFecCorrBits] == 900);
+  CHECK((s.missing & (1u << kFecCorrBlocks)) == 0);
+  CHECK((s.missing & (1u << kFecUncorrBlocks)) != 0);  // not reported by this driver
+  CHECK(notes.empty());
+  // A reset (driver reload): the new value is the count since, and it is noted.
+  fec.next = FecReading{rd(7), Reading{}, rd(6000)};
+  REQUIRE(rail.read(11.0, {}, &s, &notes));
+  CHECK(s.d[kFecCorrBlocks] == 7);
+  CHECK(s.d[kFecCorrBits] == 100);
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].find("fec_corr_blocks went from 160 to 7") != std::string::npos);
+  // A transient failure: missing, noted once, asked again; the next reading starts afresh.
+  notes.clear();
+  fec.rc = EIO;
+  REQUIRE(rail.read(16.0, {}, &s, &notes));
+  REQUIRE(rail.read(21.0, {}, &s, &notes));
+  CHECK((s.missing & (1u << kFecCorrBlocks)) != 0);
+  CHECK(notes.size() == 1);
+  CHECK(fec.asked.size() == 5);
+  fec.rc = 0;
+  fec.next = FecReading{rd(50), Reading{}, rd(7000)};
+  REQUIRE(rail.read(26.0, {}, &s, &notes));
+  CHECK((s.missing & (1u << kFecCorrBlocks)) != 0);  // no previous reading to subtract
+  fec.next = FecReading{rd(51), Reading{}, rd(7000)};
+  REQUIRE(rail.read(31.0, {}, &s, &notes));
+  CHECK(s.d[kFecCorrBlocks] == 1);
+  // A driver without FEC statistics: noted once, then never asked again.
+  notes.clear();
+  fec.rc = EOPNOTSUPP;
+  const size_t before = fec.asked.size();
+  for (int i = 0; i < 3; ++i) REQUIRE(rail.read(36.0 + i, {}, &s, &notes));
+  CHECK(fec.asked.size() == before + 1);
+  REQUIRE(notes.size() == 1);
+  CHECK(notes[0].find("eth1: FEC statistics unavailable") != std::string::npos);
+  CHECK(notes[0].find("stay missing") != std::string::npos);
+  CHECK((s.missing & (1u << kFecCorrBits)) != 0);
+  CHECK(s.d[kCrcErr] == 0);  // the sysfs counters go on
+  CHECK((s.missing & (1u << kCrcErr)) == 0);
+  REQUIRE(system(("rm -rf " + root).c_str()) == 0);
+}
+
+TEST_CASE("SysfsRail reads a RoCE port's CRC and FEC counters from its netdev", "[predictor]") {
+  const std::string root = temp_dir();
+  const std::string roce = root + "/class/infiniband/mlx5_2/ports/1";
+  const std::string ib = root + "/class/infiniband/mlx5_0/ports/1";
+  write_file(roce + "/link_layer", "Ethernet\n");
+  write_file(roce + "/state", "4: ACTIVE\n");
+  write_file(roce + "/gid_attrs/ndevs/0", "enp65s0f0np0\n");
+  write_file(roce + "/counters/port_rcv_data", "0\n");
+  write_file(root + "/class/net/enp65s0f0np0/statistics/rx_crc_errors", "10\n");
+  write_file(ib + "/link_layer", "InfiniBand\n");
+  write_file(ib + "/counters/symbol_error", "0\n");
+  write_file(ib + "/gid_attrs/ndevs/0", "ib0\n");  // IPoIB: not read for an IB port
+  FakeFec fec;
+  fec.next = FecReading{rd(1), rd(0), rd(10)};
+  SysfsRail r(root, RailSpec{"mlx5_2:1", RailSpec::Kind::kIb, "mlx5_2", 1});
+  SysfsRail i(root, RailSpec{"mlx5_0:1", RailSpec::Kind::kIb, "mlx5_0", 1});
+  CHECK(r.fec_ifname() == "enp65s0f0np0");
+  CHECK(i.fec_ifname().empty());
+  r.set_fec_source(&fec);
+  i.set_fec_source(&fec);
+  Step s;
+  CHECK_FALSE(r.read(1.0, {}, &s, nullptr));
+  CHECK_FALSE(i.read(1.0, {}, &s, nullptr));
+  write_file(root + "/class/net/enp65s0f0np0/statistics/rx_crc_errors", "14\n");
+  fec.next = FecReading{rd(3), rd(1), rd(25)};
+  REQUIRE(r.read(2.0, {}, &s, nullptr));
+  CHECK(s.d[kCrcErr] == 4);
+  CHECK(s.d[kFecCorrBlocks] == 2);
+  CHECK(s.d[kFecUncorrBlocks] == 1);
+  CHECK(s.d[kFecCorrBits] == 15);
+  REQUIRE(i.read(2.0, {}, &s, nullptr));
+  CHECK((s.missing & (1u << kCrcErr)) != 0);
+  for (const auto& n : fec.asked) CHECK(n == "enp65s0f0np0");  // never for the IB port
+  CHECK(fec.asked.size() == 2);
+  // A netdev name that would leave class/net is not followed.
+  write_file(root + "/class/infiniband/mlx5_3/ports/1/link_layer", "Ethernet\n");
+  write_file(root + "/class/infiniband/mlx5_3/ports/1/gid_attrs/ndevs/0", "../../x\n");
+  SysfsRail bad(root, RailSpec{"mlx5_3:1", RailSpec::Kind::kIb, "mlx5_3", 1});
+  CHECK(bad.fec_ifname().empty());
   REQUIRE(system(("rm -rf " + root).c_str()) == 0);
 }
 

@@ -110,12 +110,28 @@ struct ExtraCounters {
   uint64_t segs_out = 0;
 };
 
+class FecSource;  // fec.h
+
 // Reads one rail's counter files under `root` (R2CCL_SYSFS_ROOT) and turns consecutive
 // readings into Steps. Each file keeps its own previous value and width, so a wrap or reset
 // of one file never disturbs the others.
+//
+// An Ethernet rail's FEC statistics, and a RoCE port's (an IB port whose link_layer reads
+// "Ethernet": its netdev, named by gid_attrs/ndevs/0, gives rx_crc_errors and the FEC counters),
+// are not in sysfs: they come from a FecSource (fec.h; the kernel's ethtool netlink for the
+// real /sys) when one is set, else they stay missing.
 class SysfsRail {
  public:
   SysfsRail(const std::string& root, const RailSpec& spec);
+
+  // Where fec_corr_blocks, fec_uncorr_blocks and fec_corr_bits come from; null (the default):
+  // nowhere. Not owned; must outlive the rail. A source that fails notes it once per kind of
+  // failure (through read()'s notes) and, for EOPNOTSUPP, EINVAL or ENOENT (a driver without
+  // FEC statistics, a kernel that does not know the request, no libnl), is not asked again.
+  void set_fec_source(FecSource* src) { fec_ = src; }
+  // The interface whose FEC statistics this rail reads: the Ethernet rail's own, a RoCE port's
+  // netdev, or "" (an InfiniBand port).
+  const std::string& fec_ifname() const { return fec_ifname_; }
 
   // Reads every file. The first call primes: it fills *out with the link state and speed only
   // (no deltas, dt 0) and returns false; later calls fill *out with the deltas since the
@@ -134,15 +150,17 @@ class SysfsRail {
 
  private:
   struct File {
-    std::string rel;  // path relative to dir_
-    int counter;      // canonical counter
+    std::string path;  // the file
+    int counter;       // canonical counter
     Width width;
     uint64_t scale;  // 4 for the IB data counters (4-octet words)
     Reading prev;
     bool warned_saturated = false;
     bool was_present = false;
   };
-  void add(const char* rel, int counter, Width w, uint64_t scale = 1);
+  void add(const char* rel, int counter, Width w, uint64_t scale = 1);  // under dir_
+  void add_at(const std::string& path, int counter, Width w, uint64_t scale = 1);
+  void read_fec(Step* s, uint32_t* counting, std::vector<std::string>* notes);
 
   RailSpec spec_;
   std::string dir_;
@@ -150,6 +168,11 @@ class SysfsRail {
   Reading extra_prev_[2];
   double prev_s_ = -1;
   int present_ = 0;
+  FecSource* fec_ = nullptr;
+  std::string fec_ifname_;
+  Reading fec_prev_[3];  // corrected blocks, uncorrectable blocks, corrected bits
+  int fec_errno_ = 0;    // the last FEC failure noted (0: none, or the last read worked)
+  bool fec_off_ = false;
 };
 
 // Every rail under `root`: each port of class/infiniband/*, and each class/net/* interface

@@ -26,6 +26,7 @@
 #include "r2ccl/params.h"
 #include "r2ccl/predict/counters.h"
 #include "r2ccl/predict/features.h"
+#include "r2ccl/predict/fec.h"
 #include "r2ccl/predict/model.h"
 
 namespace r2ccl::predict {
@@ -145,8 +146,15 @@ class NodeSampler {
   }
   // Rail i had no readable counter file at its last read (it is not predicted).
   bool blind(size_t i) const { return blind_[i]; }
+  // Every rail's FEC statistics come from `src` (not owned; outlives the sampler; null: none).
+  // By default they come from the kernel's ethtool netlink when the root is the real /sys,
+  // and from nowhere for any other root. For tests.
+  void set_fec_source(FecSource* src) {
+    for (auto& r : rails_) r.set_fec_source(src);
+  }
 
  private:
+  std::unique_ptr<EthtoolFec> fec_;  // declared before rails_, which point at it
   std::vector<SysfsRail> rails_;
   std::vector<std::unique_ptr<RailPredictor>> preds_;
   std::vector<char> blind_;  // rail i had no readable counter file at its last read
