@@ -2,13 +2,14 @@
 # The whole, reproducible predictor pipeline (docs/PREDICTOR.md "Training"):
 #   1. training traces  (seed 1, --params train)
 #   2. held-out traces  (seed 2, --params heldout: other parameter ranges, not just a seed)
-#   3. train the LSTM, tune the baseline -> predictor/model/r2ccl_lstm.bin, baseline_defaults.h
+#   3. train the LSTM, tune the baseline (its false-drain budget checked on the held-out
+#      traces) -> predictor/model/r2ccl_lstm.bin, baseline_defaults.h
 #   4. evaluate both on the held-out traces from the exported file (numpy inference), and the
 #      drain policy's operating points there (tune_policy.py: a report; the defaults in
 #      params.h are set by hand from it)
 #   5. C++ test fixtures -> tests/predictor/fixtures/
 #   6. refresh the generated blocks of docs/PREDICTOR.md ("Failure models", "Results")
-# About 4 minutes on an idle 2-core machine (training ~3); traces and logs go to the work
+# About 10 minutes on an idle 2-core machine (training ~9); traces and logs go to the work
 # directory, not the repo.
 #
 # Usage: scripts/predictor/run_all.sh [--work DIR] [--features-from auto|cpp|python] [--quick]
@@ -70,7 +71,7 @@ step "3/6 training"
 T_TRAIN=$SECONDS
 # shellcheck disable=SC2086  # EPOCHS is empty or two words
 "$PY" "$HERE/train.py" --train "$WORK/train.csv" "${SRC[@]}" --seed 1 --window 24 $EPOCHS \
-  --out "$MODEL" --baseline-header "$HEADER" --summary-json "$WORK/train_summary.json" \
+  --heldout "$WORK/heldout.csv" --out "$MODEL" --baseline-header "$HEADER" --summary-json "$WORK/train_summary.json" \
   | tee "$WORK/train.log"
 T_TRAIN=$((SECONDS - T_TRAIN))
 

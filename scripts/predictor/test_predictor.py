@@ -457,6 +457,79 @@ class DrainOutcomes(unittest.TestCase):
         self.assertEqual(o["warned"], 2)
 
 
+class BaselineBudget(unittest.TestCase):
+    """train.tune_baseline_budget: the baseline's training false-drain budget is the largest
+    that keeps OUR held-out traces at or under the target."""
+
+    @staticmethod
+    def fs(n_healthy, bursts, failing):
+        """Rails of 2 h, a row a minute, feature 0 (err_excess) only. ``bursts``: healthy rails
+        with 3 rows at 5.0; ``failing``: rails at 6.0 for 30 min, then down."""
+        xs, rl, ts, ev_t, ev_r = [], [], [], [], []
+        for r in range(n_healthy + failing):
+            fail = r >= n_healthy
+            for i in range(120):
+                t = 60.0 * (i + 1)
+                x = np.zeros(features.N_FEATURES, np.float32)
+                if fail and 1800 <= t < 3600:
+                    x[0] = 6.0
+                if not fail and r < bursts and 3000 <= t < 3180:
+                    x[0] = 5.0
+                if fail and 3600 <= t < 3720:
+                    continue  # link down
+                xs.append(x)
+                rl.append(r)
+                ts.append(t)
+            if fail:
+                ev_t.append(3600.0)
+                ev_r.append(r)
+        n = len(ts)
+        return features.FeatureSet(
+            x=np.array(xs), rail=np.array(rl, np.int32), t=np.array(ts),
+            label=np.zeros(n, np.int8), scenario=np.zeros(n, np.int32), scenarios=["s"],
+            event_t=np.array(ev_t), event_rail=np.array(ev_r, np.int32))
+
+    def test_a_budget_the_held_out_traces_keep(self):
+        import train
+        # 90 healthy rails x 2 h = 1.07 rail-weeks: one training burst is 0.93 per rail-week.
+        tr = self.fs(90, 1, 1)
+        ho = self.fs(90, 3, 1)
+        start = baseline.BaselineParams(np.array([3.0, np.inf, np.inf, np.inf], np.float32), 1)
+        policy = metrics.Policy(threshold=0.9, enter_samples=3)
+        quiet = lambda *a: None
+        # Training only: 3.0 drains the burst (5.0 >= 3.0 x 0.9 / 0.7) and still meets 1/week.
+        bl, ev, b = train.tune_baseline_budget(tr, start, policy, 1.0, [1.0], log=quiet)
+        self.assertEqual((ev["warned"], ev["false_drains"], b["budget"]), (1, 1, 1.0))
+        self.assertIsNone(b["heldout"])
+        # With the held-out set (3 bursts: 2.8 per week at 3.0) budget 1 is refused; 0.5 raises
+        # the threshold over the bursts and still warns the failure.
+        bl, ev, b = train.tune_baseline_budget(tr, start, policy, 1.0, [1.0, 0.5, 0.0], ho,
+                                               "ho.csv", log=quiet)
+        self.assertEqual(b["budget"], 0.5)
+        self.assertEqual((ev["warned"], ev["false_drains"]), (1, 0))
+        self.assertGreater(float(bl.thresholds[0]), 5.0 * 0.7 / 0.9)
+        self.assertEqual((b["heldout"]["warned"], b["heldout"]["false_per_rail_week"]), (1, 0.0))
+        self.assertEqual(b["heldout"]["trace"], "ho.csv")
+        self.assertTrue(b["heldout"]["met"])
+        text = train.header_text(bl, ev, policy, b)
+        self.assertIn("Training budget 0.5 false drains per rail-week", text)
+        self.assertIn("the largest that kept them at or under\n// the target (1 per rail-week)",
+                      text)
+        self.assertIn("constexpr float kBaselineThreshold[4] = {", text)
+        self.assertNotRegex(text, r"[{ ]\d+f")  # every literal a valid float: 4.0f, not 4f
+        # No budget meets it: the smallest is kept, and the header says so.
+        bl, ev, b = train.tune_baseline_budget(tr, start, policy, 1.0, [1.0], ho, "ho.csv",
+                                               log=quiet)
+        self.assertFalse(b["heldout"]["met"])
+        self.assertEqual(float(bl.thresholds[0]), 3.0)
+        text = train.header_text(bl, ev, policy, b)
+        self.assertIn("none kept them at or under", text)
+        self.assertIn("{3.0f, kBaselineUnused", text)
+        with self.assertRaises(ValueError):
+            train.parse_budgets("1,x")
+        self.assertEqual(train.parse_budgets("0, 1,0.5"), [1.0, 0.5, 0.0])
+
+
 class DrainOutcomesMatchTheTool(unittest.TestCase):
     """metrics.drain_outcomes (what tune_policy.py and train.py tune with) counts what
     r2ccl_predict --evaluate counts, on a generated trace."""
