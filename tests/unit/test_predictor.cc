@@ -965,6 +965,44 @@ TEST_CASE("node sampler: the last usable rail of the node is not drained", "[pre
   REQUIRE(system(("rm -rf " + root).c_str()) == 0);
 }
 
+TEST_CASE("node sampler: FEC from the kernel for the real /sys only", "[predictor]") {
+  // lo has statistics under the real /sys and no FEC: the sampler asks the kernel once and
+  // says why the FEC counters stay missing. Under a fake root it never asks the kernel.
+  Model m;
+  always_failing_model(&m);
+  PredictorConfig cfg;
+  cfg.window_steps = 4;
+  const RailSpec lo{"lo", RailSpec::Kind::kEth, "lo", 1};
+  std::vector<RailRisk> out;
+  std::vector<std::string> notes;
+  NodeSampler real("/sys/", {lo}, cfg, &m, m.baseline);
+  for (int i = 0; i < 3; ++i) real.sample(10.0 + i, {}, &out, &notes);
+  int fec_notes = 0;
+  for (const auto& n : notes)
+    fec_notes += n.find(
+                     "lo: FEC statistics unavailable (ethtool netlink FEC_GET: Operation "
+                     "not supported)") != std::string::npos;
+  CHECK(fec_notes == 1);
+  Step s;
+  REQUIRE(real.last_step(0, &s));
+  CHECK((s.missing & (1u << kFecCorrBlocks)) != 0);
+  CHECK((s.missing & (1u << kRxBytes)) == 0);  // lo's own statistics are read
+  // A fake tree with the same interface name: no kernel request, so no note.
+  const std::string root = temp_dir();
+  write_file(root + "/class/net/lo/statistics/rx_bytes", "0\n");
+  NodeSampler fake(root, {lo}, cfg, &m, m.baseline);
+  notes.clear();
+  for (int i = 0; i < 3; ++i) fake.sample(10.0 + i, {}, &out, &notes);
+  for (const auto& n : notes) CHECK(n.find("FEC") == std::string::npos);
+  // A test's own source is used when set.
+  FakeFec fec;
+  fec.next = FecReading{rd(1), rd(2), rd(3)};
+  fake.set_fec_source(&fec);
+  fake.sample(14.0, {}, &out, &notes);
+  CHECK(fec.asked == std::vector<std::string>{"lo"});
+  REQUIRE(system(("rm -rf " + root).c_str()) == 0);
+}
+
 TEST_CASE("trace reader: the Ethernet / RoCE physical-layer columns", "[predictor]") {
   const std::string dir = temp_dir();
   const std::string path = dir + "/t.csv";
