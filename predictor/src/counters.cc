@@ -56,6 +56,15 @@ std::string trim(const std::string& s) {
   return s.substr(b, e - b);
 }
 
+// An interface name as Linux accepts one (net/core/dev.c dev_valid_name): 1-15 bytes, not "."
+// or "..", no '/', ':' or whitespace; and here, printable bytes only (no NUL, no control).
+bool valid_ifname(const std::string& n) {
+  if (n.empty() || n.size() >= IFNAMSIZ || n == "." || n == "..") return false;
+  for (char ch : n)
+    if (!std::isgraph(static_cast<unsigned char>(ch)) || ch == '/' || ch == ':') return false;
+  return true;
+}
+
 uint64_t width_max(Width w) { return w.bits >= 64 ? ~0ULL : (1ULL << w.bits) - 1; }
 
 }  // namespace
@@ -161,8 +170,7 @@ SysfsRail::SysfsRail(const std::string& root, const RailSpec& spec) : spec_(spec
     if (read_small(dir_ + "/link_layer", &text) && trim(text) == "Ethernet" &&
         read_small(dir_ + "/gid_attrs/ndevs/0", &text)) {
       const std::string ndev = trim(text);
-      if (!ndev.empty() && ndev.size() < IFNAMSIZ && ndev.find('/') == std::string::npos &&
-          ndev != "." && ndev != "..") {
+      if (valid_ifname(ndev)) {
         fec_ifname_ = ndev;
         add_at(root + "/class/net/" + ndev + "/statistics/rx_crc_errors", kCrcErr, wrap64);
       }
@@ -288,19 +296,39 @@ void SysfsRail::read_fec(Step* s, uint32_t* counting, std::vector<std::string>* 
   FecReading r;
   std::string why;
   const int rc = fec_->read(fec_ifname_, &r, &why);
+  auto note_once = [&](int key, const std::string& text) {
+    for (int k : fec_noted_)
+      if (k == key) return;
+    fec_noted_.push_back(key);
+    if (notes) notes->push_back(fec_ifname_ + ": " + text);
+  };
+  const char* const kStay = "; fec_corr_blocks, fec_uncorr_blocks and fec_corr_bits stay missing";
   if (rc != 0) {
-    // Once per kind of failure, not once per sample. A driver without FEC statistics, or a
-    // kernel that does not know the request, will not grow them: stop asking.
-    if (rc != fec_errno_ && notes)
-      notes->push_back(fec_ifname_ + ": FEC statistics unavailable (" + why +
-                       "); fec_corr_blocks, fec_uncorr_blocks and fec_corr_bits stay missing");
-    fec_errno_ = rc;
-    fec_off_ = rc == EOPNOTSUPP || rc == EINVAL || rc == ENOENT;
+    // No reading this step, so no delta at the next either (each delta spans one step).
     for (Reading& p : fec_prev_) p = Reading{};
+    if (rc == EAGAIN) return;  // not answered yet (AsyncFecSource): next sample
+    if (rc == ETIMEDOUT) {
+      note_once(rc, "FEC statistics late (" + why + "); missing until the kernel answers");
+      return;
+    }
+    // A driver without FEC statistics, a kernel that does not know the request, or no libnl
+    // will not change: stop asking. Other failures are asked again; each kind noted once.
+    fec_off_ = rc == EOPNOTSUPP || rc == EINVAL || rc == ENOENT;
+    note_once(rc, "FEC statistics unavailable (" + why + ")" + kStay +
+                      (fec_off_ ? "" : " while it lasts"));
     return;
   }
-  fec_errno_ = 0;
   const Reading cur[3] = {r.corrected_blocks, r.uncorrectable_blocks, r.corrected_bits};
+  if (!cur[0].present && !cur[1].present && !cur[2].present) {
+    // Answered, with no statistic in it: FEC off, or a driver that reports none. Three in a
+    // row and it is not asked again.
+    if (++fec_empty_ >= 3) {
+      fec_off_ = true;
+      note_once(0, std::string("the driver reports no FEC statistics (FEC off?)") + kStay);
+    }
+  } else {
+    fec_empty_ = 0;
+  }
   const int ids[3] = {kFecCorrBlocks, kFecUncorrBlocks, kFecCorrBits};
   const Width wrap64{64, false};
   for (int i = 0; i < 3; ++i) {

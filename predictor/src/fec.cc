@@ -19,8 +19,13 @@
 #include <sys/time.h>
 
 #include <cerrno>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <map>
 #include <mutex>
+#include <thread>
 
 struct nl_sock;
 struct nl_msg;
@@ -46,6 +51,7 @@ namespace {
 constexpr int kNlCbValid = 0;   // enum nl_cb_type NL_CB_VALID
 constexpr int kNlCbCustom = 3;  // enum nl_cb_kind NL_CB_CUSTOM
 constexpr int kNlOk = 0;        // enum nl_cb_action NL_OK
+constexpr int kNlSkip = 1;      // NL_SKIP
 constexpr int kNlStop = 2;      // NL_STOP
 
 using NlMsgCb = int (*)(nl_msg*, void*);
@@ -107,9 +113,13 @@ R2CCL_CHECK_FN(genlmsg_parse);
 #undef R2CCL_CHECK_FN
 static_assert(std::is_same_v<NlMsgCb, nl_recvmsg_msg_cb_t>);
 static_assert(std::is_same_v<NlErrCb, nl_recvmsg_err_cb_t>);
+static_assert(std::is_same_v<decltype(&::nl_socket_modify_cb),
+                             int (*)(nl_sock*, nl_cb_type, nl_cb_kind, NlMsgCb, void*)>);
+static_assert(std::is_same_v<decltype(&::nl_socket_modify_err_cb),
+                             int (*)(nl_sock*, nl_cb_kind, NlErrCb, void*)>);
 static_assert(sizeof(nl_cb_type) == sizeof(int) && sizeof(nl_cb_kind) == sizeof(int));
 static_assert(kNlCbValid == NL_CB_VALID && kNlCbCustom == NL_CB_CUSTOM && kNlOk == NL_OK &&
-              kNlStop == NL_STOP);
+              kNlSkip == NL_SKIP && kNlStop == NL_STOP);
 #endif
 
 constexpr const char* kNlLib = "libnl-3.so.200";
@@ -196,7 +206,8 @@ bool stat_total(const Api& a, nlattr* attr, Reading* out) {
   return true;
 }
 
-bool parse_with(const Api& a, const nlmsghdr* msg, size_t len, FecReading* out, std::string* why) {
+bool parse_with(const Api& a, const nlmsghdr* msg, size_t len, FecReading* out, std::string* why,
+                const std::string& ifname = "") {
   if (len < sizeof(nlmsghdr) || msg->nlmsg_len < NLMSG_HDRLEN + GENL_HDRLEN ||
       msg->nlmsg_len > len) {
     *why = "FEC_GET reply shorter than its netlink and generic netlink headers";
@@ -207,6 +218,23 @@ bool parse_with(const Api& a, const nlmsghdr* msg, size_t len, FecReading* out, 
   if (a.genlmsg_parse(hdr, 0, tb, ETHTOOL_A_FEC_MAX, nullptr) < 0) {
     *why = "FEC_GET reply's attributes are malformed";
     return false;
+  }
+  if (!ifname.empty() && tb[ETHTOOL_A_FEC_HEADER]) {
+    // The reply's header names its device: it must be the one asked for.
+    nlattr* h[ETHTOOL_A_HEADER_MAX + 1] = {};
+    if (a.nla_parse_nested(h, ETHTOOL_A_HEADER_MAX, tb[ETHTOOL_A_FEC_HEADER], nullptr) < 0) {
+      *why = "FEC_GET reply's header is malformed";
+      return false;
+    }
+    if (nlattr* name = h[ETHTOOL_A_HEADER_DEV_NAME]) {
+      const int n = a.nla_len(name);
+      const char* d = static_cast<const char*>(a.nla_data(name));
+      const std::string got(d, n > 0 ? strnlen(d, static_cast<size_t>(n)) : 0);
+      if (got != ifname) {
+        *why = "FEC_GET reply is for \"" + got + "\", not \"" + ifname + "\"";
+        return false;
+      }
+    }
   }
   if (!tb[ETHTOOL_A_FEC_STATS]) {
     *why = "FEC_GET reply has no ETHTOOL_A_FEC_STATS (kernel older than 5.13?)";
@@ -230,9 +258,10 @@ bool parse_with(const Api& a, const nlmsghdr* msg, size_t len, FecReading* out, 
 
 }  // namespace
 
-bool parse_fec_reply(const nlmsghdr* msg, size_t len, FecReading* out, std::string* why) {
+bool parse_fec_reply(const nlmsghdr* msg, size_t len, FecReading* out, std::string* why,
+                     const std::string& ifname) {
   const Api* a = api(why);
-  return a && parse_with(*a, msg, len, out, why);
+  return a && parse_with(*a, msg, len, out, why, ifname);
 }
 
 struct EthtoolFec::Impl {
@@ -242,16 +271,25 @@ struct EthtoolFec::Impl {
   // One request's outcome, filled by the callbacks.
   struct Pending {
     const Api* a = nullptr;
+    int family = -1;
+    uint32_t seq = 0;  // the request's sequence number
+    std::string ifname;
     bool got = false;
     int err = 0;  // positive errno from an NLMSG_ERROR
     std::string why;
     FecReading r;
   };
 
+  // Only the reply to this request counts: its sequence number, family and command. (libnl
+  // checks sequence numbers only while auto-ACK is on, which is off here.)
   static int on_valid(nl_msg* m, void* arg) {
     auto* p = static_cast<Pending*>(arg);
     nlmsghdr* h = p->a->nlmsg_hdr(m);
-    if (parse_with(*p->a, h, h->nlmsg_len, &p->r, &p->why))
+    if (h->nlmsg_seq != p->seq || h->nlmsg_type != p->family ||
+        h->nlmsg_len < NLMSG_HDRLEN + GENL_HDRLEN ||
+        static_cast<const genlmsghdr*>(NLMSG_DATA(h))->cmd != ETHTOOL_MSG_FEC_GET_REPLY)
+      return kNlSkip;
+    if (parse_with(*p->a, h, h->nlmsg_len, &p->r, &p->why, p->ifname))
       p->got = true;
     else
       p->err = EPROTO;
@@ -259,6 +297,7 @@ struct EthtoolFec::Impl {
   }
   static int on_error(sockaddr_nl*, nlmsgerr* e, void* arg) {
     auto* p = static_cast<Pending*>(arg);
+    if (e->msg.nlmsg_seq != p->seq) return kNlSkip;  // an error for another request
     p->err = e->error < 0 ? -e->error : EPROTO;
     return kNlStop;
   }
@@ -286,6 +325,14 @@ int EthtoolFec::open(std::string* why) {
     m.a->nl_socket_free(sk);
     return EIO;
   }
+  // A 1 s receive timeout, before the first request (the family lookup).
+  const timeval tv{1, 0};
+  if (setsockopt(m.a->nl_socket_get_fd(sk), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv)) != 0) {
+    const int e = errno;
+    *why = std::string("generic netlink socket: SO_RCVTIMEO: ") + std::strerror(e);
+    m.a->nl_socket_free(sk);
+    return e;
+  }
   const int family = m.a->genl_ctrl_resolve(sk, ETHTOOL_GENL_NAME);
   if (family < 0) {
     *why = std::string("generic netlink family \"" ETHTOOL_GENL_NAME "\" not found (") +
@@ -295,8 +342,6 @@ int EthtoolFec::open(std::string* why) {
   }
   // The kernel answers a GET with its reply or an error; no separate ACK is asked for.
   m.a->nl_socket_disable_auto_ack(sk);
-  const timeval tv{1, 0};
-  setsockopt(m.a->nl_socket_get_fd(sk), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
   m.sk = sk;
   m.family = family;
   return 0;
@@ -328,9 +373,12 @@ int EthtoolFec::read(const std::string& ifname, FecReading* out, std::string* wh
   }
   Impl::Pending p;
   p.a = m.a;
+  p.family = m.family;
+  p.ifname = ifname;
   a.nl_socket_modify_cb(m.sk, kNlCbValid, kNlCbCustom, &Impl::on_valid, &p);
   a.nl_socket_modify_err_cb(m.sk, kNlCbCustom, &Impl::on_error, &p);
-  int rc = a.nl_send_auto(m.sk, msg);
+  int rc = a.nl_send_auto(m.sk, msg);  // completes the header: its sequence number
+  p.seq = a.nlmsg_hdr(msg)->nlmsg_seq;
   a.nlmsg_free(msg);
   if (rc >= 0) rc = a.nl_recvmsgs_default(m.sk);
   if (p.got) {
@@ -347,6 +395,123 @@ int EthtoolFec::read(const std::string& ifname, FecReading* out, std::string* wh
   a.nl_socket_free(m.sk);
   m.sk = nullptr;
   return EIO;
+}
+
+// The worker's state, shared with it: a worker left behind in the kernel at destruction keeps
+// it alive until its read returns.
+struct AsyncFecSource::State {
+  enum class Slot : uint8_t { kIdle, kQueued, kRunning, kDone };
+  struct Entry {
+    Slot st = Slot::kIdle;
+    int rc = 0;
+    FecReading r;
+    std::string why;
+    std::chrono::steady_clock::time_point since;  // when the pending request was asked for
+  };
+  std::mutex mu;
+  std::condition_variable cv;
+  bool stop = false;
+  bool exited = false;
+  std::map<std::string, Entry> slots;
+  std::deque<std::string> queue;
+  std::unique_ptr<FecSource> inner;
+  std::chrono::milliseconds overdue;
+
+  void run() {
+    std::unique_lock<std::mutex> lk(mu);
+    for (;;) {
+      cv.wait(lk, [&] { return stop || !queue.empty(); });
+      if (stop) break;
+      const std::string name = queue.front();
+      queue.pop_front();
+      slots[name].st = Slot::kRunning;
+      lk.unlock();
+      FecReading r;
+      std::string why;
+      int rc;
+      try {
+        rc = inner->read(name, &r, &why);
+      } catch (const std::exception& e) {  // nothing may escape the thread
+        rc = EIO;
+        why = e.what();
+      }
+      lk.lock();
+      Entry& e = slots[name];
+      e.st = Slot::kDone;
+      e.rc = rc;
+      e.r = r;
+      e.why = why;
+    }
+    exited = true;
+    cv.notify_all();
+  }
+};
+
+AsyncFecSource::AsyncFecSource(std::unique_ptr<FecSource> inner, int overdue_ms)
+    : state_(std::make_shared<State>()) {
+  state_->inner = std::move(inner);
+  state_->overdue = std::chrono::milliseconds(overdue_ms);
+}
+
+AsyncFecSource::~AsyncFecSource() {
+  if (!worker_.joinable()) return;
+  std::unique_lock<std::mutex> lk(state_->mu);
+  state_->stop = true;
+  state_->cv.notify_all();
+  // A read stuck in the kernel (rtnl_lock held elsewhere) must not hang the caller's exit:
+  // after 2 s the worker is left to finish on its own; it owns what it uses.
+  if (state_->cv.wait_for(lk, std::chrono::seconds(2), [&] { return state_->exited; })) {
+    lk.unlock();
+    worker_.join();
+  } else {
+    lk.unlock();
+    worker_.detach();
+  }
+}
+
+int AsyncFecSource::read(const std::string& ifname, FecReading* out, std::string* why) {
+  if (!worker_.joinable()) {
+    try {
+      std::shared_ptr<State> st = state_;
+      worker_ = std::thread([st] { st->run(); });
+    } catch (const std::system_error& e) {
+      *why = std::string("cannot start the FEC reader thread: ") + e.what();
+      return EAGAIN;
+    }
+  }
+  State& s = *state_;
+  std::lock_guard<std::mutex> lk(s.mu);
+  State::Entry& e = s.slots[ifname];
+  const auto now = std::chrono::steady_clock::now();
+  switch (e.st) {
+    case State::Slot::kDone: {
+      const int rc = e.rc;
+      *out = e.r;
+      *why = e.why;
+      e.st = State::Slot::kQueued;  // the next reading
+      e.since = now;
+      s.queue.push_back(ifname);
+      s.cv.notify_all();
+      return rc;
+    }
+    case State::Slot::kIdle:
+      e.st = State::Slot::kQueued;
+      e.since = now;
+      s.queue.push_back(ifname);
+      s.cv.notify_all();
+      *why = "first reading requested";
+      return EAGAIN;
+    default:
+      if (now - e.since >= s.overdue) {
+        *why = "the kernel has not answered the FEC request for " +
+               std::to_string(
+                   std::chrono::duration_cast<std::chrono::milliseconds>(now - e.since).count()) +
+               " ms (rtnl_lock held elsewhere, or the NIC's firmware slow)";
+        return ETIMEDOUT;
+      }
+      *why = "the previous request has not returned yet";
+      return EAGAIN;
+  }
 }
 
 }  // namespace r2ccl::predict

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 
 namespace r2ccl::predict {
 
@@ -234,9 +235,11 @@ NodeSampler::NodeSampler(const std::string& sysfs_root, const std::vector<RailSp
                          const BaselineParams& baseline) {
   // FEC statistics are the running kernel's, not a file under the root: asked only when the
   // root is the real /sys (a fake tree's interface names may not exist, or be other ones).
-  std::string root = sysfs_root;
-  while (root.size() > 1 && root.back() == '/') root.pop_back();
-  if (root == "/sys") fec_ = std::make_unique<EthtoolFec>();
+  // The kernel answers in the asking thread under rtnl_lock: never on the caller's thread.
+  char* real = ::realpath(sysfs_root.c_str(), nullptr);
+  if (real && std::string(real) == "/sys")
+    fec_ = std::make_unique<AsyncFecSource>(std::make_unique<EthtoolFec>());
+  std::free(real);
   for (const auto& r : rails) {
     rails_.emplace_back(sysfs_root, r);
     rails_.back().set_fec_source(fec_.get());

@@ -125,9 +125,11 @@ class SysfsRail {
   SysfsRail(const std::string& root, const RailSpec& spec);
 
   // Where fec_corr_blocks, fec_uncorr_blocks and fec_corr_bits come from; null (the default):
-  // nowhere. Not owned; must outlive the rail. A source that fails notes it once per kind of
-  // failure (through read()'s notes) and, for EOPNOTSUPP, EINVAL or ENOENT (a driver without
-  // FEC statistics, a kernel that does not know the request, no libnl), is not asked again.
+  // nowhere. Not owned; must outlive the rail. A failure is noted once per kind (errno) through
+  // read()'s notes. Not asked again after EOPNOTSUPP, EINVAL or ENOENT (a driver without FEC
+  // statistics, a kernel that does not know the request, no libnl) or three answers in a row
+  // with no statistic in them; asked again after anything else. EAGAIN (not answered yet) is
+  // silent. A step without a reading leaves that step and the next without FEC deltas.
   void set_fec_source(FecSource* src) { fec_ = src; }
   // The interface whose FEC statistics this rail reads: the Ethernet rail's own, a RoCE port's
   // netdev, or "" (an InfiniBand port).
@@ -170,8 +172,9 @@ class SysfsRail {
   int present_ = 0;
   FecSource* fec_ = nullptr;
   std::string fec_ifname_;
-  Reading fec_prev_[3];  // corrected blocks, uncorrectable blocks, corrected bits
-  int fec_errno_ = 0;    // the last FEC failure noted (0: none, or the last read worked)
+  Reading fec_prev_[3];         // corrected blocks, uncorrectable blocks, corrected bits
+  std::vector<int> fec_noted_;  // the kinds of FEC failure already noted (errno; 0: no stats)
+  int fec_empty_ = 0;           // successive answers without any FEC statistic
   bool fec_off_ = false;
 };
 

@@ -15,13 +15,20 @@
 // dlopen'ed the first time an EthtoolFec is opened. Without them the reader is unavailable and
 // the fec_* counters stay missing, as on a driver without FEC.
 //
-// Thread-safety: an EthtoolFec belongs to one thread (the plugin's background thread, a tool's
-// main thread). parse_fec_reply() may be called from any thread once libnl is loaded.
+// The kernel handles an ethtool netlink GET in the requesting thread, under rtnl_lock, with the
+// driver's firmware query inside (mlx5: the PPCNT register). So the plugin never asks from its
+// background thread, which also runs failover: AsyncFecSource runs an EthtoolFec on a thread of
+// its own and hands back each reading at the next sample.
+//
+// Thread-safety: an EthtoolFec or an AsyncFecSource belongs to one calling thread (the plugin's
+// background thread, a tool's main thread); AsyncFecSource's worker is its own business.
+// parse_fec_reply() may be called from any thread once libnl is loaded.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "r2ccl/predict/counters.h"
 
@@ -42,15 +49,17 @@ class FecSource {
   virtual ~FecSource() = default;
   // Reads interface `ifname`'s FEC totals into *out. Returns 0, or a positive errno with *why
   // saying what failed: EOPNOTSUPP (the driver has no FEC statistics), ENODEV (no such
-  // interface), ENOENT (libnl or the ethtool netlink family unavailable), others from the
-  // kernel or the socket. Must not block for more than about a second.
+  // interface), ENOENT (libnl or the ethtool netlink family unavailable), EAGAIN (no reading
+  // yet, ask again next sample), ETIMEDOUT (an earlier request is overdue), others from the
+  // kernel or the socket.
   virtual int read(const std::string& ifname, FecReading* out, std::string* why) = 0;
 };
 
 // The kernel's FEC statistics over ethtool netlink, in the calling thread's network namespace.
-// One netlink round trip per read(); the kernel answers synchronously (mlx5 reads the PPCNT
-// register: under a millisecond) and a 1 s receive timeout bounds it anyway. No privilege is
-// needed (a GET request).
+// One netlink round trip per read(), in the calling thread: the kernel does the work inside the
+// send (under rtnl_lock), so a read blocks as long as rtnl_lock is held elsewhere; a 1 s receive
+// timeout bounds only the wait after it. Only the reply to this request is taken (sequence
+// number, family, command, device name). No privilege is needed (a GET request).
 class EthtoolFec : public FecSource {
  public:
   EthtoolFec();
@@ -70,11 +79,33 @@ class EthtoolFec : public FecSource {
   std::unique_ptr<Impl> impl_;
 };
 
+// Runs another FecSource's reads on a worker thread of its own (started at the first read), so
+// read() never waits. Each read() returns the reading asked for at the previous read() of that
+// interface (so readings lag one sample; consecutive readings are one sample apart as the
+// caller's are) and asks for the next one: EAGAIN for the first read of a name and while the
+// worker is busy; ETIMEDOUT once a pending request is older than `overdue_ms`. The destructor
+// waits at most 2 s for a read in progress, then leaves the worker to finish on its own.
+class AsyncFecSource : public FecSource {
+ public:
+  explicit AsyncFecSource(std::unique_ptr<FecSource> inner, int overdue_ms = 5000);
+  ~AsyncFecSource() override;
+  AsyncFecSource(const AsyncFecSource&) = delete;
+  AsyncFecSource& operator=(const AsyncFecSource&) = delete;
+  int read(const std::string& ifname, FecReading* out, std::string* why) override;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+  std::thread worker_;
+};
+
 // Parses an ETHTOOL_MSG_FEC_GET reply (a whole netlink message: nlmsghdr, genlmsghdr,
 // attributes) into *out. Returns false with *why when the message is malformed or has no
 // ETHTOOL_A_FEC_STATS nest (the kernel sends one whenever ETHTOOL_FLAG_STATS was asked, empty
 // of readable totals when the driver reports none). Needs libnl loaded: false with *why if it
-// cannot be. `len` is the number of readable bytes at `msg` (at least msg->nlmsg_len).
-bool parse_fec_reply(const nlmsghdr* msg, size_t len, FecReading* out, std::string* why);
+// cannot be. `len` is the number of readable bytes at `msg` (at least msg->nlmsg_len). With
+// `ifname`, a reply whose header names another device is refused too.
+bool parse_fec_reply(const nlmsghdr* msg, size_t len, FecReading* out, std::string* why,
+                     const std::string& ifname = "");
 
 }  // namespace r2ccl::predict

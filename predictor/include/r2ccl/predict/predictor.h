@@ -147,14 +147,15 @@ class NodeSampler {
   // Rail i had no readable counter file at its last read (it is not predicted).
   bool blind(size_t i) const { return blind_[i]; }
   // Every rail's FEC statistics come from `src` (not owned; outlives the sampler; null: none).
-  // By default they come from the kernel's ethtool netlink when the root is the real /sys,
-  // and from nowhere for any other root. For tests.
+  // By default they come from the kernel's ethtool netlink (EthtoolFec on its own thread,
+  // AsyncFecSource: readings lag one sample) when the root resolves to the real /sys, and from
+  // nowhere for any other root. For tests.
   void set_fec_source(FecSource* src) {
     for (auto& r : rails_) r.set_fec_source(src);
   }
 
  private:
-  std::unique_ptr<EthtoolFec> fec_;  // declared before rails_, which point at it
+  std::unique_ptr<FecSource> fec_;  // declared before rails_, which point at it
   std::vector<SysfsRail> rails_;
   std::vector<std::unique_ptr<RailPredictor>> preds_;
   std::vector<char> blind_;  // rail i had no readable counter file at its last read
