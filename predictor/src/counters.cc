@@ -170,7 +170,11 @@ SysfsRail::SysfsRail(const std::string& root, const RailSpec& spec) : spec_(spec
     if (read_small(dir_ + "/link_layer", &text) && trim(text) == "Ethernet" &&
         read_small(dir_ + "/gid_attrs/ndevs/0", &text)) {
       const std::string ndev = trim(text);
-      if (valid_ifname(ndev)) {
+      if (!valid_ifname(ndev)) {
+        setup_note_ = dir_ +
+                      "/gid_attrs/ndevs/0 names no valid interface; the RoCE port's "
+                      "rx_crc_errors and FEC statistics are not read";
+      } else {
         fec_ifname_ = ndev;
         add_at(root + "/class/net/" + ndev + "/statistics/rx_crc_errors", kCrcErr, wrap64);
       }
@@ -190,7 +194,7 @@ SysfsRail::SysfsRail(const std::string& root, const RailSpec& spec) : spec_(spec
     add("statistics/rx_fifo_errors", kBufOverrun, wrap64);
     add("statistics/rx_missed_errors", kBufOverrun, wrap64);
     add("statistics/tx_dropped", kBufOverrun, wrap64);
-    fec_ifname_ = spec.device;
+    if (valid_ifname(spec.device)) fec_ifname_ = spec.device;
   }
 }
 
@@ -242,7 +246,9 @@ bool SysfsRail::read(double now_s, const ExtraCounters& extra, Step* out,
     }
     f.prev = cur;
   }
-  read_fec(&s, &counting, notes);
+  if (!setup_note_.empty() && notes) notes->push_back(setup_note_);
+  setup_note_.clear();
+  read_fec(now_s, &s, &counting, notes);
   // A counter all of whose readable files are saturated counts nothing more: unknown. One with
   // a file still counting (IB buf_overrun: the 4-bit excessive_buffer_overrun_errors and the
   // 32-bit out_of_buffer) is what that file counts.
@@ -291,7 +297,8 @@ bool SysfsRail::read(double now_s, const ExtraCounters& extra, Step* out,
   return prev >= 0;
 }
 
-void SysfsRail::read_fec(Step* s, uint32_t* counting, std::vector<std::string>* notes) {
+void SysfsRail::read_fec(double now_s, Step* s, uint32_t* counting,
+                         std::vector<std::string>* notes) {
   if (!fec_ || fec_ifname_.empty() || fec_off_) return;
   FecReading r;
   std::string why;
@@ -303,10 +310,10 @@ void SysfsRail::read_fec(Step* s, uint32_t* counting, std::vector<std::string>* 
     if (notes) notes->push_back(fec_ifname_ + ": " + text);
   };
   const char* const kStay = "; fec_corr_blocks, fec_uncorr_blocks and fec_corr_bits stay missing";
+  if (rc == EAGAIN) return;  // not answered yet (AsyncFecSource): missing now, next sample
   if (rc != 0) {
-    // No reading this step, so no delta at the next either (each delta spans one step).
+    // A failure: the next reading starts afresh (no delta across it).
     for (Reading& p : fec_prev_) p = Reading{};
-    if (rc == EAGAIN) return;  // not answered yet (AsyncFecSource): next sample
     if (rc == ETIMEDOUT) {
       note_once(rc, "FEC statistics late (" + why + "); missing until the kernel answers");
       return;
@@ -329,6 +336,14 @@ void SysfsRail::read_fec(Step* s, uint32_t* counting, std::vector<std::string>* 
   } else {
     fec_empty_ = 0;
   }
+  // Readings taken at known times (the kernel's, through AsyncFecSource) need not be one step
+  // apart: a late one spans more. The delta is then the rate between the two readings times
+  // this step's length, so that each step's count is over that step.
+  double scale = 1.0;
+  const double step_s = prev_s_ < 0 ? 0 : now_s - prev_s_;
+  if (r.t_s > 0 && fec_prev_t_ > 0 && r.t_s > fec_prev_t_ && step_s > 0)
+    scale = step_s / (r.t_s - fec_prev_t_);
+  fec_prev_t_ = r.t_s;
   const int ids[3] = {kFecCorrBlocks, kFecUncorrBlocks, kFecCorrBits};
   const Width wrap64{64, false};
   for (int i = 0; i < 3; ++i) {
@@ -339,7 +354,7 @@ void SysfsRail::read_fec(Step* s, uint32_t* counting, std::vector<std::string>* 
                        std::to_string(fec_prev_[i].value) + " to " + std::to_string(cur[i].value) +
                        " (counter reset)");
     if (d.kind != DeltaKind::kMissing) {
-      s->d[ids[i]] += static_cast<double>(d.value);
+      s->d[ids[i]] += static_cast<double>(d.value) * scale;
       s->missing &= ~(1u << ids[i]);
       *counting |= 1u << ids[i];
     }

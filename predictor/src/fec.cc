@@ -17,6 +17,7 @@
 #include <linux/netlink.h>
 #include <sys/socket.h>
 #include <sys/time.h>
+#include <time.h>
 
 #include <cerrno>
 #include <chrono>
@@ -26,6 +27,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <type_traits>
 
 struct nl_sock;
 struct nl_msg;
@@ -85,6 +87,13 @@ struct Api {
   void* (*genlmsg_put)(nl_msg*, uint32_t, uint32_t, int, int, int, uint8_t, uint8_t);
   int (*genlmsg_parse)(nlmsghdr*, int, nlattr**, int, const nla_policy*);
 };
+
+// The two callback setters take libnl's enums; the table passes them as int (checked against
+// libnl's own declarations below, with the enums' size).
+static_assert(std::is_same_v<decltype(Api::nl_socket_modify_cb),
+                             int (*)(nl_sock*, int, int, NlMsgCb, void*)>);
+static_assert(
+    std::is_same_v<decltype(Api::nl_socket_modify_err_cb), int (*)(nl_sock*, int, NlErrCb, void*)>);
 
 #if defined(R2CCL_FEC_CHECK_LIBNL_ABI)
 #define R2CCL_CHECK_FN(name) \
@@ -383,6 +392,9 @@ int EthtoolFec::read(const std::string& ifname, FecReading* out, std::string* wh
   if (rc >= 0) rc = a.nl_recvmsgs_default(m.sk);
   if (p.got) {
     *out = p.r;
+    timespec ts{};
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    out->t_s = static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
     return 0;
   }
   if (p.err) {
@@ -411,39 +423,47 @@ struct AsyncFecSource::State {
   std::mutex mu;
   std::condition_variable cv;
   bool stop = false;
-  bool exited = false;
+  bool busy = false;  // the worker is inside inner->read()
   std::map<std::string, Entry> slots;
   std::deque<std::string> queue;
   std::unique_ptr<FecSource> inner;
   std::chrono::milliseconds overdue;
 
-  void run() {
-    std::unique_lock<std::mutex> lk(mu);
-    for (;;) {
-      cv.wait(lk, [&] { return stop || !queue.empty(); });
-      if (stop) break;
-      const std::string name = queue.front();
-      queue.pop_front();
-      slots[name].st = Slot::kRunning;
-      lk.unlock();
-      FecReading r;
-      std::string why;
-      int rc;
-      try {
-        rc = inner->read(name, &r, &why);
-      } catch (const std::exception& e) {  // nothing may escape the thread
-        rc = EIO;
-        why = e.what();
+  void run() noexcept {
+    try {
+      std::unique_lock<std::mutex> lk(mu);
+      for (;;) {
+        cv.wait(lk, [&] { return stop || !queue.empty(); });
+        if (stop) return;
+        const std::string name = queue.front();
+        queue.pop_front();
+        Entry& e = slots[name];
+        e.st = Slot::kRunning;
+        busy = true;
+        lk.unlock();
+        FecReading r;
+        std::string why;
+        int rc;
+        try {
+          rc = inner->read(name, &r, &why);
+        } catch (const std::exception& ex) {
+          rc = EIO;
+          why = std::string("FEC reader: ") + ex.what();
+        } catch (...) {
+          rc = EIO;
+          why = "FEC reader: unknown exception";
+        }
+        lk.lock();
+        busy = false;
+        e.st = Slot::kDone;  // map entries never move
+        e.rc = rc;
+        e.r = r;
+        e.why = std::move(why);
       }
-      lk.lock();
-      Entry& e = slots[name];
-      e.st = Slot::kDone;
-      e.rc = rc;
-      e.r = r;
-      e.why = why;
+    } catch (...) {
+      // Out of memory in the bookkeeping: the worker ends; the pending requests go overdue
+      // (ETIMEDOUT) and say so. Nothing escapes the thread.
     }
-    exited = true;
-    cv.notify_all();
   }
 };
 
@@ -455,18 +475,19 @@ AsyncFecSource::AsyncFecSource(std::unique_ptr<FecSource> inner, int overdue_ms)
 
 AsyncFecSource::~AsyncFecSource() {
   if (!worker_.joinable()) return;
-  std::unique_lock<std::mutex> lk(state_->mu);
-  state_->stop = true;
-  state_->cv.notify_all();
-  // A read stuck in the kernel (rtnl_lock held elsewhere) must not hang the caller's exit:
-  // after 2 s the worker is left to finish on its own; it owns what it uses.
-  if (state_->cv.wait_for(lk, std::chrono::seconds(2), [&] { return state_->exited; })) {
-    lk.unlock();
-    worker_.join();
-  } else {
-    lk.unlock();
-    worker_.detach();
+  bool busy;
+  {
+    std::lock_guard<std::mutex> lk(state_->mu);
+    state_->stop = true;
+    busy = state_->busy;
+    state_->cv.notify_all();
   }
+  // Never waits for the kernel: a worker inside a read (rtnl_lock held elsewhere) is left to
+  // finish on its own, with the state it owns; an idle one sees `stop` and returns at once.
+  if (busy)
+    worker_.detach();
+  else
+    worker_.join();
 }
 
 int AsyncFecSource::read(const std::string& ifname, FecReading* out, std::string* why) {
@@ -476,30 +497,34 @@ int AsyncFecSource::read(const std::string& ifname, FecReading* out, std::string
       worker_ = std::thread([st] { st->run(); });
     } catch (const std::system_error& e) {
       *why = std::string("cannot start the FEC reader thread: ") + e.what();
-      return EAGAIN;
+      return ENOMEM;
     }
   }
   State& s = *state_;
   std::lock_guard<std::mutex> lk(s.mu);
   State::Entry& e = s.slots[ifname];
   const auto now = std::chrono::steady_clock::now();
+  auto ask = [&] {
+    e.st = State::Slot::kQueued;
+    e.since = now;
+    s.queue.push_back(ifname);
+    s.cv.notify_all();
+  };
   switch (e.st) {
     case State::Slot::kDone: {
       const int rc = e.rc;
       *out = e.r;
       *why = e.why;
-      e.st = State::Slot::kQueued;  // the next reading
-      e.since = now;
-      s.queue.push_back(ifname);
-      s.cv.notify_all();
+      // The next reading is asked for now; after a failure, only when asked again.
+      if (rc == 0)
+        ask();
+      else
+        e.st = State::Slot::kIdle;
       return rc;
     }
     case State::Slot::kIdle:
-      e.st = State::Slot::kQueued;
-      e.since = now;
-      s.queue.push_back(ifname);
-      s.cv.notify_all();
-      *why = "first reading requested";
+      ask();
+      *why = "reading requested";
       return EAGAIN;
     default:
       if (now - e.since >= s.overdue) {

@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdint>
@@ -550,6 +551,66 @@ struct GateRef : FecSource {
 };
 }  // namespace
 
+TEST_CASE("AsyncFecSource: failures, exceptions, and readings' own times", "[predictor]") {
+  struct Scripted : FecSource {
+    std::mutex mu;
+    int calls = 0;
+    int read(const std::string&, FecReading* out, std::string* why) override {
+      std::lock_guard<std::mutex> lk(mu);
+      ++calls;
+      if (calls == 2) {
+        *why = "no such device";
+        return ENODEV;
+      }
+      if (calls == 3) throw 42;  // not a std::exception: must not escape the worker
+      *out = FecReading{rd(static_cast<uint64_t>(calls)), Reading{}, Reading{}, 100.0 + calls};
+      return 0;
+    }
+  };
+  AsyncFecSource src(std::make_unique<Scripted>());
+  FecReading r;
+  std::string why;
+  auto next = [&] {  // the next answer that is not "pending"
+    int rc = EAGAIN;
+    for (int i = 0; i < 1000 && rc == EAGAIN; ++i) {
+      rc = src.read("eth1", &r, &why);
+      if (rc == EAGAIN) usleep(1000);
+    }
+    return rc;
+  };
+  CHECK(next() == 0);  // call 1
+  CHECK(r.corrected_blocks.value == 1);
+  CHECK(r.t_s == 101.0);
+  CHECK(next() == ENODEV);  // call 2; not asked again until read again
+  CHECK(why == "no such device");
+  CHECK(next() == EIO);  // call 3 threw
+  CHECK(why.find("unknown exception") != std::string::npos);
+  CHECK(next() == 0);  // call 4: the worker survived
+  CHECK(r.corrected_blocks.value == 4);
+}
+
+TEST_CASE("SysfsRail: a late FEC reading counts its rate over the step", "[predictor]") {
+  const std::string root = temp_dir();
+  write_file(root + "/class/net/eth1/operstate", "up\n");
+  SysfsRail rail(root, RailSpec{"eth1", RailSpec::Kind::kEth, "eth1", 1});
+  FakeFec fec;
+  rail.set_fec_source(&fec);
+  Step s;
+  fec.next = FecReading{rd(1000), Reading{}, Reading{}, 500.0};
+  CHECK_FALSE(rail.read(10.0, {}, &s, nullptr));
+  fec.rc = EAGAIN;  // the next request is late: this step has no FEC delta
+  REQUIRE(rail.read(15.0, {}, &s, nullptr));
+  CHECK((s.missing & (1u << kFecCorrBlocks)) != 0);
+  fec.rc = 0;  // read at 510.0: 200 blocks in 10 s, 100 in this 5 s step
+  fec.next = FecReading{rd(1200), Reading{}, Reading{}, 510.0};
+  REQUIRE(rail.read(20.0, {}, &s, nullptr));
+  CHECK(s.d[kFecCorrBlocks] == Approx(100.0));
+  fec.next = FecReading{rd(1250), Reading{}, Reading{}, 515.0};  // on time: as read
+  REQUIRE(rail.read(25.0, {}, &s, nullptr));
+  CHECK(s.d[kFecCorrBlocks] == Approx(50.0));
+  REQUIRE(system(("rm -rf " + root).c_str()) == 0);
+}
+
 TEST_CASE("AsyncFecSource never makes its caller wait for the kernel", "[predictor]") {
   auto gate = std::make_shared<GateFec>();
   auto ref = std::make_unique<GateRef>();
@@ -557,6 +618,7 @@ TEST_CASE("AsyncFecSource never makes its caller wait for the kernel", "[predict
   FecReading r;
   std::string why;
   uint64_t stuck_at = 0;
+  std::chrono::steady_clock::time_point destroying;
   {
     AsyncFecSource src(std::move(ref), 50);
     CHECK(src.read("eth1", &r, &why) == EAGAIN);  // the first reading is asked for
@@ -581,10 +643,14 @@ TEST_CASE("AsyncFecSource never makes its caller wait for the kernel", "[predict
       std::lock_guard<std::mutex> lk(gate->mu);
       stuck_at = gate->count;  // the worker waits inside a read that has not counted yet
     }
-    // Leaving with a read stuck: the destructor returns (after 2 s) and leaves the worker
-    // with what it owns.
+    // Leaving with a read stuck: the destructor does not wait for it (it leaves the worker
+    // with what it owns), so a sampler handover never stalls the background thread.
+    destroying = std::chrono::steady_clock::now();
   }
-  gate->set(true);  // the stuck read returns into the worker's own state; then it exits
+  const auto destroy_s =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - destroying).count();
+  CHECK(destroy_s < 1.0);  // no wait at all (it was 2 s); 1 s leaves room for a loaded machine
+  gate->set(true);         // the stuck read returns into the worker's own state; then it exits
   uint64_t count = 0;
   for (int i = 0; i < 500 && count <= stuck_at; ++i) {
     usleep(2000);
@@ -639,6 +705,10 @@ TEST_CASE("SysfsRail reads a RoCE port's CRC and FEC counters from its netdev", 
     write_file(root + "/class/infiniband/mlx5_3/ports/1/gid_attrs/ndevs/0", name + "\n");
     SysfsRail odd(root, RailSpec{"mlx5_3:1", RailSpec::Kind::kIb, "mlx5_3", 1});
     CHECK(odd.fec_ifname().empty());
+    std::vector<std::string> said;
+    odd.read(1.0, {}, &s, &said);
+    REQUIRE(said.size() == 1);  // said once, at the first read
+    CHECK(said[0].find("gid_attrs/ndevs/0 names no valid interface") != std::string::npos);
   }
   REQUIRE(system(("rm -rf " + root).c_str()) == 0);
 }

@@ -129,7 +129,8 @@ class SysfsRail {
   // read()'s notes. Not asked again after EOPNOTSUPP, EINVAL or ENOENT (a driver without FEC
   // statistics, a kernel that does not know the request, no libnl) or three answers in a row
   // with no statistic in them; asked again after anything else. EAGAIN (not answered yet) is
-  // silent. A step without a reading leaves that step and the next without FEC deltas.
+  // silent: that step has no FEC delta, and the next reading's delta is its rate since the
+  // previous reading times the step's length (when both readings carry their times).
   void set_fec_source(FecSource* src) { fec_ = src; }
   // The interface whose FEC statistics this rail reads: the Ethernet rail's own, a RoCE port's
   // netdev, or "" (an InfiniBand port).
@@ -162,7 +163,7 @@ class SysfsRail {
   };
   void add(const char* rel, int counter, Width w, uint64_t scale = 1);  // under dir_
   void add_at(const std::string& path, int counter, Width w, uint64_t scale = 1);
-  void read_fec(Step* s, uint32_t* counting, std::vector<std::string>* notes);
+  void read_fec(double now_s, Step* s, uint32_t* counting, std::vector<std::string>* notes);
 
   RailSpec spec_;
   std::string dir_;
@@ -173,6 +174,8 @@ class SysfsRail {
   FecSource* fec_ = nullptr;
   std::string fec_ifname_;
   Reading fec_prev_[3];         // corrected blocks, uncorrectable blocks, corrected bits
+  double fec_prev_t_ = 0;       // when fec_prev_ was read (FecReading::t_s; 0 unknown)
+  std::string setup_note_;      // said at the first read (a RoCE netdev name refused)
   std::vector<int> fec_noted_;  // the kinds of FEC failure already noted (errno; 0: no stats)
   int fec_empty_ = 0;           // successive answers without any FEC statistic
   bool fec_off_ = false;

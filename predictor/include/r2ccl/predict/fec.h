@@ -41,6 +41,7 @@ struct FecReading {
   Reading corrected_blocks;      // codewords corrected (cumulative, 64-bit, wraps)
   Reading uncorrectable_blocks;  // codewords FEC could not correct (cumulative)
   Reading corrected_bits;        // bits corrected (cumulative)
+  double t_s = 0;                // CLOCK_MONOTONIC seconds when it was read; 0: unknown
 };
 
 // Where a rail's FEC readings come from: the kernel (EthtoolFec) or a test double.
@@ -80,11 +81,13 @@ class EthtoolFec : public FecSource {
 };
 
 // Runs another FecSource's reads on a worker thread of its own (started at the first read), so
-// read() never waits. Each read() returns the reading asked for at the previous read() of that
-// interface (so readings lag one sample; consecutive readings are one sample apart as the
-// caller's are) and asks for the next one: EAGAIN for the first read of a name and while the
-// worker is busy; ETIMEDOUT once a pending request is older than `overdue_ms`. The destructor
-// waits at most 2 s for a read in progress, then leaves the worker to finish on its own.
+// neither read() nor the destructor ever waits for the kernel. One worker serves every
+// interface in turn. Each read() returns the answer to the request made at the previous read()
+// of that interface (readings lag one sample; FecReading::t_s says when each was taken) and, if
+// it was a reading, asks for the next one: EAGAIN for the first read of a name, after a failure
+// (asked again now), and while the request is pending; ETIMEDOUT once it is older than
+// `overdue_ms`; ENOMEM if the thread cannot start. The destructor leaves a worker that is inside
+// a read to finish on its own, with the state it owns; an idle one is joined.
 class AsyncFecSource : public FecSource {
  public:
   explicit AsyncFecSource(std::unique_ptr<FecSource> inner, int overdue_ms = 5000);
