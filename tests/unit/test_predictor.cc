@@ -355,6 +355,14 @@ struct FakeFec : FecSource {
 
 Reading rd(uint64_t v) { return Reading{true, v}; }
 
+// A sysfs tree with one Ethernet interface, eth1, up (no counter files).
+const RailSpec kEth1{"eth1", RailSpec::Kind::kEth, "eth1", 1};
+std::string eth1_tree() {
+  const std::string root = temp_dir();
+  write_file(root + "/class/net/eth1/operstate", "up\n");
+  return root;
+}
+
 }  // namespace
 
 TEST_CASE("parse_fec_reply reads the totals of the kernel's FEC_GET reply", "[predictor]") {
@@ -487,9 +495,8 @@ TEST_CASE("SysfsRail takes an Ethernet rail's FEC counters from its FecSource", 
 }
 
 TEST_CASE("SysfsRail: FEC answers that are late, pending or empty", "[predictor]") {
-  const std::string root = temp_dir();
-  write_file(root + "/class/net/eth1/operstate", "up\n");
-  SysfsRail rail(root, RailSpec{"eth1", RailSpec::Kind::kEth, "eth1", 1});
+  const std::string root = eth1_tree();
+  SysfsRail rail(root, kEth1);
   FakeFec fec;
   rail.set_fec_source(&fec);
   Step s;
@@ -511,7 +518,7 @@ TEST_CASE("SysfsRail: FEC answers that are late, pending or empty", "[predictor]
   REQUIRE(notes.size() == 2);
   CHECK(notes[1].find("the driver reports no FEC statistics") != std::string::npos);
   // A failure that comes back after a success is not noted again.
-  SysfsRail again(root, RailSpec{"eth1", RailSpec::Kind::kEth, "eth1", 1});
+  SysfsRail again(root, kEth1);
   again.set_fec_source(&fec);
   notes.clear();
   for (int i = 0; i < 6; ++i) {
@@ -590,9 +597,8 @@ TEST_CASE("AsyncFecSource: failures, exceptions, and readings' own times", "[pre
 }
 
 TEST_CASE("SysfsRail: a late FEC reading counts its rate over the step", "[predictor]") {
-  const std::string root = temp_dir();
-  write_file(root + "/class/net/eth1/operstate", "up\n");
-  SysfsRail rail(root, RailSpec{"eth1", RailSpec::Kind::kEth, "eth1", 1});
+  const std::string root = eth1_tree();
+  SysfsRail rail(root, kEth1);
   FakeFec fec;
   rail.set_fec_source(&fec);
   Step s;
