@@ -194,7 +194,11 @@ SysfsRail::SysfsRail(const std::string& root, const RailSpec& spec) : spec_(spec
     add("statistics/rx_fifo_errors", kBufOverrun, wrap64);
     add("statistics/rx_missed_errors", kBufOverrun, wrap64);
     add("statistics/tx_dropped", kBufOverrun, wrap64);
-    if (valid_ifname(spec.device)) fec_ifname_ = spec.device;
+    // FEC from the kernel, except for a loopback interface (type 772, ARPHRD_LOOPBACK in
+    // <linux/if_arp.h>), which has none: nothing is asked for it at all.
+    std::string type;
+    const bool loopback = read_small(dir_ + "/type", &type) && trim(type) == "772";
+    if (valid_ifname(spec.device) && !loopback) fec_ifname_ = spec.device;
   }
 }
 

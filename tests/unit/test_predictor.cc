@@ -444,6 +444,8 @@ TEST_CASE("SysfsRail takes an Ethernet rail's FEC counters from its FecSource", 
   write_file(root + "/class/net/eth1/statistics/rx_crc_errors", "0\n");
   SysfsRail rail(root, RailSpec{"eth1", RailSpec::Kind::kEth, "eth1", 1});
   CHECK(rail.fec_ifname() == "eth1");
+  write_file(root + "/class/net/lo/type", "772\n");  // ARPHRD_LOOPBACK: no FEC to ask for
+  CHECK(SysfsRail(root, RailSpec{"lo", RailSpec::Kind::kEth, "lo", 1}).fec_ifname().empty());
   FakeFec fec;
   rail.set_fec_source(&fec);
   fec.next = FecReading{rd(100), Reading{}, rd(5000)};
@@ -1169,23 +1171,25 @@ TEST_CASE("node sampler: the last usable rail of the node is not drained", "[pre
 }
 
 TEST_CASE("node sampler: FEC from the kernel for the real /sys only", "[predictor]") {
-  // lo has statistics under the real /sys and no FEC: the sampler asks the kernel once and
-  // says why the FEC counters stay missing. Under a fake root it never asks the kernel.
+  // An interface the kernel does not have: the sampler asks it and says why the FEC counters
+  // stay missing (once). lo, a loopback interface, is never asked. Under a fake root the
+  // kernel is never asked.
   Model m;
   always_failing_model(&m);
   PredictorConfig cfg;
   cfg.window_steps = 4;
+  const RailSpec none{"r2cclnone0", RailSpec::Kind::kEth, "r2cclnone0", 1};
   const RailSpec lo{"lo", RailSpec::Kind::kEth, "lo", 1};
   std::vector<RailRisk> out;
   std::vector<std::string> notes;
   // The kernel is asked on a thread of the sampler's own; its answer comes at a later sample.
-  NodeSampler real("/sys/.", {lo}, cfg, &m, m.baseline);  // resolves to /sys
+  NodeSampler real("/sys/.", {none, lo}, cfg, &m, m.baseline);  // resolves to /sys
   auto fec_notes = [&] {
     int k = 0;
     for (const auto& n : notes)
       k += n.find(
-               "lo: FEC statistics unavailable (ethtool netlink FEC_GET: Operation "
-               "not supported)") != std::string::npos;
+               "r2cclnone0: FEC statistics unavailable (ethtool netlink FEC_GET: No such "
+               "device)") != std::string::npos;
     return k;
   };
   for (int i = 0; i < 500 && fec_notes() == 0; ++i) {
@@ -1194,8 +1198,9 @@ TEST_CASE("node sampler: FEC from the kernel for the real /sys only", "[predicto
   }
   for (int i = 0; i < 3; ++i) real.sample(20.0 + i, {}, &out, &notes);
   CHECK(fec_notes() == 1);
+  for (const auto& n : notes) CHECK(n.find("lo: FEC") == std::string::npos);
   Step s;
-  REQUIRE(real.last_step(0, &s));
+  REQUIRE(real.last_step(1, &s));
   CHECK((s.missing & (1u << kFecCorrBlocks)) != 0);
   CHECK((s.missing & (1u << kRxBytes)) == 0);  // lo's own statistics are read
   // A fake tree with the same interface name: no kernel request, so no note.
