@@ -152,13 +152,15 @@ bool first_time(const std::string& key) {
 }
 
 bool AcceptGate::on_error(int err, const std::string& where, TimeUs now) {
-  // EAGAIN and the like: nothing waits. That does not end a shortage (the process may still
-  // be out of descriptors); only an accept4 that succeeds does (on_accepted).
+  // EAGAIN and the like: nothing waits. That changes nothing (the process may still be out of
+  // descriptors).
   if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM) return false;
   until_ = now + kAcceptPause;
-  // One shortage is a run of failures less than kAcceptStarvedLimit apart: a connector whose
-  // hello went unanswered retries within about a second (verbs tries only while an accept()
-  // is in progress: a failure long ago belongs to an earlier shortage).
+  failing_.store(true, std::memory_order_relaxed);
+  // One shortage is a run of failures less than kAcceptStarvedLimit apart, whatever succeeded
+  // in between: a connector whose hello went unanswered retries within about a second (verbs
+  // tries only while an accept() is in progress: a failure long ago belongs to an earlier
+  // shortage).
   if (since_.load(std::memory_order_relaxed) == 0 ||
       now - last_.load(std::memory_order_relaxed) > kAcceptStarvedLimit) {
     err_.store(err, std::memory_order_relaxed);
@@ -177,7 +179,8 @@ bool AcceptGate::on_error(int err, const std::string& where, TimeUs now) {
 
 bool AcceptGate::starved(TimeUs now, TimeUs since) const {
   const TimeUs s = since_.load(std::memory_order_relaxed);
-  return s != 0 && now - s >= kAcceptStarvedLimit && last_.load(std::memory_order_relaxed) >= since;
+  return s != 0 && failing_.load(std::memory_order_relaxed) && now - s >= kAcceptStarvedLimit &&
+         last_.load(std::memory_order_relaxed) >= since;
 }
 
 std::string AcceptGate::starved_text(TimeUs now) const {

@@ -69,11 +69,15 @@ bool first_time(const std::string& key);
 // background thread leaves it out of its poll; verbs: accept() does not try), warned once per
 // process and cause, naming the limit, and accepts again after: once descriptors are free,
 // the connectors' retries get through.
-// A shortage that lasts kAcceptStarvedLimit (no accept4 succeeded since, and the failures
-// came less than that apart) cannot be waited out: the process holds its own descriptors. Then the
-// accept() in progress fails (kSystem, starved_text() names the limit) and the waiting connectors
-// are refused with the same cause (refuse_with_spare), so both ends fail within 2 s of the first
-// failed accept4 instead of R2CCL_CONNECT_TIMEOUT.
+// A shortage is a run of failed accept4s less than kAcceptStarvedLimit apart. One that lasts
+// kAcceptStarvedLimit, and whose latest accept4 failed, cannot be waited out: the process holds
+// its own descriptors. Then the accept() in progress fails (kSystem, starved_text() names the
+// limit) and the waiting connectors are refused with the same cause (refuse_with_spare), so both
+// ends fail within 2 s of the first failed accept4 instead of R2CCL_CONNECT_TIMEOUT. An accept4
+// that succeeds in between does not end the run: a connector that gave up on a stream (TCP: after
+// 1 s without an answer) closes it, the listener's end of it frees one descriptor, and the next
+// waiting connection takes it, so the process is as short as before (seen on loaded machines:
+// when such an accept restarted the clock, the refusal came 2-3 s after the first failure).
 // Thread: on_error() and paused() on the thread that owns the listener; starved() and
 // starved_text() on any thread (TCP: the accept() threads read the background thread's gates).
 constexpr TimeUs kAcceptPause = 100 * kUsPerMs;
@@ -82,25 +86,32 @@ class AcceptGate {
  public:
   AcceptGate() = default;
   AcceptGate(const AcceptGate& o)
-      : until_(o.until_), last_(o.last_.load()), since_(o.since_.load()), err_(o.err_.load()) {}
+      : until_(o.until_),
+        last_(o.last_.load()),
+        since_(o.since_.load()),
+        err_(o.err_.load()),
+        failing_(o.failing_.load()) {}
   bool paused(TimeUs now) const { return now < until_; }
   // accept4 on `where` ("rail eth0") failed with err: true when the listener pauses (any
   // other errno, EAGAIN included, leaves the gate as it was).
   bool on_error(int err, const std::string& where, TimeUs now);
-  // accept4 succeeded: the shortage, if any, is over.
-  void on_accepted() { since_.store(0, std::memory_order_relaxed); }
-  // A connection has been waiting for a descriptor for kAcceptStarvedLimit or longer, and
-  // accept4 failed so again at or after `since` (an accept() in progress passes its start:
-  // a shortage that ended meanwhile, not yet seen by the listener's owner, does not count).
+  // accept4 succeeded: nothing is starved until the next failure (which continues the
+  // shortage if it comes less than kAcceptStarvedLimit after the previous one).
+  void on_accepted() { failing_.store(false, std::memory_order_relaxed); }
+  // The latest accept4 failed for want of descriptors, in a shortage that has lasted
+  // kAcceptStarvedLimit or longer, and one failed so at or after `since` (an accept() in
+  // progress passes its start: a shortage that ended meanwhile, not yet seen by the listener's
+  // owner, does not count).
   bool starved(TimeUs now, TimeUs since = 0) const;
   // "Too many open files (RLIMIT_NOFILE soft 32, hard 524288) for 2.1 s".
   std::string starved_text(TimeUs now) const;
 
  private:
   TimeUs until_ = 0;
-  std::atomic<TimeUs> last_{0};   // the latest failed accept4
-  std::atomic<TimeUs> since_{0};  // the first accept4 of the current shortage failed then
-  std::atomic<int> err_{0};       // its errno
+  std::atomic<TimeUs> last_{0};       // the latest failed accept4
+  std::atomic<TimeUs> since_{0};      // the first accept4 of the current shortage failed then
+  std::atomic<int> err_{0};           // its errno
+  std::atomic<bool> failing_{false};  // the latest accept4 failed (on_error), not succeeded
 };
 
 // One descriptor the process keeps in reserve (/dev/null, opened by keep_spare_descriptor()

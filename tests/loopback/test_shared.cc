@@ -1718,6 +1718,11 @@ enum class Shortage { kBrief, kLasting };
 //    within 2 s of getting stuck and naming the listener's RLIMIT_NOFILE and its soft value
 //    (before, both waited R2CCL_CONNECT_TIMEOUT); once comms are closed, a new connection on
 //    another listen comm comes up and carries data.
+// Under UBSan (build-asan/) the listener's log may hold "runtime error: member call on address
+// ... which does not point to an object of type 'PathIo' ... invalid vptr". That report is
+// false: the vptr check reads the vtable through a pipe (sanitizer_common's
+// IsAccessibleMemoryRange), and a process out of descriptors cannot open one; ten lines that
+// exhaust RLIMIT_NOFILE and call a virtual function show the same.
 void nofile_listener(const TransportUnderTest& t, Shortage shortage) {
   const bool lasting = shortage == Shortage::kLasting;
   // The connector calls a connect stuck after this long (a connect on loopback takes
