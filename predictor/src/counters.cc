@@ -127,6 +127,14 @@ Delta counter_delta(Reading prev, Reading cur, Width w) {
   return d;
 }
 
+void settle_resets(Delta* d, const Reading* cur, size_t n) {
+  bool reset = false;
+  for (size_t i = 0; i < n; ++i) reset |= d[i].kind == DeltaKind::kReset;
+  if (!reset) return;
+  for (size_t i = 0; i < n; ++i)
+    if (d[i].kind == DeltaKind::kWrapped) d[i] = Delta{cur[i].value, DeltaKind::kReset};
+}
+
 Reading parse_reading(const std::string& text) {
   Reading r;
   std::string t = trim(text);
@@ -222,14 +230,24 @@ bool SysfsRail::read(double now_s, const ExtraCounters& extra, Step* out,
   uint32_t saturated = 0, counting = 0;
   present_ = 0;
   std::string text;
-  for (File& f : files_) {
-    const std::string& path = f.path;
-    Reading cur = read_small(path, &text) ? parse_reading(text) : Reading{};
+  std::vector<Reading> curs(files_.size());
+  std::vector<Delta> deltas(files_.size());
+  for (size_t i = 0; i < files_.size(); ++i) {
+    File& f = files_[i];
+    Reading& cur = curs[i];
+    cur = read_small(f.path, &text) ? parse_reading(text) : Reading{};
     if (cur.present) ++present_;
     if (!cur.present && f.was_present && notes)
-      notes->push_back(path + ": no longer readable as a number; counted as 0");
+      notes->push_back(f.path + ": no longer readable as a number; counted as 0");
     f.was_present = cur.present;
-    const Delta d = counter_delta(f.prev, cur, f.width);
+    deltas[i] = counter_delta(f.prev, cur, f.width);
+  }
+  settle_resets(deltas.data(), curs.data(), files_.size());
+  for (size_t i = 0; i < files_.size(); ++i) {
+    File& f = files_[i];
+    const std::string& path = f.path;
+    const Reading& cur = curs[i];
+    const Delta& d = deltas[i];
     if (d.kind == DeltaKind::kSaturated) {
       if (!f.warned_saturated && notes)
         notes->push_back(path + ": saturated at " + std::to_string(cur.value) +

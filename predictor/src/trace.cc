@@ -220,8 +220,10 @@ bool TraceReader::next(TraceRow* out, std::string* err) {
     s.link_up = r.link_up;
     s.speed_mbps = speed;
     s.missing = (1u << kNumCounters) - 1;
+    Reading curs[kNumCounters];
+    Delta deltas[kNumCounters];
     for (int c = 0; c < kNumCounters; ++c) {
-      Reading cur;
+      Reading& cur = curs[c];
       if (col_counter_[c] >= 0) {
         const std::string& v = f[col_counter_[c]];
         if (!v.empty() && v != "N/A") {
@@ -233,13 +235,17 @@ bool TraceReader::next(TraceRow* out, std::string* err) {
           }
         }
       }
-      const Delta d = counter_delta(st.prev[c], cur, st.widths[c]);
+      deltas[c] = counter_delta(st.prev[c], cur, st.widths[c]);
+      st.prev[c] = cur;
+    }
+    settle_resets(deltas, curs, kNumCounters);
+    for (int c = 0; c < kNumCounters; ++c) {
+      const Delta& d = deltas[c];
       // A saturated counter counts nothing more: unknown, not a quiet 0 (nor its last jump).
       if (d.kind != DeltaKind::kMissing && d.kind != DeltaKind::kSaturated) {
         s.d[c] = static_cast<double>(d.value);
         s.missing &= ~(1u << c);
       }
-      st.prev[c] = cur;
     }
     if (!first) {
       if (!(r.t_s > st.t)) {

@@ -13,7 +13,10 @@ state):
   - current >= previous: current - previous;
   - a wrapping counter that went down by more than half its range (and whose previous value
     fits the width): wrapped, delta = (current - previous) mod 2^bits;
-  - any other decrease: a reset, delta = current (the count since the reset).
+  - any other decrease: a reset, delta = current (the count since the reset);
+  - a row in which any counter of the rail was reset: the counters that seem to have wrapped
+    in it were reset too (a port's counters are reset together), delta = current
+    (counters.h, settle_resets).
 A rail's first row only primes the deltas and produces no step.
 
 Usable deltas: a delta is usable when both readings are present and the counter is not
@@ -166,6 +169,19 @@ def counter_deltas(prev_v: np.ndarray, prev_ok: np.ndarray, cur_v: np.ndarray,
     return np.where(prev_ok & cur_ok, d, np.uint64(0)).astype(np.uint64)
 
 
+def counter_kinds(prev_v: np.ndarray, prev_ok: np.ndarray, cur_v: np.ndarray,
+                  cur_ok: np.ndarray, width: tracefile.Width):
+    """(wrapped, reset): where a counter column's delta is a wrap, where a reset (both
+    readings present; the rules in the module docstring)."""
+    mx = np.uint64(width.max_value)
+    half = np.uint64(1 << (width.bits - 1))
+    with np.errstate(over="ignore"):
+        down = (cur_v < prev_v) & prev_ok & cur_ok
+        wrapped = down & (prev_v - cur_v > half) & (prev_v <= mx) if not width.saturating else \
+            np.zeros_like(down)
+    return wrapped, down & ~wrapped
+
+
 def counter_usable(prev_v: np.ndarray, prev_ok: np.ndarray, cur_v: np.ndarray,
                    cur_ok: np.ndarray, width: tracefile.Width) -> np.ndarray:
     """Where a delta is usable: both readings present, and not a saturated counter at its
@@ -220,13 +236,16 @@ def _log_rate(count: float, dt: float) -> float:
     return math.log1p(max(0.0, count) / dt)
 
 
-def compute_features(tr: tracefile.Trace, horizon_s: float = HORIZON_S) -> FeatureSet:
-    """The feature rows, labels and failure events of a parsed trace."""
-    prev = previous_row_index(tr.rail)
+def trace_deltas(tr: tracefile.Trace, prev: np.ndarray):
+    """(deltas, usable), float64 and bool, shaped like tr.values: each row's deltas against
+    the previous row of its rail (``prev``, from previous_row_index), by the module
+    docstring's rules."""
     has_step = prev >= 0
     p = np.where(has_step, prev, 0)
     deltas = np.zeros(tr.values.shape, dtype=np.float64)
     usable = np.zeros(tr.values.shape, dtype=bool)
+    wrapped = np.zeros(tr.values.shape, dtype=bool)
+    reset = np.zeros(tr.values.shape, dtype=bool)
     rail_widths = tr.rail_widths or [list(tr.widths)] * len(tr.rails)
     for c, name in enumerate(tracefile.COUNTERS):
         # Rails may read a counter with different widths ("# widths for PREFIX:").
@@ -240,6 +259,20 @@ def compute_features(tr: tracefile.Trace, horizon_s: float = HORIZON_S) -> Featu
             d = np.where(ok, counter_deltas(*args), np.uint64(0))  # as the C++: 0 unless usable
             deltas[rows_w, c] = d[rows_w].astype(np.float64)
             usable[rows_w, c] = ok[rows_w]
+            wr, rs = counter_kinds(*args)
+            wrapped[rows_w, c] = wr[rows_w]
+            reset[rows_w, c] = rs[rows_w]
+    # settle_resets: a "wrap" in a row where another counter of the rail was reset is a reset.
+    settle = wrapped & usable & reset.any(axis=1)[:, None]
+    return np.where(settle, tr.values.astype(np.float64), deltas), usable
+
+
+def compute_features(tr: tracefile.Trace, horizon_s: float = HORIZON_S) -> FeatureSet:
+    """The feature rows, labels and failure events of a parsed trace."""
+    prev = previous_row_index(tr.rail)
+    has_step = prev >= 0
+    p = np.where(has_step, prev, 0)
+    deltas, usable = trace_deltas(tr, prev)
 
     rows = np.flatnonzero(has_step & tr.link)
     steps = np.flatnonzero(has_step)  # every step, down ones too (recent_downs)

@@ -65,8 +65,9 @@ Not failures (must not trigger a drain):
   incast      short (1-4 samples) receive bursts at line rate with buffer-overrun and
               retransmit spikes, every few minutes.
   reset       all counters drop to the count since the reset at 1-3 samples (perfquery -R,
-              a driver reload); where retrans was above 2^31 the reset reads as a wrap (the
-              spec's rule cannot tell them apart) and gives one huge retransmit step.
+              a driver reload); where retrans was above 2^31 the spec's rule alone would read
+              the reset as a wrap (one huge retransmit step); the other counters' reset in
+              the same step tells them apart (features.py, settle_resets in counters.h).
   idle        near-zero traffic; stale QPs still log the odd retransmit, so the retransmit
               *ratio* of an idle link can be large.
   healthy     normal traffic and the rail's steady floor (from 0 to a marginal-but-stable

@@ -76,6 +76,19 @@ class DeltaRules(unittest.TestCase):
         self.assertEqual(deltas(65535, 65535, S16), 0)  # stuck at max: reads 0
         self.assertEqual(deltas(15, 2, S4), 2)  # any decrease of a sat counter is a reset
 
+    def test_a_rail_reset_is_not_a_wrap(self):
+        # retrans (wrap32) 6 below 2^32 and tx_packets reset together: the count since the
+        # reset (3), not a wrap (9), as counters.h's settle_resets. Alone, a wrap stays a wrap.
+        lines = [row(0, retrans=(1 << 32) - 6, tx_packets=5000000),
+                 row(5, retrans=3, tx_packets=100),
+                 row(10, retrans=(1 << 32) - 1, tx_packets=200),
+                 row(15, retrans=4, tx_packets=300)]
+        with TempTrace(lines) as path:
+            tr = tracefile.read_trace(path)
+        d, _ = features.trace_deltas(tr, features.previous_row_index(tr.rail))
+        self.assertEqual(list(d[[1, 3], features._C["retrans"]]), [3, 5])
+        self.assertEqual(list(d[[1, 3], features._C["tx_packets"]]), [100, 100])
+
     def test_missing(self):
         self.assertEqual(deltas(5, 9, W32, prev_ok=False), 0)
         self.assertEqual(deltas(5, 9, W32, cur_ok=False), 0)

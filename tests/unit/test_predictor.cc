@@ -142,6 +142,33 @@ TEST_CASE("counter deltas: normal, wrap, reset, saturation, missing", "[predicto
   CHECK(counter_delta({true, 5}, {false, 0}, wrap32).value == 0);
 }
 
+TEST_CASE("a reset of a rail's counters is not read as a wrap of its 32-bit ones", "[predictor]") {
+  const Width wrap32{32, false}, wrap64{64, false};
+  // A reset (perfquery -R, a driver reload) takes every counter of the port to 0 in one step:
+  // tx_packets (64-bit: a drop of 3.5e9 cannot be a wrap) and a 32-bit link_downed that stood
+  // 12 below 2^32, which alone would read as a wrap (12 link-downs).
+  const Reading prev[3] = {{true, 3558441037ULL}, {true, 4294967284ULL}, {true, 4294967290ULL}};
+  const Reading cur[3] = {{true, 871417}, {true, 0}, {true, 1}};
+  Delta d[3];
+  for (int i = 0; i < 3; ++i) d[i] = counter_delta(prev[i], cur[i], i == 0 ? wrap64 : wrap32);
+  REQUIRE(d[1].kind == DeltaKind::kWrapped);
+  REQUIRE(d[1].value == 12);
+  settle_resets(d, cur, 3);
+  CHECK(d[0].kind == DeltaKind::kReset);
+  CHECK(d[0].value == 871417);
+  CHECK(d[1].kind == DeltaKind::kReset);
+  CHECK(d[1].value == 0);  // the count since the reset
+  CHECK(d[2].value == 1);
+  // Without a reset in the step, a wrap stays a wrap.
+  Delta w[2] = {counter_delta({true, 4294967290ULL}, {true, 5}, wrap32),
+                counter_delta({true, 100}, {true, 130}, wrap32)};
+  const Reading wc[2] = {{true, 5}, {true, 130}};
+  settle_resets(w, wc, 2);
+  CHECK(w[0].kind == DeltaKind::kWrapped);
+  CHECK(w[0].value == 11);
+  CHECK(w[1].value == 30);
+}
+
 TEST_CASE("counter readings and widths parse strictly", "[predictor]") {
   CHECK(parse_reading("123\n").present);
   CHECK(parse_reading(" 18446744073709551615 ").value == ~0ULL);
@@ -268,6 +295,21 @@ TEST_CASE("SysfsRail reads an Ethernet interface and a TCP rail's own retransmit
   set("operstate", "down");
   REQUIRE(rail.read(2.0, ex, &s, nullptr));
   CHECK_FALSE(s.link_up);
+  // The counters are reset together (a driver reload) while carrier_down_count stood 2 below
+  // 2^32 (a 32-bit counter on some drivers, read as 64-bit here: no wrap possible) and
+  // carrier_changes just under 2^64: its drop alone would read as a wrap of 5.
+  set("operstate", "up");
+  set("carrier_changes", "18446744073709551613");
+  REQUIRE(rail.read(2.5, ex, &s, nullptr));
+  set("carrier_changes", "2");
+  set("statistics/rx_bytes", "1000");
+  std::vector<std::string> notes;
+  REQUIRE(rail.read(3.0, ex, &s, &notes));
+  CHECK(s.d[kLinkRecovery] == 2);  // not 5: reset with rx_bytes, the count since
+  CHECK(s.d[kRxBytes] == 1000);
+  CHECK(std::count_if(notes.begin(), notes.end(), [](const std::string& n) {
+          return n.find("(counter reset)") != std::string::npos;
+        }) == 2);
   auto rails = discover_rails(root);
   REQUIRE(rails.size() == 1);
   CHECK(rails[0].name == "eth1");
@@ -1317,6 +1359,25 @@ TEST_CASE("trace reader: widths, deltas, events, and errors naming line and colu
   CHECK(tr.scenarios()[static_cast<size_t>(r.scenario)] == "idle");
   CHECK_FALSE(tr.next(&r, &err));
   CHECK(err.empty());
+
+  // A reset of every counter of a rail, with retrans (32-bit) 6 below 2^32: not a wrap.
+  write_file(path,
+             "# widths: retrans=wrap32\n"
+             "t_s,rail,link,retrans,tx_packets\n"
+             "0,a,1,4294967290,5000000\n"
+             "5,a,1,3,100\n"
+             "10,a,1,4294967295,200\n"
+             "15,a,1,4,300\n");
+  TraceReader tr3;
+  REQUIRE(tr3.open(path, &err));
+  REQUIRE(tr3.next(&r, &err));
+  REQUIRE(tr3.next(&r, &err));
+  CHECK(r.step.d[kRetrans] == 3);  // reset with tx_packets: the count since, not 9
+  CHECK(r.step.d[kTxPackets] == 100);
+  REQUIRE(tr3.next(&r, &err));
+  REQUIRE(tr3.next(&r, &err));
+  CHECK(r.step.d[kRetrans] == 5);  // wrapped alone: a wrap
+  CHECK(r.step.d[kTxPackets] == 100);
 
   auto expect_error = [&](const std::string& body, const char* needle) {
     write_file(path, body);

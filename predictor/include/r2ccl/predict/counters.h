@@ -79,6 +79,14 @@ struct Reading {
 // by more than half its range wrapped; any other decrease is a reset. Pure.
 Delta counter_delta(Reading prev, Reading cur, Width w);
 
+// A port's counters are reset together (perfquery -R, a driver reload, a reboot), so within
+// one rail's step, a wrapping counter that seems to have wrapped while another counter of the
+// rail went down without being able to wrap (a kReset) was reset too: its delta becomes its
+// new value, the count since the reset, not the distance to 2^bits. (A 32-bit link_downed at
+// 2^32 - 12 that reads 0 after a reset is not 12 link-downs.) d[i] is the delta of the
+// reading cur[i]; n entries. Pure.
+void settle_resets(Delta* d, const Reading* cur, size_t n);
+
 // Parses a counter file's text: leading/trailing whitespace allowed, decimal digits, at most
 // 2^64 - 1. "N/A", empty text, signs, overflow or trailing junk -> not present.
 Reading parse_reading(const std::string& text);
