@@ -75,7 +75,9 @@ Not failures (must not trigger a drain):
               idle, some busy (utilisation ~0.85-0.97); some with a counter reset mid-trace;
               some IB ones with symbol_err stuck at 65535 from the start or from mid-trace;
               half of them also see isolated error bursts (a cable touched; healthy_bursts of
-              healthy_burst_samples each) that do not grow.
+              healthy_burst_samples each) that do not grow; some see one isolated micro-flap
+              (healthy_micro_flap_prob: down and up between two samples, a few errors at
+              the retraining; a link renegotiation, a transceiver blip) that nothing follows.
 
 ``--params train`` and ``--params heldout`` draw every model's parameters from DIFFERENT
 ranges (PARAMS below, heldout wider; ``--describe`` prints them as a markdown table): faster
@@ -183,6 +185,7 @@ PARAMS: Dict[str, Dict[str, object]] = {
         "healthy_busy_prob": 0.3,
         "healthy_reset_prob": 0.25,
         "healthy_saturated_prob": 0.25,
+        "healthy_micro_flap_prob": 0.25,
         "healthy_burst_errors_log": (20, 3000),
         "healthy_bursts": (1, 4),
         "healthy_burst_samples": (1, 5),
@@ -235,6 +238,7 @@ PARAMS: Dict[str, Dict[str, object]] = {
         "healthy_busy_prob": 0.3,
         "healthy_reset_prob": 0.3,
         "healthy_saturated_prob": 0.3,
+        "healthy_micro_flap_prob": 0.3,
         "healthy_burst_errors_log": (10, 6000),
         "healthy_bursts": (1, 5),
         "healthy_burst_samples": (1, 6),
@@ -296,6 +300,8 @@ PARAM_DOCS: Dict[str, str] = {
     "healthy_reset_prob": "healthy: probability of a counter reset mid-trace",
     "healthy_saturated_prob": "healthy (IB): probability that symbol_err is stuck at 65535 "
                               "(from the start or from mid-trace)",
+    "healthy_micro_flap_prob": "healthy: probability of one isolated micro-flap (down and "
+                               "up between two samples) that nothing follows",
     "healthy_bursts": "healthy: isolated error bursts on a rail that has them",
     "healthy_burst_samples": "healthy: samples one burst lasts",
     "healthy_burst_errors_log": "healthy: symbol errors per isolated burst sample",
@@ -633,6 +639,16 @@ class RailSim:
         if self.rng.random() < self.p["healthy_reset_prob"]:
             self.resets.append((int(self.rng.integers(self.n // 4, 3 * self.n // 4)),
                                 float(self.rng.uniform(0, 1))))
+        if self.rng.random() < self.p["healthy_micro_flap_prob"]:
+            # One micro-flap, as in a flap's precursor (link_downed +1, Ethernet's
+            # carrier_changes +2, link 0 never read), alone: a renegotiation or a blip.
+            i = int(self.rng.integers(1, self.n - 1))
+            self.inc["link_downed"][i] += 1
+            if self.eth:
+                self.inc["link_recovery"][i] += 2
+            e = np.zeros(self.n)
+            e[i] = self.rng.uniform(0, 20)
+            self.add_errs(e)
         if not self.eth and self.rng.random() < self.p["healthy_saturated_prob"]:
             if self.rng.random() < 0.5:
                 self.start_override["symbol_err"] = WIDTHS["symbol_err"].max_value

@@ -556,7 +556,7 @@ class DrainOutcomesMatchTheTool(unittest.TestCase):
         fd, path = tempfile.mkstemp(suffix=".csv")
         os.close(fd)
         try:
-            rows, _ = gen_traces.generate(11, 24, 3600, 5.0, "heldout",
+            rows, _ = gen_traces.generate(14, 24, 3600, 5.0, "heldout",
                                           gen_traces.parse_mix(gen_traces.DEFAULT_MIX))
             gen_traces.write_trace(path, [], rows)
             out = subprocess.run([features.DEFAULT_CPP_TOOL, "--quiet", "--evaluate", path,
