@@ -45,7 +45,7 @@ done
 }
 
 # Sizes: a few hundred rails x 1.5 h at 5 s.
-TRAIN_RAILS=800 HELDOUT_RAILS=400 DURATION_S=5400 EPOCHS=""
+TRAIN_RAILS=800 HELDOUT_RAILS=800 DURATION_S=5400 EPOCHS=""
 MODEL="$ROOT/predictor/model/r2ccl_lstm.bin"
 HEADER="$ROOT/predictor/model/baseline_defaults.h"
 FIXTURES="$ROOT/tests/predictor/fixtures"

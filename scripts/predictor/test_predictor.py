@@ -502,6 +502,28 @@ class BaselineBudget(unittest.TestCase):
             label=np.zeros(n, np.int8), scenario=np.zeros(n, np.int32), scenarios=["s"],
             event_t=np.array(ev_t), event_rail=np.array(ev_r, np.int32))
 
+    def test_k_for_drains_tells_a_sustained_rise_from_a_burst(self):
+        import train
+        # Bursts of 3 rows at 9.0 on 3 of 90 healthy rails (2.8 per rail-week if drained); the
+        # failing rail's rise holds 6.0 for 30 rows. At k = 1 any threshold that drains the
+        # rise drains the bursts too; the mean of 12 rows keeps the bursts at 2.25.
+        rows = self.fs(90, 0, 1)
+        burst = (rows.rail < 3) & (rows.t >= 3000) & (rows.t < 3180)
+        rows.x[burst, 0] = 9.0
+        start = baseline.BaselineParams(np.array([3.0, np.inf, np.inf, np.inf], np.float32), 1)
+        policy = metrics.Policy(threshold=0.9, enter_samples=3)
+        lines = []
+        chosen = train.choose_event_k(rows, start, policy, 1.0, ks=(1, 12), log=lines.append)
+        self.assertEqual(chosen.steps, 12)
+        self.assertEqual(len(lines), 2)
+        bl, ev, _ = train.tune_baseline_budget(rows, chosen, policy, 1.0, [1.0],
+                                               log=lambda *a: None)
+        self.assertEqual((bl.steps, ev["warned"], ev["false_drains"]), (12, 1, 0))
+        # Without the bursts both warn it with no false drain: a tie keeps the smaller k.
+        rows.x[burst, 0] = 0.0
+        self.assertEqual(train.choose_event_k(rows, start, policy, 1.0, ks=(1, 12),
+                                              log=lambda *a: None).steps, 1)
+
     def test_a_budget_the_held_out_traces_keep(self):
         import train
         # 90 healthy rails x 2 h = 1.07 rail-weeks: one training burst is 0.93 per rail-week.

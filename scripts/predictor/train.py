@@ -16,9 +16,10 @@ Pipeline (docs/PREDICTOR.md "Training"):
      at R2CCL_PREDICT_THRESHOLD (0.9), chosen at event level on held-out traces
      (tune_policy.py);
   6. the baseline's thresholds and k are grid-searched for the best F1 on ALL training rows,
-     then each threshold is scaled (baseline.tune_events) for the drain decisions at
-     --policy-threshold / --policy-enter: the most failures warned with at most B false
-     drains per healthy training rail-week. B is --max-false-per-week; with --heldout, B is
+     then k is chosen again for the drain decisions (choose_event_k: 1, 3, 6, 12 or 24 rows,
+     the most failures warned within the largest budget) and each threshold is scaled
+     (baseline.tune_events) for the drain decisions at --policy-threshold / --policy-enter:
+     the most failures warned with at most B false drains per healthy training rail-week. B is --max-false-per-week; with --heldout, B is
      the largest of --baseline-budgets whose thresholds keep the HELD-OUT traces at or under
      --max-false-per-week (thresholds that just meet the target on the training traces
      exceed it on wider ones);
@@ -132,14 +133,39 @@ def parse_budgets(text: str) -> List[float]:
     return sorted(set(budgets), reverse=True)
 
 
+# Rows the baseline averages (k) that step 6 tries for the drain decisions.
+EVENT_KS = (1, 3, 6, 12, 24)
+
+
+def choose_event_k(fs, start: baseline.BaselineParams, policy, budget: float,
+                   ks=EVENT_KS, log=print) -> baseline.BaselineParams:
+    """The k (from ``start``'s thresholds, each scaled by baseline.tune_events) whose drain
+    decisions warn the most training failures within ``budget`` false drains per healthy
+    rail-week (else the fewest false drains). Sample-level F1 favours k = 1 (its labels are the
+    last 30 s); for drains a longer mean tells a creeping rise from a burst of a few samples."""
+    best = None
+    for k in ks:
+        bl, ev = baseline.tune_events(fs, baseline.BaselineParams(start.thresholds, k), policy,
+                                      max_false_per_week=budget, log=lambda *a: None)
+        ok = ev["false_per_rail_week"] <= budget
+        key = (1.0, ev["warned"], -ev["false_per_rail_week"]) if ok else \
+            (0.0, -ev["false_per_rail_week"], ev["warned"])
+        log(f"  baseline k={k} at {budget:g} false drains per training rail-week: thresholds "
+            f"{np.round(bl.thresholds, 4).tolist()}, warned {ev['warned']}/{ev['precursor']} at "
+            f"{ev['false_per_rail_week']:.2f}")
+        if best is None or key > best[0]:
+            best = (key, k)
+    return baseline.BaselineParams(start.thresholds, best[1])
+
+
 def tune_baseline_budget(fs, start: baseline.BaselineParams, policy, max_false: float,
                          budgets: List[float], heldout=None, heldout_name: str = "",
                          log=print):
     """Step 6's event tuning. Without a held-out feature set: at ``max_false`` false drains
     per training rail-week. With one: the largest of ``budgets`` (training false drains per
     rail-week) whose thresholds keep the held-out set at or under ``max_false`` (the smallest
-    budget when none does). Returns (params, training outcome, {"budget", "heldout": summary
-    or None})."""
+    budget when none does). Both keep ``start``'s k (choose_event_k picks it). Returns
+    (params, training outcome, {"budget", "heldout": summary or None})."""
     if heldout is None:
         bl, ev = baseline.tune_events(fs, start, policy, max_false_per_week=max_false, log=log)
         return bl, ev, {"budget": max_false, "heldout": None}
@@ -364,6 +390,8 @@ def main(argv=None) -> int:
     if args.heldout:
         ho = features.load_features(args.heldout, args.features_from, args.cpp_tool,
                                     args.horizon)
+    bl = choose_event_k(fs, bl, policy, max(budgets) if ho is not None
+                        else args.max_false_per_week, log=log)
     bl, bl_events, bl_budget = tune_baseline_budget(
         fs, bl, policy, args.max_false_per_week, budgets, ho,
         os.path.basename(args.heldout or ""), log)

@@ -43,7 +43,8 @@ def run_summary(s: dict, pipeline_s: float) -> str:
         f"rails ({s['val_frac']:.0%} of the training rails, used for epoch selection and "
         f"the calibration): LSTM F1 {m['val_f1']:.3f}, baseline F1 {m['baseline_val_f1']:.3f}.",
         "",
-        f"Baseline (tuned on all training rows, F1 {m['baseline_train_f1']:.3f}): k = "
+        f"Baseline (tuned on all training rows: for sample F1 first, {m['baseline_train_f1']:.3f}, "
+        f"then for drain decisions): k = "
         f"{s['baseline']['steps']}, thresholds "
         + ", ".join(f"f{i} {'unused' if v is None else f'{v:.4g}'}"
                     for i, v in enumerate(s["baseline"]["thresholds"])) + ".",

@@ -175,7 +175,8 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
       if (!up) break;
     }
   };
-  // Quiet, then 10^4 errors/s from 600 s, link down at 900 s: warned ~285 s ahead.
+  // Quiet, then 10^4 errors/s from 600 s, link down at 900 s: warned 240-295 s ahead (the
+  // baseline's mean over kBaselineSteps rows crosses its threshold, then 3 enter samples).
   rows(
       "f1", "creep", [](int t) { return t >= 600 ? 1e4 : 0.0; }, 900);
   // No precursor: reported apart.
@@ -207,7 +208,7 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
   CHECK(warned == 1);
   CHECK(frac == "1.000");
   CHECK(late == 0);
-  CHECK(std::stoi(lead) >= 270);
+  CHECK(std::stoi(lead) >= 240);
   CHECK(std::stoi(lead) <= 290);
   CHECK(sudden == "0/1");
   CHECK(false_drains == 2);          // the hourly limit stopped the third burst's
