@@ -73,6 +73,13 @@ void PredictAgent::sample_and_publish(TimeUs now) {
                "failure predictor: the threshold baseline decides (R2CCL_PREDICT_DECIDER="
                "baseline), thresholds %s",
                from.c_str());
+    // Its thresholds apply to the mean of its last `steps` samples, at most a window's.
+    if (baseline_.steps > pcfg_.window_steps)
+      log_event(
+          "r2ccl predict: the baseline's thresholds (%s) were tuned on the mean of %d samples; "
+          "R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL keeps %d, so it averages %d and "
+          "drains sooner on short bursts",
+          from.c_str(), baseline_.steps, pcfg_.window_steps, pcfg_.window_steps);
   }
   if (!model_tried_) {
     model_tried_ = true;

@@ -121,6 +121,30 @@ TEST_CASE("agent: the baseline drains a rail whose errors climb, and returns it 
   // one cannot be read: said once, and the built-in thresholds decide.
   CHECK(test::count_lines_containing(events, "/nonexistent/weights.bin") == 1);
   CHECK(test::count_lines_containing(events, "the built-in baseline thresholds are used") == 1);
+  CHECK(test::count_lines_containing(events, "tuned on the mean of") == 0);  // a 24-sample window
+}
+
+TEST_CASE("agent: a window shorter than the baseline's mean is said once", "[predict]") {
+  const std::string log = test::temp_path("agent-window.log");
+  std::string err;
+  REQUIRE(set_event_sink(log, &err));
+  auto env = kFast;
+  env["R2CCL_PREDICT_WINDOW"] = "600ms";  // 6 samples of 100 ms
+  env["R2CCL_SYSFS_ROOT"] = temp_root("agent-window-sysfs");
+  const Config cfg = config_with(env);
+  Rig rig(env["R2CCL_SYSFS_ROOT"]);
+  rig.agent.init(cfg, rig.rails(), nullptr, "none");
+  TimeUs now = 1000 * kUsPerSec;
+  for (int i = 0; i < 10; ++i, now += 100 * kUsPerMs) rig.step(now, NicRates{});
+  REQUIRE(set_event_sink("stderr", &err));
+  const std::string events = test::read_file(log);
+  INFO(events);
+  REQUIRE(predict::default_baseline().steps > 6);
+  CHECK_THAT(events, Catch::Contains("tuned on the mean of " +
+                                     std::to_string(predict::default_baseline().steps) +
+                                     " samples; R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL "
+                                     "keeps 6, so it averages 6"));
+  CHECK(test::count_lines_containing(events, "tuned on the mean of") == 1);
 }
 
 TEST_CASE("agent: a link back up after its second down within the hour is held out", "[predict]") {
