@@ -105,6 +105,16 @@ PredictorConfig config_of(const Options& o, const Model* m) {
   return c;
 }
 
+// The baseline's thresholds apply to the mean of its last `steps` samples, at most a window's
+// (model.cc, baseline_risk): a shorter --window-steps changes what it decides. Said on stderr.
+void note_short_window(const PredictorConfig& c, const BaselineParams& b) {
+  if (c.window_steps < b.steps)
+    fprintf(stderr,
+            "r2ccl_predict: the baseline's thresholds were tuned on the mean of %d samples; "
+            "--window-steps %d keeps %d, so it averages %d and drains sooner on short bursts\n",
+            b.steps, c.window_steps, c.window_steps, c.window_steps);
+}
+
 // The guard's rail sets in a trace file (the last-usable-rail rule, predictor.h): the rails of
 // one node, i.e. those whose names share the part before the first '-' (n000-mlx5_0:1 and
 // n000-mlx5_1:1; a name without '-' is a node of its own). A rail is usable while its link is
@@ -153,6 +163,7 @@ int run_replay(const Options& o) {
   const Model* mp = have && o.decider == "lstm" ? &model : nullptr;
   const BaselineParams base = have ? model.baseline : default_baseline();
   const PredictorConfig cfg = config_of(o, have ? &model : nullptr);
+  note_short_window(cfg, base);
   TraceReader tr;
   std::string err;
   if (!tr.open(o.replay, &err)) {
@@ -427,6 +438,7 @@ int run_evaluate(const Options& o) {
   bool have = false;
   if (!get_model(o, &model, &have, true)) return 1;  // it compares the LSTM with the baseline
   const PredictorConfig cfg = config_of(o, &model);
+  note_short_window(cfg, model.baseline);
   TraceReader tr;
   std::string err;
   if (!tr.open(o.evaluate, &err)) {
@@ -676,8 +688,10 @@ int run_live(const Options& o) {
             o.sysfs_root.c_str(), o.rails.empty() ? "" : (" matching --rails " + o.rails).c_str());
     return 1;
   }
-  NodeSampler ns(o.sysfs_root, rails, config_of(o, have ? &model : nullptr), mp,
-                 have ? model.baseline : default_baseline());
+  const PredictorConfig cfg = config_of(o, have ? &model : nullptr);
+  const BaselineParams base = have ? model.baseline : default_baseline();
+  note_short_window(cfg, base);
+  NodeSampler ns(o.sysfs_root, rails, cfg, mp, base);
   std::vector<RailRisk> out;
   std::vector<std::string> notes;
   // --record: a trace of what was sampled (docs/PREDICTOR.md "Trace format"). Each counter

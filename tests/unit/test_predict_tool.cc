@@ -8,6 +8,7 @@
 
 #include "fake_counters.h"
 #include "net_harness.h"
+#include "r2ccl/predict/model.h"
 
 using namespace r2ccl::test;
 
@@ -225,5 +226,12 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
   std::istringstream is2(out.substr(at2 + 1, out.find('\n', at2 + 1) - at2 - 1));
   is2 >> name >> precursor >> warned >> frac >> late >> lead >> unit >> sudden >> false_drains;
   CHECK(false_drains == 3);
+  // A window shorter than the baseline's mean is said, once; the default window is not.
+  CHECK_THAT(out, !Catch::Contains("tuned on the mean of"));
+  REQUIRE(run("--evaluate " + dir + "/t.csv --model " + std::string(kModel) + " --window-steps 6",
+              &out) == 0);
+  CHECK(count_lines_containing(out, "tuned on the mean of " +
+                                        std::to_string(r2ccl::predict::default_baseline().steps) +
+                                        " samples; --window-steps 6 keeps 6") == 1);
   run_command("rm -rf " + dir);
 }
