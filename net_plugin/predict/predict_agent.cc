@@ -73,13 +73,6 @@ void PredictAgent::sample_and_publish(TimeUs now) {
                "failure predictor: the threshold baseline decides (R2CCL_PREDICT_DECIDER="
                "baseline), thresholds %s",
                from.c_str());
-    // Its thresholds apply to the mean of its last `steps` samples, at most a window's.
-    if (baseline_.steps > pcfg_.window_steps)
-      log_event(
-          "r2ccl predict: the baseline's thresholds (%s) were tuned on the mean of %d samples; "
-          "R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL keeps %d, so it averages %d and "
-          "drains sooner on short bursts",
-          from.c_str(), baseline_.steps, pcfg_.window_steps, pcfg_.window_steps);
   }
   if (!model_tried_) {
     model_tried_ = true;
@@ -105,6 +98,15 @@ void PredictAgent::sample_and_publish(TimeUs now) {
       // An event line too: visible without NCCL_DEBUG (stderr or R2CCL_LOG_FILE).
       log_event("r2ccl predict: %s; the threshold baseline decides instead", err.c_str());
     }
+  }
+  // Whichever way the baseline came to decide: its thresholds apply to the mean of its last
+  // `steps` samples, at most a window's.
+  if (!model_ && !window_noted_ && baseline_.steps > pcfg_.window_steps) {
+    window_noted_ = true;
+    log_event(
+        "r2ccl predict: the baseline's thresholds were tuned on the mean of %d samples; "
+        "R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL keeps %d, so it averages %d",
+        baseline_.steps, pcfg_.window_steps, pcfg_.window_steps);
   }
   if (!sampler_state_) {
     std::vector<predict::RailSpec> specs;

@@ -59,6 +59,7 @@ class PredictAgent {
   TimeUs next_ = 0;
   bool sampler_ = false;
   bool model_tried_ = false;
+  bool window_noted_ = false;              // the short-window note on the baseline was logged
   std::unique_ptr<predict::Model> model_;  // null: the baseline decides
   // The baseline's thresholds: the weights file's when one was read (R2CCL_PREDICT_MODEL set,
   // or the LSTM deciding), else the compiled-in ones (the shipped file's, by construction).

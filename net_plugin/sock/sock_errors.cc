@@ -6,6 +6,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -156,13 +157,14 @@ bool AcceptGate::on_error(int err, const std::string& where, TimeUs now) {
   // descriptors).
   if (err != EMFILE && err != ENFILE && err != ENOBUFS && err != ENOMEM) return false;
   until_ = now + kAcceptPause;
-  failing_.store(true, std::memory_order_relaxed);
-  // One shortage is a run of failures less than kAcceptStarvedLimit apart, whatever succeeded
-  // in between: a connector whose hello went unanswered retries within about a second (verbs
-  // tries only while an accept() is in progress: a failure long ago belongs to an earlier
-  // shortage).
+  // One shortage is a run of failures less than kAcceptStarvedLimit apart (a connector whose
+  // hello went unanswered retries within about a second; verbs tries only while an accept() is
+  // in progress: a failure long ago belongs to an earlier shortage), unless accepts went on
+  // succeeding for kAcceptRecovered in between.
+  const TimeUs ok = ok_since_.exchange(0, std::memory_order_relaxed);
   if (since_.load(std::memory_order_relaxed) == 0 ||
-      now - last_.load(std::memory_order_relaxed) > kAcceptStarvedLimit) {
+      now - last_.load(std::memory_order_relaxed) > kAcceptStarvedLimit ||
+      (ok != 0 && now - ok >= kAcceptRecovered)) {
     err_.store(err, std::memory_order_relaxed);
     since_.store(now, std::memory_order_relaxed);
   }
@@ -177,10 +179,15 @@ bool AcceptGate::on_error(int err, const std::string& where, TimeUs now) {
   return true;
 }
 
+void AcceptGate::on_accepted(TimeUs now) {
+  if (ok_since_.load(std::memory_order_relaxed) == 0)
+    ok_since_.store(std::max<TimeUs>(now, 1), std::memory_order_relaxed);
+}
+
 bool AcceptGate::starved(TimeUs now, TimeUs since) const {
   const TimeUs s = since_.load(std::memory_order_relaxed);
-  return s != 0 && failing_.load(std::memory_order_relaxed) && now - s >= kAcceptStarvedLimit &&
-         last_.load(std::memory_order_relaxed) >= since;
+  return s != 0 && ok_since_.load(std::memory_order_relaxed) == 0 &&
+         now - s >= kAcceptStarvedLimit && last_.load(std::memory_order_relaxed) >= since;
 }
 
 std::string AcceptGate::starved_text(TimeUs now) const {

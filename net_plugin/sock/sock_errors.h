@@ -73,8 +73,10 @@ bool first_time(const std::string& key);
 // kAcceptStarvedLimit, and whose latest accept4 failed, cannot be waited out: the process holds
 // its own descriptors. Then the accept() in progress fails (kSystem, starved_text() names the
 // limit) and the waiting connectors are refused with the same cause (refuse_with_spare), so both
-// ends fail within 2 s of the first failed accept4 instead of R2CCL_CONNECT_TIMEOUT. An accept4
-// that succeeds in between does not end the run: a connector that gave up on a stream (TCP: after
+// ends fail within 2 s of the first failed accept4 instead of R2CCL_CONNECT_TIMEOUT. Accepts
+// that succeed in between end the run only once they have gone on succeeding for
+// kAcceptRecovered (the process frees descriptors as it goes: it makes progress). A success
+// right before the next failure does not: a connector that gave up on a stream (TCP: after
 // 1 s without an answer) closes it, the listener's end of it frees one descriptor, and the next
 // waiting connection takes it, so the process is as short as before (seen on loaded machines:
 // when such an accept restarted the clock, the refusal came 2-3 s after the first failure).
@@ -82,6 +84,7 @@ bool first_time(const std::string& key);
 // starved_text() on any thread (TCP: the accept() threads read the background thread's gates).
 constexpr TimeUs kAcceptPause = 100 * kUsPerMs;
 constexpr TimeUs kAcceptStarvedLimit = 1500 * kUsPerMs;  // + one pause: within 2 s (issue 13)
+constexpr TimeUs kAcceptRecovered = 500 * kUsPerMs;
 class AcceptGate {
  public:
   AcceptGate() = default;
@@ -90,14 +93,15 @@ class AcceptGate {
         last_(o.last_.load()),
         since_(o.since_.load()),
         err_(o.err_.load()),
-        failing_(o.failing_.load()) {}
+        ok_since_(o.ok_since_.load()) {}
   bool paused(TimeUs now) const { return now < until_; }
   // accept4 on `where` ("rail eth0") failed with err: true when the listener pauses (any
   // other errno, EAGAIN included, leaves the gate as it was).
   bool on_error(int err, const std::string& where, TimeUs now);
-  // accept4 succeeded: nothing is starved until the next failure (which continues the
-  // shortage if it comes less than kAcceptStarvedLimit after the previous one).
-  void on_accepted() { failing_.store(false, std::memory_order_relaxed); }
+  // accept4 succeeded at `now`: nothing is starved until the next failure, which continues the
+  // shortage if it comes less than kAcceptStarvedLimit after the previous failure and less than
+  // kAcceptRecovered after the first success since.
+  void on_accepted(TimeUs now);
   // The latest accept4 failed for want of descriptors, in a shortage that has lasted
   // kAcceptStarvedLimit or longer, and one failed so at or after `since` (an accept() in
   // progress passes its start: a shortage that ended meanwhile, not yet seen by the listener's
@@ -108,10 +112,11 @@ class AcceptGate {
 
  private:
   TimeUs until_ = 0;
-  std::atomic<TimeUs> last_{0};       // the latest failed accept4
-  std::atomic<TimeUs> since_{0};      // the first accept4 of the current shortage failed then
-  std::atomic<int> err_{0};           // its errno
-  std::atomic<bool> failing_{false};  // the latest accept4 failed (on_error), not succeeded
+  std::atomic<TimeUs> last_{0};      // the latest failed accept4
+  std::atomic<TimeUs> since_{0};     // the first accept4 of the current shortage failed then
+  std::atomic<int> err_{0};          // its errno
+  std::atomic<TimeUs> ok_since_{0};  // the first accept4 that succeeded since the latest
+                                     // failure; 0: the latest accept4 failed
 };
 
 // One descriptor the process keeps in reserve (/dev/null, opened by keep_spare_descriptor()

@@ -111,7 +111,7 @@ void note_short_window(const PredictorConfig& c, const BaselineParams& b) {
   if (c.window_steps < b.steps)
     fprintf(stderr,
             "r2ccl_predict: the baseline's thresholds were tuned on the mean of %d samples; "
-            "--window-steps %d keeps %d, so it averages %d and drains sooner on short bursts\n",
+            "--window-steps %d keeps %d, so it averages %d\n",
             b.steps, c.window_steps, c.window_steps, c.window_steps);
 }
 

@@ -390,8 +390,10 @@ def main(argv=None) -> int:
     if args.heldout:
         ho = features.load_features(args.heldout, args.features_from, args.cpp_tool,
                                     args.horizon)
+    # k is at most the window: the C++ averages min(k, rows in the window) (model.cc).
     bl = choose_event_k(fs, bl, policy, max(budgets) if ho is not None
-                        else args.max_false_per_week, log=log)
+                        else args.max_false_per_week,
+                        ks=[k for k in EVENT_KS if k <= args.window], log=log)
     bl, bl_events, bl_budget = tune_baseline_budget(
         fs, bl, policy, args.max_false_per_week, budgets, ho,
         os.path.basename(args.heldout or ""), log)

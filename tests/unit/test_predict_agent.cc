@@ -144,6 +144,19 @@ TEST_CASE("agent: a window shorter than the baseline's mean is said once", "[pre
                                      std::to_string(predict::default_baseline().steps) +
                                      " samples; R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL "
                                      "keeps 6, so it averages 6"));
+  // The same when the LSTM was asked for and its weights cannot be read: the baseline decides.
+  const std::string log2 = test::temp_path("agent-window-lstm.log");
+  REQUIRE(set_event_sink(log2, &err));
+  env["R2CCL_PREDICT_DECIDER"] = "lstm";
+  const Config cfg2 = config_with(env);
+  Rig rig2(env["R2CCL_SYSFS_ROOT"]);
+  rig2.agent.init(cfg2, rig2.rails(), nullptr, "none");
+  for (int i = 0; i < 10; ++i, now += 100 * kUsPerMs) rig2.step(now, NicRates{});
+  REQUIRE(set_event_sink("stderr", &err));
+  const std::string events2 = test::read_file(log2);
+  INFO(events2);
+  CHECK(test::count_lines_containing(events2, "the threshold baseline decides instead") == 1);
+  CHECK(test::count_lines_containing(events2, "tuned on the mean of") == 1);
   CHECK(test::count_lines_containing(events, "tuned on the mean of") == 1);
 }
 

@@ -176,7 +176,7 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
       if (!up) break;
     }
   };
-  // Quiet, then 10^4 errors/s from 600 s, link down at 900 s: warned 240-295 s ahead (the
+  // Quiet, then 10^4 errors/s from 600 s, link down at 900 s: warned 240-290 s ahead (the
   // baseline's mean over kBaselineSteps rows crosses its threshold, then 3 enter samples).
   rows(
       "f1", "creep", [](int t) { return t >= 600 ? 1e4 : 0.0; }, 900);

@@ -178,12 +178,13 @@ TEST_CASE("an accept gate: a shortage that lasts 1.5 s is starved, one that ends
   CHECK(g.starved(t0 + kAcceptStarvedLimit, t0 + 1400 * ms));
   CHECK_FALSE(g.starved(t0 + kAcceptStarvedLimit, t0 + 1450 * ms));
   // While the latest accept4 succeeded, nothing waits for a descriptor.
-  g.on_accepted();
+  g.on_accepted(t0 + kAcceptStarvedLimit);
   CHECK_FALSE(g.starved(t0 + kAcceptStarvedLimit));
   // Failures less than kAcceptStarvedLimit apart stay one shortage, with accepts that
-  // succeed in between: a connector that gave up on a stream closed it, the listener's end of
-  // it freed one descriptor, and the next waiting connection took it. (Seen on loaded
-  // machines: each such accept restarted the clock, and the refusal came 2-3 s late.)
+  // succeed in between for less than kAcceptRecovered: a connector that gave up on a stream
+  // closed it, the listener's end of it freed one descriptor, and the next waiting connection
+  // took it. (Seen on loaded machines: each such accept restarted the clock, and the refusal
+  // came 2-3 s late.)
   CHECK(g.on_error(EMFILE, "rail lo", t0 + kAcceptStarvedLimit + 50 * ms));
   CHECK(g.starved(t0 + kAcceptStarvedLimit + 50 * ms));
   CHECK(g.starved_text(t0 + kAcceptStarvedLimit + 50 * ms).find("for 1.6 s") != std::string::npos);
@@ -194,14 +195,31 @@ TEST_CASE("an accept gate: a shortage that lasts 1.5 s is starved, one that ends
   // Accepts that succeed for longer than that end it too: the gap between failures counts.
   AcceptGate k;
   CHECK(k.on_error(EMFILE, "rail lo", t0));
-  k.on_accepted();
+  k.on_accepted(t0 + 50 * ms);
   CHECK(k.on_error(EMFILE, "rail lo", t0 + 100 * ms));
   CHECK(k.on_error(EMFILE, "rail lo", t0 + 1200 * ms));
-  k.on_accepted();
-  k.on_accepted();
+  k.on_accepted(t0 + 1300 * ms);
+  k.on_accepted(t0 + 1400 * ms);
   CHECK(k.on_error(EMFILE, "rail lo", t0 + 2800 * ms));  // 1.6 s after the last failure
   CHECK_FALSE(k.starved(t0 + 2800 * ms));
   CHECK(k.starved(t0 + 2800 * ms + kAcceptStarvedLimit));
+  // A process that makes progress is not starved: one failure a second, each followed by
+  // accepts that keep succeeding for kAcceptRecovered or longer (it frees descriptors as it
+  // goes). Each failure starts a new shortage.
+  AcceptGate p;
+  for (int i = 0; i < 6; ++i) {
+    const TimeUs f = t0 + i * kUsPerSec;
+    CHECK(p.on_error(EMFILE, "rail lo", f));
+    CHECK_FALSE(p.starved(f));
+    for (int j = 1; j <= 9; ++j) p.on_accepted(f + j * 100 * ms);
+  }
+  // A success and a failure in the same pass (the queue still holds more) recover nothing.
+  AcceptGate q;
+  for (TimeUs t = t0; t <= t0 + kAcceptStarvedLimit; t += 200 * ms) {
+    q.on_accepted(t);
+    CHECK(q.on_error(EMFILE, "rail lo", t));
+  }
+  CHECK(q.starved(t0 + 1600 * ms));
   CHECK(g.starved_text(t0 + 2 * kUsPerSec + kAcceptStarvedLimit).find("fs.file-max") !=
         std::string::npos);
   // Failures further apart than the limit are separate shortages (verbs: one per accept()).

@@ -179,8 +179,8 @@ struct ParamDef {
     "periods get a WARN).")                                                                     \
   X(predict_window, "R2CCL_PREDICT_WINDOW", kDuration, "120s", 20e3, 86400e6, nullptr,          \
     "History the predictor looks at; the model sees WINDOW / INTERVAL samples (24 by default,"  \
-    " 2 to 256); the baseline averages its last 24 (kBaselineSteps), at most a window's: a"     \
-    " shorter window is logged once, as it then drains sooner on short bursts.")                \
+    " 2 to 256); the baseline averages its last kBaselineSteps (24 today), at most a window's:" \
+    " a shorter window is logged once.")                                                        \
   X(predict_threshold, "R2CCL_PREDICT_THRESHOLD", kDouble, "0.9", 0.01, 1, nullptr,             \
     "Risk (probability of a link failure within the weights file's horizon, 120 s for the "     \
     "shipped one) at or above which a rail is drained: "                                        \

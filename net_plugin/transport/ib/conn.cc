@@ -955,7 +955,7 @@ Status Conn::accept_step(bool* done, TimeUs now) {
       R2CCL_WARN("accept on device %d failed: %s", dev_, text.c_str());
       return Status::kSystem;
     }
-    l->gate.on_accepted();
+    l->gate.on_accepted(now);
     set_socket_options(fd, cfg_.tcp_user_timeout);
     sc_fd_ = fd;
     sc_got_ = 0;

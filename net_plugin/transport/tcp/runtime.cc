@@ -326,7 +326,7 @@ void Runtime::accept_new(int rail, TimeUs now) {
         refuse_waiting(rail, now);
       return;
     }
-    gate.on_accepted();
+    gate.on_accepted(now);
     set_socket_options(fd, cfg().tcp_user_timeout);
     Pending p;
     p.fd = fd;
