@@ -719,15 +719,20 @@ int run_live(const Options& o) {
     for (const auto& n : notes) fprintf(stderr, "r2ccl_predict: %s\n", n.c_str());
     if (rec.is_open()) {
       for (size_t r = 0; r < rails.size(); ++r) {
+        // A counter with no usable delta this step (not read, or saturated: unknown) is
+        // written empty, as the trace format has it, so that replay reads it as unknown too
+        // rather than as a quiet 0. The priming round writes the sums' start, 0.
         Step st;
-        if (ns.last_step(r, &st))
+        const bool stepped = ns.last_step(r, &st);
+        if (stepped)
           for (int c = 0; c < kNumCounters; ++c) total[r][static_cast<size_t>(c)] += st.d[c];
         char t[32];
         snprintf(t, sizeof(t), "%.3f", now - start);
         rec << t << "," << rails[r].name << "," << (st.link_up ? 1 : 0) << "," << st.speed_mbps;
         for (int c = 0; c < kNumCounters; ++c) {
-          char v[32];
-          snprintf(v, sizeof(v), "%.0f", total[r][static_cast<size_t>(c)]);
+          char v[32] = "";
+          if (!stepped || !(st.missing & (1u << c)))
+            snprintf(v, sizeof(v), "%.0f", total[r][static_cast<size_t>(c)]);
           rec << "," << v;
         }
         rec << ",live\n";
