@@ -155,20 +155,6 @@ def previous_row_index(rail: np.ndarray) -> np.ndarray:
     return prev
 
 
-def counter_deltas(prev_v: np.ndarray, prev_ok: np.ndarray, cur_v: np.ndarray,
-                   cur_ok: np.ndarray, width: tracefile.Width) -> np.ndarray:
-    """Deltas (uint64) of one counter column, by the rules in the module docstring."""
-    mx = np.uint64(width.max_value)
-    half = np.uint64(1 << (width.bits - 1))
-    with np.errstate(over="ignore"):
-        up = cur_v >= prev_v
-        drop = prev_v - cur_v  # only meaningful where not up
-        wrapped = (~up) & (drop > half) & (prev_v <= mx) if not width.saturating else \
-            np.zeros_like(up)
-        d = np.where(up, cur_v - prev_v, np.where(wrapped, (cur_v - prev_v) & mx, cur_v))
-    return np.where(prev_ok & cur_ok, d, np.uint64(0)).astype(np.uint64)
-
-
 def counter_kinds(prev_v: np.ndarray, prev_ok: np.ndarray, cur_v: np.ndarray,
                   cur_ok: np.ndarray, width: tracefile.Width):
     """(wrapped, reset): where a counter column's delta is a wrap, where a reset (both
@@ -180,6 +166,18 @@ def counter_kinds(prev_v: np.ndarray, prev_ok: np.ndarray, cur_v: np.ndarray,
         wrapped = down & (prev_v - cur_v > half) & (prev_v <= mx) if not width.saturating else \
             np.zeros_like(down)
     return wrapped, down & ~wrapped
+
+
+def counter_deltas(prev_v: np.ndarray, prev_ok: np.ndarray, cur_v: np.ndarray,
+                   cur_ok: np.ndarray, width: tracefile.Width) -> np.ndarray:
+    """Deltas (uint64) of one counter column, by the rules in the module docstring (before
+    settle_resets, which needs the whole row)."""
+    mx = np.uint64(width.max_value)
+    wrapped, _ = counter_kinds(prev_v, prev_ok, cur_v, cur_ok, width)
+    with np.errstate(over="ignore"):
+        up = cur_v >= prev_v
+        d = np.where(up, cur_v - prev_v, np.where(wrapped, (cur_v - prev_v) & mx, cur_v))
+    return np.where(prev_ok & cur_ok, d, np.uint64(0)).astype(np.uint64)
 
 
 def counter_usable(prev_v: np.ndarray, prev_ok: np.ndarray, cur_v: np.ndarray,
