@@ -54,9 +54,9 @@ std::string down_hold_text(const Assessment& a) {
   if (!(a.down_hold_s > 0)) return "";
   char buf[160];
   snprintf(buf, sizeof(buf),
-           "back up after %d link-downs within an hour: held out for %.0f s "
+           "back up after %d link-down%s within an hour: held out for %.0f s "
            "(R2CCL_PREDICT_DOWN_HOLD)",
-           a.downs_last_hour, a.down_hold_s);
+           a.downs_last_hour, a.downs_last_hour == 1 ? "" : "s", a.down_hold_s);
   return buf;
 }
 

@@ -51,7 +51,7 @@ struct Options {
   double interval_s = 5, horizon_s = 30;
   int count = 0, window_steps = 0;
   float threshold = 0.9f, return_threshold = 0.4f;
-  int return_samples = 6, enter_samples = 3, max_drains_per_hour = 2, down_hold_after = 2;
+  int return_samples = 6, enter_samples = 3, max_drains_per_hour = 2, down_hold_after = 1;
   double down_hold_s = 600;
   double min_lead_s = 30, lead_window_s = 1800;
 };
@@ -565,8 +565,8 @@ int run_evaluate(const Options& o) {
   auto per_week = [&](int n, double secs) { return secs > 0 ? n * week_s / secs : 0.0; };
   char hold_buf[96] = "no flap hold";
   if (cfg.down_hold_s > 0)
-    snprintf(hold_buf, sizeof(hold_buf), "held out %.0f s after %d link-downs within an hour",
-             cfg.down_hold_s, cfg.down_hold_after);
+    snprintf(hold_buf, sizeof(hold_buf), "held out %.0f s after %d link-down%s within an hour",
+             cfg.down_hold_s, cfg.down_hold_after, cfg.down_hold_after == 1 ? "" : "s");
   const std::string hold_text = hold_buf;
   printf(
       "event level: %zu rails (%d healthy, %.1f rail-hours), drain at risk >= %.2f for %d "

@@ -168,7 +168,7 @@ class Policy:
     return_samples: int = 6
     max_drains_per_hour: int = 2
     down_hold_s: float = 600.0    # R2CCL_PREDICT_DOWN_HOLD (seconds; 0 off)
-    down_hold_after: int = 2      # R2CCL_PREDICT_DOWN_HOLD_AFTER: downs within an hour
+    down_hold_after: int = 1      # R2CCL_PREDICT_DOWN_HOLD_AFTER: downs within an hour
 
 
 def rail_policy(t: np.ndarray, v: np.ndarray, et: np.ndarray, policy: Policy):

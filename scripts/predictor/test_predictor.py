@@ -457,17 +457,19 @@ class DrainOutcomes(unittest.TestCase):
         o = metrics.drain_outcomes(fs, risk, metrics.Policy())
         self.assertEqual((o["precursor"], o["warned"]), (1, 1))
         self.assertEqual(o["leads"], [475.0 - 410.0])
-        # A link that goes down 3 times, 200 s apart, with a quiet risk: the first two downs
-        # are not warned; after the second the link is held out (600 s), so the third is.
+        # A link that goes down 3 times, 200 s apart, with a quiet risk. By default
+        # (R2CCL_PREDICT_DOWN_HOLD_AFTER=1) it is held out (600 s) from the first down, so the
+        # second and third are warned; holding from the second down, only the third is.
         ev = [(0, 1000.0), (0, 1200.0), (0, 1400.0)]
         fs, risk = self.rails(600, [quiet], events=ev)
         o = metrics.drain_outcomes(fs, risk, metrics.Policy())
+        self.assertEqual((o["precursor"], o["warned"]), (3, 2))
+        self.assertEqual(o["leads"], [1200.0 - 1010.0, 1400.0 - 1010.0])
+        o = metrics.drain_outcomes(fs, risk, metrics.Policy(down_hold_after=2))
         self.assertEqual((o["precursor"], o["warned"]), (3, 1))
         self.assertEqual(o["leads"], [1400.0 - 1210.0])
         o = metrics.drain_outcomes(fs, risk, metrics.Policy(down_hold_s=0))
         self.assertEqual(o["warned"], 0)
-        o = metrics.drain_outcomes(fs, risk, metrics.Policy(down_hold_after=1))
-        self.assertEqual(o["warned"], 2)
 
 
 class BaselineBudget(unittest.TestCase):

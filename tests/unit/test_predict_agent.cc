@@ -166,7 +166,8 @@ TEST_CASE("agent: a link back up after its second down within the hour is held o
   REQUIRE(set_event_sink(log, &err));
   auto env = kFast;
   env["R2CCL_SYSFS_ROOT"] = temp_root("agent-flap-sysfs");
-  env["R2CCL_PREDICT_DOWN_HOLD"] = "2s";  // 20 samples at 100 ms
+  env["R2CCL_PREDICT_DOWN_HOLD"] = "2s";       // 20 samples at 100 ms
+  env["R2CCL_PREDICT_DOWN_HOLD_AFTER"] = "2";  // (the default, 1, holds from the first down)
   const Config cfg = config_with(env);
   Rig rig(env["R2CCL_SYSFS_ROOT"]);
   rig.agent.init(cfg, rig.rails(), nullptr, "none");

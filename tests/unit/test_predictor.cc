@@ -1181,6 +1181,42 @@ TEST_CASE("flap hold: a link back up after its second down within an hour stays 
   CHECK_FALSE(a.drain);
 }
 
+TEST_CASE("flap hold by default: a link back up after a single down stays drained", "[predictor]") {
+  // The parameter table's defaults, as the plugin reads them with nothing set.
+  r2ccl::Config c;
+  std::string err;
+  std::vector<std::string> warnings;
+  REQUIRE(r2ccl::load_config([](const char*) -> const char* { return nullptr; }, {}, &c, &err,
+                             &warnings));
+  const PredictorConfig cfg = predictor_config_from(c);
+  CHECK(cfg.down_hold_after == 1);
+  CHECK(cfg.down_hold_s == 600);
+  BaselineParams bp;
+  bp.threshold[kLinkEvents] = 1e6f;  // the risk stays ~0: only the hold drains
+  RailPredictor p(cfg, nullptr, bp);
+  Step s;
+  s.dt_s = 5;
+  Assessment a;
+  for (int i = 0; i < 10; ++i) {
+    s.link_up = true;
+    REQUIRE(p.update(s, &a));
+  }
+  s.link_up = false;
+  CHECK_FALSE(p.update(s, &a));
+  s.link_up = true;
+  REQUIRE(p.update(s, &a));
+  CHECK((a.drain && a.transition == 1 && a.downs_last_hour == 1 && a.down_hold_s == 600));
+  CHECK_THAT(down_hold_text(a), Catch::Contains("back up after 1 link-down within an hour"));
+  // It returns once the 600 s are over and its risk is low, not before.
+  int steps = 1;
+  while (a.drain && steps < 1000) {
+    REQUIRE(p.update(s, &a));
+    ++steps;
+  }
+  CHECK(steps * 5 >= 600);
+  CHECK(steps * 5 <= 600 + 5 * (cfg.return_samples + 1));
+}
+
 TEST_CASE("node sampler: the last usable rail of the node is not drained", "[predictor]") {
   const std::string root = temp_dir();
   for (const char* dev : {"eth1", "eth2"}) {

@@ -202,9 +202,11 @@ struct ParamDef {
     "R2CCL_PREDICT_DOWN_HOLD_AFTER-th link-down within an hour, it stays drained this long "    \
     "(doubled for each further down within the hour, at most 1 hour), whatever the risk. 0: "   \
     "off. Never the last usable rail of the node.")                                             \
-  X(predict_down_hold_after, "R2CCL_PREDICT_DOWN_HOLD_AFTER", kInt, "2", 1, 1000, nullptr,      \
-    "Link-downs within an hour that make a rail flapping (R2CCL_PREDICT_DOWN_HOLD); a single "  \
-    "down returns as soon as the link is back and its risk is low.")                            \
+  X(predict_down_hold_after, "R2CCL_PREDICT_DOWN_HOLD_AFTER", kInt, "1", 1, 1000, nullptr,      \
+    "Link-downs within an hour that make a rail flapping (R2CCL_PREDICT_DOWN_HOLD). 1: every "  \
+    "down is held (a link that went down is the likeliest to go down again; docs/PREDICTOR.md " \
+    "\"Event-level evaluation\"); 2: a single down returns as soon as the link is back and "    \
+    "its risk is low.")                                                                         \
   X(predict_decider, "R2CCL_PREDICT_DECIDER", kString, "baseline", 0, 0, nullptr,               \
     "Whose risk drains rails: baseline (the threshold rules) or lstm (the weights file; the "   \
     "baseline if it cannot be read). The LSTM does not beat the baseline on both counts on "    \

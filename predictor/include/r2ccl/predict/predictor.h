@@ -40,7 +40,7 @@ struct PredictorConfig {
   int enter_samples = 3;          // R2CCL_PREDICT_ENTER_SAMPLES
   int max_drains_per_hour = 2;    // R2CCL_PREDICT_MAX_DRAINS_PER_HOUR
   double down_hold_s = 600;       // R2CCL_PREDICT_DOWN_HOLD, seconds; 0 off
-  int down_hold_after = 2;        // R2CCL_PREDICT_DOWN_HOLD_AFTER
+  int down_hold_after = 1;        // R2CCL_PREDICT_DOWN_HOLD_AFTER
 };
 PredictorConfig predictor_config_from(const Config& cfg);
 
