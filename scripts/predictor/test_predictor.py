@@ -554,10 +554,27 @@ class BaselineBudget(unittest.TestCase):
                       text)
         self.assertIn("constexpr float kBaselineThreshold[4] = {", text)
         self.assertNotRegex(text, r"[{ ]\d+f")  # every literal a valid float: 4.0f, not 4f
-        # No budget meets it: the smallest is kept, and the header says so.
+        # No budget meets it (only 1 tried): every threshold is raised together by the least
+        # factor that does; x1.35 lifts 3.0 over the bursts (4.05 x 0.9 / 0.7 = 5.2 > 5.0)
+        # and still warns the failure (6.0).
+        lines = []
+        bl, ev, b = train.tune_baseline_budget(tr, start, policy, 1.0, [1.0], ho, "ho.csv",
+                                               log=lines.append)
+        self.assertEqual((b["budget"], b["margin"]), (1.0, 1.35))
+        self.assertTrue(b["heldout"]["met"])
+        self.assertEqual((b["heldout"]["warned"], b["heldout"]["false_per_rail_week"]), (1, 0.0))
+        self.assertAlmostEqual(float(bl.thresholds[0]), 3.0 * 1.35, places=5)
+        self.assertEqual((ev["warned"], ev["false_drains"]), (1, 0))  # training, re-counted
+        self.assertEqual(sum("(kept)" in line for line in lines), 1)
+        text = train.header_text(bl, ev, policy, b)
+        self.assertIn("whose thresholds x1.35", text)
+        # Bursts no factor tried can clear (20.0 needs x5.2): the smallest budget's thresholds
+        # are kept as they are, and the header says so.
+        ho.x[ho.x[:, 0] == 5.0, 0] = 20.0
         bl, ev, b = train.tune_baseline_budget(tr, start, policy, 1.0, [1.0], ho, "ho.csv",
                                                log=quiet)
         self.assertFalse(b["heldout"]["met"])
+        self.assertEqual(b["margin"], 1.0)
         self.assertEqual(float(bl.thresholds[0]), 3.0)
         text = train.header_text(bl, ev, policy, b)
         self.assertIn("none kept them at or under", text)

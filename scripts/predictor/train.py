@@ -22,7 +22,8 @@ Pipeline (docs/PREDICTOR.md "Training"):
      the most failures warned with at most B false drains per healthy training rail-week. B is --max-false-per-week; with --heldout, B is
      the largest of --baseline-budgets whose thresholds keep the HELD-OUT traces at or under
      --max-false-per-week (thresholds that just meet the target on the training traces
-     exceed it on wider ones);
+     exceed it on wider ones); when none does, the smallest budget's thresholds raised
+     together by the least factor (HELDOUT_MARGINS, 1.1 to 3) that does;
   7. the weights file (docs/PREDICTOR.md layout) and predictor/model/baseline_defaults.h are
      written, read back, CRC-checked and the numpy re-implementation is compared to torch.
 
@@ -135,6 +136,9 @@ def parse_budgets(text: str) -> List[float]:
 
 # Rows the baseline averages (k) that step 6 tries for the drain decisions.
 EVENT_KS = (1, 3, 6, 12, 24)
+# Factors on every threshold that step 6 tries, smallest first, when no training budget keeps
+# the held-out traces at the target.
+HELDOUT_MARGINS = (1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5, 3.0)
 
 
 def choose_event_k(fs, start: baseline.BaselineParams, policy, budget: float,
@@ -163,12 +167,14 @@ def tune_baseline_budget(fs, start: baseline.BaselineParams, policy, max_false: 
                          log=print):
     """Step 6's event tuning. Without a held-out feature set: at ``max_false`` false drains
     per training rail-week. With one: the largest of ``budgets`` (training false drains per
-    rail-week) whose thresholds keep the held-out set at or under ``max_false`` (the smallest
-    budget when none does). Both keep ``start``'s k (choose_event_k picks it). Returns
-    (params, training outcome, {"budget", "heldout": summary or None})."""
+    rail-week) whose thresholds keep the held-out set at or under ``max_false``. When none
+    does, the smallest budget's thresholds are all multiplied by the least of HELDOUT_MARGINS
+    that does (when none of those does either: the smallest budget's, unscaled). Both keep
+    ``start``'s k (choose_event_k picks it). Returns (params, training outcome, {"budget",
+    "margin", "heldout": summary or None})."""
     if heldout is None:
         bl, ev = baseline.tune_events(fs, start, policy, max_false_per_week=max_false, log=log)
-        return bl, ev, {"budget": max_false, "heldout": None}
+        return bl, ev, {"budget": max_false, "margin": 1.0, "heldout": None}
     chosen = None
     for b in sorted(budgets, reverse=True):
         bl, ev = baseline.tune_events(fs, start, policy, max_false_per_week=b,
@@ -180,12 +186,29 @@ def tune_baseline_budget(fs, start: baseline.BaselineParams, policy, max_false: 
             f"{ev['precursor']} at {ev['false_per_rail_week']:.2f}; held-out warned "
             f"{o['warned']}/{o['precursor']} at {o['false_per_rail_week']:.2f} false drains "
             f"per rail-week{' (kept)' if ok else ''}")
-        chosen = (bl, ev, {"budget": b, "heldout": {
+        chosen = (bl, ev, {"budget": b, "margin": 1.0, "heldout": {
             "trace": heldout_name, "warned": o["warned"], "precursor": o["precursor"],
             "false_per_rail_week": round(o["false_per_rail_week"], 3), "target": max_false,
             "met": bool(ok)}})
         if ok:
-            break
+            return chosen
+    # No budget kept the held-out traces at the target; below the smallest the training
+    # traces have nothing left to tell (no false drain to trade). Raise every threshold of the
+    # smallest budget's together by the least of HELDOUT_MARGINS that does keep them there.
+    bl, ev, info = chosen
+    for m in HELDOUT_MARGINS:
+        cand = baseline.BaselineParams((bl.thresholds * np.float32(m)).astype(np.float32),
+                                       bl.steps)
+        o = metrics.drain_outcomes(heldout, baseline.risk(heldout.x, heldout.rail, cand), policy)
+        ok = o["false_per_rail_week"] <= max_false
+        log(f"  baseline thresholds x{m:g}: held-out warned {o['warned']}/{o['precursor']} at "
+            f"{o['false_per_rail_week']:.2f} false drains per rail-week{' (kept)' if ok else ''}")
+        if ok:
+            ev = metrics.drain_outcomes(fs, baseline.risk(fs.x, fs.rail, cand), policy)
+            info = {"budget": info["budget"], "margin": m, "heldout": {
+                **info["heldout"], "warned": o["warned"],
+                "false_per_rail_week": round(o["false_per_rail_week"], 3), "met": True}}
+            return cand, ev, info
     return chosen
 
 
@@ -200,8 +223,14 @@ def header_text(p: baseline.BaselineParams, ev: Dict[str, object], policy,
     ho = budget.get("heldout")
     chosen = ""
     if ho:
-        how = ("the largest that kept them at or under" if ho["met"] else
-               "the smallest tried: none kept them at or under")
+        margin = float(budget.get("margin", 1.0))
+        if not ho["met"]:
+            how = "the smallest tried: none kept them at or under"
+        elif margin != 1.0:
+            how = (f"the smallest, whose thresholds x{margin:g} (the least factor\n// tried) "
+                   "keep them at or under")
+        else:
+            how = "the largest that kept them at or under"
         chosen = (f"// Training budget {budget['budget']:g} false drains per rail-week, chosen on "
                   f"the held-out\n// traces ({ho['trace']}): {how}\n// the target "
                   f"({ho['target']:g} per rail-week). There: warned {ho['warned']}/"
@@ -432,6 +461,7 @@ def main(argv=None) -> int:
                                    "false_per_rail_week":
                                        round(bl_events["false_per_rail_week"], 3),
                                    "training_budget_per_rail_week": bl_budget["budget"],
+                                   "heldout_margin": bl_budget["margin"],
                                    "heldout": bl_budget.get("heldout")}},
         "features": list(features.FEATURE_NAMES),
     }
