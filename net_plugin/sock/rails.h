@@ -50,12 +50,12 @@ bool parse_rail_spec(const std::string& spec, RailSpec* out, std::string* err);
 // An interface as the system reports it (for tests, the list can be made up).
 struct IfAddr {
   std::string ifname;
-  int ifindex;
-  bool up;
-  bool running;  // IFF_RUNNING: operational (carrier), as the kernel reports it
-  int family;
-  sockaddr_storage addr;
-  int prefix_len;
+  int ifindex = 0;
+  bool up = false;
+  bool running = false;  // IFF_RUNNING: operational (carrier), as the kernel reports it
+  int family = 0;        // AF_INET or AF_INET6
+  sockaddr_storage addr{};
+  int prefix_len = 0;
   // IPv6 duplicate address detection not done yet, or failed (/proc/net/if_inet6 flags
   // IFA_F_TENTATIVE, IFA_F_DADFAILED): the kernel refuses to bind it.
   bool tentative = false;

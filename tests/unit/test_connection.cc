@@ -274,7 +274,7 @@ class MemIo final : public PathIo {
           return;
         }
         if (pl.action != ChunkPlace::Action::kRead || !sink.chunk_wanted(pl)) return;
-        memcpy(pl.dst, it.payload.data(), c.len);
+        if (c.len > 0) memcpy(pl.dst, it.payload.data(), c.len);  // an empty chunk has no buffer
         sink.on_chunk_read(it.path, pl, true, now);
         return;
       }

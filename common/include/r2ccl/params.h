@@ -198,7 +198,7 @@ struct ParamDef {
     "Predicted drains allowed per rail within any hour; a drain beyond it is refused with a "   \
     "WARN (0: predictions never drain). Nor is the last usable rail of the node drained.")      \
   X(predict_down_hold, "R2CCL_PREDICT_DOWN_HOLD", kDuration, "600s", 0, 3600e6, nullptr,        \
-    "A flapping link: when a rail's link comes back up after its "                              \
+    "A link that went down: when a rail's link comes back up after its "                        \
     "R2CCL_PREDICT_DOWN_HOLD_AFTER-th link-down within an hour, it stays drained this long "    \
     "(doubled for each further down within the hour, at most 1 hour), whatever the risk. 0: "   \
     "off. Never the last usable rail of the node.")                                             \
