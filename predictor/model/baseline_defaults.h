@@ -4,7 +4,7 @@
 // healthy rail-week).
 // Training budget 0 false drains per rail-week, chosen on the held-out
 // traces (heldout.csv): the smallest, whose thresholds x1.1 (the least factor
-// tried) keep them at or under
+// that does) keep them at or under
 // the target (1 per rail-week). There: warned 1354/1991, 0.80 false
 // drains per rail-week.
 // Do not edit by hand; re-run scripts/predictor/run_all.sh.

@@ -50,11 +50,34 @@ struct Options {
   bool live = false, info = false, bench = false, quiet = false, bench_sysfs = false;
   double interval_s = 5, horizon_s = 30;
   int count = 0, window_steps = 0;
-  float threshold = 0.9f, return_threshold = 0.4f;
-  int return_samples = 6, enter_samples = 3, max_drains_per_hour = 2, down_hold_after = 1;
-  double down_hold_s = 600;
+  // The drain policy: the R2CCL_PREDICT_* parameters' defaults (set in main from the table).
+  float threshold = 0, return_threshold = 0;
+  int return_samples = 0, enter_samples = 0, max_drains_per_hour = 0, down_hold_after = 0;
+  double down_hold_s = 0;
   double min_lead_s = 30, lead_window_s = 1800;
 };
+
+// The drain policy the plugin runs with nothing set: the parameter table's defaults.
+PredictorConfig table_defaults() {
+  r2ccl::Config c;
+  std::string err;
+  std::vector<std::string> warnings;
+  if (!r2ccl::load_config([](const char*) -> const char* { return nullptr; }, {}, &c, &err,
+                          &warnings))
+    fprintf(stderr, "r2ccl_predict: the parameter table's defaults do not parse: %s\n",
+            err.c_str());
+  return predictor_config_from(c);
+}
+
+// "(default V, as NAME)" for an option's help.
+std::string as_param(const std::string& value, const char* name) {
+  return "(default " + value + ", as " + name + ")";
+}
+std::string fmt(const char* f, double v) {
+  char buf[32];
+  snprintf(buf, sizeof(buf), f, v);
+  return buf;
+}
 
 double mono_s() {
   timespec ts;
@@ -570,7 +593,7 @@ int run_evaluate(const Options& o) {
   const std::string hold_text = hold_buf;
   printf(
       "event level: %zu rails (%d healthy, %.1f rail-hours), drain at risk >= %.2f for %d "
-      "samples, return below %.2f for %d, at most %d drains per rail-hour, %s; warned = "
+      "samples, return below %.2f for %d, at most %d drains per rail within an hour, %s; warned = "
       "drained >= %.0f s before the link went down\n",
       rails.size(), healthy_rails, healthy_s / 3600, cfg.threshold, cfg.enter_samples,
       cfg.return_threshold, cfg.return_samples, cfg.max_drains_per_hour, hold_text.c_str(),
@@ -839,6 +862,14 @@ int run_bench(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
+  const PredictorConfig d = table_defaults();
+  o.threshold = d.threshold;
+  o.return_threshold = d.return_threshold;
+  o.return_samples = d.return_samples;
+  o.enter_samples = d.enter_samples;
+  o.max_drains_per_hour = d.max_drains_per_hour;
+  o.down_hold_s = d.down_hold_s;
+  o.down_hold_after = d.down_hold_after;
   CLI::App app{"r2ccl failure predictor: replay traces, show live risk, extract features",
                "r2ccl_predict"};
   auto* modes = app.add_option_group("mode", "exactly one of these");
@@ -881,31 +912,38 @@ int main(int argc, char** argv) {
       ->check(CLI::Range(0.001, 86400.0));
   app.add_option("--window-steps", o.window_steps, "samples the model sees (default: the model's)")
       ->check(CLI::Range(2, 4096));
-  app.add_option("--threshold", o.threshold,
-                 "drain at risk >= this (default 0.9, as R2CCL_PREDICT_THRESHOLD)")
+  app.add_option(
+         "--threshold", o.threshold,
+         "drain at risk >= this " + as_param(fmt("%.2g", d.threshold), "R2CCL_PREDICT_THRESHOLD"))
       ->check(CLI::Range(0.01, 1.0));
-  app.add_option("--return-threshold", o.return_threshold, "return below this (default 0.4)")
+  app.add_option("--return-threshold", o.return_threshold,
+                 "return below this " +
+                     as_param(fmt("%.2g", d.return_threshold), "R2CCL_PREDICT_RETURN_THRESHOLD"))
       ->check(CLI::Range(0.0, 1.0));
-  app.add_option("--return-samples", o.return_samples, "low samples before returning (default 6)")
+  app.add_option("--return-samples", o.return_samples,
+                 "low samples before returning " +
+                     as_param(std::to_string(d.return_samples), "R2CCL_PREDICT_RETURN_SAMPLES"))
       ->check(CLI::Range(1, 100000));
   app.add_option("--enter-samples", o.enter_samples,
-                 "high samples before draining (default 3, as R2CCL_PREDICT_ENTER_SAMPLES)")
+                 "high samples before draining " +
+                     as_param(std::to_string(d.enter_samples), "R2CCL_PREDICT_ENTER_SAMPLES"))
       ->check(CLI::Range(1, 100000));
-  app.add_option("--max-drains-per-hour", o.max_drains_per_hour,
-                 "drains allowed per rail within an hour (default 2, as "
-                 "R2CCL_PREDICT_MAX_DRAINS_PER_HOUR)")
+  app.add_option(
+         "--max-drains-per-hour", o.max_drains_per_hour,
+         "drains allowed per rail within an hour " +
+             as_param(std::to_string(d.max_drains_per_hour), "R2CCL_PREDICT_MAX_DRAINS_PER_HOUR"))
       ->check(CLI::Range(0, 100000));
   app.add_option("--decider", o.decider,
                  "--replay, --live: whose risk drains, baseline or lstm (default baseline, as "
                  "R2CCL_PREDICT_DECIDER)")
       ->check(CLI::IsMember({"lstm", "baseline"}));
   app.add_option("--down-hold", o.down_hold_s,
-                 "seconds a flapping link stays drained once back up (default 600, as "
-                 "R2CCL_PREDICT_DOWN_HOLD; 0 off)")
+                 "seconds a link that went down stays drained once back up, 0 off " +
+                     as_param(fmt("%.0f", d.down_hold_s), "R2CCL_PREDICT_DOWN_HOLD"))
       ->check(CLI::Range(0.0, 3600.0));
   app.add_option("--down-hold-after", o.down_hold_after,
-                 "link-downs within an hour that make a link flapping (default 2, as "
-                 "R2CCL_PREDICT_DOWN_HOLD_AFTER)")
+                 "link-downs within an hour after which it is held out " +
+                     as_param(std::to_string(d.down_hold_after), "R2CCL_PREDICT_DOWN_HOLD_AFTER"))
       ->check(CLI::Range(1, 1000));
   app.add_option("--min-lead", o.min_lead_s,
                  "--evaluate: a failure counts as warned when its rail was drained at least this "

@@ -567,7 +567,11 @@ class BaselineBudget(unittest.TestCase):
         self.assertEqual((ev["warned"], ev["false_drains"]), (1, 0))  # training, re-counted
         self.assertEqual(sum("(kept)" in line for line in lines), 1)
         text = train.header_text(bl, ev, policy, b)
-        self.assertIn("whose thresholds x1.35", text)
+        self.assertIn("whose thresholds x1.35 (the least factor\n// that does) keep them", text)
+        # A held-out set without a healthy rail cannot check a false-drain budget.
+        with self.assertRaisesRegex(ValueError, "ho0.csv: no healthy rail"):
+            train.tune_baseline_budget(tr, start, policy, 1.0, [1.0], self.fs(0, 0, 2),
+                                       "ho0.csv", log=quiet)
         # Bursts no factor tried can clear (20.0 needs x5.2): the smallest budget's thresholds
         # are kept as they are, and the header says so.
         ho.x[ho.x[:, 0] == 5.0, 0] = 20.0

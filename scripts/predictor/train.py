@@ -180,6 +180,10 @@ def tune_baseline_budget(fs, start: baseline.BaselineParams, policy, max_false: 
         bl, ev = baseline.tune_events(fs, start, policy, max_false_per_week=b,
                                       log=lambda *a: None)
         o = metrics.drain_outcomes(heldout, baseline.risk(heldout.x, heldout.rail, bl), policy)
+        if not o["healthy_s"] > 0:
+            raise ValueError(f"held-out traces {heldout_name or '(unnamed)'}: no healthy rail "
+                             "(one without a failure) to count false drains on; the budget "
+                             "check needs some")
         ok = o["false_per_rail_week"] <= max_false
         log(f"  baseline budget {b:g}/rail-week on training: thresholds "
             f"{np.round(bl.thresholds, 4).tolist()}; training warned {ev['warned']}/"
@@ -227,8 +231,8 @@ def header_text(p: baseline.BaselineParams, ev: Dict[str, object], policy,
         if not ho["met"]:
             how = "the smallest tried: none kept them at or under"
         elif margin != 1.0:
-            how = (f"the smallest, whose thresholds x{margin:g} (the least factor\n// tried) "
-                   "keep them at or under")
+            how = (f"the smallest, whose thresholds x{margin:g} (the least factor\n// that "
+                   "does) keep them at or under")
         else:
             how = "the largest that kept them at or under"
         chosen = (f"// Training budget {budget['budget']:g} false drains per rail-week, chosen on "
@@ -423,9 +427,13 @@ def main(argv=None) -> int:
     bl = choose_event_k(fs, bl, policy, max(budgets) if ho is not None
                         else args.max_false_per_week,
                         ks=[k for k in EVENT_KS if k <= args.window], log=log)
-    bl, bl_events, bl_budget = tune_baseline_budget(
-        fs, bl, policy, args.max_false_per_week, budgets, ho,
-        os.path.basename(args.heldout or ""), log)
+    try:
+        bl, bl_events, bl_budget = tune_baseline_budget(
+            fs, bl, policy, args.max_false_per_week, budgets, ho,
+            os.path.basename(args.heldout or ""), log)
+    except ValueError as e:
+        print(f"train.py: {e}", file=sys.stderr)
+        return 1
     bl_alarm = baseline.risk(fs.x, fs.rail, bl) >= metrics.DRAIN
     m_bl_val = metrics.sample_metrics(fs.label[val_rows], bl_alarm[val_rows])
     log(f"baseline: thresholds {bl.as_list()}, k={bl.steps}, training F1 {bl_f1:.4f} "

@@ -9,7 +9,9 @@
 
 #include "fake_counters.h"
 #include "net_harness.h"
+#include "r2ccl/params.h"
 #include "r2ccl/predict/model.h"
+#include "r2ccl/predict/predictor.h"
 
 using namespace r2ccl::test;
 
@@ -211,7 +213,7 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
   REQUIRE(run("--evaluate " + dir + "/t.csv --model " + kModel, &out) == 0);
   INFO(out);
   CHECK_THAT(out, Catch::Contains("event level: 4 rails (2 healthy, 2.0 rail-hours)"));
-  CHECK_THAT(out, Catch::Contains("at most 2 drains per rail-hour"));
+  CHECK_THAT(out, Catch::Contains("at most 2 drains per rail within an hour"));
   // model precursor warned frac late median-lead sudden false-drains per-rail-week early
   const size_t at = out.find("\nbaseline ");
   REQUIRE(at != std::string::npos);
@@ -236,7 +238,7 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
   REQUIRE(run("--evaluate " + dir + "/t.csv --model " + std::string(kModel) +
                   " --max-drains-per-hour 5",
               &out) == 0);
-  CHECK_THAT(out, Catch::Contains("at most 5 drains per rail-hour"));
+  CHECK_THAT(out, Catch::Contains("at most 5 drains per rail within an hour"));
   const size_t at2 = out.find("\nbaseline ");
   REQUIRE(at2 != std::string::npos);
   std::istringstream is2(out.substr(at2 + 1, out.find('\n', at2 + 1) - at2 - 1));
@@ -250,4 +252,57 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
                                         std::to_string(r2ccl::predict::default_baseline().steps) +
                                         " samples; --window-steps 6 keeps 6") == 1);
   run_command("rm -rf " + dir);
+}
+
+TEST_CASE("r2ccl_predict: its drain policy defaults are the parameter table's", "[predict]") {
+  // The tool and the plugin must judge a trace the same way unless told otherwise: the
+  // defaults --evaluate prints and --help states come from R2CCL_PREDICT_*'s defaults.
+  r2ccl::Config c;
+  std::string err;
+  std::vector<std::string> warnings;
+  REQUIRE(r2ccl::load_config([](const char*) -> const char* { return nullptr; }, {}, &c, &err,
+                             &warnings));
+  const r2ccl::predict::PredictorConfig d = r2ccl::predict::predictor_config_from(c);
+  std::string help;
+  REQUIRE(run("--help", &help) == 0);
+  auto help_of = [&](const std::string& opt) {  // the option's help, up to the next option
+    const size_t a = help.find("\n  " + opt + " ");
+    if (a == std::string::npos) return std::string("?");
+    const size_t b = help.find("\n  --", a + 1);
+    return help.substr(a, b == std::string::npos ? std::string::npos : b - a);
+  };
+  char buf[64];
+  snprintf(buf, sizeof(buf), "default %.2g,", d.threshold);
+  CHECK_THAT(help_of("--threshold"), Catch::Contains(buf));
+  snprintf(buf, sizeof(buf), "default %.2g,", d.return_threshold);
+  CHECK_THAT(help_of("--return-threshold"), Catch::Contains(buf));
+  CHECK_THAT(help_of("--return-samples"),
+             Catch::Contains("default " + std::to_string(d.return_samples) + ","));
+  CHECK_THAT(help_of("--enter-samples"),
+             Catch::Contains("default " + std::to_string(d.enter_samples) + ","));
+  CHECK_THAT(help_of("--max-drains-per-hour"),
+             Catch::Contains("default " + std::to_string(d.max_drains_per_hour) + ","));
+  snprintf(buf, sizeof(buf), "default %.0f,", d.down_hold_s);
+  CHECK_THAT(help_of("--down-hold"), Catch::Contains(buf));
+  CHECK_THAT(help_of("--down-hold-after"),
+             Catch::Contains("default " + std::to_string(d.down_hold_after) + ","));
+  // And what --evaluate runs with.
+  const std::string dir = temp_path("predict-tool-defaults");
+  run_command("rm -rf " + dir + " && mkdir -p " + dir);
+  write(dir + "/t.csv",
+        "t_s,rail,link,speed_mbps,retrans,tx_packets,rx_packets,tx_bytes,rx_bytes,symbol_err,"
+        "rcv_err,link_recovery,link_downed,integrity,buf_overrun,scenario\n"
+        "0,r0,1,100000,0,0,0,0,0,0,0,0,0,0,0,healthy\n"
+        "5,r0,1,100000,0,0,0,0,0,0,0,0,0,0,0,healthy\n");
+  std::string out;
+  REQUIRE(run("--evaluate " + dir + "/t.csv --model " + kModel, &out) == 0);
+  INFO(out);
+  snprintf(buf, sizeof(buf), "drain at risk >= %.2f for %d samples, return below %.2f for %d,",
+           d.threshold, d.enter_samples, d.return_threshold, d.return_samples);
+  CHECK_THAT(out, Catch::Contains(buf));
+  CHECK_THAT(out, Catch::Contains("at most " + std::to_string(d.max_drains_per_hour) +
+                                  " drains per rail within an hour"));
+  snprintf(buf, sizeof(buf), "held out %.0f s after %d link-down", d.down_hold_s,
+           d.down_hold_after);
+  CHECK_THAT(out, Catch::Contains(buf));
 }

@@ -205,7 +205,7 @@ struct ParamDef {
   X(predict_down_hold_after, "R2CCL_PREDICT_DOWN_HOLD_AFTER", kInt, "1", 1, 1000, nullptr,      \
     "Link-downs within an hour that make a rail flapping (R2CCL_PREDICT_DOWN_HOLD). 1: every "  \
     "down is held (a link that went down is the likeliest to go down again; docs/PREDICTOR.md " \
-    "\"Event-level evaluation\"); 2: a single down returns as soon as the link is back and "    \
+    "\"In the plugin\"); 2: a single down returns as soon as the link is back and "             \
     "its risk is low.")                                                                         \
   X(predict_decider, "R2CCL_PREDICT_DECIDER", kString, "baseline", 0, 0, nullptr,               \
     "Whose risk drains rails: baseline (the threshold rules) or lstm (the weights file; the "   \
