@@ -101,6 +101,12 @@ float RailPredictor::lstm_risk(uint32_t quiet) const {
 
 bool RailPredictor::update(const Step& s, Assessment* out, bool last_usable) {
   constexpr double kHourS = 3600;
+  if (!(s.dt_s > 0) && link_ < 0) {
+    // The rail's first reading (no deltas): the link state a later down is judged against.
+    link_ = s.link_up ? 1 : 0;
+    if (out) *out = last_;
+    return false;
+  }
   if (s.dt_s > 0) t_s_ += s.dt_s;
   bool back_up = false;
   if (s.dt_s > 0 && std::isfinite(s.dt_s)) {
@@ -263,7 +269,7 @@ void NodeSampler::sample(double now_s, const std::vector<ExtraCounters>& extra,
     steps_[i] = s;
     stepped_[i] = stepped;
     if (!stepped) {
-      rr.a = preds_[i]->last();
+      preds_[i]->update(s, &rr.a);  // the priming read: its link state only
       continue;
     }
     if (rails_[i].files_present() == 0) {

@@ -214,7 +214,7 @@ int run_replay(const Options& o) {
     if (!o.rail.empty() && name != o.rail) {
       // Not shown, but part of the guard's set: its link and drain still count.
       const bool last = set.last_usable(ri);
-      if (row.has_step) rr.p->update(row.step, nullptr, last);
+      rr.p->update(row.step, nullptr, last);  // a first row primes the link state
       set.set(ri, row.link_up, rr.p->last().drain);
       continue;
     }
@@ -234,7 +234,7 @@ int run_replay(const Options& o) {
     }
     rr.prev_link = row.link_up;
     Assessment a;
-    const bool scored = row.has_step && rr.p->update(row.step, &a, set.last_usable(ri));
+    const bool scored = rr.p->update(row.step, &a, set.last_usable(ri));
     set.set(ri, row.link_up, rr.p->last().drain);
     if (scored && a.hold_new)  // stderr: the table's format stays as it is
       fprintf(stderr, "r2ccl_predict: t %.1f: %s\n", row.t_s, hold_message(name, a, cfg).c_str());
@@ -512,7 +512,7 @@ int run_evaluate(const Options& o) {
       if (!d.p[r]) d.p[r] = std::make_unique<RailPredictor>(cfg, models[m], model.baseline);
       if (failed) d.lead[r].push_back(d.drain_since[r] >= 0 ? row.t_s - d.drain_since[r] : -1);
       Assessment a;
-      const bool scored = row.has_step && d.p[r]->update(row.step, &a, d.set.last_usable(r));
+      const bool scored = d.p[r]->update(row.step, &a, d.set.last_usable(r));
       d.set.set(r, row.link_up, d.p[r]->last().drain);
       if (!scored) continue;
       if (a.transition > 0) {

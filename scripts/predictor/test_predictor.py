@@ -603,6 +603,15 @@ class DrainOutcomesMatchTheTool(unittest.TestCase):
         try:
             rows, _ = gen_traces.generate(14, 24, 3600, 5.0, "heldout",
                                           gen_traces.parse_mix(gen_traces.DEFAULT_MIX))
+            # A copy of a healthy rail whose link goes down at its second row: the flap hold
+            # counts that down in both (an early drain: nothing follows it).
+            first = next(r for r in rows if r[3] == "healthy" and
+                         not r[1].startswith(gen_traces.ETH_PREFIX))[1]  # IB widths
+            own = [r for r in rows if r[1] == first]
+            for i, (t, _, row, _) in enumerate(own):
+                row = list(row)
+                row[0] = "0" if i == 1 else row[0]
+                rows.append((t, "primed-down", row, "flap"))
             gen_traces.write_trace(path, [], rows)
             out = subprocess.run([features.DEFAULT_CPP_TOOL, "--quiet", "--evaluate", path,
                                   "--model", self.MODEL], capture_output=True, text=True,
@@ -617,12 +626,13 @@ class DrainOutcomesMatchTheTool(unittest.TestCase):
                                            baseline.BaselineParams(w.thresholds, w.steps))}
         for name, risk in risks.items():
             m = re.search(r"^%s +(\d+) +(\d+) +[0-9.]+ +(\d+) +(?:\d+ s|-) +(\d+)/(\d+) +(\d+) "
-                          % name, out, re.M)
+                          r"+[0-9.]+ +(\d+)$" % name, out, re.M)
             self.assertIsNotNone(m, out)
             o = metrics.drain_outcomes(fs, risk, metrics.Policy())
             self.assertGreater(o["precursor"], 5)
+            self.assertGreaterEqual(o["early_drains"], 1)  # the primed-down rail's hold at least
             self.assertEqual((o["precursor"], o["warned"], o["late"], o["sudden_warned"],
-                              o["sudden"], o["false_drains"]),
+                              o["sudden"], o["false_drains"], o["early_drains"]),
                              tuple(int(g) for g in m.groups()), f"{name}:\n{out}")
 
 

@@ -1217,6 +1217,61 @@ TEST_CASE("flap hold by default: a link back up after a single down stays draine
   CHECK(steps * 5 <= 600 + 5 * (cfg.return_samples + 1));
 }
 
+TEST_CASE("flap hold: a down right after the rail's first reading counts", "[predictor]") {
+  // The first reading has no deltas (dt 0) but says the link was up: a down at the next one is
+  // a link-down like any other, as the trace tools' failure events count it.
+  PredictorConfig cfg;  // down_hold_after 1, down_hold_s 600
+  BaselineParams bp;
+  bp.threshold[kLinkEvents] = 1e6f;
+  {
+    RailPredictor p(cfg, nullptr, bp);
+    Step s;
+    Assessment a;
+    CHECK_FALSE(p.update(s, &a));  // the priming reading: dt 0, link up
+    s.dt_s = 5;
+    s.link_up = false;
+    CHECK_FALSE(p.update(s, &a));
+    s.link_up = true;
+    REQUIRE(p.update(s, &a));
+    CHECK((a.drain && a.downs_last_hour == 1 && a.down_hold_s == 600));
+  }
+  {
+    // A rail whose first reading is already down has shown no down (nothing to count).
+    RailPredictor p(cfg, nullptr, bp);
+    Step s;
+    s.link_up = false;
+    Assessment a;
+    CHECK_FALSE(p.update(s, &a));
+    s.dt_s = 5;
+    CHECK_FALSE(p.update(s, &a));
+    s.link_up = true;
+    REQUIRE(p.update(s, &a));
+    CHECK_FALSE(a.drain);
+    CHECK(a.downs_last_hour == 0);
+  }
+  // The node sampler passes its priming read on.
+  const std::string root = temp_dir();
+  for (const char* dev : {"eth1", "eth2"}) {
+    write_file(root + "/class/net/" + std::string(dev) + "/statistics/rx_crc_errors", "0\n");
+    write_file(root + "/class/net/" + std::string(dev) + "/operstate", "up\n");
+  }
+  NodeSampler ns(
+      root, {{"eth1", RailSpec::Kind::kEth, "eth1", 1}, {"eth2", RailSpec::Kind::kEth, "eth2", 1}},
+      cfg, nullptr, bp);
+  std::vector<RailRisk> out;
+  std::vector<std::string> notes;
+  ns.sample(10.0, {}, &out, &notes);
+  write_file(root + "/class/net/eth1/operstate", "down\n");
+  ns.sample(15.0, {}, &out, &notes);
+  write_file(root + "/class/net/eth1/operstate", "up\n");
+  ns.sample(20.0, {}, &out, &notes);
+  REQUIRE(out.size() == 2);
+  CHECK((out[0].a.drain && out[0].a.down_hold_s == 600));
+  CHECK_THAT(out[0].top, Catch::Contains("back up after 1 link-down"));
+  CHECK_FALSE(out[1].a.drain);
+  REQUIRE(system(("rm -rf " + root).c_str()) == 0);
+}
+
 TEST_CASE("node sampler: the last usable rail of the node is not drained", "[predictor]") {
   const std::string root = temp_dir();
   for (const char* dev : {"eth1", "eth2"}) {

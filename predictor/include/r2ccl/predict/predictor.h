@@ -83,6 +83,8 @@ class RailPredictor {
 
   // Feeds one step. Returns true with *out filled when the step produced a feature row (link
   // up, dt > 0); false otherwise (the decision is unchanged; *out keeps the last values).
+  // Feed the rail's first reading too (dt 0, no deltas): it sets the link state, so that a
+  // down at the next reading counts for the flap hold, as the trace tools count failures.
   // `last_usable`: every other rail of this rail's set is down or drained now, so this one
   // may not drain (it keeps a drain it already has).
   bool update(const Step& s, Assessment* out, bool last_usable = false);
