@@ -444,6 +444,7 @@ struct Decider {
   std::vector<std::vector<double>> drain_at;  // per rail: when each drain began
   std::vector<double> drain_since;            // per rail: start of the drain in progress, or -1
   std::vector<std::vector<double>> lead;      // per rail, per failure: lead, or -1 (not drained)
+  double drained_s = 0;                       // link-up rail-time spent drained, all rails
 };
 
 struct Tally {
@@ -514,6 +515,8 @@ int run_evaluate(const Options& o) {
       Assessment a;
       const bool scored = d.p[r]->update(row.step, &a, d.set.last_usable(r));
       d.set.set(r, row.link_up, d.p[r]->last().drain);
+      if (row.has_step && row.link_up && row.step.dt_s > 0 && d.p[r]->last().drain)
+        d.drained_s += row.step.dt_s;
       if (!scored) continue;
       if (a.transition > 0) {
         d.drain_since[r] = row.t_s;
@@ -541,12 +544,13 @@ int run_evaluate(const Options& o) {
     return sc >= 0 && tr.scenarios()[static_cast<size_t>(sc)].rfind("sudden", 0) == 0;
   };
   Tally tally[2];
-  double healthy_s = 0, bucket_s[kBuckets] = {};
+  double healthy_s = 0, up_s = 0, bucket_s[kBuckets] = {};
   int healthy_rails = 0, bucket_rails[kBuckets] = {};
   for (size_t r = 0; r < rails.size(); ++r) {
     const Rail& rl = rails[r];
     const bool healthy = rl.fails.empty();
     const int b = rl.floor_bucket();
+    up_s += rl.up_s;
     if (healthy) {
       healthy_s += rl.up_s;
       bucket_s[b] += rl.up_s;
@@ -598,8 +602,9 @@ int run_evaluate(const Options& o) {
       rails.size(), healthy_rails, healthy_s / 3600, cfg.threshold, cfg.enter_samples,
       cfg.return_threshold, cfg.return_samples, cfg.max_drains_per_hour, hold_text.c_str(),
       o.min_lead_s);
-  printf("%-9s %10s %9s %6s %6s %11s %8s %12s %13s %12s\n", "model", "precursor", "warned", "frac",
-         "late", "median-lead", "sudden", "false-drains", "per-rail-week", "early-drains");
+  printf("%-9s %10s %9s %6s %6s %11s %8s %12s %13s %12s %9s\n", "model", "precursor", "warned",
+         "frac", "late", "median-lead", "sudden", "false-drains", "per-rail-week", "early-drains",
+         "drained-%");
   const char* names[2] = {"lstm", "baseline"};
   for (int m = 0; m < 2; ++m) {
     const Tally& t = tally[m];
@@ -607,9 +612,10 @@ int run_evaluate(const Options& o) {
     if (!t.leads.empty()) snprintf(lead, sizeof(lead), "%.0f s", median(t.leads));
     char sud[32];
     snprintf(sud, sizeof(sud), "%d/%d", t.sudden_warned, t.sudden);
-    printf("%-9s %10d %9d %6.3f %6d %11s %8s %12d %13.2f %12d\n", names[m], t.precursor, t.warned,
-           t.precursor ? static_cast<double>(t.warned) / t.precursor : 0.0, t.late, lead, sud,
-           t.false_drains, per_week(t.false_drains, healthy_s), t.early_drains);
+    printf("%-9s %10d %9d %6.3f %6d %11s %8s %12d %13.2f %12d %9.2f\n", names[m], t.precursor,
+           t.warned, t.precursor ? static_cast<double>(t.warned) / t.precursor : 0.0, t.late, lead,
+           sud, t.false_drains, per_week(t.false_drains, healthy_s), t.early_drains,
+           up_s > 0 ? 100.0 * dec[m].drained_s / up_s : 0.0);
   }
   printf(
       "false drains per rail-week on healthy rails, by error floor (the highest error "

@@ -626,7 +626,7 @@ class DrainOutcomesMatchTheTool(unittest.TestCase):
                                            baseline.BaselineParams(w.thresholds, w.steps))}
         for name, risk in risks.items():
             m = re.search(r"^%s +(\d+) +(\d+) +[0-9.]+ +(\d+) +(?:\d+ s|-) +(\d+)/(\d+) +(\d+) "
-                          r"+[0-9.]+ +(\d+)$" % name, out, re.M)
+                          r"+[0-9.]+ +(\d+) +[0-9.]+$" % name, out, re.M)
             self.assertIsNotNone(m, out)
             o = metrics.drain_outcomes(fs, risk, metrics.Policy())
             self.assertGreater(o["precursor"], 5)

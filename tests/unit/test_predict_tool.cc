@@ -254,6 +254,41 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
   run_command("rm -rf " + dir);
 }
 
+TEST_CASE("r2ccl_predict --evaluate: the share of link-up time spent drained", "[predict]") {
+  // Two quiet rails of one node for an hour; n-a goes down once (one row at 1000 s). The flap
+  // hold keeps it drained from 1005 s for 600 s, then the return rule (6 low samples, counted
+  // during the hold) lets it back at the first sample past the hold: about 600 s of the 7,195 s
+  // the two links were up, 8.3-8.5%. Nothing else drains.
+  const std::string dir = temp_path("predict-tool-drained");
+  run_command("rm -rf " + dir + " && mkdir -p " + dir);
+  std::string trace = "t_s,rail,link,speed_mbps,symbol_err,scenario\n";
+  for (int t = 0; t <= 3600; t += 5)
+    for (const char* rail : {"n-a", "n-b"}) {
+      const bool down = std::string(rail) == "n-a" && t == 1000;
+      trace += std::to_string(t) + "," + rail + "," + (down ? "0" : "1") + ",100000,0," +
+               (std::string(rail) == "n-a" ? "flap" : "healthy") + "\n";
+    }
+  write(dir + "/t.csv", trace);
+  std::string out;
+  REQUIRE(run("--evaluate " + dir + "/t.csv --model " + kModel, &out) == 0);
+  INFO(out);
+  REQUIRE_THAT(out, Catch::Contains("drained-%"));
+  const size_t at = out.find("\nbaseline ");
+  REQUIRE(at != std::string::npos);
+  const std::string line = out.substr(at + 1, out.find('\n', at + 1) - at - 1);
+  const double pct = std::stod(line.substr(line.find_last_of(' ') + 1));
+  CHECK(pct >= 8.3);
+  CHECK(pct <= 8.5);
+  // With the hold off, nothing drains: 0.00.
+  REQUIRE(run("--evaluate " + dir + "/t.csv --model " + std::string(kModel) + " --down-hold 0",
+              &out) == 0);
+  const size_t at2 = out.find("\nbaseline ");
+  REQUIRE(at2 != std::string::npos);
+  const std::string line2 = out.substr(at2 + 1, out.find('\n', at2 + 1) - at2 - 1);
+  CHECK(std::stod(line2.substr(line2.find_last_of(' ') + 1)) == 0.0);
+  run_command("rm -rf " + dir);
+}
+
 TEST_CASE("r2ccl_predict: its drain policy defaults are the parameter table's", "[predict]") {
   // The tool and the plugin must judge a trace the same way unless told otherwise: the
   // defaults --evaluate prints and --help states come from R2CCL_PREDICT_*'s defaults.
