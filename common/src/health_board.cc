@@ -419,7 +419,8 @@ bool read_sampler_mapped(const Mapping& m, SamplerView* out, std::string* why) {
           e.top[kCauseLen - 1] = 0;
           e.risk = unit_or_unknown(e.risk);
           e.retransmit_ratio = unit_or_unknown(e.retransmit_ratio);
-          if (e.source != RiskSource::kLstm && e.source != RiskSource::kBaseline)
+          if (e.source != RiskSource::kLstm && e.source != RiskSource::kBaseline &&
+              e.source != RiskSource::kBoth)
             e.source = RiskSource::kNone;
           e.drain = e.drain ? 1 : 0;
           memset(e.pad_, 0, sizeof(e.pad_));
@@ -453,6 +454,7 @@ const char* risk_source_name(RiskSource s) {
   switch (s) {
     case RiskSource::kLstm: return "lstm";
     case RiskSource::kBaseline: return "baseline";
+    case RiskSource::kBoth: return "both";
     default: return "none";
   }
 }

@@ -243,9 +243,10 @@ bool load_config(const EnvLookup& env, const std::vector<std::string>& env_names
                     "<=", "R2CCL_PREDICT_THRESHOLD", num(c.predict_threshold));
     return false;
   }
-  if (c.predict_decider != "lstm" && c.predict_decider != "baseline") {
-    *err = "R2CCL_PREDICT_DECIDER='" + c.predict_decider + "' is not valid; accepted: lstm or " +
-           "baseline";
+  if (c.predict_decider != "both" && c.predict_decider != "lstm" &&
+      c.predict_decider != "baseline") {
+    *err = "R2CCL_PREDICT_DECIDER='" + c.predict_decider + "' is not valid; accepted: both, " +
+           "lstm or baseline";
     return false;
   }
   if (c.path_window < c.chunk_size) {

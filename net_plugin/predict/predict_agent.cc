@@ -157,6 +157,7 @@ void PredictAgent::sample_and_publish(TimeUs now) {
     e.retransmit_ratio = static_cast<float>(r.a.retransmit_ratio);
     e.source = r.a.source == predict::Source::kLstm       ? board::RiskSource::kLstm
                : r.a.source == predict::Source::kBaseline ? board::RiskSource::kBaseline
+               : r.a.source == predict::Source::kBoth     ? board::RiskSource::kBoth
                                                           : board::RiskSource::kNone;
     bool drain = r.a.drain;
     if (inherit_[i]) {

@@ -21,6 +21,7 @@ PredictorConfig predictor_config_from(const Config& cfg) {
   p.max_drains_per_hour = static_cast<int>(cfg.predict_max_drains_per_hour);
   p.down_hold_s = static_cast<double>(cfg.predict_down_hold) / 1e6;
   p.down_hold_after = static_cast<int>(cfg.predict_down_hold_after);
+  p.lstm_cap = cfg.predict_decider == "both" ? static_cast<float>(cfg.predict_lstm_cap) : 0.0f;
   return p;
 }
 
@@ -64,6 +65,7 @@ const char* source_name(Source s) {
   switch (s) {
     case Source::kLstm: return "lstm";
     case Source::kBaseline: return "baseline";
+    case Source::kBoth: return "both";
     default: return "none";
   }
 }
@@ -124,7 +126,12 @@ bool RailPredictor::update(const Step& s, Assessment* out, bool last_usable) {
   const int n = window_.size();
   for (int i = 0; i < n; ++i) raw_[static_cast<size_t>(i)] = window_.row(i);
   a.baseline_risk = baseline_risk(raw_.data(), n, baseline_);
-  if (model_) {
+  if (model_ && cfg_.lstm_cap > 0) {
+    // The LSTM raises a risk the baseline has already half raised, never more than lstm_cap
+    // times it (docs/PREDICTOR.md "Deciders").
+    a.risk = std::max(a.baseline_risk, std::min(lstm_risk(0), cfg_.lstm_cap * a.baseline_risk));
+    a.source = Source::kBoth;
+  } else if (model_) {
     a.risk = lstm_risk(0);
     a.source = Source::kLstm;
   } else {
@@ -197,8 +204,10 @@ std::string RailPredictor::top_contributors(int n) const {
     float share = 0;
   };
   std::vector<Group> groups;
+  // "both": the LSTM's view where its (capped) risk is above the baseline's, else the baseline's.
+  const bool lstm_view = model_ && !(cfg_.lstm_cap > 0 && !(last_.risk > last_.baseline_risk));
   for (int f = 0; f < kNumFeatures; ++f) {
-    if (!model_ && f >= 4) break;  // the baseline looks at features 0..3 only
+    if (!lstm_view && f >= 4) break;  // the baseline looks at features 0..3 only
     const std::string name = feature_counters(f);
     if (name == "-") continue;  // not a counter (kWarm)
     auto it =
@@ -208,7 +217,7 @@ std::string RailPredictor::top_contributors(int n) const {
     else
       it->mask |= 1u << f;
   }
-  if (model_) {
+  if (lstm_view) {
     // The risk this rail would lose if those counters had been quiet over the whole window.
     const float base = lstm_risk(0);
     for (auto& g : groups) g.share = base - lstm_risk(g.mask);
@@ -228,7 +237,7 @@ std::string RailPredictor::top_contributors(int n) const {
   for (const auto& g : groups) {
     if (k == n || !(g.share > 0.005f)) break;
     char buf[128];
-    snprintf(buf, sizeof(buf), model_ ? "%s%s (-%.2f if quiet)" : "%s%s (x%.2f of threshold)",
+    snprintf(buf, sizeof(buf), lstm_view ? "%s%s (-%.2f if quiet)" : "%s%s (x%.2f of threshold)",
              k ? ", " : "", g.name.c_str(), g.share);
     out += buf;
     ++k;

@@ -10,7 +10,8 @@
 //   r2ccl_predict --features TRACE --out DIR [--horizon SEC]
 //       the feature rows, labels and failure events of a trace as .npy files, for training
 //   r2ccl_predict --evaluate TRACE [--model FILE] [--min-lead SEC] [--lead-window SEC]
-//       event level, LSTM and baseline each deciding alone: failures warned (and lead times),
+//       event level, for each decider (the LSTM alone, the baseline alone, both): failures
+//       warned (and lead times),
 //       false drains per healthy rail-week, also by error floor; then sample-level precision,
 //       recall and F1
 //   r2ccl_predict --info [--model FILE]      the weights file's shape and metadata
@@ -46,7 +47,8 @@ namespace {
 
 struct Options {
   std::string replay, features, evaluate, out, model, rail, rails, record, sysfs_root = "/sys";
-  std::string decider = "baseline";  // as R2CCL_PREDICT_DECIDER
+  std::string decider;  // as R2CCL_PREDICT_DECIDER (the table's default, set in main)
+  double lstm_cap = 0;  // as R2CCL_PREDICT_LSTM_CAP
   bool live = false, info = false, bench = false, quiet = false, bench_sysfs = false;
   double interval_s = 5, horizon_s = 30;
   int count = 0, window_steps = 0;
@@ -57,8 +59,8 @@ struct Options {
   double min_lead_s = 30, lead_window_s = 1800;
 };
 
-// The drain policy the plugin runs with nothing set: the parameter table's defaults.
-PredictorConfig table_defaults() {
+// What the plugin runs with nothing set: the parameter table's defaults.
+r2ccl::Config table_config() {
   r2ccl::Config c;
   std::string err;
   std::vector<std::string> warnings;
@@ -66,7 +68,7 @@ PredictorConfig table_defaults() {
                           &warnings))
     fprintf(stderr, "r2ccl_predict: the parameter table's defaults do not parse: %s\n",
             err.c_str());
-  return predictor_config_from(c);
+  return c;
 }
 
 // "(default V, as NAME)" for an option's help.
@@ -125,6 +127,7 @@ PredictorConfig config_of(const Options& o, const Model* m) {
   c.max_drains_per_hour = o.max_drains_per_hour;
   c.down_hold_s = o.down_hold_s;
   c.down_hold_after = o.down_hold_after;
+  c.lstm_cap = o.decider == "both" ? static_cast<float>(o.lstm_cap) : 0.0f;
   return c;
 }
 
@@ -183,7 +186,7 @@ int run_replay(const Options& o) {
   Model model;
   bool have = false;
   if (!get_model(o, &model, &have)) return 1;
-  const Model* mp = have && o.decider == "lstm" ? &model : nullptr;
+  const Model* mp = have && o.decider != "baseline" ? &model : nullptr;
   const BaselineParams base = have ? model.baseline : default_baseline();
   const PredictorConfig cfg = config_of(o, have ? &model : nullptr);
   note_short_window(cfg, base);
@@ -447,6 +450,10 @@ struct Decider {
   double drained_s = 0;                       // link-up rail-time spent drained, all rails
 };
 
+// --evaluate's deciders, in its tables' order.
+constexpr int kDeciders = 3;
+const char* const kDeciderNames[kDeciders] = {"lstm", "baseline", "both"};
+
 struct Tally {
   int precursor = 0, warned = 0, late = 0, sudden = 0, sudden_warned = 0;
   std::vector<double> leads;
@@ -462,6 +469,9 @@ int run_evaluate(const Options& o) {
   bool have = false;
   if (!get_model(o, &model, &have, true)) return 1;  // it compares the LSTM with the baseline
   const PredictorConfig cfg = config_of(o, &model);
+  PredictorConfig cfgs[kDeciders] = {cfg, cfg, cfg};
+  cfgs[0].lstm_cap = 0;                               // the LSTM alone
+  cfgs[2].lstm_cap = static_cast<float>(o.lstm_cap);  // both
   note_short_window(cfg, model.baseline);
   TraceReader tr;
   std::string err;
@@ -472,12 +482,13 @@ int run_evaluate(const Options& o) {
   struct Scored {
     int rail;
     double t;
-    bool lstm, base;
+    bool alarm[kDeciders];
   };
   std::vector<Scored> rows;
   std::vector<Rail> rails;
-  Decider dec[2];  // 0: the LSTM decides; 1: the baseline decides
-  const Model* models[2] = {&model, nullptr};
+  Decider dec[kDeciders];
+  const Model* models[kDeciders] = {&model, nullptr, &model};
+  Scored cur{};
   TraceRow row;
   while (tr.next(&row, &err)) {
     const size_t r = static_cast<size_t>(row.rail);
@@ -507,10 +518,11 @@ int run_evaluate(const Options& o) {
           rl.rates[k].push_back(row.step.d[c] / row.step.dt_s);
       }
     }
-    for (int m = 0; m < 2; ++m) {
+    bool scored_row = false;
+    for (int m = 0; m < kDeciders; ++m) {
       Decider& d = dec[m];
       d.set.ensure(r, tr.rail_names()[r]);
-      if (!d.p[r]) d.p[r] = std::make_unique<RailPredictor>(cfg, models[m], model.baseline);
+      if (!d.p[r]) d.p[r] = std::make_unique<RailPredictor>(cfgs[m], models[m], model.baseline);
       if (failed) d.lead[r].push_back(d.drain_since[r] >= 0 ? row.t_s - d.drain_since[r] : -1);
       Assessment a;
       const bool scored = d.p[r]->update(row.step, &a, d.set.last_usable(r));
@@ -524,9 +536,13 @@ int run_evaluate(const Options& o) {
       } else if (a.transition < 0) {
         d.drain_since[r] = -1;
       }
-      if (m == 0)
-        rows.push_back(
-            {row.rail, row.t_s, a.risk >= cfg.threshold, a.baseline_risk >= cfg.threshold});
+      scored_row = true;
+      cur.alarm[m] = a.risk >= cfg.threshold;
+    }
+    if (scored_row) {
+      cur.rail = row.rail;
+      cur.t = row.t_s;
+      rows.push_back(cur);
     }
   }
   if (!err.empty()) {
@@ -543,7 +559,7 @@ int run_evaluate(const Options& o) {
   auto is_sudden = [&](int sc) {
     return sc >= 0 && tr.scenarios()[static_cast<size_t>(sc)].rfind("sudden", 0) == 0;
   };
-  Tally tally[2];
+  Tally tally[kDeciders];
   double healthy_s = 0, up_s = 0, bucket_s[kBuckets] = {};
   int healthy_rails = 0, bucket_rails[kBuckets] = {};
   for (size_t r = 0; r < rails.size(); ++r) {
@@ -557,7 +573,7 @@ int run_evaluate(const Options& o) {
       ++healthy_rails;
       ++bucket_rails[b];
     }
-    for (int m = 0; m < 2; ++m) {
+    for (int m = 0; m < kDeciders; ++m) {
       Tally& t = tally[m];
       const Decider& d = dec[m];
       for (size_t f = 0; f < rl.fails.size(); ++f) {
@@ -602,37 +618,42 @@ int run_evaluate(const Options& o) {
       rails.size(), healthy_rails, healthy_s / 3600, cfg.threshold, cfg.enter_samples,
       cfg.return_threshold, cfg.return_samples, cfg.max_drains_per_hour, hold_text.c_str(),
       o.min_lead_s);
+  printf(
+      "deciders: lstm (the LSTM alone), baseline (the thresholds alone), both (the baseline, "
+      "raised by the LSTM up to %.3g x its own risk; --lstm-cap)\n",
+      o.lstm_cap);
   printf("%-9s %10s %9s %6s %6s %11s %8s %12s %13s %12s %9s\n", "model", "precursor", "warned",
          "frac", "late", "median-lead", "sudden", "false-drains", "per-rail-week", "early-drains",
          "drained-%");
-  const char* names[2] = {"lstm", "baseline"};
-  for (int m = 0; m < 2; ++m) {
+  for (int m = 0; m < kDeciders; ++m) {
     const Tally& t = tally[m];
     char lead[32] = "-";
     if (!t.leads.empty()) snprintf(lead, sizeof(lead), "%.0f s", median(t.leads));
     char sud[32];
     snprintf(sud, sizeof(sud), "%d/%d", t.sudden_warned, t.sudden);
-    printf("%-9s %10d %9d %6.3f %6d %11s %8s %12d %13.2f %12d %9.2f\n", names[m], t.precursor,
-           t.warned, t.precursor ? static_cast<double>(t.warned) / t.precursor : 0.0, t.late, lead,
-           sud, t.false_drains, per_week(t.false_drains, healthy_s), t.early_drains,
+    printf("%-9s %10d %9d %6.3f %6d %11s %8s %12d %13.2f %12d %9.2f\n", kDeciderNames[m],
+           t.precursor, t.warned, t.precursor ? static_cast<double>(t.warned) / t.precursor : 0.0,
+           t.late, lead, sud, t.false_drains, per_week(t.false_drains, healthy_s), t.early_drains,
            up_s > 0 ? 100.0 * dec[m].drained_s / up_s : 0.0);
   }
   printf(
       "false drains per rail-week on healthy rails, by error floor (the highest error "
       "counter's median rate over a rail's first %d samples, per second):\n",
       kFloorRows);
-  printf("%-10s %6s %10s %10s %10s\n", "floor", "rails", "rail-hours", "lstm", "baseline");
+  printf("%-10s %6s %10s %10s %10s %10s\n", "floor", "rails", "rail-hours", "lstm", "baseline",
+         "both");
   for (int b = 0; b < kBuckets; ++b) {
     if (bucket_rails[b] == 0) continue;
-    printf("%-10s %6d %10.1f %10.2f %10.2f\n", kBucketNames[b], bucket_rails[b], bucket_s[b] / 3600,
-           per_week(tally[0].bucket_drains[b], bucket_s[b]),
-           per_week(tally[1].bucket_drains[b], bucket_s[b]));
+    printf("%-10s %6d %10.1f %10.2f %10.2f %10.2f\n", kBucketNames[b], bucket_rails[b],
+           bucket_s[b] / 3600, per_week(tally[0].bucket_drains[b], bucket_s[b]),
+           per_week(tally[1].bucket_drains[b], bucket_s[b]),
+           per_week(tally[2].bucket_drains[b], bucket_s[b]));
   }
 
   // Per scenario: failures (with a precursor or sudden) warned, and drains on rails of that
   // scenario that no failure followed (false on healthy rails, early on failing ones).
   struct PerScenario {
-    int fails = 0, warned[2] = {}, rails = 0, drains[2] = {};
+    int fails = 0, warned[kDeciders] = {}, rails = 0, drains[kDeciders] = {};
     double up_s = 0;
   };
   std::map<std::string, PerScenario> by_sc;
@@ -647,23 +668,24 @@ int run_evaluate(const Options& o) {
     for (size_t f = 0; f < rl.fails.size(); ++f) {
       PerScenario& pf = by_sc[sc_name(rl.fail_scenario[f])];
       ++pf.fails;
-      for (int m = 0; m < 2; ++m) pf.warned[m] += dec[m].lead[r][f] >= o.min_lead_s;
+      for (int m = 0; m < kDeciders; ++m) pf.warned[m] += dec[m].lead[r][f] >= o.min_lead_s;
     }
-    for (int m = 0; m < 2; ++m)
+    for (int m = 0; m < kDeciders; ++m)
       for (double s0 : dec[m].drain_at[r])
         ps.drains[m] += !std::any_of(rl.fails.begin(), rl.fails.end(), [&](double tf) {
           return tf > s0 && tf <= s0 + o.lead_window_s;
         });
   }
   printf("by scenario (failures warned; drains no failure followed):\n");
-  printf("%-22s %6s %10s %9s %9s %10s %10s\n", "scenario", "rails", "rail-hours", "failures",
-         "warned", "drains", "");
-  printf("%-22s %6s %10s %9s %9s %10s %10s\n", "", "", "", "", "lstm/base", "lstm", "baseline");
+  printf("%-22s %6s %10s %9s %15s %10s %10s %10s\n", "scenario", "rails", "rail-hours", "failures",
+         "warned", "drains", "", "");
+  printf("%-22s %6s %10s %9s %15s %10s %10s %10s\n", "", "", "", "", "lstm/base/both", "lstm",
+         "baseline", "both");
   for (const auto& [name, ps] : by_sc) {
-    char w[32];
-    snprintf(w, sizeof(w), "%d/%d", ps.warned[0], ps.warned[1]);
-    printf("%-22s %6d %10.1f %9d %9s %10d %10d\n", name.c_str(), ps.rails, ps.up_s / 3600, ps.fails,
-           w, ps.drains[0], ps.drains[1]);
+    char w[48];
+    snprintf(w, sizeof(w), "%d/%d/%d", ps.warned[0], ps.warned[1], ps.warned[2]);
+    printf("%-22s %6d %10.1f %9d %15s %10d %10d %10d\n", name.c_str(), ps.rails, ps.up_s / 3600,
+           ps.fails, w, ps.drains[0], ps.drains[1], ps.drains[2]);
   }
 
   struct Confusion {
@@ -676,24 +698,25 @@ int run_evaluate(const Options& o) {
       return p + r > 0 ? 2 * p * r / (p + r) : 0;
     }
     double accuracy() const { return (tp + tn) / std::max(1.0, tp + fp + fn + tn); }
-  } lstm, base;
+  } conf[kDeciders];
   size_t positives = 0;
   for (const Scored& x : rows) {
     const auto& e = rails[static_cast<size_t>(x.rail)].fails;
     auto it = std::upper_bound(e.begin(), e.end(), x.t);
     const bool label = it != e.end() && *it <= x.t + o.horizon_s;
     positives += label;
-    lstm.add(x.lstm, label);
-    base.add(x.base, label);
+    for (int m = 0; m < kDeciders; ++m) conf[m].add(x.alarm[m], label);
   }
   printf(
       "\nsample level: %zu scored rows, %zu positive (failure within %.0f s), alarm at risk "
       ">= %.2f\n",
       rows.size(), positives, o.horizon_s, cfg.threshold);
   printf("%-9s %9s %9s %9s %9s\n", "model", "precision", "recall", "F1", "accuracy");
-  for (const auto& [name, c] : {std::pair<const char*, const Confusion&>{"lstm", lstm},
-                                std::pair<const char*, const Confusion&>{"baseline", base}})
-    printf("%-9s %9.4f %9.4f %9.4f %9.5f\n", name, c.precision(), c.recall(), c.f1(), c.accuracy());
+  for (int m = 0; m < kDeciders; ++m) {
+    const Confusion& c = conf[m];
+    printf("%-9s %9.4f %9.4f %9.4f %9.5f\n", kDeciderNames[m], c.precision(), c.recall(), c.f1(),
+           c.accuracy());
+  }
   return 0;
 }
 
@@ -702,7 +725,7 @@ int run_live(const Options& o) {
   Model model;
   bool have = false;
   if (!get_model(o, &model, &have)) return 1;
-  const Model* mp = have && o.decider == "lstm" ? &model : nullptr;
+  const Model* mp = have && o.decider != "baseline" ? &model : nullptr;
   std::vector<RailSpec> rails = discover_rails(o.sysfs_root);
   if (!o.rails.empty()) {  // --rails mlx5_0:1,eth2
     std::vector<RailSpec> keep;
@@ -868,7 +891,10 @@ int run_bench(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  const PredictorConfig d = table_defaults();
+  const r2ccl::Config table = table_config();
+  const PredictorConfig d = predictor_config_from(table);
+  o.decider = table.predict_decider;
+  o.lstm_cap = table.predict_lstm_cap;
   o.threshold = d.threshold;
   o.return_threshold = d.return_threshold;
   o.return_samples = d.return_samples;
@@ -940,9 +966,14 @@ int main(int argc, char** argv) {
              as_param(std::to_string(d.max_drains_per_hour), "R2CCL_PREDICT_MAX_DRAINS_PER_HOUR"))
       ->check(CLI::Range(0, 100000));
   app.add_option("--decider", o.decider,
-                 "--replay, --live: whose risk drains, baseline or lstm (default baseline, as "
-                 "R2CCL_PREDICT_DECIDER)")
-      ->check(CLI::IsMember({"lstm", "baseline"}));
+                 "--replay, --live: whose risk drains, both, baseline or lstm " +
+                     as_param(table.predict_decider, "R2CCL_PREDICT_DECIDER"))
+      ->check(CLI::IsMember({"both", "lstm", "baseline"}));
+  app.add_option("--lstm-cap", o.lstm_cap,
+                 "decider both (and --evaluate's both row): the LSTM's risk counts up to this "
+                 "many times the baseline's " +
+                     as_param(fmt("%.3g", table.predict_lstm_cap), "R2CCL_PREDICT_LSTM_CAP"))
+      ->check(CLI::Range(1.0, 100.0));
   app.add_option("--down-hold", o.down_hold_s,
                  "seconds a link that went down stays drained once back up, 0 off " +
                      as_param(fmt("%.0f", d.down_hold_s), "R2CCL_PREDICT_DOWN_HOLD"))

@@ -299,10 +299,15 @@ TEST_CASE("cross-checks between parameters", "[params]") {
     CHECK_THAT(h.err, Contains("0.5"));
   }
   SECTION("predictor decider and flap hold") {
-    for (const char* ok : {"lstm", "baseline"}) CHECK(load({{"R2CCL_PREDICT_DECIDER", ok}}).ok);
+    for (const char* ok : {"both", "lstm", "baseline"})
+      CHECK(load({{"R2CCL_PREDICT_DECIDER", ok}}).ok);
     Loaded d = load({{"R2CCL_PREDICT_DECIDER", "LSTM2"}});
     CHECK_FALSE(d.ok);
-    CHECK_THAT(d.err, Contains("R2CCL_PREDICT_DECIDER='LSTM2'") && Contains("lstm or baseline"));
+    CHECK_THAT(d.err,
+               Contains("R2CCL_PREDICT_DECIDER='LSTM2'") && Contains("both, lstm or baseline"));
+    CHECK(load({{"R2CCL_PREDICT_LSTM_CAP", "1"}}).ok);  // 1: the baseline alone
+    CHECK_FALSE(load({{"R2CCL_PREDICT_LSTM_CAP", "0.5"}}).ok);
+    CHECK_FALSE(load({{"R2CCL_PREDICT_LSTM_CAP", "x"}}).ok);
     CHECK(load({{"R2CCL_PREDICT_DOWN_HOLD", "0"}}).ok);
     CHECK_FALSE(load({{"R2CCL_PREDICT_DOWN_HOLD", "3601s"}}).ok);  // at most an hour
     CHECK_FALSE(load({{"R2CCL_PREDICT_DOWN_HOLD_AFTER", "0"}}).ok);

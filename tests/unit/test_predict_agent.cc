@@ -82,6 +82,7 @@ TEST_CASE("agent: the baseline drains a rail whose errors climb, and returns it 
   REQUIRE(set_event_sink(log, &err));
   auto env = kFast;
   env["R2CCL_SYSFS_ROOT"] = temp_root("agent-sysfs");
+  env["R2CCL_PREDICT_DECIDER"] = "baseline";
   const Config cfg = config_with(env);
   Rig rig(env["R2CCL_SYSFS_ROOT"]);
   rig.agent.init(cfg, rig.rails(), nullptr, "none");  // no board: this process samples
@@ -117,7 +118,7 @@ TEST_CASE("agent: the baseline drains a rail whose errors climb, and returns it 
   CHECK(test::count_lines_containing(events, "top counters: phy errors") == 1);
   CHECK(test::count_lines_containing(events, "carrying data again") == 1);
   CHECK(test::count_lines_containing(events, "eth1") == 0);
-  // The default decider reads a weights file only when one is named (for its thresholds); this
+  // The baseline decider reads a weights file only when one is named (for its thresholds); this
   // one cannot be read: said once, and the built-in thresholds decide.
   CHECK(test::count_lines_containing(events, "/nonexistent/weights.bin") == 1);
   CHECK(test::count_lines_containing(events, "the built-in baseline thresholds are used") == 1);
@@ -144,7 +145,8 @@ TEST_CASE("agent: a window shorter than the baseline's mean is said once", "[pre
                                      std::to_string(predict::default_baseline().steps) +
                                      " samples; R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL "
                                      "keeps 6, so it averages 6"));
-  // The same when the LSTM was asked for and its weights cannot be read: the baseline decides.
+  // The same when the LSTM was asked for (the default, both, asks for it too) and its weights
+  // cannot be read: the baseline decides.
   const std::string log2 = test::temp_path("agent-window-lstm.log");
   REQUIRE(set_event_sink(log2, &err));
   env["R2CCL_PREDICT_DECIDER"] = "lstm";

@@ -321,6 +321,9 @@ TEST_CASE("r2ccl_predict: its drain policy defaults are the parameter table's", 
   CHECK_THAT(help_of("--down-hold"), Catch::Contains(buf));
   CHECK_THAT(help_of("--down-hold-after"),
              Catch::Contains("default " + std::to_string(d.down_hold_after) + ","));
+  CHECK_THAT(help_of("--decider"), Catch::Contains("default " + c.predict_decider + ","));
+  snprintf(buf, sizeof(buf), "default %.3g,", c.predict_lstm_cap);
+  CHECK_THAT(help_of("--lstm-cap"), Catch::Contains(buf));
   // And what --evaluate runs with.
   const std::string dir = temp_path("predict-tool-defaults");
   run_command("rm -rf " + dir + " && mkdir -p " + dir);
@@ -340,4 +343,13 @@ TEST_CASE("r2ccl_predict: its drain policy defaults are the parameter table's", 
   snprintf(buf, sizeof(buf), "held out %.0f s after %d link-down", d.down_hold_s,
            d.down_hold_after);
   CHECK_THAT(out, Catch::Contains(buf));
+  snprintf(buf, sizeof(buf), "raised by the LSTM up to %.3g x its own risk", c.predict_lstm_cap);
+  CHECK_THAT(out, Catch::Contains(buf));
+  for (const std::string name : {"lstm ", "baseline ", "both "}) {
+    int rows = 0;  // lines that begin with the decider's name: the event and sample tables
+    for (size_t at = out.find("\n" + name); at != std::string::npos;
+         at = out.find("\n" + name, at + 1))
+      ++rows;
+    CHECK(rows == 2);
+  }
 }

@@ -1181,6 +1181,83 @@ TEST_CASE("flap hold: a link back up after its second down within an hour stays 
   CHECK_FALSE(a.drain);
 }
 
+TEST_CASE("decider both: the LSTM raises the baseline's risk, at most lstm_cap times it",
+          "[predictor]") {
+  // The LSTM here says "failure" (risk ~1) at every sample; the baseline watches link events
+  // (feature 2) with a threshold of 0.3, one sample a minute, so a step's own rate dominates.
+  Model m;
+  always_failing_model(&m);
+  BaselineParams lp;
+  lp.threshold[kLinkEvents] = 0.3f;
+  lp.steps = 1;
+  PredictorConfig cfg;
+  cfg.window_steps = 4;
+  cfg.enter_samples = 1;
+  cfg.lstm_cap = 1.6f;
+  RailPredictor p(cfg, &m, lp);
+  auto step = [](double events_per_s) {
+    Step s;
+    s.dt_s = 60;
+    s.d[kLinkRecovery] = events_per_s * 60;
+    return s;
+  };
+  Assessment a;
+  // Quiet: the baseline's risk is 0, so the LSTM's 1.0 counts for nothing.
+  REQUIRE(p.update(step(0), &a));
+  CHECK(a.source == Source::kBoth);
+  CHECK(a.baseline_risk == 0.0f);
+  CHECK(a.risk == 0.0f);
+  CHECK_FALSE(a.drain);
+  // A little: the baseline's risk b < 0.9 / 1.6, so the risk is 1.6 b, under the threshold.
+  double rate = 0.1;
+  REQUIRE(p.update(step(rate), &a));
+  CHECK(a.baseline_risk > 0.1f);
+  CHECK(a.baseline_risk < 0.9f / 1.6f);
+  CHECK(a.risk == Approx(1.6 * a.baseline_risk).epsilon(1e-5));
+  CHECK_FALSE(a.drain);
+  // More, still under the baseline's own drain level: the LSTM lifts it over the threshold.
+  for (int i = 0; i < 40 && !(a.baseline_risk >= 0.9f / 1.6f); ++i) {
+    rate *= 1.2;
+    REQUIRE(p.update(step(rate), &a));
+  }
+  CHECK(a.baseline_risk >= 0.9f / 1.6f);
+  CHECK(a.baseline_risk < 0.9f);
+  CHECK(a.risk >= 0.9f);
+  CHECK(a.drain);
+  CHECK(a.transition == 1);
+  // The LSTM's risk decided, so the event would name its counters ("(-X if quiet)"; this
+  // model ignores its inputs, so none), not the baseline's ratios.
+  CHECK_THAT(p.top_contributors(3), !Catch::Contains("of threshold"));
+  // The same rows with the LSTM alone would have drained at the first quiet sample; with the
+  // baseline alone, not yet.
+  PredictorConfig alone = cfg;
+  alone.lstm_cap = 0;
+  RailPredictor lstm(alone, &m, lp), base(cfg, nullptr, lp);
+  REQUIRE(lstm.update(step(0), &a));
+  CHECK(a.source == Source::kLstm);
+  CHECK(a.drain);
+  REQUIRE(base.update(step(0.1), &a));
+  CHECK(a.source == Source::kBaseline);
+  CHECK_FALSE(a.drain);
+  CHECK_THAT(base.top_contributors(3), Catch::Contains("of threshold"));
+  CHECK(std::string(source_name(Source::kBoth)) == "both");
+}
+
+TEST_CASE("decider both is the parameter table's default, with R2CCL_PREDICT_LSTM_CAP",
+          "[predictor]") {
+  r2ccl::Config c;
+  std::string err;
+  std::vector<std::string> warnings;
+  REQUIRE(r2ccl::load_config([](const char*) -> const char* { return nullptr; }, {}, &c, &err,
+                             &warnings));
+  CHECK(c.predict_decider == "both");
+  CHECK(predictor_config_from(c).lstm_cap == Approx(1.6));
+  c.predict_decider = "lstm";
+  CHECK(predictor_config_from(c).lstm_cap == 0);
+  c.predict_decider = "baseline";
+  CHECK(predictor_config_from(c).lstm_cap == 0);
+}
+
 TEST_CASE("flap hold by default: a link back up after a single down stays drained", "[predictor]") {
   // The parameter table's defaults, as the plugin reads them with nothing set.
   r2ccl::Config c;

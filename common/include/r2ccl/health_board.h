@@ -101,8 +101,8 @@ struct RailSlot {
 
 constexpr int kMaxRiskRails = 64;  // rails one sampler can publish
 
-enum class RiskSource : uint8_t { kNone = 0, kLstm = 1, kBaseline = 2 };
-const char* risk_source_name(RiskSource s);  // "lstm", "baseline", "none"
+enum class RiskSource : uint8_t { kNone = 0, kLstm = 1, kBaseline = 2, kBoth = 3 };
+const char* risk_source_name(RiskSource s);  // "lstm", "baseline", "both", "none"
 
 // One rail's risk, written by the sampler. Plain data (it is copied into shared memory).
 struct RiskEntry {

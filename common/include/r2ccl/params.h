@@ -207,10 +207,16 @@ struct ParamDef {
     "down is held (a link that went down is the likeliest to go down again; docs/PREDICTOR.md " \
     "\"In the plugin\"); 2: a single down returns as soon as the link is back and "             \
     "its risk is low.")                                                                         \
-  X(predict_decider, "R2CCL_PREDICT_DECIDER", kString, "baseline", 0, 0, nullptr,               \
-    "Whose risk drains rails: baseline (the threshold rules) or lstm (the weights file; the "   \
-    "baseline if it cannot be read). The LSTM does not beat the baseline on both counts on "    \
-    "traces we did not generate (docs/PREDICTOR.md \"Event-level evaluation\").")               \
+  X(predict_decider, "R2CCL_PREDICT_DECIDER", kString, "both", 0, 0, nullptr,                   \
+    "Whose risk drains rails: both (the baseline, raised by the LSTM up to "                    \
+    "R2CCL_PREDICT_LSTM_CAP times its own risk), baseline (the threshold rules alone) or lstm " \
+    "(the weights file alone). Without a readable weights file the baseline decides. both "     \
+    "warns the most failures at the fewest false drains on traces we did not generate "         \
+    "(docs/PREDICTOR.md \"Deciders\").")                                                        \
+  X(predict_lstm_cap, "R2CCL_PREDICT_LSTM_CAP", kDouble, "1.6", 1, 100, nullptr,                \
+    "R2CCL_PREDICT_DECIDER=both: the LSTM's risk counts up to this many times the baseline's, " \
+    "so it drains a rail only where the baseline's risk is at least "                           \
+    "R2CCL_PREDICT_THRESHOLD / this. 1: the baseline alone; larger: more of the LSTM.")          \
   X(predict_model, "R2CCL_PREDICT_MODEL", kString, "", 0, 0, nullptr,                           \
     "LSTM weights file. Empty: r2ccl_lstm.bin shipped next to the plugin "                      \
     "(<prefix>/share/r2ccl/). Missing or corrupt: one WARN, the threshold baseline runs.")      \

@@ -41,11 +41,16 @@ struct PredictorConfig {
   int max_drains_per_hour = 2;    // R2CCL_PREDICT_MAX_DRAINS_PER_HOUR
   double down_hold_s = 600;       // R2CCL_PREDICT_DOWN_HOLD, seconds; 0 off
   int down_hold_after = 1;        // R2CCL_PREDICT_DOWN_HOLD_AFTER
+  // > 0: with a model, the decider is "both" (R2CCL_PREDICT_DECIDER=both): the risk is the
+  // baseline's, or the LSTM's where it is higher, but at most lstm_cap times the baseline's
+  // (R2CCL_PREDICT_LSTM_CAP). So the LSTM drains a rail only where the baseline's own risk is
+  // at least threshold / lstm_cap. 0: the model alone decides.
+  float lstm_cap = 0;
 };
 PredictorConfig predictor_config_from(const Config& cfg);
 
-enum class Source : uint8_t { kNone = 0, kLstm = 1, kBaseline = 2 };
-const char* source_name(Source s);  // "none", "lstm", "baseline"
+enum class Source : uint8_t { kNone = 0, kLstm = 1, kBaseline = 2, kBoth = 3 };
+const char* source_name(Source s);  // "none", "lstm", "baseline", "both"
 
 // Why a rail whose risk asks for a drain is not drained.
 enum class Hold : uint8_t {
@@ -78,7 +83,8 @@ std::string hold_message(const std::string& rail, const Assessment& a, const Pre
 
 class RailPredictor {
  public:
-  // `model` may be null: the baseline decides (with `baseline`).
+  // `model` may be null: the baseline decides (with `baseline`). With a model, the LSTM decides,
+  // or both do (cfg.lstm_cap > 0).
   RailPredictor(const PredictorConfig& cfg, const Model* model, const BaselineParams& baseline);
 
   // Feeds one step. Returns true with *out filled when the step produced a feature row (link
