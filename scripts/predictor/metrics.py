@@ -171,6 +171,15 @@ class Policy:
     down_hold_after: int = 1      # R2CCL_PREDICT_DOWN_HOLD_AFTER: downs within an hour
 
 
+def both_risk(lstm: np.ndarray, base: np.ndarray, cap: float) -> np.ndarray:
+    """The risk of the decider "both" (R2CCL_PREDICT_DECIDER=both, RailPredictor::update): the
+    baseline's risk, raised by the LSTM's up to ``cap`` (R2CCL_PREDICT_LSTM_CAP) times it, in
+    float32 like the C++."""
+    b = np.asarray(base, dtype=np.float32)
+    return np.maximum(b, np.minimum(np.asarray(lstm, dtype=np.float32),
+                                    np.float32(cap) * b)).astype(np.float32)
+
+
 def rail_policy(t: np.ndarray, v: np.ndarray, et: np.ndarray, policy: Policy):
     """RailPredictor::update's decisions over one rail's scored rows (times ``t``, risks
     ``v``, in order) with its failure events at sorted times ``et``. Returns (drained after

@@ -5,8 +5,8 @@
 #   3. train the LSTM, tune the baseline (its false-drain budget checked on the held-out
 #      traces) -> predictor/model/r2ccl_lstm.bin, baseline_defaults.h
 #   4. evaluate both on the held-out traces from the exported file (numpy inference), and the
-#      drain policy's operating points there (tune_policy.py: a report; the defaults in
-#      params.h are set by hand from it)
+#      drain policy's operating points there, R2CCL_PREDICT_LSTM_CAP's too (tune_policy.py:
+#      a report; the defaults in params.h are set by hand from it)
 #   5. C++ test fixtures -> tests/predictor/fixtures/
 #   6. refresh the generated blocks of docs/PREDICTOR.md ("Failure models", "Results")
 # About 24 minutes on an idle 2-core machine (train.py ~13, tune_policy.py ~8); traces and

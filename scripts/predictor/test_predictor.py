@@ -435,6 +435,14 @@ class DrainOutcomes(unittest.TestCase):
             event_rail=np.array([er for er, _ in events], np.int32))
         return fs, risk
 
+    def test_both_risk_is_the_baseline_raised_by_the_lstm_up_to_the_cap(self):
+        lstm = np.array([1.0, 1.0, 0.2, 0.95], dtype=np.float32)
+        base = np.array([0.0, 0.5, 0.7, 0.7], dtype=np.float32)
+        np.testing.assert_allclose(metrics.both_risk(lstm, base, 1.6), [0.0, 0.8, 0.7, 0.95],
+                                   rtol=1e-6)
+        np.testing.assert_array_equal(metrics.both_risk(lstm, base, 1.0), base)
+        self.assertEqual(metrics.both_risk(lstm, base, 1.6).dtype, np.float32)
+
     def test_enter_samples_and_the_hourly_limit(self):
         # Rail 0: high for 2 samples every 100 s (never 3 in a row); rail 1: high for 3 samples
         # every 300 s, low in between: 2 drains in its first hour, then the limit.
@@ -624,16 +632,22 @@ class DrainOutcomesMatchTheTool(unittest.TestCase):
         risks = {"lstm": evaluate.lstm_risk(w, fs),
                  "baseline": baseline.risk(fs.x, fs.rail,
                                            baseline.BaselineParams(w.thresholds, w.steps))}
+        cap = re.search(r"raised by the LSTM up to ([0-9.]+) x its own risk", out)
+        self.assertIsNotNone(cap, out)
+        risks["both"] = metrics.both_risk(risks["lstm"], risks["baseline"], float(cap.group(1)))
         for name, risk in risks.items():
-            m = re.search(r"^%s +(\d+) +(\d+) +[0-9.]+ +(\d+) +(?:\d+ s|-) +(\d+)/(\d+) +(\d+) "
+            m = re.search(r"^%s +(\d+) +(\d+) +[0-9.]+ +(\d+) +(\d+ s|-) +(\d+)/(\d+) +(\d+) "
                           r"+[0-9.]+ +(\d+) +[0-9.]+$" % name, out, re.M)
             self.assertIsNotNone(m, out)
             o = metrics.drain_outcomes(fs, risk, metrics.Policy())
             self.assertGreater(o["precursor"], 5)
             self.assertGreaterEqual(o["early_drains"], 1)  # the primed-down rail's hold at least
-            self.assertEqual((o["precursor"], o["warned"], o["late"], o["sudden_warned"],
+            lead = o["lead_median_s"]
+            self.assertEqual((o["precursor"], o["warned"], o["late"],
+                              "-" if lead is None else f"{lead:.0f} s", o["sudden_warned"],
                               o["sudden"], o["false_drains"], o["early_drains"]),
-                             tuple(int(g) for g in m.groups()), f"{name}:\n{out}")
+                             tuple(g if i == 3 else int(g) for i, g in enumerate(m.groups())),
+                             f"{name}:\n{out}")
 
 
 class Generator(unittest.TestCase):

@@ -8,6 +8,10 @@ per healthy rail-week. The operating point of each decider is the one that warns
 failures while keeping false drains at or under --max-false-per-week (ties: fewer false
 drains, then the higher threshold); with none under it, the fewest false drains.
 
+Then, at the default threshold and enter samples, the decider "both" (the baseline's risk
+raised by the LSTM's, up to R2CCL_PREDICT_LSTM_CAP times it) for each cap in --caps, chosen
+by the same rule: the cap the parameter table's default should be after a retrain.
+
 For the baseline the threshold is a scale on its tuned thresholds (a drain at risk >= T means
 mean_i >= threshold_i x T / 0.7), so the chosen scale can be folded into the thresholds and the
 baseline drains at the shared R2CCL_PREDICT_THRESHOLD.
@@ -36,6 +40,7 @@ import weights
 
 THRESHOLDS = (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95)
 ENTER = (1, 2, 3, 4, 6)
+CAPS = (1.2, 1.4, 1.6, 1.8, 2.0, 2.5, 3.0)
 
 
 def choose(rows, max_false: float):
@@ -60,15 +65,23 @@ def main(argv=None) -> int:
     ap.add_argument("--enter", default=",".join(map(str, ENTER)),
                     help="R2CCL_PREDICT_ENTER_SAMPLES values to try, comma list (default "
                          "%(default)s)")
+    ap.add_argument("--caps", default=",".join(map(str, CAPS)),
+                    help="R2CCL_PREDICT_LSTM_CAP values to try for the decider both, comma list "
+                         "(default %(default)s)")
     ap.add_argument("--json-out", help="also write the grid and the choices here")
     features.add_source_args(ap)
     args = ap.parse_args(argv)
     try:
         thresholds = [float(v) for v in args.thresholds.split(",")]
         enters = [int(v) for v in args.enter.split(",")]
+        caps = [float(v) for v in args.caps.split(",")]
     except ValueError:
-        print("tune_policy.py: --thresholds and --enter take comma lists of numbers",
+        print("tune_policy.py: --thresholds, --enter and --caps take comma lists of numbers",
               file=sys.stderr)
+        return 2
+    if not all(1 <= c <= 100 for c in caps):
+        print("tune_policy.py: --caps values must lie in [1, 100] (R2CCL_PREDICT_LSTM_CAP's "
+              "range)", file=sys.stderr)
         return 2
     if not all(0.01 <= t <= 1 for t in thresholds) or not all(k >= 1 for k in enters):
         print("tune_policy.py: --thresholds must lie in [0.01, 1] (R2CCL_PREDICT_THRESHOLD's "
@@ -107,11 +120,33 @@ def main(argv=None) -> int:
                 lead = "-" if row["lead_median_s"] is None else f"{row['lead_median_s']:.0f} s"
                 print(f"{name:9} {thr:5.2f} {k:5d} {o['warned']:5d}/{o['precursor']:<5d} "
                       f"{lead:>11} {row['false_per_rail_week']:9.2f} {o['early_drains']:6d}")
+    # The decider both, at the default policy, per cap. "threshold" holds the cap here (the
+    # key choose() breaks ties on: the larger cap).
+    pol = metrics.Policy()
+    grid["both"] = []
+    for cap in caps:
+        o = metrics.drain_outcomes(fs, metrics.both_risk(risks["lstm"], risks["baseline"], cap),
+                                   pol, interval_s=w.interval_s)
+        row = {"threshold": pol.threshold, "enter_samples": pol.enter_samples, "lstm_cap": cap,
+               "warned": o["warned"], "precursor": o["precursor"],
+               "warned_frac": o["warned_frac"], "false_drains": o["false_drains"],
+               "false_per_rail_week": o["false_per_rail_week"],
+               "early_drains": o["early_drains"], "lead_median_s": o["lead_median_s"]}
+        grid["both"].append(row)
+        lead = "-" if row["lead_median_s"] is None else f"{row['lead_median_s']:.0f} s"
+        print(f"both cap {cap:<4g} {pol.threshold:5.2f} {pol.enter_samples:5d} "
+              f"{o['warned']:5d}/{o['precursor']:<5d} {lead:>11} "
+              f"{row['false_per_rail_week']:9.2f} {o['early_drains']:6d}")
     healthy_h = metrics.drain_outcomes(fs, risks["lstm"], metrics.Policy(),
                                        interval_s=w.interval_s)["healthy_s"] / 3600
-    choice = {n: choose(g, args.max_false_per_week) for n, g in grid.items()}
+    choice = {n: choose(g, args.max_false_per_week) for n, g in grid.items() if n != "both"}
+    ok = [r for r in grid["both"] if r["false_per_rail_week"] <= args.max_false_per_week]
+    choice["both"] = (max(ok, key=lambda r: (r["warned"], -r["false_per_rail_week"],
+                                             -r["lstm_cap"])) if ok else
+                      min(grid["both"], key=lambda r: (r["false_per_rail_week"], -r["warned"])))
     for n, c in choice.items():
-        print(f"choice {n}: threshold {c['threshold']}, enter samples {c['enter_samples']}: "
+        cap = f", R2CCL_PREDICT_LSTM_CAP {c['lstm_cap']:g}" if "lstm_cap" in c else ""
+        print(f"choice {n}: threshold {c['threshold']}, enter samples {c['enter_samples']}{cap}: "
               f"warned {c['warned']}/{c['precursor']}, {c['false_per_rail_week']:.2f} false "
               f"drains per rail-week ({healthy_h:.0f} healthy rail-hours)")
     if args.json_out:
