@@ -9,8 +9,10 @@ failures while keeping false drains at or under --max-false-per-week (ties: fewe
 drains, then the higher threshold); with none under it, the fewest false drains.
 
 Then, at the default threshold and enter samples, the decider "both" (the baseline's risk
-raised by the LSTM's, up to R2CCL_PREDICT_LSTM_CAP times it) for each cap in --caps, chosen
-by the same rule: the cap the parameter table's default should be after a retrain.
+raised by the LSTM's, up to R2CCL_PREDICT_LSTM_CAP times it) for each cap in --caps. Its
+choice is the cap that warns the most without more false drains than the baseline alone at
+the same policy (the LSTM is there to add warnings, not false drains): what the parameter
+table's default should be after a retrain.
 
 For the baseline the threshold is a scale on its tuned thresholds (a drain at risk >= T means
 mean_i >= threshold_i x T / 0.7), so the chosen scale can be folded into the thresholds and the
@@ -140,10 +142,10 @@ def main(argv=None) -> int:
     healthy_h = metrics.drain_outcomes(fs, risks["lstm"], metrics.Policy(),
                                        interval_s=w.interval_s)["healthy_s"] / 3600
     choice = {n: choose(g, args.max_false_per_week) for n, g in grid.items() if n != "both"}
-    ok = [r for r in grid["both"] if r["false_per_rail_week"] <= args.max_false_per_week]
-    choice["both"] = (max(ok, key=lambda r: (r["warned"], -r["false_per_rail_week"],
-                                             -r["lstm_cap"])) if ok else
-                      min(grid["both"], key=lambda r: (r["false_per_rail_week"], -r["warned"])))
+    alone = metrics.drain_outcomes(fs, risks["baseline"], pol, interval_s=w.interval_s)
+    ok = [r for r in grid["both"] if r["false_drains"] <= alone["false_drains"]]
+    choice["both"] = (max(ok, key=lambda r: (r["warned"], -r["lstm_cap"])) if ok else
+                      min(grid["both"], key=lambda r: (r["false_drains"], -r["warned"])))
     for n, c in choice.items():
         cap = f", R2CCL_PREDICT_LSTM_CAP {c['lstm_cap']:g}" if "lstm_cap" in c else ""
         print(f"choice {n}: threshold {c['threshold']}, enter samples {c['enter_samples']}{cap}: "

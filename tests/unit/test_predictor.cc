@@ -1251,7 +1251,7 @@ TEST_CASE("decider both is the parameter table's default, with R2CCL_PREDICT_LST
   REQUIRE(r2ccl::load_config([](const char*) -> const char* { return nullptr; }, {}, &c, &err,
                              &warnings));
   CHECK(c.predict_decider == "both");
-  CHECK(predictor_config_from(c).lstm_cap == Approx(1.6));
+  CHECK(predictor_config_from(c).lstm_cap == Approx(1.4));
   c.predict_decider = "lstm";
   CHECK(predictor_config_from(c).lstm_cap == 0);
   c.predict_decider = "baseline";

@@ -213,7 +213,7 @@ struct ParamDef {
     "(the weights file alone). Without a readable weights file the baseline decides. both "     \
     "warns the most failures at the fewest false drains on traces we did not generate "         \
     "(docs/PREDICTOR.md \"Deciders\").")                                                        \
-  X(predict_lstm_cap, "R2CCL_PREDICT_LSTM_CAP", kDouble, "1.6", 1, 100, nullptr,                \
+  X(predict_lstm_cap, "R2CCL_PREDICT_LSTM_CAP", kDouble, "1.4", 1, 100, nullptr,                \
     "R2CCL_PREDICT_DECIDER=both: the LSTM's risk counts up to this many times the baseline's, " \
     "so it drains a rail only where the baseline's risk is at least "                           \
     "R2CCL_PREDICT_THRESHOLD / this. 1: the baseline alone; larger: more of the LSTM.")          \
