@@ -90,8 +90,17 @@ void PredictAgent::sample_and_publish(TimeUs now) {
             "is %.1f s: the same rates per second, but trends per sample differ and its "
             "risks may be off",
             path.c_str(), m->interval_s, pcfg_.interval_s);
-      R2CCL_INFO(NCCL_NET, "failure predictor: LSTM weights %s (%zu bytes, hidden %u)",
-                 path.c_str(), m->file_bytes, m->hidden);
+      if (pcfg_.lstm_cap > 0)
+        R2CCL_INFO(NCCL_NET,
+                   "failure predictor: the threshold baseline, raised by the LSTM up to %.3g x "
+                   "its risk, decides (R2CCL_PREDICT_DECIDER=both); LSTM weights %s (%zu bytes, "
+                   "hidden %u)",
+                   pcfg_.lstm_cap, path.c_str(), m->file_bytes, m->hidden);
+      else
+        R2CCL_INFO(NCCL_NET,
+                   "failure predictor: the LSTM decides (R2CCL_PREDICT_DECIDER=lstm); weights %s "
+                   "(%zu bytes, hidden %u)",
+                   path.c_str(), m->file_bytes, m->hidden);
       baseline_ = m->baseline;
       model_ = std::move(m);
     } else {

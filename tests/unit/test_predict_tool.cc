@@ -104,7 +104,16 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
             "R2CCL_PREDICT_MODEL=" + dir + "/junk.bin " + tool() + " --replay " + dir + "/ok.csv",
             &out) == 0);
   CHECK_THAT(out, Catch::Contains("the threshold baseline decides"));
-  CHECK_THAT(out, Catch::Contains("baseline decides; drain at risk"));
+  CHECK_THAT(out, Catch::Contains("summary (the baseline decides; drain at risk"));
+  // With the weights, the default decider (both) says what decides, and so do the others.
+  CHECK(run("--replay " + dir + "/ok.csv --model " + kModel, &out) == 0);
+  CHECK_THAT(out, Catch::Contains("summary (the baseline raised by the LSTM up to"));
+  CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --decider lstm", &out) == 0);
+  CHECK_THAT(out, Catch::Contains("summary (the LSTM decides;"));
+  CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --decider both --lstm-cap 2",
+            &out) == 0);
+  CHECK_THAT(out, Catch::Contains("up to 2 x its risk decides;"));
+  CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --lstm-cap 0.5", &out) == 3);
 
   // Things a first user tried: named, not misread.
   write(dir + "/bom.csv", "\xEF\xBB\xBFt_s,rail,symbol_err\n0,a,1\n5,a,2\n");
