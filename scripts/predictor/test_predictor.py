@@ -443,6 +443,15 @@ class DrainOutcomes(unittest.TestCase):
         np.testing.assert_array_equal(metrics.both_risk(lstm, base, 1.0), base)
         self.assertEqual(metrics.both_risk(lstm, base, 1.6).dtype, np.float32)
 
+    def test_the_cap_adds_warnings_not_false_drains(self):
+        import tune_policy
+        rows = [{"lstm_cap": c, "warned": w, "false_drains": f}
+                for c, w, f in ((1.2, 10, 3), (1.4, 12, 3), (1.6, 14, 4), (2.0, 14, 3))]
+        self.assertEqual(tune_policy.choose_cap(rows, 3)["lstm_cap"], 2.0)
+        self.assertEqual(tune_policy.choose_cap(rows[:3], 3)["lstm_cap"], 1.4)
+        # None keeps the baseline's count: the fewest false drains.
+        self.assertEqual(tune_policy.choose_cap(rows[:3], 1)["lstm_cap"], 1.4)
+
     def test_enter_samples_and_the_hourly_limit(self):
         # Rail 0: high for 2 samples every 100 s (never 3 in a row); rail 1: high for 3 samples
         # every 300 s, low in between: 2 drains in its first hour, then the limit.

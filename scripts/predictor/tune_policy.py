@@ -45,6 +45,16 @@ ENTER = (1, 2, 3, 4, 6)
 CAPS = (1.2, 1.4, 1.6, 1.8, 2.0, 2.5, 3.0)
 
 
+def choose_cap(rows, baseline_false_drains: int):
+    """The decider both's cap: of ``rows`` (one per cap: lstm_cap, warned, false_drains), the
+    one that warns the most without more false drains than the baseline alone (ties: the
+    smaller cap); with none, the fewest false drains."""
+    ok = [r for r in rows if r["false_drains"] <= baseline_false_drains]
+    if ok:
+        return max(ok, key=lambda r: (r["warned"], -r["lstm_cap"]))
+    return min(rows, key=lambda r: (r["false_drains"], -r["warned"]))
+
+
 def choose(rows, max_false: float):
     ok = [r for r in rows if r["false_per_rail_week"] <= max_false]
     if ok:
@@ -143,9 +153,7 @@ def main(argv=None) -> int:
                                        interval_s=w.interval_s)["healthy_s"] / 3600
     choice = {n: choose(g, args.max_false_per_week) for n, g in grid.items() if n != "both"}
     alone = metrics.drain_outcomes(fs, risks["baseline"], pol, interval_s=w.interval_s)
-    ok = [r for r in grid["both"] if r["false_drains"] <= alone["false_drains"]]
-    choice["both"] = (max(ok, key=lambda r: (r["warned"], -r["lstm_cap"])) if ok else
-                      min(grid["both"], key=lambda r: (r["false_drains"], -r["warned"])))
+    choice["both"] = choose_cap(grid["both"], alone["false_drains"])
     for n, c in choice.items():
         cap = f", R2CCL_PREDICT_LSTM_CAP {c['lstm_cap']:g}" if "lstm_cap" in c else ""
         print(f"choice {n}: threshold {c['threshold']}, enter samples {c['enter_samples']}{cap}: "
