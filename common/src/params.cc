@@ -174,6 +174,14 @@ EnvLookup process_env() {
   return [](const char* n) -> const char* { return getenv(n); };
 }
 
+Config default_config() {
+  Config c;
+  std::string err;
+  std::vector<std::string> warnings;
+  load_config([](const char*) -> const char* { return nullptr; }, {}, &c, &err, &warnings);
+  return c;
+}
+
 bool load_config(const EnvLookup& env, const std::vector<std::string>& env_names, Config* out,
                  std::string* err, std::vector<std::string>* warnings) {
   Config c;

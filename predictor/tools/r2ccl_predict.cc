@@ -59,18 +59,6 @@ struct Options {
   double min_lead_s = 30, lead_window_s = 1800;
 };
 
-// What the plugin runs with nothing set: the parameter table's defaults.
-r2ccl::Config table_config() {
-  r2ccl::Config c;
-  std::string err;
-  std::vector<std::string> warnings;
-  if (!r2ccl::load_config([](const char*) -> const char* { return nullptr; }, {}, &c, &err,
-                          &warnings))
-    fprintf(stderr, "r2ccl_predict: the parameter table's defaults do not parse: %s\n",
-            err.c_str());
-  return c;
-}
-
 // "(default V, as NAME)" for an option's help.
 std::string as_param(const std::string& value, const char* name) {
   return "(default " + value + ", as " + name + ")";
@@ -894,7 +882,7 @@ int run_bench(const Options& o) {
 
 int main(int argc, char** argv) {
   Options o;
-  const r2ccl::Config table = table_config();
+  const r2ccl::Config table = r2ccl::default_config();  // what the plugin runs with
   const PredictorConfig d = predictor_config_from(table);
   o.decider = table.predict_decider;
   o.lstm_cap = table.predict_lstm_cap;

@@ -89,6 +89,18 @@ TEST_CASE("an empty environment gives the documented defaults", "[params]") {
   CHECK(has(c.sources, "R2CCL_RANK from default"));
 }
 
+TEST_CASE("default_config is the empty environment's config", "[params]") {
+  Loaded l = load({});
+  REQUIRE(l.ok);
+  const Config d = r2ccl::default_config();
+#define R2CCL_SAME_FIELD(field, name, ...) \
+  INFO(name);                              \
+  CHECK(d.field == l.cfg.field);
+  R2CCL_PARAM_TABLE(R2CCL_SAME_FIELD)
+#undef R2CCL_SAME_FIELD
+  CHECK(d.sources == l.cfg.sources);
+}
+
 TEST_CASE("every built-in default parses", "[params]") {
   // The defaults go through the same parser; a bad one would fail every init.
   for (const ParamDef& d : param_table()) {

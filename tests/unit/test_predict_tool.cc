@@ -301,11 +301,7 @@ TEST_CASE("r2ccl_predict --evaluate: the share of link-up time spent drained", "
 TEST_CASE("r2ccl_predict: its drain policy defaults are the parameter table's", "[predict]") {
   // The tool and the plugin must judge a trace the same way unless told otherwise: the
   // defaults --evaluate prints and --help states come from R2CCL_PREDICT_*'s defaults.
-  r2ccl::Config c;
-  std::string err;
-  std::vector<std::string> warnings;
-  REQUIRE(r2ccl::load_config([](const char*) -> const char* { return nullptr; }, {}, &c, &err,
-                             &warnings));
+  r2ccl::Config c = r2ccl::default_config();
   const r2ccl::predict::PredictorConfig d = r2ccl::predict::predictor_config_from(c);
   std::string help;
   REQUIRE(run("--help", &help) == 0);

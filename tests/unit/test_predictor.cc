@@ -1245,11 +1245,7 @@ TEST_CASE("decider both: the LSTM raises the baseline's risk, at most lstm_cap t
 
 TEST_CASE("decider both is the parameter table's default, with R2CCL_PREDICT_LSTM_CAP",
           "[predictor]") {
-  r2ccl::Config c;
-  std::string err;
-  std::vector<std::string> warnings;
-  REQUIRE(r2ccl::load_config([](const char*) -> const char* { return nullptr; }, {}, &c, &err,
-                             &warnings));
+  r2ccl::Config c = r2ccl::default_config();
   CHECK(c.predict_decider == "both");
   CHECK(predictor_config_from(c).lstm_cap == Approx(1.4));
   c.predict_decider = "lstm";
@@ -1260,11 +1256,7 @@ TEST_CASE("decider both is the parameter table's default, with R2CCL_PREDICT_LST
 
 TEST_CASE("flap hold by default: a link back up after a single down stays drained", "[predictor]") {
   // The parameter table's defaults, as the plugin reads them with nothing set.
-  r2ccl::Config c;
-  std::string err;
-  std::vector<std::string> warnings;
-  REQUIRE(r2ccl::load_config([](const char*) -> const char* { return nullptr; }, {}, &c, &err,
-                             &warnings));
+  r2ccl::Config c = r2ccl::default_config();
   const PredictorConfig cfg = predictor_config_from(c);
   CHECK(cfg.down_hold_after == 1);
   CHECK(cfg.down_hold_s == 600);

@@ -216,7 +216,7 @@ struct ParamDef {
   X(predict_lstm_cap, "R2CCL_PREDICT_LSTM_CAP", kDouble, "1.4", 1, 100, nullptr,                \
     "R2CCL_PREDICT_DECIDER=both: the LSTM's risk counts up to this many times the baseline's, " \
     "so it drains a rail only where the baseline's risk is at least "                           \
-    "R2CCL_PREDICT_THRESHOLD / this. 1: the baseline alone; larger: more of the LSTM.")          \
+    "R2CCL_PREDICT_THRESHOLD / this. 1: the baseline alone; larger: more of the LSTM.")         \
   X(predict_model, "R2CCL_PREDICT_MODEL", kString, "", 0, 0, nullptr,                           \
     "LSTM weights file. Empty: r2ccl_lstm.bin shipped next to the plugin "                      \
     "(<prefix>/share/r2ccl/). Missing or corrupt: one WARN, the threshold baseline runs.")      \
@@ -286,6 +286,11 @@ EnvLookup process_env();
 // are appended to *warnings.
 bool load_config(const EnvLookup& env, const std::vector<std::string>& env_names, Config* out,
                  std::string* err, std::vector<std::string>* warnings);
+
+// The parameter table's defaults: what a process with no R2CCL_* variable set runs with (the
+// tools show them as their own defaults). Pure; any thread. The table's defaults always parse
+// (tests/unit/test_params.cc checks it), so this cannot fail.
+Config default_config();
 
 // The process-wide configuration, parsed at first use from the real environment.
 // Returns false with *err on an invalid variable (then every init fails the same way).
