@@ -119,9 +119,10 @@ TEST_CASE("snapshotd: membership, a killed node, a wrong token, a rejoin", "[sna
   board::AgreedRecord r;
   uint64_t epoch = 0;
   for (int i = 0; i < 3; ++i) {
-    collect();
+    const bool agreed = wait_record(boards[i], 3, 0, 5000, &r);
+    collect();  // after the wait: a failure shows what the daemons did meanwhile
     INFO(logs);
-    REQUIRE(wait_record(boards[i], 3, 0, 5000, &r));
+    REQUIRE(agreed);
     epoch = std::max(epoch, r.epoch);
   }
   CHECK(r.n_nodes == 3);
@@ -130,9 +131,13 @@ TEST_CASE("snapshotd: membership, a killed node, a wrong token, a rejoin", "[sna
   stop(nodes[0], SIGKILL);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 1; i < 3; ++i) {
-    collect();
+    const bool agreed = wait_record(boards[i], 2, epoch, 3000, &r);
+    collect();  // after the wait: which step was slow (suspicion, lease, record write)
     INFO(logs);
-    REQUIRE(wait_record(boards[i], 2, epoch, 3000, &r));
+    INFO("node " << i << " waited "
+                 << std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count()
+                 << " s after node 0's SIGKILL");
+    REQUIRE(agreed);
     CHECK((r.members[0] & 1ULL) == 0);
   }
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -168,9 +173,10 @@ TEST_CASE("snapshotd: membership, a killed node, a wrong token, a rejoin", "[sna
   // Node 0 restarts with the right token and rejoins: {0, 1, 2} again, a newer epoch.
   nodes[0] = start(0, peers, token, boards[0], tag + "-again", ep, tag);
   for (int i = 0; i < 3; ++i) {
+    const bool agreed = wait_record(boards[i], 3, epoch, 5000, &r);
     collect();
     INFO(logs);
-    REQUIRE(wait_record(boards[i], 3, epoch, 5000, &r));
+    REQUIRE(agreed);
   }
   for (auto& n : nodes) stop(n);
   collect();
