@@ -589,6 +589,19 @@ class BaselineBudget(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "ho0.csv: no healthy rail"):
             train.tune_baseline_budget(tr, start, policy, 1.0, [1.0], self.fs(0, 0, 2),
                                        "ho0.csv", log=quiet)
+        # A factor that clears the bursts but warns too few of the failures the unraised
+        # thresholds warned (here none: the failure at 4.5 is under the bursts) is not a
+        # margin: the smallest budget's thresholds are kept.
+        ho_low = self.fs(90, 3, 1)
+        ho_low.x[ho_low.x[:, 0] == 6.0, 0] = 4.5
+        lines = []
+        bl, ev, b = train.tune_baseline_budget(tr, start, policy, 1.0, [1.0], ho_low, "ho.csv",
+                                               log=lines.append)
+        self.assertEqual(b["margin"], 1.0)
+        self.assertFalse(b["heldout"]["met"])
+        self.assertEqual(float(bl.thresholds[0]), 3.0)
+        self.assertTrue(any("x1.35" in line and "(warns too few)" in line for line in lines),
+                        lines)
         # Bursts no factor tried can clear (20.0 needs x5.2): the smallest budget's thresholds
         # are kept as they are, and the header says so.
         ho.x[ho.x[:, 0] == 5.0, 0] = 20.0
