@@ -111,6 +111,15 @@ void always_failing_model(Model* m) {
 
 float sig(double x) { return static_cast<float>(1 / (1 + std::exp(-x))); }
 
+// A baseline that watches link events alone (feature 2: their log rate, smoothed over 30 s),
+// over one sample.
+BaselineParams link_events_only(float threshold) {
+  BaselineParams b;
+  b.threshold[kLinkEvents] = threshold;
+  b.steps = 1;
+  return b;
+}
+
 }  // namespace
 
 TEST_CASE("counter deltas: normal, wrap, reset, saturation, missing", "[predictor]") {
@@ -949,9 +958,7 @@ TEST_CASE("baseline risk and the drain hysteresis", "[predictor]") {
 
   // The policy on link events (feature 2: their log rate, smoothed over 30 s): one sample a
   // minute, so a step's own rate dominates (gain 1 - e^-2 = 0.86).
-  BaselineParams lp;
-  lp.threshold[kLinkEvents] = 0.3f;
-  lp.steps = 1;
+  const BaselineParams lp = link_events_only(0.3f);
   PredictorConfig cfg;
   cfg.window_steps = 4;
   cfg.threshold = 0.7f;
@@ -1187,9 +1194,7 @@ TEST_CASE("decider both: the LSTM raises the baseline's risk, at most lstm_cap t
   // (feature 2) with a threshold of 0.3, one sample a minute, so a step's own rate dominates.
   Model m;
   always_failing_model(&m);
-  BaselineParams lp;
-  lp.threshold[kLinkEvents] = 0.3f;
-  lp.steps = 1;
+  const BaselineParams lp = link_events_only(0.3f);
   PredictorConfig cfg;
   cfg.window_steps = 4;
   cfg.enter_samples = 1;
