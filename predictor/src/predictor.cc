@@ -127,8 +127,9 @@ bool RailPredictor::update(const Step& s, Assessment* out, bool last_usable) {
   for (int i = 0; i < n; ++i) raw_[static_cast<size_t>(i)] = window_.row(i);
   a.baseline_risk = baseline_risk(raw_.data(), n, baseline_);
   if (model_ && cfg_.lstm_cap > 0) {
-    // The LSTM raises a risk the baseline has already half raised, never more than lstm_cap
-    // times it (docs/PREDICTOR.md "Deciders").
+    // The LSTM raises the baseline's risk, to at most lstm_cap times it: it drains a rail only
+    // where the baseline's risk is already at least threshold / lstm_cap (docs/PREDICTOR.md
+    // "Deciders").
     a.risk = std::max(a.baseline_risk, std::min(lstm_risk(0), cfg_.lstm_cap * a.baseline_risk));
     a.source = Source::kBoth;
   } else if (model_) {
@@ -204,8 +205,9 @@ std::string RailPredictor::top_contributors(int n) const {
     float share = 0;
   };
   std::vector<Group> groups;
-  // "both": the LSTM's view where its (capped) risk is above the baseline's, else the baseline's.
-  const bool lstm_view = model_ && !(cfg_.lstm_cap > 0 && !(last_.risk > last_.baseline_risk));
+  // Whose view explains the last assessment: the LSTM's when it decided alone, or under "both"
+  // when its (capped) risk was above the baseline's; else the baseline's.
+  const bool lstm_view = model_ && (cfg_.lstm_cap <= 0 || last_.risk > last_.baseline_risk);
   for (int f = 0; f < kNumFeatures; ++f) {
     if (!lstm_view && f >= 4) break;  // the baseline looks at features 0..3 only
     const std::string name = feature_counters(f);
