@@ -61,12 +61,30 @@ struct Options {
 
 // "(default V, as NAME)" for an option's help.
 std::string as_param(const std::string& value, const char* name) {
-  return "(default " + value + ", as " + name + ")";
+  return "(default " + value + ", the plugin's " + name + " default; the tool does not read " +
+         "the variable)";
 }
 std::string fmt(const char* f, double v) {
   char buf[32];
   snprintf(buf, sizeof(buf), f, v);
   return buf;
+}
+
+// A real-valued option in [lo, hi]. CLI::Range lets "nan" through (every comparison with NaN
+// is false), so --lstm-cap nan silently turned "both" into the LSTM alone; this refuses it,
+// "inf", and text that is not a number, naming the accepted form.
+CLI::Validator number_in(double lo, double hi) {
+  const std::string range = "[" + fmt("%g", lo) + ", " + fmt("%g", hi) + "]";
+  return CLI::Validator(
+      [lo, hi, range](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        if (text.empty() || end == text.c_str() || *end != '\0' || !std::isfinite(v) || v < lo ||
+            v > hi)
+          return "'" + text + "' is not a number in " + range;
+        return {};
+      },
+      "NUMBER in " + range);
 }
 
 double mono_s() {
@@ -543,7 +561,7 @@ int run_evaluate(const Options& o) {
   if (rows.empty()) {
     fprintf(stderr,
             "r2ccl_predict: %s: no step with the link up to score (a trace needs at "
-            "least two rows per rail)\n",
+            "least two rows per rail, and the link up at some row after a rail's first)\n",
             o.evaluate.c_str());
     return 1;
   }
@@ -903,8 +921,9 @@ int main(int argc, char** argv) {
       ->type_name("TRACE");
   modes
       ->add_option("--evaluate", o.evaluate,
-                   "failures warned and false drains per rail-week of the LSTM and the baseline "
-                   "on a trace, then sample-level precision, recall and F1")
+                   "per decider (lstm, baseline, both): failures warned, false drains per "
+                   "rail-week, early drains and the share of rail-time drained on a trace, then "
+                   "sample-level precision, recall and F1")
       ->type_name("TRACE");
   modes->add_flag("--info", o.info, "describe the weights file");
   modes->add_flag("--bench", o.bench, "time the inference per rail-sample");
@@ -927,22 +946,22 @@ int main(int argc, char** argv) {
       ->type_name("DIR")
       ->each([&o](const std::string&) { o.bench_sysfs = true; });
   app.add_option("--interval", o.interval_s, "--live: seconds between samples (default 5)")
-      ->check(CLI::Range(0.01, 3600.0));
+      ->check(number_in(0.01, 3600.0));
   app.add_option("--count", o.count, "--live: stop after N samples (default: run until killed)")
       ->check(CLI::Range(0, 1000000));
   app.add_option("--horizon", o.horizon_s,
                  "--features, --evaluate: label horizon, seconds (default 30)")
-      ->check(CLI::Range(0.001, 86400.0));
+      ->check(number_in(0.001, 86400.0));
   app.add_option("--window-steps", o.window_steps, "samples the model sees (default: the model's)")
       ->check(CLI::Range(2, 4096));
   app.add_option(
          "--threshold", o.threshold,
          "drain at risk >= this " + as_param(fmt("%.2g", d.threshold), "R2CCL_PREDICT_THRESHOLD"))
-      ->check(CLI::Range(0.01, 1.0));
+      ->check(number_in(0.01, 1.0));
   app.add_option("--return-threshold", o.return_threshold,
                  "return below this " +
                      as_param(fmt("%.2g", d.return_threshold), "R2CCL_PREDICT_RETURN_THRESHOLD"))
-      ->check(CLI::Range(0.0, 1.0));
+      ->check(number_in(0.0, 1.0));
   app.add_option("--return-samples", o.return_samples,
                  "low samples before returning " +
                      as_param(std::to_string(d.return_samples), "R2CCL_PREDICT_RETURN_SAMPLES"))
@@ -964,11 +983,11 @@ int main(int argc, char** argv) {
                  "decider both (and --evaluate's both row): the LSTM's risk counts up to this "
                  "many times the baseline's " +
                      as_param(fmt("%.3g", table.predict_lstm_cap), "R2CCL_PREDICT_LSTM_CAP"))
-      ->check(CLI::Range(1.0, 100.0));
+      ->check(number_in(1.0, 100.0));
   app.add_option("--down-hold", o.down_hold_s,
                  "seconds a link that went down stays drained once back up, 0 off " +
                      as_param(fmt("%.0f", d.down_hold_s), "R2CCL_PREDICT_DOWN_HOLD"))
-      ->check(CLI::Range(0.0, 3600.0));
+      ->check(number_in(0.0, 3600.0));
   app.add_option("--down-hold-after", o.down_hold_after,
                  "link-downs within an hour after which it is held out " +
                      as_param(std::to_string(d.down_hold_after), "R2CCL_PREDICT_DOWN_HOLD_AFTER"))
@@ -976,11 +995,11 @@ int main(int argc, char** argv) {
   app.add_option("--min-lead", o.min_lead_s,
                  "--evaluate: a failure counts as warned when its rail was drained at least this "
                  "many seconds before (default 30)")
-      ->check(CLI::Range(0.0, 86400.0));
+      ->check(number_in(0.0, 86400.0));
   app.add_option("--lead-window", o.lead_window_s,
                  "--evaluate: a drain on a failing rail not followed by its failure within this "
                  "many seconds is early (default 1800)")
-      ->check(CLI::Range(1.0, 864000.0));
+      ->check(number_in(1.0, 864000.0));
   app.add_flag("--quiet", o.quiet, "--replay: print only drains, returns and failures");
   try {
     app.parse(argc, argv);

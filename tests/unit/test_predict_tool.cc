@@ -113,7 +113,21 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
   CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --decider both --lstm-cap 2",
             &out) == 0);
   CHECK_THAT(out, Catch::Contains("up to 2 x its risk decides;"));
-  CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --lstm-cap 0.5", &out) == 3);
+  // Real-valued options refuse what is not a finite number in range; "nan" passed CLI11's
+  // range check and turned both into the LSTM alone.
+  for (const char* bad : {"0.5", "nan", "NaN", "inf", "abc", "101", "1.4x", ""}) {
+    INFO("--lstm-cap '" << bad << "'");
+    CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --lstm-cap '" + bad + "'",
+              &out) == 3);
+    CHECK_THAT(out, Catch::Contains("is not a number in [1, 100]"));
+  }
+  for (const char* opt : {"--threshold", "--return-threshold", "--down-hold", "--min-lead",
+                          "--lead-window", "--horizon", "--interval"}) {
+    INFO(opt);
+    CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " " + opt + " nan", &out) == 3);
+    CHECK_THAT(out, Catch::Contains("is not a number in ["));
+  }
+  CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --lstm-cap 1.0", &out) == 0);
 
   // Things a first user tried: named, not misread.
   write(dir + "/bom.csv", "\xEF\xBB\xBFt_s,rail,symbol_err\n0,a,1\n5,a,2\n");

@@ -216,7 +216,8 @@ struct ParamDef {
   X(predict_lstm_cap, "R2CCL_PREDICT_LSTM_CAP", kDouble, "1.4", 1, 100, nullptr,                \
     "R2CCL_PREDICT_DECIDER=both: the LSTM's risk counts up to this many times the baseline's, " \
     "so it drains a rail only where the baseline's risk is at least "                           \
-    "R2CCL_PREDICT_THRESHOLD / this. 1: the baseline alone; larger: more of the LSTM.")         \
+    "R2CCL_PREDICT_THRESHOLD / this. 1: the baseline alone; larger caps tend to the higher "    \
+    "of the two risks (it warns more than either alone, and drains more healthy rails).")       \
   X(predict_model, "R2CCL_PREDICT_MODEL", kString, "", 0, 0, nullptr,                           \
     "LSTM weights file. Empty: r2ccl_lstm.bin shipped next to the plugin "                      \
     "(<prefix>/share/r2ccl/). Missing or corrupt: one WARN, the threshold baseline runs.")      \
