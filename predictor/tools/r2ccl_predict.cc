@@ -11,9 +11,9 @@
 //       the feature rows, labels and failure events of a trace as .npy files, for training
 //   r2ccl_predict --evaluate TRACE [--model FILE] [--min-lead SEC] [--lead-window SEC]
 //       event level, for each decider (the LSTM alone, the baseline alone, both): failures
-//       warned (and lead times),
-//       false drains per healthy rail-week, also by error floor; then sample-level precision,
-//       recall and F1
+//       warned (and lead times), false drains per healthy rail-week (also by error floor),
+//       early drains and the share of rail-time drained; then sample-level precision, recall
+//       and F1
 //   r2ccl_predict --info [--model FILE]      the weights file's shape and metadata
 //   r2ccl_predict --bench [--model FILE]     inference cost per rail-sample
 //
@@ -59,7 +59,7 @@ struct Options {
   double min_lead_s = 30, lead_window_s = 1800;
 };
 
-// "(default V, as NAME)" for an option's help.
+// "(default V, the plugin's NAME default; ...)" for an option's help.
 std::string as_param(const std::string& value, const char* name) {
   return "(default " + value + ", the plugin's " + name + " default; the tool does not read " +
          "the variable)";
