@@ -272,10 +272,12 @@ int run_replay(const Options& o) {
     fprintf(stderr, "r2ccl_predict: no rail named '%s' in %s\n", o.rail.c_str(), o.replay.c_str());
     return 1;
   }
-  const std::string who = !mp                ? "the baseline"
-                          : cfg.lstm_cap > 0 ? "the baseline raised by the LSTM up to " +
-                                                   fmt("%.3g", cfg.lstm_cap) + " x its risk"
-                                             : "the LSTM";
+  // The summary line's words for the LSTM and the baseline are as before "both" existed
+  // (issue 17: --replay's output format stays as it is).
+  const std::string who = !mp                ? "baseline"
+                          : cfg.lstm_cap > 0 ? "both (the baseline raised by the LSTM up to " +
+                                                   fmt("%.3g", cfg.lstm_cap) + " x its risk)"
+                                             : "LSTM";
   printf("\nsummary (%s decides; drain at risk >= %.2f):\n", who.c_str(), cfg.threshold);
   for (const auto& [idx, rr] : runs) {
     if (!o.rail.empty() && tr.rail_names()[static_cast<size_t>(idx)] != o.rail) continue;

@@ -104,15 +104,15 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
             "R2CCL_PREDICT_MODEL=" + dir + "/junk.bin " + tool() + " --replay " + dir + "/ok.csv",
             &out) == 0);
   CHECK_THAT(out, Catch::Contains("the threshold baseline decides"));
-  CHECK_THAT(out, Catch::Contains("summary (the baseline decides; drain at risk"));
+  CHECK_THAT(out, Catch::Contains("summary (baseline decides; drain at risk"));
   // With the weights, the default decider (both) says what decides, and so do the others.
   CHECK(run("--replay " + dir + "/ok.csv --model " + kModel, &out) == 0);
-  CHECK_THAT(out, Catch::Contains("summary (the baseline raised by the LSTM up to"));
+  CHECK_THAT(out, Catch::Contains("summary (both (the baseline raised by the LSTM up to"));
   CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --decider lstm", &out) == 0);
-  CHECK_THAT(out, Catch::Contains("summary (the LSTM decides;"));
+  CHECK_THAT(out, Catch::Contains("summary (LSTM decides;"));
   CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --decider both --lstm-cap 2",
             &out) == 0);
-  CHECK_THAT(out, Catch::Contains("up to 2 x its risk decides;"));
+  CHECK_THAT(out, Catch::Contains("up to 2 x its risk) decides;"));
   // Real-valued options refuse what is not a finite number in range; "nan" passed CLI11's
   // range check and turned both into the LSTM alone.
   for (const char* bad : {"0.5", "nan", "NaN", "inf", "abc", "101", "1.4x", ""}) {
