@@ -211,7 +211,7 @@ struct ParamDef {
     "Whose risk drains rails: both (the baseline, raised by the LSTM up to "                    \
     "R2CCL_PREDICT_LSTM_CAP times its own risk), baseline (the threshold rules alone) or lstm " \
     "(the weights file alone). Without a readable weights file the baseline decides. both "     \
-    "warns the most failures at the fewest false drains on traces we did not generate "         \
+    "warns more failures than the baseline alone at about the same false drains "               \
     "(docs/PREDICTOR.md \"Deciders\").")                                                        \
   X(predict_lstm_cap, "R2CCL_PREDICT_LSTM_CAP", kDouble, "1.4", 1, 100, nullptr,                \
     "R2CCL_PREDICT_DECIDER=both: the LSTM's risk counts up to this many times the baseline's, " \
