@@ -17,4 +17,5 @@ namespace r2ccl::predict {
 constexpr float kBaselineUnused = std::numeric_limits<float>::infinity();
 constexpr float kBaselineThreshold[4] = {1.6987561f, 0.68069315f, 0.0213153642f, kBaselineUnused};
 constexpr int kBaselineSteps = 24;
+constexpr float kBaselineRise[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 }  // namespace r2ccl::predict

@@ -17,10 +17,25 @@ BaselineParams default_baseline() {
   BaselineParams p;
   for (int i = 0; i < 4; ++i) p.threshold[i] = kBaselineThreshold[i];
   p.steps = kBaselineSteps;
+  p.rise_lag = static_cast<int>(kBaselineRise[0]);
+  p.rise_least = kBaselineRise[1];
+  p.rise_ratio = kBaselineRise[2];
+  p.rise_level = kBaselineRise[3];
   return p;
 }
 
-float baseline_risk(const FeatureRow* rows, int n, const BaselineParams& p, float ratio[4]) {
+bool baseline_rising(const FeatureRow* rows, int n, const BaselineParams& p) {
+  const int lag = p.rise_lag;
+  if (lag <= 0 || n < 2 * lag + 1) return false;
+  const float now = rows[n - 1][kErrExcess], mid = rows[n - 1 - lag][kErrExcess],
+              old = rows[n - 1 - 2 * lag][kErrExcess];
+  const float later = now - mid, earlier = mid - old;
+  return later >= p.rise_least && earlier >= p.rise_least && later >= p.rise_ratio * earlier &&
+         now >= p.rise_level;
+}
+
+float baseline_risk(const FeatureRow* rows, int n, const BaselineParams& p, float ratio[4],
+                    bool* rising) {
   float worst = 0;
   const int k = std::max(1, std::min(n, p.steps));
   for (int f = 0; f < 4; ++f) {
@@ -34,7 +49,9 @@ float baseline_risk(const FeatureRow* rows, int n, const BaselineParams& p, floa
     if (ratio) ratio[f] = r;
     worst = std::max(worst, r);
   }
-  return std::min(1.0f, 0.7f * worst);
+  const bool rise = baseline_rising(rows, n, p);
+  if (rising) *rising = rise;
+  return rise ? 1.0f : std::min(1.0f, 0.7f * worst);
 }
 
 namespace {
@@ -140,9 +157,11 @@ bool parse_model(const uint8_t* data, size_t n, Model* out, std::string* err) {
   }
   const size_t F = m.n_features, H = m.hidden;
   std::vector<float> thr;
+  std::vector<float> rise;
   if (!r.floats(&m.mean, F) || !r.floats(&m.stdev, F) || !r.floats(&thr, 4) || !r.f32(&steps) ||
-      !r.floats(&m.w_ih, 4 * H * F) || !r.floats(&m.w_hh, 4 * H * H) || !r.floats(&m.b_ih, 4 * H) ||
-      !r.floats(&m.b_hh, 4 * H) || !r.floats(&m.w_out, H) || !r.f32(&m.b_out)) {
+      !r.floats(&rise, 4) || !r.floats(&m.w_ih, 4 * H * F) || !r.floats(&m.w_hh, 4 * H * H) ||
+      !r.floats(&m.b_ih, 4 * H) || !r.floats(&m.b_hh, 4 * H) || !r.floats(&m.w_out, H) ||
+      !r.f32(&m.b_out)) {
     *err = "truncated: shorter than its header's shape (hidden " + std::to_string(H) + ")";
     return false;
   }
@@ -170,6 +189,19 @@ bool parse_model(const uint8_t* data, size_t n, Model* out, std::string* err) {
     *err = "has a baseline step count outside 1..4096";
     return false;
   }
+  if (!all_finite(rise)) {
+    *err = "has a NaN or infinite value in the baseline's rise rule";
+    return false;
+  }
+  if (!(rise[0] >= 0 && rise[0] <= kRiseMaxLag && rise[0] == std::floor(rise[0]))) {
+    *err = "has a baseline rise lag that is not a whole number of rows in 0.." +
+           std::to_string(kRiseMaxLag);
+    return false;
+  }
+  if (rise[0] > 0 && !(rise[1] >= 0 && rise[2] >= 0)) {
+    *err = "has a negative least rise or ratio in the baseline's rise rule";
+    return false;
+  }
   m.w_ih_t.assign(4 * H * F, 0.0f);
   m.w_hh_t.assign(4 * H * H, 0.0f);
   m.bias.assign(4 * H, 0.0f);
@@ -180,6 +212,10 @@ bool parse_model(const uint8_t* data, size_t n, Model* out, std::string* err) {
   }
   for (int i = 0; i < 4; ++i) m.baseline.threshold[i] = thr[static_cast<size_t>(i)];
   m.baseline.steps = static_cast<int>(steps);
+  m.baseline.rise_lag = static_cast<int>(rise[0]);
+  m.baseline.rise_least = rise[1];
+  m.baseline.rise_ratio = rise[2];
+  m.baseline.rise_level = rise[3];
   m.file_bytes = n;
   *out = std::move(m);
   return true;

@@ -203,6 +203,7 @@ std::string RailPredictor::top_contributors(int n) const {
     std::string name;
     uint32_t mask = 0;
     float share = 0;
+    bool rising = false;  // the baseline's rise rule fired on these counters
   };
   std::vector<Group> groups;
   // Whose view explains the last assessment: the LSTM's when it decided alone, or under "both"
@@ -227,20 +228,29 @@ std::string RailPredictor::top_contributors(int n) const {
     const int rows = window_.size();
     for (int i = 0; i < rows; ++i) raw_[static_cast<size_t>(i)] = window_.row(i);
     float ratio[4];
-    baseline_risk(raw_.data(), rows, baseline_, ratio);
-    for (auto& g : groups)
+    bool rising = false;
+    baseline_risk(raw_.data(), rows, baseline_, ratio, &rising);
+    for (auto& g : groups) {
       for (int f = 0; f < 4; ++f)
         if (g.mask & (1u << f)) g.share = std::max(g.share, ratio[f]);
+      // The rise rule decided: the error counters come first, named as rising.
+      if (rising && (g.mask & (1u << kErrExcess))) g.rising = true;
+    }
   }
-  std::sort(groups.begin(), groups.end(),
-            [](const Group& a, const Group& b) { return a.share > b.share; });
+  std::sort(groups.begin(), groups.end(), [](const Group& a, const Group& b) {
+    return a.rising != b.rising ? a.rising : a.share > b.share;
+  });
   std::string out;
   int k = 0;
   for (const auto& g : groups) {
-    if (k == n || !(g.share > 0.005f)) break;
+    if (k == n || !(g.share > 0.005f || g.rising)) break;
     char buf[128];
-    snprintf(buf, sizeof(buf), lstm_view ? "%s%s (-%.2f if quiet)" : "%s%s (x%.2f of threshold)",
-             k ? ", " : "", g.name.c_str(), g.share);
+    if (g.rising)
+      snprintf(buf, sizeof(buf), "%s%s (rising, x%.2f of threshold)", k ? ", " : "", g.name.c_str(),
+               g.share);
+    else
+      snprintf(buf, sizeof(buf), lstm_view ? "%s%s (-%.2f if quiet)" : "%s%s (x%.2f of threshold)",
+               k ? ", " : "", g.name.c_str(), g.share);
     out += buf;
     ++k;
   }

@@ -9,6 +9,17 @@ so crossing any threshold is risk 0.7, the drain threshold. A threshold that is 
 <= 0, as the C++ reads it) is unused. Arithmetic mirrors predictor/src/model.cc: the sum in
 float64, mean and ratios in float32.
 
+The rise rule (``rise`` = lag L in rows, least rise, ratio, level; L = 0 turns it off): risk 1
+at a row whose err_excess (feature 0, a log-rate over the rail's own floor) rose over each of
+the last two L-row intervals by at least the least rise, the later rise at least ``ratio``
+times the earlier, and stands at ``level`` or more. A creep's rate keeps growing: its rises
+go on, and the rule sees it minutes before the mean over k rows catches up with a fast one. A
+floor that steps up and stays gives rises that shrink (the feature's 30 s average catches
+up), and a burst is a step up and back: either fires the rule only while its window
+straddles the step, at most 2 rows with ratio >= 1, fewer than the 3 samples a drain must
+hold for (R2CCL_PREDICT_ENTER_SAMPLES). It needs the rail's last 2L + 1 rows (fewer so far:
+it does not fire), in float32 like the C++.
+
 Tuning (:func:`tune`): for each k in a grid, coordinate ascent over the four thresholds where
 each step is an EXACT one-dimensional search (every distinct value of the feature is a
 candidate cut, plus +inf = unused) of the sample-level F1 on the training rows, started from
@@ -24,16 +35,33 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import numpy as np
 
 DRAIN = np.float32(0.7)
+# The rise rule off: lag 0 (weights file version 4, "rise"; model.h BaselineParams).
+RISE_OFF = (0.0, 0.0, 0.0, 0.0)
 
 
 @dataclasses.dataclass
 class BaselineParams:
     thresholds: np.ndarray  # float32 [4], +inf = unused
     steps: int              # k
+    # float32 [4]: lag L (rows; 0 = off), least rise and level (err_excess units), ratio
+    rise: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.array(RISE_OFF, dtype=np.float32))
 
     def as_list(self) -> List[Optional[float]]:
         """Thresholds for JSON (None = unused)."""
         return [float(t) if np.isfinite(t) else None for t in self.thresholds]
+
+    def rise_dict(self) -> Dict[str, float]:
+        """The rise rule for JSON and logs."""
+        lag, least, ratio, level = (float(v) for v in self.rise)
+        return {"lag": int(lag), "least": round(least, 6), "ratio": round(ratio, 6),
+                "level": round(level, 6)}
+
+    @staticmethod
+    def of(w) -> "BaselineParams":
+        """The baseline a weights file (weights.LstmWeights) carries."""
+        return BaselineParams(np.asarray(w.thresholds, dtype=np.float32), int(w.steps),
+                              np.asarray(w.rise, dtype=np.float32))
 
 
 def smoothed(x: np.ndarray, rail: np.ndarray, k: int) -> np.ndarray:
@@ -63,8 +91,34 @@ def risk_from_smoothed(sm: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
     return np.minimum(np.float32(1), DRAIN * worst).astype(np.float32)
 
 
+def rise_fires(x: np.ndarray, rail: np.ndarray, rise) -> np.ndarray:
+    """bool [N]: the rows at which the rise rule (module docstring) fires, per rail in array
+    order."""
+    lag, least, ratio, level = (np.float32(v) for v in np.asarray(rise, dtype=np.float32))
+    n = x.shape[0]
+    L = int(lag)
+    out = np.zeros(n, dtype=bool)
+    if L <= 0 or n == 0:
+        return out
+    order = np.lexsort((np.arange(n), rail))
+    r = rail[order]
+    v = np.asarray(x[order, 0], dtype=np.float32)
+    starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+    pos = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
+    ok = pos >= 2 * L
+    i = np.flatnonzero(ok)
+    a, b, c = v[i], v[i - L], v[i - 2 * L]
+    late, early = a - b, b - c  # float32, as the C++
+    fire = (late >= least) & (early >= least) & (late >= ratio * early) & (a >= level)
+    sel = np.zeros(n, dtype=bool)
+    sel[i[fire]] = True
+    out[order] = sel
+    return out
+
+
 def risk(x: np.ndarray, rail: np.ndarray, params: BaselineParams) -> np.ndarray:
-    return risk_from_smoothed(smoothed(x, rail, params.steps), params.thresholds)
+    r = risk_from_smoothed(smoothed(x, rail, params.steps), params.thresholds)
+    return np.where(rise_fires(x, rail, params.rise), np.float32(1), r).astype(np.float32)
 
 
 def f1_score(tp: float, fp: float, fn: float) -> float:
@@ -146,9 +200,11 @@ def tune_events(fs, start: BaselineParams, policy, max_false_per_week: float = 1
     import metrics  # here: metrics imports features, which this module does not need
 
     sm = smoothed(fs.x, fs.rail, start.steps)
+    fires = rise_fires(fs.x, fs.rail, start.rise)  # start's rise rule stays as it is
 
     def score(th: np.ndarray) -> Tuple[Tuple[float, float], Dict[str, object]]:
-        o = metrics.drain_outcomes(fs, risk_from_smoothed(sm, th), policy)
+        r = np.where(fires, np.float32(1), risk_from_smoothed(sm, th)).astype(np.float32)
+        o = metrics.drain_outcomes(fs, r, policy)
         ok = o["false_per_rail_week"] <= max_false_per_week
         key = (1.0, o["warned"]) if ok else (0.0, -o["false_per_rail_week"])
         return key, o
@@ -173,4 +229,49 @@ def tune_events(fs, start: BaselineParams, policy, max_false_per_week: float = 1
             f"{best_o['false_per_rail_week']:.2f} false drains per rail-week")
         if not improved:
             break
-    return BaselineParams(th.astype(np.float32), start.steps), best_o
+    return BaselineParams(th.astype(np.float32), start.steps, start.rise.copy()), best_o
+
+
+# The rise rules choose_rise tries (lag rows, least rise, ratio, level): at the 5 s interval,
+# rises over two 20-40 s intervals; ratio 1 or more keeps a floor step's shrinking rises out.
+RISE_GRID: Tuple[Tuple[float, float, float, float], ...] = tuple(
+    (float(lag), least, ratio, level)
+    for lag in (4, 6, 8) for least in (0.2, 0.3, 0.4) for ratio in (1.0, 1.2)
+    for level in (0.5, 1.0))
+
+
+def choose_rise(heldout, params: BaselineParams, policy, max_false_per_week: float = 1.0,
+                grid: Iterable[Tuple[float, float, float, float]] = RISE_GRID,
+                log=print) -> Tuple[BaselineParams, Dict[str, object]]:
+    """Chooses the rise rule on held-out traces (a FeatureSet): of the rules in ``grid`` and
+    none, the one that warns the most failures under the drain policy ``policy`` while keeping
+    the false drains per healthy rail-week at or under ``max_false_per_week``, or under the
+    thresholds' own rate where that is higher (the rule never adds false drains then); ties go
+    to fewer false drains, then to the earlier rule. ``params``' thresholds and k are kept.
+    Returns the params and a summary (the chosen rule and both outcomes)."""
+    import metrics  # here: metrics imports features, which this module does not need
+
+    base = risk_from_smoothed(smoothed(heldout.x, heldout.rail, params.steps), params.thresholds)
+    off = metrics.drain_outcomes(heldout, base, policy)
+    limit = max(max_false_per_week, off["false_per_rail_week"])
+    best = (off["warned"], -off["false_per_rail_week"])
+    chosen, chosen_o = np.array(RISE_OFF, dtype=np.float32), off
+    for rule in grid:
+        rise = np.array(rule, dtype=np.float32)
+        r = np.where(rise_fires(heldout.x, heldout.rail, rise), np.float32(1), base)
+        o = metrics.drain_outcomes(heldout, r.astype(np.float32), policy)
+        key = (o["warned"], -o["false_per_rail_week"])
+        ok = o["false_per_rail_week"] <= limit
+        if ok and key > best:
+            best, chosen, chosen_o = key, rise, o
+    out = BaselineParams(params.thresholds.copy(), params.steps, chosen)
+    log(f"  rise rule {out.rise_dict()}: held-out warned {chosen_o['warned']}/"
+        f"{chosen_o['precursor']} at {chosen_o['false_per_rail_week']:.2f} false drains per "
+        f"rail-week (without it {off['warned']}, {off['false_per_rail_week']:.2f}; limit "
+        f"{limit:.2f})")
+    return out, {"rise": out.rise_dict(), "warned": chosen_o["warned"],
+                 "precursor": chosen_o["precursor"],
+                 "false_per_rail_week": round(chosen_o["false_per_rail_week"], 3),
+                 "off_warned": off["warned"],
+                 "off_false_per_rail_week": round(off["false_per_rail_week"], 3),
+                 "limit": round(limit, 3)}

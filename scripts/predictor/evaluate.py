@@ -108,7 +108,7 @@ def evaluate(model_path: str, heldout: str, source: str, tool: str) -> Dict[str,
     t0 = time.time()
     r_lstm = lstm_risk(w, fs)
     t_lstm = time.time() - t0
-    r_base = baseline.risk(fs.x, fs.rail, baseline.BaselineParams(w.thresholds, w.steps))
+    r_base = baseline.risk(fs.x, fs.rail, baseline.BaselineParams.of(w))
     res: Dict[str, object] = {}
     for name, r in (("lstm", r_lstm), ("baseline", r_base)):
         res[name] = {"sample": metrics.sample_metrics(fs.label, r >= metrics.DRAIN),

@@ -201,7 +201,7 @@ def write_golden(path: str, trace: str, model_path: str, w: weights.LstmWeights,
     widx = windows.window_index(fs.rail, w.window)
     model = torch_model.from_weights(torch, w)
     risk = torch_model.predict(torch, model, xn, widx, np.arange(len(fs)))
-    base = baseline.risk(fs.x, fs.rail, baseline.BaselineParams(w.thresholds, w.steps))
+    base = baseline.risk(fs.x, fs.rail, baseline.BaselineParams.of(w))
     lines = ["# r2ccl trace golden v1",
              f"# trace: {os.path.basename(trace)}; model: {os.path.basename(model_path)} "
              f"(file CRC-32 {file_crc(model_path)}); features: {fs.source}",

@@ -11,6 +11,7 @@ import struct
 import subprocess
 import tempfile
 import unittest
+import zlib
 
 import numpy as np
 
@@ -315,6 +316,36 @@ class Baseline(unittest.TestCase):
         r = baseline.risk(x, rail, p)
         np.testing.assert_allclose(r, [0.175, 0.35, 0.7, 1.0], rtol=1e-6)
 
+    def test_rise_rule(self):
+        # Two rails interleaved row by row: the rule looks at each rail's own rows.
+        creep = [0.125 * i for i in range(13)]              # rises 0.5 and 0.5 at row 12
+        step = [0, 0, 0, 0, .25, .5, .75, 1, 1, 1.075, 1.15, 1.225, 1.3]  # rises 0.75, 0.3
+        x = np.zeros((26, features.N_FEATURES), dtype=np.float32)
+        x[0::2, 0], x[1::2, 0] = creep, step
+        rail = np.tile(np.array([0, 1], np.int32), 13)
+        rule = np.array([4, 0.3, 1.0, 1.2], np.float32)  # lag, least, ratio, level
+        fires = baseline.rise_fires(x, rail, rule)
+        # The creep fires from the row its level reaches 1.2 (row 10: 1.25) and 2 x 4 rows
+        # are there; the step (shrinking rises) never does.
+        self.assertEqual(np.flatnonzero(fires).tolist(), [20, 22, 24])
+        p = baseline.BaselineParams(np.array([np.inf] * 4, np.float32), 2, rule)
+        r = baseline.risk(x, rail, p)
+        np.testing.assert_array_equal(r, np.where(fires, 1, 0).astype(np.float32))
+        # A burst: the raw rate at 4 for 6 rows, then quiet; err_excess is its 30 s average
+        # (gain 1 - e^(-5/30) a row). Its window straddles the burst's start for 2 rows, fewer
+        # than R2CCL_PREDICT_ENTER_SAMPLES (3): no drain.
+        g, f, burst = 1 - math.exp(-5 / 30), 0.0, [0.0] * 4
+        for k in range(30):
+            f += g * ((4.0 if k < 6 else 0.0) - f)
+            burst.append(f)
+        xb = np.zeros((len(burst), features.N_FEATURES), np.float32)
+        xb[:, 0] = burst
+        fired = baseline.rise_fires(xb, np.zeros(len(burst), np.int32), rule)
+        self.assertEqual(np.flatnonzero(fired).tolist(), [8, 9])
+        self.assertFalse(baseline.rise_fires(x, rail, np.zeros(4, np.float32)).any())
+        self.assertFalse(baseline.rise_fires(x, rail, np.zeros(4, np.float32)).any())
+        self.assertEqual(p.rise_dict(), {"lag": 4, "least": 0.3, "ratio": 1.0, "level": 1.2})
+
     def test_tune_finds_a_separating_threshold(self):
         rng = np.random.default_rng(0)
         x = np.zeros((2000, 8), dtype=np.float32)
@@ -346,18 +377,38 @@ class WeightsFile(unittest.TestCase):
         self.assertEqual(data[:8], b"R2PRDLST")
         self.assertEqual(struct.unpack_from("<6I", data, 8)[:5], (weights.VERSION, 8, 4, 6, 30))
         H, F = 4, 8
-        n_floats = 1 + 2 * F + 5 + 4 * H * F + 4 * H * H + 8 * H + H + 1
+        n_floats = 1 + 2 * F + 5 + 4 + 4 * H * F + 4 * H * H + 8 * H + H + 1
         meta_len = struct.unpack_from("<I", data, 8 + 4 * 5 + 4 * (n_floats))[0]
         self.assertEqual(len(data), 8 + 20 + 4 * n_floats + 4 + meta_len + 4)
         back = weights.from_bytes(data)
         np.testing.assert_array_equal(back.weight_hh, w.weight_hh)
         self.assertTrue(np.isinf(back.thresholds[1]))
         self.assertEqual(back.steps, 3)
+        np.testing.assert_array_equal(back.rise, w.rise)
         self.assertEqual(back.metadata["note"], "test")
         bad = bytearray(data)
         bad[100] ^= 1
         with self.assertRaisesRegex(weights.WeightsError, "checksum mismatch"):
             weights.from_bytes(bytes(bad), "x.bin")
+
+    def test_rise_rule_checked_both_ways(self):
+        w = tiny_weights()
+        for bad, why in (([1.5, 0.3, 1, 1], "whole number"), ([-1, 0.3, 1, 1], "whole number"),
+                         ([2000, 0.3, 1, 1], "whole number"), ([4, -0.1, 1, 1], "negative"),
+                         ([4, 0.3, 1, np.nan], "NaN")):
+            w.rise = np.array(bad, np.float32)
+            with self.assertRaisesRegex(ValueError, why):
+                weights.to_bytes(w)
+        # A file written with a bad rule (as another writer might): the reader refuses it.
+        w.rise = np.array([4, 0.3, 1, 1], np.float32)
+        data = bytearray(weights.to_bytes(w))
+        at = 8 + 20 + 4 * (1 + 2 * 8 + 4 + 1)  # rise[0], after k
+        self.assertEqual(struct.unpack_from("<f", data, at)[0], 4.0)
+        struct.pack_into("<f", data, at, 2.5)
+        body = bytes(data[:-4])
+        data = body + struct.pack("<I", zlib.crc32(body) & 0xFFFFFFFF)
+        with self.assertRaisesRegex(weights.WeightsError, "x.bin: the baseline's rise lag 2.5"):
+            weights.from_bytes(data, "x.bin")
 
     def test_rejects_bad_shapes(self):
         w = tiny_weights()
@@ -543,6 +594,53 @@ class BaselineBudget(unittest.TestCase):
         self.assertEqual(train.choose_event_k(rows, start, policy, 1.0, ks=(1, 12),
                                               log=lambda *a: None).steps, 1)
 
+    def test_rise_rule_chosen_on_held_out_traces(self):
+        # Rows every 5 s for 2 h. The failing rail's err_excess climbs 0.1 a row over the last
+        # 10 minutes before its link-down; two healthy rails climb 0.02 a row for 10 minutes
+        # and stay (a wander); the thresholds (100) see none of it.
+        def rails():
+            xs, rl, ts = [], [], []
+            for r in range(92):
+                for i in range(1440):
+                    t = 5.0 * (i + 1)
+                    if r == 91 and 3600 <= t < 3720:
+                        continue  # the failing rail's link is down
+                    x = np.zeros(features.N_FEATURES, np.float32)
+                    if r == 91 and 3000 <= t < 3600:
+                        x[0] = 0.1 * (t - 3000) / 5
+                    if r < 2 and t >= 3000:
+                        x[0] = 0.02 * min(t - 3000, 600) / 5
+                    xs.append(x)
+                    rl.append(r)
+                    ts.append(t)
+            n = len(ts)
+            return features.FeatureSet(
+                x=np.array(xs), rail=np.array(rl, np.int32), t=np.array(ts),
+                label=np.zeros(n, np.int8), scenario=np.zeros(n, np.int32), scenarios=["s"],
+                event_t=np.array([3600.0]), event_rail=np.array([91], np.int32))
+        ho = rails()
+        start = baseline.BaselineParams(np.array([100, np.inf, np.inf, np.inf], np.float32), 1)
+        policy = metrics.Policy(threshold=0.9, enter_samples=3)
+        lines = []
+        # The first rule of the grid that warns it without a false drain: lag 4, least 0.2
+        # (0.05 a row: the wander's 4 x 0.02 = 0.08 stays under).
+        bl, info = baseline.choose_rise(ho, start, policy, 1.0, log=lines.append)
+        self.assertEqual(info["rise"], {"lag": 4, "least": 0.2, "ratio": 1.0, "level": 0.5})
+        self.assertEqual((info["warned"], info["off_warned"]), (1, 0))
+        self.assertEqual(info["false_per_rail_week"], 0.0)
+        np.testing.assert_array_equal(bl.thresholds, start.thresholds)
+        self.assertIn("rise rule", lines[0])
+        # A rule that also drains both wanderers (1.86 per rail-week, over the target 1) is
+        # refused: nothing is left but no rule.
+        bl, info = baseline.choose_rise(ho, start, policy, 1.0, grid=[(8, 0.1, 1.0, 0.5)],
+                                        log=lambda *a: None)
+        self.assertEqual(info["rise"]["lag"], 0)
+        self.assertEqual(info["warned"], 0)
+        # Allowed as many false drains as that, it is taken.
+        bl, info = baseline.choose_rise(ho, start, policy, 2.0, grid=[(8, 0.1, 1.0, 0.5)],
+                                        log=lambda *a: None)
+        self.assertEqual((info["rise"]["lag"], info["warned"]), (8, 1))
+
     def test_a_budget_the_held_out_traces_keep(self):
         import train
         # 90 healthy rails x 2 h = 1.07 rail-weeks: one training burst is 0.93 per rail-week.
@@ -653,7 +751,7 @@ class DrainOutcomesMatchTheTool(unittest.TestCase):
             os.unlink(path)
         risks = {"lstm": evaluate.lstm_risk(w, fs),
                  "baseline": baseline.risk(fs.x, fs.rail,
-                                           baseline.BaselineParams(w.thresholds, w.steps))}
+                                           baseline.BaselineParams.of(w))}
         cap = re.search(r"raised by the LSTM up to ([0-9.]+) x its own risk", out)
         self.assertIsNotNone(cap, out)
         risks["both"] = metrics.both_risk(risks["lstm"], risks["baseline"], float(cap.group(1)))

@@ -111,8 +111,7 @@ def main(argv=None) -> int:
         print(f"tune_policy.py: {args.heldout}: no scored rows", file=sys.stderr)
         return 1
     risks = {"lstm": evaluate.lstm_risk(w, fs),
-             "baseline": baseline.risk(fs.x, fs.rail, baseline.BaselineParams(w.thresholds,
-                                                                               w.steps))}
+             "baseline": baseline.risk(fs.x, fs.rail, baseline.BaselineParams.of(w))}
     grid = {}
     print(f"{'decider':9} {'thr':>5} {'enter':>5} {'warned':>11} {'median-lead':>11} "
           f"{'false/wk':>9} {'early':>6}")

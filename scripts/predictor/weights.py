@@ -1,8 +1,9 @@
 """The LSTM weights file (docs/PREDICTOR.md "Weights file"): writer, reader, CRC check.
 
-Layout (little-endian, version 2):
+Layout (little-endian, version 4):
   magic b"R2PRDLST" | u32 version | u32 F, H, W, horizon_s | f32 interval_s
   | f32 mean[F] | f32 std[F] | f32 threshold[4] (+inf = unused) | f32 k
+  | f32 rise[4]: the baseline's rise rule, lag (rows, 0 = off), least rise, ratio, level
   | f32 weight_ih[4H*F] | f32 weight_hh[4H*H] | f32 bias_ih[4H] | f32 bias_hh[4H]
     (PyTorch layout: rows are gates i, f, g, o, row-major)
   | f32 dense_weight[H] | f32 dense_bias[1]
@@ -21,7 +22,7 @@ from typing import Any, Dict
 import numpy as np
 
 MAGIC = b"R2PRDLST"
-VERSION = 3  # 2: the trend features (issue 17); 3: recent_downs, 11 features
+VERSION = 4  # 2: the trend features (issue 17); 3: recent_downs, 11 features; 4: rise rule
 MAX_BYTES = 1024 * 1024
 
 
@@ -49,6 +50,25 @@ class LstmWeights:
     dense_w: np.ndarray       # [H]
     dense_b: float
     metadata: Dict[str, Any]
+    # the baseline's rise rule (baseline.BaselineParams.rise): lag, least, ratio, level
+    rise: np.ndarray = dataclasses.field(
+        default_factory=lambda: np.zeros(4, dtype=np.float32))
+
+
+RISE_MAX_LAG = 1024  # rows; model.cc's parse_model accepts the same
+
+
+def check_rise(rise) -> str:
+    """'' when ``rise`` (lag, least, ratio, level) is a rule the C++ reader accepts, else why
+    not (model.cc parse_model gives the same reasons)."""
+    lag, least, ratio, level = (float(v) for v in np.asarray(rise, dtype=np.float32))
+    if not all(np.isfinite([lag, least, ratio, level])):
+        return "the baseline's rise rule holds a NaN or infinite value"
+    if not (0 <= lag <= RISE_MAX_LAG and lag == int(lag)):
+        return f"the baseline's rise lag {lag:g} is not a whole number of rows in 0..{RISE_MAX_LAG}"
+    if lag > 0 and not (least >= 0 and ratio >= 0):
+        return "the baseline's rise rule has a negative least rise or ratio"
+    return ""
 
 
 def _f32(a) -> bytes:
@@ -59,6 +79,7 @@ def to_bytes(w: LstmWeights) -> bytes:
     """Serialises; raises ValueError on inconsistent shapes or > 1 MB."""
     F, H = w.n_features, w.hidden
     shapes = {"mean": (w.mean, (F,)), "std": (w.std, (F,)), "thresholds": (w.thresholds, (4,)),
+              "rise": (w.rise, (4,)),
               "weight_ih": (w.weight_ih, (4 * H, F)), "weight_hh": (w.weight_hh, (4 * H, H)),
               "bias_ih": (w.bias_ih, (4 * H,)), "bias_hh": (w.bias_hh, (4 * H,)),
               "dense_w": (w.dense_w, (H,))}
@@ -67,10 +88,14 @@ def to_bytes(w: LstmWeights) -> bytes:
             raise ValueError(f"weights: {name} has shape {np.shape(arr)}, expected {shape}")
     if not np.all(np.asarray(w.std) > 0):
         raise ValueError("weights: every std must be > 0")
+    rise_error = check_rise(w.rise)
+    if rise_error:
+        raise ValueError(f"weights: {rise_error}")
     meta = json.dumps(w.metadata, sort_keys=True, allow_nan=False).encode("utf-8")
     body = b"".join([
         MAGIC, struct.pack("<IIIIIf", VERSION, F, H, w.window, w.horizon_s, w.interval_s),
         _f32(w.mean), _f32(w.std), _f32(w.thresholds), struct.pack("<f", float(w.steps)),
+        _f32(w.rise),
         _f32(w.weight_ih), _f32(w.weight_hh), _f32(w.bias_ih), _f32(w.bias_hh),
         _f32(w.dense_w), struct.pack("<f", w.dense_b),
         struct.pack("<I", len(meta)), meta,
@@ -120,6 +145,10 @@ def from_bytes(data: bytes, what: str = "weights") -> LstmWeights:
     (interval,) = take("<f")
     mean, std, thr = floats(F), floats(F), floats(4)
     (steps,) = take("<f")
+    rise = floats(4)
+    rise_error = check_rise(rise)
+    if rise_error:
+        raise WeightsError(f"{what}: {rise_error}")
     w_ih = floats(4 * H * F).reshape(4 * H, F)
     w_hh = floats(4 * H * H).reshape(4 * H, H)
     b_ih, b_hh, dw = floats(4 * H), floats(4 * H), floats(H)
@@ -131,7 +160,8 @@ def from_bytes(data: bytes, what: str = "weights") -> LstmWeights:
     return LstmWeights(n_features=F, hidden=H, window=W, horizon_s=horizon,
                        interval_s=float(interval), mean=mean, std=std, thresholds=thr,
                        steps=int(steps), weight_ih=w_ih, weight_hh=w_hh, bias_ih=b_ih,
-                       bias_hh=b_hh, dense_w=dw, dense_b=float(db), metadata=meta)
+                       bias_hh=b_hh, dense_w=dw, dense_b=float(db), metadata=meta,
+                       rise=rise)
 
 
 def read(path: str) -> LstmWeights:

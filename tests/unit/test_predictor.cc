@@ -55,6 +55,7 @@ struct ModelSpec {
   std::vector<float> stdev = std::vector<float>(kNumFeatures, 1.0f);
   float thr[4] = {1, 2, 3, 4};
   float steps = 2;
+  float rise[4] = {0, 0, 0, 0};  // lag, least, ratio, level: off
   std::vector<float> w_ih, w_hh, b_ih, b_hh, w_out;
   float b_out = 0;
   std::string meta = "{\"seed\": 7}";
@@ -90,6 +91,7 @@ std::vector<uint8_t> build_model(ModelSpec s) {
   for (float v : s.stdev) put_f32(&b, v);
   for (float v : s.thr) put_f32(&b, v);
   put_f32(&b, s.steps);
+  for (float v : s.rise) put_f32(&b, v);
   for (auto* v : {&s.w_ih, &s.w_hh, &s.b_ih, &s.b_hh, &s.w_out})
     for (float x : *v) put_f32(&b, x);
   put_f32(&b, s.b_out);
@@ -856,7 +858,36 @@ TEST_CASE("weights file: parsed, and every kind of damage refused", "[predictor]
   CHECK(m.window == 4);
   CHECK(m.baseline.threshold[2] == 3);
   CHECK(m.baseline.steps == 2);
+  CHECK(m.baseline.rise_lag == 0);
   CHECK(m.metadata == "{\"seed\": 7}");
+  ModelSpec rs;
+  const float rule[4] = {6, 0.3f, 1.0f, 1.5f};
+  std::copy(rule, rule + 4, rs.rise);
+  auto br = build_model(rs);
+  REQUIRE(parse_model(br.data(), br.size(), &m, &err));
+  CHECK(m.baseline.rise_lag == 6);
+  CHECK(m.baseline.rise_least == 0.3f);
+  CHECK(m.baseline.rise_ratio == 1.0f);
+  CHECK(m.baseline.rise_level == 1.5f);
+  // A rise rule the baseline cannot apply: a lag that is not a whole number of rows in
+  // 0..kRiseMaxLag, a negative least rise or ratio, NaN or infinity.
+  const struct {
+    float rise[4];
+    const char* why;
+  } bad_rules[] = {{{1.5f, 0.3f, 1, 1}, "whole number of rows"},
+                   {{-1, 0.3f, 1, 1}, "whole number of rows"},
+                   {{kRiseMaxLag + 1.0f, 0.3f, 1, 1}, "whole number of rows"},
+                   {{6, -0.1f, 1, 1}, "negative"},
+                   {{6, 0.3f, -1, 1}, "negative"},
+                   {{6, 0.3f, 1, NAN}, "NaN or infinite"},
+                   {{INFINITY, 0.3f, 1, 1}, "NaN or infinite"}};
+  for (const auto& b : bad_rules) {
+    ModelSpec x;
+    std::copy(b.rise, b.rise + 4, x.rise);
+    auto bytes = build_model(x);
+    CHECK_FALSE(parse_model(bytes.data(), bytes.size(), &m, &err));
+    CHECK_THAT(err, Catch::Contains(b.why) && Catch::Contains("rise"));
+  }
 
   auto bad = good;
   bad[40] ^= 0x01;
@@ -1005,6 +1036,88 @@ TEST_CASE("baseline risk and the drain hysteresis", "[predictor]") {
   down.link_up = false;
   CHECK_FALSE(p.update(down, &a));
   CHECK_FALSE(a.drain);
+}
+
+TEST_CASE("baseline rise rule: a rate that keeps growing, not a floor step or a burst",
+          "[predictor]") {
+  BaselineParams bp;
+  for (float& t : bp.threshold) t = 0;  // only the rise rule
+  bp.steps = 24;
+  bp.rise_lag = 4;
+  bp.rise_least = 0.3f;
+  bp.rise_ratio = 1.0f;
+  bp.rise_level = 1.2f;
+  FeatureRow rows[24] = {};
+  auto excess = [&](const std::vector<float>& v) {
+    for (size_t i = 0; i < v.size(); ++i) rows[i][kErrExcess] = v[i];
+    return static_cast<int>(v.size());
+  };
+  bool rising = false;
+  float ratio[4];
+  // A creep: err_excess rising 0.125 a row; rows 0..8: rises 0.5 and 0.5, but level 1 < 1.2.
+  std::vector<float> creep;
+  for (int i = 0; i < 13; ++i) creep.push_back(0.125f * static_cast<float>(i));
+  CHECK_FALSE(baseline_rising(rows, excess({creep.begin(), creep.begin() + 9}), bp));
+  // Rows 0..12: rises 0.5 and 0.5, level 1.5: fires, risk 1, and says so.
+  int n = excess(creep);
+  CHECK(baseline_rising(rows, n, bp));
+  CHECK(baseline_risk(rows, n, bp, ratio, &rising) == 1.0f);
+  CHECK(rising);
+  // Fewer than 2 lag + 1 rows: not judged, whatever they show.
+  CHECK_FALSE(baseline_rising(rows, 2 * bp.rise_lag, bp));
+  // The same rise, but the later interval rose less than the earlier (ratio 1): a floor that
+  // stepped up and whose fast average is catching up (0, 1.0, 1.3: rises 1.0 then 0.3).
+  std::vector<float> step(13, 0.0f);
+  for (int i = 4; i < 13; ++i)
+    step[static_cast<size_t>(i)] = i < 8 ? 0.25f * (i - 3) : 1.0f + 0.075f * (i - 8);
+  n = excess(step);
+  CHECK(rows[12][kErrExcess] - rows[8][kErrExcess] < rows[8][kErrExcess] - rows[4][kErrExcess]);
+  CHECK_FALSE(baseline_rising(rows, n, bp));
+  CHECK(baseline_risk(rows, n, bp, ratio, &rising) < 0.7f);
+  CHECK_FALSE(rising);
+  // A burst falling back: the later rise is negative.
+  std::vector<float> burst = {0, 0, 0, 0, 0, 1, 2, 3, 3.5f, 3, 2.5f, 2, 1.6f};
+  CHECK_FALSE(baseline_rising(rows, excess(burst), bp));
+  // Growing, but still under the level: not yet.
+  bp.rise_level = 2.0f;
+  CHECK_FALSE(baseline_rising(rows, excess(creep), bp));
+  // Lag 0: the rule is off.
+  bp.rise_level = 1.2f;
+  bp.rise_lag = 0;
+  CHECK_FALSE(baseline_rising(rows, excess(creep), bp));
+  CHECK(baseline_risk(rows, 13, bp) == 0.0f);
+
+  // Through RailPredictor: symbol errors at 1/s for 5 minutes (the floor), then doubling every
+  // 30 s. The thresholds alone (err_excess 5, a 150-fold rise) are still quiet when the rule
+  // drains the rail, and the event line names the counters as rising.
+  BaselineParams rp;
+  rp.threshold[kErrExcess] = 5.0f;
+  rp.steps = 24;
+  rp.rise_lag = 6;
+  rp.rise_least = 0.3f;
+  rp.rise_ratio = 1.0f;
+  rp.rise_level = 1.0f;
+  PredictorConfig cfg;
+  cfg.window_steps = 24;
+  RailPredictor p(cfg, nullptr, rp);
+  Assessment a;
+  double rate = 1;
+  int drained_at = -1, first_fire = -1;
+  for (int i = 0; i < 120 && drained_at < 0; ++i) {
+    if (i >= 60) rate *= std::exp2(5.0 / 30);
+    Step st;
+    st.dt_s = 5;
+    st.d[kSymbolErr] = std::round(rate * 5);
+    if (!p.update(st, &a)) continue;
+    if (a.risk == 1.0f && first_fire < 0) first_fire = i;
+    if (a.drain) drained_at = i;
+  }
+  REQUIRE(drained_at > 60);
+  CHECK(drained_at == first_fire + cfg.enter_samples - 1);
+  CHECK(a.baseline_risk == 1.0f);
+  CHECK(rate < 150);  // drained before the rate was 150 times its floor
+  CHECK_THAT(p.top_contributors(2),
+             Catch::StartsWith("phy errors") && Catch::Contains("(rising, x0."));
 }
 
 TEST_CASE("drain guard: enter samples, at most N drains per hour, never the last usable rail",

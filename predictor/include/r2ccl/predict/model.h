@@ -19,24 +19,41 @@
 namespace r2ccl::predict {
 
 constexpr char kModelMagic[8] = {'R', '2', 'P', 'R', 'D', 'L', 'S', 'T'};
-constexpr uint32_t kModelVersion = 3;  // 2: the trend features (issue 17); 3: recent_downs (11)
+// 2: the trend features (issue 17); 3: recent_downs (11 features); 4: the baseline's rise rule
+constexpr uint32_t kModelVersion = 4;
 constexpr size_t kModelMaxBytes = 1024 * 1024;  // the issue's budget: under 1 MB
 
 // The threshold detector: the mean of the last `steps` raw rows of features 0..3, risk =
 // min(1, 0.7 * max_i(mean_i / threshold_i)); a threshold <= 0 or not finite is unused.
+// The rise rule (rise_lag > 0) makes the risk 1 at a row whose err_excess (feature 0, a log
+// rate over the rail's own floor) rose over each of the last two rise_lag-row intervals by at
+// least rise_least, the later rise at least rise_ratio times the earlier, and is rise_level or
+// more: a rate that keeps growing, as a creep's does, seen minutes before the k-row mean
+// catches up with a fast one. A floor that steps up and stays gives shrinking rises, and a
+// burst is a step up and back: either fires it only while its window straddles the step (at
+// most 2 rows with rise_ratio >= 1, under the 3 samples R2CCL_PREDICT_ENTER_SAMPLES holds a
+// drain back for). It needs 2 * rise_lag + 1 rows (fewer: it does not fire).
+// docs/PREDICTOR.md "Baseline".
 struct BaselineParams {
   float threshold[4] = {};
   int steps = 1;
+  int rise_lag = 0;      // rows; 0 = no rise rule
+  float rise_least = 0;  // err_excess units (natural log of 1 + errors per second)
+  float rise_ratio = 0;  // later rise / earlier rise, at least
+  float rise_level = 0;  // err_excess units
 };
+constexpr int kRiseMaxLag = 1024;  // rows: the most a weights file may ask for
 // The compiled-in baseline, tuned by scripts/predictor/train.py (predictor/model/
 // baseline_defaults.h).
 BaselineParams default_baseline();
 
 // Risk of the baseline over a window's raw rows (oldest first). 0 with no rows.
-// If `ratio` is non-null it receives max_i(mean_i / threshold_i) per feature 0..3 (for the
-// "top counters" line).
+// If `ratio` is non-null it receives mean_i / threshold_i per feature 0..3, and `rising`
+// whether the rise rule fired (both for the "top counters" line).
 float baseline_risk(const FeatureRow* rows, int n, const BaselineParams& p,
-                    float ratio[4] = nullptr);
+                    float ratio[4] = nullptr, bool* rising = nullptr);
+// Whether the rise rule of `p` fires at the last of `n` rows (oldest first).
+bool baseline_rising(const FeatureRow* rows, int n, const BaselineParams& p);
 
 struct Model {
   uint32_t n_features = 0;         // kNumFeatures
