@@ -108,14 +108,13 @@ void PredictAgent::sample_and_publish(TimeUs now) {
       log_event("r2ccl predict: %s; the threshold baseline decides instead", err.c_str());
     }
   }
-  // Whichever way the baseline came to decide: its thresholds apply to the mean of its last
-  // `steps` samples, at most a window's.
-  if (!model_ && !window_noted_ && baseline_.steps > pcfg_.window_steps) {
+  // Wherever the baseline takes part (alone, or under "both"): its thresholds apply to the mean
+  // of its last `steps` samples and its rise rule to its last 2 lag + 1, at most a window's.
+  if ((!model_ || pcfg_.lstm_cap > 0) && !window_noted_) {
     window_noted_ = true;
-    log_event(
-        "r2ccl predict: the baseline's thresholds were tuned on the mean of %d samples; "
-        "R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL keeps %d, so it averages %d",
-        baseline_.steps, pcfg_.window_steps, pcfg_.window_steps);
+    const std::string note = predict::baseline_window_note(
+        baseline_, pcfg_.window_steps, "R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL");
+    if (!note.empty()) log_event("r2ccl predict: %s", note.c_str());
   }
   if (!sampler_state_) {
     std::vector<predict::RailSpec> specs;

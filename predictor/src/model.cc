@@ -34,6 +34,21 @@ bool baseline_rising(const FeatureRow* rows, int n, const BaselineParams& p) {
          now >= p.rise_level;
 }
 
+std::string baseline_window_note(const BaselineParams& p, int window_steps,
+                                 const std::string& setting) {
+  std::string out;
+  const std::string w = std::to_string(window_steps);
+  if (window_steps < p.steps)
+    out = "the baseline's thresholds were tuned on the mean of " + std::to_string(p.steps) +
+          " samples; " + setting + " keeps " + w + ", so it averages " + w;
+  const int rise_rows = 2 * p.rise_lag + 1;
+  if (p.rise_lag > 0 && window_steps < rise_rows)
+    out += (out.empty() ? "the baseline's" : "; its") + std::string(" rise rule compares ") +
+           std::to_string(rise_rows) + " samples; " + setting + " keeps " + w +
+           ", so it never fires";
+  return out;
+}
+
 float baseline_risk(const FeatureRow* rows, int n, const BaselineParams& p, float ratio[4],
                     bool* rising) {
   float worst = 0;

@@ -137,14 +137,13 @@ PredictorConfig config_of(const Options& o, const Model* m) {
   return c;
 }
 
-// The baseline's thresholds apply to the mean of its last `steps` samples, at most a window's
-// (model.cc, baseline_risk): a shorter --window-steps changes what it decides. Said on stderr.
+// The baseline's thresholds apply to the mean of its last `steps` samples, and its rise rule to
+// its last 2 lag + 1, at most a window's (model.cc, baseline_risk): a shorter --window-steps
+// changes what it decides. Said on stderr.
 void note_short_window(const PredictorConfig& c, const BaselineParams& b) {
-  if (c.window_steps < b.steps)
-    fprintf(stderr,
-            "r2ccl_predict: the baseline's thresholds were tuned on the mean of %d samples; "
-            "--window-steps %d keeps %d, so it averages %d\n",
-            b.steps, c.window_steps, c.window_steps, c.window_steps);
+  const std::string note =
+      baseline_window_note(b, c.window_steps, "--window-steps " + std::to_string(c.window_steps));
+  if (!note.empty()) fprintf(stderr, "r2ccl_predict: %s\n", note.c_str());
 }
 
 // The guard's rail sets in a trace file (the last-usable-rail rule, predictor.h): the rails of
@@ -839,6 +838,13 @@ int run_info(const Options& o) {
   printf("size %zu bytes (limit %zu); baseline thresholds %.3g %.3g %.3g %.3g over %d steps\n",
          m.file_bytes, kModelMaxBytes, m.baseline.threshold[0], m.baseline.threshold[1],
          m.baseline.threshold[2], m.baseline.threshold[3], m.baseline.steps);
+  if (m.baseline.rise_lag > 0)
+    printf(
+        "baseline rise rule: err_excess up >= %.3g over each of the last two %d-step intervals, "
+        "the later rise >= %.3g x the earlier, at >= %.3g\n",
+        m.baseline.rise_least, m.baseline.rise_lag, m.baseline.rise_ratio, m.baseline.rise_level);
+  else
+    printf("baseline rise rule: off\n");
   printf("metadata: %s\n", m.metadata.c_str());
   return 0;
 }

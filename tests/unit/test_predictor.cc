@@ -1087,6 +1087,16 @@ TEST_CASE("baseline rise rule: a rate that keeps growing, not a floor step or a 
   CHECK_FALSE(baseline_rising(rows, excess(creep), bp));
   CHECK(baseline_risk(rows, 13, bp) == 0.0f);
 
+  // A window too short for the rule (2 x 4 + 1 = 9 rows) or for k is said, once, by callers.
+  bp.rise_lag = 4;
+  bp.steps = 6;
+  CHECK(baseline_window_note(bp, 9, "--window-steps 9").empty());
+  CHECK(baseline_window_note(bp, 8, "--window-steps 8") ==
+        "the baseline's rise rule compares 9 samples; --window-steps 8 keeps 8, so it never fires");
+  CHECK(baseline_window_note(bp, 5, "W") ==
+        "the baseline's thresholds were tuned on the mean of 6 samples; W keeps 5, so it averages "
+        "5; its rise rule compares 9 samples; W keeps 5, so it never fires");
+
   // Through RailPredictor: symbol errors at 1/s for 5 minutes (the floor), then doubling every
   // 30 s. The thresholds alone (err_excess 5, a 150-fold rise) are still quiet when the rule
   // drains the rail, and the event line names the counters as rising.

@@ -54,6 +54,11 @@ float baseline_risk(const FeatureRow* rows, int n, const BaselineParams& p,
                     float ratio[4] = nullptr, bool* rising = nullptr);
 // Whether the rise rule of `p` fires at the last of `n` rows (oldest first).
 bool baseline_rising(const FeatureRow* rows, int n, const BaselineParams& p);
+// What a window of `window_steps` rows takes from baseline `p`, for a one-time note: its
+// thresholds averaged over fewer rows than tuned, its rise rule never judged; "" when neither.
+// `setting` names what set the window ("--window-steps 6"). Any thread.
+std::string baseline_window_note(const BaselineParams& p, int window_steps,
+                                 const std::string& setting);
 
 struct Model {
   uint32_t n_features = 0;         // kNumFeatures
