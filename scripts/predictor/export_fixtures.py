@@ -42,7 +42,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import zlib
+import struct
 from typing import Dict, List, Tuple
 
 import numpy as np
@@ -65,8 +65,14 @@ def _g(v: float) -> str:
 
 
 def file_crc(path: str) -> str:
+    """The CRC-32 a weights file carries in its last 4 bytes (of every byte before them): it
+    names the model. (The CRC-32 of the whole file, that CRC included, is the same constant,
+    0x2144df1c, for every intact file.)"""
     with open(path, "rb") as f:
-        return "0x%08x" % (zlib.crc32(f.read()) & 0xFFFFFFFF)
+        data = f.read()
+    if len(data) < 4:
+        raise ValueError(f"{path}: too short for a weights file")
+    return "0x%08x" % struct.unpack("<I", data[-4:])[0]
 
 
 def pick_cases(fs: features.FeatureSet, xn: np.ndarray, widx: np.ndarray, torch, model,

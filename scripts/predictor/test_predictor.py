@@ -749,6 +749,9 @@ class DrainOutcomesMatchTheTool(unittest.TestCase):
                                         float(w.horizon_s))
         finally:
             os.unlink(path)
+        # The rise rule is on in the shipped weights and fires in this trace: its rows count.
+        self.assertGreater(int(w.rise[0]), 0)
+        self.assertTrue(baseline.rise_fires(fs.x, fs.rail, w.rise).any())
         risks = {"lstm": evaluate.lstm_risk(w, fs),
                  "baseline": baseline.risk(fs.x, fs.rail,
                                            baseline.BaselineParams.of(w))}

@@ -47,8 +47,18 @@ def run_summary(s: dict, pipeline_s: float) -> str:
         f"then for drain decisions): k = "
         f"{s['baseline']['steps']}, thresholds "
         + ", ".join(f"f{i} {'unused' if v is None else f'{v:.4g}'}"
-                    for i, v in enumerate(s["baseline"]["thresholds"])) + ".",
+                    for i, v in enumerate(s["baseline"]["thresholds"])) + "; " + rise_text(
+                        s["baseline"].get("rise")) + ".",
     ])
+
+
+def rise_text(rise) -> str:
+    """The baseline's rise rule for the run summary (train.py's summary, "rise")."""
+    if not rise or not rise.get("lag"):
+        return "no rise rule"
+    return (f"rise rule (chosen on the held-out traces): err_excess up >= {rise['least']:g} over "
+            f"each of the last two {rise['lag']}-row intervals, the later rise >= "
+            f"{rise['ratio']:g} x the earlier, at >= {rise['level']:g}")
 
 
 def main(argv=None) -> int:
