@@ -25,6 +25,10 @@ Pipeline (docs/PREDICTOR.md "Training"):
      exceed it on wider ones); when none does, the smallest budget's thresholds raised
      together by the least factor (HELDOUT_MARGINS, 1.1 to 3) that does while still warning
      at least MARGIN_MIN_WARNED (half) of the held-out failures the unraised ones warned;
+     then, with --heldout, the baseline's rise rule (baseline.choose_rise, RISE_GRID): the
+     one that warns the most held-out failures at no more than --max-false-per-week false
+     drains per rail-week there (or no more than the thresholds alone where they already
+     exceed it); without --heldout, no rise rule;
   7. the weights file (docs/PREDICTOR.md layout) and predictor/model/baseline_defaults.h are
      written, read back, CRC-checked and the numpy re-implementation is compared to torch.
 
