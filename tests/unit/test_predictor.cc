@@ -1038,15 +1038,22 @@ TEST_CASE("baseline risk and the drain hysteresis", "[predictor]") {
   CHECK_FALSE(a.drain);
 }
 
+namespace {
+// The baseline's rise rule: lag (rows), least rise, ratio, level (model.h BaselineParams).
+void set_rise(BaselineParams* p, int lag, float least, float ratio, float level) {
+  p->rise_lag = lag;
+  p->rise_least = least;
+  p->rise_ratio = ratio;
+  p->rise_level = level;
+}
+}  // namespace
+
 TEST_CASE("baseline rise rule: a rate that keeps growing, not a floor step or a burst",
           "[predictor]") {
   BaselineParams bp;
   for (float& t : bp.threshold) t = 0;  // only the rise rule
   bp.steps = 24;
-  bp.rise_lag = 4;
-  bp.rise_least = 0.3f;
-  bp.rise_ratio = 1.0f;
-  bp.rise_level = 1.2f;
+  set_rise(&bp, 4, 0.3f, 1.0f, 1.2f);
   FeatureRow rows[24] = {};
   auto excess = [&](const std::vector<float>& v) {
     for (size_t i = 0; i < v.size(); ++i) rows[i][kErrExcess] = v[i];
@@ -1103,10 +1110,7 @@ TEST_CASE("baseline rise rule: a rate that keeps growing, not a floor step or a 
   BaselineParams rp;
   rp.threshold[kErrExcess] = 5.0f;
   rp.steps = 24;
-  rp.rise_lag = 6;
-  rp.rise_least = 0.3f;
-  rp.rise_ratio = 1.0f;
-  rp.rise_level = 1.0f;
+  set_rise(&rp, 6, 0.3f, 1.0f, 1.0f);
   PredictorConfig cfg;
   cfg.window_steps = 24;
   RailPredictor p(cfg, nullptr, rp);
