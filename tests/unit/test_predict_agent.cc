@@ -160,6 +160,27 @@ TEST_CASE("agent: a window shorter than the baseline's mean is said once", "[pre
   CHECK(test::count_lines_containing(events2, "the threshold baseline decides instead") == 1);
   CHECK(test::count_lines_containing(events2, "tuned on the mean of") == 1);
   CHECK(test::count_lines_containing(events, "tuned on the mean of") == 1);
+  // With readable weights under the default decider, both, the baseline still takes part:
+  // said too, with its rise rule (the shipped one needs 9 samples; 6 kept).
+  const std::string log3 = test::temp_path("agent-window-both.log");
+  REQUIRE(set_event_sink(log3, &err));
+  env["R2CCL_PREDICT_DECIDER"] = "both";
+  env["R2CCL_PREDICT_MODEL"] = R2CCL_SOURCE_DIR "/predictor/model/r2ccl_lstm.bin";
+  const Config cfg3 = config_with(env);
+  Rig rig3(env["R2CCL_SYSFS_ROOT"]);
+  rig3.agent.init(cfg3, rig3.rails(), nullptr, "none");
+  for (int i = 0; i < 10; ++i, now += 100 * kUsPerMs) rig3.step(now, NicRates{});
+  REQUIRE(set_event_sink("stderr", &err));
+  const std::string events3 = test::read_file(log3);
+  INFO(events3);
+  CHECK(test::count_lines_containing(events3, "decides instead") == 0);
+  CHECK(test::count_lines_containing(events3, "tuned on the mean of") == 1);
+  REQUIRE(predict::default_baseline().rise_lag > 0);
+  CHECK(test::count_lines_containing(
+            events3, "its rise rule compares " +
+                         std::to_string(2 * predict::default_baseline().rise_lag + 1) +
+                         " samples; R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL keeps 6, so "
+                         "it never fires") == 1);
 }
 
 TEST_CASE("agent: a link back up after its second down within the hour is held out", "[predict]") {
