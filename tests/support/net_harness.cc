@@ -16,12 +16,14 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstdarg>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -1203,9 +1205,14 @@ long long check_pattern(const void* buf, size_t n, uint64_t seed) {
 }
 
 std::string temp_path(const std::string& tag) {
-  static int counter = 0;
-  return env_or("TMPDIR", "/tmp") + "/r2ccl-test-" + std::to_string(getpid()) + "-" +
-         std::to_string(counter++) + "-" + tag;
+  static std::atomic<int> counter{0};
+  const std::string path = env_or("TMPDIR", "/tmp") + "/r2ccl-test-" + std::to_string(getpid()) +
+                           "-" + std::to_string(counter++) + "-" + tag;
+  // Unique within this process; anything already there was left by an earlier process that
+  // had the same pid (a daemon would append to its log, and a test read both runs' lines).
+  std::error_code ec;
+  std::filesystem::remove_all(path, ec);
+  return path;
 }
 
 std::string read_file(const std::string& path) {

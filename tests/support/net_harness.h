@@ -259,7 +259,9 @@ ChildResult run_child(const std::map<std::string, std::string>& env, const std::
 void fill_pattern(void* buf, size_t n, uint64_t seed);
 long long check_pattern(const void* buf, size_t n, uint64_t seed);
 
-// Temporary file path unique to this process and tag (under $TMPDIR or /tmp).
+// Temporary file path unique to this process and tag (under $TMPDIR or /tmp). Nothing is
+// there when it returns: what an earlier process with the same pid left is removed. Any
+// thread.
 std::string temp_path(const std::string& tag);
 std::string read_file(const std::string& path);
 int count_lines_containing(const std::string& text, const std::string& needle);
