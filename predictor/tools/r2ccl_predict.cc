@@ -845,6 +845,10 @@ int run_info(const Options& o) {
         m.baseline.rise_least, m.baseline.rise_lag, m.baseline.rise_ratio, m.baseline.rise_level);
   else
     printf("baseline rise rule: off\n");
+  const std::string note =
+      baseline_window_note(m.baseline, static_cast<int>(m.window),
+                           "the file's window of " + std::to_string(m.window) + " samples");
+  if (!note.empty()) printf("note: %s\n", note.c_str());
   printf("metadata: %s\n", m.metadata.c_str());
   return 0;
 }

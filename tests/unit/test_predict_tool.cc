@@ -1,7 +1,10 @@
 // r2ccl_predict from the command line: features and labels for training, replay and live
 // output, and clear errors (exit 1) for bad traces and bad weights, exit 3 for usage.
+#include <zlib.h>
 #include <catch2/catch.hpp>
+
 #include <cstdio>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -98,6 +101,26 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
   CHECK_THAT(out, Catch::Contains("checksum mismatch"));
   write(dir + "/short.bin", good.substr(0, good.size() / 2));
   CHECK(run("--info --model " + dir + "/short.bin", &out) == 1);
+  // --info prints the rise rule, and says when the file's own window is too short for it:
+  // lag 20 needs 41 samples of the 24 (the lag is the f32 after the thresholds and k, at byte
+  // 8 + 20 + 4 + 2 x 4 x 11 + 16 + 4 = 140; the CRC-32 of the bytes before it ends the file).
+  CHECK(run("--info --model " + std::string(kModel), &out) == 0);
+  CHECK_THAT(out, Catch::Contains("baseline rise rule: err_excess up >= ") &&
+                      !Catch::Contains("never fires"));
+  std::string lag20 = good;
+  float shipped_lag = 0;
+  std::memcpy(&shipped_lag, &good[140], 4);
+  REQUIRE(shipped_lag == static_cast<float>(r2ccl::predict::default_baseline().rise_lag));
+  const float twenty = 20;
+  std::memcpy(&lag20[140], &twenty, 4);
+  const uint32_t crc = static_cast<uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(lag20.data()), static_cast<uInt>(lag20.size() - 4)));
+  for (int i = 0; i < 4; ++i) lag20[lag20.size() - 4 + i] = static_cast<char>(crc >> (8 * i));
+  write(dir + "/lag20.bin", lag20);
+  CHECK(run("--info --model " + dir + "/lag20.bin", &out) == 0);
+  CHECK_THAT(out, Catch::Contains("last two 20-step intervals") &&
+                      Catch::Contains("note: the baseline's rise rule compares 41 samples; the "
+                                      "file's window of 24 samples keeps 24, so it never fires"));
   // Without --model, an unusable R2CCL_PREDICT_MODEL means the baseline, said so.
   write(dir + "/ok.csv", "t_s,rail,symbol_err\n0,a,1\n5,a,2\n");
   CHECK(run_command(
