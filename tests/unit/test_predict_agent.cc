@@ -126,19 +126,23 @@ TEST_CASE("agent: the baseline drains a rail whose errors climb, and returns it 
 }
 
 TEST_CASE("agent: a window shorter than the baseline's mean is said once", "[predict]") {
-  const std::string log = test::temp_path("agent-window.log");
-  std::string err;
-  REQUIRE(set_event_sink(log, &err));
   auto env = kFast;
   env["R2CCL_PREDICT_WINDOW"] = "600ms";  // 6 samples of 100 ms
   env["R2CCL_SYSFS_ROOT"] = temp_root("agent-window-sysfs");
-  const Config cfg = config_with(env);
-  Rig rig(env["R2CCL_SYSFS_ROOT"]);
-  rig.agent.init(cfg, rig.rails(), nullptr, "none");
   TimeUs now = 1000 * kUsPerSec;
-  for (int i = 0; i < 10; ++i, now += 100 * kUsPerMs) rig.step(now, NicRates{});
-  REQUIRE(set_event_sink("stderr", &err));
-  const std::string events = test::read_file(log);
+  // The event lines of an agent run for 10 samples with `env`.
+  auto events_of = [&](const std::string& tag) {
+    const std::string log = test::temp_path(tag);
+    std::string err;
+    REQUIRE(set_event_sink(log, &err));
+    const Config cfg = config_with(env);
+    Rig rig(env["R2CCL_SYSFS_ROOT"]);
+    rig.agent.init(cfg, rig.rails(), nullptr, "none");
+    for (int i = 0; i < 10; ++i, now += 100 * kUsPerMs) rig.step(now, NicRates{});
+    REQUIRE(set_event_sink("stderr", &err));
+    return test::read_file(log);
+  };
+  const std::string events = events_of("agent-window.log");
   INFO(events);
   REQUIRE(predict::default_baseline().steps > 6);
   CHECK_THAT(events, Catch::Contains("tuned on the mean of " +
@@ -147,31 +151,17 @@ TEST_CASE("agent: a window shorter than the baseline's mean is said once", "[pre
                                      "keeps 6, so it averages 6"));
   // The same when the LSTM was asked for (the default, both, asks for it too) and its weights
   // cannot be read: the baseline decides.
-  const std::string log2 = test::temp_path("agent-window-lstm.log");
-  REQUIRE(set_event_sink(log2, &err));
   env["R2CCL_PREDICT_DECIDER"] = "lstm";
-  const Config cfg2 = config_with(env);
-  Rig rig2(env["R2CCL_SYSFS_ROOT"]);
-  rig2.agent.init(cfg2, rig2.rails(), nullptr, "none");
-  for (int i = 0; i < 10; ++i, now += 100 * kUsPerMs) rig2.step(now, NicRates{});
-  REQUIRE(set_event_sink("stderr", &err));
-  const std::string events2 = test::read_file(log2);
+  const std::string events2 = events_of("agent-window-lstm.log");
   INFO(events2);
   CHECK(test::count_lines_containing(events2, "the threshold baseline decides instead") == 1);
   CHECK(test::count_lines_containing(events2, "tuned on the mean of") == 1);
   CHECK(test::count_lines_containing(events, "tuned on the mean of") == 1);
   // With readable weights under the default decider, both, the baseline still takes part:
   // said too, with its rise rule (the shipped one needs 9 samples; 6 kept).
-  const std::string log3 = test::temp_path("agent-window-both.log");
-  REQUIRE(set_event_sink(log3, &err));
   env["R2CCL_PREDICT_DECIDER"] = "both";
   env["R2CCL_PREDICT_MODEL"] = R2CCL_SOURCE_DIR "/predictor/model/r2ccl_lstm.bin";
-  const Config cfg3 = config_with(env);
-  Rig rig3(env["R2CCL_SYSFS_ROOT"]);
-  rig3.agent.init(cfg3, rig3.rails(), nullptr, "none");
-  for (int i = 0; i < 10; ++i, now += 100 * kUsPerMs) rig3.step(now, NicRates{});
-  REQUIRE(set_event_sink("stderr", &err));
-  const std::string events3 = test::read_file(log3);
+  const std::string events3 = events_of("agent-window-both.log");
   INFO(events3);
   CHECK(test::count_lines_containing(events3, "decides instead") == 0);
   CHECK(test::count_lines_containing(events3, "tuned on the mean of") == 1);
