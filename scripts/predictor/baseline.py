@@ -64,15 +64,23 @@ class BaselineParams:
                               np.asarray(w.rise, dtype=np.float32))
 
 
+def rail_order(rail: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """(order, pos): the rows grouped by rail, each rail's in array order, and each sorted
+    row's position within its rail (0 for a rail's first row)."""
+    n = rail.shape[0]
+    order = np.lexsort((np.arange(n), rail))
+    r = rail[order]
+    starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
+    pos = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
+    return order, pos
+
+
 def smoothed(x: np.ndarray, rail: np.ndarray, k: int) -> np.ndarray:
     """float32 [N, 4]: mean of the last min(k, rows so far) rows of features 0..3, per rail,
     rows of a rail in array order."""
     n = x.shape[0]
-    order = np.lexsort((np.arange(n), rail))
+    order, pos = rail_order(rail)
     xs = x[order, :4].astype(np.float64)
-    r = rail[order]
-    starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
-    pos = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
     c = np.cumsum(np.vstack([np.zeros((1, 4)), xs]), axis=0)
     kk = np.minimum(pos + 1, k)
     i = np.arange(n)
@@ -100,11 +108,8 @@ def rise_fires(x: np.ndarray, rail: np.ndarray, rise) -> np.ndarray:
     out = np.zeros(n, dtype=bool)
     if L <= 0 or n == 0:
         return out
-    order = np.lexsort((np.arange(n), rail))
-    r = rail[order]
+    order, pos = rail_order(rail)
     v = np.asarray(x[order, 0], dtype=np.float32)
-    starts = np.flatnonzero(np.r_[True, r[1:] != r[:-1]])
-    pos = np.arange(n) - np.repeat(starts, np.diff(np.r_[starts, n]))
     ok = pos >= 2 * L
     i = np.flatnonzero(ok)
     a, b, c = v[i], v[i - L], v[i - 2 * L]
