@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # bench_predict.sh - the failure predictor's costs (docs/BENCHMARKS.md, "Failure predictor"):
 #   1. the shipped weights file's size (budget: under 1 MB)
-#   2. inference per rail-sample: features + 24-step LSTM + baseline + decision, the median of
-#      5 runs of `r2ccl_predict --bench` (target: <= 50 us)
-#   3. one sampling round over 8 fake HCA ports (15 counter files each) + inference: what the
-#      node's sampler spends every R2CCL_PREDICT_INTERVAL
+#   2. inference per rail-sample with the LSTM (R2CCL_PREDICT_DECIDER both or lstm): features
+#      + 24-step LSTM + baseline + decision, the median of 5 runs of
+#      `r2ccl_predict --bench --decider both` (target: <= 50 us); and the same with the default
+#      decider, the baseline alone (no LSTM), the median of 5 runs
+#   3. one sampling round over 8 fake HCA ports (15 counter files each) + inference, each
+#      decider: what the node's sampler spends every R2CCL_PREDICT_INTERVAL
 #
 # USAGE
 #   bench_predict.sh [--build DIR]
@@ -44,13 +46,18 @@ for dev in 0 1 2 3 4 5 6 7; do
            out_of_buffer; do echo 7 > "$d/hw_counters/$c"; done
 done
 fail=0
-runs=()
-for i in 1 2 3 4 5; do
-  us=$("$TOOL" --bench --model "$MODEL" --quiet | sed -n 's/^inference: \([0-9.]*\) us.*/\1/p')
-  [ -n "$us" ] || fail=1
-  runs+=("$us")
+for decider in both baseline; do
+  runs=()
+  for i in 1 2 3 4 5; do
+    us=$("$TOOL" --bench --decider $decider --model "$MODEL" --quiet |
+         sed -n 's/^inference: \([0-9.]*\) us.*/\1/p')
+    [ -n "$us" ] || fail=1
+    runs+=("$us")
+  done
+  printf 'decider %s: inference per rail-sample, 5 runs (us): %s\n' $decider "${runs[*]}"
+  printf 'decider %s: median: %s us\n' $decider \
+         "$(printf '%s\n' "${runs[@]}" | sort -n | sed -n 3p)"
+  "$TOOL" --bench --decider $decider --model "$MODEL" --quiet --sysfs-root "$TREE" |
+    sed -n "s/^sampling round/decider $decider: sampling round/p" | grep . || fail=1
 done
-printf 'inference per rail-sample, 5 runs (us): %s\n' "${runs[*]}"
-printf 'median: %s us\n' "$(printf '%s\n' "${runs[@]}" | sort -n | sed -n 3p)"
-"$TOOL" --bench --model "$MODEL" --quiet --sysfs-root "$TREE" | grep '^sampling round' || fail=1
 exit $fail

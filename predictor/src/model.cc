@@ -59,7 +59,10 @@ float baseline_risk(const FeatureRow* rows, int n, const BaselineParams& p, floa
     if (n > 0 && t > 0 && std::isfinite(t)) {
       double sum = 0;
       for (int i = n - k; i < n; ++i) sum += rows[i][f];
-      r = static_cast<float>(sum / k) / t;
+      float level = static_cast<float>(sum / k);
+      // A rate that has fallen back judged at where it stands now (model.h).
+      if (f == kErrExcess) level = std::min(level, rows[n - 1][f]);
+      r = level / t;
     }
     if (ratio) ratio[f] = r;
     worst = std::max(worst, r);

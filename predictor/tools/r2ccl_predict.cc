@@ -858,7 +858,9 @@ int run_bench(const Options& o) {
   bool have = false;
   if (!get_model(o, &m, &have, true)) return 1;
   PredictorConfig cfg = config_of(o, &m);
-  RailPredictor p(cfg, &m, m.baseline);
+  // What --decider runs at every sample: the baseline alone skips the LSTM.
+  const Model* mp = o.decider == "baseline" ? nullptr : &m;
+  RailPredictor p(cfg, mp, m.baseline);
   Step s;
   s.dt_s = cfg.interval_s;
   s.speed_mbps = 400000;
@@ -881,9 +883,10 @@ int run_bench(const Options& o) {
   const double us =
       std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
   printf(
-      "inference: %.2f us per rail-sample (window %d steps, hidden %u; %d samples; "
-      "features + LSTM + baseline + decision; checksum %.3f)\n",
-      us / iters, cfg.window_steps, m.hidden, iters, sink / iters);
+      "inference: %.2f us per rail-sample (decider %s, window %d steps, hidden %u; %d samples; "
+      "features + %s + decision; checksum %.3f)\n",
+      us / iters, o.decider.c_str(), cfg.window_steps, m.hidden, iters,
+      mp ? "LSTM + baseline" : "baseline", sink / iters);
   if (o.sysfs_root == "/sys" && !o.bench_sysfs) return 0;
   // A whole sampling round over the rails of a (fake) sysfs tree: file reads + inference.
   const std::vector<RailSpec> rails = discover_rails(o.sysfs_root);
@@ -891,7 +894,7 @@ int run_bench(const Options& o) {
     fprintf(stderr, "r2ccl_predict: no rails under %s\n", o.sysfs_root.c_str());
     return 1;
   }
-  NodeSampler ns(o.sysfs_root, rails, cfg, &m, m.baseline);
+  NodeSampler ns(o.sysfs_root, rails, cfg, mp, m.baseline);
   std::vector<RailRisk> out;
   const int rounds = 2000;
   double t = 1000;

@@ -1,7 +1,8 @@
 """The threshold baseline (docs/PREDICTOR.md "Baseline") and its tuning.
 
 Risk of a rail at a scored row: over the mean of the last k raw (unnormalised) feature rows
-of features 0..3 (fewer rows so far: the mean of those there are),
+of features 0..3 (fewer rows so far: the mean of those there are), err_excess's mean capped
+at its value at the row (:func:`levels`),
 
     risk = min(1, 0.7 * max_i(mean_i / threshold_i))
 
@@ -90,6 +91,16 @@ def smoothed(x: np.ndarray, rail: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
+def levels(x: np.ndarray, rail: np.ndarray, k: int) -> np.ndarray:
+    """float32 [N, 4]: what the thresholds judge, :func:`smoothed` with err_excess (feature 0)
+    no higher than its value at the row itself: a burst that has fallen back under the
+    threshold does not drain a rail on the mean's memory of it, and a rising rate (above its
+    mean) is judged by the mean (model.cc, baseline_risk)."""
+    sm = smoothed(x, rail, k)
+    sm[:, 0] = np.minimum(sm[:, 0], np.asarray(x[:, 0], dtype=np.float32))
+    return sm
+
+
 def risk_from_smoothed(sm: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
     """float32 [N] risk from smoothed features [N, 4]."""
     t = np.asarray(thresholds, dtype=np.float32)
@@ -122,7 +133,7 @@ def rise_fires(x: np.ndarray, rail: np.ndarray, rise) -> np.ndarray:
 
 
 def risk(x: np.ndarray, rail: np.ndarray, params: BaselineParams) -> np.ndarray:
-    r = risk_from_smoothed(smoothed(x, rail, params.steps), params.thresholds)
+    r = risk_from_smoothed(levels(x, rail, params.steps), params.thresholds)
     return np.where(rise_fires(x, rail, params.rise), np.float32(1), r).astype(np.float32)
 
 
@@ -164,7 +175,7 @@ def tune(x: np.ndarray, rail: np.ndarray, label: np.ndarray,
     y = label.astype(bool)
     best: Tuple[float, Optional[BaselineParams]] = (-1.0, None)
     for k in ks:
-        sm = smoothed(x, rail, k)
+        sm = levels(x, rail, k)
         for start in range(4):
             th = np.full(4, np.inf)
             th[start], _ = _best_cut(sm[:, start], y, np.zeros_like(y))
@@ -204,7 +215,7 @@ def tune_events(fs, start: BaselineParams, policy, max_false_per_week: float = 1
     (the F1-tuned thresholds) and keeps its k."""
     import metrics  # here: metrics imports features, which this module does not need
 
-    sm = smoothed(fs.x, fs.rail, start.steps)
+    sm = levels(fs.x, fs.rail, start.steps)
     fires = rise_fires(fs.x, fs.rail, start.rise)  # start's rise rule stays as it is
 
     def score(th: np.ndarray) -> Tuple[Tuple[float, float], Dict[str, object]]:
@@ -256,7 +267,7 @@ def choose_rise(heldout, params: BaselineParams, policy, max_false_per_week: flo
     Returns the params and a summary (the chosen rule and both outcomes)."""
     import metrics  # here: metrics imports features, which this module does not need
 
-    base = risk_from_smoothed(smoothed(heldout.x, heldout.rail, params.steps), params.thresholds)
+    base = risk_from_smoothed(levels(heldout.x, heldout.rail, params.steps), params.thresholds)
     off = metrics.drain_outcomes(heldout, base, policy)
     limit = max(max_false_per_week, off["false_per_rail_week"])
     best = (off["warned"], -off["false_per_rail_week"])

@@ -316,6 +316,25 @@ class Baseline(unittest.TestCase):
         r = baseline.risk(x, rail, p)
         np.testing.assert_allclose(r, [0.175, 0.35, 0.7, 1.0], rtol=1e-6)
 
+    def test_err_excess_judged_where_it_stands(self):
+        # err_excess (feature 0) on two interleaved rails: a burst falling back and a rise.
+        burst, rise = [0, 0, 5, 5, 3, 1], [1, 2, 2.5, 3, 3, 3]
+        x = np.zeros((12, features.N_FEATURES), dtype=np.float32)
+        x[0::2, 0], x[1::2, 0] = burst, rise
+        x[0::2, 2] = [6, 0, 0, 0, 0, 0]  # link events: the mean, whatever the last row is
+        rail = np.tile(np.array([0, 1], np.int32), 6)
+        lv = baseline.levels(x, rail, 6)
+        sm = baseline.smoothed(x, rail, 6)
+        self.assertAlmostEqual(float(sm[10, 0]), 14 / 6, places=5)  # the burst's mean ...
+        self.assertEqual(float(lv[10, 0]), 1.0)                     # ... capped at its last row
+        self.assertAlmostEqual(float(lv[11, 0]), 14.5 / 6, places=5)  # rising: the mean
+        np.testing.assert_array_equal(lv[:, 1:], sm[:, 1:])
+        self.assertEqual(float(lv[10, 2]), 1.0)
+        p = baseline.BaselineParams(np.array([2.0, np.inf, np.inf, np.inf], np.float32), 6)
+        r = baseline.risk(x, rail, p)
+        self.assertAlmostEqual(float(r[10]), 0.35, places=6)
+        self.assertAlmostEqual(float(r[11]), 0.7 * (14.5 / 6) / 2, places=6)
+
     def test_rise_rule(self):
         # Two rails interleaved row by row: the rule looks at each rail's own rows.
         creep = [0.125 * i for i in range(13)]              # rises 0.5 and 0.5 at row 12
@@ -665,8 +684,8 @@ class BaselineBudget(unittest.TestCase):
         self.assertTrue(b["heldout"]["met"])
         text = train.header_text(bl, ev, policy, b)
         self.assertIn("Training budget 0.5 false drains per rail-week", text)
-        self.assertIn("the largest that kept them at or under\n// the target (1 per rail-week)",
-                      text)
+        self.assertIn("the largest that kept them at or under\n// 1 per rail-week "
+                      "(--heldout-max-false-per-week)", text)
         self.assertIn("constexpr float kBaselineThreshold[4] = {", text)
         self.assertNotRegex(text, r"[{ ]\d+f")  # every literal a valid float: 4.0f, not 4f
         # No budget meets it (only 1 tried): every threshold is raised together by the least

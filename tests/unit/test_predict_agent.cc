@@ -149,16 +149,16 @@ TEST_CASE("agent: a window shorter than the baseline's mean is said once", "[pre
                                      std::to_string(predict::default_baseline().steps) +
                                      " samples; R2CCL_PREDICT_WINDOW / R2CCL_PREDICT_INTERVAL "
                                      "keeps 6, so it averages 6"));
-  // The same when the LSTM was asked for (the default, both, asks for it too) and its weights
-  // cannot be read: the baseline decides.
+  // The same when the LSTM was asked for (both asks for it too) and its weights cannot be
+  // read: the baseline decides.
   env["R2CCL_PREDICT_DECIDER"] = "lstm";
   const std::string events2 = events_of("agent-window-lstm.log");
   INFO(events2);
   CHECK(test::count_lines_containing(events2, "the threshold baseline decides instead") == 1);
   CHECK(test::count_lines_containing(events2, "tuned on the mean of") == 1);
   CHECK(test::count_lines_containing(events, "tuned on the mean of") == 1);
-  // With readable weights under the default decider, both, the baseline still takes part:
-  // said too, with its rise rule (the shipped one needs 9 samples; 6 kept).
+  // With readable weights under the decider both, the baseline still takes part: said too,
+  // with its rise rule (the shipped one needs 9 samples; 6 kept).
   env["R2CCL_PREDICT_DECIDER"] = "both";
   env["R2CCL_PREDICT_MODEL"] = R2CCL_SOURCE_DIR "/predictor/model/r2ccl_lstm.bin";
   const std::string events3 = events_of("agent-window-both.log");

@@ -128,9 +128,12 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
             &out) == 0);
   CHECK_THAT(out, Catch::Contains("the threshold baseline decides"));
   CHECK_THAT(out, Catch::Contains("summary (baseline decides; drain at risk"));
-  // With the weights, the default decider (both) says what decides, and so do the others.
+  // With the weights, the default decider (the baseline, with the file's thresholds) says
+  // what decides, and so do the others.
   CHECK(run("--replay " + dir + "/ok.csv --model " + kModel, &out) == 0);
-  CHECK_THAT(out, Catch::Contains("summary (both (the baseline raised by the LSTM up to"));
+  CHECK_THAT(out, Catch::Contains("summary (baseline decides;"));
+  CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --decider both", &out) == 0);
+  CHECK_THAT(out, Catch::Contains("summary (both (the baseline raised by the LSTM up to 1.2 x"));
   CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --decider lstm", &out) == 0);
   CHECK_THAT(out, Catch::Contains("summary (LSTM decides;"));
   CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --decider both --lstm-cap 2",

@@ -1038,6 +1038,52 @@ TEST_CASE("baseline risk and the drain hysteresis", "[predictor]") {
   CHECK_FALSE(a.drain);
 }
 
+TEST_CASE("baseline: err_excess counts where it stands now, not the mean's memory of a burst",
+          "[predictor]") {
+  BaselineParams bp;
+  bp.threshold[kErrExcess] = 2.0f;
+  bp.threshold[kLinkEvents] = 1.0f;
+  bp.steps = 6;
+  FeatureRow rows[6] = {};
+  // A burst that has fallen back: mean 14 / 6 = 2.33 (risk 0.82 on the mean), now 1.
+  const float burst[6] = {0, 0, 5, 5, 3, 1};
+  for (int i = 0; i < 6; ++i) rows[i][kErrExcess] = burst[i];
+  float ratio[4];
+  CHECK(baseline_risk(rows, 6, bp, ratio) == Approx(0.7 * 1.0 / 2.0));
+  CHECK(ratio[kErrExcess] == Approx(0.5));
+  // A rising rate, above its mean now: judged by the mean, (1 + 2 + 2.5 + 3 + 3 + 3) / 6.
+  const float rising[6] = {1, 2, 2.5f, 3, 3, 3};
+  for (int i = 0; i < 6; ++i) rows[i][kErrExcess] = rising[i];
+  CHECK(baseline_risk(rows, 6, bp) == Approx(0.7 * (14.5 / 6) / 2.0));
+  // Only err_excess: the link events' mean counts whatever the last row shows.
+  for (auto& r : rows) r[kErrExcess] = 0;
+  rows[0][kLinkEvents] = 6;
+  CHECK(baseline_risk(rows, 6, bp) == Approx(0.7));
+
+  // Through RailPredictor: symbol errors at 1/s (the floor) for 5 minutes, then at 2000/s.
+  // Held for 25 s and back to 1/s, the mean over 2 minutes crosses the threshold only after
+  // the rate fell: the rail is not drained. Held for 3 minutes, it is.
+  BaselineParams rp;
+  rp.threshold[kErrExcess] = 1.0f;
+  rp.steps = 24;
+  PredictorConfig cfg;
+  cfg.window_steps = 24;
+  auto drained = [&](int burst_samples) {
+    RailPredictor p(cfg, nullptr, rp);
+    Assessment a;
+    bool any = false;
+    for (int i = 0; i < 120; ++i) {
+      Step st;
+      st.dt_s = 5;
+      st.d[kSymbolErr] = i >= 60 && i < 60 + burst_samples ? 10000 : 5;
+      if (p.update(st, &a)) any = any || a.drain;
+    }
+    return any;
+  };
+  CHECK_FALSE(drained(5));  // on the 2-minute mean alone, drained from 5 samples on
+  CHECK(drained(36));
+}
+
 namespace {
 // The baseline's rise rule: lag (rows), least rise, ratio, level (model.h BaselineParams).
 void set_rise(BaselineParams* p, int lag, float least, float ratio, float level) {
@@ -1375,14 +1421,14 @@ TEST_CASE("decider both: the LSTM raises the baseline's risk, at most lstm_cap t
   CHECK(std::string(source_name(Source::kBoth)) == "both");
 }
 
-TEST_CASE("decider both is the parameter table's default, with R2CCL_PREDICT_LSTM_CAP",
+TEST_CASE("the baseline is the parameter table's default decider; both uses R2CCL_PREDICT_LSTM_CAP",
           "[predictor]") {
   r2ccl::Config c = r2ccl::default_config();
-  CHECK(c.predict_decider == "both");
-  CHECK(predictor_config_from(c).lstm_cap == Approx(1.4));
-  c.predict_decider = "lstm";
+  CHECK(c.predict_decider == "baseline");
   CHECK(predictor_config_from(c).lstm_cap == 0);
-  c.predict_decider = "baseline";
+  c.predict_decider = "both";
+  CHECK(predictor_config_from(c).lstm_cap == Approx(1.2));
+  c.predict_decider = "lstm";
   CHECK(predictor_config_from(c).lstm_cap == 0);
 }
 

@@ -209,13 +209,15 @@ struct ParamDef {
     "down is held (a link that went down is the likeliest to go down again; docs/PREDICTOR.md " \
     "\"In the plugin\"); 2: a single down returns as soon as the link is back and "             \
     "its risk is low.")                                                                         \
-  X(predict_decider, "R2CCL_PREDICT_DECIDER", kString, "both", 0, 0, nullptr,                   \
-    "Whose risk drains rails: both (the baseline, raised by the LSTM up to "                    \
-    "R2CCL_PREDICT_LSTM_CAP times its own risk), baseline (the threshold rules alone) or lstm " \
-    "(the weights file alone). Without a readable weights file the baseline decides. both "     \
-    "warns more failures than the baseline alone at about the same false drains "               \
-    "(docs/PREDICTOR.md \"Deciders\").")                                                        \
-  X(predict_lstm_cap, "R2CCL_PREDICT_LSTM_CAP", kDouble, "1.4", 1, 100, nullptr,                \
+  X(predict_decider, "R2CCL_PREDICT_DECIDER", kString, "baseline", 0, 0, nullptr,               \
+    "Whose risk drains rails: baseline (the threshold rules and the rise rule: built in, or "   \
+    "those R2CCL_PREDICT_MODEL's file carries), both (the baseline, raised by the LSTM up "     \
+    "to R2CCL_PREDICT_LSTM_CAP times its own risk) or lstm (the weights file alone). The "      \
+    "LSTM alone does not beat the baseline. both ties it on the frozen evaluation set and "     \
+    "warns 1-2 % more failures on our own traces at the same false drains, for 12 us of "       \
+    "inference per rail-sample (docs/PREDICTOR.md \"Deciders\"). With both or lstm and no "     \
+    "readable weights file, the baseline decides.")                                             \
+  X(predict_lstm_cap, "R2CCL_PREDICT_LSTM_CAP", kDouble, "1.2", 1, 100, nullptr,                \
     "R2CCL_PREDICT_DECIDER=both: the LSTM's risk counts up to this many times the baseline's, " \
     "so it drains a rail only where the baseline's risk is at least "                           \
     "R2CCL_PREDICT_THRESHOLD / this. 1: the baseline alone; larger caps tend to the higher "    \
