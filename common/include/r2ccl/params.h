@@ -193,7 +193,7 @@ struct ParamDef {
   X(predict_enter_samples, "R2CCL_PREDICT_ENTER_SAMPLES", kInt, "3", 1, 100000, nullptr,        \
     "Consecutive samples at or above R2CCL_PREDICT_THRESHOLD before a rail is drained: one "    \
     "high sample never drains by itself. Below 3, the baseline's rise rule also drains on the " \
-    "1-2 samples an error burst's start gives it (our held-out seed 3: 8.1 false drains per "   \
+    "1-2 samples an error burst's start gives it (our held-out seed 3: 7.6 false drains per "   \
     "rail-week at 2, 1.6 at 3).")                                                               \
   X(predict_max_drains_per_hour, "R2CCL_PREDICT_MAX_DRAINS_PER_HOUR", kInt, "2", 0, 100000,     \
     nullptr,                                                                                    \
