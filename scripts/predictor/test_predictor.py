@@ -4,6 +4,8 @@ scripts/predictor -p 'test_*.py'). Torch-dependent tests skip without torch."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import math
 import os
 import re
@@ -733,6 +735,17 @@ class BaselineBudget(unittest.TestCase):
         with self.assertRaises(ValueError):
             train.parse_budgets("1,x")
         self.assertEqual(train.parse_budgets("0, 1,0.5"), [1.0, 0.5, 0.0])
+        # The false-drain limits are refused, naming the option, unless finite and >= 0;
+        # checked before any trace is read.
+        for opt, bad in (("--heldout-max-false-per-week", "nan"),
+                         ("--heldout-max-false-per-week", "-0.5"),
+                         ("--max-false-per-week", "inf")):
+            err = io.StringIO()
+            with self.assertRaises(SystemExit) as cm, contextlib.redirect_stderr(err):
+                train.main(["--train", "/nonexistent.csv", opt, bad])
+            self.assertEqual(cm.exception.code, 2)
+            self.assertIn(f"{opt} ", err.getvalue())
+            self.assertIn("need a finite number >= 0", err.getvalue())
 
 
 class DrainOutcomesMatchTheTool(unittest.TestCase):

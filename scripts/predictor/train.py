@@ -19,12 +19,14 @@ Pipeline (docs/PREDICTOR.md "Training"):
      then k is chosen again for the drain decisions (choose_event_k: 1, 3, 6, 12 or 24 rows,
      the most failures warned within the largest budget) and each threshold is scaled
      (baseline.tune_events) for the drain decisions at --policy-threshold / --policy-enter:
-     the most failures warned with at most B false drains per healthy training rail-week. B is --max-false-per-week; with --heldout, B is
-     the largest of --baseline-budgets whose thresholds keep the HELD-OUT traces at or under
-     --heldout-max-false-per-week (0.7: under the target, HELDOUT_MAX_FALSE; thresholds that
-     just meet the target on the training traces exceed it on wider ones); when none does, the smallest budget's thresholds raised
-     together by the least factor (HELDOUT_MARGINS, 1.1 to 3) that does while still warning
-     at least MARGIN_MIN_WARNED (half) of the held-out failures the unraised ones warned;
+     the most failures warned with at most B false drains per healthy training rail-week.
+     B is --max-false-per-week; with --heldout, B is the largest of --baseline-budgets whose
+     thresholds keep the HELD-OUT traces at or under --heldout-max-false-per-week (0.7:
+     under the target, HELDOUT_MAX_FALSE; thresholds that just meet the target on the
+     training traces exceed it on wider ones); when none does, the smallest budget's
+     thresholds raised together by the least factor (HELDOUT_MARGINS, 1.1 to 3) that does
+     while still warning at least MARGIN_MIN_WARNED (half) of the held-out failures the
+     unraised ones warned;
      then, with --heldout, the baseline's rise rule (baseline.choose_rise, RISE_GRID): the
      one that warns the most held-out failures at no more than --heldout-max-false-per-week
      false drains per rail-week there (or no more than the thresholds alone where they already
@@ -352,6 +354,11 @@ def main(argv=None) -> int:
         budgets = parse_budgets(args.baseline_budgets)
     except ValueError as e:
         ap.error(str(e))
+    for name in ("max_false_per_week", "heldout_max_false_per_week"):
+        v = getattr(args, name)
+        if not (math.isfinite(v) and v >= 0):
+            ap.error(f"--{name.replace('_', '-')} {v:g}: need a finite number >= 0 (false "
+                     "drains per healthy rail-week)")
 
     t_start = time.time()
     import torch  # imported late: --help works without torch
