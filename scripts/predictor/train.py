@@ -331,8 +331,8 @@ def main(argv=None) -> int:
                                       "set): chooses the baseline's training budget (step 6)")
     ap.add_argument("--heldout-max-false-per-week", type=float, default=HELDOUT_MAX_FALSE,
                     help="with --heldout: the false drains per held-out rail-week the budget "
-                         "and the rise rule are chosen at (default %(default)g: under the 1 "
-                         "aimed at, see HELDOUT_MAX_FALSE)")
+                         "and the rise rule are chosen at, a finite number >= 0 (default "
+                         "%(default)g: under the 1 aimed at, see HELDOUT_MAX_FALSE)")
     ap.add_argument("--baseline-budgets", default="1,0.5,0.3,0.1,0",
                     help="with --heldout: training false drains per rail-week to try for the "
                          "baseline, comma list (default %(default)s)")
