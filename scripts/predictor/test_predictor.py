@@ -20,6 +20,7 @@ import numpy as np
 import baseline
 import features
 import gen_traces
+import issue_scenarios
 import lstm_ref
 import metrics
 import tracefile
@@ -746,6 +747,31 @@ class BaselineBudget(unittest.TestCase):
             self.assertEqual(cm.exception.code, 2)
             self.assertIn(f"{opt} ", err.getvalue())
             self.assertIn("need a finite number >= 0", err.getvalue())
+
+
+class IssueScenarios(unittest.TestCase):
+    def test_the_issues_scenarios_as_a_trace(self):
+        # issue_scenarios.py writes a trace the reader takes: 10 rails of each of 6 kinds, one
+        # failure (a link 1 -> 0) on each creep, storm and sudden rail and none elsewhere, and
+        # the creep's rate doubling each minute before it.
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "issue.csv")
+            with contextlib.redirect_stderr(io.StringIO()):
+                self.assertEqual(issue_scenarios.main(["--out", path, "--seed", "3"]), 0)
+            tr = tracefile.read_trace(path)
+        self.assertEqual(len(tr.rails), 60)
+        sym = tracefile.COUNTERS.index("symbol_err")
+        for r, name in enumerate(tr.rails):
+            rows = np.flatnonzero(tr.rail == r)
+            link = tr.link[rows]
+            downs = int(np.sum(link[:-1] & ~link[1:]))
+            kind = name.split("-", 1)[1]
+            self.assertEqual(downs, 1 if kind in ("creep", "storm", "sudden") else 0, name)
+            self.assertEqual(tr.scenarios[int(tr.scenario[rows[0]])], kind)
+            if kind == "creep":
+                up = rows[link]
+                d = np.diff(tr.values[up, sym].astype(np.float64))
+                self.assertGreater(d[-12:].mean(), 50 * d[:60].mean(), name)
 
 
 class DrainOutcomesMatchTheTool(unittest.TestCase):
