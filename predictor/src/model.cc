@@ -53,15 +53,21 @@ float baseline_risk(const FeatureRow* rows, int n, const BaselineParams& p, floa
                     bool* rising) {
   float worst = 0;
   const int k = std::max(1, std::min(n, p.steps));
+  float mean[4] = {};
+  for (int f = 0; f < 4 && n > 0; ++f) {
+    double sum = 0;
+    for (int i = n - k; i < n; ++i) sum += rows[i][f];
+    mean[f] = static_cast<float>(sum / k);
+  }
+  // A rate below its own mean is falling back: it, and the slope of its rise, are judged at
+  // where they stand now (model.h).
+  const bool falling = n > 0 && rows[n - 1][kErrExcess] < mean[kErrExcess];
   for (int f = 0; f < 4; ++f) {
     float r = 0;
     const float t = p.threshold[f];
     if (n > 0 && t > 0 && std::isfinite(t)) {
-      double sum = 0;
-      for (int i = n - k; i < n; ++i) sum += rows[i][f];
-      float level = static_cast<float>(sum / k);
-      // A rate that has fallen back judged at where it stands now (model.h).
-      if (f == kErrExcess) level = std::min(level, rows[n - 1][f]);
+      float level = mean[f];
+      if (f == kErrExcess || (f == kErrSlope && falling)) level = std::min(level, rows[n - 1][f]);
       r = level / t;
     }
     if (ratio) ratio[f] = r;

@@ -95,9 +95,14 @@ def levels(x: np.ndarray, rail: np.ndarray, k: int) -> np.ndarray:
     """float32 [N, 4]: what the thresholds judge, :func:`smoothed` with err_excess (feature 0)
     no higher than its value at the row itself: a burst that has fallen back under the
     threshold does not drain a rail on the mean's memory of it, and a rising rate (above its
-    mean) is judged by the mean (model.cc, baseline_risk)."""
+    mean) is judged by the mean. At rows where err_excess stands below its mean (falling
+    back), err_slope (feature 1) is no higher than its value at the row either: its mean still
+    holds the burst's rise (model.cc, baseline_risk)."""
     sm = smoothed(x, rail, k)
-    sm[:, 0] = np.minimum(sm[:, 0], np.asarray(x[:, 0], dtype=np.float32))
+    now = np.asarray(x[:, :2], dtype=np.float32)
+    falling = now[:, 0] < sm[:, 0]
+    sm[:, 0] = np.minimum(sm[:, 0], now[:, 0])
+    sm[:, 1] = np.where(falling, np.minimum(sm[:, 1], now[:, 1]), sm[:, 1])
     return sm
 
 

@@ -338,6 +338,27 @@ class Baseline(unittest.TestCase):
         self.assertAlmostEqual(float(r[10]), 0.35, places=6)
         self.assertAlmostEqual(float(r[11]), 0.7 * (14.5 / 6) / 2, places=6)
 
+    def test_err_slope_judged_where_it_stands_while_falling(self):
+        # Two interleaved rails with the same err_slope (feature 1): a rise, then level.
+        # On rail 0 err_excess falls back at the end (below its mean); on rail 1 it keeps
+        # rising (above its mean).
+        slope = [0, 4, 4, 1, 0, 0]
+        x = np.zeros((12, features.N_FEATURES), dtype=np.float32)
+        x[0::2, 0], x[1::2, 0] = [0, 2, 4, 4, 3, 1], [0, 1, 2, 3, 4, 5]
+        x[0::2, 1], x[1::2, 1] = slope, slope
+        rail = np.tile(np.array([0, 1], np.int32), 6)
+        lv = baseline.levels(x, rail, 6)
+        sm = baseline.smoothed(x, rail, 6)
+        self.assertAlmostEqual(float(sm[10, 1]), 1.5, places=6)  # the slope's mean, rail 0 ...
+        self.assertEqual(float(lv[10, 1]), 0.0)                  # ... falling: where it stands
+        self.assertAlmostEqual(float(lv[11, 1]), 1.5, places=6)  # rail 1, rising: the mean
+        # Rail 0 at row 6 (its 4th row, err_excess 4 over a mean of 2.5): not falling.
+        self.assertAlmostEqual(float(lv[6, 1]), float(sm[6, 1]), places=6)
+        p = baseline.BaselineParams(np.array([np.inf, 1.0, np.inf, np.inf], np.float32), 6)
+        r = baseline.risk(x, rail, p)
+        self.assertEqual(float(r[10]), 0.0)
+        self.assertEqual(float(r[11]), 1.0)
+
     def test_rise_rule(self):
         # Two rails interleaved row by row: the rule looks at each rail's own rows.
         creep = [0.125 * i for i in range(13)]              # rises 0.5 and 0.5 at row 12
@@ -747,6 +768,15 @@ class BaselineBudget(unittest.TestCase):
             self.assertEqual(cm.exception.code, 2)
             self.assertIn(f"{opt} ", err.getvalue())
             self.assertIn("need a finite number >= 0", err.getvalue())
+        # tune_policy.py chooses at the same limit by default, and refuses the same values.
+        import tune_policy
+        self.assertEqual(train.HELDOUT_MAX_FALSE, metrics.HELDOUT_MAX_FALSE)
+        err = io.StringIO()
+        with self.assertRaises(SystemExit) as cm, contextlib.redirect_stderr(err):
+            tune_policy.main(["--model", "/nonexistent.bin", "--heldout", "/nonexistent.csv",
+                              "--max-false-per-week", "-1"])
+        self.assertEqual(cm.exception.code, 2)
+        self.assertIn("--max-false-per-week -1: need a finite number >= 0", err.getvalue())
 
 
 class IssueScenarios(unittest.TestCase):

@@ -1084,6 +1084,31 @@ TEST_CASE("baseline: err_excess counts where it stands now, not the mean's memor
   CHECK(drained(36));
 }
 
+TEST_CASE("baseline: err_slope counts where it stands while err_excess falls back", "[predictor]") {
+  BaselineParams bp;
+  bp.threshold[kErrSlope] = 1.0f;
+  bp.steps = 6;
+  FeatureRow rows[6] = {};
+  // The same slope on both rails: a rise, then level. Mean 9 / 6 = 1.5 (risk 1 on the mean).
+  const float slope[6] = {0, 4, 4, 1, 0, 0};
+  for (int i = 0; i < 6; ++i) rows[i][kErrSlope] = slope[i];
+  // err_excess fallen back below its mean (14 / 6): the slope counts at its latest row, 0.
+  const float fell[6] = {0, 2, 4, 4, 3, 1};
+  for (int i = 0; i < 6; ++i) rows[i][kErrExcess] = fell[i];
+  float ratio[4];
+  CHECK(baseline_risk(rows, 6, bp, ratio) == 0.0f);
+  CHECK(ratio[kErrSlope] == 0.0f);
+  // err_excess still rising (above its mean): the slope's mean, as before.
+  for (int i = 0; i < 6; ++i) rows[i][kErrExcess] = static_cast<float>(i);
+  CHECK(baseline_risk(rows, 6, bp, ratio) == 1.0f);
+  CHECK(ratio[kErrSlope] == Approx(1.5));
+  // Falling back, but the slope's latest row above its mean: the mean (the lower of the two).
+  for (int i = 0; i < 6; ++i) rows[i][kErrExcess] = fell[i];
+  rows[5][kErrSlope] = 3;  // mean 12 / 6 = 2
+  CHECK(baseline_risk(rows, 6, bp, ratio) == 1.0f);
+  CHECK(ratio[kErrSlope] == Approx(2.0));
+}
+
 namespace {
 // The baseline's rise rule: lag (rows), least rise, ratio, level (model.h BaselineParams).
 void set_rise(BaselineParams* p, int lag, float least, float ratio, float level) {

@@ -27,7 +27,9 @@ constexpr size_t kModelMaxBytes = 1024 * 1024;  // the issue's budget: under 1 M
 // min(1, 0.7 * max_i(mean_i / threshold_i)); a threshold <= 0 or not finite is unused.
 // err_excess (feature 0) counts at the lower of its mean and its latest value: a burst that
 // has fallen back under the threshold does not drain the rail on the mean's memory of it, and
-// a rising rate, whose latest value is above its mean, is judged by the mean as before.
+// a rising rate, whose latest value is above its mean, is judged by the mean as before. While
+// err_excess stands below its mean (falling back), err_slope (feature 1) counts the same way:
+// the mean of a slope still holds the burst's rise for a window after the rate turned down.
 // The rise rule (rise_lag > 0) makes the risk 1 at a row whose err_excess (feature 0, a log
 // rate over the rail's own floor) rose over each of the last two rise_lag-row intervals by at
 // least rise_least, the later rise at least rise_ratio times the earlier, and is rise_level or
