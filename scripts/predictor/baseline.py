@@ -2,7 +2,8 @@
 
 Risk of a rail at a scored row: over the mean of the last k raw (unnormalised) feature rows
 of features 0..3 (fewer rows so far: the mean of those there are), err_excess's mean capped
-at its value at the row (:func:`levels`),
+at its value at the row, and err_slope's too where err_excess stands below its mean
+(:func:`levels`),
 
     risk = min(1, 0.7 * max_i(mean_i / threshold_i))
 
