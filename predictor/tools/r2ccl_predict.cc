@@ -10,10 +10,11 @@
 //   r2ccl_predict --features TRACE --out DIR [--horizon SEC]
 //       the feature rows, labels and failure events of a trace as .npy files, for training
 //   r2ccl_predict --evaluate TRACE [--model FILE] [--min-lead SEC] [--lead-window SEC]
+//                            [--events-out CSV]
 //       event level, for each decider (the LSTM alone, the baseline alone, both): failures
 //       warned (and lead times), false drains per healthy rail-week (also by error floor),
 //       early drains and the share of rail-time drained; then sample-level precision, recall
-//       and F1
+//       and F1. --events-out lists every failure and every drain no failure followed
 //   r2ccl_predict --info [--model FILE]      the weights file's shape and metadata
 //   r2ccl_predict --bench [--model FILE]     inference cost per rail-sample
 //
@@ -24,12 +25,14 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <array>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -57,6 +60,7 @@ struct Options {
   int return_samples = 0, enter_samples = 0, max_drains_per_hour = 0, down_hold_after = 0;
   double down_hold_s = 0;
   double min_lead_s = 30, lead_window_s = 1800;
+  std::string events_out;  // --evaluate: the per-event CSV
 };
 
 // "(default V, the plugin's NAME default; ...)" for an option's help.
@@ -455,9 +459,11 @@ struct Decider {
   std::vector<std::unique_ptr<RailPredictor>> p;
   RailSet set;
   std::vector<std::vector<double>> drain_at;  // per rail: when each drain began
+  std::vector<std::vector<std::string>> why;  // per rail, per drain: its DRAIN line's reason
   std::vector<double> drain_since;            // per rail: start of the drain in progress, or -1
   std::vector<std::vector<double>> lead;      // per rail, per failure: lead, or -1 (not drained)
-  double drained_s = 0;                       // link-up rail-time spent drained, all rails
+  std::vector<std::vector<std::string>> lead_why;  // per rail, per failure: that drain's reason
+  double drained_s = 0;                            // link-up rail-time spent drained, all rails
 };
 
 // --evaluate's deciders, in its tables' order.
@@ -470,6 +476,15 @@ struct Tally {
   int false_drains = 0, bucket_drains[kBuckets] = {};
   int early_drains = 0;  // on failing rails, not followed by a failure within --lead-window
 };
+
+// --events-out: a CSV field, quoted (RFC 4180) where it holds a comma, a quote or a newline.
+std::string csv_field(const std::string& v) {
+  if (v.find_first_of(",\"\n\r") == std::string::npos) return v;
+  std::string q = "\"";
+  for (char c : v) q += c == '"' ? std::string("\"\"") : std::string(1, c);
+  return q + "\"";
+}
+constexpr const char* kEventsHeader = "decider,event,outcome,rail,scenario,t_s,lead_s,floor,reason";
 
 }  // namespace eval
 
@@ -489,6 +504,17 @@ int run_evaluate(const Options& o) {
     fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
     return 1;
   }
+  // Opened before the trace is read, so that a path that cannot be written fails at once.
+  std::unique_ptr<FILE, int (*)(FILE*)> events(nullptr, fclose);
+  if (!o.events_out.empty()) {
+    events.reset(fopen(o.events_out.c_str(), "w"));
+    if (!events) {
+      fprintf(stderr, "r2ccl_predict: --events-out %s: cannot write it: %s\n", o.events_out.c_str(),
+              strerror(errno));
+      return 1;
+    }
+    fprintf(events.get(), "%s\n", kEventsHeader);
+  }
   struct Scored {
     int rail;
     double t;
@@ -507,8 +533,10 @@ int run_evaluate(const Options& o) {
       for (Decider& d : dec) {
         d.p.resize(r + 1);
         d.drain_at.resize(r + 1);
+        d.why.resize(r + 1);
         d.drain_since.resize(r + 1, -1);
         d.lead.resize(r + 1);
+        d.lead_why.resize(r + 1);
       }
     }
     Rail& rl = rails[r];
@@ -533,7 +561,11 @@ int run_evaluate(const Options& o) {
       Decider& d = dec[m];
       d.set.ensure(r, tr.rail_names()[r]);
       if (!d.p[r]) d.p[r] = std::make_unique<RailPredictor>(cfgs[m], models[m], model.baseline);
-      if (failed) d.lead[r].push_back(d.drain_since[r] >= 0 ? row.t_s - d.drain_since[r] : -1);
+      if (failed) {
+        const bool drained = d.drain_since[r] >= 0;
+        d.lead[r].push_back(drained ? row.t_s - d.drain_since[r] : -1);
+        d.lead_why[r].push_back(drained && !d.why[r].empty() ? d.why[r].back() : std::string());
+      }
       Assessment a;
       const bool scored = d.p[r]->update(row.step, &a, d.set.last_usable(r));
       d.set.set(r, row.link_up, d.p[r]->last().drain);
@@ -543,6 +575,8 @@ int run_evaluate(const Options& o) {
       if (a.transition > 0) {
         d.drain_since[r] = row.t_s;
         d.drain_at[r].push_back(row.t_s);
+        if (events)
+          d.why[r].push_back(a.down_hold_s > 0 ? down_hold_text(a) : d.p[r]->top_contributors(3));
       } else if (a.transition < 0) {
         d.drain_since[r] = -1;
       }
@@ -569,6 +603,9 @@ int run_evaluate(const Options& o) {
   auto is_sudden = [&](int sc) {
     return sc >= 0 && tr.scenarios()[static_cast<size_t>(sc)].rfind("sudden", 0) == 0;
   };
+  auto sc_name = [&](int sc) {
+    return sc >= 0 ? tr.scenarios()[static_cast<size_t>(sc)] : std::string("-");
+  };
   Tally tally[kDeciders];
   double healthy_s = 0, up_s = 0, bucket_s[kBuckets] = {};
   int healthy_rails = 0, bucket_rails[kBuckets] = {};
@@ -586,8 +623,26 @@ int run_evaluate(const Options& o) {
     for (int m = 0; m < kDeciders; ++m) {
       Tally& t = tally[m];
       const Decider& d = dec[m];
+      // One --events-out line: the rail's name, floor and (for a drain) scenario are its own.
+      auto event = [&](const char* what, const char* outcome, int sc, double at, double lead,
+                       const std::string& reason) {
+        if (!events) return;
+        char num[64];
+        snprintf(num, sizeof(num), "%.3f,", at);
+        std::string line = std::string(kDeciderNames[m]) + "," + what + "," + outcome + "," +
+                           csv_field(tr.rail_names()[r]) + "," + csv_field(sc_name(sc)) + "," + num;
+        if (lead >= 0) {
+          snprintf(num, sizeof(num), "%.3f", lead);
+          line += num;
+        }
+        line += "," + csv_field(kBucketNames[b]) + "," + csv_field(reason) + "\n";
+        fputs(line.c_str(), events.get());
+      };
       for (size_t f = 0; f < rl.fails.size(); ++f) {
         const double lead = d.lead[r][f];
+        const char* outcome = lead >= o.min_lead_s ? "warned" : lead >= 0 ? "late" : "missed";
+        event(is_sudden(rl.fail_scenario[f]) ? "sudden_failure" : "failure", outcome,
+              rl.fail_scenario[f], rl.fails[f], lead, d.lead_why[r][f]);
         if (is_sudden(rl.fail_scenario[f])) {
           ++t.sudden;
           t.sudden_warned += lead >= o.min_lead_s;
@@ -601,16 +656,20 @@ int run_evaluate(const Options& o) {
           ++t.late;
         }
       }
-      for (double s : d.drain_at[r]) {
+      for (size_t i = 0; i < d.drain_at[r].size(); ++i) {
+        const double s = d.drain_at[r][i];
+        const std::string& reason = i < d.why[r].size() ? d.why[r][i] : std::string();
         if (healthy) {
           ++t.false_drains;
           ++t.bucket_drains[b];
+          event("false_drain", "", rl.scenario, s, -1, reason);
           continue;
         }
         const bool explained = std::any_of(rl.fails.begin(), rl.fails.end(), [&](double tf) {
           return tf > s && tf <= s + o.lead_window_s;
         });
         t.early_drains += !explained;
+        if (!explained) event("early_drain", "", rl.scenario, s, -1, reason);
       }
     }
   }
@@ -667,9 +726,6 @@ int run_evaluate(const Options& o) {
     double up_s = 0;
   };
   std::map<std::string, PerScenario> by_sc;
-  auto sc_name = [&](int sc) {
-    return sc >= 0 ? tr.scenarios()[static_cast<size_t>(sc)] : std::string("-");
-  };
   for (size_t r = 0; r < rails.size(); ++r) {
     const Rail& rl = rails[r];
     PerScenario& ps = by_sc[sc_name(rl.scenario)];
@@ -1016,10 +1072,18 @@ int main(int argc, char** argv) {
                  "many seconds is early (default 1800)")
       ->check(number_in(1.0, 864000.0));
   app.add_flag("--quiet", o.quiet, "--replay: print only drains, returns and failures");
+  app.add_option("--events-out", o.events_out,
+                 "--evaluate: also write one CSV line per decider for every failure (warned, "
+                 "late or missed, the lead in seconds, the drain's reason) and every drain no "
+                 "failure followed (false on a healthy rail, early on a failing one; its reason "
+                 "and the rail's error floor); docs/PREDICTOR.md \"Event-level evaluation\"")
+      ->type_name("CSV");
   try {
     app.parse(argc, argv);
     if (!o.features.empty() && o.out.empty())
       throw CLI::ValidationError("--out", "--features needs --out DIR");
+    if (!o.events_out.empty() && o.evaluate.empty())
+      throw CLI::ValidationError("--events-out", "only with --evaluate");
     if (o.return_threshold > o.threshold)
       throw CLI::ValidationError("--return-threshold", "must be <= --threshold");
   } catch (const CLI::CallForHelp&) {

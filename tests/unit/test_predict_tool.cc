@@ -283,6 +283,35 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
   CHECK(per_week == Approx(168.0));  // 2 drains in 2 healthy rail-hours
   CHECK(early == 0);
   CHECK_THAT(out, Catch::Contains("\n0               2        2.0"));  // both healthy: floor 0
+  // --events-out: the same counts, one line per event, each with its rail, time and reason.
+  REQUIRE(
+      run("--evaluate " + dir + "/t.csv --model " + kModel + " --events-out " + dir + "/events.csv",
+          &out) == 0);
+  const std::string ev = read_file(dir + "/events.csv");
+  INFO(ev);
+  CHECK(ev.rfind("decider,event,outcome,rail,scenario,t_s,lead_s,floor,reason\n", 0) == 0);
+  CHECK(count_lines_containing(ev, "baseline,failure,warned,f1,creep,900.000,") == 1);
+  CHECK(count_lines_containing(ev, "baseline,sudden_failure,missed,s1,sudden-power,600.000,,0,") ==
+        1);
+  CHECK(count_lines_containing(ev, "baseline,false_drain,,h2,healthy-burst,") == 2);
+  CHECK(count_lines_containing(ev, ",h1,") == 0);  // quiet: nothing to list
+  CHECK(count_lines_containing(ev, ",early_drain,") == 0);
+  // The warned failure's lead is the one the table gives; its reason names the error
+  // counters, quoted (it holds commas).
+  const size_t w = ev.find("baseline,failure,warned,f1,creep,900.000,");
+  REQUIRE(w != std::string::npos);
+  const std::string wl = ev.substr(w, ev.find('\n', w) - w);
+  CHECK(std::stod(wl.substr(std::strlen("baseline,failure,warned,f1,creep,900.000,"))) ==
+        Approx(std::stod(lead)).margin(0.5));
+  CHECK_THAT(wl, Catch::Contains(",0,\"phy errors (symbol_err, "));
+  // Only with --evaluate; a path that cannot be written fails before the trace is read.
+  CHECK(run("--replay " + dir + "/t.csv --model " + kModel + " --events-out " + dir + "/e2.csv",
+            &out) == 3);
+  CHECK_THAT(out, Catch::Contains("--events-out: only with --evaluate"));
+  CHECK(run("--evaluate " + dir + "/t.csv --model " + kModel + " --events-out " + dir +
+                "/no/such/dir/e.csv",
+            &out) == 1);
+  CHECK_THAT(out, Catch::Contains("--events-out " + dir + "/no/such/dir/e.csv: cannot write it"));
   // With 5 drains allowed, the third burst drains too.
   REQUIRE(run("--evaluate " + dir + "/t.csv --model " + std::string(kModel) +
                   " --max-drains-per-hour 5",
