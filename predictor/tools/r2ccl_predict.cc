@@ -673,6 +673,15 @@ int run_evaluate(const Options& o) {
       }
     }
   }
+  // Every line or none: a short write (a full disk) is an error, not a shorter list.
+  if (events) {
+    const bool bad = ferror(events.get()) != 0;
+    if (fclose(events.release()) != 0 || bad) {
+      fprintf(stderr, "r2ccl_predict: --events-out %s: could not write it all\n",
+              o.events_out.c_str());
+      return 1;
+    }
+  }
   const double week_s = 7 * 24 * 3600.0;
   auto per_week = [&](int n, double secs) { return secs > 0 ? n * week_s / secs : 0.0; };
   char hold_buf[96] = "no flap hold";

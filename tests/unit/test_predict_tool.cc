@@ -1,5 +1,6 @@
 // r2ccl_predict from the command line: features and labels for training, replay and live
 // output, and clear errors (exit 1) for bad traces and bad weights, exit 3 for usage.
+#include <unistd.h>
 #include <zlib.h>
 #include <catch2/catch.hpp>
 
@@ -312,6 +313,12 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
                 "/no/such/dir/e.csv",
             &out) == 1);
   CHECK_THAT(out, Catch::Contains("--events-out " + dir + "/no/such/dir/e.csv: cannot write it"));
+  // A write that fails part way (a full disk) is an error too, not a shorter list.
+  if (access("/dev/full", W_OK) == 0) {
+    CHECK(run("--evaluate " + dir + "/t.csv --model " + kModel + " --events-out /dev/full", &out) ==
+          1);
+    CHECK_THAT(out, Catch::Contains("--events-out /dev/full: could not write it all"));
+  }
   // With 5 drains allowed, the third burst drains too.
   REQUIRE(run("--evaluate " + dir + "/t.csv --model " + std::string(kModel) +
                   " --max-drains-per-hour 5",
