@@ -21,6 +21,7 @@
 // Exit status: 0 ok, 1 bad input (trace, weights), 3 usage.
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
@@ -504,9 +505,22 @@ int run_evaluate(const Options& o) {
     fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
     return 1;
   }
-  // Opened before the trace is read, so that a path that cannot be written fails at once.
+  // Opened before the trace is read, so that a path that cannot be written fails at once;
+  // never over the trace or the weights file named (opening it for writing would empty it).
   std::unique_ptr<FILE, int (*)(FILE*)> events(nullptr, fclose);
   if (!o.events_out.empty()) {
+    for (const std::string* in : {&o.evaluate, &o.model}) {
+      struct stat a {
+      }, b{};
+      if (!in->empty() && stat(o.events_out.c_str(), &a) == 0 && stat(in->c_str(), &b) == 0 &&
+          a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
+        fprintf(
+            stderr, "r2ccl_predict: --events-out %s is the %s; name another file\n",
+            o.events_out.c_str(),
+            in == &o.evaluate ? "trace being evaluated (--evaluate)" : "weights file (--model)");
+        return 1;
+      }
+    }
     events.reset(fopen(o.events_out.c_str(), "w"));
     if (!events) {
       fprintf(stderr, "r2ccl_predict: --events-out %s: cannot write it: %s\n", o.events_out.c_str(),
@@ -515,6 +529,14 @@ int run_evaluate(const Options& o) {
     }
     fprintf(events.get(), "%s\n", kEventsHeader);
   }
+  // On an error after that, no partial list is left behind (a regular file only: the path may
+  // be a device).
+  auto drop_events = [&] {
+    if (!events) return;
+    events.reset();
+    struct stat st {};
+    if (stat(o.events_out.c_str(), &st) == 0 && S_ISREG(st.st_mode)) unlink(o.events_out.c_str());
+  };
   struct Scored {
     int rail;
     double t;
@@ -591,6 +613,7 @@ int run_evaluate(const Options& o) {
   }
   if (!err.empty()) {
     fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
+    drop_events();
     return 1;
   }
   if (rows.empty()) {
@@ -598,6 +621,7 @@ int run_evaluate(const Options& o) {
             "r2ccl_predict: %s: no step with the link up to score (a trace needs at "
             "least two rows per rail, and the link up at some row after a rail's first)\n",
             o.evaluate.c_str());
+    drop_events();
     return 1;
   }
   auto is_sudden = [&](int sc) {
@@ -675,10 +699,16 @@ int run_evaluate(const Options& o) {
   }
   // Every line or none: a short write (a full disk) is an error, not a shorter list.
   if (events) {
-    const bool bad = ferror(events.get()) != 0;
-    if (fclose(events.release()) != 0 || bad) {
-      fprintf(stderr, "r2ccl_predict: --events-out %s: could not write it all\n",
-              o.events_out.c_str());
+    errno = 0;
+    const bool bad = fflush(events.get()) != 0 || ferror(events.get()) != 0;
+    const int flush_errno = errno;
+    const bool close_bad = fclose(events.release()) != 0;
+    if (bad || close_bad) {
+      const int e = flush_errno ? flush_errno : errno;
+      fprintf(stderr, "r2ccl_predict: --events-out %s: could not write it all: %s\n",
+              o.events_out.c_str(), e ? strerror(e) : "a write failed");
+      struct stat st {};
+      if (stat(o.events_out.c_str(), &st) == 0 && S_ISREG(st.st_mode)) unlink(o.events_out.c_str());
       return 1;
     }
   }
@@ -1081,17 +1111,21 @@ int main(int argc, char** argv) {
                  "many seconds is early (default 1800)")
       ->check(number_in(1.0, 864000.0));
   app.add_flag("--quiet", o.quiet, "--replay: print only drains, returns and failures");
-  app.add_option("--events-out", o.events_out,
-                 "--evaluate: also write one CSV line per decider for every failure (warned, "
-                 "late or missed, the lead in seconds, the drain's reason) and every drain no "
-                 "failure followed (false on a healthy rail, early on a failing one; its reason "
-                 "and the rail's error floor); docs/PREDICTOR.md \"Event-level evaluation\"")
-      ->type_name("CSV");
+  CLI::Option* events_opt =
+      app.add_option(
+             "--events-out", o.events_out,
+             "--evaluate: also write one CSV line per decider for every failure (warned, "
+             "late or missed, the lead in seconds, the drain's reason) and every drain no "
+             "failure followed (false on a healthy rail, early on a failing one; its reason "
+             "and the rail's error floor); docs/PREDICTOR.md \"Event-level evaluation\"")
+          ->type_name("CSV");
   try {
     app.parse(argc, argv);
     if (!o.features.empty() && o.out.empty())
       throw CLI::ValidationError("--out", "--features needs --out DIR");
-    if (!o.events_out.empty() && o.evaluate.empty())
+    if (events_opt->count() > 0 && o.events_out.empty())
+      throw CLI::ValidationError("--events-out", "needs a file name");
+    if (events_opt->count() > 0 && o.evaluate.empty())
       throw CLI::ValidationError("--events-out", "only with --evaluate");
     if (o.return_threshold > o.threshold)
       throw CLI::ValidationError("--return-threshold", "must be <= --threshold");

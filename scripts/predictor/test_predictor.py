@@ -777,6 +777,11 @@ class BaselineBudget(unittest.TestCase):
                               "--max-false-per-week", "-1"])
         self.assertEqual(cm.exception.code, 2)
         self.assertIn("--max-false-per-week -1: need a finite number >= 0", err.getvalue())
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            rc = tune_policy.main(["--model", "/nonexistent.bin", "--heldout", "/x.csv"])
+        self.assertEqual(rc, 1)
+        self.assertIn("--model /nonexistent.bin: ", err.getvalue())
 
 
 class IssueScenarios(unittest.TestCase):

@@ -107,10 +107,14 @@ def main(argv=None) -> int:
     t0 = time.time()
     try:
         w = weights.read(args.model)
+    except (weights.WeightsError, ValueError, OSError) as e:
+        print(f"tune_policy.py: --model {args.model}: {e}", file=sys.stderr)
+        return 1
+    try:
         fs = features.load_features(args.heldout, args.features_from, args.cpp_tool,
                                     float(w.horizon_s))
-    except (weights.WeightsError, ValueError, OSError, RuntimeError) as e:
-        print(f"tune_policy.py: {e}", file=sys.stderr)
+    except (ValueError, OSError, RuntimeError) as e:
+        print(f"tune_policy.py: --heldout {args.heldout}: {e}", file=sys.stderr)
         return 1
     if len(fs) == 0:
         print(f"tune_policy.py: {args.heldout}: no scored rows", file=sys.stderr)

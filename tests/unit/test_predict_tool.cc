@@ -317,8 +317,28 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
   if (access("/dev/full", W_OK) == 0) {
     CHECK(run("--evaluate " + dir + "/t.csv --model " + kModel + " --events-out /dev/full", &out) ==
           1);
-    CHECK_THAT(out, Catch::Contains("--events-out /dev/full: could not write it all"));
+    CHECK_THAT(out, Catch::Contains("--events-out /dev/full: could not write it all: No space"));
   }
+  // Never over the trace or the weights (it would empty them); never an empty name.
+  const std::string trace_before = read_file(dir + "/t.csv");
+  CHECK(run("--evaluate " + dir + "/t.csv --model " + kModel + " --events-out " + dir + "/t.csv",
+            &out) == 1);
+  CHECK_THAT(out, Catch::Contains("is the trace being evaluated (--evaluate); name another file"));
+  CHECK(read_file(dir + "/t.csv") == trace_before);
+  run_command(std::string("cp ") + kModel + " " + dir + "/m.bin");
+  const std::string model_before = read_file(dir + "/m.bin");
+  CHECK(run("--evaluate " + dir + "/t.csv --model " + dir + "/m.bin --events-out " + dir + "/m.bin",
+            &out) == 1);
+  CHECK_THAT(out, Catch::Contains("is the weights file (--model); name another file"));
+  CHECK(read_file(dir + "/m.bin") == model_before);
+  CHECK(run("--evaluate " + dir + "/t.csv --model " + kModel + " --events-out ''", &out) == 3);
+  CHECK_THAT(out, Catch::Contains("--events-out: needs a file name"));
+  // A trace that turns out bad leaves no header-only list behind.
+  write(dir + "/bad.csv", "t_s,rail,link,speed_mbps,symbol_err\n0,a,1,100000,0\n5,a,x,1,0\n");
+  CHECK(run("--evaluate " + dir + "/bad.csv --model " + kModel + " --events-out " + dir +
+                "/bad-events.csv",
+            &out) == 1);
+  CHECK(access((dir + "/bad-events.csv").c_str(), F_OK) != 0);
   // With 5 drains allowed, the third burst drains too.
   REQUIRE(run("--evaluate " + dir + "/t.csv --model " + std::string(kModel) +
                   " --max-drains-per-hour 5",
