@@ -101,7 +101,8 @@ double mono_s() {
 // Loads --model, else the configured/shipped one. Returns false and prints why when a model
 // was asked for explicitly and cannot be used; with no explicit model, a missing file means
 // the baseline (printed).
-bool get_model(const Options& o, Model* m, bool* have, bool required = false) {
+bool get_model(const Options& o, Model* m, bool* have, bool required = false,
+               std::string* used = nullptr) {
   std::string err, path;
   *have = false;
   if (!o.model.empty()) {
@@ -121,6 +122,7 @@ bool get_model(const Options& o, Model* m, bool* have, bool required = false) {
     }
   }
   *have = true;
+  if (used) *used = path;
   if (!o.quiet)
     fprintf(stderr, "r2ccl_predict: weights %s (%zu bytes, hidden %u, window %u)\n", path.c_str(),
             m->file_bytes, m->hidden, m->window);
@@ -487,13 +489,98 @@ std::string csv_field(const std::string& v) {
 }
 constexpr const char* kEventsHeader = "decider,event,outcome,rail,scenario,t_s,lead_s,floor,reason";
 
+// --events-out's file. A regular file (or a new one) is written to a temporary file beside
+// its name and renamed over it once complete, so that the name holds either what it held
+// before or the whole list: a failed write, a trace that turns out bad or a second run at the
+// same time never leaves part of one there, and a symlink or hard link at that name is
+// replaced, never written through. Anything else (a device such as /dev/null, a FIFO) is
+// written in place. One thread.
+class EventsFile {
+ public:
+  EventsFile() = default;
+  EventsFile(const EventsFile&) = delete;
+  EventsFile& operator=(const EventsFile&) = delete;
+  ~EventsFile() { discard(); }
+  // false, with *err the cause (strerror), when `path` cannot be written.
+  bool open(const std::string& path, std::string* err) {
+    struct stat st {};
+    const bool exists = stat(path.c_str(), &st) == 0;
+    if (exists && S_ISDIR(st.st_mode)) {
+      *err = strerror(EISDIR);
+      return false;
+    }
+    if (exists && !S_ISREG(st.st_mode)) {
+      f_ = fopen(path.c_str(), "w");
+      if (!f_) *err = strerror(errno);
+      return f_ != nullptr;
+    }
+    std::string tmpl = path + ".tmp-XXXXXX";
+    const int fd = mkstemp(tmpl.data());
+    if (fd < 0) {
+      *err = strerror(errno);
+      return false;
+    }
+    const mode_t mask = umask(0);  // mkstemp makes 0600; a new file gets what fopen would
+    umask(mask);
+    fchmod(fd, 0666 & ~mask);
+    f_ = fdopen(fd, "w");
+    if (!f_) {
+      *err = strerror(errno);
+      close(fd);
+      unlink(tmpl.c_str());
+      return false;
+    }
+    tmp_ = tmpl;
+    path_ = path;
+    return true;
+  }
+  FILE* get() const { return f_; }
+  explicit operator bool() const { return f_ != nullptr; }
+  // Flushes, closes and renames the list into place; false, with *err the cause, when any
+  // write failed (the name keeps what it held).
+  bool commit(std::string* err) {
+    errno = 0;
+    bool bad = fflush(f_) != 0 || ferror(f_) != 0;
+    int e = errno;
+    if (fclose(f_) != 0 && !bad) {
+      bad = true;
+      e = errno;
+    }
+    f_ = nullptr;
+    if (!bad && !tmp_.empty() && rename(tmp_.c_str(), path_.c_str()) != 0) {
+      bad = true;
+      e = errno;
+    }
+    if (bad) {
+      *err = e ? strerror(e) : "a write failed";
+      discard();
+      return false;
+    }
+    tmp_.clear();
+    return true;
+  }
+  // Closes and removes the temporary file; the name keeps what it held.
+  void discard() {
+    if (f_) fclose(f_);
+    f_ = nullptr;
+    if (!tmp_.empty()) unlink(tmp_.c_str());
+    tmp_.clear();
+  }
+
+ private:
+  std::string path_, tmp_;  // tmp_: the temporary file while one is open or unrenamed
+  FILE* f_ = nullptr;
+};
+
 }  // namespace eval
 
 int run_evaluate(const Options& o) {
   using namespace eval;
   Model model;
   bool have = false;
-  if (!get_model(o, &model, &have, true)) return 1;  // it compares the LSTM with the baseline
+  std::string model_path;
+  if (!get_model(o, &model, &have, true, &model_path))
+    return 1;  // it compares the LSTM with the baseline
   const PredictorConfig cfg = config_of(o, &model);
   PredictorConfig cfgs[kDeciders] = {cfg, cfg, cfg};
   cfgs[0].lstm_cap = 0;                               // the LSTM alone
@@ -506,37 +593,30 @@ int run_evaluate(const Options& o) {
     return 1;
   }
   // Opened before the trace is read, so that a path that cannot be written fails at once;
-  // never over the trace or the weights file named (opening it for writing would empty it).
-  std::unique_ptr<FILE, int (*)(FILE*)> events(nullptr, fclose);
+  // never over the trace or the weights file read (--model, $R2CCL_PREDICT_MODEL or the
+  // shipped one): the list would replace it.
+  EventsFile events;
   if (!o.events_out.empty()) {
-    for (const std::string* in : {&o.evaluate, &o.model}) {
+    const std::string* inputs[] = {&o.evaluate, &model_path};
+    for (const std::string* in : inputs) {
       struct stat a {
       }, b{};
       if (!in->empty() && stat(o.events_out.c_str(), &a) == 0 && stat(in->c_str(), &b) == 0 &&
           a.st_dev == b.st_dev && a.st_ino == b.st_ino) {
-        fprintf(
-            stderr, "r2ccl_predict: --events-out %s is the %s; name another file\n",
-            o.events_out.c_str(),
-            in == &o.evaluate ? "trace being evaluated (--evaluate)" : "weights file (--model)");
+        fprintf(stderr, "r2ccl_predict: --events-out %s is the %s; name another file\n",
+                o.events_out.c_str(),
+                in == &o.evaluate ? "trace being evaluated (--evaluate)" : "weights file read");
         return 1;
       }
     }
-    events.reset(fopen(o.events_out.c_str(), "w"));
-    if (!events) {
+    std::string why;
+    if (!events.open(o.events_out, &why)) {
       fprintf(stderr, "r2ccl_predict: --events-out %s: cannot write it: %s\n", o.events_out.c_str(),
-              strerror(errno));
+              why.c_str());
       return 1;
     }
     fprintf(events.get(), "%s\n", kEventsHeader);
   }
-  // On an error after that, no partial list is left behind (a regular file only: the path may
-  // be a device).
-  auto drop_events = [&] {
-    if (!events) return;
-    events.reset();
-    struct stat st {};
-    if (stat(o.events_out.c_str(), &st) == 0 && S_ISREG(st.st_mode)) unlink(o.events_out.c_str());
-  };
   struct Scored {
     int rail;
     double t;
@@ -613,16 +693,14 @@ int run_evaluate(const Options& o) {
   }
   if (!err.empty()) {
     fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
-    drop_events();
-    return 1;
+    return 1;  // the events file is discarded
   }
   if (rows.empty()) {
     fprintf(stderr,
             "r2ccl_predict: %s: no step with the link up to score (a trace needs at "
             "least two rows per rail, and the link up at some row after a rail's first)\n",
             o.evaluate.c_str());
-    drop_events();
-    return 1;
+    return 1;  // the events file is discarded
   }
   auto is_sudden = [&](int sc) {
     return sc >= 0 && tr.scenarios()[static_cast<size_t>(sc)].rfind("sudden", 0) == 0;
@@ -699,16 +777,10 @@ int run_evaluate(const Options& o) {
   }
   // Every line or none: a short write (a full disk) is an error, not a shorter list.
   if (events) {
-    errno = 0;
-    const bool bad = fflush(events.get()) != 0 || ferror(events.get()) != 0;
-    const int flush_errno = errno;
-    const bool close_bad = fclose(events.release()) != 0;
-    if (bad || close_bad) {
-      const int e = flush_errno ? flush_errno : errno;
+    std::string why;
+    if (!events.commit(&why)) {
       fprintf(stderr, "r2ccl_predict: --events-out %s: could not write it all: %s\n",
-              o.events_out.c_str(), e ? strerror(e) : "a write failed");
-      struct stat st {};
-      if (stat(o.events_out.c_str(), &st) == 0 && S_ISREG(st.st_mode)) unlink(o.events_out.c_str());
+              o.events_out.c_str(), why.c_str());
       return 1;
     }
   }

@@ -329,16 +329,39 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
   const std::string model_before = read_file(dir + "/m.bin");
   CHECK(run("--evaluate " + dir + "/t.csv --model " + dir + "/m.bin --events-out " + dir + "/m.bin",
             &out) == 1);
-  CHECK_THAT(out, Catch::Contains("is the weights file (--model); name another file"));
+  CHECK_THAT(out, Catch::Contains("is the weights file read; name another file"));
+  CHECK(read_file(dir + "/m.bin") == model_before);
+  // ... however the weights were found: here through R2CCL_PREDICT_MODEL.
+  CHECK(run_command("R2CCL_PREDICT_MODEL=" + dir + "/m.bin " + tool() + " --evaluate " + dir +
+                        "/t.csv --events-out " + dir + "/m.bin",
+                    &out) == 1);
+  CHECK_THAT(out, Catch::Contains("is the weights file read; name another file"));
   CHECK(read_file(dir + "/m.bin") == model_before);
   CHECK(run("--evaluate " + dir + "/t.csv --model " + kModel + " --events-out ''", &out) == 3);
   CHECK_THAT(out, Catch::Contains("--events-out: needs a file name"));
-  // A trace that turns out bad leaves no header-only list behind.
+  // A trace that turns out bad leaves no header-only list behind, and an earlier list at that
+  // name as it was.
   write(dir + "/bad.csv", "t_s,rail,link,speed_mbps,symbol_err\n0,a,1,100000,0\n5,a,x,1,0\n");
   CHECK(run("--evaluate " + dir + "/bad.csv --model " + kModel + " --events-out " + dir +
                 "/bad-events.csv",
             &out) == 1);
   CHECK(access((dir + "/bad-events.csv").c_str(), F_OK) != 0);
+  CHECK(run("--evaluate " + dir + "/bad.csv --model " + kModel + " --events-out " + dir +
+                "/events.csv",
+            &out) == 1);
+  CHECK(read_file(dir + "/events.csv") == ev);
+  // A symlink at the name is replaced by the list, never written through: the file it pointed
+  // at keeps its contents.
+  write(dir + "/keep.txt", "keep me\n");
+  run_command("ln -s " + dir + "/keep.txt " + dir + "/link.csv");
+  CHECK(run("--evaluate " + dir + "/t.csv --model " + kModel + " --events-out " + dir + "/link.csv",
+            &out) == 0);
+  CHECK(read_file(dir + "/keep.txt") == "keep me\n");
+  CHECK(read_file(dir + "/link.csv") == ev);
+  // No temporary file is left beside them, after a success or an error.
+  std::string ls;
+  run_command("ls -a " + dir, &ls);
+  CHECK_THAT(ls, !Catch::Contains(".tmp-"));
   // With 5 drains allowed, the third burst drains too.
   REQUIRE(run("--evaluate " + dir + "/t.csv --model " + std::string(kModel) +
                   " --max-drains-per-hour 5",
