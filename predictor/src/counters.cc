@@ -265,6 +265,7 @@ bool SysfsRail::read(double now_s, const ExtraCounters& extra, Step* out,
       s.d[f.counter] += static_cast<double>(d.value) * static_cast<double>(f.scale);
       s.missing &= ~(1u << f.counter);
       counting |= 1u << f.counter;
+      if (d.kind == DeltaKind::kReset) s.reset |= 1u << f.counter;
     }
     f.prev = cur;
   }
@@ -283,6 +284,7 @@ bool SysfsRail::read(double now_s, const ExtraCounters& extra, Step* out,
     if (dr.kind != DeltaKind::kMissing) {
       s.d[kRetrans] += static_cast<double>(dr.value);
       s.missing &= ~(1u << kRetrans);
+      if (dr.kind == DeltaKind::kReset) s.reset |= 1u << kRetrans;
     }
     // TCP rails: the retransmit ratio is over the plugin's own segments when it has them.
     if (dg.kind != DeltaKind::kMissing && dg.value > 0) {
@@ -379,6 +381,7 @@ void SysfsRail::read_fec(double now_s, Step* s, uint32_t* counting,
       s->d[ids[i]] += static_cast<double>(d.value) * scale;
       s->missing &= ~(1u << ids[i]);
       *counting |= 1u << ids[i];
+      if (d.kind == DeltaKind::kReset) s->reset |= 1u << ids[i];
     }
     fec_prev_[i] = cur[i];
   }

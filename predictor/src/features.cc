@@ -60,6 +60,15 @@ Trend step_track(FeatureExtractor::Track& t, double raw, double dt) {
   t.slope_avg += gain(dt, kSlowTauS) * (r.slope - t.slope_avg);
   return r;
 }
+// Where a counter's history stands without a new sample (a step whose delta is the count since
+// a reset): the same three values step_track would give from its state, nothing updated.
+Trend hold_track(const FeatureExtractor::Track& t) {
+  Trend r;
+  r.excess = t.fast - t.floor;
+  r.slope = (t.fast - t.slow) / (kSlowTauS - kFastTauS) * 60.0;
+  r.accel = r.slope - t.slope_avg;
+  return r;
+}
 }  // namespace
 
 const char* feature_name(int f) { return f >= 0 && f < kNumFeatures ? kFeatureNames[f] : "?"; }
@@ -96,7 +105,11 @@ bool FeatureExtractor::push(const Step& s, FeatureRow* out) {
       unknown += err_[k].seen;  // a counter the rail had, unreadable now
       continue;
     }
-    const Trend t = step_track(err_[k], log_rate(s.d[c], dt), dts);
+    // A count since a reset covers an unknown part of the step: not a rate. The counter
+    // stands where it stood (and a counter not yet seen starts at its next step).
+    if ((s.reset & (1u << c)) && !err_[k].seen) continue;
+    const Trend t = (s.reset & (1u << c)) ? hold_track(err_[k])
+                                          : step_track(err_[k], log_rate(s.d[c], dt), dts);
     excess = known ? std::max(excess, t.excess) : t.excess;
     slope = known ? std::max(slope, t.slope) : t.slope;
     accel = known ? std::max(accel, t.accel) : t.accel;
@@ -106,8 +119,10 @@ bool FeatureExtractor::push(const Step& s, FeatureRow* out) {
   r[kErrSlope] = static_cast<float>(slope);
   r[kErrAccel] = static_cast<float>(accel);
   r[kErrUnknown] = known == 0 && unknown > 0 ? 1.0f : 0.0f;
-  if (!(s.missing & (1u << kRetrans))) {
-    const Trend t = step_track(retrans_, log_rate(s.d[kRetrans], dt), dts);
+  const bool retrans_reset = (s.reset & (1u << kRetrans)) != 0;
+  if (!(s.missing & (1u << kRetrans)) && (!retrans_reset || retrans_.seen)) {
+    const Trend t = retrans_reset ? hold_track(retrans_)
+                                  : step_track(retrans_, log_rate(s.d[kRetrans], dt), dts);
     r[kRetransExcess] = static_cast<float>(t.excess);
     r[kRetransSlope] = static_cast<float>(t.slope);
   }

@@ -245,6 +245,7 @@ bool TraceReader::next(TraceRow* out, std::string* err) {
       if (d.kind != DeltaKind::kMissing && d.kind != DeltaKind::kSaturated) {
         s.d[c] = static_cast<double>(d.value);
         s.missing &= ~(1u << c);
+        if (d.kind == DeltaKind::kReset) s.reset |= 1u << c;
       }
     }
     if (!first) {

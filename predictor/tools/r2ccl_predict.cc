@@ -654,7 +654,7 @@ int run_evaluate(const Options& o) {
       rl.up_s += row.step.dt_s;
       for (size_t k = 0; k < std::size(kFloorCounters); ++k) {
         const int c = kFloorCounters[k];
-        if (!(row.step.missing & (1u << c)) && rl.rates[k].size() < kFloorRows)
+        if (!((row.step.missing | row.step.reset) & (1u << c)) && rl.rates[k].size() < kFloorRows)
           rl.rates[k].push_back(row.step.d[c] / row.step.dt_s);
       }
     }
@@ -950,11 +950,17 @@ int run_live(const Options& o) {
       for (size_t r = 0; r < rails.size(); ++r) {
         // A counter with no usable delta this step (not read, or saturated: unknown) is
         // written empty, as the trace format has it, so that replay reads it as unknown too
-        // rather than as a quiet 0. The priming round writes the sums' start, 0.
+        // rather than as a quiet 0. The priming round writes the sums' start, 0. A counter
+        // reset this step restarts its sum at the count since the reset, so that replay reads
+        // the reset too (unless that count is not below the old sum: then replay reads it as an
+        // ordinary count over the step).
         Step st;
         const bool stepped = ns.last_step(r, &st);
         if (stepped)
-          for (int c = 0; c < kNumCounters; ++c) total[r][static_cast<size_t>(c)] += st.d[c];
+          for (int c = 0; c < kNumCounters; ++c) {
+            double& sum = total[r][static_cast<size_t>(c)];
+            sum = (st.reset & (1u << c)) ? st.d[c] : sum + st.d[c];
+          }
         char t[32];
         snprintf(t, sizeof(t), "%.3f", now - start);
         rec << t << "," << rails[r].name << "," << (st.link_up ? 1 : 0) << "," << st.speed_mbps;

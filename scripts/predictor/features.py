@@ -32,6 +32,10 @@ against the rail's own history (predictor/include/r2ccl/predict/features.h):
   else 120 s) (fast - floor), with g(tau) = 1 - exp(-dt / tau) and all three = x at the
   counter's first usable step; excess = fast - floor; slope = (fast - slow) / 90 * 60;
   accel = slope - slope_avg, then slope_avg += g(120 s) (slope - slope_avg).
+  A usable delta that is a count since a reset (a reset or a settled wrap) covers an unknown
+  part of the step, so it is not a rate: the counter's history is not stepped, and the row
+  takes excess, slope and accel from where it stands (accel = slope - slope_avg); a counter
+  with no history yet is left out of the row and starts at its next usable step.
   0 err_excess      max over the error counters usable this step (0 if none)
   1 err_slope       max over them of slope
   2 link_events     EWMA g(30 s) of log1p((link_recovery + link_downed + integrity) / dt)
@@ -225,6 +229,12 @@ class _Track:
         self.slope_avg += _gain(dt, SLOW_TAU_S) * (slope - self.slope_avg)
         return excess, slope, accel
 
+    def hold(self):
+        """(excess, slope, accel) where the history stands, nothing updated (a step whose
+        delta is a count since a reset)."""
+        slope = (self.fast - self.slow) / (SLOW_TAU_S - FAST_TAU_S) * 60.0
+        return self.fast - self.floor, slope, slope - self.slope_avg
+
 
 def _gain(dt: float, tau: float) -> float:
     return 1.0 - math.exp(-dt / tau)
@@ -235,9 +245,10 @@ def _log_rate(count: float, dt: float) -> float:
 
 
 def trace_deltas(tr: tracefile.Trace, prev: np.ndarray):
-    """(deltas, usable), float64 and bool, shaped like tr.values: each row's deltas against
-    the previous row of its rail (``prev``, from previous_row_index), by the module
-    docstring's rules."""
+    """(deltas, usable, reset), float64, bool and bool, shaped like tr.values: each row's
+    deltas against the previous row of its rail (``prev``, from previous_row_index), by the
+    module docstring's rules; ``reset`` marks the usable deltas that are a count since a reset
+    (settled wraps included; counters.h Step::reset)."""
     has_step = prev >= 0
     p = np.where(has_step, prev, 0)
     deltas = np.zeros(tr.values.shape, dtype=np.float64)
@@ -262,7 +273,8 @@ def trace_deltas(tr: tracefile.Trace, prev: np.ndarray):
             reset[rows_w, c] = rs[rows_w]
     # settle_resets: a "wrap" in a row where another counter of the rail was reset is a reset.
     settle = wrapped & usable & reset.any(axis=1)[:, None]
-    return np.where(settle, tr.values.astype(np.float64), deltas), usable
+    return (np.where(settle, tr.values.astype(np.float64), deltas), usable,
+            (reset | settle) & usable)
 
 
 def compute_features(tr: tracefile.Trace, horizon_s: float = HORIZON_S) -> FeatureSet:
@@ -270,7 +282,7 @@ def compute_features(tr: tracefile.Trace, horizon_s: float = HORIZON_S) -> Featu
     prev = previous_row_index(tr.rail)
     has_step = prev >= 0
     p = np.where(has_step, prev, 0)
-    deltas, usable = trace_deltas(tr, prev)
+    deltas, usable, was_reset = trace_deltas(tr, prev)
 
     rows = np.flatnonzero(has_step & tr.link)
     steps = np.flatnonzero(has_step)  # every step, down ones too (recent_downs)
@@ -290,7 +302,7 @@ def compute_features(tr: tracefile.Trace, horizon_s: float = HORIZON_S) -> Featu
         st = state.get(r)
         if st is None:
             st = state[r] = [[_Track() for _ in err_cols], _Track(), 0.0, 0.0, 0.0, 0.0, -1, 0.0]
-        d, ok = deltas[i], usable[i]
+        d, ok, rs = deltas[i], usable[i], was_reset[i]
         st[5] *= math.exp(-dt / DOWNS_TAU_S)
         ticks = max(0.0, d[cd]) if ok[cd] else 0.0
         if not tr.link[i]:
@@ -312,15 +324,17 @@ def compute_features(tr: tracefile.Trace, horizon_s: float = HORIZON_S) -> Featu
             if not ok[c]:
                 unknown += tr_c.seen
                 continue
-            e, sl, ac = tr_c.step(_log_rate(d[c], dt), dt)
+            if rs[c] and not tr_c.seen:
+                continue  # a count since a reset: this counter starts at its next step
+            e, sl, ac = tr_c.hold() if rs[c] else tr_c.step(_log_rate(d[c], dt), dt)
             excess, slope, accel = ((max(excess, e), max(slope, sl), max(accel, ac)) if known
                                     else (e, sl, ac))
             known += 1
         row = x64[k]
         row[0], row[1], row[4] = excess, slope, accel
         row[8] = 1.0 if known == 0 and unknown > 0 else 0.0
-        if ok[cr]:
-            e, sl, _ = st[1].step(_log_rate(d[cr], dt), dt)
+        if ok[cr] and (st[1].seen or not rs[cr]):
+            e, sl, _ = st[1].hold() if rs[cr] else st[1].step(_log_rate(d[cr], dt), dt)
             row[3], row[7] = e, sl
         st[2] += _gain(dt, FAST_TAU_S) * (_log_rate(sum(d[c] for c in link_cols), dt) - st[2])
         st[3] += _gain(dt, FAST_TAU_S) * (_log_rate(d[_C["buf_overrun"]], dt) - st[3])

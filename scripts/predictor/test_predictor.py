@@ -89,9 +89,13 @@ class DeltaRules(unittest.TestCase):
                  row(15, retrans=4, tx_packets=300)]
         with TempTrace(lines) as path:
             tr = tracefile.read_trace(path)
-        d, _ = features.trace_deltas(tr, features.previous_row_index(tr.rail))
+        d, _, rs = features.trace_deltas(tr, features.previous_row_index(tr.rail))
         self.assertEqual(list(d[[1, 3], features._C["retrans"]]), [3, 5])
         self.assertEqual(list(d[[1, 3], features._C["tx_packets"]]), [100, 100])
+        # The reset row marks both as counts since a reset (counters.h Step::reset); the wrap
+        # and the ordinary steps are not.
+        self.assertEqual(list(rs[:, features._C["retrans"]]), [False, True, False, False])
+        self.assertEqual(list(rs[:, features._C["tx_packets"]]), [False, True, False, False])
 
     def test_missing(self):
         self.assertEqual(deltas(5, 9, W32, prev_ok=False), 0)
@@ -224,6 +228,31 @@ class Features(unittest.TestCase):
                            row(5, symbol_err=65100, rcv_err="N/A"),
                            row(10, symbol_err=65535, rcv_err="N/A")])
         np.testing.assert_array_equal(fs.x[:, 8], [0, 1])  # all it had is unknown now
+
+    def test_a_count_since_a_reset_is_not_a_rate(self):
+        # symbol_err (sat16) saturated from the start, then the port's counters reset: the
+        # first count (30) is over part of the step. The counter's floor starts at the next
+        # step's 30/s, so a steady 30/s stands at 0 (as the C++ test of the same name).
+        lines = [row(5 * i, symbol_err=65535, rcv_err=100) for i in range(60)]
+        total = 30
+        lines.append(row(300, symbol_err=total, rcv_err=0))
+        for i in range(1, 120):
+            total += 150
+            lines.append(row(300 + 5 * i, symbol_err=total, rcv_err=0))
+        fs = self.compute(lines)
+        self.assertLess(float(fs.x[59:, 0].max()), 0.01)
+        # A counter with a history, reset while rising: that row stands where the previous
+        # row stood (excess and slope).
+        lines, total = [], 0.0
+        for i in range(108):
+            rate = 2.0 if i < 60 else 2.0 * 2 ** ((i - 60) * 5 / 60)
+            total += rate * 5
+            lines.append(row(5 * i, rcv_err=int(total)))
+        lines.append(row(540, rcv_err=1))
+        fs = self.compute(lines)
+        self.assertGreater(float(fs.x[-2, 0]), 1.0)
+        self.assertEqual(float(fs.x[-1, 0]), float(fs.x[-2, 0]))
+        self.assertEqual(float(fs.x[-1, 1]), float(fs.x[-2, 1]))
 
     def test_link_down_rows_events_labels_and_state(self):
         fs = self.compute([

@@ -250,6 +250,7 @@ TEST_CASE("SysfsRail reads an InfiniBand port's counters from a fake tree", "[pr
   REQUIRE(rail.read(110.0, {}, &s, &notes));
   CHECK_FALSE(s.link_up);
   CHECK(s.d[kSymbolErr] == 2);
+  CHECK(s.reset == 1u << kSymbolErr);  // the count since the reset, not a rate
   bool reset_noted = false, saturated_again = false;
   for (const auto& n : notes) {
     reset_noted |=
@@ -318,6 +319,9 @@ TEST_CASE("SysfsRail reads an Ethernet interface and a TCP rail's own retransmit
   REQUIRE(rail.read(3.0, ex, &s, &notes));
   CHECK(s.d[kLinkRecovery] == 2);  // not 5: reset with rx_bytes, the count since
   CHECK(s.d[kRxBytes] == 1000);
+  CHECK((s.reset & (1u << kLinkRecovery)) != 0);
+  CHECK((s.reset & (1u << kRxBytes)) != 0);
+  CHECK((s.reset & (1u << kRetrans)) == 0);  // the TCP rail's own count went on
   CHECK(std::count_if(notes.begin(), notes.end(), [](const std::string& n) {
           return n.find("(counter reset)") != std::string::npos;
         }) == 2);
@@ -517,6 +521,7 @@ TEST_CASE("SysfsRail takes an Ethernet rail's FEC counters from its FecSource", 
   REQUIRE(rail.read(11.0, {}, &s, &notes));
   CHECK(s.d[kFecCorrBlocks] == 7);
   CHECK(s.d[kFecCorrBits] == 100);
+  CHECK(s.reset == 1u << kFecCorrBlocks);
   REQUIRE(notes.size() == 1);
   CHECK(notes[0].find("fec_corr_blocks went from 160 to 7") != std::string::npos);
   // A transient failure: missing, noted once, asked again; the next reading starts afresh.
@@ -847,6 +852,71 @@ TEST_CASE("features follow docs/PREDICTOR.md: trends against the rail's own hist
   CHECK(w.row(0)[0] == 2);
   CHECK(w.row(2)[0] == 4);
   CHECK(w.retransmit_ratio() == Approx(9.0 / 300));
+}
+
+TEST_CASE("features: a count since a reset is not a rate", "[predictor]") {
+  // symbol_err at 30/s: saturated (unknown) from the start, then reset 1 s before a sample,
+  // so the first count is 30 over a 5 s step. rcv_err steady at 0.
+  auto step = [](double sym_per_s, bool sym_missing, bool reset) {
+    Step s;
+    s.dt_s = 5;
+    s.missing = (1u << kNumCounters) - 1;
+    s.missing &= ~(1u << kRcvErr);
+    if (!sym_missing) s.missing &= ~(1u << kSymbolErr);
+    s.d[kSymbolErr] = sym_per_s * 5;
+    if (reset) s.reset = (1u << kSymbolErr) | (1u << kRcvErr);
+    return s;
+  };
+  auto run = [&](bool mark_reset) {
+    FeatureExtractor fx;
+    FeatureRow r;
+    for (int i = 0; i < 60; ++i) REQUIRE(fx.push(step(0, true, false), &r));
+    Step first = step(30.0 / 5, false, mark_reset);  // 30 counts since the reset
+    REQUIRE(fx.push(first, &r));
+    float most = r[kErrExcess];
+    for (int i = 0; i < 120; ++i) {
+      REQUIRE(fx.push(step(30, false, false), &r));
+      most = std::max(most, r[kErrExcess]);
+    }
+    return most;
+  };
+  // Marked as a reset, the partial count starts nothing: the floor starts at the next full
+  // step, 30/s, and a steady 30/s never stands above it.
+  CHECK(run(true) < 0.01f);
+  // Read as a rate (what the features did before Step::reset), the floor starts at 6/s and
+  // a steady 30/s stands more than 1 above it.
+  CHECK(run(false) > 1.0f);
+
+  // A counter with a history, reset while rising: the reset row stands where the previous
+  // row stood (excess and slope), and the history is not stepped by the partial count.
+  FeatureExtractor fx;
+  FeatureRow prev{}, r;
+  for (int i = 0; i < 60; ++i) REQUIRE(fx.push(step(2, false, false), &prev));
+  for (int i = 1; i <= 48; ++i)
+    REQUIRE(fx.push(step(2 * std::pow(2.0, i * 5 / 60.0), false, false), &prev));
+  REQUIRE(prev[kErrExcess] > 1.0f);
+  REQUIRE(fx.push(step(0.2, false, true), &r));
+  CHECK(r[kErrExcess] == prev[kErrExcess]);
+  CHECK(r[kErrSlope] == prev[kErrSlope]);
+  CHECK(r[kErrUnknown] == 0);
+  // retrans reset before its history starts: no retrans values in that row, and its floor
+  // starts at the next step's rate (100/s), not at the partial count's (2/s).
+  Step rs = step(2, false, false);
+  rs.missing &= ~(1u << kRetrans);
+  rs.d[kRetrans] = 10;
+  rs.reset = 1u << kRetrans;
+  FeatureExtractor fr;
+  REQUIRE(fr.push(rs, &r));
+  CHECK(r[kRetransExcess] == 0);
+  CHECK(r[kRetransSlope] == 0);
+  rs.d[kRetrans] = 500;
+  rs.reset = 0;
+  float most = 0;
+  for (int i = 0; i < 20; ++i) {
+    REQUIRE(fr.push(rs, &r));
+    most = std::max(most, r[kRetransExcess]);
+  }
+  CHECK(most < 0.01f);
 }
 
 TEST_CASE("weights file: parsed, and every kind of damage refused", "[predictor]") {
@@ -1452,7 +1522,7 @@ TEST_CASE("the baseline is the parameter table's default decider; both uses R2CC
   CHECK(c.predict_decider == "baseline");
   CHECK(predictor_config_from(c).lstm_cap == 0);
   c.predict_decider = "both";
-  CHECK(predictor_config_from(c).lstm_cap == Approx(1.2));
+  CHECK(predictor_config_from(c).lstm_cap == Approx(1.4));
   c.predict_decider = "lstm";
   CHECK(predictor_config_from(c).lstm_cap == 0);
 }
@@ -1670,6 +1740,7 @@ TEST_CASE("trace reader: the Ethernet / RoCE physical-layer columns", "[predicto
   CHECK(r.step.d[kRcvErr] == 70000 - 65534);
   REQUIRE(t2.next(&r, &err));
   CHECK(r.step.d[kRcvErr] == 3);  // a reset of a 64-bit counter, not a wrap
+  CHECK(r.step.reset == 1u << kRcvErr);
   for (const auto& [body, needle] :
        {std::pair<const char*, const char*>{"# widths for : rcv_err=wrap64\nt_s,rail\n",
                                             "bad widths line"},
@@ -1737,10 +1808,13 @@ TEST_CASE("trace reader: widths, deltas, events, and errors naming line and colu
   REQUIRE(tr3.next(&r, &err));
   CHECK(r.step.d[kRetrans] == 3);  // reset with tx_packets: the count since, not 9
   CHECK(r.step.d[kTxPackets] == 100);
+  CHECK(r.step.reset == ((1u << kRetrans) | (1u << kTxPackets)));
   REQUIRE(tr3.next(&r, &err));
+  CHECK(r.step.reset == 0);
   REQUIRE(tr3.next(&r, &err));
   CHECK(r.step.d[kRetrans] == 5);  // wrapped alone: a wrap
   CHECK(r.step.d[kTxPackets] == 100);
+  CHECK(r.step.reset == 0);
 
   auto expect_error = [&](const std::string& body, const char* needle) {
     write_file(path, body);

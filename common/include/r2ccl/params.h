@@ -218,7 +218,7 @@ struct ParamDef {
     "12.4 us of "                                                                               \
     "inference per rail-sample (docs/PREDICTOR.md \"Deciders\"). With both or lstm and no "     \
     "readable weights file, the baseline decides.")                                             \
-  X(predict_lstm_cap, "R2CCL_PREDICT_LSTM_CAP", kDouble, "1.2", 1, 100, nullptr,                \
+  X(predict_lstm_cap, "R2CCL_PREDICT_LSTM_CAP", kDouble, "1.4", 1, 100, nullptr,                \
     "R2CCL_PREDICT_DECIDER=both: the LSTM's risk counts up to this many times the baseline's, " \
     "so it drains a rail only where the baseline's risk is at least "                           \
     "R2CCL_PREDICT_THRESHOLD / this. 1: the baseline alone; larger caps tend to the higher "    \

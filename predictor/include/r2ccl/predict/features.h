@@ -44,7 +44,11 @@ const char* feature_counters(int f);
 // quieter phase) is taken within minutes. excess = fast - floor; slope = (fast - slow) /
 // (kSlowTauS - kFastTauS), per minute (for a steady rise of k per second, k x 60); accel =
 // slope - its own smoothed value (kSlowTauS), per minute. A counter with no usable delta this
-// step (missing, saturated) keeps its state and is left out of this row's max; feature
+// step (missing, saturated) keeps its state and is left out of this row's max. A counter reset
+// this step (Step::reset: its delta is the count since the reset, over an unknown part of the
+// step, not a rate) keeps its state too and counts in the max where it stands (its excess,
+// slope and accel from that state); one not seen before starts at its next step, so a floor
+// never starts from such a partial count; feature
 // kErrUnknown is 1 while every error counter the rail has shown is unreadable (0 while any
 // is readable, or before any has been).
 // The times are those of the trained sampling interval (kTrainedIntervalS); a sampler that
