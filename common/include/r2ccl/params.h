@@ -214,8 +214,8 @@ struct ParamDef {
     "those R2CCL_PREDICT_MODEL's file carries), both (the baseline, raised by the LSTM up "     \
     "to R2CCL_PREDICT_LSTM_CAP times its own risk) or lstm (the weights file alone). The "      \
     "LSTM alone does not beat the baseline. both ties it on the frozen evaluation set and "     \
-    "warns about 1 % more failures on our own traces at about the same false drains, for "      \
-    "12.4 us of "                                                                               \
+    "warns about 2 % more failures on our own traces at a few more false drains, for "          \
+    "12 us of "                                                                                 \
     "inference per rail-sample (docs/PREDICTOR.md \"Deciders\"). With both or lstm and no "     \
     "readable weights file, the baseline decides.")                                             \
   X(predict_lstm_cap, "R2CCL_PREDICT_LSTM_CAP", kDouble, "1.4", 1, 100, nullptr,                \
