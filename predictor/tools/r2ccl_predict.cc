@@ -1211,7 +1211,11 @@ int main(int argc, char** argv) {
     printf("%s", app.help().c_str());
     return 0;
   } catch (const CLI::ParseError& e) {
-    fprintf(stderr, "r2ccl_predict: %s\n%s", e.what(), app.help().c_str());
+    // With no arguments at all, the whole help; otherwise the error, where it stays visible.
+    if (argc <= 1)
+      fprintf(stderr, "%s", app.help().c_str());
+    else
+      fprintf(stderr, "r2ccl_predict: %s\n(r2ccl_predict --help lists the options)\n", e.what());
     return 3;
   }
   if (!o.replay.empty()) return run_replay(o);

@@ -179,6 +179,12 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
   CHECK(out.find("baseline decides") == std::string::npos);
 
   CHECK(run("", &out) == 3);
+  CHECK_THAT(out, Catch::Contains("Usage: r2ccl_predict"));  // no arguments: the whole help
+  // A usage error: the error and where the options are, not 50 lines of help burying it.
+  CHECK(run("--replay " + dir + "/ok.csv --bogus", &out) == 3);
+  CHECK_THAT(out, Catch::Contains("--bogus"));
+  CHECK_THAT(out, Catch::Contains("r2ccl_predict --help lists the options"));
+  CHECK(std::count(out.begin(), out.end(), '\n') <= 3);
   CHECK(run("--replay a.csv --live", &out) == 3);
   CHECK(run("--features " + dir + "/ok.csv", &out) == 3);
   CHECK_THAT(out, Catch::Contains("--out"));
