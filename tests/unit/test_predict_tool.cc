@@ -35,6 +35,20 @@ void write(const std::string& path, const std::string& text) {
   REQUIRE(f.good());
 }
 
+// The cells of a trace's rows of one rail (plain CSV: the tool's --record writes no quotes).
+std::vector<std::vector<std::string>> rail_rows(const std::string& trace, const std::string& rail) {
+  std::vector<std::vector<std::string>> rows;
+  std::istringstream lines(trace);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.find("," + rail + ",") == std::string::npos) continue;
+    std::vector<std::string> f;
+    std::istringstream cells(line);
+    for (std::string c; std::getline(cells, c, ',');) f.push_back(c);
+    rows.push_back(std::move(f));
+  }
+  return rows;
+}
+
 // The shape in a .npy header: "(11, 8)" or "(11,)".
 std::string npy_shape(const std::string& path) {
   const std::string s = read_file(path);
@@ -214,12 +228,7 @@ TEST_CASE("r2ccl_predict --live and --info", "[predict]") {
   // (unknown on replay), not 0. Columns: t_s, rail, link, speed, retrans, tx_packets,
   // rx_packets, tx_bytes, rx_bytes, symbol_err, ...
   int empty_symbol = 0;
-  std::istringstream lines(trace);
-  for (std::string line; std::getline(lines, line);) {
-    if (line.find(",eth7,") == std::string::npos) continue;
-    std::vector<std::string> f;
-    std::istringstream cells(line);
-    for (std::string c; std::getline(cells, c, ',');) f.push_back(c);
+  for (const auto& f : rail_rows(trace, "eth7")) {
     REQUIRE(f.size() > 9);
     empty_symbol += f[9].empty();
     CHECK_FALSE(f[8].empty());  // rx_bytes is read
@@ -249,12 +258,7 @@ TEST_CASE("r2ccl_predict --live and --info", "[predict]") {
     live.join();
     REQUIRE(rc == 0);
     std::vector<double> rx;  // column 8
-    std::istringstream rl(read_file(rec2));
-    for (std::string line; std::getline(rl, line);) {
-      if (line.find(",eth7,") == std::string::npos) continue;
-      std::vector<std::string> f;
-      std::istringstream cells(line);
-      for (std::string c; std::getline(cells, c, ',');) f.push_back(c);
+    for (const auto& f : rail_rows(read_file(rec2), "eth7")) {
       REQUIRE(f.size() > 8);
       rx.push_back(std::stod(f[8]));
     }
