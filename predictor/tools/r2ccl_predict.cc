@@ -1212,10 +1212,24 @@ int main(int argc, char** argv) {
     return 0;
   } catch (const CLI::ParseError& e) {
     // With no arguments at all, the whole help; otherwise the error, where it stays visible.
-    if (argc <= 1)
+    // A misspelt option is named first: without a mode the parser only says that one is
+    // missing.
+    if (argc <= 1) {
       fprintf(stderr, "%s", app.help().c_str());
+      return 3;
+    }
+    std::string unknown;
+    for (int i = 1; i < argc && unknown.empty(); ++i) {
+      const std::string a = argv[i];
+      if (a.size() > 2 && a.compare(0, 2, "--") == 0 &&
+          !app.get_option_no_throw(a.substr(0, a.find('='))) && a != "--help")
+        unknown = a.substr(0, a.find('='));
+    }
+    if (!unknown.empty())
+      fprintf(stderr, "r2ccl_predict: unknown option %s\n", unknown.c_str());
     else
-      fprintf(stderr, "r2ccl_predict: %s\n(r2ccl_predict --help lists the options)\n", e.what());
+      fprintf(stderr, "r2ccl_predict: %s\n", e.what());
+    fprintf(stderr, "(r2ccl_predict --help lists the options)\n");
     return 3;
   }
   if (!o.replay.empty()) return run_replay(o);

@@ -59,7 +59,7 @@ first row is down has no event there). Label of a feature row at time t: 1 when 
 event of its rail has t < t_fail <= t + horizon (30 s).
 
 Output (``--out FILE.npz``; the same arrays ``r2ccl_predict --features`` writes):
-  x        float32 [N, 10] unnormalised feature rows, trace order
+  x        float32 [N, 11] unnormalised feature rows, trace order
   rail     int32   [N]     rail index (order of first appearance in the trace)
   t        float64 [N]     seconds
   label    int8    [N]     1 = failure within the horizon

@@ -199,6 +199,11 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
   CHECK_THAT(out, Catch::Contains("--bogus"));
   CHECK_THAT(out, Catch::Contains("r2ccl_predict --help lists the options"));
   CHECK(std::count(out.begin(), out.end(), '\n') <= 3);
+  // A misspelt mode is named, not reported as a missing one.
+  CHECK(run("--evalute " + dir + "/ok.csv", &out) == 3);
+  CHECK_THAT(out, Catch::Contains("unknown option --evalute"));
+  CHECK(run("--evaluate " + dir + "/ok.csv --max-drains=3", &out) == 3);
+  CHECK_THAT(out, Catch::Contains("unknown option --max-drains"));
   CHECK(run("--replay a.csv --live", &out) == 3);
   CHECK(run("--features " + dir + "/ok.csv", &out) == 3);
   CHECK_THAT(out, Catch::Contains("--out"));
