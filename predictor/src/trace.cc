@@ -91,6 +91,7 @@ bool TraceReader::parse_widths(const std::string& line, std::string* err) {
   }
   std::istringstream is(line.substr(colon + 1));
   std::string item;
+  bool named[kNumCounters] = {};
   while (is >> item) {
     const size_t eq = item.find('=');
     const int c = eq == std::string::npos ? -1 : counter_by_name(item.substr(0, eq));
@@ -101,6 +102,12 @@ bool TraceReader::parse_widths(const std::string& line, std::string* err) {
              "columns)";
       return false;
     }
+    if (named[c]) {
+      *err = where(-1) + ": counter '" + counter_name(c) +
+             "' is declared twice in one widths line (accepted: each counter once a line)";
+      return false;
+    }
+    named[c] = true;
     if (scope) {
       scope->w[c] = w;
       scope->set[c] = true;

@@ -122,6 +122,8 @@ class TraceParsing(unittest.TestCase):
         self.assertTraceError([row(0) + ",extra"], "17 fields")
         self.assertTraceError([row(0)], "bad width", widths="# widths: retrans=sat99")
         self.assertTraceError([row(0)], "bad width", widths="# widths: bogus=wrap32")
+        self.assertTraceError([row(0)], "declared twice in one widths line",
+                              widths="# widths: symbol_err=sat16 symbol_err=wrap32")
 
     def test_unknown_column(self):
         with TempTrace([], widths="") as p:

@@ -125,6 +125,9 @@ def parse_widths_line(line: str, where: str) -> Dict[str, Width]:
             raise TraceError(
                 f"{where}: bad width declaration '{item}' (accepted: COUNTER=satN or "
                 f"COUNTER=wrapN, N 1..64, COUNTER one of {', '.join(COUNTERS)})")
+        if name in out:
+            raise TraceError(f"{where}: counter '{name}' is declared twice in one widths line "
+                             "(accepted: each counter once a line)")
         out[name] = w
     return out
 

@@ -1831,6 +1831,8 @@ TEST_CASE("trace reader: widths, deltas, events, and errors naming line and colu
   expect_error("t_s,rail,symbol_err\n5,a,1\n5,a,2\n", "does not increase");
   expect_error("t_s,rail,bogus\n", "unknown column 'bogus'");
   expect_error("# widths: symbol_err=sat99\nt_s,rail\n", "bad width");
+  expect_error("# widths: symbol_err=sat16 symbol_err=wrap32\nt_s,rail\n",
+               "counter 'symbol_err' is declared twice in one widths line");
   expect_error("t_s,rail,link\n0,a,2\n", "accepted: 1 up, 0 down");
   expect_error("t_s,rail\n0,a,3\n", "3 fields");
   expect_error("", "no header");
