@@ -27,10 +27,20 @@ constexpr int kErrCounterIds[] = {kSymbolErr,     kRcvErr,          kCrcErr,
 double log_rate(double count, double dt) { return std::log1p(std::max(0.0, count) / dt); }
 double gain(double dt, double tau) { return 1.0 - std::exp(-dt / tau); }
 
-// One step of a counter's history; returns {excess, slope, accel}.
+// Where a counter's history stands: {excess, slope, accel}.
 struct Trend {
   double excess, slope, accel;
 };
+// From the history's state, nothing updated; also what a step whose delta is the count since
+// a reset reads (that count is not a rate, so it does not step the history).
+Trend hold_track(const FeatureExtractor::Track& t) {
+  Trend r;
+  r.excess = t.fast - t.floor;
+  r.slope = (t.fast - t.slow) / (kSlowTauS - kFastTauS) * 60.0;
+  r.accel = r.slope - t.slope_avg;
+  return r;
+}
+// One step of a counter's history, then where it stands.
 // `dt` is already divided by the interval scale (seconds at the trained interval).
 Trend step_track(FeatureExtractor::Track& t, double raw, double dt) {
   // The median of this log rate and the two before it (fewer at the start: what there is).
@@ -53,20 +63,8 @@ Trend step_track(FeatureExtractor::Track& t, double raw, double dt) {
     t.slow += gain(dt, kSlowTauS) * (x - t.slow);
     t.floor += gain(dt, t.fast > t.floor ? kFloorUpTauS : kFloorDownTauS) * (t.fast - t.floor);
   }
-  Trend r;
-  r.excess = t.fast - t.floor;
-  r.slope = (t.fast - t.slow) / (kSlowTauS - kFastTauS) * 60.0;
-  r.accel = r.slope - t.slope_avg;
+  const Trend r = hold_track(t);
   t.slope_avg += gain(dt, kSlowTauS) * (r.slope - t.slope_avg);
-  return r;
-}
-// Where a counter's history stands without a new sample (a step whose delta is the count since
-// a reset): the same three values step_track would give from its state, nothing updated.
-Trend hold_track(const FeatureExtractor::Track& t) {
-  Trend r;
-  r.excess = t.fast - t.floor;
-  r.slope = (t.fast - t.slow) / (kSlowTauS - kFastTauS) * 60.0;
-  r.accel = r.slope - t.slope_avg;
   return r;
 }
 }  // namespace
@@ -107,9 +105,10 @@ bool FeatureExtractor::push(const Step& s, FeatureRow* out) {
     }
     // A count since a reset covers an unknown part of the step: not a rate. The counter
     // stands where it stood (and a counter not yet seen starts at its next step).
-    if ((s.reset & (1u << c)) && !err_[k].seen) continue;
-    const Trend t = (s.reset & (1u << c)) ? hold_track(err_[k])
-                                          : step_track(err_[k], log_rate(s.d[c], dt), dts);
+    const bool was_reset = (s.reset & (1u << c)) != 0;
+    if (was_reset && !err_[k].seen) continue;
+    const Trend t =
+        was_reset ? hold_track(err_[k]) : step_track(err_[k], log_rate(s.d[c], dt), dts);
     excess = known ? std::max(excess, t.excess) : t.excess;
     slope = known ? std::max(slope, t.slope) : t.slope;
     accel = known ? std::max(accel, t.accel) : t.accel;

@@ -223,9 +223,7 @@ class _Track:
             self.slow += _gain(dt, SLOW_TAU_S) * (x - self.slow)
             tau = FLOOR_UP_TAU_S if self.fast > self.floor else FLOOR_DOWN_TAU_S
             self.floor += _gain(dt, tau) * (self.fast - self.floor)
-        excess = self.fast - self.floor
-        slope = (self.fast - self.slow) / (SLOW_TAU_S - FAST_TAU_S) * 60.0
-        accel = slope - self.slope_avg
+        excess, slope, accel = self.hold()
         self.slope_avg += _gain(dt, SLOW_TAU_S) * (slope - self.slope_avg)
         return excess, slope, accel
 

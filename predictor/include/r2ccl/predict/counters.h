@@ -99,9 +99,10 @@ struct Step {
   double d[kNumCounters] = {};  // deltas; a missing reading counts 0
   uint32_t missing = 0;         // bit c set: counter c had no usable delta this step (no
                                 // reading, or saturated: it counts nothing more, unknown)
-  uint32_t reset = 0;           // bit c set: counter c (one of its files) was reset this step
-                       // (DeltaKind::kReset, settle_resets included): its delta is the count
-                       // since the reset, over an unknown part of dt_s, so not a rate
+  // Bit c set: counter c (one of its files) was reset this step (DeltaKind::kReset,
+  // settle_resets included): its delta is the count since the reset, over an unknown part of
+  // dt_s, so not a rate.
+  uint32_t reset = 0;
 };
 
 // What a rail is, for the live reader.
