@@ -217,8 +217,15 @@ int run_replay(const Options& o) {
   };
   std::map<int, RailRun> runs;
   RailSet set;
-  printf("%-10s %-16s %-4s %-7s %-9s %-6s %s\n", "t_s", "rail", "link", "risk", "baseline", "drain",
-         "event");
+  // The table's header goes out with its first row (or before the summary): a trace that
+  // fails on its first rows prints its error alone.
+  bool header = false;
+  auto print_header = [&header] {
+    if (header) return;
+    header = true;
+    printf("%-10s %-16s %-4s %-7s %-9s %-6s %s\n", "t_s", "rail", "link", "risk", "baseline",
+           "drain", "event");
+  };
   TraceRow row;
   while (tr.next(&row, &err)) {
     const std::string& name = tr.rail_names()[static_cast<size_t>(row.rail)];
@@ -262,6 +269,7 @@ int run_replay(const Options& o) {
     }
     if (!scored && event.empty()) continue;
     if (o.quiet && event.empty()) continue;
+    print_header();
     if (scored)
       printf("%-10.1f %-16s %-4d %-7.3f %-9.3f %-6s %s\n", row.t_s, name.c_str(), 1, a.risk,
              a.baseline_risk, a.drain ? "yes" : "no", event.c_str());
@@ -278,6 +286,7 @@ int run_replay(const Options& o) {
     fprintf(stderr, "r2ccl_predict: no rail named '%s' in %s\n", o.rail.c_str(), o.replay.c_str());
     return 1;
   }
+  print_header();
   // The summary line's words for the LSTM and the baseline are as before "both" existed
   // (issue 17: --replay's output format stays as it is).
   const std::string who = !mp                ? "baseline"

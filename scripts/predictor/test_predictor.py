@@ -715,6 +715,44 @@ class BaselineBudget(unittest.TestCase):
                                         log=lambda *a: None)
         self.assertEqual((info["rise"]["lag"], info["warned"]), (8, 1))
 
+    def test_held_out_margins_raise_only_the_threshold_that_drains(self):
+        import train
+        # Two kinds of failure: rail 90's err_excess at 6.0, rail 91's link_events at 1.4
+        # (1.4 >= 1.0 x 0.9 / 0.7 = 1.29). The held-out bursts (err_excess 5.0 on 3 healthy
+        # rails, 2.8 per rail-week) are cleared by err_excess's threshold x1.35; the same
+        # factor on link_events' would stop warning rail 91 (1.4 < 1.35 x 1.29 = 1.74).
+        def two_kinds(bursts):
+            rows = self.fs(90, bursts, 2)
+            rise = (rows.rail == 91) & (rows.x[:, 0] == 6.0)
+            rows.x[rise, 0] = 0.0
+            rows.x[rise, 3] = 1.4
+            return rows
+        tr, ho = two_kinds(1), two_kinds(3)
+        start = baseline.BaselineParams(np.array([3.0, np.inf, np.inf, 1.0], np.float32), 1)
+        policy = metrics.Policy(threshold=0.9, enter_samples=3)
+        lines = []
+        bl, ev, b = train.tune_baseline_budget(tr, start, policy, 1.0, [1.0], ho, "ho.csv",
+                                               log=lines.append)
+        self.assertEqual(b["margin"], [1.35, 1.0, 1.0, 1.0])
+        self.assertTrue(b["heldout"]["met"])
+        self.assertEqual((b["heldout"]["warned"], b["heldout"]["false_per_rail_week"]), (2, 0.0))
+        self.assertAlmostEqual(float(bl.thresholds[0]), 3.0 * 1.35, places=5)
+        self.assertEqual(float(bl.thresholds[3]), 1.0)
+        self.assertEqual((ev["warned"], ev["false_drains"]), (2, 0))
+        # Raised together (the rule before), both thresholds x1.35 warn one failure of two.
+        both = baseline.BaselineParams(start.thresholds * np.float32(1.35), 1)
+        o = metrics.drain_outcomes(ho, baseline.risk(ho.x, ho.rail, both), policy)
+        self.assertEqual(o["warned"], 1)
+        # Bursts in link_events instead: link_events' threshold is raised, err_excess's kept.
+        ho2 = two_kinds(0)
+        burst = (ho2.rail < 3) & (ho2.t >= 3000) & (ho2.t < 3180)
+        ho2.x[burst, 3] = 1.5
+        bl, ev, b = train.tune_baseline_budget(tr, start, policy, 1.0, [1.0], ho2, "ho2.csv",
+                                               log=lambda *a: None)
+        self.assertEqual(b["margin"][:3], [1.0, 1.0, 1.0])
+        self.assertGreater(b["margin"][3], 1.0)
+        self.assertEqual(b["heldout"]["false_per_rail_week"], 0.0)
+
     def test_a_budget_the_held_out_traces_keep(self):
         import train
         # 90 healthy rails x 2 h = 1.07 rail-weeks: one training burst is 0.93 per rail-week.
@@ -743,20 +781,21 @@ class BaselineBudget(unittest.TestCase):
                       "(--heldout-max-false-per-week)", text)
         self.assertIn("constexpr float kBaselineThreshold[4] = {", text)
         self.assertNotRegex(text, r"[{ ]\d+f")  # every literal a valid float: 4.0f, not 4f
-        # No budget meets it (only 1 tried): every threshold is raised together by the least
+        # No budget meets it (only 1 tried): the thresholds are raised one by one by the least
         # factor that does; x1.35 lifts 3.0 over the bursts (4.05 x 0.9 / 0.7 = 5.2 > 5.0)
         # and still warns the failure (6.0).
         lines = []
         bl, ev, b = train.tune_baseline_budget(tr, start, policy, 1.0, [1.0], ho, "ho.csv",
                                                log=lines.append)
-        self.assertEqual((b["budget"], b["margin"]), (1.0, 1.35))
+        self.assertEqual((b["budget"], b["margin"]), (1.0, [1.35, 1.0, 1.0, 1.0]))
         self.assertTrue(b["heldout"]["met"])
         self.assertEqual((b["heldout"]["warned"], b["heldout"]["false_per_rail_week"]), (1, 0.0))
         self.assertAlmostEqual(float(bl.thresholds[0]), 3.0 * 1.35, places=5)
         self.assertEqual((ev["warned"], ev["false_drains"]), (1, 0))  # training, re-counted
         self.assertEqual(sum("(kept)" in line for line in lines), 1)
         text = train.header_text(bl, ev, policy, b)
-        self.assertIn("whose thresholds x1.35 (the least factor\n// that does) keep them", text)
+        self.assertIn("whose thresholds x[1.35, 1, 1, 1] (raised one\n// by one, the least that "
+                      "do) keep them", text)
         # A held-out set without a healthy rail cannot check a false-drain budget.
         with self.assertRaisesRegex(ValueError, "ho0.csv: no healthy rail"):
             train.tune_baseline_budget(tr, start, policy, 1.0, [1.0], self.fs(0, 0, 2),
@@ -769,18 +808,18 @@ class BaselineBudget(unittest.TestCase):
         lines = []
         bl, ev, b = train.tune_baseline_budget(tr, start, policy, 1.0, [1.0], ho_low, "ho.csv",
                                                log=lines.append)
-        self.assertEqual(b["margin"], 1.0)
+        self.assertEqual(b["margin"], [1.0] * 4)
         self.assertFalse(b["heldout"]["met"])
         self.assertEqual(float(bl.thresholds[0]), 3.0)
-        self.assertTrue(any("x1.35" in line and "(warns too few)" in line for line in lines),
-                        lines)
+        self.assertTrue(any("x[1.35, 1, 1, 1]" in line and "(warns too few)" in line
+                            for line in lines), lines)
         # Bursts no factor tried can clear (20.0 needs x5.2): the smallest budget's thresholds
         # are kept as they are, and the header says so.
         ho.x[ho.x[:, 0] == 5.0, 0] = 20.0
         bl, ev, b = train.tune_baseline_budget(tr, start, policy, 1.0, [1.0], ho, "ho.csv",
                                                log=quiet)
         self.assertFalse(b["heldout"]["met"])
-        self.assertEqual(b["margin"], 1.0)
+        self.assertEqual(b["margin"], [1.0] * 4)
         self.assertEqual(float(bl.thresholds[0]), 3.0)
         text = train.header_text(bl, ev, policy, b)
         self.assertIn("none kept them at or under", text)

@@ -24,9 +24,10 @@ Pipeline (docs/PREDICTOR.md "Training"):
      thresholds keep the HELD-OUT traces at or under --heldout-max-false-per-week (0.7:
      under the target, HELDOUT_MAX_FALSE; thresholds that just meet the target on the
      training traces exceed it on wider ones); when none does, the smallest budget's
-     thresholds raised together by the least factor (HELDOUT_MARGINS, 1.1 to 3) that does
-     while still warning at least MARGIN_MIN_WARNED (half) of the held-out failures the
-     unraised ones warned;
+     thresholds raised one by one (raise_thresholds: each by its own factor of
+     HELDOUT_MARGINS, 1.1 to 3, the step that removes the most held-out false drains per
+     warning lost first) until they do, while still warning at least MARGIN_MIN_WARNED (half)
+     of the held-out failures the unraised ones warned;
      then, with --heldout, the baseline's rise rule (baseline.choose_rise, RISE_GRID): the
      one that warns the most held-out failures at no more than --heldout-max-false-per-week
      false drains per rail-week there (or no more than the thresholds alone where they already
@@ -143,8 +144,8 @@ def parse_budgets(text: str) -> List[float]:
 
 # Rows the baseline averages (k) that step 6 tries for the drain decisions.
 EVENT_KS = (1, 3, 6, 12, 24)
-# Factors on every threshold that step 6 tries, smallest first, when no training budget keeps
-# the held-out traces at the target.
+# Factors on each threshold that step 6 tries, smallest first, when no training budget keeps
+# the held-out traces at the target (raise_thresholds).
 HELDOUT_MARGINS = (1.1, 1.2, 1.35, 1.5, 1.75, 2.0, 2.5, 3.0)
 # The false drains per held-out rail-week step 6 chooses at (the reason: metrics.py).
 HELDOUT_MAX_FALSE = metrics.HELDOUT_MAX_FALSE
@@ -174,19 +175,88 @@ def choose_event_k(fs, start: baseline.BaselineParams, policy, budget: float,
     return baseline.BaselineParams(start.thresholds, best[1])
 
 
+def fmt_margin(m) -> str:
+    """Per-threshold factors for logs and the header: "[1.5, 1, 1, 1]"."""
+    return "[" + ", ".join(f"{float(v):g}" for v in m) + "]"
+
+
+def raise_thresholds(heldout, bl: baseline.BaselineParams, policy, max_false: float,
+                     min_warned: float, log=print):
+    """Per-threshold held-out margins: from ``bl``, raises one threshold at a time to its
+    next factor of HELDOUT_MARGINS (each threshold's own factor, starting at 1) until the
+    held-out false drains per rail-week are at or under ``max_false``. Each round, for every
+    used threshold, the least next factor that lowers the held-out false drains is a
+    candidate; a candidate that meets ``max_false`` ends the search (of several, the one that
+    warns the most), else the one that removes the most false drains per held-out failure it
+    stops warning (false drains removed / (warnings lost + 1)) is taken. A threshold that does
+    not drain healthy rails is thus left where the training traces put it (raising every
+    threshold together cost warnings for nothing: docs/PREDICTOR.md "Training"). Returns
+    (factors float32 [4], held-out outcome), or None when no step lowers the false drains, or
+    when the steps warn fewer than ``min_warned`` (or no) failures."""
+    sm = baseline.levels(heldout.x, heldout.rail, bl.steps)
+    fires = baseline.rise_fires(heldout.x, heldout.rail, bl.rise)
+    seen: Dict[Tuple[float, ...], Dict[str, object]] = {}
+
+    def outcome(f: np.ndarray) -> Dict[str, object]:
+        key = tuple(float(v) for v in f)
+        if key not in seen:
+            th = (bl.thresholds * f).astype(np.float32)
+            r = np.where(fires, np.float32(1), baseline.risk_from_smoothed(sm, th))
+            seen[key] = metrics.drain_outcomes(heldout, r.astype(np.float32), policy)
+        return seen[key]
+
+    used = [i for i in range(4) if np.isfinite(bl.thresholds[i]) and bl.thresholds[i] > 0]
+    f = np.ones(4, dtype=np.float32)
+    cur = outcome(f)
+    while True:
+        cands = []
+        for i in used:
+            for m in (m for m in HELDOUT_MARGINS if m > f[i]):
+                c = f.copy()
+                c[i] = np.float32(m)
+                o = outcome(c)
+                if o["false_per_rail_week"] < cur["false_per_rail_week"]:
+                    cands.append((c, o))
+                    break
+        if not cands:
+            log(f"  baseline thresholds x{fmt_margin(f)}: no larger factor lowers the held-out "
+                "false drains")
+            return None
+        met = [c for c in cands if c[1]["false_per_rail_week"] <= max_false]
+        if met:
+            c, o = max(met, key=lambda c: (c[1]["warned"], -c[1]["false_per_rail_week"]))
+        else:
+            def gain(c):
+                drop = cur["false_per_rail_week"] - c[1]["false_per_rail_week"]
+                lost = max(0, cur["warned"] - c[1]["warned"])
+                return (drop / (lost + 1), drop, c[1]["warned"])
+            c, o = max(cands, key=gain)
+        enough = o["warned"] >= min_warned and o["warned"] > 0
+        ok = bool(met) and enough
+        log(f"  baseline thresholds x{fmt_margin(c)}: held-out warned {o['warned']}/"
+            f"{o['precursor']} at {o['false_per_rail_week']:.2f} false drains per rail-week"
+            f"{' (kept)' if ok else '' if enough else ' (warns too few)'}")
+        if not enough:
+            return None  # larger factors warn fewer still
+        if ok:
+            return c, o
+        f, cur = c, o
+
+
 def tune_baseline_budget(fs, start: baseline.BaselineParams, policy, max_false: float,
                          budgets: List[float], heldout=None, heldout_name: str = "",
                          log=print):
     """Step 6's event tuning. Without a held-out feature set: at ``max_false`` false drains
     per training rail-week. With one: the largest of ``budgets`` (training false drains per
     rail-week) whose thresholds keep the held-out set at or under ``max_false``. When none
-    does, the smallest budget's thresholds are all multiplied by the least of HELDOUT_MARGINS
-    that does (when none of those does either: the smallest budget's, unscaled). Both keep
-    ``start``'s k (choose_event_k picks it). Returns (params, training outcome, {"budget",
-    "margin", "heldout": summary or None})."""
+    does, the smallest budget's thresholds, each raised by its own factor of HELDOUT_MARGINS
+    (:func:`raise_thresholds`), while still warning at least MARGIN_MIN_WARNED of the held-out
+    failures the unraised thresholds warned (when that fails: the smallest budget's, unraised).
+    Both keep ``start``'s k (choose_event_k picks it). Returns (params, training outcome,
+    {"budget", "margin": the factor on each threshold, "heldout": summary or None})."""
     if heldout is None:
         bl, ev = baseline.tune_events(fs, start, policy, max_false_per_week=max_false, log=log)
-        return bl, ev, {"budget": max_false, "margin": 1.0, "heldout": None}
+        return bl, ev, {"budget": max_false, "margin": [1.0] * 4, "heldout": None}
     chosen = None
     for b in sorted(budgets, reverse=True):
         bl, ev = baseline.tune_events(fs, start, policy, max_false_per_week=b,
@@ -202,35 +272,27 @@ def tune_baseline_budget(fs, start: baseline.BaselineParams, policy, max_false: 
             f"{ev['precursor']} at {ev['false_per_rail_week']:.2f}; held-out warned "
             f"{o['warned']}/{o['precursor']} at {o['false_per_rail_week']:.2f} false drains "
             f"per rail-week{' (kept)' if ok else ''}")
-        chosen = (bl, ev, {"budget": b, "margin": 1.0, "heldout": {
+        chosen = (bl, ev, {"budget": b, "margin": [1.0] * 4, "heldout": {
             "trace": heldout_name, "warned": o["warned"], "precursor": o["precursor"],
             "false_per_rail_week": round(o["false_per_rail_week"], 3), "target": max_false,
             "met": bool(ok)}})
         if ok:
             return chosen
     # No budget kept the held-out traces at the target; below the smallest the training
-    # traces have nothing left to tell (no false drain to trade). Raise every threshold of the
-    # smallest budget's together by the least of HELDOUT_MARGINS that does keep them there.
+    # traces have nothing left to trade. Raise the smallest budget's thresholds, one by one.
     bl, ev, info = chosen
-    min_warned = MARGIN_MIN_WARNED * info["heldout"]["warned"]
-    for m in HELDOUT_MARGINS:
-        cand = baseline.BaselineParams((bl.thresholds * np.float32(m)).astype(np.float32),
-                                       bl.steps)
-        o = metrics.drain_outcomes(heldout, baseline.risk(heldout.x, heldout.rail, cand), policy)
-        ok = o["false_per_rail_week"] <= max_false and o["warned"] >= min_warned and o["warned"] > 0
-        why = "" if ok else (" (warns too few)" if o["false_per_rail_week"] <= max_false else "")
-        log(f"  baseline thresholds x{m:g}: held-out warned {o['warned']}/{o['precursor']} at "
-            f"{o['false_per_rail_week']:.2f} false drains per rail-week"
-            f"{' (kept)' if ok else why}")
-        if o["false_per_rail_week"] <= max_false and not ok:
-            break  # larger factors warn fewer still
-        if ok:
-            ev = metrics.drain_outcomes(fs, baseline.risk(fs.x, fs.rail, cand), policy)
-            info = {"budget": info["budget"], "margin": m, "heldout": {
-                **info["heldout"], "warned": o["warned"],
-                "false_per_rail_week": round(o["false_per_rail_week"], 3), "met": True}}
-            return cand, ev, info
-    return chosen
+    raised = raise_thresholds(heldout, bl, policy, max_false,
+                              MARGIN_MIN_WARNED * info["heldout"]["warned"], log)
+    if raised is None:
+        return chosen
+    m, o = raised
+    cand = baseline.BaselineParams((bl.thresholds * m).astype(np.float32), bl.steps,
+                                   bl.rise.copy())
+    ev = metrics.drain_outcomes(fs, baseline.risk(fs.x, fs.rail, cand), policy)
+    info = {"budget": info["budget"], "margin": [round(float(v), 6) for v in m], "heldout": {
+        **info["heldout"], "warned": o["warned"],
+        "false_per_rail_week": round(o["false_per_rail_week"], 3), "met": True}}
+    return cand, ev, info
 
 
 def header_text(p: baseline.BaselineParams, ev: Dict[str, object], policy,
@@ -244,12 +306,12 @@ def header_text(p: baseline.BaselineParams, ev: Dict[str, object], policy,
     ho = budget.get("heldout")
     chosen = ""
     if ho:
-        margin = float(budget.get("margin", 1.0))
+        margin = budget.get("margin", [1.0] * 4)
         if not ho["met"]:
             how = "the smallest tried: none kept them at or under"
-        elif margin != 1.0:
-            how = (f"the smallest, whose thresholds x{margin:g} (the least factor\n// that "
-                   "does) keep them at or under")
+        elif any(float(v) != 1.0 for v in margin):
+            how = (f"the smallest, whose thresholds x{fmt_margin(margin)} (raised one\n// "
+                   "by one, the least that do) keep them at or under")
         else:
             how = "the largest that kept them at or under"
         chosen = (f"// Training budget {budget['budget']:g} false drains per rail-week, chosen on "

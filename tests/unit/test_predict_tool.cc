@@ -98,6 +98,8 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
   write(dir + "/bad.csv", "t_s,rail,symbol_err\n0,a,1\n5,a,x7\n");
   CHECK(run("--replay " + dir + "/bad.csv --model " + kModel, &out) == 1);
   CHECK_THAT(out, Catch::Contains("bad.csv line 3 column symbol_err"));
+  // The error alone: no table header printed ahead of a trace that fails before any row shows.
+  CHECK(out.find("link risk") == std::string::npos);
   CHECK(run("--features " + dir + "/bad.csv --out " + dir + "/f", &out) == 1);
   CHECK(run("--replay " + dir + "/missing.csv --model " + kModel, &out) == 1);
   CHECK_THAT(out,
@@ -149,6 +151,7 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
   // what decides, and so do the others.
   CHECK(run("--replay " + dir + "/ok.csv --model " + kModel, &out) == 0);
   CHECK_THAT(out, Catch::Contains("summary (baseline decides;"));
+  CHECK(out.find("link risk") < out.find("summary ("));  // the table's header, ahead
   CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --decider both", &out) == 0);
   CHECK_THAT(out, Catch::Contains("summary (both (the baseline raised by the LSTM up to 1.4 x"));
   CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --decider lstm", &out) == 0);
@@ -186,6 +189,7 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
   CHECK(out.find('\x01') == std::string::npos);  // shown as '?', not echoed raw
   CHECK(run("--replay " + dir + "/ok.csv --rail nosuch --model " + kModel, &out) == 1);
   CHECK_THAT(out, Catch::Contains("no rail named 'nosuch'"));
+  CHECK(out.find("link risk") == std::string::npos);
   write(dir + "/magic12.bin", std::string("R2PRDLST\x01\0\0\0", 12));
   CHECK(run("--info --model " + dir + "/magic12.bin", &out) == 1);
   CHECK_THAT(out, Catch::Contains("truncated"));
