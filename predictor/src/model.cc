@@ -62,12 +62,16 @@ float baseline_risk(const FeatureRow* rows, int n, const BaselineParams& p, floa
   // A rate below its own mean is falling back: it, and the slope of its rise, are judged at
   // where they stand now (model.h).
   const bool falling = n > 0 && rows[n - 1][kErrExcess] < mean[kErrExcess];
+  // Fallen hard over the last kFallLag rows: a burst's tail counts 0 (model.h).
+  const bool fell =
+      n > kFallLag && rows[n - 1 - kFallLag][kErrExcess] - rows[n - 1][kErrExcess] >= kFallLeast;
   for (int f = 0; f < 4; ++f) {
     float r = 0;
     const float t = p.threshold[f];
     if (n > 0 && t > 0 && std::isfinite(t)) {
       float level = mean[f];
       if (f == kErrExcess || (f == kErrSlope && falling)) level = std::min(level, rows[n - 1][f]);
+      if (fell && (f == kErrExcess || f == kErrSlope)) level = 0;
       r = level / t;
     }
     if (ratio) ratio[f] = r;

@@ -3,7 +3,8 @@
 Risk of a rail at a scored row: over the mean of the last k raw (unnormalised) feature rows
 of features 0..3 (fewer rows so far: the mean of those there are), err_excess's mean capped
 at its value at the row, and err_slope's too where err_excess stands below its mean
-(:func:`levels`),
+(:func:`levels`), both counted 0 where err_excess has just fallen hard (the fall rule:
+by FALL_LEAST or more over the last FALL_LAG rows, a burst's decaying tail),
 
     risk = min(1, 0.7 * max_i(mean_i / threshold_i))
 
@@ -37,6 +38,10 @@ from typing import Dict, Iterable, List, Optional, Tuple
 import numpy as np
 
 DRAIN = np.float32(0.7)
+# The fall rule (model.h kFallLag, kFallLeast): where err_excess (feature 0) stands at least
+# FALL_LEAST below its value FALL_LAG rows back, err_excess and err_slope count 0.
+FALL_LAG = 4
+FALL_LEAST = np.float32(0.8)
 # The rise rule off: lag 0 (weights file version 4, "rise"; model.h BaselineParams).
 RISE_OFF = (0.0, 0.0, 0.0, 0.0)
 
@@ -92,18 +97,39 @@ def smoothed(x: np.ndarray, rail: np.ndarray, k: int) -> np.ndarray:
     return out
 
 
+def fall_fires(x: np.ndarray, rail: np.ndarray) -> np.ndarray:
+    """bool [N]: the rows at which the fall rule fires: err_excess (feature 0) stands at least
+    FALL_LEAST below its value FALL_LAG rows back in its rail (rows of a rail in array order;
+    a rail's first FALL_LAG rows never fire), in float32 like the C++."""
+    n = x.shape[0]
+    out = np.zeros(n, dtype=bool)
+    if n == 0:
+        return out
+    order, pos = rail_order(rail)
+    v = np.asarray(x[order, 0], dtype=np.float32)
+    i = np.flatnonzero(pos >= FALL_LAG)
+    sel = np.zeros(n, dtype=bool)
+    sel[i] = (v[i - FALL_LAG] - v[i]) >= FALL_LEAST
+    out[order] = sel
+    return out
+
+
 def levels(x: np.ndarray, rail: np.ndarray, k: int) -> np.ndarray:
     """float32 [N, 4]: what the thresholds judge, :func:`smoothed` with err_excess (feature 0)
     no higher than its value at the row itself: a burst that has fallen back under the
     threshold does not drain a rail on the mean's memory of it, and a rising rate (above its
     mean) is judged by the mean. At rows where err_excess stands below its mean (falling
     back), err_slope (feature 1) is no higher than its value at the row either: its mean still
-    holds the burst's rise (model.cc, baseline_risk)."""
+    holds the burst's rise. Where the fall rule fires (:func:`fall_fires`: a rate that has
+    just fallen hard, a burst's tail), both count 0 (model.cc, baseline_risk)."""
     sm = smoothed(x, rail, k)
     now = np.asarray(x[:, :2], dtype=np.float32)
     falling = now[:, 0] < sm[:, 0]
     sm[:, 0] = np.minimum(sm[:, 0], now[:, 0])
     sm[:, 1] = np.where(falling, np.minimum(sm[:, 1], now[:, 1]), sm[:, 1])
+    fell = fall_fires(x, rail)
+    sm[fell, 0] = 0
+    sm[fell, 1] = 0
     return sm
 
 

@@ -390,6 +390,30 @@ class Baseline(unittest.TestCase):
         self.assertEqual(float(r[10]), 0.0)
         self.assertEqual(float(r[11]), 1.0)
 
+    def test_fall_rule(self):
+        # Two rails interleaved: a burst's tail (4 -> 3.1 -> 3, a fall of 1.0 over 4 rows) and
+        # a slow fall to the same level (0.15 a row: 0.6 over 4 rows).
+        tail = [0, 0, 4, 4, 4, 4, 3.1, 3]
+        slow = [3.9, 3.75, 3.6, 3.45, 3.3, 3.15, 3.0, 3.0]
+        x = np.zeros((16, features.N_FEATURES), dtype=np.float32)
+        x[0::2, 0], x[1::2, 0] = tail, slow
+        x[:, 1] = 2.0  # err_slope
+        rail = np.tile(np.array([0, 1], np.int32), 8)
+        fell = baseline.fall_fires(x, rail)
+        self.assertEqual(np.flatnonzero(fell).tolist(), [12, 14])  # the tail's rows 6 and 7
+        lv = baseline.levels(x, rail, 8)
+        np.testing.assert_array_equal(lv[[12, 14], :2], np.zeros((2, 2), np.float32))
+        self.assertAlmostEqual(float(lv[15, 0]), 3.0, places=6)  # the slow one: where it is
+        self.assertAlmostEqual(float(lv[15, 1]), 2.0, places=6)
+        # Without the rule the tail's last row would count min(mean 26.1 / 8, 3) = 3.
+        p = baseline.BaselineParams(np.array([1.0, 1.0, np.inf, np.inf], np.float32), 8)
+        r = baseline.risk(x, rail, p)
+        self.assertEqual((float(r[14]), float(r[15])), (0.0, 1.0))
+        # A rail's first FALL_LAG rows never fire: the same fall 3 rows into a rail does not.
+        short = np.zeros((4, features.N_FEATURES), np.float32)
+        short[:, 0] = [4, 4, 3.1, 3]
+        self.assertFalse(baseline.fall_fires(short, np.zeros(4, np.int32)).any())
+
     def test_rise_rule(self):
         # Two rails interleaved row by row: the rule looks at each rail's own rows.
         creep = [0.125 * i for i in range(13)]              # rises 0.5 and 0.5 at row 12

@@ -1,6 +1,6 @@
 """The LSTM weights file (docs/PREDICTOR.md "Weights file"): writer, reader, CRC check.
 
-Layout (little-endian, version 4):
+Layout (little-endian, version 5):
   magic b"R2PRDLST" | u32 version | u32 F, H, W, horizon_s | f32 interval_s
   | f32 mean[F] | f32 std[F] | f32 threshold[4] (+inf = unused) | f32 k
   | f32 rise[4]: the baseline's rise rule, lag (rows, 0 = off), least rise, ratio, level
@@ -22,7 +22,9 @@ from typing import Any, Dict
 import numpy as np
 
 MAGIC = b"R2PRDLST"
-VERSION = 4  # 2: the trend features (issue 17); 3: recent_downs, 11 features; 4: rise rule
+# 2: the trend features (issue 17); 3: recent_downs, 11 features; 4: rise rule; 5: counts
+# since a reset step no counter's history, and the baseline's fall rule
+VERSION = 5
 MAX_BYTES = 1024 * 1024
 
 

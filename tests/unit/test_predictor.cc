@@ -1162,8 +1162,9 @@ TEST_CASE("baseline: err_slope counts where it stands while err_excess falls bac
   // The same slope on both rails: a rise, then level. Mean 9 / 6 = 1.5 (risk 1 on the mean).
   const float slope[6] = {0, 4, 4, 1, 0, 0};
   for (int i = 0; i < 6; ++i) rows[i][kErrSlope] = slope[i];
-  // err_excess fallen back below its mean (14 / 6): the slope counts at its latest row, 0.
-  const float fell[6] = {0, 2, 4, 4, 3, 1};
+  // err_excess fallen back below its mean (14.5 / 6): the slope counts at its latest row, 0.
+  // (From 2 four rows back to 1.5: a fall of 0.5, under the fall rule's kFallLeast.)
+  const float fell[6] = {0, 2, 4, 4, 3, 1.5f};
   for (int i = 0; i < 6; ++i) rows[i][kErrExcess] = fell[i];
   float ratio[4];
   CHECK(baseline_risk(rows, 6, bp, ratio) == 0.0f);
@@ -1177,6 +1178,43 @@ TEST_CASE("baseline: err_slope counts where it stands while err_excess falls bac
   rows[5][kErrSlope] = 3;  // mean 12 / 6 = 2
   CHECK(baseline_risk(rows, 6, bp, ratio) == 1.0f);
   CHECK(ratio[kErrSlope] == Approx(2.0));
+}
+
+TEST_CASE("baseline fall rule: a rate that has just fallen hard is a burst's tail", "[predictor]") {
+  BaselineParams bp;
+  bp.threshold[kErrExcess] = 1.0f;
+  bp.threshold[kErrSlope] = 1.0f;
+  bp.threshold[kLinkEvents] = 1.0f;
+  bp.steps = 8;
+  FeatureRow rows[8] = {};
+  // A burst decaying: 4 at rows 2-5, then 3.1 and 3. Four rows back from the last, 4: a fall
+  // of 1.0 >= kFallLeast (0.8). Without the rule err_excess counts min(mean 26.1 / 8, 3) = 3.
+  const float tail[8] = {0, 0, 4, 4, 4, 4, 3.1f, 3};
+  for (int i = 0; i < 8; ++i) {
+    rows[i][kErrExcess] = tail[i];
+    rows[i][kErrSlope] = 2;  // its mean and latest row both 2
+  }
+  float ratio[4];
+  CHECK(baseline_risk(rows, 8, bp, ratio) == 0.0f);
+  CHECK(ratio[kErrExcess] == 0.0f);
+  CHECK(ratio[kErrSlope] == 0.0f);
+  // Only err_excess and err_slope: link events still count.
+  rows[7][kLinkEvents] = 8;  // mean 1
+  CHECK(baseline_risk(rows, 8, bp, ratio) == Approx(0.7f));
+  rows[7][kLinkEvents] = 0;
+  // The same level reached by a slow fall (0.15 a row, 0.6 over 4 rows): judged as before.
+  const float slow[8] = {3.9f, 3.75f, 3.6f, 3.45f, 3.3f, 3.15f, 3.0f, 3.0f};
+  for (int i = 0; i < 8; ++i) rows[i][kErrExcess] = slow[i];
+  CHECK(baseline_risk(rows, 8, bp, ratio) == 1.0f);
+  CHECK(ratio[kErrExcess] == Approx(3.0f));
+  // A rate that rises is never a fall.
+  for (int i = 0; i < 8; ++i) rows[i][kErrExcess] = 0.5f * static_cast<float>(i);
+  CHECK(baseline_risk(rows, 8, bp, ratio) == 1.0f);
+  // kFallLag + 1 rows are needed: with 4 rows (a fall of 4 -> 3.1 is 3 rows back), none.
+  for (int i = 0; i < 4; ++i) rows[i][kErrExcess] = tail[i + 2];
+  rows[3][kErrExcess] = 3.0f;
+  CHECK(baseline_risk(rows, 4, bp, ratio) == 1.0f);
+  CHECK(ratio[kErrExcess] == Approx(3.0f));
 }
 
 namespace {

@@ -19,8 +19,9 @@
 namespace r2ccl::predict {
 
 constexpr char kModelMagic[8] = {'R', '2', 'P', 'R', 'D', 'L', 'S', 'T'};
-// 2: the trend features (issue 17); 3: recent_downs (11 features); 4: the baseline's rise rule
-constexpr uint32_t kModelVersion = 4;
+// 2: the trend features (issue 17); 3: recent_downs (11 features); 4: the baseline's rise rule;
+// 5: counts since a reset step no counter's history, and the baseline's fall rule
+constexpr uint32_t kModelVersion = 5;
 constexpr size_t kModelMaxBytes = 1024 * 1024;  // the issue's budget: under 1 MB
 
 // The threshold detector: the mean of the last `steps` raw rows of features 0..3, risk =
@@ -38,6 +39,10 @@ constexpr size_t kModelMaxBytes = 1024 * 1024;  // the issue's budget: under 1 M
 // burst is a step up and back: either fires it only while its window straddles the step (at
 // most 2 rows with rise_ratio >= 1, under the 3 samples R2CCL_PREDICT_ENTER_SAMPLES holds a
 // drain back for). It needs 2 * rise_lag + 1 rows (fewer: it does not fire).
+// The fall rule: where err_excess stands kFallLeast or more below its value kFallLag rows
+// back, err_excess and err_slope count 0. A burst's decaying tail is a rate that has just
+// fallen hard, and the mean of the last `steps` rows, which still holds the burst, does not
+// drain the rail on it; a creep's rate does not fall so. It needs kFallLag + 1 rows.
 // docs/PREDICTOR.md "Baseline".
 struct BaselineParams {
   float threshold[4] = {};
@@ -47,7 +52,9 @@ struct BaselineParams {
   float rise_ratio = 0;  // later rise / earlier rise, at least
   float rise_level = 0;  // err_excess units
 };
-constexpr int kRiseMaxLag = 1024;  // rows: the most a weights file may ask for
+constexpr int kFallLag = 4;         // rows (20 s at the 5 s interval)
+constexpr float kFallLeast = 0.8f;  // err_excess units: the rate fell to under 0.45x
+constexpr int kRiseMaxLag = 1024;   // rows: the most a weights file may ask for
 // The compiled-in baseline, tuned by scripts/predictor/train.py (predictor/model/
 // baseline_defaults.h).
 BaselineParams default_baseline();
