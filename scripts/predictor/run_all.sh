@@ -9,7 +9,7 @@
 #      a report; the defaults in params.h are set by hand from it)
 #   5. C++ test fixtures -> tests/predictor/fixtures/
 #   6. refresh the generated blocks of docs/PREDICTOR.md ("Failure models", "Results")
-# About 24 minutes on an idle 2-core machine (train.py ~13, tune_policy.py ~8); traces and
+# About 68 minutes on a 2-core machine (train.py ~34, tune_policy.py ~27); traces and
 # logs go to the work directory, not the repo.
 #
 # Usage: scripts/predictor/run_all.sh [--work DIR] [--features-from auto|cpp|python] [--quick]
