@@ -1027,6 +1027,10 @@ int run_info(const Options& o) {
         m.baseline.rise_least, m.baseline.rise_lag, m.baseline.rise_ratio, m.baseline.rise_level);
   else
     printf("baseline rise rule: off\n");
+  printf(
+      "baseline fall rule (built in): err_excess and err_slope count 0 where err_excess fell by "
+      ">= %.3g over the last %d steps\n",
+      kFallLeast, kFallLag);
   const std::string note =
       baseline_window_note(m.baseline, static_cast<int>(m.window),
                            "the file's window of " + std::to_string(m.window) + " samples");
