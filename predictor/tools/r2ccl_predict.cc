@@ -1015,8 +1015,10 @@ int run_info(const Options& o) {
   Model m;
   bool have = false;
   if (!get_model(o, &m, &have, true)) return 1;
-  printf("features %u, hidden %u, window %u steps, horizon %u s, trained at %.1f s intervals\n",
-         m.n_features, m.hidden, m.window, m.horizon_s, m.interval_s);
+  printf(
+      "weights file version %u, features %u, hidden %u, window %u steps, horizon %u s, trained "
+      "at %.1f s intervals\n",
+      kModelVersion, m.n_features, m.hidden, m.window, m.horizon_s, m.interval_s);
   printf("size %zu bytes (limit %zu); baseline thresholds %.3g %.3g %.3g %.3g over %d steps\n",
          m.file_bytes, kModelMaxBytes, m.baseline.threshold[0], m.baseline.threshold[1],
          m.baseline.threshold[2], m.baseline.threshold[3], m.baseline.steps);

@@ -126,6 +126,8 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
   CHECK(run("--info --model " + std::string(kModel), &out) == 0);
   CHECK_THAT(out, Catch::Contains("baseline rise rule: err_excess up >= ") &&
                       !Catch::Contains("never fires"));
+  CHECK_THAT(out, Catch::Contains("weights file version " +
+                                  std::to_string(r2ccl::predict::kModelVersion) + ", features 11"));
   CHECK_THAT(out, Catch::Contains("baseline fall rule (built in): err_excess and err_slope count "
                                   "0 where err_excess fell by >= 0.8 over the last 4 steps"));
   std::string lag20 = good;

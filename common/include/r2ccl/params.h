@@ -210,8 +210,9 @@ struct ParamDef {
     "\"In the plugin\"); 2: a single down returns as soon as the link is back and "             \
     "its risk is low.")                                                                         \
   X(predict_decider, "R2CCL_PREDICT_DECIDER", kString, "baseline", 0, 0, nullptr,               \
-    "Whose risk drains rails: baseline (the threshold, rise and fall rules: built in, or "      \
-    "those R2CCL_PREDICT_MODEL's file carries), both (the baseline, raised by the LSTM up "     \
+    "Whose risk drains rails: baseline (the threshold and rise rules, built in or those "       \
+    "R2CCL_PREDICT_MODEL's file carries, and the built-in fall rule), both (the "               \
+    "baseline, raised by the LSTM up "                                                          \
     "to R2CCL_PREDICT_LSTM_CAP times its own risk) or lstm (the weights file alone). The "      \
     "LSTM alone does not beat the baseline. both ties it on the frozen evaluation set and "     \
     "warns about 2 % more failures on our own traces at a few more false drains, for "          \
