@@ -221,6 +221,7 @@ void Daemon::start_control_plane() {
   c.lease_ttl_s = o_.lease_ttl_s;
   c.token = o_.token;
   c.test_write_after_pause = o_.test_write_after_pause;
+  c.test_register_delay_ms = o_.test_register_delay_ms;
   ControlPlane::Events e;
   e.record = [this](const Record& r) { asio::post(io_, [this, r] { apply_record(r); }); };
   e.cut = [this](uint64_t step, uint64_t gen) {

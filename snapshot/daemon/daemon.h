@@ -191,6 +191,7 @@ struct Options {
   std::string prefix;  // the job's etcd key prefix, "/r2ccl/JOB/"
   int64_t lease_ttl_s = 3;
   bool test_write_after_pause = false;
+  int test_register_delay_ms = 0;  // ControlPlane::Config's
 };
 
 class Daemon {

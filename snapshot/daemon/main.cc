@@ -1,6 +1,7 @@
 // r2ccl_snapshotd's command line (the daemon: daemon.h): options parsed and checked, then
 // Daemon::run(). Exit status 2 on bad arguments or files.
 #include <CLI/CLI.hpp>
+#include <cstdlib>
 
 #include "daemon.h"
 
@@ -215,6 +216,18 @@ int main(int argc, char** argv) {
   o.lease_ttl_s = lease_ttl;
   o.etcd.timeout_ms = std::max(200, std::min(1000, lease_ttl * 1000 / 3));
   o.test_write_after_pause = getenv("R2CCL_SNAPD_TEST_WRITE_AFTER_PAUSE") != nullptr;
+  if (const char* e = getenv("R2CCL_SNAPD_TEST_REGISTER_DELAY_MS")) {
+    char* end = nullptr;
+    const long ms = strtol(e, &end, 10);
+    if (end == e || *end != '\0' || ms < 0 || ms > 10000) {
+      fprintf(stderr,
+              "r2ccl_snapshotd: R2CCL_SNAPD_TEST_REGISTER_DELAY_MS=\"%s\" is not valid "
+              "(accepted: milliseconds, 0..10000; a test hook)\n",
+              e);
+      return 2;
+    }
+    o.test_register_delay_ms = static_cast<int>(ms);
+  }
   o.self = id;
   o.token = token;
   o.period = static_cast<TimeUs>(period_ms) * kUsPerMs;

@@ -137,12 +137,15 @@ bool ControlPlane::register_refused(const etcd::Status& s) {
 
 bool ControlPlane::do_register(bool new_incarnation) {
   if (new_incarnation || incarnation_ == 0) incarnation_ = random_incarnation();
-  // A predecessor on this id (a restart within its TTL): revoke its lease, so its election key
-  // and suspicions go with it and a paused old process cannot pass our fence.
+  // A predecessor on this id (a restart within its TTL, or our own earlier try): its member key
+  // is replaced in one write, then its lease revoked, so its suspicions go with it. Never the
+  // other way round: between a revoke and the new member key the id is missing from etcd, and a
+  // coordinator that reads then records a loss and a join where a restart happened.
   std::vector<etcd::KeyValue> old;
   etcd::Status s = kv_->range(member_key(c_.prefix, c_.self), "", &old);
   note(s);
   if (!s.ok()) return register_refused(s);
+  int64_t predecessor = 0;
   if (!old.empty() && old[0].lease && old[0].lease != lease_) {
     MemberInfo prev;
     std::string err;
@@ -155,13 +158,14 @@ bool ControlPlane::do_register(bool new_incarnation) {
             c_.self, old[0].key.c_str());
       return false;
     }
-    kv_->lease_revoke(old[0].lease);
+    predecessor = old[0].lease;
   }
-  if (lease_) kv_->lease_revoke(lease_);  // our own expired or evicted registration
-  lease_ = 0;
-  s = kv_->lease_grant(c_.lease_ttl_s, &lease_);
+  const int64_t own_before = lease_;  // our own expired or evicted registration, or 0
+  int64_t fresh = 0;
+  s = kv_->lease_grant(c_.lease_ttl_s, &fresh);
   note(s);
   if (!s.ok()) return register_refused(s);
+  lease_ = fresh;
   MemberInfo me;
   me.id = c_.self;
   me.incarnation = incarnation_;
@@ -169,16 +173,24 @@ bool ControlPlane::do_register(bool new_incarnation) {
   me.usable_gbps = gbps_.load();
   me.job = job_;
   gbps_published_ = me.usable_gbps;
-  // Member and election keys in one transaction; the election key is new (delete, then create
-  // in a second step: etcd refuses two operations on one key in a transaction).
-  s = kv_->del(election_key(c_.prefix, c_.self));
-  note(s);
-  if (!s.ok()) return register_refused(s);
+  if (c_.test_register_delay_ms > 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(c_.test_register_delay_ms));
+  // The member key and the end of any old election key in one transaction: a paused
+  // predecessor fails its fence from the moment this incarnation is the member.
   etcd::TxnResult tr;
   Op put_member{Op::kPut, member_key(c_.prefix, c_.self), encode_member(me), "", lease_};
+  Op del_election{Op::kDelete, election_key(c_.prefix, c_.self), "", "", 0};
+  s = kv_->txn({}, {put_member, del_election}, {}, &tr);
+  note(s);
+  if (!s.ok()) return register_refused(s);
+  if (predecessor) kv_->lease_revoke(predecessor);
+  if (own_before && own_before != predecessor) kv_->lease_revoke(own_before);
+  // A new election key (created now: its create revision is our fence), in a second
+  // transaction: etcd refuses two operations on one key in one.
   Op put_election{Op::kPut, election_key(c_.prefix, c_.self), "", "", lease_};
   Op get_election{Op::kRange, election_key(c_.prefix, c_.self), "", "", 0};
-  s = kv_->txn({}, {put_member, put_election, get_election}, {}, &tr);
+  tr = etcd::TxnResult{};
+  s = kv_->txn({}, {put_election, get_election}, {}, &tr);
   note(s);
   if (!s.ok()) return register_refused(s);
   election_rev_ = !tr.ranges.empty() && !tr.ranges[0].empty() ? tr.ranges[0][0].create_revision : 0;

@@ -440,9 +440,14 @@ TEST_CASE(
   Cluster c(3, "snaprs", false, 5);
   // A 500 ms period: "at once" must stay within one period (suspicion needs 3) also when
   // starting the daemon takes 300 ms on a loaded machine (a run beside a build had node 2
-  // suspected and evicted before its new process listened); the lease (1 s) is not at risk,
-  // since the new process's member key replaces the old one.
+  // suspected and evicted before its new process listened).
   c.period_ms = 500;
+  // A 5 s lease: the old process's lease outlives the restart, so its member key is there until
+  // the new process's replaces it. And the new process waits 1 s (a test hook) right before
+  // that write, as an etcd slowed by a loaded disk can make it: the member key must never be
+  // missing meanwhile (a registration that revoked the old lease first left it missing, and a
+  // coordinator that read then wrote "lost 2 (lease gone)", then "joined 2"; a CI run).
+  c.lease_ttl_s = 5;
   std::vector<std::unique_ptr<Rank>> ranks;
   start_and_take(c, &ranks, 2);
   // The first record is out before the kill: otherwise it alone would pass the check below.
@@ -451,12 +456,17 @@ TEST_CASE(
   board_members(c.boards[0], &epoch);
   ranks[2]->close();
   c.stop(2, SIGKILL);
-  c.start(2);
+  c.start(2, "R2CCL_SNAPD_TEST_REGISTER_DELAY_MS=1000");
   REQUIRE(c.wait_socket(2));
   {
     INFO(c.all_logs());
     REQUIRE(boards_agree(c, {0, 1, 2}, {0, 1, 2}, 10000, epoch));
-    CHECK(c.all_logs().find("restarted: new incarnation") != std::string::npos);
+  }
+  {
+    const std::string logs = c.all_logs();  // as they are now, not before the wait
+    INFO(logs);
+    CHECK(logs.find("restarted: new incarnation") != std::string::npos);
+    CHECK(logs.find("lease gone") == std::string::npos);
   }
   // Its rank restores step 2 from the replicas at once: the peers answer on a connection to
   // the new process. (Its first HELLOs went out before etcd gave it an incarnation and said 0;

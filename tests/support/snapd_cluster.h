@@ -39,7 +39,7 @@ inline std::string daemon_path() {
   return test::env_or("R2CCL_TEST_SNAPSHOTD", R2CCL_BINARY_DIR "/bin/r2ccl_snapshotd");
 }
 
-// N daemons on 127.0.0.1, heartbeat 100 ms, a 1 s lease, and their own etcd.
+// N daemons on 127.0.0.1, heartbeat 100 ms, a 1 s lease (both settable), and their own etcd.
 struct Cluster {
   int n = 0;
   std::string tag, peers, token, topology;
@@ -48,6 +48,7 @@ struct Cluster {
   std::vector<pid_t> pids;
   std::vector<std::string> extra;  // more daemon arguments for every node
   int period_ms = 100;             // --period-ms of every node
+  int lease_ttl_s = 1;             // --lease-ttl of every node
 
   // `slot` keeps the test cases of one process on different ports.
   Cluster(int nodes, const std::string& name, bool spill, int slot, int etcd_members = 1)
@@ -112,7 +113,7 @@ struct Cluster {
                                  "--job",
                                  tag,
                                  "--lease-ttl",
-                                 "1"};
+                                 std::to_string(lease_ttl_s)};
       if (!spills[i].empty()) a.insert(a.end(), {"--spill-dir", spills[i]});
       if (!topology.empty()) a.insert(a.end(), {"--topology", topology});
       a.insert(a.end(), extra.begin(), extra.end());

@@ -72,6 +72,9 @@ class ControlPlane {
     // process was stopped), write the last record once more before reading anything, so a
     // test can see etcd refuse a fenced write.
     bool test_write_after_pause = false;
+    // Test hook: milliseconds to wait, in every registration, right before the write that
+    // makes this incarnation the member (a slow etcd during a restart), 0..10000.
+    int test_register_delay_ms = 0;
   };
   struct View {  // what the coordinator reads every period
     std::vector<MemberInfo> registered;
