@@ -260,6 +260,11 @@ TEST_CASE("snapshotd: bad start-up settings are refused by name; a host name bin
                                   "http://HOST:PORT or https://HOST:PORT"));
   CHECK(run_daemon({"--socket", sock, "--job", "a/b"}, peers, token, 5000, &log) == 2);
   CHECK_THAT(log, Catch::Contains("--job 'a/b' (accepted: 1-64 letters, digits"));
+  setenv("R2CCL_SNAPD_TEST_REGISTER_DELAY_MS", "1s", 1);  // the child inherits it
+  CHECK(run_daemon({"--socket", sock}, peers, token, 5000, &log) == 2);
+  unsetenv("R2CCL_SNAPD_TEST_REGISTER_DELAY_MS");
+  CHECK_THAT(log, Catch::Contains("R2CCL_SNAPD_TEST_REGISTER_DELAY_MS=\"1s\" is not valid "
+                                  "(accepted: milliseconds, 0..10000"));
   CHECK(access(sock.c_str(), F_OK) != 0);  // a failed start leaves no socket behind
   // A name in this node's own line: it listens on that name's address, not on every interface.
   { std::ofstream(peers) << "0 localhost:" << port << "\n"; }
