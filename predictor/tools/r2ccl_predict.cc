@@ -194,6 +194,15 @@ struct RailSet {
 };
 
 // ---- --replay ------------------------------------------------------------------------------
+// A trace with no step to score (a header alone, one row per rail, the link never up): said
+// by --replay and --evaluate alike, rather than an empty table or summary.
+void nothing_to_score(const std::string& path) {
+  fprintf(stderr,
+          "r2ccl_predict: %s: no step with the link up to score (a trace needs at least two "
+          "rows per rail, and the link up at some row after a rail's first)\n",
+          path.c_str());
+}
+
 int run_replay(const Options& o) {
   Model model;
   bool have = false;
@@ -226,6 +235,7 @@ int run_replay(const Options& o) {
     printf("%-10s %-16s %-4s %-7s %-9s %-6s %s\n", "t_s", "rail", "link", "risk", "baseline",
            "drain", "event");
   };
+  bool any_scored = false;  // on a shown rail
   TraceRow row;
   while (tr.next(&row, &err)) {
     const std::string& name = tr.rail_names()[static_cast<size_t>(row.rail)];
@@ -258,6 +268,7 @@ int run_replay(const Options& o) {
     Assessment a;
     const bool scored = rr.p->update(row.step, &a, set.last_usable(ri));
     set.set(ri, row.link_up, rr.p->last().drain);
+    any_scored |= scored;
     if (scored && a.hold_new)  // stderr: the table's format stays as it is
       fprintf(stderr, "r2ccl_predict: t %.1f: %s\n", row.t_s, hold_message(name, a, cfg).c_str());
     if (scored && a.transition > 0) {
@@ -284,6 +295,10 @@ int run_replay(const Options& o) {
   if (!o.rail.empty() &&
       std::find(tr.rail_names().begin(), tr.rail_names().end(), o.rail) == tr.rail_names().end()) {
     fprintf(stderr, "r2ccl_predict: no rail named '%s' in %s\n", o.rail.c_str(), o.replay.c_str());
+    return 1;
+  }
+  if (!any_scored) {
+    nothing_to_score(o.replay);
     return 1;
   }
   print_header();
@@ -705,10 +720,7 @@ int run_evaluate(const Options& o) {
     return 1;  // the events file is discarded
   }
   if (rows.empty()) {
-    fprintf(stderr,
-            "r2ccl_predict: %s: no step with the link up to score (a trace needs at "
-            "least two rows per rail, and the link up at some row after a rail's first)\n",
-            o.evaluate.c_str());
+    nothing_to_score(o.evaluate);
     return 1;  // the events file is discarded
   }
   auto is_sudden = [&](int sc) {

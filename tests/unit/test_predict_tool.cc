@@ -194,6 +194,17 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
   CHECK(run("--replay " + dir + "/ok.csv --rail nosuch --model " + kModel, &out) == 1);
   CHECK_THAT(out, Catch::Contains("no rail named 'nosuch'"));
   CHECK(out.find("link risk") == std::string::npos);
+  // Nothing to score (a header alone; one row per rail): said, by --replay as by --evaluate,
+  // not an empty table and summary with exit 0.
+  write(dir + "/header.csv", "t_s,rail,symbol_err\n");
+  write(dir + "/onerow.csv", "t_s,rail,symbol_err\n0,a,1\n0,b,1\n");
+  for (const char* mode : {"--replay", "--evaluate"})
+    for (const char* f : {"/header.csv", "/onerow.csv"}) {
+      INFO(mode << " " << f);
+      CHECK(run(std::string(mode) + " " + dir + f + " --model " + kModel, &out) == 1);
+      CHECK_THAT(out, Catch::Contains("no step with the link up to score"));
+      CHECK(out.find("summary (") == std::string::npos);
+    }
   write(dir + "/magic12.bin", std::string("R2PRDLST\x01\0\0\0", 12));
   CHECK(run("--info --model " + dir + "/magic12.bin", &out) == 1);
   CHECK_THAT(out, Catch::Contains("truncated"));
