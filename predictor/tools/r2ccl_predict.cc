@@ -839,16 +839,23 @@ int run_evaluate(const Options& o) {
   }
   printf(
       "false drains per rail-week on healthy rails, by error floor (the highest error "
-      "counter's median rate over a rail's first %d samples, per second):\n",
+      "counter's median rate over a rail's first %d samples, per second), the number of "
+      "drains in brackets:\n",
       kFloorRows);
-  printf("%-10s %6s %10s %10s %10s %10s\n", "floor", "rails", "rail-hours", "lstm", "baseline",
+  printf("%-10s %6s %10s %12s %12s %12s\n", "floor", "rails", "rail-hours", "lstm", "baseline",
          "both");
   for (int b = 0; b < kBuckets; ++b) {
     if (bucket_rails[b] == 0) continue;
-    printf("%-10s %6d %10.1f %10.2f %10.2f %10.2f\n", kBucketNames[b], bucket_rails[b],
-           bucket_s[b] / 3600, per_week(tally[0].bucket_drains[b], bucket_s[b]),
-           per_week(tally[1].bucket_drains[b], bucket_s[b]),
-           per_week(tally[2].bucket_drains[b], bucket_s[b]));
+    std::string cells;
+    for (int d = 0; d < kDeciders; ++d) {
+      const int n = tally[d].bucket_drains[b];
+      char cell[48];
+      snprintf(cell, sizeof(cell), " %12s",
+               (fmt("%.2f", per_week(n, bucket_s[b])) + " (" + std::to_string(n) + ")").c_str());
+      cells += cell;
+    }
+    printf("%-10s %6d %10.1f%s\n", kBucketNames[b], bucket_rails[b], bucket_s[b] / 3600,
+           cells.c_str());
   }
 
   // Per scenario: failures (with a precursor or sudden) warned, and drains on rails of that

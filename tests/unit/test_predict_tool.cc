@@ -355,6 +355,17 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
   CHECK(per_week == Approx(168.0));  // 2 drains in 2 healthy rail-hours
   CHECK(early == 0);
   CHECK_THAT(out, Catch::Contains("\n0               2        2.0"));  // both healthy: floor 0
+  // Each floor's rate comes with its count: the baseline's 2 drains there, 168 per rail-week.
+  CHECK_THAT(out, Catch::Contains("the number of drains in brackets"));
+  {
+    const size_t f0 = out.find("\n0               2        2.0");
+    REQUIRE(f0 != std::string::npos);
+    std::istringstream row(out.substr(f0 + 1, out.find('\n', f0 + 1) - f0 - 1));
+    std::string floor, rails, hours, lstm_rate, lstm_n, base_rate, base_n;
+    row >> floor >> rails >> hours >> lstm_rate >> lstm_n >> base_rate >> base_n;
+    CHECK(base_rate == "168.00");
+    CHECK(base_n == "(2)");
+  }
   // --events-out: the same counts, one line per event, each with its rail, time and reason.
   REQUIRE(
       run("--evaluate " + dir + "/t.csv --model " + kModel + " --events-out " + dir + "/events.csv",
