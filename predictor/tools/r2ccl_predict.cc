@@ -153,6 +153,39 @@ void note_short_window(const PredictorConfig& c, const BaselineParams& b) {
   if (!note.empty()) fprintf(stderr, "r2ccl_predict: %s\n", note.c_str());
 }
 
+// A trace sampled at another interval than the model's: its per-second rates read the same,
+// but the window, the rise rule's lag and the drain's hold count samples, so they span another
+// time than they were tuned for. Said once (stderr: --replay's table stays as it is), from the
+// median of a trace's first steps, when it is more than 1.5 x off.
+class IntervalNote {
+ public:
+  IntervalNote(std::string path, double trained_s) : path_(std::move(path)), trained_(trained_s) {}
+  void see(const TraceRow& row) {
+    if (done_ || !row.has_step || !(row.step.dt_s > 0)) return;
+    dts_.push_back(row.step.dt_s);
+    if (dts_.size() >= kSteps) finish();
+  }
+  void finish() {
+    if (done_ || dts_.size() < 3 || !(trained_ > 0)) return;
+    done_ = true;
+    std::nth_element(dts_.begin(), dts_.begin() + dts_.size() / 2, dts_.end());
+    const double dt = dts_[dts_.size() / 2], x = dt / trained_;
+    if (x > 1.5 || x < 1 / 1.5)
+      fprintf(stderr,
+              "r2ccl_predict: note: %s's samples are about %.3g s apart; the model was trained "
+              "at %.3g s, and its window, the rise rule and the drain's hold count samples, so "
+              "they span %.2g x the time they were tuned for (docs/PREDICTOR.md \"Interval\")\n",
+              path_.c_str(), dt, trained_, x);
+  }
+
+ private:
+  static constexpr size_t kSteps = 15;
+  std::string path_;
+  double trained_;
+  std::vector<double> dts_;
+  bool done_ = false;
+};
+
 // The guard's rail sets in a trace file (the last-usable-rail rule, predictor.h): the rails of
 // one node, i.e. those whose names share the part before the first '-' (n000-mlx5_0:1 and
 // n000-mlx5_1:1; a name without '-' is a node of its own). A rail is usable while its link is
@@ -235,9 +268,12 @@ int run_replay(const Options& o) {
     printf("%-10s %-16s %-4s %-7s %-9s %-6s %s\n", "t_s", "rail", "link", "risk", "baseline",
            "drain", "event");
   };
-  bool any_scored = false;  // on a shown rail
+  bool any_shown = false;  // a scored row or an event on a shown rail
+  IntervalNote interval(o.replay,
+                        have && model.interval_s > 0 ? model.interval_s : kTrainedIntervalS);
   TraceRow row;
   while (tr.next(&row, &err)) {
+    interval.see(row);
     const std::string& name = tr.rail_names()[static_cast<size_t>(row.rail)];
     const size_t ri = static_cast<size_t>(row.rail);
     set.ensure(ri, name);
@@ -268,7 +304,7 @@ int run_replay(const Options& o) {
     Assessment a;
     const bool scored = rr.p->update(row.step, &a, set.last_usable(ri));
     set.set(ri, row.link_up, rr.p->last().drain);
-    any_scored |= scored;
+    any_shown |= scored || !event.empty();
     if (scored && a.hold_new)  // stderr: the table's format stays as it is
       fprintf(stderr, "r2ccl_predict: t %.1f: %s\n", row.t_s, hold_message(name, a, cfg).c_str());
     if (scored && a.transition > 0) {
@@ -297,7 +333,8 @@ int run_replay(const Options& o) {
     fprintf(stderr, "r2ccl_predict: no rail named '%s' in %s\n", o.rail.c_str(), o.replay.c_str());
     return 1;
   }
-  if (!any_scored) {
+  interval.finish();
+  if (!any_shown) {
     nothing_to_score(o.replay);
     return 1;
   }
@@ -651,8 +688,10 @@ int run_evaluate(const Options& o) {
   Decider dec[kDeciders];
   const Model* models[kDeciders] = {&model, nullptr, &model};
   Scored cur{};
+  IntervalNote interval(o.evaluate, model.interval_s > 0 ? model.interval_s : kTrainedIntervalS);
   TraceRow row;
   while (tr.next(&row, &err)) {
+    interval.see(row);
     const size_t r = static_cast<size_t>(row.rail);
     if (r >= rails.size()) {
       rails.resize(r + 1);
@@ -719,6 +758,7 @@ int run_evaluate(const Options& o) {
     fprintf(stderr, "r2ccl_predict: %s\n", err.c_str());
     return 1;  // the events file is discarded
   }
+  interval.finish();
   if (rows.empty()) {
     nothing_to_score(o.evaluate);
     return 1;  // the events file is discarded
@@ -840,7 +880,7 @@ int run_evaluate(const Options& o) {
   printf(
       "false drains per rail-week on healthy rails, by error floor (the highest error "
       "counter's median rate over a rail's first %d samples, per second), the number of "
-      "drains in brackets:\n",
+      "drains in parentheses:\n",
       kFloorRows);
   printf("%-10s %6s %10s %12s %12s %12s\n", "floor", "rails", "rail-hours", "lstm", "baseline",
          "both");

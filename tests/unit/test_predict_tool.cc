@@ -205,6 +205,34 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
       CHECK_THAT(out, Catch::Contains("no step with the link up to score"));
       CHECK(out.find("summary (") == std::string::npos);
     }
+  // A link down after the first row and never up again: nothing to score, but --replay has the
+  // failure to show (and a summary that counts it); --evaluate has no step to judge it by.
+  write(dir + "/downonly.csv", "t_s,rail,link,symbol_err\n0,a,1,0\n5,a,0,0\n10,a,0,0\n");
+  CHECK(run("--replay " + dir + "/downonly.csv --model " + kModel, &out) == 0);
+  CHECK_THAT(out, Catch::Contains("LINK DOWN (not drained)") &&
+                      Catch::Contains("a                failures 1, drained before 0"));
+  CHECK(run("--evaluate " + dir + "/downonly.csv --model " + kModel, &out) == 1);
+  CHECK_THAT(out, Catch::Contains("no step with the link up to score"));
+  // Another interval than the model's 5 s is noted once (stderr), by both modes; 5 s is not.
+  {
+    std::string slow = "t_s,rail,symbol_err\n", fast = slow;
+    for (int i = 0; i < 20; ++i) {
+      slow += std::to_string(30 * i) + ",a," + std::to_string(i) + "\n";
+      fast += std::to_string(5 * i) + ",a," + std::to_string(i) + "\n";
+    }
+    write(dir + "/slow.csv", slow);
+    write(dir + "/fast.csv", fast);
+    const std::string note =
+        "slow.csv's samples are about 30 s apart; the model was trained at 5 s";
+    for (const char* mode : {"--replay", "--evaluate"}) {
+      INFO(mode);
+      run(std::string(mode) + " " + dir + "/slow.csv --model " + kModel, &out);
+      CHECK_THAT(out, Catch::Contains(note) && Catch::Contains("span 6 x the time"));
+      CHECK(out.find(note) == out.rfind(note));  // once
+      run(std::string(mode) + " " + dir + "/fast.csv --model " + kModel, &out);
+      CHECK(out.find("samples are about") == std::string::npos);
+    }
+  }
   write(dir + "/magic12.bin", std::string("R2PRDLST\x01\0\0\0", 12));
   CHECK(run("--info --model " + dir + "/magic12.bin", &out) == 1);
   CHECK_THAT(out, Catch::Contains("truncated"));
@@ -356,7 +384,7 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
   CHECK(early == 0);
   CHECK_THAT(out, Catch::Contains("\n0               2        2.0"));  // both healthy: floor 0
   // Each floor's rate comes with its count: the baseline's 2 drains there, 168 per rail-week.
-  CHECK_THAT(out, Catch::Contains("the number of drains in brackets"));
+  CHECK_THAT(out, Catch::Contains("the number of drains in parentheses"));
   {
     const size_t f0 = out.find("\n0               2        2.0");
     REQUIRE(f0 != std::string::npos);
