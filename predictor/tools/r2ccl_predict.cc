@@ -886,16 +886,14 @@ int run_evaluate(const Options& o) {
          "both");
   for (int b = 0; b < kBuckets; ++b) {
     if (bucket_rails[b] == 0) continue;
-    std::string cells;
+    printf("%-10s %6d %10.1f", kBucketNames[b], bucket_rails[b], bucket_s[b] / 3600);
     for (int d = 0; d < kDeciders; ++d) {
       const int n = tally[d].bucket_drains[b];
-      char cell[48];
-      snprintf(cell, sizeof(cell), " %12s",
-               (fmt("%.2f", per_week(n, bucket_s[b])) + " (" + std::to_string(n) + ")").c_str());
-      cells += cell;
+      char cell[32];
+      snprintf(cell, sizeof(cell), "%.2f (%d)", per_week(n, bucket_s[b]), n);
+      printf(" %12s", cell);
     }
-    printf("%-10s %6d %10.1f%s\n", kBucketNames[b], bucket_rails[b], bucket_s[b] / 3600,
-           cells.c_str());
+    printf("\n");
   }
 
   // Per scenario: failures (with a precursor or sudden) warned, and drains on rails of that
