@@ -30,7 +30,7 @@ phase() {  # phase NAME CMD...
   [ $rc -ne 0 ] && verdict="FAILED (rc $rc)"
   [ $rc -eq 0 ] && [ -n "${PHASE_NOTE:-}" ] && verdict="ok ($PHASE_NOTE)"
   PHASE_NOTE=""
-  SUMMARY+=("$(printf '%-36s %5ss  %s' "$name" "$dt" "$verdict")")
+  SUMMARY+=("$(printf '%-58s %5ss  %s' "$name" "$dt" "$verdict")")
   [ $rc -ne 0 ] && fail=1
   return $rc
 }
