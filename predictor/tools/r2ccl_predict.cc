@@ -171,11 +171,13 @@ class IntervalNote {
     std::nth_element(dts_.begin(), dts_.begin() + dts_.size() / 2, dts_.end());
     const double dt = dts_[dts_.size() / 2], x = dt / trained_;
     if (x > 1.5 || x < 1 / 1.5)
-      fprintf(stderr,
-              "r2ccl_predict: note: %s's samples are about %.3g s apart; the model was trained "
-              "at %.3g s, and its window, the rise rule and the drain's hold count samples, so "
-              "they span %.2g x the time they were tuned for (docs/PREDICTOR.md \"Interval\")\n",
-              path_.c_str(), dt, trained_, x);
+      fprintf(
+          stderr,
+          "r2ccl_predict: note: %s's samples are about %.3g s apart; the model was trained "
+          "at %.3g s, and its window, the rise rule and the drain's hold count samples, so "
+          "they span %.2g x the time they were tuned for (docs/PREDICTOR.md, \"In the plugin\", "
+          "Interval)\n",
+          path_.c_str(), dt, trained_, x);
   }
 
  private:
