@@ -1175,7 +1175,7 @@ int main(int argc, char** argv) {
   o.down_hold_after = d.down_hold_after;
   CLI::App app{"r2ccl failure predictor: replay traces, show live risk, extract features",
                "r2ccl_predict"};
-  auto* modes = app.add_option_group("mode", "exactly one of these");
+  auto* modes = app.add_option_group("mode", "what the tool does");
   modes->add_option("--replay", o.replay, "print the risk over time of a trace (CSV)")
       ->type_name("TRACE");
   modes->add_flag("--live", o.live, "sample this node's rails and print their risk");
