@@ -236,6 +236,22 @@ def tune(x: np.ndarray, rail: np.ndarray, label: np.ndarray,
     return best[1], best[0]
 
 
+def switch_on_cuts(sm: np.ndarray, label: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """float32 [4]: for each feature ``thresholds`` leaves unused (+inf or <= 0), its best
+    single-feature sample-F1 cut on the levels ``sm`` [N, 4] (what :func:`tune` starts from);
+    +inf for a used feature, and for one whose positive values never raise the F1 (no cut
+    helps, or no positive row)."""
+    y = np.asarray(label).astype(bool)
+    out = np.full(4, np.inf, dtype=np.float32)
+    for i in range(4):
+        t = thresholds[i]
+        if np.isfinite(t) and t > 0:
+            continue
+        cut, _ = _best_cut(sm[:, i], y, np.zeros_like(y))
+        out[i] = np.float32(cut)
+    return out
+
+
 def tune_events(fs, start: BaselineParams, policy, max_false_per_week: float = 1.0,
                 factors: Iterable[float] = (0.5, 0.7, 1.4, 2.0, 3.0, 5.0, np.inf),
                 passes: int = 2, log=print) -> Tuple[BaselineParams, Dict[str, object]]:
@@ -244,11 +260,18 @@ def tune_events(fs, start: BaselineParams, policy, max_false_per_week: float = 1
     outcome of the plugin's drain policy ``policy`` (metrics.drain_outcomes) on the rows of
     ``fs``: the most failures warned with at most ``max_false_per_week`` false drains per
     healthy rail-week; while none qualifies, the fewest false drains. Starts from ``start``
-    (the F1-tuned thresholds) and keeps its k."""
+    (the F1-tuned thresholds) and keeps its k.
+
+    A feature ``start`` leaves unused can be switched on: its candidates are the factors
+    (the finite ones) on its own single-feature sample-F1 cut at this k (:func:`switch_on_cuts`).
+    Without that, a training mix whose F1 optimum drops a feature (report 13: err_excess)
+    also loses every failure that only that feature warns of in time (docs/PREDICTOR.md
+    "Training", step 6)."""
     import metrics  # here: metrics imports features, which this module does not need
 
     sm = levels(fs.x, fs.rail, start.steps)
     fires = rise_fires(fs.x, fs.rail, start.rise)  # start's rise rule stays as it is
+    base = switch_on_cuts(sm, fs.label, start.thresholds)
 
     def score(th: np.ndarray) -> Tuple[Tuple[float, float], Dict[str, object]]:
         r = np.where(fires, np.float32(1), risk_from_smoothed(sm, th)).astype(np.float32)
@@ -262,11 +285,15 @@ def tune_events(fs, start: BaselineParams, policy, max_false_per_week: float = 1
     for _ in range(passes):
         improved = False
         for i in range(th.size):
-            if not (np.isfinite(th[i]) and th[i] > 0):
+            used = bool(np.isfinite(th[i]) and th[i] > 0)
+            if not used and not np.isfinite(base[i]):
                 continue
             for f in factors:
+                if not used and not np.isfinite(f):
+                    continue  # already unused
                 cand = th.copy()
-                cand[i] = np.float32(th[i] * f) if np.isfinite(f) else np.float32(np.inf)
+                ref = th[i] if used else base[i]
+                cand[i] = np.float32(ref * f) if np.isfinite(f) else np.float32(np.inf)
                 key, o = score(cand)
                 if key > best_key:
                     th_best, best_key, best_o, improved = cand, key, o, True

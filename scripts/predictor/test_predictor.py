@@ -741,10 +741,10 @@ class BaselineBudget(unittest.TestCase):
 
     def test_held_out_margins_raise_only_the_threshold_that_drains(self):
         import train
-        # Two kinds of failure: rail 90's err_excess at 6.0, rail 91's link_events at 1.4
+        # Two kinds of failure: rail 90's err_excess at 6.0, rail 91's retrans_excess (3) at 1.4
         # (1.4 >= 1.0 x 0.9 / 0.7 = 1.29). The held-out bursts (err_excess 5.0 on 3 healthy
         # rails, 2.8 per rail-week) are cleared by err_excess's threshold x1.35; the same
-        # factor on link_events' would stop warning rail 91 (1.4 < 1.35 x 1.29 = 1.74).
+        # factor on retrans_excess' would stop warning rail 91 (1.4 < 1.35 x 1.29 = 1.74).
         def two_kinds(bursts):
             rows = self.fs(90, bursts, 2)
             rise = (rows.rail == 91) & (rows.x[:, 0] == 6.0)
@@ -767,7 +767,7 @@ class BaselineBudget(unittest.TestCase):
         both = baseline.BaselineParams(start.thresholds * np.float32(1.35), 1)
         o = metrics.drain_outcomes(ho, baseline.risk(ho.x, ho.rail, both), policy)
         self.assertEqual(o["warned"], 1)
-        # Bursts in link_events instead: link_events' threshold is raised, err_excess's kept.
+        # Bursts in retrans_excess instead: its threshold is raised, err_excess's kept.
         ho2 = two_kinds(0)
         burst = (ho2.rail < 3) & (ho2.t >= 3000) & (ho2.t < 3180)
         ho2.x[burst, 3] = 1.5
@@ -776,6 +776,35 @@ class BaselineBudget(unittest.TestCase):
         self.assertEqual(b["margin"][:3], [1.0, 1.0, 1.0])
         self.assertGreater(b["margin"][3], 1.0)
         self.assertEqual(b["heldout"]["false_per_rail_week"], 0.0)
+
+    def test_drain_tuning_can_switch_on_a_feature_the_f1_search_left_unused(self):
+        # Rail 90 fails with err_excess (feature 0) at 6.0, rail 91 with retrans_excess (3) at 1.4; the
+        # F1 start uses feature 3 only. Labels: each failing rail's last 2 rows (120 s).
+        rows = BaselineBudget.fs(90, 0, 2)
+        rise = (rows.rail == 91) & (rows.x[:, 0] == 6.0)
+        rows.x[rise, 0] = 0.0
+        rows.x[rise, 3] = 1.4
+        rows.label[(rows.rail >= 90) & (rows.t >= 3480) & (rows.t < 3600)] = 1
+        start = baseline.BaselineParams(np.array([np.inf, np.inf, np.inf, 1.0], np.float32), 1)
+        policy = metrics.Policy(threshold=0.9, enter_samples=3)
+        cuts = baseline.switch_on_cuts(baseline.levels(rows.x, rows.rail, 1), rows.label,
+                                       start.thresholds)
+        self.assertTrue(np.isfinite(cuts[0]) and 0 < cuts[0] <= 6.0)
+        self.assertTrue(np.isinf(cuts[3]))  # used already
+        self.assertTrue(np.isinf(cuts[1]))  # never positive: no cut
+        bl, ev = baseline.tune_events(rows, start, policy, 1.0, log=lambda *a: None)
+        self.assertEqual((ev["warned"], ev["false_drains"]), (2, 0))
+        self.assertTrue(np.isfinite(bl.thresholds[0]))
+        self.assertLessEqual(float(bl.thresholds[0]) * 0.9 / 0.7, 6.0)
+        self.assertEqual(float(bl.thresholds[3]), 1.0)
+        self.assertTrue(np.isinf(bl.thresholds[1]) and np.isinf(bl.thresholds[2]))
+        # Healthy rails that burst as high for as long (3 of 90, 2.8 per rail-week): switching
+        # err_excess on would cost more than the budget, so it stays off.
+        burst = (rows.rail < 3) & (rows.t >= 3000) & (rows.t < 3180)
+        rows.x[burst, 0] = 6.0
+        bl, ev = baseline.tune_events(rows, start, policy, 1.0, log=lambda *a: None)
+        self.assertTrue(np.isinf(bl.thresholds[0]))
+        self.assertEqual((ev["warned"], ev["false_drains"]), (1, 0))
 
     def test_a_budget_the_held_out_traces_keep(self):
         import train
