@@ -19,6 +19,7 @@ PredictorConfig predictor_config_from(const Config& cfg) {
   p.return_samples = static_cast<int>(cfg.predict_return_samples);
   p.enter_samples = static_cast<int>(cfg.predict_enter_samples);
   p.max_drains_per_hour = static_cast<int>(cfg.predict_max_drains_per_hour);
+  p.min_drain_s = static_cast<double>(cfg.predict_min_drain) / 1e6;
   p.down_hold_s = static_cast<double>(cfg.predict_down_hold) / 1e6;
   p.down_hold_after = static_cast<int>(cfg.predict_down_hold_after);
   p.lstm_cap = cfg.predict_decider == "both" ? static_cast<float>(cfg.predict_lstm_cap) : 0.0f;
@@ -152,7 +153,7 @@ bool RailPredictor::update(const Step& s, Assessment* out, bool last_usable) {
     const double hold = std::min(
         kHourS, cfg_.down_hold_s * std::ldexp(1.0, a.downs_last_hour - cfg_.down_hold_after));
     if (a.drain || !last_usable) {
-      hold_until_ = t_s_ + hold;
+      hold_until_ = std::max(hold_until_, t_s_ + hold);  // a longer min_drain_s stands
       a.down_hold_s = hold;
       if (!a.drain) {
         a.drain = true;
@@ -178,6 +179,8 @@ bool RailPredictor::update(const Step& s, Assessment* out, bool last_usable) {
         low_run_ = 0;
         high_run_ = 0;
         drain_at_.push_back(t_s_);
+        // The return waits at least min_drain_s (a flap hold already running may be longer).
+        if (cfg_.min_drain_s > 0) hold_until_ = std::max(hold_until_, t_s_ + cfg_.min_drain_s);
       } else {
         a.hold_new = a.hold != last_.hold;  // once per run of high samples and cause
       }

@@ -59,7 +59,7 @@ struct Options {
   // The drain policy: the R2CCL_PREDICT_* parameters' defaults (set in main from the table).
   float threshold = 0, return_threshold = 0;
   int return_samples = 0, enter_samples = 0, max_drains_per_hour = 0, down_hold_after = 0;
-  double down_hold_s = 0;
+  double down_hold_s = 0, min_drain_s = 0;
   double min_lead_s = 30, lead_window_s = 1800;
   std::string events_out;  // --evaluate: the per-event CSV
 };
@@ -138,6 +138,7 @@ PredictorConfig config_of(const Options& o, const Model* m) {
   c.return_samples = o.return_samples;
   c.enter_samples = o.enter_samples;
   c.max_drains_per_hour = o.max_drains_per_hour;
+  c.min_drain_s = o.min_drain_s;
   c.down_hold_s = o.down_hold_s;
   c.down_hold_after = o.down_hold_after;
   c.lstm_cap = o.decider == "both" ? static_cast<float>(o.lstm_cap) : 0.0f;
@@ -856,11 +857,11 @@ int run_evaluate(const Options& o) {
   const std::string hold_text = hold_buf;
   printf(
       "event level: %zu rails (%d healthy, %.1f rail-hours), drain at risk >= %.2f for %d "
-      "samples, return below %.2f for %d, at most %d drains per rail within an hour, %s; warned = "
-      "drained >= %.0f s before the link went down\n",
+      "samples, kept at least %.0f s, return below %.2f for %d, at most %d drains per rail within "
+      "an hour, %s; warned = drained >= %.0f s before the link went down\n",
       rails.size(), healthy_rails, healthy_s / 3600, cfg.threshold, cfg.enter_samples,
-      cfg.return_threshold, cfg.return_samples, cfg.max_drains_per_hour, hold_text.c_str(),
-      o.min_lead_s);
+      cfg.min_drain_s, cfg.return_threshold, cfg.return_samples, cfg.max_drains_per_hour,
+      hold_text.c_str(), o.min_lead_s);
   printf(
       "deciders: lstm (the LSTM alone), baseline (the thresholds alone), both (the baseline, "
       "raised by the LSTM up to %.3g x its own risk; --lstm-cap)\n",
@@ -1171,6 +1172,7 @@ int main(int argc, char** argv) {
   o.return_samples = d.return_samples;
   o.enter_samples = d.enter_samples;
   o.max_drains_per_hour = d.max_drains_per_hour;
+  o.min_drain_s = d.min_drain_s;
   o.down_hold_s = d.down_hold_s;
   o.down_hold_after = d.down_hold_after;
   CLI::App app{"r2ccl failure predictor: replay traces, show live risk, extract features",
@@ -1246,6 +1248,10 @@ int main(int argc, char** argv) {
                  "many times the baseline's " +
                      as_param(fmt("%.3g", table.predict_lstm_cap), "R2CCL_PREDICT_LSTM_CAP"))
       ->check(number_in(1.0, 100.0));
+  app.add_option("--min-drain", o.min_drain_s,
+                 "seconds a rail the risk drained stays drained at least, 0 off " +
+                     as_param(fmt("%.0f", d.min_drain_s), "R2CCL_PREDICT_MIN_DRAIN"))
+      ->check(number_in(0.0, 3600.0));
   app.add_option("--down-hold", o.down_hold_s,
                  "seconds a link that went down stays drained once back up, 0 off " +
                      as_param(fmt("%.0f", d.down_hold_s), "R2CCL_PREDICT_DOWN_HOLD"))

@@ -68,10 +68,10 @@ def sample_metrics(label: np.ndarray, alarm: np.ndarray) -> Dict[str, float]:
 def drain_state(fs: FeatureSet, risk: np.ndarray, threshold=DRAIN,
                 return_threshold=RETURN_THRESHOLD, return_samples=RETURN_SAMPLES) -> np.ndarray:
     """bool [N]: the rail is drained after this row, by the drain hysteresis alone (no enter
-    samples, hourly limit or flap hold: rail_policy with those off)."""
+    samples, hourly limit, least drain time or flap hold: rail_policy with those off)."""
     p = Policy(threshold=float(threshold), enter_samples=1,
                return_threshold=float(return_threshold), return_samples=return_samples,
-               max_drains_per_hour=1 << 30, down_hold_s=0.0)
+               max_drains_per_hour=1 << 30, min_drain_s=0.0, down_hold_s=0.0)
     out = np.zeros(len(fs), dtype=bool)
     for r in np.unique(fs.rail):
         rows = np.flatnonzero(fs.rail == r)
@@ -168,12 +168,13 @@ def event_metrics(fs: FeatureSet, risk: np.ndarray, interval_s: float,
 @dataclasses.dataclass
 class Policy:
     """Drain policy (R2CCL_PREDICT_THRESHOLD, _ENTER_SAMPLES, _RETURN_THRESHOLD,
-    _RETURN_SAMPLES, _MAX_DRAINS_PER_HOUR)."""
+    _RETURN_SAMPLES, _MAX_DRAINS_PER_HOUR, _MIN_DRAIN, _DOWN_HOLD, _DOWN_HOLD_AFTER)."""
     threshold: float = 0.9
     enter_samples: int = 3
     return_threshold: float = 0.4
     return_samples: int = 6
     max_drains_per_hour: int = 2
+    min_drain_s: float = 1200.0   # R2CCL_PREDICT_MIN_DRAIN (seconds; 0 off)
     down_hold_s: float = 600.0    # R2CCL_PREDICT_DOWN_HOLD (seconds; 0 off)
     down_hold_after: int = 1      # R2CCL_PREDICT_DOWN_HOLD_AFTER: downs within an hour
 
@@ -211,7 +212,7 @@ def rail_policy(t: np.ndarray, v: np.ndarray, et: np.ndarray, policy: Policy):
             n = int(np.sum((et[:e] > ti - 3600.0)))
             if n >= policy.down_hold_after:
                 hold = min(3600.0, policy.down_hold_s * 2.0 ** (n - policy.down_hold_after))
-                hold_until = ti + hold
+                hold_until = max(hold_until, ti + hold)
                 if not drain:  # not counted against max_drains_per_hour
                     drain, since, low, high = True, float(ti), 0, 0
                     starts.append(float(ti))
@@ -225,6 +226,8 @@ def rail_policy(t: np.ndarray, v: np.ndarray, et: np.ndarray, policy: Policy):
                     drain, since, low, high = True, float(ti), 0, 0
                     starts.append(float(ti))
                     predicted.append(float(ti))
+                    if policy.min_drain_s > 0:  # the return waits at least min_drain_s
+                        hold_until = max(hold_until, ti + policy.min_drain_s)
         else:
             low = low + 1 if vi < ret else 0
             if low >= policy.return_samples:

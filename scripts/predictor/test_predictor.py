@@ -611,9 +611,33 @@ class DrainOutcomes(unittest.TestCase):
         self.assertAlmostEqual(o["healthy_s"], 2 * 7200.0)
         o = metrics.drain_outcomes(fs, risk, metrics.Policy(threshold=0.9, enter_samples=2))
         self.assertGreater(o["false_drains"], 4)
+        # Without the limit (and with no least drain time, which would hold each drain
+        # through the next three highs) every high run drains.
         o = metrics.drain_outcomes(fs, risk, metrics.Policy(threshold=0.9, enter_samples=3,
-                                                            max_drains_per_hour=100))
+                                                            max_drains_per_hour=100,
+                                                            min_drain_s=0))
         self.assertEqual(o["false_drains"], 7200 // 300 - 1)  # not at t=0: no row there
+
+    def test_least_drain_time(self):
+        # Rail 0: high 400-420 s (drained at 410), quiet, then down at 900 s: by the return rule
+        # alone (6 low samples) it is back 440 s before the down; R2CCL_PREDICT_MIN_DRAIN (1200 s
+        # by default) keeps it drained: warned 490 s ahead.
+        fs, risk = self.rails(200, [lambda t: 0.95 if 400 <= t < 420 else 0.0],
+                              events=[(0, 900.0)])
+        o = metrics.drain_outcomes(fs, risk, metrics.Policy(min_drain_s=0))
+        self.assertEqual((o["precursor"], o["warned"], o["late"]), (1, 0, 0))
+        o = metrics.drain_outcomes(fs, risk, metrics.Policy())
+        self.assertEqual(o["leads"], [900.0 - 410.0])
+        o = metrics.drain_outcomes(fs, risk, metrics.Policy(min_drain_s=300))
+        self.assertEqual(o["warned"], 0)  # back at 710 s (300 s on, 6 lows long counted)
+        # Each drain holds 1200 s, so of high runs 300 s apart (the first row is at 5 s: the
+        # first run drains at 310 s) one in five drains: a least drain time never adds drains.
+        fs, risk = self.rails(1440, [lambda t: 0.95 if t % 300 < 15 else 0.0])
+        st, starts, _ = metrics.rail_policy(fs.t, risk, np.zeros(0),
+                                            metrics.Policy(max_drains_per_hour=100))
+        self.assertEqual(starts, [310.0, 1810.0, 3310.0, 4810.0, 6310.0])
+        self.assertTrue(st[(fs.t >= 310) & (fs.t < 1510)].all())
+        self.assertFalse(st[(fs.t >= 1540) & (fs.t < 1810)].any())  # 6 lows after 1510
 
     def test_warned_lead_and_the_flap_hold(self):
         quiet = lambda t: 0.0

@@ -71,6 +71,7 @@ const std::map<std::string, std::string> kFast = {
     {"R2CCL_PREDICT_INTERVAL", "100ms"},
     {"R2CCL_PREDICT_WINDOW", "2400ms"},
     {"R2CCL_PREDICT_RETURN_SAMPLES", "5"},
+    {"R2CCL_PREDICT_MIN_DRAIN", "0"},  // the return rule alone (the 20-minute least drain: below)
     {"R2CCL_PREDICT_MODEL", "/nonexistent/weights.bin"}};
 
 }  // namespace

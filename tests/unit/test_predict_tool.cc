@@ -171,7 +171,8 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
               &out) == 3);
     CHECK_THAT(out, Catch::Contains("is not a number in [1, 100]"));
   }
-  for (const char* opt : {"--threshold", "--return-threshold", "--down-hold", "--min-lead",
+  for (const char* opt : {"--threshold", "--return-threshold", "--down-hold", "--min-drain",
+                          "--min-lead",
                           "--lead-window", "--horizon", "--interval"}) {
     INFO(opt);
     CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " " + opt + " nan", &out) == 3);
@@ -359,7 +360,9 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
       [](int t) { return (t % 600 >= 300 && t % 600 < 350 && t < 1800) ? 1e4 : 0.0; }, -1);
   write(dir + "/t.csv", trace);
   std::string out;
-  REQUIRE(run("--evaluate " + dir + "/t.csv --model " + kModel, &out) == 0);
+  // --min-drain 0: each burst's drain returns before the next burst (the least drain time
+  // would hold the first through the second: that rule is tested on its own).
+  REQUIRE(run("--evaluate " + dir + "/t.csv --model " + kModel + " --min-drain 0", &out) == 0);
   INFO(out);
   CHECK_THAT(out, Catch::Contains("event level: 4 rails (2 healthy, 2.0 rail-hours)"));
   CHECK_THAT(out, Catch::Contains("at most 2 drains per rail within an hour"));
@@ -396,7 +399,8 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
   }
   // --events-out: the same counts, one line per event, each with its rail, time and reason.
   REQUIRE(
-      run("--evaluate " + dir + "/t.csv --model " + kModel + " --events-out " + dir + "/events.csv",
+      run("--evaluate " + dir + "/t.csv --model " + kModel + " --min-drain 0 --events-out " + dir +
+              "/events.csv",
           &out) == 0);
   const std::string ev = read_file(dir + "/events.csv");
   INFO(ev);
@@ -464,7 +468,8 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
   // at keeps its contents.
   write(dir + "/keep.txt", "keep me\n");
   run_command("ln -s " + dir + "/keep.txt " + dir + "/link.csv");
-  CHECK(run("--evaluate " + dir + "/t.csv --model " + kModel + " --events-out " + dir + "/link.csv",
+  CHECK(run("--evaluate " + dir + "/t.csv --model " + kModel + " --min-drain 0 --events-out " +
+                dir + "/link.csv",
             &out) == 0);
   CHECK(read_file(dir + "/keep.txt") == "keep me\n");
   CHECK(read_file(dir + "/link.csv") == ev);
@@ -474,7 +479,7 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
   CHECK_THAT(ls, !Catch::Contains(".tmp-"));
   // With 5 drains allowed, the third burst drains too.
   REQUIRE(run("--evaluate " + dir + "/t.csv --model " + std::string(kModel) +
-                  " --max-drains-per-hour 5",
+                  " --max-drains-per-hour 5 --min-drain 0",
               &out) == 0);
   CHECK_THAT(out, Catch::Contains("at most 5 drains per rail within an hour"));
   const size_t at2 = out.find("\nbaseline ");
@@ -540,7 +545,7 @@ TEST_CASE("r2ccl_predict: its drain policy defaults are the parameter table's", 
     const size_t b = help.find("\n  --", a + 1);
     return help.substr(a, b == std::string::npos ? std::string::npos : b - a);
   };
-  char buf[64];
+  char buf[160];
   snprintf(buf, sizeof(buf), "default %.2g,", d.threshold);
   CHECK_THAT(help_of("--threshold"), Catch::Contains(buf));
   snprintf(buf, sizeof(buf), "default %.2g,", d.return_threshold);
@@ -551,6 +556,8 @@ TEST_CASE("r2ccl_predict: its drain policy defaults are the parameter table's", 
              Catch::Contains("default " + std::to_string(d.enter_samples) + ","));
   CHECK_THAT(help_of("--max-drains-per-hour"),
              Catch::Contains("default " + std::to_string(d.max_drains_per_hour) + ","));
+  snprintf(buf, sizeof(buf), "default %.0f,", d.min_drain_s);
+  CHECK_THAT(help_of("--min-drain"), Catch::Contains(buf));
   snprintf(buf, sizeof(buf), "default %.0f,", d.down_hold_s);
   CHECK_THAT(help_of("--down-hold"), Catch::Contains(buf));
   CHECK_THAT(help_of("--down-hold-after"),
@@ -569,8 +576,9 @@ TEST_CASE("r2ccl_predict: its drain policy defaults are the parameter table's", 
   std::string out;
   REQUIRE(run("--evaluate " + dir + "/t.csv --model " + kModel, &out) == 0);
   INFO(out);
-  snprintf(buf, sizeof(buf), "drain at risk >= %.2f for %d samples, return below %.2f for %d,",
-           d.threshold, d.enter_samples, d.return_threshold, d.return_samples);
+  snprintf(buf, sizeof(buf),
+           "drain at risk >= %.2f for %d samples, kept at least %.0f s, return below %.2f for %d,",
+           d.threshold, d.enter_samples, d.min_drain_s, d.return_threshold, d.return_samples);
   CHECK_THAT(out, Catch::Contains(buf));
   CHECK_THAT(out, Catch::Contains("at most " + std::to_string(d.max_drains_per_hour) +
                                   " drains per rail within an hour"));

@@ -1066,6 +1066,7 @@ TEST_CASE("baseline risk and the drain hysteresis", "[predictor]") {
   cfg.return_threshold = 0.4f;
   cfg.return_samples = 3;
   cfg.enter_samples = 1;  // the guard's own test below
+  cfg.min_drain_s = 0;    // the return rule alone (the least drain time: its own test below)
   RailPredictor p(cfg, nullptr, lp);
   const double g = 1 - std::exp(-60.0 / 30);
   double ewma = 0;
@@ -1313,6 +1314,66 @@ TEST_CASE("baseline rise rule: a rate that keeps growing, not a floor step or a 
              Catch::StartsWith("phy errors") && Catch::Contains("(rising, x0."));
 }
 
+TEST_CASE("a drain the risk began lasts at least min_drain_s (R2CCL_PREDICT_MIN_DRAIN)",
+          "[predictor]") {
+  BaselineParams bp;
+  bp.threshold[kLinkEvents] = 0.3f;  // a link event a second: risk 1; none: 0
+  bp.steps = 1;
+  PredictorConfig cfg;
+  cfg.window_steps = 2;
+  cfg.threshold = 0.7f;
+  cfg.return_threshold = 0.4f;
+  cfg.return_samples = 2;
+  cfg.enter_samples = 1;
+  cfg.min_drain_s = 300;  // 5 samples of 60 s
+  // A zero-floor rail: with no events the link_events EWMA decays by e^-2 a sample, so the
+  // risk is under 0.4 from the second quiet sample on.
+  auto step = [](bool events) {
+    Step s;
+    s.dt_s = 60;
+    s.d[kLinkRecovery] = events ? 60 : 0;
+    return s;
+  };
+  auto run = [&](const PredictorConfig& c) {  // the sample (1-based) at which it returned
+    RailPredictor p(c, nullptr, bp);
+    Assessment a;
+    REQUIRE(p.update(step(false), &a));
+    REQUIRE(p.update(step(true), &a));
+    REQUIRE(a.transition == 1);
+    for (int i = 1; i <= 20; ++i) {
+      REQUIRE(p.update(step(false), &a));
+      if (a.transition == -1) {
+        CHECK(a.drains_last_hour == 1);
+        return i;
+      }
+      CHECK(a.drain);
+    }
+    return -1;
+  };
+  // Without it: back at the 2nd low sample (the 2nd quiet one, 120 s after the drain).
+  PredictorConfig off = cfg;
+  off.min_drain_s = 0;
+  CHECK(run(off) == 2);
+  // With it: still drained 4 samples (240 s) in, though low; at 300 s (the 5th) the hold
+  // ends, and the low samples counted during it return the rail at once.
+  CHECK(run(cfg) == 5);
+  // Longer than the return rule's own wait, it is what decides.
+  cfg.min_drain_s = 600;
+  CHECK(run(cfg) == 10);
+  // A drain that goes on high past the hold returns by the usual rule only.
+  {
+    RailPredictor p(cfg, nullptr, bp);
+    Assessment a;
+    REQUIRE(p.update(step(false), &a));
+    for (int i = 0; i < 15; ++i) REQUIRE(p.update(step(true), &a));  // 900 s high
+    CHECK(a.drain);
+    REQUIRE(p.update(step(false), &a));
+    CHECK(a.drain);  // one low sample
+    REQUIRE(p.update(step(false), &a));
+    CHECK(a.transition == -1);  // the second: 120 s after the last high one
+  }
+}
+
 TEST_CASE("drain guard: enter samples, at most N drains per hour, never the last usable rail",
           "[predictor]") {
   BaselineParams bp;
@@ -1325,6 +1386,7 @@ TEST_CASE("drain guard: enter samples, at most N drains per hour, never the last
   cfg.return_samples = 1;
   cfg.enter_samples = 3;
   cfg.max_drains_per_hour = 2;
+  cfg.min_drain_s = 0;  // each drain returns at its first low sample
   auto step = [](double high) {
     Step s;
     s.dt_s = 60;  // one sample a minute: an hour passes in 60 samples

@@ -199,6 +199,11 @@ struct ParamDef {
     nullptr,                                                                                    \
     "Predicted drains allowed per rail within any hour; a drain beyond it is refused with a "   \
     "WARN (0: predictions never drain). Nor is the last usable rail of the node drained.")      \
+  X(predict_min_drain, "R2CCL_PREDICT_MIN_DRAIN", kDuration, "1200s", 0, 3600e6, nullptr,       \
+    "A rail the predictor drains stays drained at least this long, whatever its risk does "     \
+    "meanwhile (then the R2CCL_PREDICT_RETURN_* rule applies): a precursor that pauses does "   \
+    "not bring traffic back just before the link dies (our held-out seeds 3-8: 0.767 -> 0.787 " \
+    "of failures warned, the same false drains; docs/PREDICTOR.md \"In the plugin\"). 0: off.") \
   X(predict_down_hold, "R2CCL_PREDICT_DOWN_HOLD", kDuration, "600s", 0, 3600e6, nullptr,        \
     "A link that went down: when a rail's link comes back up after its "                        \
     "R2CCL_PREDICT_DOWN_HOLD_AFTER-th link-down within an hour, it stays drained this long "    \

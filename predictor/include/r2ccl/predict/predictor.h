@@ -8,7 +8,8 @@
 // drains at most `max_drains_per_hour` times within any hour of trace time (a drain beyond it
 // is refused), and never while it is the last usable rail of its set (every other rail down or
 // drained: the caller says so; NodeSampler's set is the node's rails, a node of one rail
-// exempt). A refused drain is reported once per high run (Hold).
+// exempt). A refused drain is reported once per high run (Hold). A drain the risk began
+// lasts at least `min_drain_s` (the return rule waits for it; low samples still count).
 // A flapping link is held out (flap dampening): when the link comes back up after its
 // `down_hold_after`-th down within an hour, the rail is drained for `down_hold_s`, doubled for
 // each further down within the hour (at most an hour), whatever the risk; then the usual
@@ -39,6 +40,7 @@ struct PredictorConfig {
   int return_samples = 6;         // R2CCL_PREDICT_RETURN_SAMPLES
   int enter_samples = 3;          // R2CCL_PREDICT_ENTER_SAMPLES
   int max_drains_per_hour = 2;    // R2CCL_PREDICT_MAX_DRAINS_PER_HOUR
+  double min_drain_s = 1200;      // R2CCL_PREDICT_MIN_DRAIN, seconds; 0 off
   double down_hold_s = 600;       // R2CCL_PREDICT_DOWN_HOLD, seconds; 0 off
   int down_hold_after = 1;        // R2CCL_PREDICT_DOWN_HOLD_AFTER
   // > 0: with a model, the decider is "both" (R2CCL_PREDICT_DECIDER=both): the risk is the
