@@ -172,8 +172,7 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
     CHECK_THAT(out, Catch::Contains("is not a number in [1, 100]"));
   }
   for (const char* opt : {"--threshold", "--return-threshold", "--down-hold", "--min-drain",
-                          "--min-lead",
-                          "--lead-window", "--horizon", "--interval"}) {
+                          "--min-lead", "--lead-window", "--horizon", "--interval"}) {
     INFO(opt);
     CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " " + opt + " nan", &out) == 3);
     CHECK_THAT(out, Catch::Contains("is not a number in ["));
@@ -398,10 +397,9 @@ TEST_CASE("r2ccl_predict --evaluate: failures warned, false drains per rail-week
     CHECK(base_n == "(2)");
   }
   // --events-out: the same counts, one line per event, each with its rail, time and reason.
-  REQUIRE(
-      run("--evaluate " + dir + "/t.csv --model " + kModel + " --min-drain 0 --events-out " + dir +
-              "/events.csv",
-          &out) == 0);
+  REQUIRE(run("--evaluate " + dir + "/t.csv --model " + kModel + " --min-drain 0 --events-out " +
+                  dir + "/events.csv",
+              &out) == 0);
   const std::string ev = read_file(dir + "/events.csv");
   INFO(ev);
   CHECK(ev.rfind("decider,event,outcome,rail,scenario,t_s,lead_s,floor,reason\n", 0) == 0);
