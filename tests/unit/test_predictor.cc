@@ -1316,16 +1316,13 @@ TEST_CASE("baseline rise rule: a rate that keeps growing, not a floor step or a 
 
 TEST_CASE("a drain the risk began lasts at least min_drain_s (R2CCL_PREDICT_MIN_DRAIN)",
           "[predictor]") {
-  BaselineParams bp;
-  bp.threshold[kLinkEvents] = 0.3f;  // a link event a second: risk 1; none: 0
-  bp.steps = 1;
+  const BaselineParams bp = link_events_only(0.3f);  // a link event a second: risk 1; none: 0
   PredictorConfig cfg;
   cfg.window_steps = 2;
   cfg.threshold = 0.7f;
-  cfg.return_threshold = 0.4f;
   cfg.return_samples = 2;
   cfg.enter_samples = 1;
-  cfg.min_drain_s = 300;  // 5 samples of 60 s
+  cfg.min_drain_s = 300;  // 5 samples of 60 s; the return threshold: the default 0.4
   // A zero-floor rail: with no events the link_events EWMA decays by e^-2 a sample, so the
   // risk is under 0.4 from the second quiet sample on.
   auto step = [](bool events) {
