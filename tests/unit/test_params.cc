@@ -323,6 +323,12 @@ TEST_CASE("cross-checks between parameters", "[params]") {
     CHECK(load({{"R2CCL_PREDICT_DOWN_HOLD", "0"}}).ok);
     CHECK_FALSE(load({{"R2CCL_PREDICT_DOWN_HOLD", "3601s"}}).ok);  // at most an hour
     CHECK_FALSE(load({{"R2CCL_PREDICT_DOWN_HOLD_AFTER", "0"}}).ok);
+    CHECK(load({{"R2CCL_PREDICT_MIN_DRAIN", "0"}}).ok);  // off
+    CHECK(load({{"R2CCL_PREDICT_MIN_DRAIN", "1200s"}}).ok);
+    const auto md = load({{"R2CCL_PREDICT_MIN_DRAIN", "3601s"}});  // at most an hour
+    CHECK_FALSE(md.ok);
+    CHECK_THAT(md.err, Contains("R2CCL_PREDICT_MIN_DRAIN"));
+    CHECK_FALSE(load({{"R2CCL_PREDICT_MIN_DRAIN", "soon"}}).ok);
   }
   SECTION("equal values are fine") {
     CHECK(load({{"R2CCL_RECONNECT_MIN", "1s"}, {"R2CCL_RECONNECT_MAX", "1s"}}).ok);
