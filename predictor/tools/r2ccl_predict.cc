@@ -84,9 +84,10 @@ CLI::Validator number_in(double lo, double hi) {
       [lo, hi, range](std::string& text) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(text.c_str(), &end);
-        if (text.empty() || end == text.c_str() || *end != '\0' || !std::isfinite(v) || v < lo ||
-            v > hi)
-          return "'" + text + "' is not a number in " + range;
+        if (text.empty() || end == text.c_str() || *end != '\0' || !std::isfinite(v))
+          return "'" + text + "' is not a number: expected a number in " + range;
+        if (v < lo || v > hi)
+          return "'" + text + "' is out of range: expected a number in " + range;
         return {};
       },
       "NUMBER in " + range);

@@ -169,14 +169,21 @@ TEST_CASE("r2ccl_predict: bad traces, bad weights and bad usage are named", "[pr
     INFO("--lstm-cap '" << bad << "'");
     CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --lstm-cap '" + bad + "'",
               &out) == 3);
-    CHECK_THAT(out, Catch::Contains("is not a number in [1, 100]"));
+    CHECK_THAT(out, Catch::Contains("expected a number in [1, 100]"));
+    // A number out of range is said to be one.
+    CHECK_THAT(out, Catch::Contains(std::string(bad) == "0.5" || std::string(bad) == "101"
+                                        ? "is out of range"
+                                        : "is not a number"));
   }
   for (const char* opt : {"--threshold", "--return-threshold", "--down-hold", "--min-drain",
                           "--min-lead", "--lead-window", "--horizon", "--interval"}) {
     INFO(opt);
     CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " " + opt + " nan", &out) == 3);
-    CHECK_THAT(out, Catch::Contains("is not a number in ["));
+    CHECK_THAT(out, Catch::Contains("is not a number: expected a number in ["));
   }
+  CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --min-drain 5000", &out) == 3);
+  CHECK_THAT(out, Catch::Contains("--min-drain: '5000' is out of range: expected a number in "
+                                  "[0, 3600]"));
   CHECK(run("--replay " + dir + "/ok.csv --model " + kModel + " --lstm-cap 1.0", &out) == 0);
 
   // Things a first user tried: named, not misread.
