@@ -423,6 +423,7 @@ bool read_sampler_mapped(const Mapping& m, SamplerView* out, std::string* why) {
               e.source != RiskSource::kBoth)
             e.source = RiskSource::kNone;
           e.drain = e.drain ? 1 : 0;
+          e.hold_s = e.drain ? std::min<uint16_t>(e.hold_s, kMaxHoldS) : 0;
           memset(e.pad_, 0, sizeof(e.pad_));
         }
       }

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -24,6 +25,8 @@ void PredictAgent::init(const Config& cfg, std::vector<Rail> rails, board::Publi
   interval_ = cfg.predict_interval;
   drained_.assign(rails_.size(), 0);
   inherit_.assign(rails_.size(), 0);
+  inherit_until_.assign(rails_.size(), 0);
+  hold_until_.assign(rails_.size(), 0);
   top_.assign(rails_.size(), "");
   R2CCL_INFO(NCCL_NET | NCCL_INIT,
              "failure predictor: %zu rails, every %.1f s over %d samples, drain at risk >= %.2f, "
@@ -44,8 +47,10 @@ void PredictAgent::tick(TimeUs now) {
   if (sampler_ && !was) {
     // A new sampler starts with an empty window, which would read as "all quiet" and return a
     // degrading rail to service. The rails the previous sampler drained stay drained until
-    // this process has a full window of its own.
+    // this process has a full window of its own, and at least as long as the previous sampler
+    // would have kept them (its least drain time or flap hold, as it last published them).
     inherit_ = drained_;
+    inherit_until_ = hold_until_;
   }
   if (sampler_)
     sample_and_publish(now);
@@ -168,18 +173,28 @@ void PredictAgent::sample_and_publish(TimeUs now) {
                : r.a.source == predict::Source::kBoth     ? board::RiskSource::kBoth
                                                           : board::RiskSource::kNone;
     bool drain = r.a.drain;
+    // Until when the rail stays drained at least, whatever the risk (CLOCK_MONOTONIC us).
+    TimeUs until = r.a.drain ? now + static_cast<TimeUs>(std::ceil(r.a.hold_left_s * 1e6)) : 0;
     if (inherit_[i]) {
-      if (sampler_state_->predictor(i).window().size() >= pcfg_.window_steps)
+      if (sampler_state_->predictor(i).window().size() >= pcfg_.window_steps &&
+          now >= inherit_until_[i]) {
         inherit_[i] = 0;
-      else
+      } else {
         drain = true;
+        until = std::max(until, inherit_until_[i]);
+      }
     }
     e.drain = drain ? 1 : 0;
+    // What is left of the hold, handed to a sampler that takes over (whole seconds, rounded up).
+    e.hold_s = drain && until > now
+                   ? static_cast<uint16_t>(std::min<TimeUs>(
+                         board::kMaxHoldS, (until - now + kUsPerSec - 1) / kUsPerSec))
+                   : 0;
     // The top counters are worked out at a transition (occlusion costs 9 inferences) and
     // kept while the rail stays drained.
     if (r.a.transition != 0) top_[i] = r.a.drain ? r.top : "";
     if (drain && !r.a.drain && top_[i].empty())
-      top_[i] = "kept drained until this sampler's window fills";
+      top_[i] = "kept drained: inherited from the last sampler";  // fits RiskEntry::top
     board::set_text(e.top, sizeof(e.top), top_[i]);
     apply(i, drain, r.a.risk, predict::source_name(r.a.source), top_[i], 0);
   }
@@ -196,16 +211,21 @@ void PredictAgent::follow_board(TimeUs now) {
     // away), then return the drained rails.
     if (no_sampler_since_ == 0) no_sampler_since_ = now;
     if (now - no_sampler_since_ < board::kSamplerStaleIntervals * interval_) return;
-    for (size_t i = 0; i < rails_.size(); ++i) apply(i, false, -1, "none", "", v.owner);
+    for (size_t i = 0; i < rails_.size(); ++i) {
+      hold_until_[i] = 0;
+      apply(i, false, -1, "none", "", v.owner);
+    }
     return;
   }
   no_sampler_since_ = 0;
   for (size_t i = 0; i < rails_.size(); ++i) {
     const board::RiskEntry* e = board::find_risk(v, rails_[i].spec.name);
     if (!e) {
+      hold_until_[i] = 0;
       apply(i, false, -1, "none", "", v.owner);
       continue;
     }
+    hold_until_[i] = e->drain && e->hold_s > 0 ? v.publish_us + e->hold_s * kUsPerSec : 0;
     apply(i, e->drain != 0, e->risk, board::risk_source_name(e->source), e->top, v.owner);
   }
 }

@@ -12,7 +12,8 @@
 // Without a board (R2CCL_HEALTH_BOARD=none, or it cannot be opened) every process samples for
 // itself. When the sampler dies or hangs, followers keep its last decisions for
 // board::kSamplerStaleIntervals intervals; a process that takes over keeps the rails drained
-// that were drained until its own window is full; only then can they return.
+// that were drained until its own window is full and what was left of their least drain time
+// or flap hold (RiskEntry::hold_s, as last published) has run; only then can they return.
 // Thread-safety: init() on the init thread before the background thread starts; tick() only
 // on the background thread. The drain flags are atomics read by any thread.
 #pragma once
@@ -68,10 +69,12 @@ class PredictAgent {
   std::vector<predict::RailRisk> risks_;
   std::vector<std::string> notes_;
   std::vector<board::RiskEntry> entries_;
-  std::vector<char> drained_;    // last applied decision per rail
-  std::vector<char> inherit_;    // new sampler: drained by the previous one, until the window fills
-  TimeUs no_sampler_since_ = 0;  // follower: when the board last had no live sampler
-  std::vector<std::string> top_;  // sampler: top counters of each drained rail
+  std::vector<char> drained_;  // last applied decision per rail
+  std::vector<char> inherit_;  // new sampler: drained by the previous one, until the window fills
+  std::vector<TimeUs> inherit_until_;  // new sampler: and until the previous one's hold ends
+  std::vector<TimeUs> hold_until_;     // follower: when the sampler's hold on a rail ends, 0 none
+  TimeUs no_sampler_since_ = 0;        // follower: when the board last had no live sampler
+  std::vector<std::string> top_;       // sampler: top counters of each drained rail
 };
 
 }  // namespace r2ccl::net

@@ -194,6 +194,7 @@ bool RailPredictor::update(const Step& s, Assessment* out, bool last_usable) {
     }
   }
   a.drains_last_hour = static_cast<int>(drain_at_.size());
+  a.hold_left_s = a.drain && hold_until_ > t_s_ ? hold_until_ - t_s_ : 0;
   last_ = a;
   if (out) *out = a;
   return true;

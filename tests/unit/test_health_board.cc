@@ -648,6 +648,7 @@ TEST_CASE("corrupt, truncated and wrong-version segments are refused without a c
       CHECK(e.retransmit_ratio == -1);
       CHECK(e.source == RiskSource::kNone);
       CHECK(e.drain == 1);
+      CHECK(e.hold_s == kMaxHoldS);  // 65535 s read as an hour, the most a hold can be
     }
     // Out-of-range values from a buggy sampler read as unknown too.
     REQUIRE(p.publish_risks({risk_for("a", 1.5f, RiskSource::kLstm, -0.5f),
@@ -660,6 +661,21 @@ TEST_CASE("corrupt, truncated and wrong-version segments are refused without a c
     CHECK(find_risk(sv, "a")->retransmit_ratio == -1);
     CHECK(find_risk(sv, "b")->risk == 1.0f);
     CHECK(find_risk(sv, "b")->retransmit_ratio == 0.0f);
+    // The hold a new sampler inherits: kept with a drain, clamped to an hour, 0 without one.
+    std::vector<RiskEntry> held = {risk_for("h", 0.9f, RiskSource::kBaseline, 0, true),
+                                   risk_for("x", 0.9f, RiskSource::kBaseline, 0, true),
+                                   risk_for("u", 0.1f, RiskSource::kBaseline, 0, false)};
+    held[0].hold_s = 1190;
+    held[1].hold_s = 5000;
+    held[2].hold_s = 600;
+    REQUIRE(p.publish_risks(held, r2ccl::now_us()));
+    REQUIRE(read_sampler(b.name, &sv, &err));
+    REQUIRE(find_risk(sv, "h"));
+    REQUIRE(find_risk(sv, "x"));
+    REQUIRE(find_risk(sv, "u"));
+    CHECK(find_risk(sv, "h")->hold_s == 1190);
+    CHECK(find_risk(sv, "x")->hold_s == kMaxHoldS);
+    CHECK(find_risk(sv, "u")->hold_s == 0);
   }
   SECTION("insane slot count") {
     fresh();

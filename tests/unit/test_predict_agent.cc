@@ -336,3 +336,95 @@ TEST_CASE("agent: one sampler per node on the board; another process follows its
   CHECK(WEXITSTATUS(status) == 0);
   board::remove_board(board);
 }
+
+TEST_CASE("agent: a sampler that takes over keeps what is left of the least drain time",
+          "[predict]") {
+  const std::string board = "agent-hold-" + std::to_string(getpid());
+  board::remove_board(board);
+  auto env = kFast;
+  env["R2CCL_SYSFS_ROOT"] = temp_root("agent-hold");
+  env["R2CCL_HEALTH_BOARD"] = board;
+  // 8 s here (20 minutes by default): far longer than the new sampler's window (2.4 s).
+  env["R2CCL_PREDICT_MIN_DRAIN"] = "8s";
+  const Config cfg = config_with(env);
+  Rig rig(env["R2CCL_SYSFS_ROOT"]);
+  board::Publisher pub;
+  std::string err;
+  REQUIRE(pub.open(board, &err));
+  rig.agent.init(cfg, rig.rails(), &pub, board);
+  NicRates bad;
+  bool drained = false;
+  for (int i = 0; i < 80 && !drained; ++i) {
+    if (i >= 25) bad.crc = 5 * std::pow(1.5, i - 25);
+    rig.step(now_us(), bad);
+    drained = rig.live[0].predict_drain.load();
+    usleep(100 * 1000);
+  }
+  REQUIRE(drained);
+  board::SamplerView v;
+  REQUIRE(board::read_sampler(board, &v, &err));
+  const board::RiskEntry* e = board::find_risk(v, "eth0");
+  REQUIRE(e != nullptr);
+  CHECK(e->drain == 1);
+  CHECK(e->hold_s >= 7);  // published with the drain: what is left of the 8 s, rounded up
+  CHECK(e->hold_s <= 8);
+  REQUIRE(board::find_risk(v, "eth1") != nullptr);
+  CHECK(board::find_risk(v, "eth1")->hold_s == 0);
+
+  // A follower takes over once this sampler goes, its own counters quiet from its first
+  // sample: it keeps eth0 drained until the 8 s have run, not only until its window is full.
+  const std::string other_root = temp_root("agent-hold-other");
+  int go[2];
+  REQUIRE(pipe(go) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::close(go[1]);
+    auto env2 = env;
+    env2["R2CCL_SYSFS_ROOT"] = other_root;
+    Config cfg2;
+    std::string e2;
+    if (!load_env(env2, &cfg2)) _exit(2);
+    Rig r2(other_root);
+    board::Publisher p2;
+    if (!p2.open(board, &e2)) _exit(3);
+    r2.agent.init(cfg2, r2.rails(), &p2, board);
+    r2.step(now_us(), NicRates{});
+    if (!r2.live[0].predict_drain.load()) _exit(4);  // following the old sampler
+    board::SamplerView sv;
+    if (!board::read_sampler(board, &sv, &e2)) _exit(5);
+    const board::RiskEntry* held = board::find_risk(sv, "eth0");
+    if (!held || held->hold_s == 0) _exit(6);
+    const TimeUs until = sv.publish_us + held->hold_s * kUsPerSec;  // at most 1 s late
+    char c;
+    if (read(go[0], &c, 1) != 1) _exit(7);  // the old sampler has gone
+    const TimeUs taken = now_us();
+    int republished = -1;  // the hold this sampler publishes for the next one
+    TimeUs returned = 0;
+    for (int i = 0; i < 150 && returned == 0; ++i) {
+      usleep(100 * 1000);
+      r2.step(now_us(), NicRates{});
+      if (republished < 0 && board::read_sampler(board, &sv, &e2) && sv.owner == getpid()) {
+        const board::RiskEntry* mine = board::find_risk(sv, "eth0");
+        if (mine && mine->drain) republished = mine->hold_s;
+      }
+      if (!r2.live[0].predict_drain.load()) returned = now_us();
+    }
+    if (returned == 0) _exit(8);  // never returned
+    // The old code returned it once the window was full, about 2.4 s after the takeover, some
+    // 5 s before `until`.
+    if (returned < until - 1500 * kUsPerMs) _exit(9);
+    if (returned - taken < 2400 * kUsPerMs) _exit(10);
+    _exit(republished > 0 ? 0 : 11);
+  }
+  ::close(go[0]);
+  usleep(300 * 1000);
+  pub.close();  // this process stops sampling (as on exit)
+  REQUIRE(write(go[1], "x", 1) == 1);
+  ::close(go[1]);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+  board::remove_board(board);
+}

@@ -1337,13 +1337,16 @@ TEST_CASE("a drain the risk began lasts at least min_drain_s (R2CCL_PREDICT_MIN_
     REQUIRE(p.update(step(false), &a));
     REQUIRE(p.update(step(true), &a));
     REQUIRE(a.transition == 1);
+    CHECK(a.hold_left_s == Approx(c.min_drain_s));  // what a sampler taking over inherits
     for (int i = 1; i <= 20; ++i) {
       REQUIRE(p.update(step(false), &a));
       if (a.transition == -1) {
         CHECK(a.drains_last_hour == 1);
+        CHECK(a.hold_left_s == 0);
         return i;
       }
       CHECK(a.drain);
+      CHECK(a.hold_left_s == Approx(std::max(0.0, c.min_drain_s - 60.0 * i)));
     }
     return -1;
   };

@@ -112,7 +112,12 @@ struct RiskEntry {
   float retransmit_ratio = -1;
   RiskSource source = RiskSource::kNone;
   uint8_t drain = 0;  // 1: the sampler decided to drain this rail (hysteresis applied)
-  uint8_t pad_[6] = {};
+  // With drain: seconds from the publish time the rail stays drained at least (what is left of
+  // R2CCL_PREDICT_MIN_DRAIN or a flap hold), 0..3600 (a reader clamps), so that a sampler
+  // taking over keeps it. 0: no such hold. In what was padding before: a writer that does not
+  // know it writes 0.
+  uint16_t hold_s = 0;
+  uint8_t pad_[4] = {};
   char top[kCauseLen] = {};  // top contributing counters, e.g. "symbol_err,rcv_err"
 };
 
@@ -139,6 +144,9 @@ constexpr int kSamplerStaleIntervals = 10;
 // The entry of `rail` (exact, case-sensitive name match) in `v.rails`, or nullptr. The pointer
 // is into `v` and lives as long as `v` is not modified. Any thread.
 const RiskEntry* find_risk(const SamplerView& v, const std::string& rail);
+// The longest RiskEntry::hold_s a reader takes (R2CCL_PREDICT_MIN_DRAIN's and the flap hold's
+// most, an hour); more reads as this.
+constexpr uint16_t kMaxHoldS = 3600;
 
 struct BoardView {
   std::vector<RailSlot> rails;  // live slots, by slot index

@@ -74,6 +74,9 @@ struct Assessment {
   int drains_last_hour = 0;       // drains this rail began within the last hour
   double down_hold_s = 0;         // > 0: a flap hold of this many seconds began at this sample
   int downs_last_hour = 0;        // link-downs of this rail within the last hour
+  // With drain: seconds of trace time the rail stays drained at least from this sample (what
+  // is left of min_drain_s or a flap hold; the return rule waits for it), 0 when none.
+  double hold_left_s = 0;
 };
 // "back up after 3 link-downs within an hour: held out for 1200 s (R2CCL_PREDICT_DOWN_HOLD)"
 // for an assessment whose down_hold_s > 0; "" otherwise.
