@@ -179,6 +179,11 @@ nlohmann::json to_json(const BoardView& v, const std::map<Key, RailSlot>& prev, 
                            ? nlohmann::json(risk_source_name(e->source))
                            : nlohmann::json();
     r["drain"] = e && e->drain;
+    // How long the sampler keeps the rail drained at least from now (its least drain time or
+    // flap hold still to run); null without one.
+    const double hold_left =
+        e && e->drain && e->hold_s ? e->hold_s - (now - v.sampler.publish_us) / 1e6 : 0;
+    r["drain_hold_s"] = hold_left > 0 ? nlohmann::json(hold_left) : nlohmann::json();
     r["ccl_retransmit_ratio"] =
         e && e->retransmit_ratio >= 0 ? json_float(e->retransmit_ratio) : nlohmann::json();
     r["top_counters"] = e && e->top[0] ? nlohmann::json(e->top) : nlohmann::json();

@@ -1253,10 +1253,11 @@ TEST_CASE("r2ccl_status prints the board, as text and JSON; absent 1, corrupt 2"
   // This process is the sampler: rail0-30 drains at risk 0.83 with 7.2 % retransmits; eth9 has
   // no slot on the board.
   REQUIRE(p.claim_sampler(kTestIntervalUs * 50));  // 5 s: not stale while the tool runs
-  REQUIRE(p.publish_risks(
-      {risk_for("rail0-30", 0.83f, RiskSource::kBaseline, 0.072f, true, "symbol_err,rcv_err"),
-       risk_for("eth9", 0.01f, RiskSource::kLstm, 0.001f)},
-      r2ccl::now_us()));
+  std::vector<RiskEntry> risks = {
+      risk_for("rail0-30", 0.83f, RiskSource::kBaseline, 0.072f, true, "symbol_err,rcv_err"),
+      risk_for("eth9", 0.01f, RiskSource::kLstm, 0.001f)};
+  risks[0].hold_s = 1200;  // drained at least 20 more minutes (R2CCL_PREDICT_MIN_DRAIN)
+  REQUIRE(p.publish_risks(risks, r2ccl::now_us()));
 
   r = run_status("--board " + b.name + " --sample-ms 0");
   CHECK(r.rc == 0);
@@ -1297,6 +1298,9 @@ TEST_CASE("r2ccl_status prints the board, as text and JSON; absent 1, corrupt 2"
   CHECK(j["rails"][0]["risk"].get<double>() == Approx(0.83));
   CHECK(j["rails"][0]["risk_source"] == "baseline");
   CHECK(j["rails"][0]["drain"] == true);
+  REQUIRE(j["rails"][0]["drain_hold_s"].is_number());
+  CHECK(j["rails"][0]["drain_hold_s"].get<double>() <= 1200);
+  CHECK(j["rails"][0]["drain_hold_s"].get<double>() > 1190);
   CHECK(j["rails"][0]["ccl_retransmit_ratio"].get<double>() == Approx(0.072));
   CHECK(j["rails"][0]["top_counters"] == "symbol_err,rcv_err");
   CHECK(j["sampler"]["pid"] == getpid());
@@ -1342,6 +1346,7 @@ TEST_CASE("r2ccl_status prints the board, as text and JSON; absent 1, corrupt 2"
       CHECK(x["ccl_retransmit_ratio"].is_null());
       CHECK(x["top_counters"].is_null());
       CHECK(x["drain"] == false);
+      CHECK(x["drain_hold_s"].is_null());
     }
   CHECK(found);
 
