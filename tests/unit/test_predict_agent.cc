@@ -6,6 +6,7 @@
 
 #include <catch2/catch.hpp>
 #include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -73,6 +74,95 @@ const std::map<std::string, std::string> kFast = {
     {"R2CCL_PREDICT_RETURN_SAMPLES", "5"},
     {"R2CCL_PREDICT_MIN_DRAIN", "0"},  // the return rule alone (the 20-minute least drain: below)
     {"R2CCL_PREDICT_MODEL", "/nonexistent/weights.bin"}};
+
+// In a forked child: another process of the node, on the same board, with its own quiet
+// counter tree under `root`; its first sample taken. No Catch2 macro (a child): `status` is 0
+// when ready, else the exit code saying what failed (2 configuration, 3 board).
+struct Follower {
+  Config cfg;
+  std::unique_ptr<Rig> rig;
+  board::Publisher pub;
+  int status = 0;
+  Follower(std::map<std::string, std::string> env, const std::string& root,
+           const std::string& board) {
+    env["R2CCL_SYSFS_ROOT"] = root;
+    std::string err;
+    if (!load_env(env, &cfg)) {
+      status = 2;
+      return;
+    }
+    rig = std::make_unique<Rig>(root);
+    if (!pub.open(board, &err)) {
+      status = 3;
+      return;
+    }
+    rig->agent.init(cfg, rig->rails(), &pub, board);
+    rig->step(now_us(), NicRates{});
+  }
+};
+
+// The node's sampler on a fresh board named `tag`-PID, eth0 and eth1 counters under a fresh
+// tree. Real time: other processes judge the sampler's liveness by CLOCK_MONOTONIC.
+struct BoardSampler {
+  std::string board;
+  std::map<std::string, std::string> env;
+  Config cfg;
+  std::unique_ptr<Rig> rig;
+  board::Publisher pub;
+  BoardSampler(const std::string& tag, std::map<std::string, std::string> e) : env(std::move(e)) {
+    board = tag + "-" + std::to_string(getpid());
+    board::remove_board(board);
+    env["R2CCL_SYSFS_ROOT"] = temp_root(tag.c_str());
+    env["R2CCL_HEALTH_BOARD"] = board;
+    cfg = config_with(env);
+    rig = std::make_unique<Rig>(env["R2CCL_SYSFS_ROOT"]);
+    std::string err;
+    REQUIRE(pub.open(board, &err));
+    rig->agent.init(cfg, rig->rails(), &pub, board);
+  }
+  ~BoardSampler() { board::remove_board(board); }
+  // eth0's CRC errors climb (100 ms samples) until the agent drains it; the rates it ended at.
+  NicRates drain_eth0() {
+    NicRates bad;
+    bool drained = false;
+    for (int i = 0; i < 80 && !drained; ++i) {
+      if (i >= 25) bad.crc = 5 * std::pow(1.5, i - 25);
+      rig->step(now_us(), bad);
+      drained = rig->live[0].predict_drain.load();
+      usleep(100 * 1000);
+    }
+    REQUIRE(drained);
+    return bad;
+  }
+  // Forks another process of the node (a Follower on `root`, the same board), which must be
+  // following this sampler's drain of eth0 (else exit 4), runs `child(its Rig)` there and exits
+  // with what it returns. `go`: the pipe hand_over signals through, or null.
+  template <typename F>
+  pid_t fork_follower(const std::string& root, int* go, F child) {
+    const pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      if (go) ::close(go[1]);
+      Follower f(env, root, board);
+      if (f.status) _exit(f.status);
+      if (!f.rig->live[0].predict_drain.load()) _exit(4);
+      _exit(child(*f.rig));
+    }
+    return pid;
+  }
+  // Stops sampling (as on exit) once the child `pid` reads on `go`, signals it through `go`,
+  // and returns the child's exit status (-1: it did not exit normally).
+  int hand_over(pid_t pid, int go[2]) {
+    ::close(go[0]);
+    usleep(300 * 1000);
+    pub.close();
+    REQUIRE(write(go[1], "x", 1) == 1);
+    ::close(go[1]);
+    int status = 0;
+    REQUIRE(waitpid(pid, &status, 0) == pid);
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  }
+};
 
 }  // namespace
 
@@ -235,27 +325,10 @@ TEST_CASE("agent: R2CCL_PREDICT=0 never drains", "[predict]") {
 
 TEST_CASE("agent: one sampler per node on the board; another process follows its decisions",
           "[predict]") {
-  const std::string board = "agent-test-" + std::to_string(getpid());
-  board::remove_board(board);
-  auto env = kFast;
-  env["R2CCL_SYSFS_ROOT"] = temp_root("agent-board");
-  env["R2CCL_HEALTH_BOARD"] = board;
-  const Config cfg = config_with(env);
-  Rig rig(env["R2CCL_SYSFS_ROOT"]);
-  board::Publisher pub;
+  BoardSampler bs("agent-board", kFast);
+  const NicRates bad = bs.drain_eth0();
+  const std::string& board = bs.board;
   std::string err;
-  REQUIRE(pub.open(board, &err));
-  rig.agent.init(cfg, rig.rails(), &pub, board);
-  // Real time here: other processes judge the sampler's liveness by CLOCK_MONOTONIC.
-  NicRates bad;
-  bool drained = false;
-  for (int i = 0; i < 80 && !drained; ++i) {
-    if (i >= 25) bad.crc = 5 * std::pow(1.5, i - 25);
-    rig.step(now_us(), bad);
-    drained = rig.live[0].predict_drain.load();
-    usleep(100 * 1000);
-  }
-  REQUIRE(drained);
   board::SamplerView v;
   REQUIRE(board::read_sampler(board, &v, &err));
   CHECK(v.owner == getpid());
@@ -271,23 +344,9 @@ TEST_CASE("agent: one sampler per node on the board; another process follows its
   // Another process of the node: it cannot become the sampler while this one lives, so it
   // follows the board (its own counter tree says nothing is wrong).
   const std::string other_root = temp_root("agent-board-other");
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    auto env2 = env;
-    env2["R2CCL_SYSFS_ROOT"] = other_root;
-    Config cfg2;
-    std::string e2;
-    if (!load_env(env2, &cfg2)) _exit(2);
-    Rig r2(other_root);
-    board::Publisher p2;
-    if (!p2.open(board, &e2)) _exit(3);
-    r2.agent.init(cfg2, r2.rails(), &p2, board);
-    r2.step(now_us(), NicRates{});
-    const bool ok = r2.live[0].predict_drain.load() && !r2.live[1].predict_drain.load();
-    _exit(ok ? 0 : 1);
-  }
-  rig.step(now_us(), bad);  // keep publishing while the follower reads
+  pid_t pid = bs.fork_follower(other_root, nullptr,
+                               [](Rig& r2) { return r2.live[1].predict_drain.load() ? 1 : 0; });
+  bs.rig->step(now_us(), bad);  // keep publishing while the follower reads
   int status = 0;
   REQUIRE(waitpid(pid, &status, 0) == pid);
   CHECK(WIFEXITED(status));
@@ -298,23 +357,9 @@ TEST_CASE("agent: one sampler per node on the board; another process follows its
   // even though the new sampler's counters look quiet from its first sample.
   int go[2];
   REQUIRE(pipe(go) == 0);
-  pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::close(go[1]);
-    auto env2 = env;
-    env2["R2CCL_SYSFS_ROOT"] = other_root;
-    Config cfg2;
-    std::string e2;
-    if (!load_env(env2, &cfg2)) _exit(2);
-    Rig r2(other_root);
-    board::Publisher p2;
-    if (!p2.open(board, &e2)) _exit(3);
-    r2.agent.init(cfg2, r2.rails(), &p2, board);
-    r2.step(now_us(), NicRates{});
-    if (!r2.live[0].predict_drain.load()) _exit(4);  // following the old sampler
+  pid = bs.fork_follower(other_root, go, [&](Rig& r2) {
     char c;
-    if (read(go[0], &c, 1) != 1) _exit(5);  // the old sampler has gone
+    if (read(go[0], &c, 1) != 1) return 5;  // the old sampler has gone
     int drained_samples = 0;
     for (int i = 0; i < 60 && r2.live[0].predict_drain.load(); ++i) {
       usleep(100 * 1000);
@@ -322,45 +367,23 @@ TEST_CASE("agent: one sampler per node on the board; another process follows its
       drained_samples += r2.live[0].predict_drain.load();
     }
     board::SamplerView sv;
+    std::string e2;
     const bool sampler = board::read_sampler(board, &sv, &e2) && sv.owner == getpid();
     // Kept drained while its window filled (>= 20 samples), then returned.
-    _exit(sampler && drained_samples >= 20 && !r2.live[0].predict_drain.load() ? 0 : 6);
-  }
-  ::close(go[0]);
-  usleep(300 * 1000);
-  pub.close();  // this process stops sampling (as on exit)
-  REQUIRE(write(go[1], "x", 1) == 1);
-  ::close(go[1]);
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
-  board::remove_board(board);
+    return sampler && drained_samples >= 20 && !r2.live[0].predict_drain.load() ? 0 : 6;
+  });
+  CHECK(bs.hand_over(pid, go) == 0);
 }
 
 TEST_CASE("agent: a sampler that takes over keeps what is left of the least drain time",
           "[predict]") {
-  const std::string board = "agent-hold-" + std::to_string(getpid());
-  board::remove_board(board);
   auto env = kFast;
-  env["R2CCL_SYSFS_ROOT"] = temp_root("agent-hold");
-  env["R2CCL_HEALTH_BOARD"] = board;
   // 8 s here (20 minutes by default): far longer than the new sampler's window (2.4 s).
   env["R2CCL_PREDICT_MIN_DRAIN"] = "8s";
-  const Config cfg = config_with(env);
-  Rig rig(env["R2CCL_SYSFS_ROOT"]);
-  board::Publisher pub;
+  BoardSampler bs("agent-hold", env);
+  bs.drain_eth0();
+  const std::string& board = bs.board;
   std::string err;
-  REQUIRE(pub.open(board, &err));
-  rig.agent.init(cfg, rig.rails(), &pub, board);
-  NicRates bad;
-  bool drained = false;
-  for (int i = 0; i < 80 && !drained; ++i) {
-    if (i >= 25) bad.crc = 5 * std::pow(1.5, i - 25);
-    rig.step(now_us(), bad);
-    drained = rig.live[0].predict_drain.load();
-    usleep(100 * 1000);
-  }
-  REQUIRE(drained);
   board::SamplerView v;
   REQUIRE(board::read_sampler(board, &v, &err));
   const board::RiskEntry* e = board::find_risk(v, "eth0");
@@ -376,28 +399,15 @@ TEST_CASE("agent: a sampler that takes over keeps what is left of the least drai
   const std::string other_root = temp_root("agent-hold-other");
   int go[2];
   REQUIRE(pipe(go) == 0);
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::close(go[1]);
-    auto env2 = env;
-    env2["R2CCL_SYSFS_ROOT"] = other_root;
-    Config cfg2;
+  const pid_t pid = bs.fork_follower(other_root, go, [&](Rig& r2) {
     std::string e2;
-    if (!load_env(env2, &cfg2)) _exit(2);
-    Rig r2(other_root);
-    board::Publisher p2;
-    if (!p2.open(board, &e2)) _exit(3);
-    r2.agent.init(cfg2, r2.rails(), &p2, board);
-    r2.step(now_us(), NicRates{});
-    if (!r2.live[0].predict_drain.load()) _exit(4);  // following the old sampler
     board::SamplerView sv;
-    if (!board::read_sampler(board, &sv, &e2)) _exit(5);
+    if (!board::read_sampler(board, &sv, &e2)) return 5;
     const board::RiskEntry* held = board::find_risk(sv, "eth0");
-    if (!held || held->hold_s == 0) _exit(6);
+    if (!held || held->hold_s == 0) return 6;
     const TimeUs until = sv.publish_us + held->hold_s * kUsPerSec;  // at most 1 s late
     char c;
-    if (read(go[0], &c, 1) != 1) _exit(7);  // the old sampler has gone
+    if (read(go[0], &c, 1) != 1) return 7;  // the old sampler has gone
     const TimeUs taken = now_us();
     int republished = -1;  // the hold this sampler publishes for the next one
     TimeUs returned = 0;
@@ -410,21 +420,12 @@ TEST_CASE("agent: a sampler that takes over keeps what is left of the least drai
       }
       if (!r2.live[0].predict_drain.load()) returned = now_us();
     }
-    if (returned == 0) _exit(8);  // never returned
+    if (returned == 0) return 8;  // never returned
     // The old code returned it once the window was full, about 2.4 s after the takeover, some
     // 5 s before `until`.
-    if (returned < until - 1500 * kUsPerMs) _exit(9);
-    if (returned - taken < 2400 * kUsPerMs) _exit(10);
-    _exit(republished > 0 ? 0 : 11);
-  }
-  ::close(go[0]);
-  usleep(300 * 1000);
-  pub.close();  // this process stops sampling (as on exit)
-  REQUIRE(write(go[1], "x", 1) == 1);
-  ::close(go[1]);
-  int status = 0;
-  REQUIRE(waitpid(pid, &status, 0) == pid);
-  CHECK(WIFEXITED(status));
-  CHECK(WEXITSTATUS(status) == 0);
-  board::remove_board(board);
+    if (returned < until - 1500 * kUsPerMs) return 9;
+    if (returned - taken < 2400 * kUsPerMs) return 10;
+    return republished > 0 ? 0 : 11;
+  });
+  CHECK(bs.hand_over(pid, go) == 0);
 }
