@@ -28,6 +28,7 @@ void PredictAgent::init(const Config& cfg, std::vector<Rail> rails, board::Publi
   inherit_until_.assign(rails_.size(), 0);
   hold_until_.assign(rails_.size(), 0);
   top_.assign(rails_.size(), "");
+  board_top_.assign(rails_.size(), "");
   R2CCL_INFO(NCCL_NET | NCCL_INIT,
              "failure predictor: %zu rails, every %.1f s over %d samples, drain at risk >= %.2f, "
              "counters under %s%s",
@@ -192,10 +193,15 @@ void PredictAgent::sample_and_publish(TimeUs now) {
                    : 0;
     // The top counters are worked out at a transition (occlusion costs 9 inferences) and
     // kept while the rail stays drained.
-    if (r.a.transition != 0) top_[i] = r.a.drain ? r.top : "";
+    if (r.a.transition != 0) {
+      top_[i] = r.a.drain ? r.top : "";
+      // The board's cause field is 47 characters: a flap hold goes there in its short form.
+      board_top_[i] =
+          r.a.drain && r.a.down_hold_s > 0 ? predict::down_hold_short_text(r.a) : top_[i];
+    }
     if (drain && !r.a.drain && top_[i].empty())
-      top_[i] = "kept drained: inherited from the last sampler";  // fits RiskEntry::top
-    board::set_text(e.top, sizeof(e.top), top_[i]);
+      board_top_[i] = top_[i] = "kept drained: inherited from the last sampler";
+    board::set_text(e.top, sizeof(e.top), board_top_[i]);
     apply(i, drain, r.a.risk, predict::source_name(r.a.source), top_[i], 0);
   }
   if (board_) board_->publish_risks(entries_, now);

@@ -71,10 +71,11 @@ class PredictAgent {
   std::vector<board::RiskEntry> entries_;
   std::vector<char> drained_;  // last applied decision per rail
   std::vector<char> inherit_;  // new sampler: drained by the previous one, until the window fills
-  std::vector<TimeUs> inherit_until_;  // new sampler: and until the previous one's hold ends
-  std::vector<TimeUs> hold_until_;     // follower: when the sampler's hold on a rail ends, 0 none
-  TimeUs no_sampler_since_ = 0;        // follower: when the board last had no live sampler
-  std::vector<std::string> top_;       // sampler: top counters of each drained rail
+  std::vector<TimeUs> inherit_until_;   // new sampler: and until the previous one's hold ends
+  std::vector<TimeUs> hold_until_;      // follower: when the sampler's hold on a rail ends, 0 none
+  TimeUs no_sampler_since_ = 0;         // follower: when the board last had no live sampler
+  std::vector<std::string> top_;        // sampler: top counters of each drained rail
+  std::vector<std::string> board_top_;  // sampler: the same as published (<= 47 characters)
 };
 
 }  // namespace r2ccl::net

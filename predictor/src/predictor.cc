@@ -320,6 +320,14 @@ void NodeSampler::sample(double now_s, const std::vector<ExtraCounters>& extra,
   }
 }
 
+std::string down_hold_short_text(const Assessment& a) {
+  if (!(a.down_hold_s > 0)) return "";
+  char buf[64];
+  snprintf(buf, sizeof(buf), "flap hold %.0f s (%d down%s in 1 h)", a.down_hold_s,
+           a.downs_last_hour, a.downs_last_hour == 1 ? "" : "s");
+  return buf;
+}
+
 bool load_configured_model(const Config& cfg, Model* out, std::string* path, std::string* err) {
   std::string p = cfg.predict_model;
   if (p.empty()) {

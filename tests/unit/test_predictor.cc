@@ -1527,6 +1527,15 @@ TEST_CASE("flap hold: a link back up after its second down within an hour stays 
   run_up(1);
   const double up2 = t;
   CHECK((a.drain && a.transition == 1 && a.downs_last_hour == 2 && a.down_hold_s == 600));
+  // The board's cause field holds 47 characters: the short form fits, whatever the numbers.
+  CHECK(down_hold_short_text(a).find("flap hold ") == 0);
+  {
+    Assessment big = a;
+    big.down_hold_s = 3600;
+    big.downs_last_hour = 1000;
+    CHECK(down_hold_short_text(big) == "flap hold 3600 s (1000 downs in 1 h)");
+    CHECK(down_hold_short_text(big).size() < 48);
+  }
   CHECK_THAT(down_hold_text(a), Catch::Contains("2 link-downs within an hour") &&
                                     Catch::Contains("600 s") &&
                                     Catch::Contains("R2CCL_PREDICT_DOWN_HOLD"));

@@ -81,6 +81,9 @@ struct Assessment {
 // "back up after 3 link-downs within an hour: held out for 1200 s (R2CCL_PREDICT_DOWN_HOLD)"
 // for an assessment whose down_hold_s > 0; "" otherwise.
 std::string down_hold_text(const Assessment& a);
+// The same in under 48 characters, for the health board's cause field (board::kCauseLen):
+// "flap hold 1200 s (3 downs in 1 h)"; "" when down_hold_s is 0.
+std::string down_hold_short_text(const Assessment& a);
 
 // The line a refused drain is reported with (a WARN in the plugin, stderr in the tools):
 // "rail NAME risk R >= T for N samples, but not drained: WHY". "" when a.hold is kNone.
